@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Installs what building and testing blkdom needs, idempotently.
+#   tools/install-deps.sh          tier 1 + 2 (Rust target, QEMU from bookworm-backports)
+#   tools/install-deps.sh --xen    also what the nested Xen rig needs (issue 3)
+#
+# Why bookworm-backports: this machine carries qemu-utils 10.0.2 from backports, which
+# Breaks: qemu-system-common (< 1:8.0), so bookworm's own qemu-system-x86 7.2 cannot be
+# installed next to it (and 7.2 crashes Xen's dom0 with -cpu max anyway).
+set -euo pipefail
+
+want_xen=0
+[ "${1:-}" = "--xen" ] && want_xen=1
+
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+
+log() { printf '[install-deps] %s\n' "$*"; }
+
+# --- Rust target -----------------------------------------------------------------------
+if ! rustup target list --installed | grep -qx x86_64-unknown-none; then
+  log "adding rustup target x86_64-unknown-none"
+  rustup target add x86_64-unknown-none
+fi
+for comp in rustfmt clippy; do
+  if ! rustup component list --installed | grep -q "^$comp"; then
+    log "adding rustup component $comp"
+    rustup component add "$comp"
+  fi
+done
+
+# --- apt sources -----------------------------------------------------------------------
+backports=/etc/apt/sources.list.d/blkdom-bookworm-backports.sources
+apt_updated=0
+apt_update() {
+  if [ "$apt_updated" = 0 ]; then
+    $SUDO apt-get update -qq
+    apt_updated=1
+  fi
+}
+if [ ! -f "$backports" ]; then
+  log "adding bookworm-backports (deb and deb-src)"
+  $SUDO tee "$backports" >/dev/null <<'SRC'
+Types: deb deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+fi
+
+missing=()
+missing_bpo=()
+need() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed" || missing+=("$1"); }
+need_bpo() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed" || missing_bpo+=("$1"); }
+
+need_bpo qemu-system-x86
+need python3
+if [ "$want_xen" = 1 ]; then
+  # The rig's guest/dom0 contents come from bookworm itself (Xen 4.17, Linux 6.1).
+  for p in xen-hypervisor-4.17-amd64 xen-utils-4.17 linux-image-amd64 busybox-static fio \
+           e2fsprogs zstd cpio dpkg-dev ninja-build libglib2.0-dev libpixman-1-dev \
+           libfdt-dev zlib1g-dev flex bison python3-venv python3-tomli pkg-config \
+           build-essential seabios ipxe-qemu; do
+    need "$p"
+  done
+  # Building QEMU 10.0.2 needs meson >= 1.5 and python3-pycotap from backports.
+  need_bpo meson
+  need_bpo python3-pycotap
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+if [ "${#missing[@]}" -gt 0 ]; then
+  log "installing: ${missing[*]}"
+  apt_update
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+if [ "${#missing_bpo[@]}" -gt 0 ]; then
+  log "installing from bookworm-backports: ${missing_bpo[*]}"
+  apt_update
+  $SUDO apt-get install -y -q --no-install-recommends -t bookworm-backports "${missing_bpo[@]}"
+fi
+log "ok"
