@@ -104,12 +104,13 @@ pvh_start32:
 
     lgdt [boot_gdt_ptr]
     push 0x08
-    mov eax, offset 5f
+    mov eax, offset boot_long_mode
     push eax
     retf
 
     .code64
-5:  mov ax, 0x10
+boot_long_mode:
+    mov ax, 0x10
     mov ds, ax
     mov es, ax
     mov ss, ax
