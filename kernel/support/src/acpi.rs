@@ -1,0 +1,327 @@
+//! The few ACPI tables blkdom reads, parsed from physical memory through a trait so the
+//! parser runs against fake tables on the host: RSDP → RSDT/XSDT → FADT (power-off
+//! register), and table lookup by signature (MCFG and MADT later).
+//!
+//! Every length and checksum is checked; a table that lies gets an error, not a read
+//! past its end.
+
+/// Read access to physical memory.
+pub trait PhysRead {
+    /// Fills `buf` from physical address `paddr`; false when the range is not readable.
+    fn read(&self, paddr: u64, buf: &mut [u8]) -> bool;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcpiError {
+    Unreadable(u64),
+    BadSignature(u64),
+    BadChecksum(u64),
+    BadLength(u64),
+    NotFound([u8; 4]),
+}
+
+pub const SDT_HEADER_LEN: usize = 36;
+const RSDP_V1_LEN: usize = 20;
+const RSDP_V2_LEN: usize = 36;
+/// Tables larger than this are refused (a FADT is 276 B, a big MADT a few KiB).
+pub const MAX_TABLE_LEN: u32 = 64 * 1024;
+
+fn checksum_ok(bytes: &[u8]) -> bool {
+    bytes.iter().fold(0u8, |sum, b| sum.wrapping_add(*b)) == 0
+}
+
+fn u32_at(bytes: &[u8], offset: usize) -> u32 {
+    u32::from_le_bytes(bytes[offset..offset + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(bytes: &[u8], offset: usize) -> u64 {
+    u64::from_le_bytes(bytes[offset..offset + 8].try_into().expect("8 bytes"))
+}
+
+/// Where the system description tables start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rsdp {
+    pub revision: u8,
+    pub rsdt: u32,
+    /// Only from revision 2 on.
+    pub xsdt: Option<u64>,
+}
+
+pub fn parse_rsdp(mem: &impl PhysRead, paddr: u64) -> Result<Rsdp, AcpiError> {
+    let mut bytes = [0u8; RSDP_V2_LEN];
+    if !mem.read(paddr, &mut bytes[..RSDP_V1_LEN]) {
+        return Err(AcpiError::Unreadable(paddr));
+    }
+    if &bytes[..8] != b"RSD PTR " {
+        return Err(AcpiError::BadSignature(paddr));
+    }
+    if !checksum_ok(&bytes[..RSDP_V1_LEN]) {
+        return Err(AcpiError::BadChecksum(paddr));
+    }
+    let revision = bytes[15];
+    let rsdt = u32_at(&bytes, 16);
+    let mut xsdt = None;
+    if revision >= 2 {
+        if !mem.read(paddr, &mut bytes) {
+            return Err(AcpiError::Unreadable(paddr));
+        }
+        if u32_at(&bytes, 20) < RSDP_V2_LEN as u32 {
+            return Err(AcpiError::BadLength(paddr));
+        }
+        if !checksum_ok(&bytes) {
+            return Err(AcpiError::BadChecksum(paddr));
+        }
+        xsdt = Some(u64_at(&bytes, 24)).filter(|&x| x != 0);
+    }
+    Ok(Rsdp {
+        revision,
+        rsdt,
+        xsdt,
+    })
+}
+
+/// Reads a whole table at `paddr` into `buf` after checking its header, length and
+/// checksum; returns the table's bytes.
+pub fn read_table<'b>(
+    mem: &impl PhysRead,
+    paddr: u64,
+    buf: &'b mut [u8],
+) -> Result<&'b [u8], AcpiError> {
+    let mut header = [0u8; SDT_HEADER_LEN];
+    if !mem.read(paddr, &mut header) {
+        return Err(AcpiError::Unreadable(paddr));
+    }
+    let len = u32_at(&header, 4);
+    if len < SDT_HEADER_LEN as u32 || len > MAX_TABLE_LEN || len as usize > buf.len() {
+        return Err(AcpiError::BadLength(paddr));
+    }
+    let table = &mut buf[..len as usize];
+    if !mem.read(paddr, table) {
+        return Err(AcpiError::Unreadable(paddr));
+    }
+    if !checksum_ok(table) {
+        return Err(AcpiError::BadChecksum(paddr));
+    }
+    Ok(table)
+}
+
+/// Finds the table with `signature` through the XSDT (preferred) or RSDT; returns its
+/// physical address.
+pub fn find_table(
+    mem: &impl PhysRead,
+    rsdp: &Rsdp,
+    signature: &[u8; 4],
+    scratch: &mut [u8],
+) -> Result<u64, AcpiError> {
+    let (root, entry_len) = match rsdp.xsdt {
+        Some(xsdt) => (xsdt, 8),
+        None => (u64::from(rsdp.rsdt), 4),
+    };
+    let expected_root_sig: &[u8; 4] = if entry_len == 8 { b"XSDT" } else { b"RSDT" };
+    let count = {
+        let root_table = read_table(mem, root, scratch)?;
+        if &root_table[..4] != expected_root_sig {
+            return Err(AcpiError::BadSignature(root));
+        }
+        (root_table.len() - SDT_HEADER_LEN) / entry_len
+    };
+    for i in 0..count {
+        let offset = SDT_HEADER_LEN + i * entry_len;
+        let entry = if entry_len == 8 {
+            u64_at(scratch, offset)
+        } else {
+            u64::from(u32_at(scratch, offset))
+        };
+        let mut sig = [0u8; 4];
+        if mem.read(entry, &mut sig) && &sig == signature {
+            return Ok(entry);
+        }
+    }
+    Err(AcpiError::NotFound(*signature))
+}
+
+/// What the FADT says about sleep control (for soft power-off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PowerControl {
+    /// I/O port of PM1a_CNT; zero when the platform has none (hardware-reduced ACPI).
+    pub pm1a_control_port: u16,
+    pub pm1b_control_port: u16,
+}
+
+/// `SLP_EN` in PM1x_CNT.
+pub const PM1_SLP_EN: u16 = 1 << 13;
+
+/// Parses the FADT ("FACP") at `paddr`.
+pub fn parse_fadt(mem: &impl PhysRead, paddr: u64) -> Result<PowerControl, AcpiError> {
+    let mut buf = [0u8; 512];
+    let fadt = read_table(mem, paddr, &mut buf)?;
+    if &fadt[..4] != b"FACP" {
+        return Err(AcpiError::BadSignature(paddr));
+    }
+    if fadt.len() < 72 {
+        return Err(AcpiError::BadLength(paddr));
+    }
+    // PM1a_CNT_BLK at 64, PM1b_CNT_BLK at 68 (32-bit I/O port addresses).
+    let port = |offset| u16::try_from(u32_at(fadt, offset)).unwrap_or(0);
+    Ok(PowerControl {
+        pm1a_control_port: port(64),
+        pm1b_control_port: port(68),
+    })
+}
+
+/// The value to write to PM1x_CNT to enter S5 with the given `SLP_TYP`.
+pub fn s5_control_value(slp_typ: u8) -> u16 {
+    (u16::from(slp_typ & 0x7) << 10) | PM1_SLP_EN
+}
+
+#[cfg(test)]
+pub mod fake {
+    use super::PhysRead;
+
+    /// A sparse fake physical memory: (address, bytes) blobs.
+    #[derive(Default)]
+    pub struct FakeMemory {
+        pub blobs: Vec<(u64, Vec<u8>)>,
+    }
+
+    impl PhysRead for FakeMemory {
+        fn read(&self, paddr: u64, buf: &mut [u8]) -> bool {
+            for (start, bytes) in &self.blobs {
+                let end = start + bytes.len() as u64;
+                if paddr >= *start && paddr + buf.len() as u64 <= end {
+                    let off = (paddr - start) as usize;
+                    buf.copy_from_slice(&bytes[off..off + buf.len()]);
+                    return true;
+                }
+            }
+            false
+        }
+    }
+
+    pub fn fix_checksum(bytes: &mut [u8], at: usize) {
+        bytes[at] = 0;
+        let sum = bytes.iter().fold(0u8, |s, b| s.wrapping_add(*b));
+        bytes[at] = 0u8.wrapping_sub(sum);
+    }
+
+    pub fn table(signature: &[u8; 4], body: &[u8]) -> Vec<u8> {
+        let mut t = vec![0u8; super::SDT_HEADER_LEN];
+        t[..4].copy_from_slice(signature);
+        t.extend_from_slice(body);
+        let len = t.len() as u32;
+        t[4..8].copy_from_slice(&len.to_le_bytes());
+        fix_checksum(&mut t, 9);
+        t
+    }
+
+    pub fn rsdp_v2(xsdt: u64, rsdt: u32) -> Vec<u8> {
+        let mut r = vec![0u8; 36];
+        r[..8].copy_from_slice(b"RSD PTR ");
+        r[15] = 2;
+        r[16..20].copy_from_slice(&rsdt.to_le_bytes());
+        r[20..24].copy_from_slice(&36u32.to_le_bytes());
+        r[24..32].copy_from_slice(&xsdt.to_le_bytes());
+        fix_checksum(&mut r[..20], 8);
+        fix_checksum(&mut r, 32);
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::*;
+    use super::*;
+
+    fn fadt_body(pm1a: u32) -> Vec<u8> {
+        let mut body = vec![0u8; 244 - SDT_HEADER_LEN];
+        body[64 - SDT_HEADER_LEN..68 - SDT_HEADER_LEN].copy_from_slice(&pm1a.to_le_bytes());
+        body
+    }
+
+    fn machine(xsdt_entries: &[u64]) -> FakeMemory {
+        let mut mem = FakeMemory::default();
+        mem.blobs.push((0xe0000, rsdp_v2(0x1000, 0x2000)));
+        let body: Vec<u8> = xsdt_entries.iter().flat_map(|e| e.to_le_bytes()).collect();
+        mem.blobs.push((0x1000, table(b"XSDT", &body)));
+        mem.blobs
+            .push((0x2000, table(b"RSDT", &0x3000u32.to_le_bytes())));
+        mem.blobs.push((0x3000, table(b"FACP", &fadt_body(0x604))));
+        mem.blobs.push((0x4000, table(b"APIC", &[1, 2, 3, 4])));
+        mem
+    }
+
+    #[test]
+    fn finds_the_fadt_through_the_xsdt_and_reads_pm1a() {
+        let mem = machine(&[0x4000, 0x3000]);
+        let rsdp = parse_rsdp(&mem, 0xe0000).unwrap();
+        assert_eq!(
+            rsdp,
+            Rsdp {
+                revision: 2,
+                rsdt: 0x2000,
+                xsdt: Some(0x1000)
+            }
+        );
+        let mut scratch = [0u8; 4096];
+        let fadt = find_table(&mem, &rsdp, b"FACP", &mut scratch).unwrap();
+        assert_eq!(fadt, 0x3000);
+        let power = parse_fadt(&mem, fadt).unwrap();
+        assert_eq!(power.pm1a_control_port, 0x604);
+        assert_eq!(power.pm1b_control_port, 0);
+        assert_eq!(
+            find_table(&mem, &rsdp, b"MCFG", &mut scratch),
+            Err(AcpiError::NotFound(*b"MCFG"))
+        );
+    }
+
+    #[test]
+    fn revision_one_uses_the_rsdt() {
+        let mut mem = machine(&[]);
+        let mut r = rsdp_v2(0x1000, 0x2000);
+        r[15] = 0;
+        fix_checksum(&mut r[..20], 8);
+        mem.blobs[0] = (0xe0000, r[..20].to_vec());
+        let rsdp = parse_rsdp(&mem, 0xe0000).unwrap();
+        assert_eq!(rsdp.xsdt, None);
+        let mut scratch = [0u8; 4096];
+        assert_eq!(find_table(&mem, &rsdp, b"FACP", &mut scratch), Ok(0x3000));
+    }
+
+    #[test]
+    fn corrupt_tables_are_refused() {
+        let mut mem = machine(&[0x3000]);
+        mem.blobs[0].1[3] ^= 1; // RSDP signature
+        assert_eq!(
+            parse_rsdp(&mem, 0xe0000),
+            Err(AcpiError::BadSignature(0xe0000))
+        );
+
+        let mut mem = machine(&[0x3000]);
+        mem.blobs[0].1[16] ^= 1; // RSDT address without fixing the checksum
+        assert_eq!(
+            parse_rsdp(&mem, 0xe0000),
+            Err(AcpiError::BadChecksum(0xe0000))
+        );
+
+        let mut mem = machine(&[0x3000]);
+        mem.blobs[3].1[100] ^= 0xff; // FADT body
+        assert_eq!(
+            parse_fadt(&mem, 0x3000),
+            Err(AcpiError::BadChecksum(0x3000))
+        );
+
+        let mut mem = machine(&[0x3000]);
+        let t = &mut mem.blobs[3].1;
+        t[4..8].copy_from_slice(&(MAX_TABLE_LEN + 1).to_le_bytes()); // length lies
+        assert_eq!(parse_fadt(&mem, 0x3000), Err(AcpiError::BadLength(0x3000)));
+
+        let mem = FakeMemory::default();
+        assert_eq!(parse_rsdp(&mem, 0x10), Err(AcpiError::Unreadable(0x10)));
+    }
+
+    #[test]
+    fn s5_value_sets_sleep_type_and_enable() {
+        assert_eq!(s5_control_value(0), 0x2000);
+        assert_eq!(s5_control_value(5), 0x3400);
+    }
+}

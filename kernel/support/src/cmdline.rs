@@ -1,0 +1,121 @@
+//! The kernel command line: space-separated `key` or `key=value` words.
+//!
+//! Known keys: `loglevel=off|error|warn|info|debug|trace` (or 0..5), `selftest`,
+//! `selftest.inject-failure`, `crashtest=page-fault|panic|hang`.
+
+use log::LevelFilter;
+
+/// A parsed view of the command line. Borrowing, so it works before the heap exists.
+#[derive(Clone, Copy, Debug)]
+pub struct Cmdline<'a> {
+    text: &'a str,
+}
+
+impl<'a> Cmdline<'a> {
+    pub fn new(text: &'a str) -> Self {
+        Cmdline {
+            text: text.trim_matches(char::from(0)).trim(),
+        }
+    }
+
+    pub fn as_str(&self) -> &'a str {
+        self.text
+    }
+
+    /// Each word as `(key, value)`; a bare word has no value.
+    pub fn words(&self) -> impl Iterator<Item = (&'a str, Option<&'a str>)> {
+        self.text
+            .split_ascii_whitespace()
+            .map(|word| match word.split_once('=') {
+                Some((key, value)) => (key, Some(value)),
+                None => (word, None),
+            })
+    }
+
+    /// The value of the last `key=value` for `key` (later words override earlier ones).
+    pub fn value(&self, key: &str) -> Option<&'a str> {
+        self.words()
+            .filter(|(k, _)| *k == key)
+            .filter_map(|(_, v)| v)
+            .last()
+    }
+
+    /// Whether `key` appears, bare or with a value.
+    pub fn has(&self, key: &str) -> bool {
+        self.words().any(|(k, _)| k == key)
+    }
+
+    /// The log level asked for with `loglevel=`, if any and if it parses.
+    pub fn log_level(&self) -> Result<Option<LevelFilter>, &'a str> {
+        match self.value("loglevel") {
+            None => Ok(None),
+            Some(text) => parse_level(text).map(Some).ok_or(text),
+        }
+    }
+}
+
+fn parse_level(text: &str) -> Option<LevelFilter> {
+    let by_number = [
+        LevelFilter::Off,
+        LevelFilter::Error,
+        LevelFilter::Warn,
+        LevelFilter::Info,
+        LevelFilter::Debug,
+        LevelFilter::Trace,
+    ];
+    if let Ok(n) = text.parse::<usize>() {
+        return by_number.get(n).copied();
+    }
+    by_number
+        .into_iter()
+        .find(|level| level.as_str().eq_ignore_ascii_case(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_split_keys_and_values() {
+        let cmdline = Cmdline::new("  selftest loglevel=debug  a=b=c\0");
+        let words: Vec<_> = cmdline.words().collect();
+        assert_eq!(
+            words,
+            vec![
+                ("selftest", None),
+                ("loglevel", Some("debug")),
+                ("a", Some("b=c"))
+            ]
+        );
+        assert_eq!(cmdline.as_str(), "selftest loglevel=debug  a=b=c");
+    }
+
+    #[test]
+    fn last_value_wins_and_flags_are_found() {
+        let cmdline = Cmdline::new("loglevel=info x loglevel=trace");
+        assert_eq!(cmdline.value("loglevel"), Some("trace"));
+        assert!(cmdline.has("x"));
+        assert!(cmdline.has("loglevel"));
+        assert!(!cmdline.has("selftest"));
+        assert_eq!(cmdline.value("x"), None);
+    }
+
+    #[test]
+    fn log_levels_by_name_and_number() {
+        assert_eq!(
+            Cmdline::new("loglevel=WARN").log_level(),
+            Ok(Some(LevelFilter::Warn))
+        );
+        assert_eq!(
+            Cmdline::new("loglevel=5").log_level(),
+            Ok(Some(LevelFilter::Trace))
+        );
+        assert_eq!(
+            Cmdline::new("loglevel=off").log_level(),
+            Ok(Some(LevelFilter::Off))
+        );
+        assert_eq!(Cmdline::new("").log_level(), Ok(None));
+        assert_eq!(Cmdline::new("loglevel=loud").log_level(), Err("loud"));
+        assert_eq!(Cmdline::new("loglevel=6").log_level(), Err("6"));
+    }
+}
