@@ -1,0 +1,188 @@
+//! The block-device interface the blkif engine drives, plus two in-memory devices.
+//!
+//! A device is used through per-queue handles: each poller owns the handle of its own
+//! device queue, so submitting and polling completions needs no lock shared between
+//! pollers. Data lives in pages the device does not own (mapped grants); a DMA device
+//! uses [`DmaSegment::buffer`] as an address, a CPU device (the RAM disk) copies through
+//! [`BufferAccess`].
+#![cfg_attr(not(test), no_std)]
+#![deny(unsafe_code)]
+
+extern crate alloc;
+
+mod null;
+mod ram;
+
+pub use null::NullDisk;
+pub use ram::{RamDisk, RamDiskQueue};
+
+/// Bytes in the sector unit used for all addressing (`sector` fields, capacities).
+pub const SECTOR_SIZE: u64 = 512;
+
+/// What a device offers; sizes in bytes, capacity in 512-byte sectors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Capacity in 512-byte sectors.
+    pub sectors: u64,
+    /// Smallest addressable unit in bytes (a multiple of 512).
+    pub logical_block_size: u32,
+    /// Preferred I/O unit in bytes.
+    pub physical_block_size: u32,
+    pub read_only: bool,
+    /// The device has a volatile cache that `Flush` writes back.
+    pub flush: bool,
+    pub discard: Option<DiscardGeometry>,
+}
+
+/// Discard support parameters, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DiscardGeometry {
+    pub granularity: u32,
+    pub alignment: u32,
+    /// Secure erase is supported.
+    pub secure: bool,
+}
+
+/// One contiguous piece of a data buffer. Exactly one per granted page: the engine never
+/// merges neighbouring segments, because two grants are never known to be contiguous.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DmaSegment {
+    /// Address (or handle) of the page holding the data, as the buffer owner names it.
+    pub buffer: u64,
+    /// Byte offset inside that page.
+    pub offset: u32,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+/// What to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoOp {
+    Read,
+    Write,
+    /// Write back the volatile cache; carries no data.
+    Flush,
+    /// Drop `nr_sectors` sectors starting at `sector`.
+    Discard {
+        secure: bool,
+    },
+}
+
+/// A request handed to one device queue. `tag` comes back in the completion.
+#[derive(Clone, Copy, Debug)]
+pub struct IoRequest<'a> {
+    pub tag: u32,
+    pub op: IoOp,
+    /// First 512-byte sector.
+    pub sector: u64,
+    /// Length in sectors for `Discard`; for data ops it is the sum of the segment lengths.
+    pub nr_sectors: u64,
+    /// Flush the cache before this write (a flush request that carries data).
+    pub preflush: bool,
+    pub segments: &'a [DmaSegment],
+}
+
+/// Outcome of one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoStatus {
+    Ok,
+    Error,
+    Unsupported,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub tag: u32,
+    pub status: IoStatus,
+}
+
+/// Why a submission was refused (the request was not started).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SubmitError {
+    /// No room in the device queue right now; retry after polling completions.
+    QueueFull,
+    /// The request is malformed for this device (outside its capacity, bad buffer).
+    Invalid,
+}
+
+/// CPU access to the pages that segments name; a DMA device never calls it.
+pub trait BufferAccess {
+    /// Copy `out.len()` bytes from `buffer` at `offset`. False if the buffer is unknown
+    /// or the range leaves the page.
+    fn read_buffer(&self, buffer: u64, offset: usize, out: &mut [u8]) -> bool;
+    /// Copy `data` into `buffer` at `offset`. False as for `read_buffer`.
+    fn write_buffer(&self, buffer: u64, offset: usize, data: &[u8]) -> bool;
+}
+
+/// One queue of a block device.
+pub trait BlockDevice {
+    fn geometry(&self) -> Geometry;
+    /// Requests this queue can hold at once.
+    fn queue_depth(&self) -> usize;
+    /// Start a request. The segments are only read during this call.
+    fn submit(
+        &mut self,
+        request: &IoRequest<'_>,
+        buffers: &dyn BufferAccess,
+    ) -> Result<(), SubmitError>;
+    /// Report finished requests to `sink`; returns how many.
+    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize;
+}
+
+/// Fixed-capacity FIFO of completions, allocated once.
+#[derive(Debug)]
+pub(crate) struct CompletionQueue {
+    entries: alloc::vec::Vec<Completion>,
+    head: usize,
+    len: usize,
+}
+
+impl CompletionQueue {
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        let filler = Completion {
+            tag: 0,
+            status: IoStatus::Ok,
+        };
+        Self {
+            entries: alloc::vec![filler; capacity.max(1)],
+            head: 0,
+            len: 0,
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(crate) fn is_full(&self) -> bool {
+        self.len == self.entries.len()
+    }
+
+    pub(crate) fn push(&mut self, completion: Completion) -> Result<(), SubmitError> {
+        if self.is_full() {
+            return Err(SubmitError::QueueFull);
+        }
+        let tail = (self.head + self.len) % self.entries.len();
+        self.entries[tail] = completion;
+        self.len += 1;
+        Ok(())
+    }
+
+    pub(crate) fn drain(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        let drained = self.len;
+        while self.len > 0 {
+            let completion = self.entries[self.head];
+            self.head = (self.head + 1) % self.entries.len();
+            self.len -= 1;
+            sink(completion);
+        }
+        drained
+    }
+}
+
+/// Checks that a data request stays inside a device of `capacity` sectors.
+pub(crate) fn range_fits(sector: u64, nr_sectors: u64, capacity: u64) -> bool {
+    sector
+        .checked_add(nr_sectors)
+        .is_some_and(|end| end <= capacity)
+}

@@ -1,0 +1,312 @@
+//! A RAM disk: the backing store for PVH mode and for tests. Queues are separate handles
+//! over one shared store; each keeps its own completion FIFO.
+
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use spin::Mutex;
+
+use crate::{
+    range_fits, BlockDevice, BufferAccess, Completion, CompletionQueue, DiscardGeometry, Geometry,
+    IoOp, IoRequest, IoStatus, SubmitError, SECTOR_SIZE,
+};
+
+/// The store shared by all queues of one RAM disk.
+#[derive(Clone, Debug)]
+pub struct RamDisk {
+    store: Arc<Mutex<Vec<u8>>>,
+    geometry: Geometry,
+}
+
+impl RamDisk {
+    /// A zero-filled disk of `sectors` 512-byte sectors, writable, with flush and
+    /// (secure) discard.
+    pub fn new(sectors: u64) -> Self {
+        let geometry = Geometry {
+            sectors,
+            logical_block_size: SECTOR_SIZE as u32,
+            physical_block_size: 4096,
+            read_only: false,
+            flush: true,
+            discard: Some(DiscardGeometry {
+                granularity: SECTOR_SIZE as u32,
+                alignment: 0,
+                secure: true,
+            }),
+        };
+        Self::with_geometry(geometry)
+    }
+
+    /// A zero-filled disk with the given geometry (e.g. read-only, 4 KiB sectors).
+    pub fn with_geometry(geometry: Geometry) -> Self {
+        let bytes = usize::try_from(geometry.sectors * SECTOR_SIZE).expect("RAM disk size");
+        Self {
+            store: Arc::new(Mutex::new(alloc::vec![0; bytes])),
+            geometry,
+        }
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// A handle for one device queue holding up to `depth` requests.
+    pub fn queue(&self, depth: usize) -> RamDiskQueue {
+        RamDiskQueue {
+            disk: self.clone(),
+            completions: CompletionQueue::with_capacity(depth),
+        }
+    }
+
+    /// Copy bytes out of the disk (for checks and set-up).
+    pub fn read_at(&self, byte_offset: usize, out: &mut [u8]) {
+        let store = self.store.lock();
+        out.copy_from_slice(&store[byte_offset..byte_offset + out.len()]);
+    }
+
+    /// Copy bytes into the disk (for set-up).
+    pub fn write_at(&self, byte_offset: usize, data: &[u8]) {
+        let mut store = self.store.lock();
+        store[byte_offset..byte_offset + data.len()].copy_from_slice(data);
+    }
+
+    /// Carry out one request on the store; the result is the completion status.
+    fn execute(&self, request: &IoRequest<'_>, buffers: &dyn BufferAccess) -> IoStatus {
+        let mut store = self.store.lock();
+        let start = (request.sector * SECTOR_SIZE) as usize;
+        match request.op {
+            IoOp::Flush => IoStatus::Ok,
+            IoOp::Discard { secure } => {
+                if self.geometry.discard.is_none_or(|d| secure && !d.secure) {
+                    return IoStatus::Unsupported;
+                }
+                let end = start + (request.nr_sectors * SECTOR_SIZE) as usize;
+                store[start..end].fill(0);
+                IoStatus::Ok
+            }
+            IoOp::Read | IoOp::Write => {
+                let mut cursor = start;
+                for segment in request.segments {
+                    let len = segment.len as usize;
+                    let disk = &mut store[cursor..cursor + len];
+                    let ok = if request.op == IoOp::Read {
+                        buffers.write_buffer(segment.buffer, segment.offset as usize, disk)
+                    } else {
+                        buffers.read_buffer(segment.buffer, segment.offset as usize, disk)
+                    };
+                    if !ok {
+                        return IoStatus::Error;
+                    }
+                    cursor += len;
+                }
+                IoStatus::Ok
+            }
+        }
+    }
+}
+
+/// One queue of a [`RamDisk`]. Requests finish during `submit`; their completions are
+/// reported by the next `poll_completions`, as a real device would.
+#[derive(Debug)]
+pub struct RamDiskQueue {
+    disk: RamDisk,
+    completions: CompletionQueue,
+}
+
+impl BlockDevice for RamDiskQueue {
+    fn geometry(&self) -> Geometry {
+        self.disk.geometry
+    }
+
+    fn queue_depth(&self) -> usize {
+        self.completions.capacity()
+    }
+
+    fn submit(
+        &mut self,
+        request: &IoRequest<'_>,
+        buffers: &dyn BufferAccess,
+    ) -> Result<(), SubmitError> {
+        if self.completions.is_full() {
+            return Err(SubmitError::QueueFull);
+        }
+        let data_bytes: u64 = request.segments.iter().map(|s| u64::from(s.len)).sum();
+        let nr_sectors = match request.op {
+            IoOp::Flush => 0,
+            IoOp::Discard { .. } => request.nr_sectors,
+            IoOp::Read | IoOp::Write => {
+                if !data_bytes.is_multiple_of(SECTOR_SIZE)
+                    || data_bytes / SECTOR_SIZE != request.nr_sectors
+                {
+                    return Err(SubmitError::Invalid);
+                }
+                request.nr_sectors
+            }
+        };
+        if !range_fits(request.sector, nr_sectors, self.disk.geometry.sectors) {
+            return Err(SubmitError::Invalid);
+        }
+        if request.op == IoOp::Write && self.disk.geometry.read_only {
+            return Err(SubmitError::Invalid);
+        }
+        let status = self.disk.execute(request, buffers);
+        self.completions.push(Completion {
+            tag: request.tag,
+            status,
+        })
+    }
+
+    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        self.completions.drain(sink)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DmaSegment;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    /// Pages named by number, for buffer access in tests.
+    #[derive(Default)]
+    struct Pages(RefCell<HashMap<u64, Vec<u8>>>);
+
+    impl BufferAccess for Pages {
+        fn read_buffer(&self, buffer: u64, offset: usize, out: &mut [u8]) -> bool {
+            let pages = self.0.borrow();
+            let Some(page) = pages.get(&buffer) else {
+                return false;
+            };
+            let Some(src) = page.get(offset..offset + out.len()) else {
+                return false;
+            };
+            out.copy_from_slice(src);
+            true
+        }
+        fn write_buffer(&self, buffer: u64, offset: usize, data: &[u8]) -> bool {
+            let mut pages = self.0.borrow_mut();
+            let Some(page) = pages.get_mut(&buffer) else {
+                return false;
+            };
+            let Some(dst) = page.get_mut(offset..offset + data.len()) else {
+                return false;
+            };
+            dst.copy_from_slice(data);
+            true
+        }
+    }
+
+    fn collect(queue: &mut RamDiskQueue) -> Vec<Completion> {
+        let mut out = Vec::new();
+        queue.poll_completions(&mut |c| out.push(c));
+        out
+    }
+
+    #[test]
+    fn write_then_read_round_trips_through_separate_segments() {
+        let disk = RamDisk::new(64);
+        let mut queue = disk.queue(4);
+        let pages = Pages::default();
+        pages.0.borrow_mut().insert(1, vec![0xAB; 4096]);
+        pages.0.borrow_mut().insert(2, vec![0xCD; 4096]);
+        let segments = [
+            DmaSegment {
+                buffer: 1,
+                offset: 512,
+                len: 512,
+            },
+            DmaSegment {
+                buffer: 2,
+                offset: 0,
+                len: 1024,
+            },
+        ];
+        let write = IoRequest {
+            tag: 7,
+            op: IoOp::Write,
+            sector: 10,
+            nr_sectors: 3,
+            preflush: false,
+            segments: &segments,
+        };
+        queue.submit(&write, &pages).unwrap();
+        assert_eq!(
+            collect(&mut queue),
+            [Completion {
+                tag: 7,
+                status: IoStatus::Ok
+            }]
+        );
+        let mut on_disk = vec![0; 1536];
+        disk.read_at(10 * 512, &mut on_disk);
+        assert!(on_disk[..512].iter().all(|&b| b == 0xAB));
+        assert!(on_disk[512..].iter().all(|&b| b == 0xCD));
+
+        pages.0.borrow_mut().insert(3, vec![0; 4096]);
+        let read_segments = [DmaSegment {
+            buffer: 3,
+            offset: 1024,
+            len: 1536,
+        }];
+        let read = IoRequest {
+            tag: 8,
+            op: IoOp::Read,
+            segments: &read_segments,
+            ..write
+        };
+        queue.submit(&read, &pages).unwrap();
+        assert_eq!(collect(&mut queue)[0].status, IoStatus::Ok);
+        assert_eq!(&pages.0.borrow()[&3][1024..2560], &on_disk[..]);
+    }
+
+    #[test]
+    fn refuses_out_of_range_and_full_queue() {
+        let disk = RamDisk::new(8);
+        let mut queue = disk.queue(1);
+        let pages = Pages::default();
+        let past_end = IoRequest {
+            tag: 1,
+            op: IoOp::Discard { secure: false },
+            sector: 7,
+            nr_sectors: 2,
+            preflush: false,
+            segments: &[],
+        };
+        assert_eq!(queue.submit(&past_end, &pages), Err(SubmitError::Invalid));
+        let overflow = IoRequest {
+            sector: u64::MAX,
+            ..past_end
+        };
+        assert_eq!(queue.submit(&overflow, &pages), Err(SubmitError::Invalid));
+        let flush = IoRequest {
+            op: IoOp::Flush,
+            sector: 0,
+            nr_sectors: 0,
+            ..past_end
+        };
+        queue.submit(&flush, &pages).unwrap();
+        assert_eq!(queue.submit(&flush, &pages), Err(SubmitError::QueueFull));
+        assert_eq!(collect(&mut queue).len(), 1);
+    }
+
+    #[test]
+    fn unknown_buffer_completes_with_error() {
+        let disk = RamDisk::new(8);
+        let mut queue = disk.queue(2);
+        let segments = [DmaSegment {
+            buffer: 99,
+            offset: 0,
+            len: 512,
+        }];
+        let read = IoRequest {
+            tag: 3,
+            op: IoOp::Read,
+            sector: 0,
+            nr_sectors: 1,
+            preflush: false,
+            segments: &segments,
+        };
+        queue.submit(&read, &Pages::default()).unwrap();
+        assert_eq!(collect(&mut queue)[0].status, IoStatus::Error);
+    }
+}

@@ -1,0 +1,225 @@
+//! The blkif wire format (x86_64 ABI) and shared-ring layout, from Xen's
+//! `public/io/blkif.h` and `public/io/ring.h`. Requests are decoded from byte copies at
+//! these offsets, never read in place.
+
+/// Xen's page size; rings and grants are counted in these.
+pub const PAGE_SIZE: usize = 4096;
+/// Sectors are always 512 bytes on the wire.
+pub const SECTOR_SHIFT: u32 = 9;
+/// 512-byte sectors in one page: `first_sect`/`last_sect` index them.
+pub const SECTORS_PER_PAGE: u8 = (PAGE_SIZE >> SECTOR_SHIFT) as u8;
+
+pub const OP_READ: u8 = 0;
+pub const OP_WRITE: u8 = 1;
+pub const OP_WRITE_BARRIER: u8 = 2;
+pub const OP_FLUSH_DISKCACHE: u8 = 3;
+pub const OP_DISCARD: u8 = 5;
+pub const OP_INDIRECT: u8 = 6;
+
+pub const RSP_OKAY: i16 = 0;
+pub const RSP_ERROR: i16 = -1;
+pub const RSP_EOPNOTSUPP: i16 = -2;
+
+/// `flag` bit of a discard request asking for secure erase.
+pub const DISCARD_SECURE: u8 = 1;
+
+/// Segments carried inside a direct request.
+pub const MAX_SEGMENTS_PER_REQUEST: usize = 11;
+/// Segment descriptors in one indirect page (4096 / 8).
+pub const SEGMENTS_PER_INDIRECT_PAGE: usize = PAGE_SIZE / SEGMENT_SIZE;
+/// Indirect pages one request may name.
+pub const MAX_INDIRECT_PAGES: usize = 8;
+/// What this backend advertises in `feature-max-indirect-segments`.
+pub const MAX_INDIRECT_SEGMENTS: u16 = 512;
+/// Highest `max-ring-page-order` this backend offers (16 pages, 512 slots).
+pub const MAX_RING_PAGE_ORDER: u32 = 4;
+
+/// Size of one ring slot: the union of all request types (and the response).
+pub const REQUEST_SIZE: usize = 112;
+pub const SEGMENT_SIZE: usize = 8;
+pub const DISCARD_REQUEST_SIZE: usize = 32;
+pub const INDIRECT_REQUEST_SIZE: usize = 64;
+pub const RESPONSE_SIZE: usize = 16;
+
+/// Offsets inside a read/write request.
+pub mod request {
+    pub const OPERATION: usize = 0;
+    pub const NR_SEGMENTS: usize = 1;
+    pub const HANDLE: usize = 2;
+    pub const ID: usize = 8;
+    pub const SECTOR: usize = 16;
+    pub const SEGMENTS: usize = 24;
+}
+
+/// Offsets inside one segment descriptor.
+pub mod segment {
+    pub const GREF: usize = 0;
+    pub const FIRST_SECT: usize = 4;
+    pub const LAST_SECT: usize = 5;
+}
+
+/// Offsets inside a discard request.
+pub mod discard {
+    pub const FLAG: usize = 1;
+    pub const NR_SECTORS: usize = 24;
+}
+
+/// Offsets inside an indirect request.
+pub mod indirect {
+    pub const INDIRECT_OP: usize = 1;
+    pub const NR_SEGMENTS: usize = 2;
+    pub const HANDLE: usize = 24;
+    pub const INDIRECT_GREFS: usize = 28;
+}
+
+/// Offsets inside a response.
+pub mod response {
+    pub const ID: usize = 0;
+    pub const OPERATION: usize = 8;
+    pub const STATUS: usize = 10;
+}
+
+/// The shared ring's header (`struct blkif_sring` before `ring[]`).
+pub mod sring {
+    pub const REQ_PROD: usize = 0;
+    pub const REQ_EVENT: usize = 4;
+    pub const RSP_PROD: usize = 8;
+    pub const RSP_EVENT: usize = 12;
+    /// Producer/event indices plus the private and padding bytes.
+    pub const HEADER_SIZE: usize = 64;
+}
+
+/// Slots in a ring of `2^order` pages: `__RING_SIZE` from `ring.h`, i.e. the entries that
+/// fit after the header, rounded down to a power of two.
+pub const fn ring_slots(order: u32) -> u32 {
+    let bytes = (PAGE_SIZE << order) - sring::HEADER_SIZE;
+    let fit = (bytes / REQUEST_SIZE) as u32;
+    // Largest power of two not above `fit` (fit >= 36 for every order).
+    1 << (31 - fit.leading_zeros())
+}
+
+/// Indirect pages needed to hold `nr_segments` descriptors.
+pub const fn indirect_pages(nr_segments: usize) -> usize {
+    nr_segments.div_ceil(SEGMENTS_PER_INDIRECT_PAGE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::{offset_of, size_of};
+
+    // C mirrors of Xen's structures (x86_64), used only to check the byte offsets above
+    // against the compiler's layout rules.
+    #[repr(C)]
+    struct Segment {
+        gref: u32,
+        first_sect: u8,
+        last_sect: u8,
+    }
+    #[repr(C)]
+    struct RwRequest {
+        operation: u8,
+        nr_segments: u8,
+        handle: u16,
+        id: u64,
+        sector_number: u64,
+        seg: [Segment; MAX_SEGMENTS_PER_REQUEST],
+    }
+    #[repr(C)]
+    struct DiscardRequest {
+        operation: u8,
+        flag: u8,
+        handle: u16,
+        id: u64,
+        sector_number: u64,
+        nr_sectors: u64,
+    }
+    #[repr(C)]
+    struct IndirectRequest {
+        operation: u8,
+        indirect_op: u8,
+        nr_segments: u16,
+        id: u64,
+        sector_number: u64,
+        handle: u16,
+        indirect_grefs: [u32; MAX_INDIRECT_PAGES],
+    }
+    #[repr(C)]
+    struct Response {
+        id: u64,
+        operation: u8,
+        status: i16,
+    }
+    #[repr(C)]
+    struct SringHeader {
+        req_prod: u32,
+        req_event: u32,
+        rsp_prod: u32,
+        rsp_event: u32,
+        pvt: [u8; 4],
+        pad: [u8; 44],
+    }
+
+    #[test]
+    fn request_layouts_match_blkif_h() {
+        assert_eq!(size_of::<Segment>(), SEGMENT_SIZE);
+        assert_eq!(offset_of!(Segment, gref), segment::GREF);
+        assert_eq!(offset_of!(Segment, first_sect), segment::FIRST_SECT);
+        assert_eq!(offset_of!(Segment, last_sect), segment::LAST_SECT);
+
+        assert_eq!(size_of::<RwRequest>(), REQUEST_SIZE);
+        assert_eq!(offset_of!(RwRequest, operation), request::OPERATION);
+        assert_eq!(offset_of!(RwRequest, nr_segments), request::NR_SEGMENTS);
+        assert_eq!(offset_of!(RwRequest, handle), request::HANDLE);
+        assert_eq!(offset_of!(RwRequest, id), request::ID);
+        assert_eq!(offset_of!(RwRequest, sector_number), request::SECTOR);
+        assert_eq!(offset_of!(RwRequest, seg), request::SEGMENTS);
+
+        assert_eq!(size_of::<DiscardRequest>(), DISCARD_REQUEST_SIZE);
+        assert_eq!(offset_of!(DiscardRequest, flag), discard::FLAG);
+        assert_eq!(offset_of!(DiscardRequest, nr_sectors), discard::NR_SECTORS);
+        assert_eq!(offset_of!(DiscardRequest, id), request::ID);
+
+        assert_eq!(size_of::<IndirectRequest>(), INDIRECT_REQUEST_SIZE);
+        assert_eq!(
+            offset_of!(IndirectRequest, indirect_op),
+            indirect::INDIRECT_OP
+        );
+        assert_eq!(
+            offset_of!(IndirectRequest, nr_segments),
+            indirect::NR_SEGMENTS
+        );
+        assert_eq!(offset_of!(IndirectRequest, id), request::ID);
+        assert_eq!(offset_of!(IndirectRequest, sector_number), request::SECTOR);
+        assert_eq!(offset_of!(IndirectRequest, handle), indirect::HANDLE);
+        assert_eq!(
+            offset_of!(IndirectRequest, indirect_grefs),
+            indirect::INDIRECT_GREFS
+        );
+    }
+
+    #[test]
+    fn response_and_ring_header_layouts_match_ring_h() {
+        assert_eq!(size_of::<Response>(), RESPONSE_SIZE);
+        assert_eq!(offset_of!(Response, id), response::ID);
+        assert_eq!(offset_of!(Response, operation), response::OPERATION);
+        assert_eq!(offset_of!(Response, status), response::STATUS);
+        assert_eq!(size_of::<SringHeader>(), sring::HEADER_SIZE);
+        assert_eq!(offset_of!(SringHeader, req_prod), sring::REQ_PROD);
+        assert_eq!(offset_of!(SringHeader, req_event), sring::REQ_EVENT);
+        assert_eq!(offset_of!(SringHeader, rsp_prod), sring::RSP_PROD);
+        assert_eq!(offset_of!(SringHeader, rsp_event), sring::RSP_EVENT);
+    }
+
+    #[test]
+    fn ring_slots_round_down_to_a_power_of_two() {
+        // (4096 * 2^order - 64) / 112 = 36, 72, 145, 292, 584 before rounding.
+        let slots: Vec<u32> = (0..=MAX_RING_PAGE_ORDER).map(ring_slots).collect();
+        assert_eq!(slots, [32, 64, 128, 256, 512]);
+        assert_eq!(SEGMENTS_PER_INDIRECT_PAGE, 512);
+        assert_eq!(indirect_pages(1), 1);
+        assert_eq!(indirect_pages(512), 1);
+        assert_eq!(indirect_pages(513), 2);
+        assert_eq!(indirect_pages(4096), MAX_INDIRECT_PAGES);
+    }
+}

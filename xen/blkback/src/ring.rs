@@ -1,0 +1,191 @@
+//! The back end of a blkif shared ring: request copy-out, response write-out and the
+//! index/event arithmetic of Xen's `ring.h` macros (`RING_HAS_UNCONSUMED_REQUESTS`,
+//! `RING_REQUEST_PROD_OVERFLOW`, `RING_REQUEST_CONS_OVERFLOW`,
+//! `RING_PUSH_RESPONSES_AND_CHECK_NOTIFY`, `RING_FINAL_CHECK_FOR_REQUESTS`).
+
+use crate::abi::{self, ring_slots, sring, PAGE_SIZE, REQUEST_SIZE, RESPONSE_SIZE};
+
+/// The mapped ring pages, seen as one contiguous byte range shared with the frontend.
+///
+/// Every access goes through this trait so that tests can watch and tamper with what the
+/// backend reads. Methods take `&self`: the other side writes concurrently anyway.
+pub trait RingMemory {
+    /// Bytes mapped (ring pages × 4096).
+    fn size_bytes(&self) -> usize;
+    /// Load an aligned u32 with acquire ordering (producer indices).
+    fn load_u32(&self, offset: usize) -> u32;
+    /// Store an aligned u32 with release ordering (producer indices, event thresholds).
+    fn store_u32(&self, offset: usize, value: u32);
+    /// Copy bytes out of the ring.
+    fn read_bytes(&self, offset: usize, out: &mut [u8]);
+    /// Copy bytes into the ring.
+    fn write_bytes(&self, offset: usize, data: &[u8]);
+    /// Full memory barrier (`mb()`): orders a store before a later load.
+    fn full_fence(&self);
+}
+
+/// One response, as written into a ring slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Response {
+    pub id: u64,
+    pub operation: u8,
+    pub status: i16,
+}
+
+impl Response {
+    /// The 16 wire bytes, padding zeroed (XSA-216).
+    pub fn to_bytes(self) -> [u8; RESPONSE_SIZE] {
+        let mut bytes = [0u8; RESPONSE_SIZE];
+        bytes[abi::response::ID..abi::response::ID + 8].copy_from_slice(&self.id.to_le_bytes());
+        bytes[abi::response::OPERATION] = self.operation;
+        bytes[abi::response::STATUS..abi::response::STATUS + 2]
+            .copy_from_slice(&self.status.to_le_bytes());
+        bytes
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingError {
+    /// Ring order above what was offered.
+    BadOrder(u32),
+    /// The mapping is smaller than the ring.
+    TooSmall { needed: usize, mapped: usize },
+}
+
+/// Backend-private ring state plus the shared memory.
+#[derive(Debug)]
+pub struct BackRing<M> {
+    memory: M,
+    slots: u32,
+    req_cons: u32,
+    rsp_prod_pvt: u32,
+}
+
+impl<M: RingMemory> BackRing<M> {
+    /// Attach to a freshly initialised ring of `2^order` pages (`BACK_RING_INIT`: the
+    /// frontend zeroed the indices, our private ones start at 0 too).
+    pub fn new(memory: M, order: u32) -> Result<Self, RingError> {
+        if order > abi::MAX_RING_PAGE_ORDER {
+            return Err(RingError::BadOrder(order));
+        }
+        let needed = PAGE_SIZE << order;
+        if memory.size_bytes() < needed {
+            return Err(RingError::TooSmall {
+                needed,
+                mapped: memory.size_bytes(),
+            });
+        }
+        Ok(Self {
+            memory,
+            slots: ring_slots(order),
+            req_cons: 0,
+            rsp_prod_pvt: 0,
+        })
+    }
+
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    pub fn memory(&self) -> &M {
+        &self.memory
+    }
+
+    pub fn req_cons(&self) -> u32 {
+        self.req_cons
+    }
+
+    pub fn rsp_prod_pvt(&self) -> u32 {
+        self.rsp_prod_pvt
+    }
+
+    fn slot_offset(&self, index: u32) -> usize {
+        sring::HEADER_SIZE + (index & (self.slots - 1)) as usize * REQUEST_SIZE
+    }
+
+    /// The frontend's producer index (acquire: slot contents are visible after it).
+    pub fn req_prod(&self) -> u32 {
+        self.memory.load_u32(sring::REQ_PROD)
+    }
+
+    /// `RING_REQUEST_PROD_OVERFLOW`: the frontend claims more requests than it can have
+    /// outstanding. Such a ring must not be processed further.
+    pub fn prod_overflows(&self, req_prod: u32) -> bool {
+        req_prod.wrapping_sub(self.rsp_prod_pvt) > self.slots
+    }
+
+    /// `RING_REQUEST_CONS_OVERFLOW`: consuming another request would leave no slot for
+    /// its response.
+    pub fn cons_overflows(&self) -> bool {
+        self.req_cons.wrapping_sub(self.rsp_prod_pvt) >= self.slots
+    }
+
+    /// `RING_HAS_UNCONSUMED_REQUESTS` against a given producer index.
+    pub fn unconsumed(&self, req_prod: u32) -> u32 {
+        let requests = req_prod.wrapping_sub(self.req_cons);
+        let room = self
+            .slots
+            .wrapping_sub(self.req_cons.wrapping_sub(self.rsp_prod_pvt));
+        requests.min(room)
+    }
+
+    /// Copy the next request out of its slot (one read of the slot) and consume it.
+    pub fn take_request(&mut self) -> [u8; REQUEST_SIZE] {
+        let mut raw = [0u8; REQUEST_SIZE];
+        self.memory
+            .read_bytes(self.slot_offset(self.req_cons), &mut raw);
+        self.req_cons = self.req_cons.wrapping_add(1);
+        raw
+    }
+
+    /// Requests consumed whose responses have not been produced yet.
+    pub fn outstanding(&self) -> u32 {
+        self.req_cons.wrapping_sub(self.rsp_prod_pvt)
+    }
+
+    /// Write one response into the next response slot (not yet visible to the frontend).
+    pub fn put_response(&mut self, response: Response) {
+        debug_assert!(self.outstanding() > 0, "response without a request");
+        let offset = self.slot_offset(self.rsp_prod_pvt);
+        self.memory.write_bytes(offset, &response.to_bytes());
+        self.rsp_prod_pvt = self.rsp_prod_pvt.wrapping_add(1);
+    }
+
+    /// `RING_PUSH_RESPONSES_AND_CHECK_NOTIFY`: publish the responses written so far and
+    /// say whether the frontend asked to be told (its `rsp_event` lies in the new batch).
+    pub fn push_responses(&mut self) -> bool {
+        let old = self.memory.load_u32(sring::RSP_PROD);
+        let new = self.rsp_prod_pvt;
+        if old == new {
+            return false;
+        }
+        self.memory.store_u32(sring::RSP_PROD, new);
+        self.memory.full_fence();
+        let event = self.memory.load_u32(sring::RSP_EVENT);
+        new.wrapping_sub(event) < new.wrapping_sub(old)
+    }
+
+    /// `RING_FINAL_CHECK_FOR_REQUESTS`: re-arm `req_event` so the frontend notifies on
+    /// the next request, then look again. True means work arrived: do not sleep.
+    pub fn final_check_for_requests(&mut self) -> bool {
+        if self.unconsumed(self.req_prod()) > 0 {
+            return true;
+        }
+        self.memory
+            .store_u32(sring::REQ_EVENT, self.req_cons.wrapping_add(1));
+        self.memory.full_fence();
+        self.unconsumed(self.req_prod()) > 0
+    }
+
+    /// Push `req_event` far behind so a busy frontend sends no events while we poll.
+    pub fn hold_off_notifications(&mut self) {
+        // The frontend notifies when `req_event` lies in (old, new]; a value just behind
+        // req_cons is never reached again before the next re-arm.
+        self.memory.store_u32(sring::REQ_EVENT, self.req_cons);
+    }
+
+    /// Give the memory back (teardown).
+    pub fn into_memory(self) -> M {
+        self.memory
+    }
+}
