@@ -1,19 +1,194 @@
+//! blkdom: a Xen block-backend driver domain, as one PVH-bootable image.
+//!
+//! Boot order: console and log first (so everything after can report), then the
+//! descriptor tables and traps (so faults are reported, not silent resets), then memory
+//! and the heap, then ACPI power control; then either the self-tests or normal service.
 #![no_std]
 #![no_main]
 
+extern crate alloc;
 // The PVH entry lives in `boot` and is reached only through the linker script's ENTRY.
 extern crate boot;
 
+mod arch;
+mod bootinfo;
+mod console;
+mod logger;
+mod mm;
+mod power;
+mod selftest;
+mod xen_min;
+
+use blkdom_support::cmdline::Cmdline;
+use blkdom_support::hypervisor::Hypervisor;
+use boot::start_info::memmap_type_name;
+use log::{error, info, warn, LevelFilter};
+
+pub use xen_min::{shutdown as xen_shutdown, ShutdownReason};
+
+/// Printed once the kernel is ready; the test runners and the nested rig wait for it.
+pub const READY_MARKER: &str = "blkdom: up";
+
 #[no_mangle]
-pub extern "C" fn kernel_main(_start_info_paddr: u64) -> ! {
-    loop {
-        x86_64::instructions::hlt();
+pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
+    let hypervisor = arch::cpu::detect_hypervisor();
+    console::init(hypervisor.is_xen());
+    xen_min::init(&hypervisor);
+    power::set_under_xen(hypervisor.is_xen());
+    logger::init(LevelFilter::Info);
+
+    let info = match bootinfo::BootInfo::read(start_info_paddr) {
+        Ok(info) => info,
+        Err(e) => {
+            error!("no usable hvm_start_info at {start_info_paddr:#x}: {e:?}");
+            power::crash("bad boot information");
+        }
+    };
+    let cmdline = Cmdline::new(info.cmdline());
+    match cmdline.log_level() {
+        Ok(Some(level)) => log::set_max_level(level),
+        Ok(None) => {}
+        Err(bad) => {
+            warn!("loglevel={bad} not understood (use off|error|warn|info|debug|trace or 0..5)")
+        }
+    }
+
+    info!("blkdom {} starting", env!("CARGO_PKG_VERSION"));
+    log_hypervisor(&hypervisor);
+    info!(
+        "command line: \"{}\"{}",
+        cmdline.as_str(),
+        if info.cmdline_truncated {
+            " (truncated)"
+        } else {
+            ""
+        }
+    );
+    info!(
+        "start info at {:#x}: version {}, {} modules, rsdp {:#x}",
+        start_info_paddr,
+        info.start_info.version,
+        info.start_info.nr_modules,
+        info.start_info.rsdp_paddr
+    );
+    log_memory_map(&info);
+
+    arch::gdt::init_boot_cpu();
+    arch::trap::load_idt();
+
+    let memory = match mm::init(&info) {
+        Ok(report) => report,
+        Err(e) => {
+            error!("memory set-up failed: {e:?}");
+            power::crash("no memory");
+        }
+    };
+    info!(
+        "memory: {} MiB RAM, image {:#x}-{:#x} ({} KiB), heap {} MiB at {:#x}, {} MiB free",
+        memory.ram_bytes >> 20,
+        memory.image.start,
+        memory.image.end,
+        memory.image.len() / 1024,
+        memory.heap_bytes >> 20,
+        memory.heap_start,
+        mm::free_frame_bytes() >> 20
+    );
+
+    let selftest = cmdline.has("selftest");
+    match power::init(info.start_info.rsdp_paddr) {
+        Ok(power) => info!("acpi: PM1a control at port {:#x}", power.pm1a_control_port),
+        Err(e) => info!("acpi: no power-off register ({e:?})"),
+    }
+
+    if let Some(what) = cmdline.value("crashtest") {
+        crash_test(what);
+    }
+    if selftest {
+        let (_, failed) = selftest::run(cmdline.has("selftest.inject-failure"));
+        power::report_verdict(if failed == 0 {
+            power::Verdict::Pass
+        } else {
+            power::Verdict::Fail
+        });
+        power::power_off();
+    }
+
+    info!("{READY_MARKER}");
+    if hypervisor.is_xen() {
+        // Serving guests arrives with the Xen platform layer; until then stay up, idle.
+        info!("waiting (no backend service yet)");
+        loop {
+            x86_64::instructions::interrupts::enable_and_hlt();
+        }
+    }
+    power::power_off();
+}
+
+fn log_hypervisor(hypervisor: &Hypervisor) {
+    let vendor = arch::cpu::vendor();
+    let vendor = core::str::from_utf8(&vendor).unwrap_or("?");
+    match hypervisor {
+        Hypervisor::Xen {
+            base_leaf,
+            max_leaf,
+        } => {
+            let version = arch::cpu::cpuid(base_leaf + 1, 0).eax;
+            info!(
+                "hypervisor: Xen {}.{} (CPUID leaves {:#x}..={:#x}), cpu {}",
+                version >> 16,
+                version & 0xffff,
+                base_leaf,
+                max_leaf,
+                vendor
+            );
+        }
+        other => info!(
+            "hypervisor: {} (plain QEMU or bare metal: no Xen services), cpu {}",
+            other.name(),
+            vendor
+        ),
+    }
+}
+
+fn log_memory_map(info: &bootinfo::BootInfo) {
+    info!("memory map: {} entries", info.memmap().len());
+    for entry in info.memmap() {
+        info!(
+            "  {:#014x}-{:#014x} {:>9} KiB {}",
+            entry.addr,
+            entry.addr.saturating_add(entry.size),
+            entry.size / 1024,
+            memmap_type_name(entry.kind)
+        );
+    }
+    if info.memmap_dropped > 0 {
+        warn!(
+            "memory map: {} entries beyond the first {} ignored",
+            info.memmap_dropped,
+            info.memmap().len()
+        );
+    }
+}
+
+/// `crashtest=page-fault|panic|hang`: fail on purpose, so the runners can check that a
+/// fault is reported and stops the kernel, and that a hang is cut off by the timeout.
+fn crash_test(what: &str) {
+    warn!("crashtest={what}: failing on purpose");
+    match what {
+        "page-fault" => {
+            // SAFETY: deliberately reads an address no page table maps; the page-fault
+            // handler reports it and stops the kernel, so the read never returns.
+            let value = unsafe { core::ptr::read_volatile(0x0000_7fff_0bad_0000 as *const u64) };
+            error!("read of an unmapped address returned {value:#x}");
+        }
+        "panic" => panic!("crashtest panic"),
+        "hang" => arch::cpu::halt_forever(),
+        other => warn!("crashtest={other} unknown (page-fault|panic|hang); ignored"),
     }
 }
 
 #[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {
-        x86_64::instructions::hlt();
-    }
+fn panic(panic_info: &core::panic::PanicInfo) -> ! {
+    error!("panic: {panic_info}");
+    power::crash("panic");
 }

@@ -1,0 +1,7 @@
+//! x86_64 processor set-up: descriptor tables, traps, paging, CPU identification.
+//! All of the kernel's privileged instructions live under this module.
+
+pub mod cpu;
+pub mod gdt;
+pub mod paging;
+pub mod trap;

@@ -1,0 +1,67 @@
+//! The `log` backend: every record goes to the console sinks, one line each.
+
+use core::fmt::Write;
+use log::{LevelFilter, Log, Metadata, Record};
+use spin::Mutex;
+
+struct ConsoleWriter;
+
+impl Write for ConsoleWriter {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        crate::console::write_bytes(s.as_bytes());
+        Ok(())
+    }
+}
+
+struct KernelLogger {
+    /// Serialises lines from different CPUs so they do not interleave.
+    line_lock: Mutex<()>,
+}
+
+static LOGGER: KernelLogger = KernelLogger {
+    line_lock: Mutex::new(()),
+};
+
+impl Log for KernelLogger {
+    fn enabled(&self, metadata: &Metadata) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &Record) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        // A fault or panic while a line is being written must still be able to log:
+        // after a bounded wait, write without the lock (lines may interleave).
+        let mut guard = None;
+        for _ in 0..1_000_000 {
+            if let Some(g) = self.line_lock.try_lock() {
+                guard = Some(g);
+                break;
+            }
+            core::hint::spin_loop();
+        }
+        let target = record
+            .target()
+            .strip_prefix("blkdom::")
+            .unwrap_or(record.target());
+        let _ = writeln!(
+            ConsoleWriter,
+            "{:<5} {}: {}",
+            record.level(),
+            target,
+            record.args()
+        );
+        drop(guard);
+    }
+
+    fn flush(&self) {
+        crate::console::flush();
+    }
+}
+
+pub fn init(level: LevelFilter) {
+    // Only fails if a logger is already set, which would be a boot-order bug; keep going.
+    let _ = log::set_logger(&LOGGER);
+    log::set_max_level(level);
+}

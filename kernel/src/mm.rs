@@ -1,0 +1,130 @@
+//! Physical memory: the frame allocator filled from the PVH memory map, and the kernel
+//! heap (`linked_list_allocator`, for set-up only: the I/O path never allocates).
+
+use crate::arch::paging::IDENTITY_MAPPED_LIMIT;
+use crate::bootinfo::BootInfo;
+use blkdom_support::frames::{FrameAllocator, FrameError, PhysRange, FRAME_SIZE};
+use boot::start_info::{memmap_type, HvmModlistEntry};
+use linked_list_allocator::LockedHeap;
+
+#[global_allocator]
+static HEAP: LockedHeap = LockedHeap::empty();
+
+static FRAMES: spin::Mutex<FrameAllocator> = spin::Mutex::new(FrameAllocator::new());
+
+/// Heap size: a quarter of free memory, within these bounds.
+const HEAP_MIN: u64 = 1 << 20;
+const HEAP_MAX: u64 = 64 << 20;
+
+extern "C" {
+    static __image_start: u8;
+    static __image_end: u8;
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryReport {
+    pub ram_bytes: u64,
+    pub free_bytes_before_heap: u64,
+    pub heap_start: u64,
+    pub heap_bytes: u64,
+    pub image: PhysRange,
+}
+
+pub fn image_range() -> PhysRange {
+    // Only the addresses of the linker-script symbols are taken, never their contents.
+    PhysRange::new(
+        &raw const __image_start as u64,
+        &raw const __image_end as u64,
+    )
+}
+
+/// Fills the frame allocator from the memory map and carves out the heap.
+pub fn init(info: &BootInfo) -> Result<MemoryReport, FrameError> {
+    let mut frames = FRAMES.lock();
+    let mut ram_bytes = 0;
+    for entry in info.memmap().iter().filter(|e| e.kind == memmap_type::RAM) {
+        ram_bytes += entry.size;
+        // Only identity-mapped RAM is handed out until the kernel maps more.
+        let end = entry
+            .addr
+            .saturating_add(entry.size)
+            .min(IDENTITY_MAPPED_LIMIT);
+        if entry.addr < end {
+            frames.add(PhysRange::new(entry.addr, end))?;
+        }
+    }
+    // Keep out: the real-mode area and firmware data below 1 MiB, the image, and what
+    // the loader handed us (start info, memory map, command line, modules).
+    frames.remove(PhysRange::new(0, 1 << 20));
+    let image = image_range();
+    frames.remove(image);
+    let si = &info.start_info;
+    let reserve = |frames: &mut FrameAllocator, start: u64, len: u64| {
+        if start != 0 {
+            frames.remove(PhysRange::new(start, start.saturating_add(len.max(1))));
+        }
+    };
+    reserve(
+        &mut frames,
+        info.start_info_paddr,
+        core::mem::size_of_val(si) as u64,
+    );
+    reserve(
+        &mut frames,
+        si.memmap_paddr,
+        u64::from(si.memmap_entries) * 24,
+    );
+    reserve(
+        &mut frames,
+        si.cmdline_paddr,
+        crate::bootinfo::MAX_CMDLINE_LEN as u64,
+    );
+    let modlist_len = u64::from(si.nr_modules) * core::mem::size_of::<HvmModlistEntry>() as u64;
+    reserve(&mut frames, si.modlist_paddr, modlist_len);
+    for i in 0..u64::from(si.nr_modules) {
+        let entry_paddr = si.modlist_paddr + i * core::mem::size_of::<HvmModlistEntry>() as u64;
+        if entry_paddr + 32 <= IDENTITY_MAPPED_LIMIT {
+            // SAFETY: identity mapped (checked above) and plain integers.
+            let module: HvmModlistEntry =
+                unsafe { core::ptr::read_unaligned(entry_paddr as *const HvmModlistEntry) };
+            reserve(&mut frames, module.paddr, module.size);
+            reserve(
+                &mut frames,
+                module.cmdline_paddr,
+                crate::bootinfo::MAX_CMDLINE_LEN as u64,
+            );
+        }
+    }
+
+    let free_bytes_before_heap = frames.free_bytes();
+    let heap_bytes =
+        (free_bytes_before_heap / 4).clamp(HEAP_MIN, HEAP_MAX) / FRAME_SIZE * FRAME_SIZE;
+    let heap_start = frames.allocate_contiguous(heap_bytes / FRAME_SIZE, 2 << 20)?;
+    // SAFETY: the range was just taken from the frame allocator, so nothing else uses it;
+    // it is identity mapped, writable, and handed to the heap exactly once.
+    unsafe { HEAP.lock().init(heap_start as *mut u8, heap_bytes as usize) };
+    Ok(MemoryReport {
+        ram_bytes,
+        free_bytes_before_heap,
+        heap_start,
+        heap_bytes,
+        image,
+    })
+}
+
+pub fn allocate_frame() -> Result<u64, FrameError> {
+    FRAMES.lock().allocate()
+}
+
+pub fn free_frame(paddr: u64) -> Result<(), FrameError> {
+    FRAMES.lock().free(paddr, 1)
+}
+
+pub fn free_frame_bytes() -> u64 {
+    FRAMES.lock().free_bytes()
+}
+
+/// Bytes of heap in use now.
+pub fn heap_used() -> usize {
+    HEAP.lock().used()
+}

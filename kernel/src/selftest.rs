@@ -1,0 +1,264 @@
+//! In-kernel self-tests, run with the `selftest` command-line switch under plain QEMU
+//! (test tier 2). Each test prints `selftest: <name> ... ok` or `... FAILED: <why>`; the
+//! summary line `selftest: N passed, M failed` and the `isa-debug-exit` verdict follow.
+//! `selftest.inject-failure` adds a test that must fail, so the runner's own test can
+//! prove a failing self-test is caught.
+
+use crate::arch::{paging, trap};
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+use core::fmt::Write;
+use x86_64::structures::paging::PageTableFlags;
+
+type TestResult = Result<(), heapless_string::Message>;
+
+/// A short, fixed-capacity failure message (no heap needed to report a heap failure).
+mod heapless_string {
+    pub struct Message {
+        buf: [u8; 160],
+        len: usize,
+    }
+
+    impl Message {
+        pub fn new() -> Self {
+            Message {
+                buf: [0; 160],
+                len: 0,
+            }
+        }
+
+        pub fn as_str(&self) -> &str {
+            core::str::from_utf8(&self.buf[..self.len]).unwrap_or("?")
+        }
+    }
+
+    impl core::fmt::Write for Message {
+        fn write_str(&mut self, s: &str) -> core::fmt::Result {
+            let take = s.len().min(self.buf.len() - self.len);
+            self.buf[self.len..self.len + take].copy_from_slice(&s.as_bytes()[..take]);
+            self.len += take;
+            Ok(())
+        }
+    }
+}
+
+macro_rules! check {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            let mut message = heapless_string::Message::new();
+            let _ = write!(message, $($fmt)+);
+            return Err(message);
+        }
+    };
+}
+
+/// Boxes, a growing vector and a page-aligned allocation; everything freed comes back.
+fn heap_allocations() -> TestResult {
+    let before = crate::mm::heap_used();
+    {
+        let boxed = Box::new(0xb10c_d0a1u64);
+        check!(*boxed == 0xb10c_d0a1, "box holds {:#x}", *boxed);
+        let mut v: Vec<u64> = Vec::new();
+        for i in 0..128 * 1024 {
+            v.push(i * 7);
+        }
+        check!(
+            v.iter().enumerate().all(|(i, x)| *x == i as u64 * 7),
+            "vector contents differ"
+        );
+        let layout = core::alloc::Layout::from_size_align(8192, 4096).expect("valid layout");
+        let page = raw_alloc::alloc_zeroed(layout);
+        check!(
+            !page.is_null() && page as usize % 4096 == 0,
+            "aligned alloc returned {:p}",
+            page
+        );
+        raw_alloc::dealloc(page, layout);
+        check!(
+            crate::mm::heap_used() > before,
+            "heap use did not grow while allocated"
+        );
+    }
+    let after = crate::mm::heap_used();
+    check!(
+        after == before,
+        "heap use {} after freeing, {} before",
+        after,
+        before
+    );
+    Ok(())
+}
+
+/// The global allocator behind `alloc`'s safe wrappers, for the aligned-allocation check.
+mod raw_alloc {
+    use alloc::alloc::Layout;
+
+    pub fn alloc_zeroed(layout: Layout) -> *mut u8 {
+        // SAFETY: the layout has a non-zero size.
+        unsafe { alloc::alloc::alloc_zeroed(layout) }
+    }
+
+    pub fn dealloc(ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `alloc_zeroed` with the same layout.
+        unsafe { alloc::alloc::dealloc(ptr, layout) }
+    }
+}
+
+/// Frames are distinct, aligned, zero-able through the identity map, and come back.
+fn frame_allocation() -> TestResult {
+    let free_before = crate::mm::free_frame_bytes();
+    let mut frames = [0u64; 16];
+    for slot in frames.iter_mut() {
+        *slot = crate::mm::allocate_frame().map_err(|e| {
+            let mut m = heapless_string::Message::new();
+            let _ = write!(m, "allocate_frame: {e:?}");
+            m
+        })?;
+    }
+    let mut sorted = frames;
+    sorted.sort_unstable();
+    check!(
+        sorted.windows(2).all(|w| w[0] != w[1]),
+        "a frame was handed out twice"
+    );
+    check!(
+        frames.iter().all(|f| f % 4096 == 0 && *f >= 1 << 20),
+        "misaligned or low frame"
+    );
+    check!(
+        crate::mm::free_frame_bytes() == free_before - 16 * 4096,
+        "free memory did not drop by 16 frames"
+    );
+    for f in frames {
+        let _ = crate::mm::free_frame(f);
+    }
+    check!(
+        crate::mm::free_frame_bytes() == free_before,
+        "frames did not all come back"
+    );
+    Ok(())
+}
+
+/// A fresh frame mapped at an address nothing else uses: writes through the new mapping
+/// show through the identity map; after unmapping, a read faults with that address.
+fn page_table_mapping() -> TestResult {
+    const TEST_VIRT: u64 = 0x0000_4000_0000_0000;
+    let frame = crate::mm::allocate_frame().map_err(|_| heapless_string::Message::new())?;
+    let flags = PageTableFlags::WRITABLE | PageTableFlags::NO_EXECUTE;
+    let mapped = paging::map_page(TEST_VIRT, frame, flags);
+    check!(mapped.is_ok(), "map_page: {:?}", mapped);
+    check!(
+        paging::translate(TEST_VIRT + 0x123) == Some(frame + 0x123),
+        "translate disagrees"
+    );
+    let pattern = 0x5eed_1234_abcd_0000u64;
+    for i in 0..512u64 {
+        // SAFETY: TEST_VIRT..+4 KiB was just mapped to `frame`, which nothing else uses.
+        unsafe { core::ptr::write_volatile((TEST_VIRT + i * 8) as *mut u64, pattern + i) };
+    }
+    for i in 0..512u64 {
+        // SAFETY: `frame` is identity mapped and owned by this test.
+        let seen = unsafe { core::ptr::read_volatile((frame + i * 8) as *const u64) };
+        check!(
+            seen == pattern + i,
+            "word {} reads {:#x} through the identity map",
+            i,
+            seen
+        );
+    }
+    let unmapped = paging::unmap_page(TEST_VIRT);
+    check!(
+        unmapped.as_ref().ok() == Some(&frame),
+        "unmap_page: {:?}",
+        unmapped
+    );
+    let fault = trap::probe_read(TEST_VIRT + 8);
+    let _ = crate::mm::free_frame(frame);
+    match fault {
+        Err(f) => {
+            check!(f.vector == 14, "caught vector {} instead of #PF", f.vector);
+            check!(f.address == TEST_VIRT + 8, "CR2 {:#x}", f.address);
+            check!(
+                f.error_code & 1 == 0,
+                "error code {:#x} says present",
+                f.error_code
+            );
+        }
+        Ok(v) => check!(false, "read of an unmapped page returned {:#x}", v),
+    }
+    Ok(())
+}
+
+/// `int3` reaches the breakpoint handler and execution continues after it.
+fn exception_breakpoint() -> TestResult {
+    let before = trap::breakpoint_count();
+    x86_64::instructions::interrupts::int3();
+    check!(
+        trap::breakpoint_count() == before + 1,
+        "breakpoint handler did not run"
+    );
+    Ok(())
+}
+
+/// `ud2` raises #UD, which the handler catches and resumes from.
+fn exception_invalid_opcode() -> TestResult {
+    match trap::probe_invalid_opcode() {
+        Err(f) => check!(f.vector == 6, "caught vector {} instead of #UD", f.vector),
+        Ok(()) => check!(false, "ud2 did not fault"),
+    }
+    Ok(())
+}
+
+/// A read of an address no page table maps raises #PF with CR2 = that address.
+fn exception_page_fault() -> TestResult {
+    let addr = 0x0000_7fff_dead_b000u64;
+    match trap::probe_read(addr) {
+        Err(f) => {
+            check!(f.vector == 14, "caught vector {} instead of #PF", f.vector);
+            check!(
+                f.address == addr,
+                "CR2 {:#x}, expected {:#x}",
+                f.address,
+                addr
+            );
+        }
+        Ok(v) => check!(false, "read returned {:#x}", v),
+    }
+    Ok(())
+}
+
+/// Exists only to prove the runner notices a failing self-test.
+fn injected_failure() -> TestResult {
+    check!(false, "deliberate failure (selftest.inject-failure)");
+    Ok(())
+}
+
+/// Runs the self-tests; returns (passed, failed).
+pub fn run(inject_failure: bool) -> (u32, u32) {
+    let mut tests: Vec<(&str, fn() -> TestResult)> = alloc::vec![
+        ("heap.allocations", heap_allocations),
+        ("frames.allocate-free", frame_allocation),
+        ("paging.map-unmap", page_table_mapping),
+        ("exception.breakpoint", exception_breakpoint),
+        ("exception.invalid-opcode", exception_invalid_opcode),
+        ("exception.page-fault", exception_page_fault),
+    ];
+    if inject_failure {
+        tests.push(("selftest.injected-failure", injected_failure));
+    }
+    let (mut passed, mut failed) = (0, 0);
+    for (name, test) in tests {
+        match test() {
+            Ok(()) => {
+                passed += 1;
+                log::info!("{name} ... ok");
+            }
+            Err(message) => {
+                failed += 1;
+                log::error!("{name} ... FAILED: {}", message.as_str());
+            }
+        }
+    }
+    log::info!("{passed} passed, {failed} failed");
+    (passed, failed)
+}
