@@ -20,7 +20,16 @@ image:
 	  [ $$size -le 1048576 ] || { echo "image exceeds 1 MiB" >&2; exit 1; }
 
 run: image
-	python3 tests/qemu/run.py --image $(IMAGE) --mode run
+	python3 tests/qemu/run.py --image $(IMAGE)
+
+test:
+	tests/run-all.sh
+
+test-host:
+	$(CARGO) test
+
+test-qemu: image
+	python3 tests/qemu/tier2.py --image $(IMAGE)
 
 lint:
 	$(CARGO) fmt --all -- --check
