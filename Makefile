@@ -9,9 +9,13 @@ TARGET := x86_64-unknown-none
 IMAGE := target/$(TARGET)/release/blkdom
 CARGO ?= cargo
 
-.PHONY: all image run test test-host test-qemu lint
+.PHONY: all deps image run test test-host test-qemu lint
 
 all: image
+
+# Idempotent: installs only what is missing (Rust target, QEMU from bookworm-backports).
+deps:
+	@bash tools/install-deps.sh
 
 image:
 	$(CARGO) build -p blkdom --release --target $(TARGET)
@@ -19,10 +23,10 @@ image:
 	  printf 'image: %s, %d bytes (%d KiB; budget 1024 KiB)\n' $(IMAGE) $$size $$((size / 1024)); \
 	  [ $$size -le 1048576 ] || { echo "image exceeds 1 MiB" >&2; exit 1; }
 
-run: image
+run: deps image
 	python3 tests/qemu/run.py --image $(IMAGE)
 
-test:
+test: deps
 	tests/run-all.sh
 
 test-host:
