@@ -24,6 +24,19 @@ pub enum BootInfoError {
     BadMagic(u32),
 }
 
+impl core::fmt::Display for BootInfoError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            BootInfoError::NotIdentityMapped(paddr) => {
+                write!(f, "address {paddr:#x} is outside the boot identity map")
+            }
+            BootInfoError::BadMagic(magic) => {
+                write!(f, "magic {magic:#x}, expected {HVM_START_MAGIC:#x}")
+            }
+        }
+    }
+}
+
 /// Copies `T` from physical address `paddr` (below 4 GiB, so identity mapped).
 fn read_phys<T: Copy>(paddr: u64) -> Result<T, BootInfoError> {
     let end = paddr.checked_add(core::mem::size_of::<T>() as u64);

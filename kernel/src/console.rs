@@ -71,10 +71,6 @@ pub fn init(under_xen: bool) {
     DEBUGCON.store(under_xen, Ordering::Relaxed);
 }
 
-pub fn has_uart() -> bool {
-    UART_BASE.load(Ordering::Relaxed) != 0
-}
-
 pub fn write_bytes(bytes: &[u8]) {
     let base = UART_BASE.load(Ordering::Relaxed);
     let debugcon = DEBUGCON.load(Ordering::Relaxed);

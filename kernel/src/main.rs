@@ -40,7 +40,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     let info = match bootinfo::BootInfo::read(start_info_paddr) {
         Ok(info) => info,
         Err(e) => {
-            error!("no usable hvm_start_info at {start_info_paddr:#x}: {e:?}");
+            error!("no usable hvm_start_info at {start_info_paddr:#x}: {e}");
             power::crash("bad boot information");
         }
     };

@@ -24,7 +24,6 @@ extern "C" {
 #[derive(Debug, Clone, Copy)]
 pub struct MemoryReport {
     pub ram_bytes: u64,
-    pub free_bytes_before_heap: u64,
     pub heap_start: u64,
     pub heap_bytes: u64,
     pub image: PhysRange,
@@ -105,7 +104,6 @@ pub fn init(info: &BootInfo) -> Result<MemoryReport, FrameError> {
     unsafe { HEAP.lock().init(heap_start as *mut u8, heap_bytes as usize) };
     Ok(MemoryReport {
         ram_bytes,
-        free_bytes_before_heap,
         heap_start,
         heap_bytes,
         image,

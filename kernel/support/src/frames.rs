@@ -170,7 +170,7 @@ impl FrameAllocator {
     /// Returns `frames` frames starting at `start` to the free memory.
     pub fn free(&mut self, start: u64, frames: u64) -> Result<(), FrameError> {
         let range = PhysRange::new(start, start + frames * FRAME_SIZE);
-        if start % FRAME_SIZE != 0 || frames == 0 {
+        if !start.is_multiple_of(FRAME_SIZE) || frames == 0 {
             return Err(FrameError::BadFree);
         }
         if self
