@@ -174,6 +174,93 @@ pub fn s5_control_value(slp_typ: u8) -> u16 {
     (u16::from(slp_typ & 0x7) << 10) | PM1_SLP_EN
 }
 
+/// A processor the MADT lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MadtCpu {
+    pub apic_id: u32,
+    /// Enabled now (flags bit 0); otherwise it may only be hot-added later.
+    pub enabled: bool,
+}
+
+/// What blkdom needs from the MADT ("APIC"): the local APIC address and the processors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Madt<const N: usize> {
+    pub local_apic_address: u64,
+    cpus: [MadtCpu; N],
+    count: usize,
+    /// Processors beyond N (not started).
+    pub dropped: usize,
+}
+
+impl<const N: usize> Madt<N> {
+    pub fn cpus(&self) -> &[MadtCpu] {
+        &self.cpus[..self.count]
+    }
+
+    pub fn enabled_cpus(&self) -> impl Iterator<Item = &MadtCpu> {
+        self.cpus().iter().filter(|c| c.enabled)
+    }
+}
+
+const MADT_LOCAL_APIC: u8 = 0;
+const MADT_LOCAL_APIC_OVERRIDE: u8 = 5;
+const MADT_LOCAL_X2APIC: u8 = 9;
+
+/// Parses the MADT at `paddr`, keeping at most `N` processors. Entries are walked by
+/// their own length fields; one that runs past the table ends the walk.
+pub fn parse_madt<const N: usize>(mem: &impl PhysRead, paddr: u64) -> Result<Madt<N>, AcpiError> {
+    let mut buf = [0u8; 8192];
+    let table = read_table(mem, paddr, &mut buf)?;
+    if &table[..4] != b"APIC" {
+        return Err(AcpiError::BadSignature(paddr));
+    }
+    if table.len() < SDT_HEADER_LEN + 8 {
+        return Err(AcpiError::BadLength(paddr));
+    }
+    let mut madt = Madt {
+        local_apic_address: u64::from(u32_at(table, SDT_HEADER_LEN)),
+        cpus: [MadtCpu {
+            apic_id: 0,
+            enabled: false,
+        }; N],
+        count: 0,
+        dropped: 0,
+    };
+    let mut offset = SDT_HEADER_LEN + 8;
+    while offset + 2 <= table.len() {
+        let (kind, len) = (table[offset], usize::from(table[offset + 1]));
+        if len < 2 || offset + len > table.len() {
+            break;
+        }
+        let entry = &table[offset..offset + len];
+        let cpu = match (kind, len) {
+            (MADT_LOCAL_APIC, 8..) => Some(MadtCpu {
+                apic_id: u32::from(entry[3]),
+                enabled: u32_at(entry, 4) & 1 != 0,
+            }),
+            (MADT_LOCAL_X2APIC, 16..) => Some(MadtCpu {
+                apic_id: u32_at(entry, 4),
+                enabled: u32_at(entry, 8) & 1 != 0,
+            }),
+            (MADT_LOCAL_APIC_OVERRIDE, 12..) => {
+                madt.local_apic_address = u64_at(entry, 4);
+                None
+            }
+            _ => None,
+        };
+        if let Some(cpu) = cpu {
+            if madt.count < N {
+                madt.cpus[madt.count] = cpu;
+                madt.count += 1;
+            } else {
+                madt.dropped += 1;
+            }
+        }
+        offset += len;
+    }
+    Ok(madt)
+}
+
 #[cfg(test)]
 pub mod fake {
     use super::PhysRead;
@@ -317,6 +404,72 @@ mod tests {
 
         let mem = FakeMemory::default();
         assert_eq!(parse_rsdp(&mem, 0x10), Err(AcpiError::Unreadable(0x10)));
+    }
+
+    fn madt_body(entries: &[Vec<u8>]) -> Vec<u8> {
+        let mut body = vec![0u8; 8];
+        body[..4].copy_from_slice(&0xfee0_0000u32.to_le_bytes());
+        for e in entries {
+            body.extend_from_slice(e);
+        }
+        body
+    }
+
+    fn lapic(apic_id: u8, flags: u32) -> Vec<u8> {
+        let mut e = vec![0, 8, apic_id, apic_id];
+        e.extend_from_slice(&flags.to_le_bytes());
+        e
+    }
+
+    #[test]
+    fn madt_lists_processors_and_their_state() {
+        let mut x2apic = vec![9u8, 16, 0, 0];
+        x2apic.extend_from_slice(&300u32.to_le_bytes());
+        x2apic.extend_from_slice(&1u32.to_le_bytes());
+        x2apic.extend_from_slice(&300u32.to_le_bytes());
+        let ioapic = vec![1u8, 12, 0, 0, 0, 0, 0xc0, 0xfe, 0, 0, 0, 0];
+        let body = madt_body(&[lapic(0, 1), ioapic, lapic(2, 0), x2apic]);
+        let mut mem = FakeMemory::default();
+        mem.blobs.push((0x5000, table(b"APIC", &body)));
+        let madt: Madt<8> = parse_madt(&mem, 0x5000).unwrap();
+        assert_eq!(madt.local_apic_address, 0xfee0_0000);
+        assert_eq!(
+            madt.cpus(),
+            &[
+                MadtCpu {
+                    apic_id: 0,
+                    enabled: true
+                },
+                MadtCpu {
+                    apic_id: 2,
+                    enabled: false
+                },
+                MadtCpu {
+                    apic_id: 300,
+                    enabled: true
+                }
+            ]
+        );
+        assert_eq!(madt.enabled_cpus().count(), 2);
+    }
+
+    #[test]
+    fn madt_keeps_at_most_n_and_stops_at_a_lying_entry() {
+        let mut truncated = lapic(9, 1);
+        truncated[1] = 200; // runs past the table
+        let body = madt_body(&[lapic(0, 1), lapic(1, 1), lapic(2, 1), truncated]);
+        let mut mem = FakeMemory::default();
+        mem.blobs.push((0x5000, table(b"APIC", &body)));
+        let madt: Madt<2> = parse_madt(&mem, 0x5000).unwrap();
+        assert_eq!(madt.cpus().len(), 2);
+        assert_eq!(madt.dropped, 1);
+
+        let mut zero_len = lapic(5, 1);
+        zero_len[1] = 0; // would loop forever if trusted
+        let body = madt_body(&[zero_len, lapic(6, 1)]);
+        mem.blobs[0] = (0x5000, table(b"APIC", &body));
+        let madt: Madt<4> = parse_madt(&mem, 0x5000).unwrap();
+        assert!(madt.cpus().is_empty());
     }
 
     #[test]
