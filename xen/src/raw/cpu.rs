@@ -1,0 +1,38 @@
+//! Interrupt-flag control for the idle protocol (`crate::evtchn::idle_wait`).
+
+use crate::evtchn::CpuIdle;
+
+/// The executing CPU, at CPL 0.
+#[derive(Clone, Copy, Debug)]
+pub struct NativeCpu {
+    _private: (),
+}
+
+impl NativeCpu {
+    /// # Safety
+    /// Must only be used at CPL 0 by a kernel whose IDT handles every interrupt that may
+    /// arrive once interrupts are enabled.
+    pub unsafe fn new() -> Self {
+        Self { _private: () }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl CpuIdle for NativeCpu {
+    fn disable_interrupts(&self) {
+        // SAFETY: CPL 0 (constructor contract); `cli` only changes RFLAGS.IF. No
+        // `nomem`: it orders memory accesses like a compiler barrier.
+        unsafe { core::arch::asm!("cli", options(nostack)) }
+    }
+
+    fn enable_interrupts(&self) {
+        // SAFETY: CPL 0 and an IDT ready for any interrupt (constructor contract).
+        unsafe { core::arch::asm!("sti", options(nostack)) }
+    }
+
+    fn enable_interrupts_and_halt(&self) {
+        // SAFETY: as above; `sti` makes the following `hlt` run before any interrupt is
+        // taken (interrupt shadow), which is what makes the wait race-free.
+        unsafe { core::arch::asm!("sti", "hlt", options(nostack)) }
+    }
+}

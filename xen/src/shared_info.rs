@@ -1,0 +1,197 @@
+//! Views of the `shared_info` page and of `vcpu_info` slots, through [`SharedMem`].
+
+use crate::abi::event_channel::EvtchnPort;
+use crate::abi::shared_info::{
+    SharedInfo, VcpuInfo, BITS_PER_XEN_ULONG, EVTCHN_2L_NR_CHANNELS, EVTCHN_2L_WORDS,
+    XEN_LEGACY_MAX_VCPUS,
+};
+use crate::evtchn::EventBits;
+use crate::SharedMem;
+use core::mem::{offset_of, size_of};
+use core::sync::atomic::Ordering;
+
+const PENDING: usize = offset_of!(SharedInfo, evtchn_pending);
+const MASK: usize = offset_of!(SharedInfo, evtchn_mask);
+
+/// The `shared_info` page after `XENMEM_add_to_physmap(XENMAPSPACE_shared_info)`.
+#[derive(Clone, Copy, Debug)]
+pub struct SharedInfoPage {
+    mem: SharedMem,
+}
+
+impl SharedInfoPage {
+    /// `None` if the window is smaller than `struct shared_info`.
+    pub fn new(mem: SharedMem) -> Option<Self> {
+        (mem.len() >= size_of::<SharedInfo>()).then_some(Self { mem })
+    }
+
+    /// The legacy `vcpu_info` slot of `vcpu` (< 32) inside the page.
+    pub fn legacy_vcpu_info(&self, vcpu: u32) -> Option<VcpuInfoView> {
+        let vcpu = usize::try_from(vcpu).ok()?;
+        if vcpu >= XEN_LEGACY_MAX_VCPUS {
+            return None;
+        }
+        let offset = offset_of!(SharedInfo, vcpu_info) + vcpu * size_of::<VcpuInfo>();
+        VcpuInfoView::new(self.mem.window(offset, size_of::<VcpuInfo>())?)
+    }
+
+    pub fn pending_word(&self, word: usize) -> u64 {
+        assert!(word < EVTCHN_2L_WORDS);
+        self.mem.load_u64(PENDING + word * 8, Ordering::Acquire)
+    }
+
+    pub fn mask_word(&self, word: usize) -> u64 {
+        assert!(word < EVTCHN_2L_WORDS);
+        self.mem.load_u64(MASK + word * 8, Ordering::Acquire)
+    }
+
+    fn port_bit(port: EvtchnPort) -> Option<(usize, u64)> {
+        let port = port as usize;
+        (port < EVTCHN_2L_NR_CHANNELS).then(|| {
+            (
+                port / BITS_PER_XEN_ULONG * 8,
+                1u64 << (port % BITS_PER_XEN_ULONG),
+            )
+        })
+    }
+
+    pub fn is_pending(&self, port: EvtchnPort) -> bool {
+        Self::port_bit(port).is_some_and(|(off, bit)| {
+            self.mem.load_u64(PENDING + off, Ordering::Acquire) & bit != 0
+        })
+    }
+
+    /// Clears the pending bit (the guest's job after taking an event).
+    pub fn clear_pending(&self, port: EvtchnPort) {
+        if let Some((off, bit)) = Self::port_bit(port) {
+            self.mem
+                .fetch_and_u64(PENDING + off, !bit, Ordering::AcqRel);
+        }
+    }
+
+    /// Masks a port locally (no upcall while set). Unmasking must go through
+    /// `EVTCHNOP_unmask` so that Xen re-raises an event that arrived meanwhile.
+    pub fn mask(&self, port: EvtchnPort) {
+        if let Some((off, bit)) = Self::port_bit(port) {
+            self.mem.fetch_or_u64(MASK + off, bit, Ordering::AcqRel);
+        }
+    }
+
+    pub fn is_masked(&self, port: EvtchnPort) -> bool {
+        Self::port_bit(port)
+            .is_some_and(|(off, bit)| self.mem.load_u64(MASK + off, Ordering::Acquire) & bit != 0)
+    }
+
+    /// Test and fake support: what Xen does when an event arrives on `port` bound to the
+    /// vCPU whose `vcpu_info` is `target`. Returns whether an upcall is due.
+    pub fn raise(&self, port: EvtchnPort, target: &VcpuInfoView) -> bool {
+        let Some((off, bit)) = Self::port_bit(port) else {
+            return false;
+        };
+        let was = self.mem.fetch_or_u64(PENDING + off, bit, Ordering::AcqRel);
+        if was & bit != 0 || self.is_masked(port) {
+            return false;
+        }
+        let word = port as usize / BITS_PER_XEN_ULONG;
+        target.mem.fetch_or_u64(SEL, 1 << word, Ordering::AcqRel);
+        target.mem.swap_u8(UPCALL_PENDING, 1, Ordering::AcqRel) == 0
+    }
+}
+
+const UPCALL_PENDING: usize = offset_of!(VcpuInfo, evtchn_upcall_pending);
+const SEL: usize = offset_of!(VcpuInfo, evtchn_pending_sel);
+
+/// One vCPU's `vcpu_info` (the legacy slot, or where `VCPUOP_register_vcpu_info` put it).
+#[derive(Clone, Copy, Debug)]
+pub struct VcpuInfoView {
+    mem: SharedMem,
+}
+
+impl VcpuInfoView {
+    /// `None` if the window is smaller than `struct vcpu_info` or not 8-aligned.
+    pub fn new(mem: SharedMem) -> Option<Self> {
+        (mem.len() >= size_of::<VcpuInfo>() && mem.base_addr().is_multiple_of(8))
+            .then_some(Self { mem })
+    }
+
+    pub fn upcall_pending(&self) -> bool {
+        self.mem.load_u8(UPCALL_PENDING, Ordering::Acquire) != 0
+    }
+
+    /// Cleared before scanning, so an event after the scan sets it (and upcalls) again.
+    pub fn clear_upcall_pending(&self) {
+        self.mem.store_u8(UPCALL_PENDING, 0, Ordering::SeqCst);
+    }
+
+    /// Atomically takes the pending-word selector.
+    pub fn take_selector(&self) -> u64 {
+        self.mem.swap_u64(SEL, 0, Ordering::AcqRel)
+    }
+}
+
+/// What one vCPU scans: the shared bitmaps plus its own selector.
+#[derive(Clone, Copy, Debug)]
+pub struct VcpuEvents {
+    pub shared: SharedInfoPage,
+    pub vcpu_info: VcpuInfoView,
+}
+
+impl EventBits for VcpuEvents {
+    fn take_selector(&self) -> u64 {
+        self.vcpu_info.take_selector()
+    }
+
+    fn pending_word(&self, word: usize) -> u64 {
+        self.shared.pending_word(word)
+    }
+
+    fn mask_word(&self, word: usize) -> u64 {
+        self.shared.mask_word(word)
+    }
+
+    fn clear_pending(&self, port: EvtchnPort) {
+        self.shared.clear_pending(port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raise_sets_pending_selector_and_upcall() {
+        let page = SharedInfoPage::new(SharedMem::alloc_leaked(4096)).unwrap();
+        let v1 = page.legacy_vcpu_info(1).unwrap();
+        assert!(page.raise(130, &v1));
+        assert!(page.is_pending(130));
+        assert!(v1.upcall_pending());
+        // Word 2 holds ports 128..191.
+        assert_eq!(v1.take_selector(), 1 << 2);
+        assert_eq!(v1.take_selector(), 0);
+        // Already pending: no new upcall.
+        assert!(!page.raise(130, &v1));
+        page.clear_pending(130);
+        assert!(!page.is_pending(130));
+        // Masked: pending is set but no selector/upcall.
+        v1.clear_upcall_pending();
+        page.mask(131);
+        assert!(!page.raise(131, &v1));
+        assert!(page.is_pending(131));
+        assert!(!v1.upcall_pending());
+        assert_eq!(page.pending_word(2), 1 << 3);
+    }
+
+    #[test]
+    fn legacy_slots_are_64_bytes_apart_and_bounded() {
+        let mem = SharedMem::alloc_leaked(4096);
+        let page = SharedInfoPage::new(mem).unwrap();
+        page.legacy_vcpu_info(3)
+            .unwrap()
+            .mem
+            .store_u8(0, 1, Ordering::Relaxed);
+        assert_eq!(mem.load_u8(3 * 64, Ordering::Relaxed), 1);
+        assert!(page.legacy_vcpu_info(32).is_none());
+        assert!(SharedInfoPage::new(SharedMem::alloc_leaked(1024)).is_none());
+        assert!(!page.is_pending(5000));
+    }
+}
