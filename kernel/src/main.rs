@@ -13,10 +13,12 @@ extern crate boot;
 mod arch;
 mod bootinfo;
 mod console;
+mod firmware;
 mod logger;
 mod mm;
 mod power;
 mod selftest;
+mod smp;
 mod xen_min;
 
 use blkdom_support::cmdline::Cmdline;
@@ -75,6 +77,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
 
     arch::gdt::init_boot_cpu();
     arch::trap::load_idt();
+    smp::init_boot_cpu();
 
     let memory = match mm::init(&info) {
         Ok(report) => report,
@@ -100,11 +103,16 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         Err(e) => info!("acpi: no power-off register ({e:?})"),
     }
 
+    start_cpus(&hypervisor, info.start_info.rsdp_paddr);
+
     if let Some(what) = cmdline.value("crashtest") {
         crash_test(what);
     }
     if selftest {
-        let (_, failed) = selftest::run(cmdline.has("selftest.inject-failure"));
+        let expected_cpus = cmdline
+            .value("selftest.expect-cpus")
+            .and_then(|n| n.parse().ok());
+        let (_, failed) = selftest::run(cmdline.has("selftest.inject-failure"), expected_cpus);
         power::report_verdict(if failed == 0 {
             power::Verdict::Pass
         } else {
@@ -122,6 +130,31 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         }
     }
     power::power_off();
+}
+
+/// Brings up every CPU the MADT lists as enabled.
+fn start_cpus(hypervisor: &Hypervisor, rsdp_paddr: u64) {
+    let madt =
+        firmware::rsdp(rsdp_paddr).and_then(|rsdp| firmware::madt::<{ smp::MAX_CPUS }>(&rsdp));
+    let madt = match madt {
+        Ok(madt) => madt,
+        Err(e) => {
+            warn!("cpu: no MADT ({e:?}); running on the boot CPU only");
+            return;
+        }
+    };
+    arch::apic::set_base(madt.local_apic_address);
+    let listed = madt.enabled_cpus().count();
+    if hypervisor.is_xen() {
+        // PVH vCPUs start through VCPUOP_initialise, which the Xen platform layer brings.
+        info!("cpu: {listed} vCPUs listed; only the boot vCPU runs until the Xen platform layer starts the rest");
+        return;
+    }
+    let started = smp::start_aps_with_sipi(madt.enabled_cpus().map(|c| c.apic_id));
+    info!("cpu: {} of {} CPUs online", smp::online_count(), listed);
+    if started + 1 < listed {
+        warn!("cpu: {} CPUs did not start", listed - started - 1);
+    }
 }
 
 fn log_hypervisor(hypervisor: &Hypervisor) {

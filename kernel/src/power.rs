@@ -1,7 +1,7 @@
 //! Ways to stop: orderly power-off, crash, and the test verdict for QEMU's
 //! `isa-debug-exit` device.
 
-use blkdom_support::acpi::{self, PhysRead, PowerControl};
+use blkdom_support::acpi::{self, PowerControl};
 use core::sync::atomic::{AtomicBool, Ordering};
 use x86_64::instructions::port::Port;
 
@@ -20,30 +20,12 @@ pub enum Verdict {
 static POWER: spin::Once<Option<PowerControl>> = spin::Once::new();
 static UNDER_XEN: AtomicBool = AtomicBool::new(false);
 
-/// Physical memory below 4 GiB, read through the boot identity map.
-struct IdentityMemory;
-
-impl PhysRead for IdentityMemory {
-    fn read(&self, paddr: u64, buf: &mut [u8]) -> bool {
-        let Some(end) = paddr.checked_add(buf.len() as u64) else {
-            return false;
-        };
-        if paddr == 0 || end > crate::arch::paging::IDENTITY_MAPPED_LIMIT {
-            return false;
-        }
-        // SAFETY: the range is identity mapped; firmware tables are plain bytes.
-        unsafe { core::ptr::copy_nonoverlapping(paddr as *const u8, buf.as_mut_ptr(), buf.len()) };
-        true
-    }
-}
-
 /// Finds the ACPI power-off register. `rsdp_paddr` comes from `hvm_start_info`.
 pub fn init(rsdp_paddr: u64) -> Result<PowerControl, acpi::AcpiError> {
     let found = (|| {
-        let rsdp = acpi::parse_rsdp(&IdentityMemory, rsdp_paddr)?;
-        let mut scratch = [0u8; 4096];
-        let fadt = acpi::find_table(&IdentityMemory, &rsdp, b"FACP", &mut scratch)?;
-        acpi::parse_fadt(&IdentityMemory, fadt)
+        let rsdp = crate::firmware::rsdp(rsdp_paddr)?;
+        let fadt = crate::firmware::find_table(&rsdp, b"FACP")?;
+        acpi::parse_fadt(&crate::firmware::IdentityMemory, fadt)
     })();
     POWER.call_once(|| found.ok());
     found

@@ -249,6 +249,47 @@ fn interrupt_handler_dispatch() -> TestResult {
     Ok(())
 }
 
+static RAN_ON: [core::sync::atomic::AtomicU32; crate::smp::MAX_CPUS] =
+    [const { core::sync::atomic::AtomicU32::new(u32::MAX) }; crate::smp::MAX_CPUS];
+
+fn record_cpu(index: usize) {
+    let me = crate::smp::current()
+        .index
+        .load(core::sync::atomic::Ordering::Relaxed);
+    RAN_ON[index].store(me, core::sync::atomic::Ordering::Release);
+}
+
+/// Every online CPU runs work handed to it (woken from `hlt` by an IPI) and reports its
+/// own index through its per-CPU data; with `selftest.expect-cpus=N`, N must be online.
+fn smp_run_on_every_cpu(expected_cpus: Option<usize>) -> TestResult {
+    let online = crate::smp::online_count();
+    if let Some(expected) = expected_cpus {
+        check!(
+            online == expected,
+            "{} CPUs online, expected {}",
+            online,
+            expected
+        );
+    }
+    for (index, ran_on) in RAN_ON.iter().enumerate().take(online) {
+        let result = crate::smp::run_on(index, record_cpu, 1000);
+        check!(result.is_ok(), "cpu {}: {:?}", index, result);
+        let seen = ran_on.load(core::sync::atomic::Ordering::Acquire);
+        check!(
+            seen == index as u32,
+            "work for cpu {} ran on cpu {}",
+            index,
+            seen
+        );
+        check!(
+            index == 0 || crate::smp::wakeups(index) > 0,
+            "cpu {} was never woken by IPI",
+            index
+        );
+    }
+    Ok(())
+}
+
 /// Exists only to prove the runner notices a failing self-test.
 fn injected_failure() -> TestResult {
     check!(false, "deliberate failure (selftest.inject-failure)");
@@ -256,7 +297,7 @@ fn injected_failure() -> TestResult {
 }
 
 /// Runs the self-tests; returns (passed, failed).
-pub fn run(inject_failure: bool) -> (u32, u32) {
+pub fn run(inject_failure: bool, expected_cpus: Option<usize>) -> (u32, u32) {
     let mut tests: Vec<SelfTest> = alloc::vec![
         ("heap.allocations", heap_allocations),
         ("frames.allocate-free", frame_allocation),
@@ -270,7 +311,14 @@ pub fn run(inject_failure: bool) -> (u32, u32) {
         tests.push(("selftest.injected-failure", injected_failure));
     }
     let (mut passed, mut failed) = (0, 0);
-    for (name, test) in tests {
+    let smp_test = move || smp_run_on_every_cpu(expected_cpus);
+    let all = tests
+        .iter()
+        .map(|(name, test)| (*name, test as &dyn Fn() -> TestResult));
+    for (name, test) in all.chain(core::iter::once((
+        "smp.run-on-every-cpu",
+        &smp_test as &dyn Fn() -> TestResult,
+    ))) {
         match test() {
             Ok(()) => {
                 passed += 1;

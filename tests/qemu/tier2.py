@@ -67,7 +67,7 @@ def test_log_level_from_cmdline(suite):
 
 
 def test_selftests(suite):
-    r = suite.boot("selftest", "selftest loglevel=info")
+    r = suite.boot("selftest", "selftest selftest.expect-cpus=2 loglevel=info", smp=2)
     for name, passed in r.selftests():
         suite.record(f"selftest.{name}", passed, "in-kernel" if passed else "reported FAILED", None if passed else r)
     ok, why = q.judge_selftests(r)
@@ -104,10 +104,11 @@ def test_runner_times_out_a_hang(suite):
     suite.record("runner.kills-hung-image-at-timeout", ok, f"verdict {r.verdict} after {r.seconds:.1f} s", r)
 
 
-def test_two_cpus_boot(suite):
-    r = suite.boot("smp2", "loglevel=info", smp=2)
-    ok = r.verdict == "poweroff" and q.READY_MARKER in r.log
-    suite.record("boot.with-two-cpus-present", ok, f"verdict {r.verdict}", r)
+def test_four_cpus_start(suite):
+    r = suite.boot("smp4", "loglevel=info", smp=4)
+    started = [l for l in r.lines() if " up (APIC id " in l]
+    ok = r.verdict == "poweroff" and "cpu: 4 of 4 CPUs online" in r.log and len(started) == 3
+    suite.record("boot.four-cpus-online", ok, f"verdict {r.verdict}, {len(started)} APs reported", r)
 
 
 def main():
@@ -118,7 +119,7 @@ def main():
     suite = Suite(args.image, args.log_dir)
     for test in [test_boot_logs_essentials, test_log_level_from_cmdline, test_selftests,
                  test_runner_catches_failing_selftest, test_exception_is_reported,
-                 test_panic_is_reported, test_runner_times_out_a_hang, test_two_cpus_boot]:
+                 test_panic_is_reported, test_runner_times_out_a_hang, test_four_cpus_start]:
         try:
             test(suite)
         except Exception as e:  # a runner bug is a failure, not a crash of the suite

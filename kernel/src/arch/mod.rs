@@ -1,6 +1,8 @@
 //! x86_64 processor set-up: descriptor tables, traps, paging, CPU identification.
 //! All of the kernel's privileged instructions live under this module.
 
+pub mod ap_boot;
+pub mod apic;
 pub mod cpu;
 pub mod gdt;
 pub mod paging;
