@@ -14,6 +14,7 @@ extern crate alloc;
 pub mod abi;
 pub mod error;
 pub mod evtchn;
+pub mod grant;
 pub mod hypercall;
 pub mod raw;
 pub mod shared_info;

@@ -1,0 +1,896 @@
+//! Grant tables: our own grants (a free list of grant refs over the v1 entry table) and
+//! batched map / unmap / copy of other domains' grants with every status checked.
+
+use crate::abi::grant_table::*;
+use crate::abi::memory::{XenAddToPhysmap, XENMAPSPACE_GRANT_TABLE};
+use crate::abi::{DomId, DOMID_SELF, PAGE_SIZE};
+use crate::error::{check, XenError};
+use crate::hypercall::{GnttabOp, Hypercall, Hypervisor, MemoryOp, SchedOp};
+use crate::SharedMem;
+use alloc::vec;
+use alloc::vec::Vec;
+use core::mem::{offset_of, size_of};
+use core::sync::atomic::Ordering;
+
+/// A LIFO free list of indices in `[first, end)`, with a bitmap that catches double
+/// frees. All memory is allocated up front; `alloc`/`free` are O(1) and allocation-free.
+#[derive(Clone, Debug)]
+pub struct IndexFreeList {
+    first: u32,
+    end: u32,
+    free: Vec<u32>,
+    in_use: Vec<u64>,
+}
+
+/// Why a free was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreeError {
+    OutOfRange,
+    NotAllocated,
+}
+
+impl IndexFreeList {
+    pub fn new(first: u32, end: u32) -> Self {
+        let end = end.max(first);
+        // Reverse order so that the lowest index is handed out first.
+        let free = (first..end).rev().collect();
+        let words = (end - first).div_ceil(64) as usize;
+        Self {
+            first,
+            end,
+            free,
+            in_use: vec![0; words],
+        }
+    }
+
+    pub fn alloc(&mut self) -> Option<u32> {
+        let index = self.free.pop()?;
+        let slot = (index - self.first) as usize;
+        self.in_use[slot / 64] |= 1 << (slot % 64);
+        Some(index)
+    }
+
+    pub fn free(&mut self, index: u32) -> Result<(), FreeError> {
+        if index < self.first || index >= self.end {
+            return Err(FreeError::OutOfRange);
+        }
+        let slot = (index - self.first) as usize;
+        let bit = 1u64 << (slot % 64);
+        if self.in_use[slot / 64] & bit == 0 {
+            return Err(FreeError::NotAllocated);
+        }
+        self.in_use[slot / 64] &= !bit;
+        self.free.push(index);
+        Ok(())
+    }
+
+    pub fn is_allocated(&self, index: u32) -> bool {
+        index >= self.first && index < self.end && {
+            let slot = (index - self.first) as usize;
+            self.in_use[slot / 64] & (1 << (slot % 64)) != 0
+        }
+    }
+
+    pub fn available(&self) -> usize {
+        self.free.len()
+    }
+
+    pub fn capacity(&self) -> usize {
+        (self.end - self.first) as usize
+    }
+}
+
+/// Errors of our own grant table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrantError {
+    /// No free grant ref.
+    Exhausted,
+    /// v1 entries hold 32-bit frame numbers.
+    FrameTooLarge,
+    /// The grantee still has the frame mapped (GTF_reading/GTF_writing): try later.
+    InUse,
+    NotAllocated,
+}
+
+const FLAGS: usize = offset_of!(GrantEntryV1, flags);
+const DOMID: usize = offset_of!(GrantEntryV1, domid);
+const FRAME: usize = offset_of!(GrantEntryV1, frame);
+
+/// Our v1 grant table: the frames mapped with [`map_own_table`], plus the ref allocator.
+#[derive(Debug)]
+pub struct GrantTable {
+    entries: SharedMem,
+    refs: IndexFreeList,
+}
+
+impl GrantTable {
+    /// `entries` covers the mapped table frames (512 entries per page). The reserved
+    /// entries 0..8 are never handed out.
+    pub fn new(entries: SharedMem) -> Self {
+        let count = u32::try_from(entries.len() / size_of::<GrantEntryV1>()).unwrap_or(u32::MAX);
+        Self {
+            entries,
+            refs: IndexFreeList::new(GNTTAB_NR_RESERVED_ENTRIES, count),
+        }
+    }
+
+    fn offset(gref: GrantRef) -> usize {
+        gref as usize * size_of::<GrantEntryV1>()
+    }
+
+    /// Lets `domid` access guest frame `gfn`. The flags are written last (release), so
+    /// the grantee never sees a half-written entry.
+    pub fn grant_access(
+        &mut self,
+        domid: DomId,
+        gfn: u64,
+        readonly: bool,
+    ) -> Result<GrantRef, GrantError> {
+        let frame = u32::try_from(gfn).map_err(|_| GrantError::FrameTooLarge)?;
+        let gref = self.refs.alloc().ok_or(GrantError::Exhausted)?;
+        let at = Self::offset(gref);
+        self.entries.store_u32(at + FRAME, frame, Ordering::Relaxed);
+        self.entries.store_u16(at + DOMID, domid, Ordering::Relaxed);
+        let flags = GTF_PERMIT_ACCESS | if readonly { GTF_READONLY } else { 0 };
+        self.entries.store_u16(at + FLAGS, flags, Ordering::Release);
+        Ok(gref)
+    }
+
+    /// Revokes a grant unless the grantee is using it right now (then `InUse`: the ref
+    /// stays allocated and granted; retry later). Clearing the flags with a
+    /// compare-exchange closes the race with Xen setting GTF_reading/GTF_writing.
+    pub fn end_access(&mut self, gref: GrantRef) -> Result<(), GrantError> {
+        if !self.refs.is_allocated(gref) {
+            return Err(GrantError::NotAllocated);
+        }
+        let at = Self::offset(gref) + FLAGS;
+        let mut flags = self.entries.load_u16(at, Ordering::Acquire);
+        loop {
+            if flags & (GTF_READING | GTF_WRITING) != 0 {
+                return Err(GrantError::InUse);
+            }
+            match self.entries.compare_exchange_u16(at, flags, GTF_INVALID) {
+                Ok(_) => break,
+                Err(now) => flags = now,
+            }
+        }
+        self.refs.free(gref).map_err(|_| GrantError::NotAllocated)
+    }
+
+    /// The entry as it is now (diagnostics and tests).
+    pub fn entry(&self, gref: GrantRef) -> Option<GrantEntryV1> {
+        let at = Self::offset(gref);
+        (at + size_of::<GrantEntryV1>() <= self.entries.len()).then(|| GrantEntryV1 {
+            flags: self.entries.load_u16(at + FLAGS, Ordering::Acquire),
+            domid: self.entries.load_u16(at + DOMID, Ordering::Relaxed),
+            frame: self.entries.load_u32(at + FRAME, Ordering::Relaxed),
+        })
+    }
+
+    pub fn available(&self) -> usize {
+        self.refs.available()
+    }
+}
+
+/// Maps our grant table frames at `first_gpfn..` (`XENMEM_add_to_physmap`,
+/// `XENMAPSPACE_grant_table`), growing the table to `want_frames` (capped at the
+/// domain's `max_nr_frames`). Returns how many frames are mapped.
+pub fn map_own_table<H: Hypervisor + ?Sized>(
+    hv: &H,
+    first_gpfn: u64,
+    want_frames: u32,
+) -> Result<u32, XenError> {
+    let mut query = GnttabQuerySize {
+        dom: DOMID_SELF,
+        ..Default::default()
+    };
+    check(hv.hypercall(Hypercall::Gnttab(GnttabOp::QuerySize(&mut query))))?;
+    if query.status != GNTST_OKAY {
+        return Err(XenError::Inval);
+    }
+    let frames = want_frames.min(query.max_nr_frames);
+    for idx in 0..frames {
+        let mut arg = XenAddToPhysmap {
+            domid: DOMID_SELF,
+            size: 0,
+            space: XENMAPSPACE_GRANT_TABLE,
+            idx: u64::from(idx),
+            gpfn: first_gpfn + u64::from(idx),
+        };
+        check(hv.hypercall(Hypercall::Memory(MemoryOp::AddToPhysmap(&mut arg))))?;
+    }
+    Ok(frames)
+}
+
+/// A `GNTST_*` status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrantStatus {
+    Okay,
+    GeneralError,
+    BadDomain,
+    BadGntref,
+    BadHandle,
+    BadVirtAddr,
+    BadDevAddr,
+    NoDeviceSpace,
+    PermissionDenied,
+    BadPage,
+    BadCopyArg,
+    AddressTooBig,
+    Eagain,
+    NoSpace,
+    /// Xen did not process the entry (the whole hypercall failed first).
+    NotProcessed,
+    Unknown(i16),
+}
+
+/// Put into `status` before a batch: Xen never writes it, so an entry still holding it
+/// after the call was not processed.
+const STATUS_NOT_PROCESSED: i16 = i16::MIN;
+
+impl GrantStatus {
+    pub fn from_raw(status: i16) -> Self {
+        match status {
+            GNTST_OKAY => Self::Okay,
+            GNTST_GENERAL_ERROR => Self::GeneralError,
+            GNTST_BAD_DOMAIN => Self::BadDomain,
+            GNTST_BAD_GNTREF => Self::BadGntref,
+            GNTST_BAD_HANDLE => Self::BadHandle,
+            GNTST_BAD_VIRT_ADDR => Self::BadVirtAddr,
+            GNTST_BAD_DEV_ADDR => Self::BadDevAddr,
+            GNTST_NO_DEVICE_SPACE => Self::NoDeviceSpace,
+            GNTST_PERMISSION_DENIED => Self::PermissionDenied,
+            GNTST_BAD_PAGE => Self::BadPage,
+            GNTST_BAD_COPY_ARG => Self::BadCopyArg,
+            GNTST_ADDRESS_TOO_BIG => Self::AddressTooBig,
+            GNTST_EAGAIN => Self::Eagain,
+            GNTST_NO_SPACE => Self::NoSpace,
+            STATUS_NOT_PROCESSED => Self::NotProcessed,
+            other => Self::Unknown(other),
+        }
+    }
+}
+
+/// The first thing that went wrong in a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchFault {
+    /// The hypercall itself failed (bad arguments, `-EFAULT`, ...).
+    Hypercall(XenError),
+    /// Entry `index` failed with `status`.
+    Entry { index: usize, status: GrantStatus },
+}
+
+/// A failed [`map_batch`]: nothing stays mapped, except `leaked` entries whose unwinding
+/// unmap failed too (they keep their handle; their guest-physical pages must not be
+/// reused).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapError {
+    pub fault: BatchFault,
+    /// Entries that failed (or were not processed).
+    pub failed: usize,
+    pub leaked: usize,
+}
+
+/// A handle that Xen never returns, for entries that are not mapped.
+pub const INVALID_HANDLE: GrantHandle = u32::MAX;
+
+/// How often an entry answering `GNTST_eagain` (grantor's page being paged in) is retried.
+pub const EAGAIN_RETRIES: u32 = 16;
+
+/// A request to map `gref` of `dom` at guest-physical address `gpa`.
+pub fn map_request(gpa: u64, dom: DomId, gref: GrantRef, readonly: bool) -> GnttabMapGrantRef {
+    GnttabMapGrantRef {
+        host_addr: gpa,
+        flags: GNTMAP_HOST_MAP | if readonly { GNTMAP_READONLY } else { 0 },
+        ref_: gref,
+        dom,
+        status: STATUS_NOT_PROCESSED,
+        handle: INVALID_HANDLE,
+        dev_bus_addr: 0,
+    }
+}
+
+/// The unmap request undoing a successful map.
+pub fn unmap_request(mapped: &GnttabMapGrantRef) -> GnttabUnmapGrantRef {
+    GnttabUnmapGrantRef {
+        host_addr: mapped.host_addr,
+        dev_bus_addr: 0,
+        handle: mapped.handle,
+        status: STATUS_NOT_PROCESSED,
+    }
+}
+
+fn grant_call<H: Hypervisor + ?Sized>(hv: &H, op: GnttabOp<'_>) -> Result<(), XenError> {
+    check(hv.hypercall(Hypercall::Gnttab(op))).map(drop)
+}
+
+/// Maps a batch with one hypercall. On success every entry is mapped (`status` okay,
+/// `handle` set). On any failure — the hypercall, or any entry after
+/// [`EAGAIN_RETRIES`] retries — the entries that did map are unmapped again (batched)
+/// and the error says what failed first; no partial result is left behind.
+pub fn map_batch<H: Hypervisor + ?Sized>(
+    hv: &H,
+    ops: &mut [GnttabMapGrantRef],
+) -> Result<(), MapError> {
+    for op in ops.iter_mut() {
+        op.status = STATUS_NOT_PROCESSED;
+        op.handle = INVALID_HANDLE;
+    }
+    let call = grant_call(hv, GnttabOp::MapGrantRef(ops));
+    if call.is_ok() {
+        retry_eagain(hv, ops);
+    }
+    let mut first_bad = None;
+    let mut failed = 0;
+    for (index, op) in ops.iter().enumerate() {
+        if op.status != GNTST_OKAY {
+            failed += 1;
+            first_bad.get_or_insert(index);
+        }
+    }
+    let fault = match (call, first_bad) {
+        (Ok(()), None) => return Ok(()),
+        (Err(e), _) => BatchFault::Hypercall(e),
+        (Ok(()), Some(index)) => BatchFault::Entry {
+            index,
+            status: GrantStatus::from_raw(ops[index].status),
+        },
+    };
+    let leaked = unwind_maps(hv, ops);
+    Err(MapError {
+        fault,
+        failed,
+        leaked,
+    })
+}
+
+/// Re-issues entries that answered `GNTST_eagain`, one at a time, yielding in between.
+fn retry_eagain<H: Hypervisor + ?Sized>(hv: &H, ops: &mut [GnttabMapGrantRef]) {
+    for op in ops.iter_mut().filter(|op| op.status == GNTST_EAGAIN) {
+        for _ in 0..EAGAIN_RETRIES {
+            let _ = hv.hypercall(Hypercall::Sched(SchedOp::Yield));
+            op.status = STATUS_NOT_PROCESSED;
+            if grant_call(hv, GnttabOp::MapGrantRef(core::slice::from_mut(op))).is_err()
+                || op.status != GNTST_EAGAIN
+            {
+                break;
+            }
+        }
+    }
+}
+
+/// Unmaps the entries of a failed batch that did map; returns how many could not be.
+fn unwind_maps<H: Hypervisor + ?Sized>(hv: &H, ops: &mut [GnttabMapGrantRef]) -> usize {
+    const CHUNK: usize = 16;
+    let mut leaked = 0;
+    let mut chunk = [GnttabUnmapGrantRef::default(); CHUNK];
+    let mut owners = [0usize; CHUNK];
+    let mut pending = 0;
+    let mut flush =
+        |chunk: &mut [GnttabUnmapGrantRef], owners: &[usize], ops: &mut [GnttabMapGrantRef]| {
+            let call = grant_call(hv, GnttabOp::UnmapGrantRef(chunk));
+            for (unmap, &owner) in chunk.iter().zip(owners) {
+                if call.is_ok() && unmap.status == GNTST_OKAY {
+                    ops[owner].handle = INVALID_HANDLE;
+                    ops[owner].status = STATUS_NOT_PROCESSED;
+                } else {
+                    leaked += 1;
+                }
+            }
+        };
+    for index in 0..ops.len() {
+        if ops[index].status != GNTST_OKAY {
+            continue;
+        }
+        chunk[pending] = unmap_request(&ops[index]);
+        owners[pending] = index;
+        pending += 1;
+        if pending == CHUNK {
+            flush(&mut chunk[..pending], &owners[..pending], ops);
+            pending = 0;
+        }
+    }
+    if pending > 0 {
+        flush(&mut chunk[..pending], &owners[..pending], ops);
+    }
+    leaked
+}
+
+/// A failed [`unmap_batch`] or [`copy_batch`]: `failed` entries did not succeed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchError {
+    pub fault: BatchFault,
+    pub failed: usize,
+}
+
+fn batch_result(
+    call: Result<(), XenError>,
+    statuses: impl Iterator<Item = i16>,
+) -> Result<(), BatchError> {
+    let mut first_bad = None;
+    let mut failed = 0;
+    for (index, status) in statuses.enumerate() {
+        if status != GNTST_OKAY {
+            failed += 1;
+            first_bad.get_or_insert((index, status));
+        }
+    }
+    let fault = match (call, first_bad) {
+        (Ok(()), None) => return Ok(()),
+        (Err(e), _) => BatchFault::Hypercall(e),
+        (Ok(()), Some((index, status))) => BatchFault::Entry {
+            index,
+            status: GrantStatus::from_raw(status),
+        },
+    };
+    Err(BatchError { fault, failed })
+}
+
+/// Unmaps a batch with one hypercall and checks every status. Entries that failed keep
+/// their `status`; the caller must treat their pages as still mapped.
+pub fn unmap_batch<H: Hypervisor + ?Sized>(
+    hv: &H,
+    ops: &mut [GnttabUnmapGrantRef],
+) -> Result<(), BatchError> {
+    for op in ops.iter_mut() {
+        op.status = STATUS_NOT_PROCESSED;
+    }
+    let call = grant_call(hv, GnttabOp::UnmapGrantRef(ops));
+    batch_result(call, ops.iter().map(|op| op.status))
+}
+
+/// One side of a grant copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopySide {
+    /// A grant of another domain.
+    Grant {
+        dom: DomId,
+        gref: GrantRef,
+        offset: u16,
+    },
+    /// One of our own guest frames.
+    Local { gfn: u64, offset: u16 },
+}
+
+/// A `GNTTABOP_copy` entry for `len` bytes (each side must stay inside its page; Xen
+/// answers `GNTST_bad_copy_arg` otherwise).
+pub fn copy_request(source: CopySide, dest: CopySide, len: u16) -> GnttabCopy {
+    let mut flags = 0;
+    let mut side = |side: CopySide, gref_flag: u16| match side {
+        CopySide::Grant { dom, gref, offset } => {
+            flags |= gref_flag;
+            GnttabCopyPtr {
+                u: u64::from(gref),
+                domid: dom,
+                offset,
+            }
+        }
+        CopySide::Local { gfn, offset } => GnttabCopyPtr {
+            u: gfn,
+            domid: DOMID_SELF,
+            offset,
+        },
+    };
+    let source = side(source, GNTCOPY_SOURCE_GREF);
+    let dest = side(dest, GNTCOPY_DEST_GREF);
+    GnttabCopy {
+        source,
+        dest,
+        len,
+        flags,
+        status: STATUS_NOT_PROCESSED,
+    }
+}
+
+/// Copies a batch with one hypercall and checks every status; each entry's `status`
+/// stays for the caller to answer per request.
+pub fn copy_batch<H: Hypervisor + ?Sized>(
+    hv: &H,
+    ops: &mut [GnttabCopy],
+) -> Result<(), BatchError> {
+    for op in ops.iter_mut() {
+        op.status = STATUS_NOT_PROCESSED;
+    }
+    let call = grant_call(hv, GnttabOp::Copy(ops));
+    batch_result(call, ops.iter().map(|op| op.status))
+}
+
+/// Guest-physical pages reserved for mapping foreign grants (a hole in our memory map),
+/// handed out one page at a time.
+#[derive(Clone, Debug)]
+pub struct GrantMapArea {
+    base_gfn: u64,
+    pages: IndexFreeList,
+}
+
+impl GrantMapArea {
+    pub fn new(base_gfn: u64, pages: u32) -> Self {
+        Self {
+            base_gfn,
+            pages: IndexFreeList::new(0, pages),
+        }
+    }
+
+    /// A free page's guest-physical address.
+    pub fn alloc(&mut self) -> Option<u64> {
+        let index = self.pages.alloc()?;
+        Some((self.base_gfn + u64::from(index)) * PAGE_SIZE as u64)
+    }
+
+    pub fn free(&mut self, gpa: u64) -> Result<(), FreeError> {
+        let gfn = gpa / PAGE_SIZE as u64;
+        if !gpa.is_multiple_of(PAGE_SIZE as u64) || gfn < self.base_gfn {
+            return Err(FreeError::OutOfRange);
+        }
+        let index = u32::try_from(gfn - self.base_gfn).map_err(|_| FreeError::OutOfRange)?;
+        self.pages.free(index)
+    }
+
+    pub fn available(&self) -> usize {
+        self.pages.available()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::FakeXen;
+    use std::vec::Vec;
+
+    #[test]
+    fn free_list_hands_out_lowest_first_and_catches_double_free() {
+        let mut list = IndexFreeList::new(8, 12);
+        assert_eq!(list.capacity(), 4);
+        assert_eq!(list.alloc(), Some(8));
+        assert_eq!(list.alloc(), Some(9));
+        assert_eq!(list.free(8), Ok(()));
+        assert_eq!(list.free(8), Err(FreeError::NotAllocated));
+        assert_eq!(list.free(7), Err(FreeError::OutOfRange));
+        assert_eq!(list.free(12), Err(FreeError::OutOfRange));
+        assert_eq!(list.alloc(), Some(8));
+        assert_eq!(list.alloc(), Some(10));
+        assert_eq!(list.alloc(), Some(11));
+        assert_eq!(list.alloc(), None);
+        assert_eq!(list.available(), 0);
+        assert!(list.is_allocated(11));
+        assert!(!list.is_allocated(3));
+    }
+
+    #[test]
+    fn free_list_survives_many_cycles_without_losing_indices() {
+        let mut list = IndexFreeList::new(0, 200);
+        let mut held = Vec::new();
+        for round in 0..50u32 {
+            while let Some(i) = list.alloc() {
+                held.push(i);
+                if held.len() % 7 == (round % 7) as usize {
+                    break;
+                }
+            }
+            // Free every other held index.
+            let mut keep = Vec::new();
+            for (n, i) in held.drain(..).enumerate() {
+                if n % 2 == 0 {
+                    list.free(i).unwrap()
+                } else {
+                    keep.push(i)
+                }
+            }
+            held = keep;
+        }
+        for i in held.drain(..) {
+            list.free(i).unwrap();
+        }
+        assert_eq!(list.available(), 200);
+    }
+
+    fn table(pages: usize) -> GrantTable {
+        GrantTable::new(SharedMem::alloc_leaked(pages * PAGE_SIZE))
+    }
+
+    #[test]
+    fn granting_writes_the_entry_and_skips_reserved_refs() {
+        let mut t = table(1);
+        assert_eq!(t.available(), 512 - 8);
+        let rw = t.grant_access(3, 0x1234, false).unwrap();
+        let ro = t.grant_access(4, 0x5678, true).unwrap();
+        assert_eq!((rw, ro), (8, 9));
+        assert_eq!(
+            t.entry(rw),
+            Some(GrantEntryV1 {
+                flags: GTF_PERMIT_ACCESS,
+                domid: 3,
+                frame: 0x1234
+            })
+        );
+        assert_eq!(t.entry(ro).unwrap().flags, GTF_PERMIT_ACCESS | GTF_READONLY);
+        assert_eq!(
+            t.grant_access(3, 1 << 32, false),
+            Err(GrantError::FrameTooLarge)
+        );
+        for _ in 0..(512 - 10) {
+            t.grant_access(3, 1, false).unwrap();
+        }
+        assert_eq!(t.grant_access(3, 1, false), Err(GrantError::Exhausted));
+    }
+
+    #[test]
+    fn ending_access_waits_for_the_grantee() {
+        let mem = SharedMem::alloc_leaked(PAGE_SIZE);
+        let mut t = GrantTable::new(mem);
+        let gref = t.grant_access(3, 77, false).unwrap();
+        // Xen marks the grant in use while the grantee has it mapped.
+        let flags_at = gref as usize * 8;
+        mem.store_u16(flags_at, GTF_PERMIT_ACCESS | GTF_WRITING, Ordering::Release);
+        assert_eq!(t.end_access(gref), Err(GrantError::InUse));
+        assert_eq!(
+            t.available(),
+            512 - 9,
+            "the ref stays allocated while in use"
+        );
+        mem.store_u16(flags_at, GTF_PERMIT_ACCESS, Ordering::Release);
+        assert_eq!(t.end_access(gref), Ok(()));
+        assert_eq!(t.entry(gref).unwrap().flags, GTF_INVALID);
+        assert_eq!(t.end_access(gref), Err(GrantError::NotAllocated));
+        assert_eq!(
+            t.grant_access(5, 1, true).unwrap(),
+            gref,
+            "freed ref is reused"
+        );
+    }
+
+    #[test]
+    fn own_table_frames_are_added_to_the_physmap() {
+        let xen = FakeXen::new();
+        xen.with(|s| s.grant_frames = (1, 4));
+        assert_eq!(map_own_table(&xen, 0x9000, 8), Ok(4));
+        xen.with(|s| {
+            let got: Vec<(u64, u64)> = s.physmap.iter().map(|a| (a.idx, a.gpfn)).collect();
+            assert_eq!(got, [(0, 0x9000), (1, 0x9001), (2, 0x9002), (3, 0x9003)]);
+            assert!(s
+                .physmap
+                .iter()
+                .all(|a| a.space == XENMAPSPACE_GRANT_TABLE && a.domid == DOMID_SELF));
+        });
+    }
+
+    fn requests(n: u32) -> Vec<GnttabMapGrantRef> {
+        (0..n)
+            .map(|i| map_request(0x1_0000_0000 + u64::from(i) * 4096, 7, 100 + i, i % 2 == 0))
+            .collect()
+    }
+
+    #[test]
+    fn map_batch_maps_everything_in_one_call() {
+        let xen = FakeXen::new();
+        let mut ops = requests(5);
+        map_batch(&xen, &mut ops).unwrap();
+        assert!(ops
+            .iter()
+            .all(|op| op.status == GNTST_OKAY && op.handle != INVALID_HANDLE));
+        assert_eq!(ops[0].flags, GNTMAP_HOST_MAP | GNTMAP_READONLY);
+        assert_eq!(ops[1].flags, GNTMAP_HOST_MAP);
+        xen.with(|s| {
+            assert_eq!(s.mapped.len(), 5);
+            assert_eq!(s.calls.len(), 1, "one hypercall for the batch");
+        });
+        let mut unmaps: Vec<_> = ops.iter().map(unmap_request).collect();
+        unmap_batch(&xen, &mut unmaps).unwrap();
+        xen.with(|s| assert!(s.mapped.is_empty()));
+    }
+
+    #[test]
+    fn map_batch_unwinds_when_one_entry_fails() {
+        let xen = FakeXen::new();
+        xen.with(|s| s.grant_status.insert((7, 103), GNTST_BAD_GNTREF));
+        let mut ops = requests(6);
+        let err = map_batch(&xen, &mut ops).unwrap_err();
+        assert_eq!(
+            err,
+            MapError {
+                fault: BatchFault::Entry {
+                    index: 3,
+                    status: GrantStatus::BadGntref
+                },
+                failed: 1,
+                leaked: 0
+            }
+        );
+        xen.with(|s| assert!(s.mapped.is_empty(), "successful maps were undone"));
+        assert!(ops.iter().all(|op| op.handle == INVALID_HANDLE));
+    }
+
+    #[test]
+    fn map_batch_unwinds_big_batches_in_chunks() {
+        let xen = FakeXen::new();
+        xen.with(|s| {
+            s.grant_status
+                .insert((7, 100 + 39), GNTST_PERMISSION_DENIED)
+        });
+        let mut ops = requests(40);
+        let err = map_batch(&xen, &mut ops).unwrap_err();
+        assert_eq!(
+            err.fault,
+            BatchFault::Entry {
+                index: 39,
+                status: GrantStatus::PermissionDenied
+            }
+        );
+        xen.with(|s| {
+            assert!(s.mapped.is_empty());
+            // 1 map + 3 unmap chunks (16 + 16 + 7).
+            assert_eq!(s.calls.len(), 4);
+        });
+    }
+
+    #[test]
+    fn map_batch_unwinds_after_a_failed_hypercall() {
+        let xen = FakeXen::new();
+        // Xen processed 3 entries, then failed (e.g. -EFAULT on the 4th).
+        xen.with(|s| s.grant_batch_failure = Some((3, -14)));
+        let mut ops = requests(6);
+        let err = map_batch(&xen, &mut ops).unwrap_err();
+        assert_eq!(err.fault, BatchFault::Hypercall(XenError::Fault));
+        assert_eq!(err.failed, 3, "the 3 unprocessed entries");
+        assert!(ops.iter().all(|op| op.handle == INVALID_HANDLE));
+        assert_eq!(
+            GrantStatus::from_raw(ops[5].status),
+            GrantStatus::NotProcessed
+        );
+        xen.with(|s| assert!(s.mapped.is_empty()));
+    }
+
+    #[test]
+    fn map_batch_retries_eagain_then_gives_up() {
+        let xen = FakeXen::new();
+        xen.with(|s| s.grant_eagain.insert((7, 101), 3));
+        let mut ops = requests(3);
+        map_batch(&xen, &mut ops).unwrap();
+        xen.with(|s| {
+            assert_eq!(s.mapped.len(), 3);
+            assert_eq!(s.yields, 3);
+        });
+
+        let xen = FakeXen::new();
+        xen.with(|s| s.grant_eagain.insert((7, 102), EAGAIN_RETRIES + 5));
+        let mut ops = requests(3);
+        let err = map_batch(&xen, &mut ops).unwrap_err();
+        assert_eq!(
+            err.fault,
+            BatchFault::Entry {
+                index: 2,
+                status: GrantStatus::Eagain
+            }
+        );
+        xen.with(|s| assert!(s.mapped.is_empty()));
+    }
+
+    #[test]
+    fn failed_unwinding_is_reported_as_leaked() {
+        let xen = FakeXen::new();
+        xen.with(|s| {
+            s.grant_status.insert((7, 102), GNTST_GENERAL_ERROR);
+            s.unmap_fails.insert(101); // the handle the fake gives the 2nd entry
+        });
+        let mut ops = requests(3);
+        let err = map_batch(&xen, &mut ops).unwrap_err();
+        assert_eq!(err.leaked, 1);
+        assert_eq!(ops[1].handle, 101, "the leaked mapping keeps its handle");
+        assert_eq!(ops[0].handle, INVALID_HANDLE);
+        xen.with(|s| assert_eq!(s.mapped.len(), 1));
+    }
+
+    #[test]
+    fn unmap_batch_reports_bad_handles() {
+        let xen = FakeXen::new();
+        let mut ops = requests(2);
+        map_batch(&xen, &mut ops).unwrap();
+        let mut unmaps: Vec<_> = ops.iter().map(unmap_request).collect();
+        unmaps.push(GnttabUnmapGrantRef {
+            handle: 999,
+            ..Default::default()
+        });
+        let err = unmap_batch(&xen, &mut unmaps).unwrap_err();
+        assert_eq!(
+            err,
+            BatchError {
+                fault: BatchFault::Entry {
+                    index: 2,
+                    status: GrantStatus::BadHandle
+                },
+                failed: 1
+            }
+        );
+        xen.with(|s| assert!(s.mapped.is_empty()));
+    }
+
+    #[test]
+    fn copy_batch_builds_requests_and_checks_each_status() {
+        let xen = FakeXen::new();
+        xen.with(|s| s.grant_status.insert((9, 12), GNTST_BAD_GNTREF));
+        let mut ops = [
+            copy_request(
+                CopySide::Grant {
+                    dom: 9,
+                    gref: 11,
+                    offset: 512,
+                },
+                CopySide::Local {
+                    gfn: 0x42,
+                    offset: 0,
+                },
+                1024,
+            ),
+            copy_request(
+                CopySide::Local {
+                    gfn: 0x43,
+                    offset: 0,
+                },
+                CopySide::Grant {
+                    dom: 9,
+                    gref: 12,
+                    offset: 0,
+                },
+                4096,
+            ),
+            copy_request(
+                CopySide::Local {
+                    gfn: 0x44,
+                    offset: 4000,
+                },
+                CopySide::Grant {
+                    dom: 9,
+                    gref: 13,
+                    offset: 0,
+                },
+                200,
+            ),
+        ];
+        assert_eq!(ops[0].flags, GNTCOPY_SOURCE_GREF);
+        assert_eq!(
+            ops[0].source,
+            GnttabCopyPtr {
+                u: 11,
+                domid: 9,
+                offset: 512
+            }
+        );
+        assert_eq!(
+            ops[0].dest,
+            GnttabCopyPtr {
+                u: 0x42,
+                domid: DOMID_SELF,
+                offset: 0
+            }
+        );
+        assert_eq!(ops[1].flags, GNTCOPY_DEST_GREF);
+        let err = copy_batch(&xen, &mut ops).unwrap_err();
+        assert_eq!(err.failed, 2);
+        assert_eq!(
+            err.fault,
+            BatchFault::Entry {
+                index: 1,
+                status: GrantStatus::BadGntref
+            }
+        );
+        assert_eq!(ops[0].status, GNTST_OKAY);
+        assert_eq!(
+            GrantStatus::from_raw(ops[2].status),
+            GrantStatus::BadCopyArg
+        );
+        xen.with(|s| assert_eq!(s.calls.len(), 1));
+    }
+
+    #[test]
+    fn grant_map_area_hands_out_page_addresses() {
+        let mut area = GrantMapArea::new(0x100000, 3);
+        let a = area.alloc().unwrap();
+        let b = area.alloc().unwrap();
+        assert_eq!((a, b), (0x1_0000_0000, 0x1_0000_1000));
+        assert_eq!(area.free(a + 1), Err(FreeError::OutOfRange));
+        assert_eq!(area.free(0x1000), Err(FreeError::OutOfRange));
+        assert_eq!(area.free(a), Ok(()));
+        assert_eq!(area.free(a), Err(FreeError::NotAllocated));
+        assert_eq!(area.available(), 2);
+    }
+}
