@@ -320,21 +320,9 @@ pub fn map_batch<H: Hypervisor + ?Sized>(
     if call.is_ok() {
         retry_eagain(hv, ops);
     }
-    let mut first_bad = None;
-    let mut failed = 0;
-    for (index, op) in ops.iter().enumerate() {
-        if op.status != GNTST_OKAY {
-            failed += 1;
-            first_bad.get_or_insert(index);
-        }
-    }
-    let fault = match (call, first_bad) {
-        (Ok(()), None) => return Ok(()),
-        (Err(e), _) => BatchFault::Hypercall(e),
-        (Ok(()), Some(index)) => BatchFault::Entry {
-            index,
-            status: GrantStatus::from_raw(ops[index].status),
-        },
+    let BatchError { fault, failed } = match batch_result(call, ops.iter().map(|op| op.status)) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
     };
     let leaked = unwind_maps(hv, ops);
     Err(MapError {
