@@ -16,17 +16,17 @@ mod console;
 mod firmware;
 mod logger;
 mod mm;
+mod platform;
 mod power;
 mod selftest;
 mod smp;
-mod xen_min;
 
 use blkdom_support::cmdline::Cmdline;
 use blkdom_support::hypervisor::Hypervisor;
 use boot::start_info::memmap_type_name;
 use log::{error, info, warn, LevelFilter};
 
-pub use xen_min::{shutdown as xen_shutdown, ShutdownReason};
+pub use platform::{shutdown as xen_shutdown, ShutdownReason};
 
 /// Printed once the kernel is ready; the test runners and the nested rig wait for it.
 pub const READY_MARKER: &str = "blkdom: up";
@@ -35,7 +35,6 @@ pub const READY_MARKER: &str = "blkdom: up";
 pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     let hypervisor = arch::cpu::detect_hypervisor();
     console::init(hypervisor.is_xen());
-    xen_min::init(&hypervisor);
     power::set_under_xen(hypervisor.is_xen());
     logger::init(LevelFilter::Info);
 
@@ -103,6 +102,15 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         Err(e) => info!("acpi: no power-off register ({e:?})"),
     }
 
+    if hypervisor.is_xen() {
+        match platform::init().and_then(|_| platform::events::init_vcpu(0)) {
+            Ok(()) => info!(
+                "xen: shared_info mapped, vcpu_info registered, event upcalls on vector {:#x}",
+                platform::events::UPCALL_VECTOR
+            ),
+            Err(e) => error!("xen: platform set-up failed: {e}"),
+        }
+    }
     start_cpus(&hypervisor, info.start_info.rsdp_paddr);
 
     if let Some(what) = cmdline.value("crashtest") {
@@ -112,7 +120,11 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         let expected_cpus = cmdline
             .value("selftest.expect-cpus")
             .and_then(|n| n.parse().ok());
-        let (_, failed) = selftest::run(cmdline.has("selftest.inject-failure"), expected_cpus);
+        let (_, failed) = selftest::run(
+            cmdline.has("selftest.inject-failure"),
+            expected_cpus,
+            hypervisor.is_xen(),
+        );
         power::report_verdict(if failed == 0 {
             power::Verdict::Pass
         } else {
@@ -145,12 +157,11 @@ fn start_cpus(hypervisor: &Hypervisor, rsdp_paddr: u64) {
     };
     arch::apic::set_base(madt.local_apic_address);
     let listed = madt.enabled_cpus().count();
-    if hypervisor.is_xen() {
-        // PVH vCPUs start through VCPUOP_initialise, which the Xen platform layer brings.
-        info!("cpu: {listed} vCPUs listed; only the boot vCPU runs until the Xen platform layer starts the rest");
-        return;
-    }
-    let started = smp::start_aps_with_sipi(madt.enabled_cpus().map(|c| c.apic_id));
+    let started = if hypervisor.is_xen() {
+        platform::vcpus::start(listed)
+    } else {
+        smp::start_aps_with_sipi(madt.enabled_cpus().map(|c| c.apic_id))
+    };
     info!("cpu: {} of {} CPUs online", smp::online_count(), listed);
     if started + 1 < listed {
         warn!("cpu: {} CPUs did not start", listed - started - 1);

@@ -290,6 +290,71 @@ fn smp_run_on_every_cpu(expected_cpus: Option<usize>) -> TestResult {
     Ok(())
 }
 
+static LOOPBACK_HITS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+static LOOPBACK_CPU: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(u32::MAX);
+
+fn on_loopback_event(_port: u32, _context: usize) {
+    let me = crate::smp::current()
+        .index
+        .load(core::sync::atomic::Ordering::Relaxed);
+    LOOPBACK_CPU.store(me, core::sync::atomic::Ordering::Release);
+    LOOPBACK_HITS.fetch_add(1, core::sync::atomic::Ordering::AcqRel);
+}
+
+/// Xen only: an event channel connected to ourselves, its receiving end bound to the
+/// last vCPU; sending on the other end runs the handler on that vCPU.
+fn xen_event_channel_loopback() -> TestResult {
+    use crate::platform;
+    use xen::abi::DOMID_SELF;
+    let Some(xen) = platform::get() else {
+        check!(false, "platform not initialised");
+        return Ok(());
+    };
+    let target = (crate::smp::online_count() - 1) as u32;
+    let unbound = xen::evtchn::alloc_unbound(&xen.hv, DOMID_SELF);
+    check!(unbound.is_ok(), "alloc_unbound: {:?}", unbound);
+    let sender = unbound.unwrap_or_default();
+    let bound = xen::evtchn::bind_interdomain(&xen.hv, DOMID_SELF, sender);
+    check!(bound.is_ok(), "bind_interdomain: {:?}", bound);
+    let receiver = bound.unwrap_or_default();
+    let registered = platform::events::register(receiver, target, on_loopback_event, 0);
+    check!(
+        registered.is_ok(),
+        "register on vCPU {}: {:?}",
+        target,
+        registered
+    );
+    let before = LOOPBACK_HITS.load(core::sync::atomic::Ordering::Acquire);
+    let sent = xen::evtchn::send(&xen.hv, sender);
+    check!(sent.is_ok(), "send: {:?}", sent);
+    let mut fired = false;
+    for _ in 0..100_000_000u64 {
+        if LOOPBACK_HITS.load(core::sync::atomic::Ordering::Acquire) > before {
+            fired = true;
+            break;
+        }
+        core::hint::spin_loop();
+    }
+    platform::events::unregister(receiver, target);
+    let _ = xen::evtchn::close(&xen.hv, receiver);
+    let _ = xen::evtchn::close(&xen.hv, sender);
+    check!(
+        fired,
+        "event on port {} never arrived (upcalls/dispatches on vCPU {}: {:?})",
+        receiver,
+        target,
+        platform::events::counters(target as usize)
+    );
+    let on = LOOPBACK_CPU.load(core::sync::atomic::Ordering::Acquire);
+    check!(
+        on == target,
+        "handler ran on vCPU {}, expected {}",
+        on,
+        target
+    );
+    Ok(())
+}
+
 /// Exists only to prove the runner notices a failing self-test.
 fn injected_failure() -> TestResult {
     check!(false, "deliberate failure (selftest.inject-failure)");
@@ -297,7 +362,7 @@ fn injected_failure() -> TestResult {
 }
 
 /// Runs the self-tests; returns (passed, failed).
-pub fn run(inject_failure: bool, expected_cpus: Option<usize>) -> (u32, u32) {
+pub fn run(inject_failure: bool, expected_cpus: Option<usize>, under_xen: bool) -> (u32, u32) {
     let mut tests: Vec<SelfTest> = alloc::vec![
         ("heap.allocations", heap_allocations),
         ("frames.allocate-free", frame_allocation),
@@ -307,6 +372,9 @@ pub fn run(inject_failure: bool, expected_cpus: Option<usize>) -> (u32, u32) {
         ("exception.page-fault", exception_page_fault),
         ("interrupt.handler-dispatch", interrupt_handler_dispatch),
     ];
+    if under_xen {
+        tests.push(("xen.event-channel-loopback", xen_event_channel_loopback));
+    }
     if inject_failure {
         tests.push(("selftest.injected-failure", injected_failure));
     }

@@ -117,45 +117,75 @@ fn wait_until(millis: u64, mut done: impl FnMut() -> bool) -> bool {
     done()
 }
 
-/// Starts every enabled CPU the MADT lists (other than this one) with INIT and
-/// start-up IPIs; returns how many came online.
+/// What a CPU-starting method needs to launch CPU `index`.
+pub struct ApStart {
+    pub index: usize,
+    /// 16-byte aligned top of the CPU's boot stack.
+    pub stack_top: u64,
+    /// `extern "C" fn(index: u64) -> !`, to be entered as if called.
+    pub entry: u64,
+    pub cr3: u64,
+    pub efer: u64,
+}
+
+pub fn is_online(index: usize) -> bool {
+    CPUS.get(index)
+        .is_some_and(|c| c.online.load(Ordering::Acquire))
+}
+
+/// Gives CPU `index` a stack, lets `launch` start it, and waits up to 1 s for it to
+/// come online. CPUs are numbered densely: the caller passes the next free index.
+pub fn start_ap(index: usize, launch: impl FnOnce(&ApStart)) -> bool {
+    if index == 0 || index >= MAX_CPUS {
+        return false;
+    }
+    let stack = Box::leak(vec![0u8; AP_STACK_SIZE].into_boxed_slice());
+    let (level_4, _) = x86_64::registers::control::Cr3::read();
+    let start = ApStart {
+        index,
+        stack_top: (stack.as_ptr_range().end as u64) & !0xf,
+        entry: ap_entry as *const () as u64,
+        cr3: level_4.start_address().as_u64(),
+        // SAFETY: reading EFER has no side effects.
+        efer: unsafe { Msr::new(IA32_EFER).read() },
+    };
+    launch(&start);
+    wait_until(1000, || is_online(index))
+}
+
+/// Starts the CPUs with these APIC ids (the boot CPU's is skipped) the PC way: INIT and
+/// start-up IPIs into the real-mode trampoline. Returns how many came online.
 pub fn start_aps_with_sipi(apic_ids: impl Iterator<Item = u32>) -> usize {
     let boot_apic = CPUS[0].apic_id.load(Ordering::Relaxed);
-    // SAFETY: reading EFER has no side effects.
-    let efer = unsafe { Msr::new(IA32_EFER).read() };
-    let mut started = 0;
-    let mut index = 1;
+    let mut next = 1;
     for apic_id in apic_ids.filter(|id| *id != boot_apic) {
-        if index >= MAX_CPUS {
+        if next >= MAX_CPUS {
             log::warn!("cpu: more than {MAX_CPUS} CPUs; APIC {apic_id} and later stay off");
             break;
         }
-        let stack = Box::leak(vec![0u8; AP_STACK_SIZE].into_boxed_slice());
-        let stack_top = (stack.as_ptr_range().end as u64) & !0xf;
-        let (level_4, _) = x86_64::registers::control::Cr3::read();
-        ap_boot::install(ap_boot::TrampolineData {
-            cr3: level_4.start_address().as_u64(),
-            stack_top,
-            entry: ap_entry as *const () as u64,
-            cpu_index: index as u64,
-            efer_bits: efer & ((1 << 8) | (1 << 11)),
-        });
-        let page = (ap_boot::TRAMPOLINE_PADDR >> 12) as u8;
-        apic::send_init(apic_id);
-        wait_until(10, || false);
-        apic::send_startup(apic_id, page);
-        let cpu = &CPUS[index];
-        if !wait_until(1, || cpu.online.load(Ordering::Acquire)) {
+        let started = start_ap(next, |start| {
+            ap_boot::install(ap_boot::TrampolineData {
+                cr3: start.cr3,
+                stack_top: start.stack_top,
+                entry: start.entry,
+                cpu_index: start.index as u64,
+                efer_bits: start.efer & ((1 << 8) | (1 << 11)),
+            });
+            let page = (ap_boot::TRAMPOLINE_PADDR >> 12) as u8;
+            apic::send_init(apic_id);
+            wait_until(10, || false);
             apic::send_startup(apic_id, page);
-        }
-        if wait_until(1000, || cpu.online.load(Ordering::Acquire)) {
-            started += 1;
-            index += 1;
+            if !wait_until(1, || is_online(start.index)) {
+                apic::send_startup(apic_id, page);
+            }
+        });
+        if started {
+            next += 1;
         } else {
             log::error!("cpu: APIC {apic_id} did not come up within 1 s");
         }
     }
-    started
+    next - 1
 }
 
 /// Where a started CPU enters Rust, on its own stack, with the boot CPU's page tables.

@@ -1,0 +1,112 @@
+//! Event-channel delivery: each vCPU gets the upcall on its own vector
+//! (`HVMOP_set_evtchn_upcall_vector`) and dispatches the ports bound to it from its own
+//! handler table. A port is bound to exactly one vCPU, so tables are never shared; the
+//! per-table lock only orders registration against dispatch.
+
+use super::{get, hypercall_result, InitError};
+use crate::arch::{apic, trap};
+use crate::smp::{self, MAX_CPUS};
+use core::sync::atomic::{AtomicU64, Ordering};
+use xen::abi::event_channel::EvtchnPort;
+use xen::abi::hvm::XenHvmEvtchnUpcallVector;
+use xen::evtchn::{self, EventHandler, HandlerTable};
+use xen::hypercall::HvmOp;
+use xen::shared_info::VcpuEvents;
+use xen::{Hypercall, Hypervisor, XenError};
+
+/// The vector Xen raises for event channels on every vCPU.
+pub const UPCALL_VECTOR: u8 = 0xf3;
+
+static TABLES: [spin::Mutex<Option<HandlerTable>>; MAX_CPUS] =
+    [const { spin::Mutex::new(None) }; MAX_CPUS];
+static UPCALLS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+static DISPATCHED: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+
+/// Routes `vcpu`'s event upcalls to `UPCALL_VECTOR` (any vCPU, up or not yet).
+pub fn init_vcpu(vcpu: u32) -> Result<(), InitError> {
+    let platform = get().ok_or(InitError::NoFrame)?;
+    trap::set_interrupt_handler(UPCALL_VECTOR, on_upcall);
+    let mut op = XenHvmEvtchnUpcallVector {
+        vcpu,
+        vector: UPCALL_VECTOR,
+    };
+    let call = Hypercall::Hvm(HvmOp::SetEvtchnUpcallVector(&mut op));
+    hypercall_result(
+        "HVMOP_set_evtchn_upcall_vector",
+        platform.hv.hypercall(call),
+    )
+    .map(drop)
+}
+
+fn on_upcall(_frame: &mut trap::TrapFrame) {
+    // The per-vCPU upcall vector is delivered like a LAPIC interrupt: acknowledge it.
+    apic::end_of_interrupt();
+    let cpu = smp::current().index.load(Ordering::Relaxed) as usize;
+    UPCALLS[cpu].fetch_add(1, Ordering::Relaxed);
+    let Some(platform) = get() else { return };
+    let Some(vcpu_info) = platform.vcpu_info(cpu) else {
+        return;
+    };
+    let events = VcpuEvents {
+        shared: platform.shared,
+        vcpu_info,
+    };
+    // Clear upcall_pending before each scan: an event after the scan sets it again
+    // and we go round, instead of losing it.
+    loop {
+        vcpu_info.clear_upcall_pending();
+        let mut table = TABLES[cpu].lock();
+        if let Some(table) = table.as_mut() {
+            let n = table.dispatch_pending(&events);
+            DISPATCHED[cpu].fetch_add(n as u64, Ordering::Relaxed);
+        } else {
+            // Nothing registered: consume the selector so it cannot pile up.
+            let _ = vcpu_info.take_selector();
+        }
+        drop(table);
+        if !vcpu_info.upcall_pending() {
+            break;
+        }
+    }
+}
+
+/// Binds `port` to `vcpu`, registers its handler there, and unmasks it.
+pub fn register(
+    port: EvtchnPort,
+    vcpu: u32,
+    handler: EventHandler,
+    context: usize,
+) -> Result<(), XenError> {
+    let platform = get().ok_or(XenError::NoSys)?;
+    evtchn::bind_vcpu(&platform.hv, port, vcpu)?;
+    x86_64::instructions::interrupts::without_interrupts(|| {
+        TABLES
+            .get(vcpu as usize)
+            .ok_or(XenError::Inval)
+            .and_then(|slot| {
+                slot.lock()
+                    .get_or_insert_with(HandlerTable::new)
+                    .register(port, handler, context)
+            })
+    })?;
+    evtchn::unmask(&platform.hv, port)
+}
+
+/// Removes `port`'s handler (the port itself is closed by its owner).
+pub fn unregister(port: EvtchnPort, vcpu: u32) {
+    if let Some(slot) = TABLES.get(vcpu as usize) {
+        x86_64::instructions::interrupts::without_interrupts(|| {
+            if let Some(table) = slot.lock().as_mut() {
+                table.unregister(port);
+            }
+        });
+    }
+}
+
+/// (upcalls taken, handlers dispatched) on `vcpu`.
+pub fn counters(vcpu: usize) -> (u64, u64) {
+    (
+        UPCALLS[vcpu].load(Ordering::Relaxed),
+        DISPATCHED[vcpu].load(Ordering::Relaxed),
+    )
+}
