@@ -177,13 +177,6 @@ impl<M: RingMemory> BackRing<M> {
         self.unconsumed(self.req_prod()) > 0
     }
 
-    /// Push `req_event` far behind so a busy frontend sends no events while we poll.
-    pub fn hold_off_notifications(&mut self) {
-        // The frontend notifies when `req_event` lies in (old, new]; a value just behind
-        // req_cons is never reached again before the next re-arm.
-        self.memory.store_u32(sring::REQ_EVENT, self.req_cons);
-    }
-
     /// Give the memory back (teardown).
     pub fn into_memory(self) -> M {
         self.memory

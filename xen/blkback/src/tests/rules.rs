@@ -1,0 +1,681 @@
+//! One test per rule of design.md §4 (and the ring-protocol checks around them).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use blkdev::{BlockDevice, BufferAccess, Completion, Geometry, IoRequest, RamDisk, SubmitError};
+
+use super::{page_bytes, whole_page, Rig, DISK_SECTORS};
+use crate::abi::{self, sring, REQUEST_SIZE, RSP_EOPNOTSUPP, RSP_ERROR, RSP_OKAY};
+use crate::engine::{Busy, EngineConfig, EngineState};
+use crate::fakes::wire::{encode_direct, encode_discard, encode_indirect, encode_segment};
+use crate::fakes::{RingView, ShufflingDevice};
+use crate::parse::SegmentDesc;
+use crate::ring::{Response, RingMemory};
+
+fn ok(id: u64, operation: u8) -> Response {
+    Response {
+        id,
+        operation,
+        status: RSP_OKAY,
+    }
+}
+
+fn err(id: u64, operation: u8, status: i16) -> Response {
+    Response {
+        id,
+        operation,
+        status,
+    }
+}
+
+/// Ring memory that counts reads of each request slot and rewrites the slot right after
+/// it has been read, as a hostile frontend racing the backend would.
+struct TamperingView {
+    inner: RingView,
+    slot_reads: Arc<AtomicUsize>,
+    replacement: [u8; REQUEST_SIZE],
+}
+
+impl RingMemory for TamperingView {
+    fn size_bytes(&self) -> usize {
+        self.inner.size_bytes()
+    }
+    fn load_u32(&self, offset: usize) -> u32 {
+        self.inner.load_u32(offset)
+    }
+    fn store_u32(&self, offset: usize, value: u32) {
+        self.inner.store_u32(offset, value)
+    }
+    fn read_bytes(&self, offset: usize, out: &mut [u8]) {
+        self.inner.read_bytes(offset, out);
+        if offset >= sring::HEADER_SIZE {
+            self.slot_reads.fetch_add(1, Ordering::SeqCst);
+            self.inner.write_bytes(offset, &self.replacement);
+        }
+    }
+    fn write_bytes(&self, offset: usize, data: &[u8]) {
+        self.inner.write_bytes(offset, data)
+    }
+    fn full_fence(&self) {
+        self.inner.full_fence()
+    }
+}
+
+#[test]
+fn double_fetch_each_slot_is_read_once_and_only_the_copy_is_used() {
+    let disk = RamDisk::new(DISK_SECTORS);
+    disk.write_at(0, &[0x5A; 4096]);
+    let slot_reads = Arc::new(AtomicUsize::new(0));
+    // After the first read the slot turns into a write of garbage to sector 8 with an
+    // impossible segment.
+    let replacement = encode_direct(
+        abi::OP_WRITE,
+        0xBAD,
+        8,
+        &[SegmentDesc {
+            gref: 1,
+            first_sect: 9,
+            last_sect: 3,
+        }; 11],
+    );
+    let reads = slot_reads.clone();
+    let mut rig = Rig::with_view(EngineConfig::new(0, false), disk.queue(8), move |inner| {
+        TamperingView {
+            inner,
+            slot_reads: reads,
+            replacement,
+        }
+    });
+    let (page, gref) = rig.data_page(0);
+    rig.send(&encode_direct(abi::OP_READ, 41, 0, &[whole_page(gref)]));
+    rig.engine.poll(8);
+    assert_eq!(slot_reads.load(Ordering::SeqCst), 1);
+    assert_eq!(rig.responses(), [ok(41, abi::OP_READ)]);
+    assert_eq!(page_bytes(&rig.memory, page), vec![0x5A; 4096]);
+    let mut sector8 = [0u8; 512];
+    disk.read_at(8 * 512, &mut sector8);
+    assert_eq!(sector8, [0; 512]);
+}
+
+/// Grants that rewrite an indirect page after its first read.
+#[test]
+fn double_fetch_indirect_pages_are_copied_once() {
+    let disk = RamDisk::new(DISK_SECTORS);
+    let mut rig = Rig::ram_on(&disk, EngineConfig::new(0, false));
+    let data: Vec<(usize, u32)> = (0..20).map(|i| rig.data_page(i as u8 + 1)).collect();
+    let (indirect_page, indirect_gref) = rig.data_page(0);
+    for (i, &(_, gref)) in data.iter().enumerate() {
+        rig.memory
+            .write(indirect_page, i * 8, &encode_segment(&whole_page(gref)));
+    }
+    rig.table.grant(1000, indirect_page, true);
+    let _ = indirect_gref;
+    rig.send(&encode_indirect(abi::OP_WRITE, 77, 16, 20, &[1000]));
+    // The frontend rewrites the indirect page while the backend works: the backend must
+    // already hold its copy, so the write lands exactly as first described.
+    let tamper = {
+        let memory = rig.memory.clone();
+        move || {
+            for i in 0..20 {
+                memory.write(
+                    indirect_page,
+                    i * 8,
+                    &encode_segment(&SegmentDesc {
+                        gref: 9999,
+                        first_sect: 0,
+                        last_sect: 7,
+                    }),
+                );
+            }
+        }
+    };
+    rig.engine.poll(1);
+    tamper();
+    rig.engine.poll(1);
+    assert_eq!(rig.responses(), [ok(77, abi::OP_WRITE)]);
+    for i in 0..20u64 {
+        let mut sector = [0u8; 4096];
+        disk.read_at(((16 + i * 8) * 512) as usize, &mut sector);
+        assert_eq!(sector, [i as u8 + 1; 4096], "segment {i}");
+    }
+    assert_eq!(rig.table.live_mappings().0, 0);
+    assert_eq!(rig.engine.stats().indirect, 1);
+}
+
+impl Rig<blkdev::RamDiskQueue> {
+    fn ram_on(disk: &RamDisk, config: EngineConfig) -> Self {
+        Rig::new(config, disk.queue(1024))
+    }
+}
+
+#[test]
+fn producer_overflow_halts_only_that_ring() {
+    let disk = RamDisk::new(DISK_SECTORS);
+    let mut bad = Rig::ram_on(&disk, EngineConfig::new(0, true));
+    let mut good = Rig::ram_on(&disk, EngineConfig::new(0, true));
+    let (_, gref) = bad.data_page(1);
+    bad.front
+        .put_request(&encode_direct(abi::OP_READ, 1, 0, &[whole_page(gref)]));
+    bad.front.set_req_prod(33); // 33 outstanding on a 32-slot ring
+    let outcome = bad.engine.poll(64);
+    assert_eq!(outcome.consumed, 0);
+    assert_eq!(bad.engine.state(), EngineState::Halted);
+    assert_eq!(bad.engine.stats().ring_overflows, 1);
+    assert!(bad.responses().is_empty());
+    // It stays halted even once the index looks sane again.
+    bad.front.set_req_prod(1);
+    assert_eq!(bad.engine.poll(64).consumed, 0);
+
+    let (_, gref) = good.data_page(2);
+    good.send(&encode_direct(abi::OP_READ, 5, 0, &[whole_page(gref)]));
+    assert_eq!(good.engine.poll(64).consumed, 1);
+    assert_eq!(good.responses(), [ok(5, abi::OP_READ)]);
+}
+
+#[test]
+fn consumer_never_runs_more_than_a_ring_ahead_of_responses() {
+    // The device holds every completion: the backend may consume 32 requests, then must
+    // stop (RING_REQUEST_CONS_OVERFLOW) even though the frontend claims more.
+    let disk = RamDisk::new(DISK_SECTORS);
+    let device = ShufflingDevice::new(disk.queue(64), 1, 100);
+    device.hold.store(true, Ordering::SeqCst);
+    let hold = device.hold.clone();
+    let mut rig = Rig::new(EngineConfig::new(0, true), device);
+    let (_, gref) = rig.data_page(0);
+    for id in 0..32 {
+        rig.front
+            .put_request(&encode_direct(abi::OP_READ, id, 0, &[whole_page(gref)]));
+    }
+    rig.front.push_requests();
+    assert_eq!(rig.engine.poll(100).consumed, 32);
+    // A frontend publishing a 33rd while 32 are unanswered overflows the producer index.
+    rig.front
+        .put_request_at(32, &encode_direct(abi::OP_READ, 32, 0, &[whole_page(gref)]));
+    rig.front.set_req_prod(33);
+    assert_eq!(rig.engine.poll(100).consumed, 0);
+    assert_eq!(rig.engine.state(), EngineState::Halted);
+    hold.store(false, Ordering::SeqCst);
+    rig.engine.poll(100);
+    assert_eq!(
+        rig.responses().len(),
+        32,
+        "in-flight requests still finish on a halted ring"
+    );
+}
+
+#[test]
+fn bad_segment_counts_answer_error_with_the_id() {
+    let (mut rig, _) = Rig::ram(0, false);
+    let (_, gref) = rig.data_page(0);
+    rig.send(&encode_direct(abi::OP_READ, 1, 0, &[]));
+    rig.send(&encode_direct(abi::OP_WRITE, 2, 0, &[whole_page(gref); 12]));
+    rig.send(&encode_indirect(abi::OP_READ, 3, 0, 0, &[gref]));
+    rig.send(&encode_indirect(
+        abi::OP_READ,
+        4,
+        0,
+        abi::MAX_INDIRECT_SEGMENTS + 1,
+        &[gref, gref],
+    ));
+    rig.engine.poll(16);
+    assert_eq!(
+        rig.responses(),
+        [
+            err(1, 0, RSP_ERROR),
+            err(2, 1, RSP_ERROR),
+            err(3, 0, RSP_ERROR),
+            err(4, 0, RSP_ERROR)
+        ]
+    );
+    let stats = rig.engine.stats();
+    assert_eq!(
+        (stats.bad_requests, stats.errors, stats.map_batches),
+        (4, 4, 0)
+    );
+}
+
+/// Write descriptors for an indirect write of 612 segments whose 601st (on the second
+/// page) has `last_sect` 9; returns the two indirect grefs.
+fn bad_indirect_pages<D: BlockDevice>(rig: &mut Rig<D>) -> [u32; 2] {
+    let (_, gref) = rig.data_page(0);
+    let (page_a, gref_a) = rig.data_page(0);
+    let (page_b, gref_b) = rig.data_page(0);
+    for i in 0..612 {
+        let last_sect = if i == 600 { 9 } else { 7 };
+        let desc = SegmentDesc {
+            gref,
+            first_sect: 0,
+            last_sect,
+        };
+        let (page, slot) = if i < 512 {
+            (page_a, i)
+        } else {
+            (page_b, i - 512)
+        };
+        rig.memory.write(page, slot * 8, &encode_segment(&desc));
+    }
+    [gref_a, gref_b]
+}
+
+#[test]
+fn bad_first_or_last_sect_answers_error_and_unmaps_indirect_pages() {
+    let (mut rig, disk) = Rig::ram(0, false);
+    let (_, gref) = rig.data_page(0);
+    rig.send(&encode_direct(
+        abi::OP_WRITE,
+        1,
+        0,
+        &[SegmentDesc {
+            gref,
+            first_sect: 4,
+            last_sect: 3,
+        }],
+    ));
+    rig.send(&encode_direct(
+        abi::OP_WRITE,
+        2,
+        0,
+        &[SegmentDesc {
+            gref,
+            first_sect: 0,
+            last_sect: 8,
+        }],
+    ));
+    let grefs = bad_indirect_pages(&mut rig);
+    rig.send(&encode_indirect(abi::OP_WRITE, 3, 0, 612, &grefs));
+    rig.engine.poll(16);
+    // 612 segments are more than the advertised 512: refused before mapping anything.
+    assert_eq!(
+        rig.responses(),
+        [
+            err(1, 1, RSP_ERROR),
+            err(2, 1, RSP_ERROR),
+            err(3, 1, RSP_ERROR)
+        ]
+    );
+    assert_eq!(rig.engine.stats().map_batches, 0);
+
+    let config = EngineConfig {
+        max_indirect_segments: 1024,
+        ..EngineConfig::new(0, false)
+    };
+    let mut wide = Rig::new(config, disk.queue(64));
+    let grefs = bad_indirect_pages(&mut wide);
+    wide.send(&encode_indirect(abi::OP_WRITE, 3, 0, 612, &grefs));
+    wide.engine.poll(16);
+    assert_eq!(wide.responses(), [err(3, 1, RSP_ERROR)]);
+    assert_eq!(
+        wide.engine.stats().map_batches,
+        1,
+        "only the indirect pages were mapped"
+    );
+    assert_eq!(wide.table.live_mappings().0, 0, "indirect pages unmapped");
+    assert_eq!(wide.engine.stats().bad_requests, 1);
+}
+
+#[test]
+fn out_of_range_and_overflowing_sectors_answer_error() {
+    let (mut rig, _) = Rig::ram(0, true);
+    let (_, gref) = rig.data_page(0);
+    rig.send(&encode_direct(
+        abi::OP_READ,
+        1,
+        DISK_SECTORS - 8,
+        &[whole_page(gref)],
+    ));
+    rig.send(&encode_direct(
+        abi::OP_READ,
+        2,
+        DISK_SECTORS - 7,
+        &[whole_page(gref)],
+    ));
+    rig.send(&encode_direct(
+        abi::OP_WRITE,
+        3,
+        u64::MAX - 3,
+        &[whole_page(gref)],
+    ));
+    rig.send(&encode_discard(4, 8, u64::MAX, false));
+    rig.send(&encode_discard(5, DISK_SECTORS, 1, false));
+    rig.engine.poll(16);
+    // Refusals are answered at once, before the valid read completes.
+    let mut responses = rig.responses();
+    responses.sort_by_key(|r| r.id);
+    assert_eq!(
+        responses,
+        [
+            ok(1, abi::OP_READ),
+            err(2, abi::OP_READ, RSP_ERROR),
+            err(3, abi::OP_WRITE, RSP_ERROR),
+            err(4, abi::OP_DISCARD, RSP_ERROR),
+            err(5, abi::OP_DISCARD, RSP_ERROR),
+        ]
+    );
+}
+
+#[test]
+fn writes_to_read_only_devices_answer_error() {
+    let disk = RamDisk::with_geometry(Geometry {
+        read_only: true,
+        ..RamDisk::new(64).geometry()
+    });
+    let mut rig = Rig::ram_on(&disk, EngineConfig::new(0, false));
+    let (_, gref) = rig.data_page(0xEE);
+    rig.send(&encode_direct(abi::OP_WRITE, 1, 0, &[whole_page(gref)]));
+    rig.send(&encode_direct(
+        abi::OP_FLUSH_DISKCACHE,
+        2,
+        0,
+        &[whole_page(gref)],
+    ));
+    rig.send(&encode_discard(3, 0, 8, false));
+    rig.send(&encode_direct(abi::OP_READ, 4, 0, &[whole_page(gref)]));
+    rig.engine.poll(16);
+    assert_eq!(
+        rig.responses(),
+        [
+            err(1, abi::OP_WRITE, RSP_ERROR),
+            err(2, abi::OP_FLUSH_DISKCACHE, RSP_ERROR),
+            err(3, abi::OP_DISCARD, RSP_ERROR),
+            ok(4, abi::OP_READ),
+        ]
+    );
+    let mut first = [0u8; 4096];
+    disk.read_at(0, &mut first);
+    assert_eq!(first, [0; 4096]);
+}
+
+#[test]
+fn unknown_op_answers_eopnotsupp_with_the_id() {
+    let (mut rig, _) = Rig::ram(0, false);
+    for (id, op) in [(0xFFFF_FFFF_FFFF_FFF0u64, 4u8), (7, 7), (8, 200)] {
+        rig.send(&encode_direct(op, id, 0, &[]));
+    }
+    rig.send(&encode_discard(9, 0, 8, true)); // the RAM disk offers secure discard
+    rig.engine.poll(16);
+    let responses = rig.responses();
+    assert_eq!(
+        responses[..3],
+        [
+            err(0xFFFF_FFFF_FFFF_FFF0, 4, RSP_EOPNOTSUPP),
+            err(7, 7, RSP_EOPNOTSUPP),
+            err(8, 200, RSP_EOPNOTSUPP)
+        ]
+    );
+    assert_eq!(responses[3], ok(9, abi::OP_DISCARD));
+    let disk = RamDisk::with_geometry(Geometry {
+        discard: None,
+        ..RamDisk::new(64).geometry()
+    });
+    let mut plain = Rig::ram_on(&disk, EngineConfig::new(0, false));
+    plain.send(&encode_discard(10, 0, 8, false));
+    plain.engine.poll(16);
+    assert_eq!(
+        plain.responses(),
+        [err(10, abi::OP_DISCARD, RSP_EOPNOTSUPP)]
+    );
+}
+
+#[test]
+fn grant_map_partial_failure_unwinds_and_answers_error() {
+    for persistent in [false, true] {
+        let (mut rig, disk) = Rig::ram(0, persistent);
+        let pages: Vec<(usize, u32)> = (0..3).map(|i| rig.data_page(0x10 + i)).collect();
+        let (_, good) = rig.data_page(0x77);
+        rig.table.fail_maps_of(pages[1].1);
+        let segments: Vec<SegmentDesc> = pages.iter().map(|&(_, g)| whole_page(g)).collect();
+        rig.send(&encode_direct(abi::OP_WRITE, 1, 0, &segments));
+        rig.send(&encode_direct(abi::OP_WRITE, 2, 64, &[whole_page(good)]));
+        rig.engine.poll(16);
+        assert_eq!(
+            rig.responses(),
+            [err(1, abi::OP_WRITE, RSP_ERROR), ok(2, abi::OP_WRITE)],
+            "persistent={persistent}"
+        );
+        // Nothing of request 1 reached the disk, nothing of it stays pinned or mapped
+        // (except, with persistent grants, the good pages now in the cache, unpinned).
+        let mut first = [0u8; 3 * 4096];
+        disk.read_at(0, &mut first);
+        assert!(first.iter().all(|&b| b == 0));
+        let (live, _) = rig.table.live_mappings();
+        if persistent {
+            assert_eq!(
+                live, 3,
+                "pages 0 and 2 of request 1 and the good page are cached"
+            );
+            assert_eq!(rig.engine.cached_grants(), 3);
+            assert_eq!(rig.table.maps_of(pages[1].1), 0);
+        } else {
+            assert_eq!(live, 0);
+        }
+        assert_eq!(rig.engine.stats().grant_failures, 1);
+        assert_eq!(rig.engine.in_flight(), 0);
+    }
+}
+
+#[test]
+fn teardown_with_requests_in_flight_waits_and_is_idempotent() {
+    let disk = RamDisk::new(DISK_SECTORS);
+    let device = ShufflingDevice::new(disk.queue(64), 7, 100);
+    device.hold.store(true, Ordering::SeqCst);
+    let hold = device.hold.clone();
+    let mut rig = Rig::new(EngineConfig::new(0, true), device);
+    let grefs: Vec<u32> = (0..3).map(|i| rig.data_page(i).1).collect();
+    for (id, &gref) in grefs.iter().enumerate() {
+        rig.send(&encode_direct(
+            abi::OP_READ,
+            id as u64,
+            0,
+            &[whole_page(gref)],
+        ));
+    }
+    rig.engine.poll(16);
+    assert_eq!(rig.engine.in_flight(), 3);
+    assert_eq!(rig.engine.disconnect(), Err(Busy { in_flight: 3 }));
+    assert_eq!(rig.engine.state(), EngineState::Draining);
+    // The frontend cannot take its pages back while the backend maps them.
+    assert!(!rig.table.end_access(grefs[0]));
+    // New requests are no longer taken.
+    rig.send(&encode_direct(abi::OP_READ, 9, 0, &[whole_page(grefs[0])]));
+    assert_eq!(rig.engine.poll(16).consumed, 0);
+    hold.store(false, Ordering::SeqCst);
+    assert_eq!(rig.engine.disconnect(), Ok(()));
+    assert_eq!(rig.engine.state(), EngineState::Disconnected);
+    let mut ids: Vec<u64> = rig.responses().iter().map(|r| r.id).collect();
+    ids.sort();
+    assert_eq!(ids, [0, 1, 2]);
+    assert_eq!(rig.table.live_mappings().0, 0);
+    assert!(grefs.iter().all(|&g| rig.table.end_access(g)));
+    assert_eq!(rig.engine.disconnect(), Ok(()));
+    assert_eq!(rig.engine.poll(16).consumed, 0);
+}
+
+#[test]
+fn bounded_work_per_poll_and_spurious_polls_are_counted() {
+    let (mut rig, _) = Rig::ram(0, true);
+    let (_, gref) = rig.data_page(0);
+    for id in 0..30 {
+        rig.front
+            .put_request(&encode_direct(abi::OP_READ, id, 0, &[whole_page(gref)]));
+    }
+    rig.front.push_requests();
+    let consumed: Vec<usize> = (0..7).map(|_| rig.engine.poll(8).consumed).collect();
+    assert_eq!(consumed, [8, 8, 8, 6, 0, 0, 0]);
+    assert_eq!(rig.responses().len(), 30);
+    for _ in 0..100 {
+        assert!(!rig.engine.poll(8).did_work());
+    }
+    let stats = rig.engine.stats();
+    assert_eq!(
+        (stats.polls, stats.empty_polls, stats.reads),
+        (107, 103, 30)
+    );
+}
+
+#[test]
+fn notify_only_when_the_ring_macros_say_so() {
+    let (mut rig, _) = Rig::ram(0, true);
+    let (_, gref) = rig.data_page(0);
+    let read = |id| encode_direct(abi::OP_READ, id, 0, &[whole_page(gref)]);
+    // The frontend does not want events yet (rsp_event far ahead).
+    rig.front.set_rsp_event(1000);
+    for id in 0..4 {
+        rig.send(&read(id));
+    }
+    assert!(!rig.engine.poll(16).notified);
+    assert_eq!(rig.responses().len(), 4);
+    assert_eq!(rig.events.count(), 0);
+    // Now it asks for one: one event for a batch of four.
+    rig.front.arm_response_event();
+    for id in 4..8 {
+        rig.front.put_request(&read(id));
+    }
+    rig.front.push_requests();
+    assert!(rig.engine.poll(16).notified);
+    assert_eq!(rig.events.count(), 1);
+    // Its event is consumed; more responses do not notify until it re-arms.
+    rig.responses();
+    rig.send(&read(8));
+    assert!(!rig.engine.poll(16).notified);
+    assert_eq!(rig.engine.stats().notifications, 1);
+}
+
+#[test]
+fn req_event_stays_behind_while_busy_and_is_rearmed_before_sleep() {
+    let (mut rig, _) = Rig::ram(0, true);
+    let (_, gref) = rig.data_page(0);
+    let read = |id| encode_direct(abi::OP_READ, id, 0, &[whole_page(gref)]);
+    assert!(
+        rig.send_and_notify(&read(0)),
+        "initial req_event = 1 asks for the first event"
+    );
+    rig.engine.poll(16);
+    for id in 1..5 {
+        assert!(
+            !rig.send_and_notify(&read(id)),
+            "no events while the backend polls"
+        );
+        rig.engine.poll(16);
+    }
+    assert!(rig.engine.prepare_to_sleep());
+    assert!(
+        rig.send_and_notify(&read(5)),
+        "re-armed: the next request wakes the backend"
+    );
+    // Work that arrives between the last poll and the re-arm is caught by the final check.
+    rig.engine.poll(16);
+    rig.front.put_request(&read(6));
+    rig.front.push_requests();
+    assert!(!rig.engine.prepare_to_sleep());
+}
+
+impl<D: BlockDevice> Rig<D> {
+    fn send_and_notify(&mut self, raw: &[u8; REQUEST_SIZE]) -> bool {
+        self.front.put_request(raw);
+        self.front.push_requests()
+    }
+}
+
+#[test]
+fn response_padding_is_zeroed() {
+    let (mut rig, _) = Rig::ram(0, false);
+    let mut raw = encode_direct(7, u64::MAX, u64::MAX, &[]);
+    raw[2..8].fill(0xFF);
+    raw[16..].fill(0xFF);
+    rig.send(&raw);
+    rig.engine.poll(1);
+    let mut slot = [0u8; 16];
+    rig.front.view().read_bytes(sring::HEADER_SIZE, &mut slot);
+    assert_eq!(&slot[..8], &[0xFF; 8]);
+    assert_eq!(slot[8], 7);
+    assert_eq!(slot[9], 0, "padding after operation");
+    assert_eq!(i16::from_le_bytes([slot[10], slot[11]]), RSP_EOPNOTSUPP);
+    assert_eq!(&slot[12..], &[0; 4], "tail padding");
+}
+
+/// Records the segments of every submission.
+struct RecordingDevice {
+    inner: blkdev::RamDiskQueue,
+    segments: Vec<Vec<blkdev::DmaSegment>>,
+}
+
+impl BlockDevice for RecordingDevice {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    fn queue_depth(&self) -> usize {
+        self.inner.queue_depth()
+    }
+    fn submit(
+        &mut self,
+        request: &IoRequest<'_>,
+        buffers: &dyn BufferAccess,
+    ) -> Result<(), SubmitError> {
+        self.segments.push(request.segments.to_vec());
+        self.inner.submit(request, buffers)
+    }
+    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        self.inner.poll_completions(sink)
+    }
+}
+
+#[test]
+fn one_dma_segment_per_grant_never_merged() {
+    let disk = RamDisk::new(DISK_SECTORS);
+    let device = RecordingDevice {
+        inner: disk.queue(8),
+        segments: Vec::new(),
+    };
+    let mut rig = Rig::new(EngineConfig::new(0, false), device);
+    // Eleven consecutive pages, each fully used: contiguous in the guest, still eleven
+    // segments for the device.
+    let grefs: Vec<u32> = (0..11).map(|i| rig.data_page(i).1).collect();
+    let segments: Vec<SegmentDesc> = grefs.iter().map(|&g| whole_page(g)).collect();
+    rig.send(&encode_direct(abi::OP_WRITE, 1, 0, &segments));
+    rig.engine.poll(4);
+    assert_eq!(rig.responses(), [ok(1, abi::OP_WRITE)]);
+    let seen = &rig.engine.device().segments;
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].len(), 11);
+    assert!(seen[0].iter().all(|s| s.offset == 0 && s.len == 4096));
+}
+
+#[test]
+fn persistent_grant_bound_is_never_exceeded() {
+    let disk = RamDisk::new(DISK_SECTORS);
+    let config = EngineConfig {
+        persistent_grant_limit: Some(16),
+        ..EngineConfig::new(0, true)
+    };
+    let mut rig = Rig::ram_on(&disk, config);
+    let grefs: Vec<u32> = (0..64).map(|i| rig.data_page(i).1).collect();
+    let mut id = 0;
+    let mut answered = Vec::new();
+    for round in 0..40 {
+        for k in 0..4 {
+            let segs: Vec<SegmentDesc> = (0..3)
+                .map(|s| whole_page(grefs[(round * 7 + k * 3 + s) % 64]))
+                .collect();
+            rig.front
+                .put_request(&encode_direct(abi::OP_READ, id, 0, &segs));
+            id += 1;
+        }
+        rig.front.push_requests();
+        rig.engine.poll(32);
+        assert!(rig.engine.cached_grants() <= 16);
+        // Cached grants plus the transient ones of at most 4 in-flight requests.
+        assert!(rig.table.live_mappings().0 <= 16);
+        answered.extend(rig.responses());
+    }
+    assert_eq!(answered.len(), 160);
+    assert!(answered.iter().all(|r| r.status == RSP_OKAY));
+    let (_, peak) = rig.table.live_mappings();
+    assert!(peak <= 16 + 4 * 3, "peak {peak}");
+    // The default bound is what the ring can reference at once.
+    let (default, _) = Rig::ram(2, true);
+    assert_eq!(
+        default.engine.cache_capacity(),
+        128 * usize::from(abi::MAX_INDIRECT_SEGMENTS)
+    );
+}
