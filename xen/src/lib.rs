@@ -18,6 +18,7 @@ pub mod grant;
 pub mod hypercall;
 pub mod raw;
 pub mod shared_info;
+pub mod xenstore;
 
 #[cfg(test)]
 mod fake;
