@@ -12,6 +12,8 @@
 extern crate alloc;
 
 pub mod abi;
+mod byte_ring;
+pub mod console;
 pub mod error;
 pub mod evtchn;
 pub mod grant;

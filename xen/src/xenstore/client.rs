@@ -400,7 +400,7 @@ mod tests {
     use super::*;
     use crate::abi::xs_wire::msg_type;
     use crate::xenstore::fake_xenstored::FakeXenstored;
-    use crate::xenstore::ring::{produce, RingSignal, SharedXenstoreRing, REPLIES};
+    use crate::xenstore::ring::{RingSignal, SharedXenstoreRing, REPLIES};
     use crate::SharedMem;
     use std::cell::{Cell, RefCell};
     use std::rc::Rc;
@@ -705,7 +705,7 @@ mod tests {
             tx_id: 0,
             len: 5000,
         };
-        produce(&mem, REPLIES, &bogus.encode()).unwrap();
+        REPLIES.produce(&mem, &bogus.encode()).unwrap();
         assert!(matches!(client.read(NO_TX, "k"), Err(XsError::Protocol(_))));
         assert_eq!(client.read(NO_TX, "k"), Err(XsError::Broken));
     }

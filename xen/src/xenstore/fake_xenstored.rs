@@ -4,7 +4,7 @@
 //! bytes moved per step so messages arrive split at arbitrary points.
 
 use crate::abi::xs_wire::msg_type;
-use crate::xenstore::ring::{consume, produce, REPLIES, REQUESTS};
+use crate::xenstore::ring::{REPLIES, REQUESTS};
 use crate::xenstore::wire::{encode, split_strings, Header, Permission};
 use crate::SharedMem;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -86,7 +86,9 @@ impl FakeXenstored {
     pub fn step(&mut self) -> bool {
         let mut moved = false;
         let mut buf = std::vec![0u8; self.chunk.min(4096)];
-        let n = consume(&self.mem, REQUESTS, &mut buf).expect("client corrupted req indices");
+        let n = REQUESTS
+            .consume(&self.mem, &mut buf)
+            .expect("client corrupted req indices");
         if n > 0 {
             moved = true;
             self.input.extend_from_slice(&buf[..n]);
@@ -109,7 +111,9 @@ impl FakeXenstored {
             .take(self.chunk.min(4096))
             .collect();
         if !out.is_empty() {
-            let n = produce(&self.mem, REPLIES, &out).expect("client corrupted rsp indices");
+            let n = REPLIES
+                .produce(&self.mem, &out)
+                .expect("client corrupted rsp indices");
             self.output.drain(..n);
             moved |= n > 0;
         }

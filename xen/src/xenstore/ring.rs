@@ -1,24 +1,13 @@
 //! The xenstore ring as a byte stream.
 //!
-//! `xenstore_domain_interface` holds two 1024-byte rings with free-running 32-bit
-//! indices: we produce into `req` (advance `req_prod`), xenstored consumes (`req_cons`);
-//! xenstored produces into `rsp`, we consume (`rsp_cons`). Data is written before the
-//! producer index is published (release) and read after it is observed (acquire).
-//! Indices come from the other side: a producer/consumer distance above the ring size
-//! means the page is corrupt, and nothing is read or written.
+//! `xenstore_domain_interface` holds two 1024-byte rings (see `crate::byte_ring`): we
+//! produce into `req`, xenstored into `rsp`.
 
 use crate::abi::xs_wire::{XenstoreDomainInterface, XENSTORE_RING_SIZE};
+use crate::byte_ring::ByteRing;
+pub use crate::byte_ring::RingError;
 use crate::SharedMem;
 use core::mem::{offset_of, size_of};
-use core::sync::atomic::Ordering;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RingError {
-    /// Indices that cannot be (distance > ring size).
-    Corrupt,
-    /// The peer made no progress in time.
-    Timeout,
-}
 
 /// A bidirectional byte stream to xenstored.
 pub trait XenstoreRing {
@@ -46,58 +35,18 @@ const REQ_PROD: usize = offset_of!(XenstoreDomainInterface, req_prod);
 const RSP_CONS: usize = offset_of!(XenstoreDomainInterface, rsp_cons);
 const RSP_PROD: usize = offset_of!(XenstoreDomainInterface, rsp_prod);
 
-/// One direction of the page: ring data at `data`, indices at `cons`/`prod`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Direction {
-    pub data: usize,
-    pub cons: usize,
-    pub prod: usize,
-}
-
-pub(crate) const REQUESTS: Direction = Direction {
+pub(crate) const REQUESTS: ByteRing = ByteRing {
     data: REQ,
+    size: XENSTORE_RING_SIZE,
     cons: REQ_CONS,
     prod: REQ_PROD,
 };
-pub(crate) const REPLIES: Direction = Direction {
+pub(crate) const REPLIES: ByteRing = ByteRing {
     data: RSP,
+    size: XENSTORE_RING_SIZE,
     cons: RSP_CONS,
     prod: RSP_PROD,
 };
-
-/// Producer side of a direction: copies `data` in, returns bytes written.
-pub(crate) fn produce(mem: &SharedMem, dir: Direction, data: &[u8]) -> Result<usize, RingError> {
-    let cons = mem.load_u32(dir.cons, Ordering::Acquire);
-    let prod = mem.load_u32(dir.prod, Ordering::Relaxed);
-    let used = prod.wrapping_sub(cons) as usize;
-    if used > XENSTORE_RING_SIZE {
-        return Err(RingError::Corrupt);
-    }
-    let n = data.len().min(XENSTORE_RING_SIZE - used);
-    let start = prod as usize % XENSTORE_RING_SIZE;
-    let first = n.min(XENSTORE_RING_SIZE - start);
-    mem.write_bytes(dir.data + start, &data[..first]);
-    mem.write_bytes(dir.data, &data[first..n]);
-    mem.store_u32(dir.prod, prod.wrapping_add(n as u32), Ordering::Release);
-    Ok(n)
-}
-
-/// Consumer side of a direction: copies available bytes out, returns bytes read.
-pub(crate) fn consume(mem: &SharedMem, dir: Direction, buf: &mut [u8]) -> Result<usize, RingError> {
-    let prod = mem.load_u32(dir.prod, Ordering::Acquire);
-    let cons = mem.load_u32(dir.cons, Ordering::Relaxed);
-    let avail = prod.wrapping_sub(cons) as usize;
-    if avail > XENSTORE_RING_SIZE {
-        return Err(RingError::Corrupt);
-    }
-    let n = buf.len().min(avail);
-    let start = cons as usize % XENSTORE_RING_SIZE;
-    let first = n.min(XENSTORE_RING_SIZE - start);
-    mem.read_bytes(dir.data + start, &mut buf[..first]);
-    mem.read_bytes(dir.data, &mut buf[first..n]);
-    mem.store_u32(dir.cons, cons.wrapping_add(n as u32), Ordering::Release);
-    Ok(n)
-}
 
 /// The client side of the real ring page.
 #[derive(Debug)]
@@ -119,11 +68,11 @@ impl<S: RingSignal> SharedXenstoreRing<S> {
 
 impl<S: RingSignal> XenstoreRing for SharedXenstoreRing<S> {
     fn write_some(&mut self, data: &[u8]) -> Result<usize, RingError> {
-        produce(&self.mem, REQUESTS, data)
+        REQUESTS.produce(&self.mem, data)
     }
 
     fn read_some(&mut self, buf: &mut [u8]) -> Result<usize, RingError> {
-        consume(&self.mem, REPLIES, buf)
+        REPLIES.consume(&self.mem, buf)
     }
 
     fn notify(&mut self) {
@@ -138,6 +87,7 @@ impl<S: RingSignal> XenstoreRing for SharedXenstoreRing<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use core::sync::atomic::Ordering;
     use std::vec::Vec;
 
     struct NoSignal;
@@ -161,11 +111,11 @@ mod tests {
         assert_eq!(ring.write_some(&data).unwrap(), 0, "full");
         // xenstored consumes 1000 bytes.
         let mut sink = [0u8; 1000];
-        assert_eq!(consume(&mem, REQUESTS, &mut sink).unwrap(), 1000);
+        assert_eq!(REQUESTS.consume(&mem, &mut sink).unwrap(), 1000);
         assert_eq!(&sink[..], &data[..1000]);
         assert_eq!(ring.write_some(&data[1024..]).unwrap(), 476);
         let mut rest = [0u8; 600];
-        assert_eq!(consume(&mem, REQUESTS, &mut rest).unwrap(), 500);
+        assert_eq!(REQUESTS.consume(&mem, &mut rest).unwrap(), 500);
         assert_eq!(&rest[..24], &data[1000..1024]);
         assert_eq!(&rest[24..500], &data[1024..]);
     }
@@ -178,7 +128,7 @@ mod tests {
         mem.store_u32(RSP_PROD, u32::MAX - 10, Ordering::Relaxed);
         let mut ring = SharedXenstoreRing::new(mem, NoSignal).unwrap();
         let msg: Vec<u8> = (0..100u8).collect();
-        assert_eq!(produce(&mem, REPLIES, &msg).unwrap(), 100);
+        assert_eq!(REPLIES.produce(&mem, &msg).unwrap(), 100);
         let mut got = [0u8; 64];
         assert_eq!(ring.read_some(&mut got).unwrap(), 64);
         assert_eq!(&got[..], &msg[..64]);
