@@ -18,6 +18,7 @@ pub mod error;
 pub mod evtchn;
 pub mod grant;
 pub mod hypercall;
+pub mod platform;
 pub mod raw;
 pub mod shared_info;
 pub mod xenstore;
