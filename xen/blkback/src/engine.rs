@@ -35,6 +35,8 @@ pub struct EngineConfig {
     /// Cap on cached grants; `None` means ring slots × segments per request, the most
     /// in-flight requests can reference.
     pub persistent_grant_limit: Option<usize>,
+    /// Refuse writes even if the device takes them (toolstack `mode` "r").
+    pub read_only: bool,
 }
 
 impl EngineConfig {
@@ -44,6 +46,7 @@ impl EngineConfig {
             persistent_grants,
             max_indirect_segments: abi::MAX_INDIRECT_SEGMENTS,
             persistent_grant_limit: None,
+            read_only: false,
         }
     }
 }
@@ -232,10 +235,12 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             nr_segments: 0,
             submitted: false,
         };
+        let mut geometry = device.geometry();
+        geometry.read_only |= config.read_only;
         Ok(Self {
             ring,
             grants,
-            geometry: device.geometry(),
+            geometry,
             device,
             events,
             persistent: config.persistent_grants,

@@ -17,9 +17,11 @@ extern crate alloc;
 pub mod abi;
 pub mod engine;
 pub mod grant;
+pub mod negotiate;
 pub mod parse;
 pub mod ring;
 pub mod stats;
+pub mod xenstore;
 
 #[cfg(any(test, feature = "fakes"))]
 pub mod fakes;

@@ -283,6 +283,11 @@ impl GrantTable {
         })
     }
 
+    /// The guest page behind a live mapping (how the backend addresses a mapped ring).
+    pub fn page_of_mapping(&self, grant: &MappedGrant) -> Option<usize> {
+        self.mapped_page(grant.buffer, false)
+    }
+
     /// The page behind a live mapping, if the access is allowed.
     fn mapped_page(&self, buffer: u64, write: bool) -> Option<usize> {
         let table = self.table.lock().unwrap();

@@ -4,11 +4,13 @@
 
 pub mod memory;
 pub mod wire;
+pub mod xenstore;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use memory::{FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
+pub use xenstore::MemStore;
 
 use crate::engine::EventChannel;
 

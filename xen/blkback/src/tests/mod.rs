@@ -2,6 +2,7 @@
 //! threaded blkfront model against a reference disk.
 
 mod frontend_model;
+mod negotiation;
 mod rules;
 
 use std::sync::Arc;

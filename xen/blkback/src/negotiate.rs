@@ -1,0 +1,461 @@
+//! Backend side of the xenbus handshake for one virtual block device, as a state
+//! machine over [`XenStore`]. The kernel calls [`BlkifBackend::probe`] once, then
+//! [`BlkifBackend::step`] whenever a watch on the frontend's `state` or on the backend
+//! directory fires (and again after a `Retry`). Rings and engines are created and
+//! destroyed through [`ConnectionHooks`].
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use blkdev::Geometry;
+
+use crate::abi::{MAX_INDIRECT_SEGMENTS, MAX_RING_PAGE_ORDER};
+use crate::engine::Busy;
+use crate::xenstore::{StoreError, XenStore, NO_TRANSACTION};
+
+/// `enum xenbus_state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XenbusState {
+    Unknown = 0,
+    Initialising = 1,
+    InitWait = 2,
+    Initialised = 3,
+    Connected = 4,
+    Closing = 5,
+    Closed = 6,
+    Reconfiguring = 7,
+    Reconfigured = 8,
+}
+
+impl XenbusState {
+    /// Decode a `state` node; anything unexpected is `Unknown`.
+    pub fn parse(value: &str) -> Self {
+        match value.trim().parse::<u32>() {
+            Ok(1) => Self::Initialising,
+            Ok(2) => Self::InitWait,
+            Ok(3) => Self::Initialised,
+            Ok(4) => Self::Connected,
+            Ok(5) => Self::Closing,
+            Ok(6) => Self::Closed,
+            Ok(7) => Self::Reconfiguring,
+            Ok(8) => Self::Reconfigured,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// `info` bits (`VDISK_*` in blkif.h).
+pub const VDISK_READONLY: u32 = 4;
+
+/// What this backend offers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackendParams {
+    /// `multi-queue-max-queues`: the vCPUs that serve rings.
+    pub max_queues: u32,
+    pub max_ring_page_order: u32,
+    pub max_indirect_segments: u16,
+    /// Offer `feature-persistent`.
+    pub persistent_grants: bool,
+    pub geometry: Geometry,
+}
+
+impl BackendParams {
+    pub fn new(max_queues: u32, geometry: Geometry) -> Self {
+        Self {
+            max_queues,
+            max_ring_page_order: MAX_RING_PAGE_ORDER,
+            max_indirect_segments: MAX_INDIRECT_SEGMENTS,
+            persistent_grants: true,
+            geometry,
+        }
+    }
+}
+
+/// One queue's ring as the frontend granted it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueRing {
+    /// One grant per ring page, in order.
+    pub ring_refs: Vec<u32>,
+    pub event_channel: u32,
+}
+
+/// Everything the frontend negotiated; enough to map rings and start engines.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrontendConnection {
+    pub frontend_id: u16,
+    pub ring_order: u32,
+    pub persistent_grants: bool,
+    /// The toolstack's `mode` is "r" or the device is read-only.
+    pub read_only: bool,
+    pub max_indirect_segments: u16,
+    pub queues: Vec<QueueRing>,
+}
+
+/// What the kernel does when the handshake says so.
+pub trait ConnectionHooks {
+    /// Map every ring, bind every event channel, start the engines.
+    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), String>;
+    /// Stop and free everything of the current connection; `Busy` while requests are in
+    /// flight (then it is called again). Must be idempotent: also called with nothing
+    /// connected.
+    fn disconnect(&mut self) -> Result<(), Busy>;
+}
+
+/// What `step` did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepOutcome {
+    /// Nothing to do for the current states.
+    Idle,
+    /// Moved to this state.
+    Switched(XenbusState),
+    /// Waiting for in-flight requests to drain: call `step` again later.
+    Retry,
+    /// Negotiation failed; the reason is in the backend's `error` node, state Closing.
+    Failed(String),
+    /// The backend directory is gone: everything is torn down, drop this object.
+    Removed,
+}
+
+/// Errors while probing or reading the frontend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NegotiationError {
+    Store(StoreError),
+    /// A frontend key is missing or invalid.
+    Frontend(String),
+}
+
+impl From<StoreError> for NegotiationError {
+    fn from(error: StoreError) -> Self {
+        NegotiationError::Store(error)
+    }
+}
+
+/// Transactions are redone at most this often on `EAGAIN`.
+const TRANSACTION_ATTEMPTS: usize = 16;
+
+/// The backend of one vbd (`/local/domain/<us>/backend/vbd/<fe>/<dev>`).
+#[derive(Debug)]
+pub struct BlkifBackend {
+    backend_path: String,
+    frontend_path: String,
+    frontend_id: u16,
+    params: BackendParams,
+    read_only: bool,
+    state: XenbusState,
+    removed: bool,
+}
+
+fn read_u32(store: &mut dyn XenStore, path: &str) -> Result<Option<u32>, NegotiationError> {
+    match store.read(NO_TRANSACTION, path) {
+        Ok(value) => value
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| NegotiationError::Frontend(format!("{path}: not a number: {value:?}"))),
+        Err(StoreError::NotFound) => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
+fn required_u32(store: &mut dyn XenStore, path: &str) -> Result<u32, NegotiationError> {
+    read_u32(store, path)?.ok_or_else(|| NegotiationError::Frontend(format!("{path} missing")))
+}
+
+impl BlkifBackend {
+    /// Read where the frontend lives, publish the features a frontend needs before it
+    /// starts, mark the device hot-plugged, and enter InitWait.
+    pub fn probe(
+        store: &mut dyn XenStore,
+        backend_path: &str,
+        params: BackendParams,
+    ) -> Result<Self, NegotiationError> {
+        let frontend_path = store.read(NO_TRANSACTION, &format!("{backend_path}/frontend"))?;
+        let frontend_id = required_u32(store, &format!("{backend_path}/frontend-id"))?;
+        let frontend_id = u16::try_from(frontend_id).map_err(|_| {
+            NegotiationError::Frontend(format!("frontend-id {frontend_id} out of range"))
+        })?;
+        let mode = store
+            .read(NO_TRANSACTION, &format!("{backend_path}/mode"))
+            .ok();
+        let read_only =
+            params.geometry.read_only || mode.as_deref().is_some_and(|m| m.trim() == "r");
+        let mut backend = Self {
+            backend_path: backend_path.to_string(),
+            frontend_path: frontend_path.trim().to_string(),
+            frontend_id,
+            params,
+            read_only,
+            state: XenbusState::Initialising,
+            removed: false,
+        };
+        let early = [
+            (
+                "feature-max-indirect-segments",
+                params.max_indirect_segments.to_string(),
+            ),
+            ("multi-queue-max-queues", params.max_queues.to_string()),
+            (
+                "max-ring-page-order",
+                params.max_ring_page_order.to_string(),
+            ),
+            // No hotplug script runs for us: say the device is ready ourselves.
+            ("hotplug-status", "connected".to_string()),
+        ];
+        for (key, value) in &early {
+            store.write(NO_TRANSACTION, &backend.key(key), value)?;
+        }
+        backend.switch(store, XenbusState::InitWait)?;
+        Ok(backend)
+    }
+
+    pub fn state(&self) -> XenbusState {
+        self.state
+    }
+
+    pub fn frontend_path(&self) -> &str {
+        &self.frontend_path
+    }
+
+    pub fn backend_path(&self) -> &str {
+        &self.backend_path
+    }
+
+    /// Paths whose watches should call `step`.
+    pub fn watched_paths(&self) -> [String; 2] {
+        [
+            format!("{}/state", self.frontend_path),
+            self.backend_path.clone(),
+        ]
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}/{}", self.backend_path, name)
+    }
+
+    fn switch(&mut self, store: &mut dyn XenStore, state: XenbusState) -> Result<(), StoreError> {
+        store.write(
+            NO_TRANSACTION,
+            &self.key("state"),
+            &(state as u32).to_string(),
+        )?;
+        self.state = state;
+        Ok(())
+    }
+
+    /// React to the current frontend state (and to removal of our directory).
+    pub fn step(
+        &mut self,
+        store: &mut dyn XenStore,
+        hooks: &mut dyn ConnectionHooks,
+    ) -> Result<StepOutcome, NegotiationError> {
+        if self.removed {
+            return Ok(StepOutcome::Removed);
+        }
+        if matches!(
+            store.read(NO_TRANSACTION, &self.key("state")),
+            Err(StoreError::NotFound)
+        ) {
+            // The toolstack removed the device: tear down, then forget it.
+            if hooks.disconnect().is_err() {
+                return Ok(StepOutcome::Retry);
+            }
+            self.removed = true;
+            return Ok(StepOutcome::Removed);
+        }
+        let frontend_state =
+            match store.read(NO_TRANSACTION, &format!("{}/state", self.frontend_path)) {
+                Ok(value) => XenbusState::parse(&value),
+                Err(StoreError::NotFound) => XenbusState::Unknown,
+                Err(error) => return Err(error.into()),
+            };
+        match frontend_state {
+            XenbusState::Initialising if self.state == XenbusState::Closed => {
+                // 6 -> 1: the frontend reconnects.
+                self.switch(store, XenbusState::InitWait)?;
+                Ok(StepOutcome::Switched(XenbusState::InitWait))
+            }
+            XenbusState::Initialised | XenbusState::Connected => {
+                // Two watches in quick succession can both land here: connect once.
+                if matches!(
+                    self.state,
+                    XenbusState::Connected | XenbusState::Closing | XenbusState::Closed
+                ) {
+                    return Ok(StepOutcome::Idle);
+                }
+                // Whatever a previous connection left must be gone before mapping anew.
+                if hooks.disconnect().is_err() {
+                    return Ok(StepOutcome::Retry);
+                }
+                self.connect(store, hooks)
+            }
+            XenbusState::Closing
+                if self.state != XenbusState::Closing && self.state != XenbusState::Closed =>
+            {
+                self.switch(store, XenbusState::Closing)?;
+                Ok(StepOutcome::Switched(XenbusState::Closing))
+            }
+            XenbusState::Closed | XenbusState::Unknown if self.state != XenbusState::Closed => {
+                if hooks.disconnect().is_err() {
+                    return Ok(StepOutcome::Retry);
+                }
+                self.switch(store, XenbusState::Closed)?;
+                Ok(StepOutcome::Switched(XenbusState::Closed))
+            }
+            _ => Ok(StepOutcome::Idle),
+        }
+    }
+
+    fn connect(
+        &mut self,
+        store: &mut dyn XenStore,
+        hooks: &mut dyn ConnectionHooks,
+    ) -> Result<StepOutcome, NegotiationError> {
+        let connection = match self.read_frontend(store) {
+            Ok(connection) => connection,
+            Err(NegotiationError::Frontend(reason)) => return self.fail(store, reason),
+            Err(error) => return Err(error),
+        };
+        if let Err(reason) = hooks.connect(&connection) {
+            let _ = hooks.disconnect();
+            return self.fail(store, format!("connecting rings: {reason}"));
+        }
+        self.publish_device(store, connection.persistent_grants)?;
+        self.switch(store, XenbusState::Connected)?;
+        log::info!(
+            "blkback: {} connected: {} queue(s), ring order {}, persistent grants {}",
+            self.backend_path,
+            connection.queues.len(),
+            connection.ring_order,
+            connection.persistent_grants
+        );
+        Ok(StepOutcome::Switched(XenbusState::Connected))
+    }
+
+    /// `xenbus_dev_fatal`: leave the reason in `error` and close.
+    fn fail(
+        &mut self,
+        store: &mut dyn XenStore,
+        reason: String,
+    ) -> Result<StepOutcome, NegotiationError> {
+        log::error!("blkback: {}: {}", self.backend_path, reason);
+        store.write(NO_TRANSACTION, &self.key("error"), &reason)?;
+        self.switch(store, XenbusState::Closing)?;
+        Ok(StepOutcome::Failed(reason))
+    }
+
+    /// Read and check the frontend's keys (`connect_ring` in Linux's xenbus.c).
+    pub fn read_frontend(
+        &self,
+        store: &mut dyn XenStore,
+    ) -> Result<FrontendConnection, NegotiationError> {
+        let fe = &self.frontend_path;
+        let bad = |reason: String| Err(NegotiationError::Frontend(reason));
+        let ring_order = read_u32(store, &format!("{fe}/ring-page-order"))?.unwrap_or(0);
+        if ring_order > self.params.max_ring_page_order {
+            return bad(format!(
+                "ring-page-order {ring_order} > max {}",
+                self.params.max_ring_page_order
+            ));
+        }
+        let queue_count = read_u32(store, &format!("{fe}/multi-queue-num-queues"))?.unwrap_or(1);
+        if queue_count == 0 || queue_count > self.params.max_queues {
+            return bad(format!(
+                "multi-queue-num-queues {queue_count}: must be 1..={}",
+                self.params.max_queues
+            ));
+        }
+        match store.read(NO_TRANSACTION, &format!("{fe}/protocol")) {
+            Err(StoreError::NotFound) => {}
+            Ok(protocol) if protocol.trim() == "x86_64-abi" => {}
+            Ok(protocol) if protocol.trim() == "x86_32-abi" => {
+                return bad(
+                    "protocol x86_32-abi is not supported: use a 64-bit frontend".to_string(),
+                )
+            }
+            Ok(protocol) => return bad(format!("unknown protocol {protocol:?}")),
+            Err(error) => return Err(error.into()),
+        }
+        let persistent = self.params.persistent_grants
+            && read_u32(store, &format!("{fe}/feature-persistent"))?.unwrap_or(0) == 1;
+        let mut queues = Vec::with_capacity(queue_count as usize);
+        for q in 0..queue_count {
+            let dir = if queue_count == 1 {
+                fe.clone()
+            } else {
+                format!("{fe}/queue-{q}")
+            };
+            let event_channel = required_u32(store, &format!("{dir}/event-channel"))?;
+            let ring_refs = if ring_order == 0 {
+                // Frontends write `ring-ref` for a one-page ring (some write `ring-ref0`).
+                match read_u32(store, &format!("{dir}/ring-ref"))? {
+                    Some(gref) => alloc::vec![gref],
+                    None => alloc::vec![required_u32(store, &format!("{dir}/ring-ref0"))?],
+                }
+            } else {
+                (0..1u32 << ring_order)
+                    .map(|i| required_u32(store, &format!("{dir}/ring-ref{i}")))
+                    .collect::<Result<Vec<u32>, _>>()?
+            };
+            queues.push(QueueRing {
+                ring_refs,
+                event_channel,
+            });
+        }
+        Ok(FrontendConnection {
+            frontend_id: self.frontend_id,
+            ring_order,
+            persistent_grants: persistent,
+            read_only: self.read_only,
+            max_indirect_segments: self.params.max_indirect_segments,
+            queues,
+        })
+    }
+
+    /// Publish the device in one transaction (redone on `EAGAIN`).
+    fn publish_device(
+        &self,
+        store: &mut dyn XenStore,
+        persistent: bool,
+    ) -> Result<(), NegotiationError> {
+        let g = self.params.geometry;
+        let flag = |on: bool| if on { "1" } else { "0" }.to_string();
+        let mut keys = alloc::vec![
+            ("feature-flush-cache", flag(g.flush)),
+            // Barriers are served as flushes.
+            ("feature-barrier", flag(g.flush)),
+            ("feature-persistent", flag(persistent)),
+            ("sectors", g.sectors.to_string()),
+            (
+                "info",
+                (if self.read_only { VDISK_READONLY } else { 0 }).to_string()
+            ),
+            ("sector-size", g.logical_block_size.to_string()),
+            ("physical-sector-size", g.physical_block_size.to_string()),
+            (
+                "feature-discard",
+                flag(g.discard.is_some() && !self.read_only)
+            ),
+        ];
+        if let (Some(discard), false) = (g.discard, self.read_only) {
+            keys.push(("discard-granularity", discard.granularity.to_string()));
+            keys.push(("discard-alignment", discard.alignment.to_string()));
+            keys.push(("discard-secure", flag(discard.secure)));
+        }
+        for _ in 0..TRANSACTION_ATTEMPTS {
+            let tx = store.transaction_start()?;
+            let written: Result<(), StoreError> = keys
+                .iter()
+                .try_for_each(|(key, value)| store.write(tx, &self.key(key), value));
+            if let Err(error) = written {
+                let _ = store.transaction_end(tx, false);
+                return Err(error.into());
+            }
+            match store.transaction_end(tx, true) {
+                Ok(()) => return Ok(()),
+                Err(StoreError::Again) => continue,
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(StoreError::Again.into())
+    }
+}

@@ -1,0 +1,479 @@
+//! The xenbus handshake against an in-memory xenstore, and end to end with engines.
+
+use std::sync::atomic::Ordering;
+
+use blkdev::{RamDisk, RamDiskQueue};
+
+use super::whole_page;
+use crate::abi::{self, RSP_OKAY};
+use crate::engine::{Busy, Engine, EngineConfig};
+use crate::fakes::wire::encode_direct;
+use crate::fakes::{
+    CountingEvents, FrontRing, GrantTable, GuestMemory, MemStore, RingView, ShufflingDevice,
+    XenGrants,
+};
+use crate::grant::{GrantOps, MapRequest, MappedGrant};
+use crate::negotiate::{
+    BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection, QueueRing, StepOutcome,
+    XenbusState,
+};
+
+const BE: &str = "/local/domain/1/backend/vbd/5/51712";
+const FE: &str = "/local/domain/5/device/vbd/51712";
+
+/// Records calls; answers `Busy` to the first `busy_replies` disconnects.
+#[derive(Default)]
+struct RecordingHooks {
+    connects: Vec<FrontendConnection>,
+    disconnects: usize,
+    busy_replies: usize,
+    refuse_connect: bool,
+}
+
+impl ConnectionHooks for RecordingHooks {
+    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), String> {
+        self.connects.push(connection.clone());
+        if self.refuse_connect {
+            return Err("grant map failed".into());
+        }
+        Ok(())
+    }
+    fn disconnect(&mut self) -> Result<(), Busy> {
+        self.disconnects += 1;
+        if self.busy_replies > 0 {
+            self.busy_replies -= 1;
+            return Err(Busy { in_flight: 1 });
+        }
+        Ok(())
+    }
+}
+
+fn toolstack(store: &mut MemStore) {
+    store.set(&format!("{BE}/frontend"), FE);
+    store.set(&format!("{BE}/frontend-id"), "5");
+    store.set(&format!("{BE}/mode"), "w");
+    store.set(&format!("{BE}/state"), "1");
+    store.set(&format!("{FE}/state"), "1");
+}
+
+fn params() -> BackendParams {
+    BackendParams::new(2, RamDisk::new(4096).geometry())
+}
+
+fn frontend_two_queues(store: &mut MemStore) {
+    store.set(&format!("{FE}/multi-queue-num-queues"), "2");
+    store.set(&format!("{FE}/ring-page-order"), "1");
+    store.set(&format!("{FE}/protocol"), "x86_64-abi");
+    store.set(&format!("{FE}/feature-persistent"), "1");
+    for q in 0..2 {
+        store.set(
+            &format!("{FE}/queue-{q}/event-channel"),
+            &format!("{}", 20 + q),
+        );
+        for i in 0..2 {
+            store.set(
+                &format!("{FE}/queue-{q}/ring-ref{i}"),
+                &format!("{}", 100 + 10 * q + i),
+            );
+        }
+    }
+}
+
+/// A probed backend whose frontend has written a one-page ring (not yet its state).
+fn probed_single_ring() -> (MemStore, BlkifBackend) {
+    let mut store = MemStore::new();
+    toolstack(&mut store);
+    let backend = BlkifBackend::probe(&mut store, BE, params()).unwrap();
+    store.set(&format!("{FE}/ring-ref"), "8");
+    store.set(&format!("{FE}/event-channel"), "9");
+    (store, backend)
+}
+
+fn state(store: &MemStore) -> &str {
+    store.get(&format!("{BE}/state")).unwrap()
+}
+
+#[test]
+fn handshake_publishes_features_then_connects_two_multi_page_queues() {
+    let mut store = MemStore::new();
+    toolstack(&mut store);
+    let mut backend = BlkifBackend::probe(&mut store, BE, params()).unwrap();
+    let early: Vec<&str> = store
+        .writes
+        .iter()
+        .map(|(k, _)| k.rsplit('/').next().unwrap())
+        .collect();
+    assert_eq!(
+        early,
+        [
+            "feature-max-indirect-segments",
+            "multi-queue-max-queues",
+            "max-ring-page-order",
+            "hotplug-status",
+            "state"
+        ]
+    );
+    assert_eq!(
+        store.get(&format!("{BE}/feature-max-indirect-segments")),
+        Some("512")
+    );
+    assert_eq!(
+        store.get(&format!("{BE}/multi-queue-max-queues")),
+        Some("2")
+    );
+    assert_eq!(store.get(&format!("{BE}/max-ring-page-order")), Some("4"));
+    assert_eq!(
+        store.get(&format!("{BE}/hotplug-status")),
+        Some("connected")
+    );
+    assert_eq!(state(&store), "2");
+    assert_eq!(
+        backend.watched_paths(),
+        [format!("{FE}/state"), BE.to_string()]
+    );
+
+    let mut hooks = RecordingHooks::default();
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Idle));
+    frontend_two_queues(&mut store);
+    store.set(&format!("{FE}/state"), "3");
+    store.refuse_commits = 2; // the device transaction is redone on EAGAIN
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Connected))
+    );
+    assert_eq!(
+        hooks.connects,
+        [FrontendConnection {
+            frontend_id: 5,
+            ring_order: 1,
+            persistent_grants: true,
+            read_only: false,
+            max_indirect_segments: 512,
+            queues: vec![
+                QueueRing {
+                    ring_refs: vec![100, 101],
+                    event_channel: 20
+                },
+                QueueRing {
+                    ring_refs: vec![110, 111],
+                    event_channel: 21
+                },
+            ],
+        }]
+    );
+    for (key, value) in [
+        ("sectors", "4096"),
+        ("info", "0"),
+        ("sector-size", "512"),
+        ("physical-sector-size", "4096"),
+        ("feature-flush-cache", "1"),
+        ("feature-barrier", "1"),
+        ("feature-discard", "1"),
+        ("discard-granularity", "512"),
+        ("discard-alignment", "0"),
+        ("discard-secure", "1"),
+        ("feature-persistent", "1"),
+        ("mode", "w"),
+        ("state", "4"),
+    ] {
+        assert_eq!(store.get(&format!("{BE}/{key}")), Some(value), "{key}");
+    }
+    // A second watch firing with the frontend still connected changes nothing.
+    store.set(&format!("{FE}/state"), "4");
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Idle));
+    assert_eq!(hooks.connects.len(), 1);
+}
+
+#[test]
+fn single_page_ring_uses_ring_ref_and_defaults() {
+    let mut store = MemStore::new();
+    toolstack(&mut store);
+    store.set(&format!("{BE}/mode"), "r");
+    let mut backend = BlkifBackend::probe(&mut store, BE, params()).unwrap();
+    store.set(&format!("{FE}/ring-ref"), "8");
+    store.set(&format!("{FE}/event-channel"), "9");
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks::default();
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Connected))
+    );
+    let connection = &hooks.connects[0];
+    assert_eq!(
+        (
+            connection.ring_order,
+            connection.persistent_grants,
+            connection.read_only
+        ),
+        (0, false, true)
+    );
+    assert_eq!(
+        connection.queues,
+        [QueueRing {
+            ring_refs: vec![8],
+            event_channel: 9
+        }]
+    );
+    assert_eq!(store.get(&format!("{BE}/info")), Some("4"));
+    assert_eq!(store.get(&format!("{BE}/feature-discard")), Some("0"));
+    assert_eq!(store.get(&format!("{BE}/feature-persistent")), Some("0"));
+}
+
+#[test]
+fn bad_frontend_keys_fail_with_a_reason_and_close() {
+    let cases: [(&str, &str, &str); 6] = [
+        ("multi-queue-num-queues", "3", "multi-queue-num-queues 3"),
+        ("multi-queue-num-queues", "0", "multi-queue-num-queues 0"),
+        ("ring-page-order", "5", "ring-page-order 5 > max 4"),
+        ("protocol", "x86_32-abi", "x86_32-abi is not supported"),
+        ("protocol", "arm-abi", "unknown protocol"),
+        ("event-channel", "nine", "not a number"),
+    ];
+    for (key, value, reason) in cases {
+        let mut store = MemStore::new();
+        toolstack(&mut store);
+        let mut backend = BlkifBackend::probe(&mut store, BE, params()).unwrap();
+        store.set(&format!("{FE}/ring-ref"), "8");
+        store.set(&format!("{FE}/event-channel"), "9");
+        store.set(&format!("{FE}/{key}"), value);
+        store.set(&format!("{FE}/state"), "3");
+        let mut hooks = RecordingHooks::default();
+        let Ok(StepOutcome::Failed(message)) = backend.step(&mut store, &mut hooks) else {
+            panic!("{key}={value} accepted")
+        };
+        assert!(message.contains(reason), "{message}");
+        assert_eq!(store.get(&format!("{BE}/error")), Some(message.as_str()));
+        assert_eq!(state(&store), "5");
+        assert!(hooks.connects.is_empty());
+    }
+    // Missing ring refs of a multi-page ring.
+    let mut store = MemStore::new();
+    toolstack(&mut store);
+    let mut backend = BlkifBackend::probe(&mut store, BE, params()).unwrap();
+    store.set(&format!("{FE}/ring-page-order"), "2");
+    store.set(&format!("{FE}/event-channel"), "9");
+    for i in [0, 1, 3] {
+        store.set(&format!("{FE}/ring-ref{i}"), "8");
+    }
+    store.set(&format!("{FE}/state"), "3");
+    let outcome = backend
+        .step(&mut store, &mut RecordingHooks::default())
+        .unwrap();
+    assert_eq!(
+        outcome,
+        StepOutcome::Failed(format!("{FE}/ring-ref2 missing"))
+    );
+    // A hook failure is reported the same way.
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "3");
+    let mut hooks = RecordingHooks {
+        refuse_connect: true,
+        ..Default::default()
+    };
+    let outcome = backend.step(&mut store, &mut hooks).unwrap();
+    assert_eq!(
+        outcome,
+        StepOutcome::Failed("connecting rings: grant map failed".into())
+    );
+}
+
+#[test]
+fn close_waits_for_in_flight_requests_then_reconnects() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks::default();
+    backend.step(&mut store, &mut hooks).unwrap();
+    store.set(&format!("{FE}/state"), "5");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closing))
+    );
+    store.set(&format!("{FE}/state"), "6");
+    hooks.busy_replies = 2;
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(
+        state(&store),
+        "5",
+        "not Closed while requests are in flight"
+    );
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    );
+    assert_eq!(state(&store), "6");
+    // 6 -> 1 -> back to InitWait, then a fresh connection.
+    store.set(&format!("{FE}/state"), "1");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::InitWait))
+    );
+    store.set(&format!("{FE}/state"), "3");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Connected))
+    );
+    assert_eq!(hooks.connects.len(), 2);
+}
+
+#[test]
+fn backend_directory_removal_tears_down_once_idle() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks {
+        busy_replies: 0,
+        ..Default::default()
+    };
+    backend.step(&mut store, &mut hooks).unwrap();
+    store.remove_tree(BE);
+    hooks.busy_replies = 1;
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Removed)
+    );
+    let disconnects = hooks.disconnects;
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Removed)
+    );
+    assert_eq!(hooks.disconnects, disconnects, "teardown happens once");
+    assert!(
+        store.get(&format!("{BE}/state")).is_none(),
+        "nothing re-created after removal"
+    );
+}
+
+type TestEngine = Engine<RingView, XenGrants, ShufflingDevice<RamDiskQueue>, CountingEvents>;
+
+/// The kernel's job, done with the fakes: map ring pages, start one engine per queue,
+/// and on disconnect drain, stop and unmap.
+struct EngineHooks {
+    table: std::sync::Arc<GrantTable>,
+    disk: RamDisk,
+    engines: Vec<(TestEngine, Vec<MappedGrant>)>,
+    hold_device: bool,
+}
+
+impl ConnectionHooks for EngineHooks {
+    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), String> {
+        for queue in &connection.queues {
+            let mut grants = XenGrants(self.table.clone());
+            let requests: Vec<MapRequest> = queue
+                .ring_refs
+                .iter()
+                .map(|&gref| MapRequest {
+                    gref,
+                    writable: true,
+                })
+                .collect();
+            let mut results = vec![Err(0); requests.len()];
+            grants.map(&requests, &mut results);
+            let mapped: Vec<MappedGrant> = results
+                .into_iter()
+                .collect::<Result<_, _>>()
+                .map_err(|s| format!("ring map {s}"))?;
+            let pages = mapped
+                .iter()
+                .map(|g| self.table.page_of_mapping(g).unwrap())
+                .collect();
+            let device = ShufflingDevice::new(self.disk.queue(64), 9, 100);
+            device.hold.store(self.hold_device, Ordering::SeqCst);
+            let config = EngineConfig {
+                read_only: connection.read_only,
+                max_indirect_segments: connection.max_indirect_segments,
+                ..EngineConfig::new(connection.ring_order, connection.persistent_grants)
+            };
+            let view = RingView::new(self.table.memory().clone(), pages);
+            let engine = Engine::new(view, grants, device, CountingEvents::default(), config)
+                .map_err(|e| format!("{e:?}"))?;
+            self.engines.push((engine, mapped));
+        }
+        Ok(())
+    }
+
+    fn disconnect(&mut self) -> Result<(), Busy> {
+        for (engine, _) in &mut self.engines {
+            engine.disconnect()?;
+        }
+        for (engine, ring) in self.engines.drain(..) {
+            let (_, mut grants, _, _) = engine.into_parts();
+            let mut results = vec![Ok(()); ring.len()];
+            grants.unmap(&ring, &mut results);
+            assert!(results.iter().all(Result::is_ok));
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn end_to_end_connect_io_close_with_in_flight_and_reconnect() {
+    let memory = GuestMemory::new(64);
+    let table = GrantTable::new(memory.clone());
+    let mut store = MemStore::new();
+    toolstack(&mut store);
+    let mut backend = BlkifBackend::probe(&mut store, BE, params()).unwrap();
+    let mut hooks = EngineHooks {
+        table: table.clone(),
+        disk: RamDisk::new(4096),
+        engines: Vec::new(),
+        hold_device: true,
+    };
+
+    for round in 0..2u32 {
+        // The frontend grants a two-page ring and one data page, then says Initialised.
+        let gref_base = 1000 * (round + 1);
+        for i in 0..2 {
+            table.grant(gref_base + i, i as usize, false);
+            store.set(&format!("{FE}/ring-ref{i}"), &(gref_base + i).to_string());
+        }
+        store.set(&format!("{FE}/ring-page-order"), "1");
+        store.set(&format!("{FE}/event-channel"), "7");
+        store.set(&format!("{FE}/feature-persistent"), "1");
+        table.grant(gref_base + 10, 10, false);
+        let mut front = FrontRing::new(RingView::new(memory.clone(), vec![0, 1]), 1);
+        store.set(&format!("{FE}/state"), "3");
+        assert_eq!(
+            backend.step(&mut store, &mut hooks),
+            Ok(StepOutcome::Switched(XenbusState::Connected))
+        );
+
+        front.put_request(&encode_direct(
+            abi::OP_WRITE,
+            42,
+            8,
+            &[whole_page(gref_base + 10)],
+        ));
+        front.push_requests();
+        let engine = &mut hooks.engines[0].0;
+        engine.poll(8);
+        assert_eq!(engine.in_flight(), 1);
+
+        // The frontend closes with the write still in flight: the backend waits.
+        store.set(&format!("{FE}/state"), "6");
+        assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+        assert!(!table.end_access(gref_base), "ring still mapped");
+        hooks.engines[0]
+            .0
+            .device()
+            .hold
+            .store(false, Ordering::SeqCst);
+        assert_eq!(
+            backend.step(&mut store, &mut hooks),
+            Ok(StepOutcome::Switched(XenbusState::Closed))
+        );
+        let mut responses = Vec::new();
+        front.take_responses(|r| responses.push(r));
+        assert_eq!(responses.len(), 1);
+        assert_eq!((responses[0].id, responses[0].status), (42, RSP_OKAY));
+        assert_eq!(table.live_mappings().0, 0, "rings and data pages unmapped");
+        for gref in [gref_base, gref_base + 1, gref_base + 10] {
+            assert!(table.end_access(gref));
+        }
+        store.set(&format!("{FE}/state"), "1");
+        assert_eq!(
+            backend.step(&mut store, &mut hooks),
+            Ok(StepOutcome::Switched(XenbusState::InitWait))
+        );
+    }
+}

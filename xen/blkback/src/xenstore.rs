@@ -1,0 +1,31 @@
+//! The few xenstore operations negotiation needs. The kernel adapts the `xen` crate's
+//! client to this trait; tests use the in-memory store in `fakes`.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+/// A transaction id; [`NO_TRANSACTION`] outside transactions.
+pub type TxId = u32;
+pub const NO_TRANSACTION: TxId = 0;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreError {
+    /// `ENOENT`: the node does not exist.
+    NotFound,
+    /// `EAGAIN` on transaction end: another writer interfered; redo the transaction.
+    Again,
+    /// Anything else (permission, ring failure, protocol error).
+    Failed(String),
+}
+
+pub trait XenStore {
+    fn read(&mut self, tx: TxId, path: &str) -> Result<String, StoreError>;
+    fn write(&mut self, tx: TxId, path: &str, value: &str) -> Result<(), StoreError>;
+    fn mkdir(&mut self, tx: TxId, path: &str) -> Result<(), StoreError>;
+    /// Remove a node and everything below it.
+    fn rm(&mut self, tx: TxId, path: &str) -> Result<(), StoreError>;
+    /// Names of the children of `path`.
+    fn directory(&mut self, tx: TxId, path: &str) -> Result<Vec<String>, StoreError>;
+    fn transaction_start(&mut self) -> Result<TxId, StoreError>;
+    fn transaction_end(&mut self, tx: TxId, commit: bool) -> Result<(), StoreError>;
+}
