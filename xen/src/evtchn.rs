@@ -158,6 +158,44 @@ pub fn poll<H: Hypervisor + ?Sized>(
     check(hv.hypercall(Hypercall::Sched(SchedOp::Poll { ports, timeout_ns }))).map(drop)
 }
 
+/// Kicks and waits on one event channel for a control-path ring (xenstore, console):
+/// `notify` sends on the port; `wait` returns once the port is pending (clearing it) or
+/// fails with `Timeout` after `timeout_ns`. The port may stay masked: `SCHEDOP_poll`
+/// sees masked pending bits. No wake-up is lost: a pending bit set after the caller's
+/// last check is either seen here or ends the poll.
+pub struct PortSignal<H, C> {
+    pub hv: H,
+    pub port: EvtchnPort,
+    pub shared: crate::shared_info::SharedInfoPage,
+    /// Xen system time in ns (e.g. `XenClock::system_time_at(read_tsc())`).
+    pub now_ns: C,
+    pub timeout_ns: u64,
+}
+
+impl<H: Hypervisor, C: FnMut() -> u64> crate::xenstore::RingSignal for PortSignal<H, C> {
+    fn notify(&mut self) {
+        // A failed send means the port is gone; the ring's wait times out and reports it.
+        let _ = send(&self.hv, self.port);
+    }
+
+    fn wait(&mut self) -> Result<(), crate::xenstore::RingError> {
+        let deadline = (self.now_ns)().saturating_add(self.timeout_ns);
+        loop {
+            if self.shared.is_pending(self.port) {
+                self.shared.clear_pending(self.port);
+                return Ok(());
+            }
+            if (self.now_ns)() >= deadline {
+                return Err(crate::xenstore::RingError::Timeout);
+            }
+            // Returns early for any deliverable interrupt too; the loop re-checks.
+            if poll(&self.hv, core::slice::from_ref(&self.port), deadline).is_err() {
+                return Err(crate::xenstore::RingError::Timeout);
+            }
+        }
+    }
+}
+
 /// The 2-level bitmaps as one vCPU sees them (implemented over the real `shared_info`
 /// by [`crate::shared_info::VcpuEvents`]).
 pub trait EventBits {
@@ -410,6 +448,35 @@ mod tests {
         });
         assert_eq!(poll(&xen, &[], 0), Err(XenError::Inval));
         assert_eq!(poll(&xen, &[local], 0), Ok(()));
+    }
+
+    #[test]
+    fn port_signal_waits_for_the_port_or_times_out() {
+        use crate::xenstore::{RingError, RingSignal};
+        let xen = FakeXen::new();
+        let (page, v0, _) = vcpu0();
+        let clock = Cell::new(1_000u64);
+        let mut signal = PortSignal {
+            hv: &xen,
+            port: 3,
+            shared: page,
+            now_ns: || {
+                clock.set(clock.get() + 400);
+                clock.get()
+            },
+            timeout_ns: 1_000,
+        };
+        signal.notify();
+        page.raise(3, &v0);
+        assert_eq!(signal.wait(), Ok(()));
+        assert!(!page.is_pending(3), "consumed");
+        // Nothing pending: polls until the deadline passes.
+        assert_eq!(signal.wait(), Err(RingError::Timeout));
+        xen.with(|s| {
+            assert_eq!(s.sent, vec![3]);
+            let polls = s.calls.iter().filter(|c| c.contains("Poll")).count();
+            assert_eq!(polls, 2, "polled until the clock passed the deadline");
+        });
     }
 
     #[test]

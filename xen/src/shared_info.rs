@@ -2,7 +2,7 @@
 
 use crate::abi::event_channel::EvtchnPort;
 use crate::abi::shared_info::{
-    SharedInfo, VcpuInfo, BITS_PER_XEN_ULONG, EVTCHN_2L_NR_CHANNELS, EVTCHN_2L_WORDS,
+    SharedInfo, VcpuInfo, VcpuTimeInfo, BITS_PER_XEN_ULONG, EVTCHN_2L_NR_CHANNELS, EVTCHN_2L_WORDS,
     XEN_LEGACY_MAX_VCPUS,
 };
 use crate::evtchn::EventBits;
@@ -129,6 +129,73 @@ impl VcpuInfoView {
     }
 }
 
+const TIME: usize = offset_of!(VcpuInfo, time);
+
+/// A consistent copy of `vcpu_time_info`: converts TSC readings to Xen system time
+/// (nanoseconds since Xen booted, the clock of `SCHEDOP_poll` timeouts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct XenClock {
+    pub tsc_timestamp: u64,
+    pub system_time: u64,
+    pub tsc_to_system_mul: u32,
+    pub tsc_shift: i8,
+}
+
+impl XenClock {
+    /// `system_time + ((tsc - tsc_timestamp) << shift) * mul >> 32` (Xen's formula).
+    pub fn system_time_at(&self, tsc: u64) -> u64 {
+        let delta = tsc.wrapping_sub(self.tsc_timestamp);
+        let delta = if self.tsc_shift >= 0 {
+            delta << self.tsc_shift
+        } else {
+            delta >> -i32::from(self.tsc_shift)
+        };
+        let scaled = (u128::from(delta) * u128::from(self.tsc_to_system_mul)) >> 32;
+        self.system_time.wrapping_add(scaled as u64)
+    }
+}
+
+impl VcpuInfoView {
+    /// Reads `vcpu_info.time` under its version counter (odd = Xen is updating).
+    pub fn clock(&self) -> XenClock {
+        let field = |name: usize| TIME + name;
+        loop {
+            let version = self
+                .mem
+                .load_u32(field(offset_of!(VcpuTimeInfo, version)), Ordering::Acquire);
+            if version & 1 != 0 {
+                core::hint::spin_loop();
+                continue;
+            }
+            let clock = XenClock {
+                tsc_timestamp: self.mem.load_u64(
+                    field(offset_of!(VcpuTimeInfo, tsc_timestamp)),
+                    Ordering::Acquire,
+                ),
+                system_time: self.mem.load_u64(
+                    field(offset_of!(VcpuTimeInfo, system_time)),
+                    Ordering::Acquire,
+                ),
+                tsc_to_system_mul: self.mem.load_u32(
+                    field(offset_of!(VcpuTimeInfo, tsc_to_system_mul)),
+                    Ordering::Acquire,
+                ),
+                tsc_shift: self.mem.load_u8(
+                    field(offset_of!(VcpuTimeInfo, tsc_shift)),
+                    Ordering::Acquire,
+                ) as i8,
+            };
+            if self
+                .mem
+                .load_u32(field(offset_of!(VcpuTimeInfo, version)), Ordering::Acquire)
+                == version
+            {
+                return clock;
+            }
+        }
+    }
+}
+
 /// What one vCPU scans: the shared bitmaps plus its own selector.
 #[derive(Clone, Copy, Debug)]
 pub struct VcpuEvents {
@@ -179,6 +246,38 @@ mod tests {
         assert!(page.is_pending(131));
         assert!(!v1.upcall_pending());
         assert_eq!(page.pending_word(2), 1 << 3);
+    }
+
+    #[test]
+    fn clock_converts_tsc_to_system_time() {
+        // 2 GHz TSC: mul = 2^32 / 2 with shift 0 gives 0.5 ns per tick.
+        let clock = XenClock {
+            tsc_timestamp: 1000,
+            system_time: 5_000,
+            tsc_to_system_mul: 1 << 31,
+            tsc_shift: 0,
+        };
+        assert_eq!(clock.system_time_at(1000), 5_000);
+        assert_eq!(clock.system_time_at(3000), 6_000);
+        let shifted = XenClock {
+            tsc_shift: -1,
+            ..clock
+        };
+        assert_eq!(shifted.system_time_at(3000), 5_500);
+        let up = XenClock {
+            tsc_shift: 2,
+            ..clock
+        };
+        assert_eq!(up.system_time_at(3000), 9_000);
+        // Read back through the shared page.
+        let page = SharedInfoPage::new(SharedMem::alloc_leaked(4096)).unwrap();
+        let v0 = page.legacy_vcpu_info(0).unwrap();
+        v0.mem.store_u64(TIME + 8, 1000, Ordering::Relaxed);
+        v0.mem.store_u64(TIME + 16, 5_000, Ordering::Relaxed);
+        v0.mem.store_u32(TIME + 24, 1 << 31, Ordering::Relaxed);
+        v0.mem.store_u8(TIME + 28, 0xff, Ordering::Relaxed); // shift -1
+        v0.mem.store_u32(TIME, 2, Ordering::Release);
+        assert_eq!(v0.clock(), shifted);
     }
 
     #[test]

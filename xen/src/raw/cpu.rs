@@ -36,3 +36,11 @@ impl CpuIdle for NativeCpu {
         unsafe { core::arch::asm!("sti", "hlt", options(nostack)) }
     }
 }
+
+/// The time-stamp counter, for converting to Xen system time with `vcpu_time_info`.
+#[cfg(target_arch = "x86_64")]
+pub fn read_tsc() -> u64 {
+    // SAFETY: RDTSC has no memory effects; it faults only if CR4.TSD is set and we are
+    // not at CPL 0, which blkdom never configures.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
