@@ -35,7 +35,7 @@ pub const HVM_PARAM_CONSOLE_EVTCHN: u32 = 18;
 pub const HVM_PARAM_CALLBACK_TYPE_SHIFT: u32 = 56;
 pub const HVM_PARAM_CALLBACK_TYPE_GSI: u64 = 0;
 pub const HVM_PARAM_CALLBACK_TYPE_PCI_INTX: u64 = 1;
-/// val[7:0] is a vector (needs `XENFEAT_hvm_callback_vector`).
+/// Bits 7:0 are a vector (needs `XENFEAT_hvm_callback_vector`).
 pub const HVM_PARAM_CALLBACK_TYPE_VECTOR: u64 = 2;
 
 /// The `HVM_PARAM_CALLBACK_IRQ` value that delivers events through `vector`.
