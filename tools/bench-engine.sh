@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Host benchmark of the blkif engine (frontend thread + poller over shared memory, null
+# device, 4 KiB reads, persistent grants, ring order 0 and 4, 1 and 2 queues).
+# Usage: tools/bench-engine.sh [seconds-per-measurement]   (default 2)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BENCH_SECONDS="${1:-2}" exec cargo run --quiet --release -p blkback --features fakes --example bench_engine
