@@ -505,6 +505,59 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_raises_are_never_lost() {
+        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+        use std::sync::Arc;
+        use std::time::{Duration, Instant};
+        // Another thread plays Xen: it raises every port, then waits until each was
+        // dispatched exactly once more before raising again. A lost event stalls it.
+        let (page, v0, events) = vcpu0();
+        let ports: Vec<EvtchnPort> = (0..96).map(|i| 1 + i * 41).collect();
+        let mut owned = PortSet::default();
+        for &p in &ports {
+            owned.insert(p);
+        }
+        let counts: Arc<Vec<AtomicU32>> = Arc::new((0..4096).map(|_| AtomicU32::new(0)).collect());
+        let stop = Arc::new(AtomicBool::new(false));
+        let consumer = {
+            let (counts, stop) = (counts.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut cursor = ScanCursor::default();
+                while !stop.load(Ordering::Acquire) {
+                    v0.clear_upcall_pending();
+                    scan_pending(&events, &owned, &mut cursor, |p| {
+                        counts[p as usize].fetch_add(1, Ordering::AcqRel);
+                    });
+                }
+            })
+        };
+        let rounds = 300;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        for round in 1..=rounds {
+            for &p in &ports {
+                page.raise(p, &v0);
+            }
+            while !ports
+                .iter()
+                .all(|&p| counts[p as usize].load(Ordering::Acquire) == round)
+            {
+                assert!(Instant::now() < deadline, "lost an event in round {round}");
+                std::thread::yield_now();
+            }
+        }
+        stop.store(true, Ordering::Release);
+        consumer.join().unwrap();
+        assert!(ports
+            .iter()
+            .all(|&p| counts[p as usize].load(Ordering::Acquire) == rounds));
+        let others: u32 = (0..4096)
+            .filter(|p| !ports.contains(p))
+            .map(|p| counts[p as usize].load(Ordering::Acquire))
+            .sum();
+        assert_eq!(others, 0);
+    }
+
+    #[test]
     fn masked_ports_wait_for_unmask() {
         let (page, v0, events) = vcpu0();
         let mut owned = PortSet::default();
