@@ -227,15 +227,63 @@ impl<R: XenstoreRing> XenstoreClient<R> {
         self.path_request(msg_type::RM, tx, path, &[]).map(drop)
     }
 
-    /// The names of a node's children.
+    /// The names of a node's children. Lists longer than one payload (xenstored answers
+    /// `E2BIG`) are fetched in pieces with `XS_DIRECTORY_PART`.
     pub fn directory(&mut self, tx: Transaction, path: &str) -> Result<Vec<String>, XsError> {
-        let payload = self.path_request(msg_type::DIRECTORY, tx, path, &[])?;
+        let payload = match self.path_request(msg_type::DIRECTORY, tx, path, &[]) {
+            Err(e) if e.is(XsErrno::E2big) => self.directory_parts(tx, path)?,
+            other => other?,
+        };
         split_strings(&payload)
             .into_iter()
             .map(|name| {
                 String::from_utf8(name.to_vec()).map_err(|_| XsError::Protocol("non-UTF-8 name"))
             })
             .collect()
+    }
+
+    /// Reassembles a long child list: each reply is `<generation>\0` plus the list from
+    /// the requested byte offset; the last piece ends with an extra NUL. A generation
+    /// change between pieces (the node changed) starts over.
+    fn directory_parts(&mut self, tx: Transaction, path: &str) -> Result<Vec<u8>, XsError> {
+        const MAX_RESTARTS: u32 = 8;
+        let mut list = Vec::new();
+        let mut generation = Vec::new();
+        let mut restarts = 0;
+        loop {
+            let offset = alloc::format!("{}", list.len());
+            let reply = self.path_request(
+                msg_type::DIRECTORY_PART,
+                tx,
+                path,
+                &[offset.as_bytes(), b"\0"],
+            )?;
+            let gen_end = reply
+                .iter()
+                .position(|&b| b == 0)
+                .ok_or(XsError::Protocol("directory part without generation"))?;
+            let (gen, rest) = (&reply[..gen_end], &reply[gen_end + 1..]);
+            if list.is_empty() {
+                generation = gen.to_vec();
+            } else if gen != generation.as_slice() {
+                restarts += 1;
+                if restarts > MAX_RESTARTS {
+                    return Err(XsError::Xenstored(XsErrno::Eagain));
+                }
+                list.clear();
+                continue;
+            }
+            if rest.is_empty() {
+                return Err(XsError::Protocol("empty directory part"));
+            }
+            list.extend_from_slice(rest);
+            // Done when the list ends with the terminating empty string ("\0\0", or a
+            // lone "\0" for no children).
+            if list.len() <= 1 || list.ends_with(&[0, 0]) {
+                list.pop();
+                return Ok(list);
+            }
+        }
     }
 
     pub fn get_perms(&mut self, tx: Transaction, path: &str) -> Result<Vec<Permission>, XsError> {
@@ -489,6 +537,49 @@ mod tests {
             assert_eq!(server.borrow().value("data/b").unwrap(), b"42");
             assert_eq!(client.read(NO_TX, "bad//path"), Err(XsError::InvalidPath));
         }
+    }
+
+    #[test]
+    fn long_child_lists_are_fetched_in_parts() {
+        let Rig {
+            mut client, server, ..
+        } = rig(512);
+        let names: Vec<String> = (0..400).map(|i| std::format!("child-{i:09}")).collect();
+        for name in &names {
+            server
+                .borrow_mut()
+                .external_write(&std::format!("many/{name}"), b"");
+        }
+        // 400 * 16 bytes > 4096: DIRECTORY answers E2BIG, the client switches to parts.
+        assert_eq!(client.directory(NO_TX, "many").unwrap(), names);
+        let parts = server
+            .borrow()
+            .requests
+            .iter()
+            .filter(|h| h.msg_type == msg_type::DIRECTORY_PART)
+            .count();
+        assert_eq!(parts, 2);
+        // The node changes between two parts: the client starts over and still
+        // returns one consistent list.
+        server.borrow_mut().mutate_after_part = Some("many/child-zzz".to_string());
+        let mut expected = names.clone();
+        expected.push("child-zzz".to_string());
+        assert_eq!(client.directory(NO_TX, "many").unwrap(), expected);
+        let parts = server
+            .borrow()
+            .requests
+            .iter()
+            .filter(|h| h.msg_type == msg_type::DIRECTORY_PART)
+            .count();
+        assert_eq!(
+            parts,
+            2 + 2 + 2,
+            "two parts see the change, then a full restart"
+        );
+        assert_eq!(
+            client.directory(NO_TX, "data-none"),
+            Err(XsError::Xenstored(XsErrno::Enoent))
+        );
     }
 
     #[test]

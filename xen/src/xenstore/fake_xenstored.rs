@@ -38,6 +38,10 @@ pub struct FakeXenstored {
     input: Vec<u8>,
     output: VecDeque<u8>,
     pub requests: Vec<Header>,
+    /// Bumped on every change of the tree (node generation for DIRECTORY_PART).
+    generation: u64,
+    /// After the next DIRECTORY_PART reply, write this node (a concurrent change).
+    pub mutate_after_part: Option<String>,
 }
 
 impl FakeXenstored {
@@ -66,6 +70,8 @@ impl FakeXenstored {
             input: Vec::new(),
             output: VecDeque::new(),
             requests: Vec::new(),
+            generation: 0,
+            mutate_after_part: None,
         }
     }
 
@@ -131,6 +137,7 @@ impl FakeXenstored {
         let mut tree = std::mem::take(&mut self.nodes);
         write_node(&mut tree, &path, value, 0);
         self.nodes = tree;
+        self.generation += 1;
         let events = self.watch_events(&[path]);
         for payload in events {
             self.queue(msg_type::WATCH_EVENT, 0, 0, &payload);
@@ -180,6 +187,12 @@ impl FakeXenstored {
             }
         }
         let result = self.execute(h, payload, &args);
+        if h.msg_type == msg_type::DIRECTORY_PART {
+            if let Some(node) = self.mutate_after_part.take() {
+                let value = self.generation.to_string();
+                self.external_write(&node, value.as_bytes());
+            }
+        }
         let (reply, changed) = match result {
             Ok(ok) => ok,
             Err(name) => {
@@ -241,6 +254,7 @@ impl FakeXenstored {
                 .map(|(k, _)| k.clone())
                 .collect();
             self.nodes = work;
+            self.generation += 1;
             return Ok((ok, changed));
         }
         if h.msg_type == msg_type::WATCH {
@@ -291,21 +305,29 @@ impl FakeXenstored {
                 (ok, std::vec![path])
             }
             msg_type::DIRECTORY => {
-                if !tree.contains_key(&path) {
-                    return Err("ENOENT");
+                let out = children(&tree, &path).ok_or("ENOENT")?;
+                if out.len() > crate::abi::xs_wire::XENSTORE_PAYLOAD_MAX {
+                    return Err("E2BIG");
                 }
-                let prefix = if path == "/" {
-                    "/".to_string()
-                } else {
-                    std::format!("{path}/")
-                };
-                let mut out = Vec::new();
-                for key in tree.keys().filter(|k| {
-                    k.starts_with(&prefix)
-                        && !k[prefix.len()..].contains('/')
-                        && k.len() > prefix.len()
-                }) {
-                    out.extend_from_slice(&key.as_bytes()[prefix.len()..]);
+                (out, Vec::new())
+            }
+            msg_type::DIRECTORY_PART => {
+                let list = children(&tree, &path).ok_or("ENOENT")?;
+                let offset: usize = args[1].parse().map_err(|_| "EINVAL")?;
+                let offset = offset.min(list.len());
+                let mut out = std::format!("{}\0", self.generation).into_bytes();
+                // Whole names only, as many as fit; the last piece gets the extra NUL.
+                let max = crate::abi::xs_wire::XENSTORE_PAYLOAD_MAX - out.len() - 1;
+                let mut end = offset;
+                while end < list.len() {
+                    let next = end + list[end..].iter().position(|&b| b == 0).unwrap() + 1;
+                    if next - offset > max {
+                        break;
+                    }
+                    end = next;
+                }
+                out.extend_from_slice(&list[offset..end]);
+                if end == list.len() {
                     out.push(0);
                 }
                 (out, Vec::new())
@@ -334,10 +356,33 @@ impl FakeXenstored {
             self.transactions.get_mut(&h.tx_id).unwrap().1 = tree;
             Ok((reply, Vec::new()))
         } else {
+            if !changed.is_empty() {
+                self.generation += 1;
+            }
             self.nodes = tree;
             Ok((reply, changed))
         }
     }
+}
+
+/// The NUL-terminated names of `path`'s children, `None` if the node does not exist.
+fn children(tree: &Tree, path: &str) -> Option<Vec<u8>> {
+    tree.get(path)?;
+    let prefix = if path == "/" {
+        "/".to_string()
+    } else {
+        std::format!("{path}/")
+    };
+    let mut out = Vec::new();
+    for key in tree.keys() {
+        if let Some(name) = key.strip_prefix(&prefix) {
+            if !name.is_empty() && !name.contains('/') {
+                out.extend_from_slice(name.as_bytes());
+                out.push(0);
+            }
+        }
+    }
+    Some(out)
 }
 
 fn vec_perm(owner: u16) -> Vec<Permission> {
