@@ -218,6 +218,17 @@ pub fn console_io_write<H: Hypervisor + ?Sized>(hv: &H, bytes: &[u8]) -> Result<
     check(hv.hypercall(Hypercall::ConsoleWrite(bytes))).map(drop)
 }
 
+/// `SCHEDOP_yield`: let another vCPU run on this pCPU.
+pub fn yield_now<H: Hypervisor + ?Sized>(hv: &H) -> Result<(), XenError> {
+    check(hv.hypercall(Hypercall::Sched(SchedOp::Yield))).map(drop)
+}
+
+/// `SCHEDOP_block`: sleep until an event is deliverable. Not wake-up safe on its own for
+/// HVM/PVH vCPUs: pollers use `evtchn::idle_wait` (see the `evtchn` module docs).
+pub fn block<H: Hypervisor + ?Sized>(hv: &H) -> Result<(), XenError> {
+    check(hv.hypercall(Hypercall::Sched(SchedOp::Block))).map(drop)
+}
+
 /// Why the domain stops (`SHUTDOWN_*`): what `xl list`/`xl destroy` report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShutdownReason {
@@ -470,12 +481,16 @@ mod tests {
             0
         );
         console_io_write(&xen, b"early\n").unwrap();
+        yield_now(&xen).unwrap();
+        block(&xen).unwrap();
         let mut map = [E820Entry::default(); 4];
         assert_eq!(memory_map(&xen, &mut map), Ok(2));
         let _ = shutdown(&xen, ShutdownReason::Crash);
         xen.with(|s| {
             assert_eq!(s.console, b"early\n");
             assert_eq!(s.shutdown_reason, Some(SHUTDOWN_CRASH));
+            assert_eq!(s.yields, 1);
+            assert!(s.calls.iter().any(|c| c.contains("Block")));
         });
     }
 }
