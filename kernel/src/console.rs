@@ -10,6 +10,8 @@ pub const COM1: u16 = 0x3f8;
 const DEBUGCON_PORT: u16 = 0xe9;
 
 static UART_BASE: AtomicU16 = AtomicU16::new(0);
+/// The Xen console ring writer, once the platform layer has found it.
+static XEN_CONSOLE: spin::Once<fn(&[u8])> = spin::Once::new();
 static DEBUGCON: AtomicBool = AtomicBool::new(false);
 
 /// A 16550 at `base`, found by its scratch register (absent ports read back 0xff).
@@ -72,6 +74,9 @@ pub fn init(under_xen: bool) {
 }
 
 pub fn write_bytes(bytes: &[u8]) {
+    if let Some(write) = XEN_CONSOLE.get() {
+        write(bytes);
+    }
     let base = UART_BASE.load(Ordering::Relaxed);
     let debugcon = DEBUGCON.load(Ordering::Relaxed);
     for &byte in bytes {
@@ -88,6 +93,10 @@ pub fn write_bytes(bytes: &[u8]) {
             unsafe { Port::new(DEBUGCON_PORT).write(byte) }
         }
     }
+}
+
+pub fn enable_xen_console(write: fn(&[u8])) {
+    XEN_CONSOLE.call_once(|| write);
 }
 
 /// Waits until the UART has sent everything (before power-off).

@@ -4,11 +4,19 @@ use core::fmt::Write;
 use log::{LevelFilter, Log, Metadata, Record};
 use spin::Mutex;
 
-struct ConsoleWriter;
+/// One log line, formatted before it is written so every sink gets it in one piece
+/// (one console-ring notification per line, not per fragment). Longer lines are cut.
+struct LineBuffer {
+    bytes: [u8; 512],
+    len: usize,
+}
 
-impl Write for ConsoleWriter {
+impl Write for LineBuffer {
     fn write_str(&mut self, s: &str) -> core::fmt::Result {
-        crate::console::write_bytes(s.as_bytes());
+        let room = self.bytes.len() - 1 - self.len; // keep one byte for the newline
+        let take = s.len().min(room);
+        self.bytes[self.len..self.len + take].copy_from_slice(&s.as_bytes()[..take]);
+        self.len += take;
         Ok(())
     }
 }
@@ -45,13 +53,13 @@ impl Log for KernelLogger {
             .target()
             .strip_prefix("blkdom::")
             .unwrap_or(record.target());
-        let _ = writeln!(
-            ConsoleWriter,
-            "{:<5} {}: {}",
-            record.level(),
-            target,
-            record.args()
-        );
+        let mut line = LineBuffer {
+            bytes: [0; 512],
+            len: 0,
+        };
+        let _ = write!(line, "{:<5} {}: {}", record.level(), target, record.args());
+        line.bytes[line.len] = b'\n';
+        crate::console::write_bytes(&line.bytes[..=line.len]);
         drop(guard);
     }
 

@@ -26,8 +26,6 @@ use blkdom_support::hypervisor::Hypervisor;
 use boot::start_info::memmap_type_name;
 use log::{error, info, warn, LevelFilter};
 
-pub use platform::{shutdown as xen_shutdown, ShutdownReason};
-
 /// Printed once the kernel is ready; the test runners and the nested rig wait for it.
 pub const READY_MARKER: &str = "blkdom: up";
 
@@ -103,12 +101,17 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     }
 
     if hypervisor.is_xen() {
-        match platform::init().and_then(|_| platform::events::init_vcpu(0)) {
-            Ok(()) => info!(
-                "xen: shared_info mapped, vcpu_info registered, event upcalls on vector {:#x}",
-                platform::events::UPCALL_VECTOR
+        match platform::init() {
+            Ok(xen) => info!(
+                "xen: shared_info mapped, vcpu_info registered, event upcalls on vector {:#x} ({:?})",
+                platform::events::UPCALL_VECTOR,
+                xen.upcall_mode.get()
             ),
             Err(e) => error!("xen: platform set-up failed: {e}"),
+        }
+        match platform::store::init() {
+            Ok(()) => log_identity(),
+            Err(e) => error!("xen: no xenstore: {e}"),
         }
     }
     start_cpus(&hypervisor, info.start_info.rsdp_paddr);
@@ -165,6 +168,19 @@ fn start_cpus(hypervisor: &Hypervisor, rsdp_paddr: u64) {
     info!("cpu: {} of {} CPUs online", smp::online_count(), listed);
     if started + 1 < listed {
         warn!("cpu: {} CPUs did not start", listed - started - 1);
+    }
+}
+
+/// Our domain id and name, as xenstore has them.
+fn log_identity() {
+    let identity = platform::store::with(|xs| {
+        let tx = xen::xenstore::Transaction::NONE;
+        (xs.read_string(tx, "domid"), xs.read_string(tx, "name"))
+    });
+    match identity {
+        Some((Ok(domid), Ok(name))) => info!("xen: this is domain {domid}, named \"{name}\""),
+        Some((domid, name)) => warn!("xen: identity from xenstore: domid {domid:?}, name {name:?}"),
+        None => {}
     }
 }
 

@@ -355,6 +355,43 @@ fn xen_event_channel_loopback() -> TestResult {
     Ok(())
 }
 
+/// Xen only: a key written to our xenstore home reads back, and a watch on it fires
+/// (once when registered, as xenstored always does, and again on our own write).
+fn xen_xenstore_write_read_watch() -> TestResult {
+    use xen::xenstore::Transaction;
+    let result = crate::platform::store::with(|xs| {
+        let tx = Transaction::NONE;
+        xs.watch("data/blkdom-selftest", "selftest")?;
+        let initial = xs.wait_watch_event()?;
+        xs.write(tx, "data/blkdom-selftest", b"written-by-blkdom")?;
+        let value = xs.read_string(tx, "data/blkdom-selftest")?;
+        let fired = xs.wait_watch_event()?;
+        xs.unwatch("data/blkdom-selftest", "selftest")?;
+        Ok::<_, xen::xenstore::XsError>((initial, value, fired))
+    });
+    let Some(result) = result else {
+        check!(false, "no xenstore connection");
+        return Ok(());
+    };
+    check!(result.is_ok(), "xenstore: {:?}", result.as_ref().err());
+    let Ok((initial, value, fired)) = result else {
+        return Ok(());
+    };
+    check!(value == "written-by-blkdom", "read back {:?}", value);
+    check!(
+        initial.token == "selftest" && fired.token == "selftest",
+        "tokens {:?} {:?}",
+        initial.token,
+        fired.token
+    );
+    check!(
+        fired.path.ends_with("data/blkdom-selftest"),
+        "watch fired for {:?}",
+        fired.path
+    );
+    Ok(())
+}
+
 /// Exists only to prove the runner notices a failing self-test.
 fn injected_failure() -> TestResult {
     check!(false, "deliberate failure (selftest.inject-failure)");
@@ -374,6 +411,10 @@ pub fn run(inject_failure: bool, expected_cpus: Option<usize>, under_xen: bool) 
     ];
     if under_xen {
         tests.push(("xen.event-channel-loopback", xen_event_channel_loopback));
+        tests.push((
+            "xen.xenstore-write-read-watch",
+            xen_xenstore_write_read_watch,
+        ));
     }
     if inject_failure {
         tests.push(("selftest.injected-failure", injected_failure));

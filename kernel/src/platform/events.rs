@@ -1,18 +1,16 @@
-//! Event-channel delivery: each vCPU gets the upcall on its own vector
-//! (`HVMOP_set_evtchn_upcall_vector`) and dispatches the ports bound to it from its own
-//! handler table. A port is bound to exactly one vCPU, so tables are never shared; the
-//! per-table lock only orders registration against dispatch.
+//! Event-channel delivery: each vCPU gets upcalls on `UPCALL_VECTOR` and dispatches the
+//! ports bound to it from its own handler table. A port is bound to exactly one vCPU, so
+//! tables are never shared; each table's lock only orders registration against dispatch.
 
-use super::{get, hypercall_result, InitError};
+use super::{failed, get, InitError};
 use crate::arch::{apic, trap};
 use crate::smp::{self, MAX_CPUS};
 use core::sync::atomic::{AtomicU64, Ordering};
 use xen::abi::event_channel::EvtchnPort;
-use xen::abi::hvm::XenHvmEvtchnUpcallVector;
 use xen::evtchn::{self, EventHandler, HandlerTable};
-use xen::hypercall::HvmOp;
+use xen::platform::UpcallMode;
 use xen::shared_info::VcpuEvents;
-use xen::{Hypercall, Hypervisor, XenError};
+use xen::XenError;
 
 /// The vector Xen raises for event channels on every vCPU.
 pub const UPCALL_VECTOR: u8 = 0xf3;
@@ -24,26 +22,25 @@ static DISPATCHED: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPU
 
 /// Routes `vcpu`'s event upcalls to `UPCALL_VECTOR` (any vCPU, up or not yet).
 pub fn init_vcpu(vcpu: u32) -> Result<(), InitError> {
-    let platform = get().ok_or(InitError::NoFrame)?;
+    let platform = get().ok_or(InitError::NotInitialised)?;
     trap::set_interrupt_handler(UPCALL_VECTOR, on_upcall);
-    let mut op = XenHvmEvtchnUpcallVector {
-        vcpu,
-        vector: UPCALL_VECTOR,
-    };
-    let call = Hypercall::Hvm(HvmOp::SetEvtchnUpcallVector(&mut op));
-    hypercall_result(
-        "HVMOP_set_evtchn_upcall_vector",
-        platform.hv.hypercall(call),
-    )
-    .map(drop)
+    let mode = xen::platform::setup_upcall(&platform.hv, vcpu, UPCALL_VECTOR)
+        .map_err(failed("upcall set-up"))?;
+    let first = *platform.upcall_mode.call_once(|| mode);
+    if first != mode {
+        log::warn!("xen: vCPU {vcpu} got upcall mode {mode:?}, vCPU 0 has {first:?}");
+    }
+    Ok(())
 }
 
 fn on_upcall(_frame: &mut trap::TrapFrame) {
-    // The per-vCPU upcall vector is delivered like a LAPIC interrupt: acknowledge it.
-    apic::end_of_interrupt();
     let cpu = smp::current().index.load(Ordering::Relaxed) as usize;
     UPCALLS[cpu].fetch_add(1, Ordering::Relaxed);
     let Some(platform) = get() else { return };
+    if platform.upcall_mode.get() == Some(&UpcallMode::PerVcpuVector) {
+        // The per-vCPU vector comes through the local APIC and needs its EOI.
+        apic::end_of_interrupt();
+    }
     let Some(vcpu_info) = platform.vcpu_info(cpu) else {
         return;
     };
@@ -51,17 +48,18 @@ fn on_upcall(_frame: &mut trap::TrapFrame) {
         shared: platform.shared,
         vcpu_info,
     };
-    // Clear upcall_pending before each scan: an event after the scan sets it again
-    // and we go round, instead of losing it.
+    // Clear upcall_pending before each scan: an event after the scan sets it again and
+    // we go round, instead of losing it.
     loop {
         vcpu_info.clear_upcall_pending();
         let mut table = TABLES[cpu].lock();
-        if let Some(table) = table.as_mut() {
-            let n = table.dispatch_pending(&events);
-            DISPATCHED[cpu].fetch_add(n as u64, Ordering::Relaxed);
-        } else {
-            // Nothing registered: consume the selector so it cannot pile up.
-            let _ = vcpu_info.take_selector();
+        match table.as_mut() {
+            Some(table) => {
+                let n = table.dispatch_pending(&events);
+                DISPATCHED[cpu].fetch_add(n as u64, Ordering::Relaxed);
+            }
+            // Nothing registered here: drop the selector so it cannot pile up.
+            None => drop(vcpu_info.take_selector()),
         }
         drop(table);
         if !vcpu_info.upcall_pending() {
@@ -78,16 +76,12 @@ pub fn register(
     context: usize,
 ) -> Result<(), XenError> {
     let platform = get().ok_or(XenError::NoSys)?;
+    let slot = TABLES.get(vcpu as usize).ok_or(XenError::Inval)?;
     evtchn::bind_vcpu(&platform.hv, port, vcpu)?;
     x86_64::instructions::interrupts::without_interrupts(|| {
-        TABLES
-            .get(vcpu as usize)
-            .ok_or(XenError::Inval)
-            .and_then(|slot| {
-                slot.lock()
-                    .get_or_insert_with(HandlerTable::new)
-                    .register(port, handler, context)
-            })
+        slot.lock()
+            .get_or_insert_with(HandlerTable::new)
+            .register(port, handler, context)
     })?;
     evtchn::unmask(&platform.hv, port)
 }

@@ -1,28 +1,26 @@
-//! The kernel side of the Xen platform layer: it owns the real hypervisor, the mapped
-//! `shared_info` page and each vCPU's `vcpu_info`, and wires event-channel upcalls
-//! into the trap table. The `xen` crate holds the ABI and the host-tested logic; this
-//! module holds only what needs the running kernel (frames, IDT, per-CPU data).
+//! The kernel side of the Xen platform layer. The `xen` crate holds the ABI and the
+//! host-tested logic (hypercall wrappers, event scan, xenstore client, console ring);
+//! this module holds what needs the running kernel: frames for `shared_info` and
+//! `vcpu_info`, the IDT vector for upcalls, per-CPU state, the console sink.
 
+pub mod console;
 pub mod events;
+pub mod store;
 pub mod vcpus;
 
 use crate::arch::paging::IDENTITY_MAPPED_LIMIT;
 use crate::smp::MAX_CPUS;
-use xen::abi::hvm::{XenHvmParam, HVM_PARAM_CALLBACK_IRQ};
-use xen::abi::memory::{XenAddToPhysmap, XENMAPSPACE_SHARED_INFO};
-use xen::abi::sched::{SchedShutdown, SHUTDOWN_CRASH, SHUTDOWN_POWEROFF};
-use xen::abi::vcpu::VcpuRegisterVcpuInfo;
-use xen::abi::DOMID_SELF;
-use xen::error::check;
-use xen::hypercall::{HvmOp, MemoryOp, SchedOp, VcpuOp};
+use xen::platform::{self as xp, ShutdownReason, UpcallMode};
 use xen::raw::hypercall::NativeHypervisor;
 use xen::shared_info::{SharedInfoPage, VcpuInfoView};
-use xen::{Hypercall, Hypervisor, SharedMem, XenError};
+use xen::{SharedMem, XenError};
 
 pub struct Platform {
     pub hv: NativeHypervisor,
     pub shared: SharedInfoPage,
-    /// Each vCPU's registered `vcpu_info` (64 bytes in a page of its own).
+    /// How upcalls arrive (decided when the boot vCPU's upcall is set up).
+    pub upcall_mode: spin::Once<UpcallMode>,
+    /// Each vCPU's registered `vcpu_info` (64 bytes at the start of a page of its own).
     vcpu_info: [spin::Once<VcpuInfoView>; MAX_CPUS],
 }
 
@@ -36,6 +34,7 @@ pub fn get() -> Option<&'static Platform> {
 #[derive(Debug)]
 pub enum InitError {
     NoFrame,
+    NotInitialised,
     Hypercall(&'static str, XenError),
 }
 
@@ -43,13 +42,14 @@ impl core::fmt::Display for InitError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             InitError::NoFrame => write!(f, "no free frame"),
+            InitError::NotInitialised => write!(f, "the Xen platform is not initialised"),
             InitError::Hypercall(what, e) => write!(f, "{what} failed: {e:?}"),
         }
     }
 }
 
-fn hypercall_result(what: &'static str, rc: i64) -> Result<u64, InitError> {
-    check(rc).map_err(|e| InitError::Hypercall(what, e))
+fn failed(what: &'static str) -> impl FnOnce(XenError) -> InitError {
+    move |e| InitError::Hypercall(what, e)
 }
 
 /// A zeroed frame, owned by the platform for good.
@@ -61,45 +61,37 @@ fn zeroed_frame() -> Result<u64, InitError> {
     Ok(frame)
 }
 
-/// Maps `shared_info` and registers the boot vCPU's `vcpu_info`. Call once, on the
-/// boot CPU, after memory is set up, only under Xen.
+/// A shared page at physical (= virtual, identity map) address `paddr`.
+///
+/// # Safety
+/// `paddr` must be a page below 4 GiB that Xen or another domain shares with us and that
+/// nothing else in the kernel accesses except through the returned `SharedMem`.
+unsafe fn shared_page(paddr: u64, len: usize) -> SharedMem {
+    debug_assert!(paddr + len as u64 <= IDENTITY_MAPPED_LIMIT);
+    // SAFETY: forwarded contract.
+    unsafe { SharedMem::new(paddr as *mut u8, len) }
+}
+
+/// Maps `shared_info`, registers the boot vCPU's `vcpu_info` and routes its upcalls,
+/// and starts logging to the Xen console. Once, on the boot CPU, after memory set-up.
 pub fn init() -> Result<&'static Platform, InitError> {
     // SAFETY: the caller checked CPUID for Xen; we run at CPL 0 as an HVM/PVH guest,
-    // and the instruction matches the CPU vendor.
+    // and the instruction is chosen from the CPU vendor.
     let hv = unsafe { NativeHypervisor::detect() };
     let frame = zeroed_frame()?;
-    let mut map = XenAddToPhysmap {
-        domid: DOMID_SELF,
-        size: 0,
-        space: XENMAPSPACE_SHARED_INFO,
-        idx: 0,
-        gpfn: frame >> 12,
-    };
-    hypercall_result(
-        "XENMEM_add_to_physmap(shared_info)",
-        hv.hypercall(Hypercall::Memory(MemoryOp::AddToPhysmap(&mut map))),
-    )?;
-    // SAFETY: the frame is now Xen's shared_info page, identity mapped at `frame`, and
-    // only ever accessed through the atomics of SharedMem.
-    let shared_mem = unsafe { SharedMem::new(frame as *mut u8, 4096) };
-    let shared = SharedInfoPage::new(shared_mem).expect("a page holds shared_info");
+    xp::map_shared_info(&hv, frame >> 12).map_err(failed("XENMEM_add_to_physmap(shared_info)"))?;
+    // SAFETY: the frame is now Xen's shared_info page, touched only through SharedMem.
+    let shared =
+        SharedInfoPage::new(unsafe { shared_page(frame, 4096) }).expect("a page holds shared_info");
     let platform = PLATFORM.call_once(|| Platform {
         hv,
         shared,
+        upcall_mode: spin::Once::new(),
         vcpu_info: [const { spin::Once::new() }; MAX_CPUS],
     });
     platform.register_vcpu_info(0)?;
-    // Tell the toolstack we take event upcalls (Linux does the same); the delivery itself
-    // is per vCPU through HVMOP_set_evtchn_upcall_vector.
-    let mut param = XenHvmParam {
-        domid: DOMID_SELF,
-        pad: 0,
-        index: HVM_PARAM_CALLBACK_IRQ,
-        value: 1,
-    };
-    if let Err(e) = check(hv.hypercall(Hypercall::Hvm(HvmOp::SetParam(&mut param)))) {
-        log::warn!("xen: HVM_PARAM_CALLBACK_IRQ not set: {e:?}");
-    }
+    events::init_vcpu(0)?;
+    console::init(platform);
     Ok(platform)
 }
 
@@ -107,45 +99,30 @@ impl Platform {
     /// Gives `vcpu` its own `vcpu_info` page (any vCPU count, not only the legacy 32).
     pub fn register_vcpu_info(&self, vcpu: u32) -> Result<VcpuInfoView, InitError> {
         let frame = zeroed_frame()?;
-        let mut info = VcpuRegisterVcpuInfo {
-            mfn: frame >> 12,
-            offset: 0,
-            rsvd: 0,
-        };
-        let call = Hypercall::Vcpu(VcpuOp::RegisterVcpuInfo {
-            vcpu,
-            info: &mut info,
-        });
-        hypercall_result("VCPUOP_register_vcpu_info", self.hv.hypercall(call))?;
-        // SAFETY: Xen now writes this vCPU's vcpu_info into the first 64 bytes of the
-        // frame, which we own and touch only through SharedMem's atomics.
-        let mem = unsafe { SharedMem::new(frame as *mut u8, 64) };
-        let view = VcpuInfoView::new(mem).expect("64-byte aligned vcpu_info");
+        xp::register_vcpu_info(&self.hv, vcpu, frame)
+            .map_err(failed("VCPUOP_register_vcpu_info"))?;
+        // SAFETY: Xen writes this vCPU's vcpu_info into the first 64 bytes of the frame,
+        // which we own and touch only through SharedMem.
+        let view = VcpuInfoView::new(unsafe { shared_page(frame, 64) }).expect("aligned vcpu_info");
         Ok(*self.vcpu_info[vcpu as usize].call_once(|| view))
     }
 
     pub fn vcpu_info(&self, vcpu: usize) -> Option<VcpuInfoView> {
         self.vcpu_info.get(vcpu)?.get().copied()
     }
-}
 
-/// Why the domain stops, as Xen records it (`xl list` shows it).
-#[derive(Clone, Copy, Debug)]
-pub enum ShutdownReason {
-    Poweroff,
-    Crash,
+    /// Xen system time in ns (the clock of `SCHEDOP_poll` deadlines).
+    pub fn now_ns(&self) -> u64 {
+        let tsc = xen::raw::cpu::read_tsc();
+        self.vcpu_info(0)
+            .map_or(0, |info| info.clock().system_time_at(tsc))
+    }
 }
 
 /// `SCHEDOP_shutdown`; returns only if Xen refused (or we are not under Xen).
 pub fn shutdown(reason: ShutdownReason) {
     // SAFETY: only called when CPUID showed Xen (see `power`), at CPL 0.
     let hv = unsafe { NativeHypervisor::detect() };
-    let mut arg = SchedShutdown {
-        reason: match reason {
-            ShutdownReason::Poweroff => SHUTDOWN_POWEROFF,
-            ShutdownReason::Crash => SHUTDOWN_CRASH,
-        },
-    };
-    let rc = hv.hypercall(Hypercall::Sched(SchedOp::Shutdown(&mut arg)));
-    log::error!("SCHEDOP_shutdown({reason:?}) returned {rc}");
+    let refused = xp::shutdown(&hv, reason);
+    log::error!("SCHEDOP_shutdown({reason:?}) refused: {refused:?}");
 }

@@ -1,0 +1,57 @@
+//! The xenstore connection: the `xen` crate's client over the shared ring page, kicked
+//! through the store event channel and waiting with `SCHEDOP_poll` (the port stays
+//! masked, so no upcall competes for it). Control path only: one lock for the domain.
+
+use super::{failed, get, shared_page, InitError};
+use xen::evtchn::PortSignal;
+use xen::raw::hypercall::NativeHypervisor;
+use xen::xenstore::{SharedXenstoreRing, XenstoreClient};
+
+/// How long one xenstore wait may take before the request fails.
+const STORE_TIMEOUT_NS: u64 = 10_000_000_000;
+
+type Signal = PortSignal<NativeHypervisor, fn() -> u64>;
+pub type Client = XenstoreClient<SharedXenstoreRing<Signal>>;
+
+static STORE: spin::Mutex<Option<Client>> = spin::Mutex::new(None);
+
+fn now_ns() -> u64 {
+    get().map_or(0, |p| p.now_ns())
+}
+
+/// Connects to xenstored through the ring the toolstack set up for us.
+pub fn init() -> Result<(), InitError> {
+    let platform = get().ok_or(InitError::NotInitialised)?;
+    let params =
+        xen::platform::store_params(&platform.hv).map_err(failed("xenstore parameters"))?;
+    if params.pfn >= crate::arch::paging::IDENTITY_MAPPED_LIMIT >> 12 {
+        return Err(InitError::Hypercall(
+            "xenstore page above the identity map",
+            xen::XenError::Range,
+        ));
+    }
+    platform.shared.mask(params.evtchn);
+    let signal = Signal {
+        hv: platform.hv,
+        port: params.evtchn,
+        shared: platform.shared,
+        now_ns: now_ns as fn() -> u64,
+        timeout_ns: STORE_TIMEOUT_NS,
+    };
+    // SAFETY: the store page is shared with xenstored only, and the kernel reaches it only
+    // through this client.
+    let mem = unsafe { shared_page(params.pfn << 12, 4096) };
+    let ring = SharedXenstoreRing::new(mem, signal).ok_or(InitError::NoFrame)?;
+    *STORE.lock() = Some(XenstoreClient::new(ring));
+    log::info!(
+        "xen: xenstore ring at pfn {:#x}, event channel {}",
+        params.pfn,
+        params.evtchn
+    );
+    Ok(())
+}
+
+/// Runs `f` with the xenstore client; `None` when there is no xenstore connection.
+pub fn with<R>(f: impl FnOnce(&mut Client) -> R) -> Option<R> {
+    STORE.lock().as_mut().map(f)
+}
