@@ -388,9 +388,11 @@ impl FrontRing {
         self.slots
     }
 
-    /// Slots free for new requests (`RING_FULL` when 0).
+    /// Slots free for new requests (`RING_FULL` when 0). A hostile script that moved
+    /// the producer index by hand can leave the indices inconsistent: then 0.
     pub fn free_slots(&self) -> u32 {
-        self.slots - self.req_prod_pvt.wrapping_sub(self.rsp_cons)
+        self.slots
+            .saturating_sub(self.req_prod_pvt.wrapping_sub(self.rsp_cons))
     }
 
     pub fn req_prod_pvt(&self) -> u32 {

@@ -1,0 +1,151 @@
+//! The whole engine against a hostile frontend: the input is a script of ring writes,
+//! producer-index games, indirect-page and grant tampering, device stalls and polls.
+//! The engine must not panic, must keep the ring invariants, must respect the grant
+//! bound, and must end with nothing mapped after a disconnect.
+#![no_main]
+
+use std::sync::atomic::Ordering;
+
+use blkback::abi::{self, sring, REQUEST_SIZE};
+use blkback::engine::{Engine, EngineConfig};
+use blkback::fakes::{
+    CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, ShufflingDevice, XenGrants,
+};
+use blkback::ring::RingMemory;
+use blkdev::RamDisk;
+use libfuzzer_sys::fuzz_target;
+
+/// Reads the script.
+struct Script<'a>(&'a [u8]);
+
+impl Script<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let (&first, rest) = self.0.split_first()?;
+        self.0 = rest;
+        Some(first)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes([
+            self.byte()?,
+            self.byte()?,
+            self.byte()?,
+            self.byte()?,
+        ]))
+    }
+    fn bytes<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let mut out = [0u8; N];
+        for b in &mut out {
+            *b = self.byte()?;
+        }
+        Some(out)
+    }
+}
+
+const DATA_PAGES: usize = 12;
+
+fuzz_target!(|data: &[u8]| {
+    let mut script = Script(data);
+    let Some(setup) = script.byte() else { return };
+    let order = u32::from(setup % 3);
+    let persistent = setup & 4 != 0;
+    let limit = (setup & 8 != 0).then_some(6);
+    let ring_pages = 1usize << order;
+    let memory = GuestMemory::new(ring_pages + DATA_PAGES);
+    let table = GrantTable::new(memory.clone());
+    // Grefs 1..=12 name the data pages; odd ones read-only; gref 5 always fails to map.
+    for i in 0..DATA_PAGES {
+        table.grant(i as u32 + 1, ring_pages + i, i % 2 == 1);
+    }
+    table.fail_maps_of(5);
+    let disk = RamDisk::new(256);
+    let device = ShufflingDevice::new(disk.queue(8), u64::from(setup), 50);
+    let hold = device.hold.clone();
+    let pages: Vec<usize> = (0..ring_pages).collect();
+    let mut front = FrontRing::new(RingView::new(memory.clone(), pages.clone()), order);
+    let config = EngineConfig {
+        max_indirect_segments: 64,
+        persistent_grant_limit: limit,
+        ..EngineConfig::new(order, persistent)
+    };
+    let mut engine = Engine::new(
+        RingView::new(memory.clone(), pages),
+        XenGrants(table.clone()),
+        device,
+        CountingEvents::default(),
+        config,
+    )
+    .expect("engine");
+    let slots = abi::ring_slots(order);
+
+    while let Some(action) = script.byte() {
+        match action % 8 {
+            // A raw request into the next slot, published.
+            0 | 1 => {
+                let Some(raw) = script.bytes::<REQUEST_SIZE>() else {
+                    break;
+                };
+                if front.free_slots() > 0 {
+                    front.put_request(&raw);
+                    front.push_requests();
+                }
+            }
+            // A raw request at any slot and any producer index.
+            2 => {
+                let (Some(index), Some(prod), Some(raw)) =
+                    (script.u32(), script.u32(), script.bytes::<REQUEST_SIZE>())
+                else {
+                    break;
+                };
+                front.put_request_at(index, &raw);
+                front.set_req_prod(prod);
+            }
+            // Scribble over a data page (indirect descriptors live there too).
+            3 => {
+                let (Some(page), Some(offset), Some(bytes)) =
+                    (script.byte(), script.byte(), script.bytes::<16>())
+                else {
+                    break;
+                };
+                let page = ring_pages + usize::from(page) % DATA_PAGES;
+                memory.write(page, usize::from(offset) * 16 % 4096, &bytes);
+            }
+            4 => hold.store(script.byte().unwrap_or(0) & 1 == 1, Ordering::SeqCst),
+            5 => {
+                let Some(value) = script.u32() else { break };
+                front.set_rsp_event(value);
+            }
+            _ => {
+                let budget = usize::from(script.byte().unwrap_or(1) % 40);
+                engine.poll(budget);
+                front.take_responses(|_| ());
+            }
+        }
+        let ring = engine.ring();
+        assert!(
+            ring.req_cons().wrapping_sub(ring.rsp_prod_pvt()) <= slots,
+            "more outstanding than slots"
+        );
+        let published = ring.memory().load_u32(sring::RSP_PROD);
+        assert_eq!(
+            published,
+            ring.rsp_prod_pvt(),
+            "every written response is published by the end of a poll"
+        );
+        assert!(engine.cached_grants() <= engine.cache_capacity());
+        if let Some(limit) = limit {
+            assert!(engine.cached_grants() <= limit);
+        }
+    }
+    hold.store(false, Ordering::SeqCst);
+    let mut attempts = 0;
+    while engine.disconnect().is_err() {
+        attempts += 1;
+        assert!(attempts < 64, "teardown never finishes");
+    }
+    assert_eq!(engine.in_flight(), 0);
+    assert_eq!(
+        table.live_mappings().0,
+        0,
+        "grants left mapped after disconnect"
+    );
+});
