@@ -314,11 +314,12 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     pub fn poll(&mut self, budget: usize) -> PollOutcome {
         self.stats.polls += 1;
         let mut consumed = 0;
-        if self.state == EngineState::Running {
+        if matches!(self.state, EngineState::Running | EngineState::Halted) {
+            // Requests accepted before a halt still go to the device.
             self.retry_deferred();
-            if self.deferred.is_empty() {
-                consumed = self.consume(budget);
-            }
+        }
+        if self.state == EngineState::Running && self.deferred.is_empty() {
+            consumed = self.consume(budget);
         }
         let completed = self.reap_completions();
         let notified = self.publish_responses();
