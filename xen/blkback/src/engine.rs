@@ -499,8 +499,8 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         }
     }
 
-    /// Map the indirect pages (one batch), copy each page's descriptors out once, check
-    /// them, and queue the pages for unmapping.
+    /// Get the indirect pages mapped (from the persistent cache, or one map batch), copy
+    /// each page's descriptors out once, check them, and let go of the pages.
     fn copy_indirect_segments(
         &mut self,
         slot: u16,
@@ -508,54 +508,98 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     ) -> Result<(), RequestError> {
         let pages = request.nr_indirect_pages();
         let total = usize::from(request.nr_segments);
-        // Make room: the batch below must not mix with a staged round.
+        // The batch below must not mix with a staged round.
         self.flush_staged();
         if self.unmaps.len() + pages > self.unmaps.capacity() {
             self.flush_unmaps();
         }
-        for &gref in &request.indirect_grefs[..pages] {
+        let mut cache_entries = [NO_ENTRY; abi::MAX_INDIRECT_PAGES];
+        for (page, &gref) in request.indirect_grefs[..pages].iter().enumerate() {
+            if self.persistent {
+                // Like data pages: blkfront reuses its persistently granted pages for
+                // descriptors too.
+                let unmaps = &mut self.unmaps;
+                match self.cache.acquire(gref, &mut |grant| unmaps.push(grant)) {
+                    CacheSlot::Hit(entry) => {
+                        cache_entries[page] = entry;
+                        continue;
+                    }
+                    CacheSlot::Inserted(entry) => {
+                        cache_entries[page] = entry;
+                        self.map_requests.push(MapRequest {
+                            gref,
+                            writable: true,
+                        });
+                        self.map_targets.push(MapTarget::Cache(entry));
+                        continue;
+                    }
+                    CacheSlot::Full => {}
+                }
+            }
             self.map_requests.push(MapRequest {
                 gref,
                 writable: false,
             });
+            self.map_targets.push(MapTarget::Segment(page as u32));
         }
-        self.map_results.clear();
-        self.map_results.resize(pages, Err(MAP_PENDING));
-        self.grants.map(&self.map_requests, &mut self.map_results);
-        self.stats.map_batches += 1;
-        self.map_requests.clear();
+        let mut transient = [Err(MAP_PENDING); abi::MAX_INDIRECT_PAGES];
+        if !self.map_requests.is_empty() {
+            // Evictions first, so the number of mapped grants stays within the bound.
+            self.flush_unmaps();
+            self.issue_map_batch();
+            for (target, result) in self.map_targets.iter().zip(&self.map_results) {
+                if let MapTarget::Segment(page) = *target {
+                    transient[page as usize] = *result;
+                }
+            }
+            self.map_targets.clear();
+        }
         let mut outcome = Ok(());
         let base = usize::from(slot) * self.max_segments;
         for page in 0..pages {
-            let grant = match self.map_results[page] {
-                Ok(grant) => grant,
-                Err(status) => {
-                    self.stats.grant_failures += 1;
-                    outcome = Err(RequestError::GrantFailed(status));
-                    continue;
-                }
+            let entry = cache_entries[page];
+            let mapped = if entry != NO_ENTRY {
+                self.cache.grant(entry)
+            } else {
+                transient[page]
             };
-            self.unmaps.push(grant);
-            if outcome.is_err() {
-                continue;
-            }
-            let first = page * abi::SEGMENTS_PER_INDIRECT_PAGE;
-            let count = (total - first).min(abi::SEGMENTS_PER_INDIRECT_PAGE);
-            let bytes = &mut self.indirect_page[..count * SEGMENT_SIZE];
-            if !self.grants.read_buffer(grant.buffer, 0, bytes) {
-                outcome = Err(RequestError::GrantFailed(crate::grant::GNTST_GENERAL_ERROR));
-                continue;
-            }
-            for (i, raw) in bytes.chunks_exact(SEGMENT_SIZE).enumerate() {
-                let desc = SegmentDesc::from_bytes(raw);
-                if let Err(error) = desc.check() {
-                    outcome = Err(error);
-                    break;
+            match mapped {
+                Ok(grant) if outcome.is_ok() => {
+                    let first = page * abi::SEGMENTS_PER_INDIRECT_PAGE;
+                    outcome = self.copy_descriptors(grant, base + first, total - first);
                 }
-                self.descs[base + first + i] = desc;
+                Ok(_) => {}
+                Err(status) => outcome = Err(RequestError::GrantFailed(status)),
+            }
+            // The copy is all we need: unpin or unmap the page right away.
+            match (entry, mapped) {
+                (NO_ENTRY, Ok(grant)) => self.unmaps.push(grant),
+                (NO_ENTRY, Err(_)) => {}
+                (entry, _) => self.cache.release(entry),
             }
         }
         outcome
+    }
+
+    /// Copy up to one page of descriptors out of a mapped indirect page (one read) into
+    /// `descs[at..]`, checking each.
+    fn copy_descriptors(
+        &mut self,
+        grant: MappedGrant,
+        at: usize,
+        remaining: usize,
+    ) -> Result<(), RequestError> {
+        let count = remaining.min(abi::SEGMENTS_PER_INDIRECT_PAGE);
+        let bytes = &mut self.indirect_page[..count * SEGMENT_SIZE];
+        if !self.grants.read_buffer(grant.buffer, 0, bytes) {
+            return Err(RequestError::GrantFailed(crate::grant::GNTST_GENERAL_ERROR));
+        }
+        for (i, raw) in bytes.chunks_exact(SEGMENT_SIZE).enumerate() {
+            let desc = SegmentDesc::from_bytes(raw);
+            desc.check()?;
+            self.descs[at + i] = desc;
+        }
+        Ok(())
     }
 
     /// Check a data request's segments against the device, then queue its grants for
@@ -658,6 +702,25 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         self.staged.push(slot);
     }
 
+    /// Map everything in `map_requests` with one call. Cache entries are resolved here;
+    /// the results stay in `map_results`, parallel to `map_targets`, for the caller.
+    fn issue_map_batch(&mut self) {
+        self.map_results.clear();
+        self.map_results
+            .resize(self.map_requests.len(), Err(MAP_PENDING));
+        self.grants.map(&self.map_requests, &mut self.map_results);
+        self.stats.map_batches += 1;
+        for (target, result) in self.map_targets.iter().zip(&self.map_results) {
+            if result.is_err() {
+                self.stats.grant_failures += 1;
+            }
+            if let MapTarget::Cache(entry) = *target {
+                self.cache.resolve(entry, *result);
+            }
+        }
+        self.map_requests.clear();
+    }
+
     /// Issue the round's map batch (after the round's unmaps, so the number of mapped
     /// grants never exceeds the bound), then submit or fail every staged request.
     fn flush_staged(&mut self) {
@@ -666,31 +729,20 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         }
         self.flush_unmaps();
         if !self.map_requests.is_empty() {
-            self.map_results.clear();
-            self.map_results
-                .resize(self.map_requests.len(), Err(MAP_PENDING));
-            self.grants.map(&self.map_requests, &mut self.map_results);
-            self.stats.map_batches += 1;
+            self.issue_map_batch();
             for (target, result) in self.map_targets.iter().zip(&self.map_results) {
-                if result.is_err() {
-                    self.stats.grant_failures += 1;
-                }
-                match *target {
-                    MapTarget::Cache(entry) => self.cache.resolve(entry, *result),
-                    MapTarget::Segment(index) => {
-                        let map = &mut self.maps[index as usize];
-                        match *result {
-                            Ok(grant) => {
-                                map.grant = grant;
-                                map.status = 0;
-                                self.transient_mapped += 1;
-                            }
-                            Err(status) => map.status = status,
+                if let MapTarget::Segment(index) = *target {
+                    let map = &mut self.maps[index as usize];
+                    match *result {
+                        Ok(grant) => {
+                            map.grant = grant;
+                            map.status = 0;
+                            self.transient_mapped += 1;
                         }
+                        Err(status) => map.status = status,
                     }
                 }
             }
-            self.map_requests.clear();
             self.map_targets.clear();
         }
         for n in 0..self.staged.len() {

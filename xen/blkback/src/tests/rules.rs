@@ -679,3 +679,31 @@ fn persistent_grant_bound_is_never_exceeded() {
         128 * usize::from(abi::MAX_INDIRECT_SEGMENTS)
     );
 }
+
+#[test]
+fn persistent_indirect_pages_are_cached_like_data_pages() {
+    let (mut rig, disk) = Rig::ram(0, true);
+    let data: Vec<(usize, u32)> = (0..16).map(|i| rig.data_page(i as u8 + 1)).collect();
+    let (indirect_page, indirect_gref) = rig.data_page(0);
+    for (i, &(_, gref)) in data.iter().enumerate() {
+        rig.memory
+            .write(indirect_page, i * 8, &encode_segment(&whole_page(gref)));
+    }
+    for id in 0..5 {
+        rig.send(&encode_indirect(abi::OP_WRITE, id, 0, 16, &[indirect_gref]));
+        rig.engine.poll(4);
+    }
+    assert!(rig.responses().iter().all(|r| r.status == RSP_OKAY));
+    let stats = rig.engine.stats();
+    assert_eq!(
+        stats.map_batches, 2,
+        "indirect page, then data pages, mapped once"
+    );
+    assert_eq!(stats.unmap_batches, 0);
+    assert_eq!(rig.engine.cached_grants(), 17);
+    let mut last = [0u8; 4096];
+    disk.read_at(15 * 4096, &mut last);
+    assert_eq!(last, [16; 4096]);
+    assert_eq!(rig.engine.disconnect(), Ok(()));
+    assert_eq!(rig.table.live_mappings().0, 0);
+}
