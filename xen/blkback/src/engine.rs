@@ -773,7 +773,17 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         outcome
     }
 
+    /// A barrier is started only once everything before it has finished (as Linux
+    /// drains its ring); requests behind a deferred one wait in order.
+    fn must_wait(&self, slot: u16) -> bool {
+        self.slots[usize::from(slot)].work == Work::Data(DataOp::Barrier) && self.in_flight > 0
+    }
+
     fn submit_or_defer(&mut self, slot: u16) {
+        if !self.deferred.is_empty() || self.must_wait(slot) {
+            self.deferred.push(slot);
+            return;
+        }
         match self.try_submit(slot) {
             Ok(()) => {}
             Err(SubmitError::QueueFull) => {
@@ -823,6 +833,9 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
 
     fn retry_deferred(&mut self) {
         while let Some(slot) = self.deferred.front() {
+            if self.must_wait(slot) {
+                return;
+            }
             match self.try_submit(slot) {
                 Ok(()) => {}
                 Err(SubmitError::QueueFull) => return,

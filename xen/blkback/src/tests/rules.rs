@@ -707,3 +707,36 @@ fn persistent_indirect_pages_are_cached_like_data_pages() {
     assert_eq!(rig.engine.disconnect(), Ok(()));
     assert_eq!(rig.table.live_mappings().0, 0);
 }
+
+#[test]
+fn barrier_waits_for_earlier_requests_and_holds_back_later_ones() {
+    let disk = RamDisk::new(DISK_SECTORS);
+    let device = ShufflingDevice::new(disk.queue(64), 3, 100);
+    device.hold.store(true, Ordering::SeqCst);
+    let hold = device.hold.clone();
+    let mut rig = Rig::new(EngineConfig::new(0, true), device);
+    let (_, gref) = rig.data_page(0);
+    rig.send(&encode_direct(abi::OP_READ, 1, 0, &[whole_page(gref)]));
+    rig.send(&encode_direct(abi::OP_READ, 2, 8, &[whole_page(gref)]));
+    rig.send(&encode_direct(
+        abi::OP_WRITE_BARRIER,
+        3,
+        16,
+        &[whole_page(gref)],
+    ));
+    rig.send(&encode_direct(abi::OP_READ, 4, 24, &[whole_page(gref)]));
+    // All four are taken in one round, but only the two reads reach the device: the
+    // barrier waits for them and the read behind it waits for the barrier.
+    assert_eq!(rig.engine.poll(8).consumed, 4);
+    assert_eq!(rig.engine.in_flight(), 2);
+    hold.store(false, Ordering::SeqCst);
+    rig.engine.poll(8);
+    let first: Vec<u64> = rig.responses().iter().map(|r| r.id).collect();
+    assert_eq!(first.len(), 2);
+    assert!(first.contains(&1) && first.contains(&2));
+    rig.engine.poll(8);
+    rig.engine.poll(8);
+    let rest: Vec<Response> = rig.responses();
+    assert_eq!(rest.len(), 2);
+    assert!(rest.contains(&ok(3, abi::OP_WRITE_BARRIER)) && rest.contains(&ok(4, abi::OP_READ)));
+}
