@@ -1,6 +1,6 @@
 //! The few ACPI tables blkdom reads, parsed from physical memory through a trait so the
 //! parser runs against fake tables on the host: RSDP → RSDT/XSDT → FADT (power-off
-//! register), and table lookup by signature (MCFG and MADT later).
+//! register), table lookup by signature, the MADT (processors) and the MCFG (PCI ECAM).
 //!
 //! Every length and checksum is checked; a table that lies gets an error, not a read
 //! past its end.
@@ -261,6 +261,58 @@ pub fn parse_madt<const N: usize>(mem: &impl PhysRead, paddr: u64) -> Result<Mad
     Ok(madt)
 }
 
+/// One ECAM window from the MCFG: configuration space of buses `start_bus..=end_bus`
+/// of `segment`, 1 MiB per bus, starting at `base` (the address of bus 0, even when
+/// `start_bus` is not 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EcamWindow {
+    pub base: u64,
+    pub segment: u16,
+    pub start_bus: u8,
+    pub end_bus: u8,
+}
+
+impl EcamWindow {
+    /// Physical address of the configuration space of one function.
+    pub fn function_address(&self, bus: u8, device: u8, function: u8) -> Option<u64> {
+        if bus < self.start_bus || bus > self.end_bus || device >= 32 || function >= 8 {
+            return None;
+        }
+        Some(
+            self.base
+                + (u64::from(bus) << 20)
+                + (u64::from(device) << 15)
+                + (u64::from(function) << 12),
+        )
+    }
+}
+
+const MCFG_ENTRIES_OFFSET: usize = SDT_HEADER_LEN + 8;
+const MCFG_ENTRY_LEN: usize = 16;
+
+/// Parses the MCFG at `paddr`; returns the window of PCI segment 0 (the only one
+/// blkdom uses). Windows with an inverted bus range or a zero base are skipped.
+pub fn parse_mcfg(mem: &impl PhysRead, paddr: u64) -> Result<EcamWindow, AcpiError> {
+    let mut buf = [0u8; 4096];
+    let table = read_table(mem, paddr, &mut buf)?;
+    if &table[..4] != b"MCFG" {
+        return Err(AcpiError::BadSignature(paddr));
+    }
+    if table.len() < MCFG_ENTRIES_OFFSET {
+        return Err(AcpiError::BadLength(paddr));
+    }
+    table[MCFG_ENTRIES_OFFSET..]
+        .chunks_exact(MCFG_ENTRY_LEN)
+        .map(|entry| EcamWindow {
+            base: u64_at(entry, 0),
+            segment: u16::from_le_bytes([entry[8], entry[9]]),
+            start_bus: entry[10],
+            end_bus: entry[11],
+        })
+        .find(|w| w.segment == 0 && w.base != 0 && w.start_bus <= w.end_bus)
+        .ok_or(AcpiError::NotFound(*b"MCFG"))
+}
+
 #[cfg(test)]
 pub mod fake {
     use super::PhysRead;
@@ -470,6 +522,62 @@ mod tests {
         mem.blobs[0] = (0x5000, table(b"APIC", &body));
         let madt: Madt<4> = parse_madt(&mem, 0x5000).unwrap();
         assert!(madt.cpus().is_empty());
+    }
+
+    fn mcfg_entry(base: u64, segment: u16, start: u8, end: u8) -> Vec<u8> {
+        let mut e = base.to_le_bytes().to_vec();
+        e.extend_from_slice(&segment.to_le_bytes());
+        e.extend_from_slice(&[start, end, 0, 0, 0, 0]);
+        e
+    }
+
+    #[test]
+    fn mcfg_gives_the_segment_zero_ecam_window() {
+        let mut body = vec![0u8; 8];
+        body.extend(mcfg_entry(0xc000_0000, 1, 0, 255));
+        body.extend(mcfg_entry(0, 0, 0, 255)); // zero base: skipped
+        body.extend(mcfg_entry(0xb000_0000, 0, 0, 0xff));
+        body.extend([0u8; 7]); // a partial trailing entry is ignored
+        let mut mem = FakeMemory::default();
+        mem.blobs.push((0x6000, table(b"MCFG", &body)));
+        let window = parse_mcfg(&mem, 0x6000).unwrap();
+        assert_eq!(
+            window,
+            EcamWindow {
+                base: 0xb000_0000,
+                segment: 0,
+                start_bus: 0,
+                end_bus: 0xff
+            }
+        );
+        assert_eq!(window.function_address(0, 3, 0), Some(0xb001_8000));
+        assert_eq!(window.function_address(1, 31, 7), Some(0xb01f_f000));
+        assert_eq!(window.function_address(0, 32, 0), None);
+        assert_eq!(window.function_address(0, 0, 8), None);
+        let narrow = EcamWindow {
+            start_bus: 2,
+            end_bus: 3,
+            ..window
+        };
+        assert_eq!(narrow.function_address(1, 0, 0), None);
+        assert_eq!(narrow.function_address(4, 0, 0), None);
+        assert_eq!(narrow.function_address(2, 0, 0), Some(0xb020_0000));
+    }
+
+    #[test]
+    fn mcfg_without_a_usable_window_or_with_a_bad_header_is_refused() {
+        let mut body = vec![0u8; 8];
+        body.extend(mcfg_entry(0xb000_0000, 0, 9, 1)); // inverted bus range
+        let mut mem = FakeMemory::default();
+        mem.blobs.push((0x6000, table(b"MCFG", &body)));
+        assert_eq!(parse_mcfg(&mem, 0x6000), Err(AcpiError::NotFound(*b"MCFG")));
+        mem.blobs[0] = (0x6000, table(b"MCFG", &[0u8; 4]));
+        assert_eq!(parse_mcfg(&mem, 0x6000), Err(AcpiError::BadLength(0x6000)));
+        mem.blobs[0] = (0x6000, table(b"APIC", &body));
+        assert_eq!(
+            parse_mcfg(&mem, 0x6000),
+            Err(AcpiError::BadSignature(0x6000))
+        );
     }
 
     #[test]

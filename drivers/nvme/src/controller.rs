@@ -1,0 +1,543 @@
+//! Controller bring-up and the admin queue.
+
+use crate::command::{CompletionEntry, Opcode, SubmissionEntry, CQ_ENTRY_LEN, SQ_ENTRY_LEN};
+use crate::queue::IoQueue;
+use crate::{CommandStatus, Hal, PAGE_SIZE};
+
+pub(crate) mod reg {
+    pub const CAP: usize = 0x00;
+    pub const VS: usize = 0x08;
+    pub const INTMS: usize = 0x0c;
+    pub const CC: usize = 0x14;
+    pub const CSTS: usize = 0x1c;
+    pub const AQA: usize = 0x24;
+    pub const ASQ: usize = 0x28;
+    pub const ACQ: usize = 0x30;
+    pub const DOORBELLS: usize = 0x1000;
+
+    pub const CC_ENABLE: u32 = 1;
+    /// I/O submission and completion entry sizes as powers of two (64 and 16 bytes).
+    pub const CC_IOSQES_64: u32 = 6 << 16;
+    pub const CC_IOCQES_16: u32 = 4 << 20;
+    pub const CSTS_READY: u32 = 1;
+    pub const CSTS_FATAL: u32 = 1 << 1;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NvmeError {
+    /// CSTS.RDY did not reach the wanted value in time (`true`: while enabling).
+    ReadyTimeout {
+        enabling: bool,
+    },
+    /// An admin command got no completion in time.
+    CommandTimeout {
+        opcode: u8,
+    },
+    /// CSTS.CFS: the controller reported a fatal error.
+    ControllerFatal,
+    CommandFailed {
+        opcode: u8,
+        status: CommandStatus,
+    },
+    /// The controller cannot run the NVM command set or 4 KiB pages.
+    Unsupported(&'static str),
+    OutOfDmaMemory,
+    /// The namespace id is not one the controller has, or it is inactive.
+    NoSuchNamespace(u32),
+    /// Namespace format the driver does not handle (block size, metadata).
+    UnsupportedFormat {
+        block_size: u64,
+        metadata: u16,
+    },
+    /// All the I/O queues the controller granted are in use.
+    NoQueueLeft,
+}
+
+impl core::fmt::Display for NvmeError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            NvmeError::ReadyTimeout { enabling } => write!(
+                f,
+                "controller did not become {} in time",
+                if *enabling { "ready" } else { "idle" }
+            ),
+            NvmeError::CommandTimeout { opcode } => {
+                write!(f, "admin command {opcode:#04x} timed out")
+            }
+            NvmeError::ControllerFatal => write!(f, "controller fatal status (CSTS.CFS)"),
+            NvmeError::CommandFailed { opcode, status } => {
+                write!(f, "admin command {opcode:#04x} failed: {status}")
+            }
+            NvmeError::Unsupported(what) => write!(f, "controller lacks {what}"),
+            NvmeError::OutOfDmaMemory => write!(f, "out of DMA memory"),
+            NvmeError::NoSuchNamespace(nsid) => write!(f, "no active namespace {nsid}"),
+            NvmeError::UnsupportedFormat {
+                block_size,
+                metadata,
+            } => write!(
+                f,
+                "namespace format with {block_size}-byte blocks and {metadata} metadata bytes"
+            ),
+            NvmeError::NoQueueLeft => write!(f, "no I/O queue left"),
+        }
+    }
+}
+
+/// The parts of CAP the driver uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Capabilities {
+    pub max_queue_entries: u32,
+    pub doorbell_stride: usize,
+    pub ready_timeout_ms: u64,
+    pub nvm_command_set: bool,
+    pub min_page_shift: u32,
+    pub max_page_shift: u32,
+}
+
+impl Capabilities {
+    pub fn parse(cap: u64) -> Self {
+        Capabilities {
+            max_queue_entries: (cap & 0xffff) as u32 + 1,
+            doorbell_stride: 4 << ((cap >> 32) & 0xf),
+            ready_timeout_ms: ((cap >> 24) & 0xff) * 500,
+            nvm_command_set: cap & (1 << 37) != 0,
+            min_page_shift: 12 + ((cap >> 48) & 0xf) as u32,
+            max_page_shift: 12 + ((cap >> 52) & 0xf) as u32,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Version {
+    pub major: u16,
+    pub minor: u8,
+}
+
+/// What Identify Controller says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControllerIdentity {
+    pub vendor_id: u16,
+    pub serial: [u8; 20],
+    pub model: [u8; 40],
+    pub firmware: [u8; 8],
+    /// Maximum data transfer as a power of two of the minimum page size; 0: no limit.
+    pub mdts: u8,
+    pub namespace_count: u32,
+    /// Optional NVM commands (bit 2: Dataset Management).
+    pub oncs: u16,
+    pub volatile_write_cache: bool,
+}
+
+fn trimmed(bytes: &[u8]) -> &str {
+    core::str::from_utf8(bytes)
+        .unwrap_or("?")
+        .trim_end_matches([' ', '\0'])
+}
+
+impl ControllerIdentity {
+    fn parse(page: &[u8]) -> Self {
+        let mut identity = ControllerIdentity {
+            vendor_id: u16::from_le_bytes([page[0], page[1]]),
+            serial: [0; 20],
+            model: [0; 40],
+            firmware: [0; 8],
+            mdts: page[77],
+            namespace_count: u32::from_le_bytes(page[516..520].try_into().expect("4")),
+            oncs: u16::from_le_bytes([page[520], page[521]]),
+            volatile_write_cache: page[525] & 1 != 0,
+        };
+        identity.serial.copy_from_slice(&page[4..24]);
+        identity.model.copy_from_slice(&page[24..64]);
+        identity.firmware.copy_from_slice(&page[64..72]);
+        identity
+    }
+
+    pub fn model_str(&self) -> &str {
+        trimmed(&self.model)
+    }
+
+    pub fn serial_str(&self) -> &str {
+        trimmed(&self.serial)
+    }
+
+    pub fn dataset_management(&self) -> bool {
+        self.oncs & (1 << 2) != 0
+    }
+}
+
+/// An active namespace and what the driver needs to address it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Namespace {
+    pub nsid: u32,
+    pub blocks: u64,
+    pub block_size: u32,
+    pub discard: bool,
+    pub volatile_write_cache: bool,
+    /// Pages one command may carry (MDTS, and one PRP list page).
+    pub max_pages_per_command: usize,
+}
+
+impl Namespace {
+    pub fn capacity_bytes(&self) -> u64 {
+        self.blocks * u64::from(self.block_size)
+    }
+}
+
+/// Choices for bring-up.
+#[derive(Clone, Copy, Debug)]
+pub struct InitConfig {
+    pub admin_entries: u16,
+    /// Upper bound for any single admin command.
+    pub admin_timeout_ms: u64,
+    /// Upper bound for a ready transition when CAP.TO says more (or nothing).
+    pub max_ready_timeout_ms: u64,
+}
+
+impl Default for InitConfig {
+    fn default() -> Self {
+        InitConfig {
+            admin_entries: 32,
+            admin_timeout_ms: 5_000,
+            max_ready_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// Most PRP list entries the driver uses per command: one list page.
+pub(crate) const MAX_PRP_LIST_ENTRIES: usize = (PAGE_SIZE / 8) as usize;
+const POLL_INTERVAL_US: u64 = 10;
+
+struct AdminQueue {
+    sq: u64,
+    cq: u64,
+    entries: u16,
+    tail: u16,
+    head: u16,
+    phase: bool,
+    next_command_id: u16,
+}
+
+/// An enabled controller with its admin queue.
+pub struct Controller<H: Hal> {
+    hal: H,
+    pub(crate) caps: Capabilities,
+    version: Version,
+    identity: ControllerIdentity,
+    admin: AdminQueue,
+    config: InitConfig,
+    /// One page for identify data and the like.
+    scratch: u64,
+    io_queues_granted: u16,
+    next_qid: u16,
+}
+
+fn read_u64<H: Hal>(hal: &H, offset: usize) -> u64 {
+    u64::from(hal.read_register(offset)) | (u64::from(hal.read_register(offset + 4)) << 32)
+}
+
+fn write_u64<H: Hal>(hal: &H, offset: usize, value: u64) {
+    hal.write_register(offset, value as u32);
+    hal.write_register(offset + 4, (value >> 32) as u32);
+}
+
+/// Polls CSTS until `ready` matches, CFS appears, or `timeout_ms` passes.
+fn wait_ready<H: Hal>(hal: &H, ready: bool, timeout_ms: u64) -> Result<(), NvmeError> {
+    let mut waited_us = 0;
+    loop {
+        let csts = hal.read_register(reg::CSTS);
+        if csts & reg::CSTS_FATAL != 0 && ready {
+            return Err(NvmeError::ControllerFatal);
+        }
+        if (csts & reg::CSTS_READY != 0) == ready {
+            return Ok(());
+        }
+        if waited_us >= timeout_ms * 1000 {
+            return Err(NvmeError::ReadyTimeout { enabling: ready });
+        }
+        hal.delay_us(POLL_INTERVAL_US * 10);
+        waited_us += POLL_INTERVAL_US * 10;
+    }
+}
+
+pub(crate) fn doorbell(caps: &Capabilities, qid: u16, completion: bool) -> usize {
+    reg::DOORBELLS + (2 * usize::from(qid) + usize::from(completion)) * caps.doorbell_stride
+}
+
+impl<H: Hal> Controller<H> {
+    /// Resets the controller, sets up the admin queue, enables it and identifies it.
+    pub fn init(hal: H, config: InitConfig) -> Result<Self, NvmeError> {
+        let caps = Capabilities::parse(read_u64(&hal, reg::CAP));
+        if !caps.nvm_command_set {
+            return Err(NvmeError::Unsupported("the NVM command set"));
+        }
+        if caps.min_page_shift > 12 || caps.max_page_shift < 12 {
+            return Err(NvmeError::Unsupported("4 KiB memory pages"));
+        }
+        let vs = hal.read_register(reg::VS);
+        let version = Version {
+            major: (vs >> 16) as u16,
+            minor: (vs >> 8) as u8,
+        };
+        let ready_timeout_ms = if caps.ready_timeout_ms == 0 {
+            config.max_ready_timeout_ms
+        } else {
+            caps.ready_timeout_ms.min(config.max_ready_timeout_ms)
+        };
+
+        // Reset: clearing EN drops every queue; wait for the controller to go idle.
+        let cc = hal.read_register(reg::CC);
+        if cc & reg::CC_ENABLE != 0 {
+            hal.write_register(reg::CC, cc & !reg::CC_ENABLE);
+        }
+        wait_ready(&hal, false, ready_timeout_ms)?;
+
+        let entries = config
+            .admin_entries
+            .clamp(2, 4096)
+            .min(caps.max_queue_entries.min(4096) as u16);
+        let sq_pages = pages_for(usize::from(entries) * SQ_ENTRY_LEN);
+        let cq_pages = pages_for(usize::from(entries) * CQ_ENTRY_LEN);
+        let sq = hal
+            .allocate_dma(sq_pages)
+            .ok_or(NvmeError::OutOfDmaMemory)?;
+        let cq = hal
+            .allocate_dma(cq_pages)
+            .ok_or(NvmeError::OutOfDmaMemory)?;
+        let scratch = hal.allocate_dma(1).ok_or(NvmeError::OutOfDmaMemory)?;
+        // The driver polls: mask every interrupt vector.
+        hal.write_register(reg::INTMS, u32::MAX);
+        let size = u32::from(entries - 1);
+        hal.write_register(reg::AQA, (size << 16) | size);
+        write_u64(&hal, reg::ASQ, sq);
+        write_u64(&hal, reg::ACQ, cq);
+        // CSS 0 (NVM), MPS 0 (4 KiB), round robin, I/O entry sizes 64/16.
+        hal.write_register(
+            reg::CC,
+            reg::CC_ENABLE | reg::CC_IOSQES_64 | reg::CC_IOCQES_16,
+        );
+        wait_ready(&hal, true, ready_timeout_ms)?;
+
+        let mut controller = Controller {
+            hal,
+            caps,
+            version,
+            identity: ControllerIdentity::parse(&[0; 4096]),
+            admin: AdminQueue {
+                sq,
+                cq,
+                entries,
+                tail: 0,
+                head: 0,
+                phase: true,
+                next_command_id: 0,
+            },
+            config,
+            scratch,
+            io_queues_granted: 0,
+            next_qid: 1,
+        };
+        let page = controller.identify(1, 0)?;
+        controller.identity = ControllerIdentity::parse(&page);
+        Ok(controller)
+    }
+
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    pub fn identity(&self) -> &ControllerIdentity {
+        &self.identity
+    }
+
+    /// Largest I/O queue the controller takes (CAP.MQES + 1).
+    pub fn max_queue_entries(&self) -> u32 {
+        self.caps.max_queue_entries
+    }
+
+    /// True when CSTS.CFS reports a fatal controller error.
+    pub fn is_fatal(&self) -> bool {
+        self.hal.read_register(reg::CSTS) & reg::CSTS_FATAL != 0
+    }
+
+    fn identify(&mut self, cns: u32, nsid: u32) -> Result<[u8; 4096], NvmeError> {
+        self.hal.write_dma(self.scratch, &[0; 4096]);
+        let entry = SubmissionEntry::new(Opcode::Identify as u8, 0, nsid)
+            .with_prp(self.scratch, 0)
+            .with_cdw(10, cns);
+        self.admin_command(entry)?;
+        let mut page = [0u8; 4096];
+        self.hal.read_dma(self.scratch, &mut page);
+        Ok(page)
+    }
+
+    /// Runs one admin command to completion.
+    fn admin_command(&mut self, mut entry: SubmissionEntry) -> Result<CompletionEntry, NvmeError> {
+        let opcode = entry.bytes[0];
+        let admin = &mut self.admin;
+        let command_id = admin.next_command_id;
+        admin.next_command_id = admin.next_command_id.wrapping_add(1);
+        entry.set_command_id(command_id);
+        self.hal.write_dma(
+            admin.sq + u64::from(admin.tail) * SQ_ENTRY_LEN as u64,
+            &entry.bytes,
+        );
+        admin.tail = (admin.tail + 1) % admin.entries;
+        core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+        self.hal
+            .write_register(doorbell(&self.caps, 0, false), u32::from(admin.tail));
+
+        let mut waited_us = 0;
+        loop {
+            let slot = admin.cq + u64::from(admin.head) * CQ_ENTRY_LEN as u64;
+            let dw3 = self.hal.read_dma_u32(slot + 12);
+            if (dw3 & (1 << 16) != 0) == admin.phase {
+                core::sync::atomic::fence(core::sync::atomic::Ordering::Acquire);
+                let mut bytes = [0u8; CQ_ENTRY_LEN];
+                self.hal.read_dma(slot, &mut bytes);
+                let completion = CompletionEntry::parse(&bytes);
+                admin.head += 1;
+                if admin.head == admin.entries {
+                    admin.head = 0;
+                    admin.phase = !admin.phase;
+                }
+                self.hal
+                    .write_register(doorbell(&self.caps, 0, true), u32::from(admin.head));
+                if completion.command_id != command_id {
+                    // Stale or foreign: keep waiting for ours.
+                    log::warn!(
+                        "nvme: admin completion for command {} while waiting for {}",
+                        completion.command_id,
+                        command_id
+                    );
+                    continue;
+                }
+                if !completion.status.is_success() {
+                    return Err(NvmeError::CommandFailed {
+                        opcode,
+                        status: completion.status,
+                    });
+                }
+                return Ok(completion);
+            }
+            if waited_us >= self.config.admin_timeout_ms * 1000 {
+                let fatal = self.hal.read_register(reg::CSTS) & reg::CSTS_FATAL != 0;
+                return Err(if fatal {
+                    NvmeError::ControllerFatal
+                } else {
+                    NvmeError::CommandTimeout { opcode }
+                });
+            }
+            if waited_us % 10_000 == 0 && self.hal.read_register(reg::CSTS) & reg::CSTS_FATAL != 0 {
+                return Err(NvmeError::ControllerFatal);
+            }
+            self.hal.delay_us(POLL_INTERVAL_US);
+            waited_us += POLL_INTERVAL_US;
+        }
+    }
+
+    /// Identifies namespace `nsid` (1-based).
+    pub fn namespace(&mut self, nsid: u32) -> Result<Namespace, NvmeError> {
+        if nsid == 0 || nsid > self.identity.namespace_count {
+            return Err(NvmeError::NoSuchNamespace(nsid));
+        }
+        let page = self.identify(0, nsid)?;
+        let blocks = u64::from_le_bytes(page[0..8].try_into().expect("8"));
+        if blocks == 0 {
+            return Err(NvmeError::NoSuchNamespace(nsid));
+        }
+        let format = usize::from(page[26] & 0xf);
+        let lbaf = &page[128 + 4 * format..132 + 4 * format];
+        let metadata = u16::from_le_bytes([lbaf[0], lbaf[1]]);
+        let block_shift = u32::from(lbaf[2]);
+        let block_size = 1u64.checked_shl(block_shift).unwrap_or(0);
+        if !(9..=12).contains(&block_shift) || metadata != 0 {
+            return Err(NvmeError::UnsupportedFormat {
+                block_size,
+                metadata,
+            });
+        }
+        let mdts_pages = match self.identity.mdts {
+            0 => usize::MAX,
+            m => 1usize
+                .checked_shl(u32::from(m) + self.caps.min_page_shift - 12)
+                .unwrap_or(usize::MAX),
+        };
+        Ok(Namespace {
+            nsid,
+            blocks,
+            block_size: block_size as u32,
+            discard: self.identity.dataset_management(),
+            volatile_write_cache: self.identity.volatile_write_cache,
+            // PRP1 plus one full list page.
+            max_pages_per_command: mdts_pages.min(MAX_PRP_LIST_ENTRIES + 1),
+        })
+    }
+
+    /// Asks for `wanted` I/O queue pairs; returns how many the controller granted.
+    pub fn request_io_queues(&mut self, wanted: u16) -> Result<u16, NvmeError> {
+        let n = u32::from(wanted.clamp(1, 0xfffe) - 1);
+        let entry = SubmissionEntry::new(Opcode::SetFeatures as u8, 0, 0)
+            .with_cdw(10, 0x07)
+            .with_cdw(11, n | (n << 16));
+        let completion = self.admin_command(entry)?;
+        let submission = (completion.result & 0xffff) as u16;
+        let completions = (completion.result >> 16) as u16;
+        self.io_queues_granted = submission.min(completions).saturating_add(1).min(wanted);
+        Ok(self.io_queues_granted)
+    }
+
+    /// Creates the next I/O queue pair (`entries` deep, clamped to what the controller
+    /// takes) for `namespace`.
+    pub fn create_io_queue(
+        &mut self,
+        namespace: &Namespace,
+        entries: u16,
+    ) -> Result<IoQueue<H>, NvmeError> {
+        if self.next_qid > self.io_queues_granted {
+            return Err(NvmeError::NoQueueLeft);
+        }
+        let qid = self.next_qid;
+        let entries = entries
+            .clamp(2, 4096)
+            .min(self.caps.max_queue_entries.min(4096) as u16);
+        let sq_pages = pages_for(usize::from(entries) * SQ_ENTRY_LEN);
+        let cq_pages = pages_for(usize::from(entries) * CQ_ENTRY_LEN);
+        let sq = self
+            .hal
+            .allocate_dma(sq_pages)
+            .ok_or(NvmeError::OutOfDmaMemory)?;
+        let cq = self
+            .hal
+            .allocate_dma(cq_pages)
+            .ok_or(NvmeError::OutOfDmaMemory)?;
+        let size = u32::from(entries - 1) << 16;
+        // Completion queue first: the submission queue names it. Physically contiguous,
+        // interrupts off.
+        self.admin_command(
+            SubmissionEntry::new(Opcode::CreateIoCq as u8, 0, 0)
+                .with_prp(cq, 0)
+                .with_cdw(10, size | u32::from(qid))
+                .with_cdw(11, 1),
+        )?;
+        self.admin_command(
+            SubmissionEntry::new(Opcode::CreateIoSq as u8, 0, 0)
+                .with_prp(sq, 0)
+                .with_cdw(10, size | u32::from(qid))
+                .with_cdw(11, (u32::from(qid) << 16) | 1),
+        )?;
+        self.next_qid += 1;
+        IoQueue::new(
+            self.hal.clone(),
+            &self.caps,
+            namespace,
+            qid,
+            entries,
+            sq,
+            cq,
+        )
+    }
+}
+
+pub(crate) fn pages_for(bytes: usize) -> usize {
+    bytes.div_ceil(PAGE_SIZE as usize).max(1)
+}

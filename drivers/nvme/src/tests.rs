@@ -1,0 +1,648 @@
+use crate::command::CommandStatus;
+use crate::model::{Model, ModelHal};
+use crate::*;
+use blkdev::{
+    BlockDevice, BufferAccess, Completion, DmaSegment, IoOp, IoRequest, IoStatus, SubmitError,
+};
+
+/// DMA devices never touch buffers through the CPU.
+struct NoCpuAccess;
+impl BufferAccess for NoCpuAccess {
+    fn read_buffer(&self, _: u64, _: usize, _: &mut [u8]) -> bool {
+        panic!("DMA driver used CPU buffer access")
+    }
+    fn write_buffer(&self, _: u64, _: usize, _: &[u8]) -> bool {
+        panic!("DMA driver used CPU buffer access")
+    }
+}
+
+fn bring_up(model: Model, queues: u16, entries: u16) -> (ModelHal, Vec<IoQueue<ModelHal>>) {
+    let hal = ModelHal::new(model);
+    let mut controller = Controller::init(hal.clone(), InitConfig::default()).unwrap();
+    let namespace = controller.namespace(1).unwrap();
+    let granted = controller.request_io_queues(queues).unwrap();
+    let queues = (0..granted)
+        .map(|_| controller.create_io_queue(&namespace, entries).unwrap())
+        .collect();
+    (hal, queues)
+}
+
+fn request(tag: u32, op: IoOp, sector: u64, segments: &[DmaSegment]) -> IoRequest<'_> {
+    let bytes: u64 = segments.iter().map(|s| u64::from(s.len)).sum();
+    IoRequest {
+        tag,
+        op,
+        sector,
+        nr_sectors: bytes / 512,
+        preflush: false,
+        segments,
+    }
+}
+
+/// One whole fresh page as the only segment.
+fn one_page(hal: &ModelHal) -> [DmaSegment; 1] {
+    [DmaSegment {
+        buffer: hal.with(|m| m.allocate(1)).unwrap(),
+        offset: 0,
+        len: 4096,
+    }]
+}
+
+fn drain(queue: &mut IoQueue<ModelHal>) -> Vec<Completion> {
+    let mut out = Vec::new();
+    queue.poll_completions(&mut |c| out.push(c));
+    out
+}
+
+fn complete_one(queue: &mut IoQueue<ModelHal>, request: &IoRequest<'_>) -> IoStatus {
+    queue.submit(request, &NoCpuAccess).unwrap();
+    let done = drain(queue);
+    assert_eq!(done.len(), 1, "{done:?}");
+    assert_eq!(done[0].tag, request.tag);
+    done[0].status
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Segments of random shapes: the first may start mid-page, a short one may sit in the
+/// middle (forcing a split), all sector multiples within their page.
+fn random_segments(rng: &mut Rng, hal: &ModelHal, count: usize) -> Vec<DmaSegment> {
+    let pages = hal.with(|m| m.allocate(count)).unwrap();
+    (0..count)
+        .map(|i| {
+            let buffer = pages + i as u64 * 4096;
+            let (offset, len) = match rng.below(4) {
+                0 => {
+                    let first = rng.below(8) as u32;
+                    let last = first + rng.below(8 - u64::from(first)) as u32;
+                    (first * 512, (last - first + 1) * 512)
+                }
+                _ => (0, 4096),
+            };
+            DmaSegment {
+                buffer,
+                offset,
+                len,
+            }
+        })
+        .collect()
+}
+
+fn fill(hal: &ModelHal, segments: &[DmaSegment], seed: u8) -> Vec<u8> {
+    let mut expected = Vec::new();
+    hal.with(|m| {
+        for (i, s) in segments.iter().enumerate() {
+            let at = (s.buffer + u64::from(s.offset)) as usize;
+            for (j, byte) in m.memory[at..at + s.len as usize].iter_mut().enumerate() {
+                *byte = seed.wrapping_add((i * 7 + j * 13) as u8);
+            }
+            expected.extend_from_slice(&m.memory[at..at + s.len as usize]);
+        }
+    });
+    expected
+}
+
+fn gather(hal: &ModelHal, segments: &[DmaSegment]) -> Vec<u8> {
+    hal.with(|m| {
+        segments
+            .iter()
+            .flat_map(|s| {
+                let at = (s.buffer + u64::from(s.offset)) as usize;
+                m.memory[at..at + s.len as usize].to_vec()
+            })
+            .collect()
+    })
+}
+
+#[test]
+fn bring_up_identifies_controller_and_namespace() {
+    let hal = ModelHal::new(Model::new(8 << 20));
+    let mut controller = Controller::init(hal.clone(), InitConfig::default()).unwrap();
+    assert_eq!(controller.identity().model_str(), "Model NVMe");
+    assert_eq!(controller.identity().serial_str(), "model-serial");
+    assert_eq!(controller.version(), Version { major: 1, minor: 4 });
+    assert_eq!(controller.max_queue_entries(), 64);
+    let ns = controller.namespace(1).unwrap();
+    assert_eq!(ns.blocks, (8 << 20) / 512);
+    assert_eq!(ns.block_size, 512);
+    assert!(ns.discard && ns.volatile_write_cache);
+    assert_eq!(ns.max_pages_per_command, 32);
+    assert_eq!(controller.namespace(2), Err(NvmeError::NoSuchNamespace(2)));
+    assert_eq!(controller.request_io_queues(16).unwrap(), 8);
+    let queue = controller.create_io_queue(&ns, 1000).unwrap();
+    assert_eq!(queue.queue_depth(), 63, "clamped to MQES + 1 entries");
+    let g = queue.geometry();
+    assert_eq!(g.sectors, (8 << 20) / 512);
+    assert!(g.flush && g.discard.is_some());
+    assert!(hal.with(|m| m.violations.is_empty()));
+}
+
+#[test]
+fn a_controller_that_never_gets_ready_times_out() {
+    let mut model = Model::new(1 << 20);
+    model.never_ready = true;
+    model.cap_to = 2; // 1 s
+    let hal = ModelHal::new(model);
+    let result = Controller::init(hal.clone(), InitConfig::default());
+    assert!(matches!(
+        result,
+        Err(NvmeError::ReadyTimeout { enabling: true })
+    ));
+    let waited = hal.with(|m| m.delays_us);
+    assert!((1_000_000..1_100_000).contains(&waited), "{waited}");
+}
+
+#[test]
+fn inactive_namespace_and_bad_formats_are_refused() {
+    let mut model = Model::new(1 << 20);
+    model.namespace_count = 2;
+    let hal = ModelHal::new(model);
+    let mut controller = Controller::init(hal.clone(), InitConfig::default()).unwrap();
+    assert_eq!(controller.namespace(2), Err(NvmeError::NoSuchNamespace(2)));
+    assert_eq!(controller.namespace(0), Err(NvmeError::NoSuchNamespace(0)));
+    let mut controller = Controller::init(hal.clone(), InitConfig::default()).unwrap();
+    let ns = controller.namespace(1).unwrap();
+    // No queues asked for yet: none to create.
+    assert!(matches!(
+        controller.create_io_queue(&ns, 8),
+        Err(NvmeError::NoQueueLeft)
+    ));
+}
+
+#[test]
+fn random_requests_round_trip_with_prp_lists_and_splits() {
+    let mut model = Model::new(16 << 20);
+    model.mdts = 3; // 8 pages per command: long requests split
+    let (hal, mut queues) = bring_up(model, 1, 32);
+    let queue = &mut queues[0];
+    let mut rng = Rng(0x5eed);
+    let capacity = queue.geometry().sectors;
+    for round in 0..60u32 {
+        let count = 1 + rng.below(40) as usize;
+        let segments = random_segments(&mut rng, &hal, count);
+        let expected = fill(&hal, &segments, round as u8);
+        let sectors = expected.len() as u64 / 512;
+        let sector = rng.below(capacity - sectors);
+        let write = request(round, IoOp::Write, sector, &segments);
+        assert_eq!(complete_one(queue, &write), IoStatus::Ok);
+        let on_disk = hal.with(|m| m.disk[sector as usize * 512..][..expected.len()].to_vec());
+        assert_eq!(on_disk, expected, "round {round}");
+
+        // Other shapes, same total length.
+        let mut back = Vec::new();
+        let mut left = expected.len() as u64;
+        while left > 0 {
+            let mut shape = random_segments(&mut rng, &hal, 1)[0];
+            shape.len = shape.len.min(left as u32);
+            left -= u64::from(shape.len);
+            back.push(shape);
+        }
+        let read = request(round + 1000, IoOp::Read, sector, &back);
+        assert_eq!(complete_one(queue, &read), IoStatus::Ok);
+        assert_eq!(gather(&hal, &back), expected, "round {round} read back");
+    }
+    let stats = queue.stats();
+    assert!(stats.split_requests > 10, "{stats:?}");
+    assert!(stats.commands > stats.requests);
+    assert!(
+        hal.with(|m| m.violations.is_empty()),
+        "{:?}",
+        hal.with(|m| m.violations.clone())
+    );
+}
+
+#[test]
+fn phase_bit_wraps_many_times_on_a_tiny_queue() {
+    let (hal, mut queues) = bring_up(Model::new(1 << 20), 1, 4);
+    let queue = &mut queues[0];
+    assert_eq!(queue.queue_depth(), 3);
+    let segment = one_page(&hal);
+    let mut completed = 0;
+    for round in 0..50u32 {
+        // Three at once, then drain: entries cycle through every CQ slot.
+        for k in 0..3 {
+            let tag = round * 3 + k;
+            queue
+                .submit(
+                    &request(tag, IoOp::Write, u64::from(tag % 200) * 8, &segment),
+                    &NoCpuAccess,
+                )
+                .unwrap();
+        }
+        let done = drain(queue);
+        assert_eq!(done.len(), 3, "round {round}");
+        assert!(done.iter().all(|c| c.status == IoStatus::Ok));
+        completed += done.len();
+    }
+    assert_eq!(completed, 150);
+    assert!(hal.with(|m| m.violations.is_empty()));
+}
+
+#[test]
+fn a_full_queue_refuses_until_completions_are_polled() {
+    let mut model = Model::new(1 << 20);
+    let (hal, mut queues) = {
+        model.hold = false;
+        bring_up(model, 1, 8)
+    };
+    hal.with(|m| m.hold = true);
+    let queue = &mut queues[0];
+    let segment = one_page(&hal);
+    let mut accepted = 0;
+    let refused = loop {
+        match queue.submit(&request(accepted, IoOp::Read, 0, &segment), &NoCpuAccess) {
+            Ok(()) => accepted += 1,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(refused, SubmitError::QueueFull);
+    assert_eq!(accepted, 7);
+    assert_eq!(drain(queue).len(), 0, "nothing done before the device runs");
+    hal.with(|m| m.process());
+    let done = drain(queue);
+    let mut tags: Vec<_> = done.iter().map(|c| c.tag).collect();
+    tags.sort();
+    assert_eq!(tags, (0..7).collect::<Vec<_>>());
+    queue
+        .submit(&request(99, IoOp::Read, 0, &segment), &NoCpuAccess)
+        .unwrap();
+    // A request needing more commands than free slots is refused as a whole.
+    let two_pages = hal.with(|m| m.allocate(2)).unwrap();
+    let split = [
+        DmaSegment {
+            buffer: two_pages,
+            offset: 0,
+            len: 512,
+        },
+        DmaSegment {
+            buffer: two_pages + 4096,
+            offset: 0,
+            len: 512,
+        },
+    ];
+    for tag in 100..105 {
+        queue
+            .submit(&request(tag, IoOp::Read, 0, &segment), &NoCpuAccess)
+            .unwrap();
+    }
+    assert_eq!(
+        queue.submit(&request(200, IoOp::Read, 0, &split), &NoCpuAccess),
+        Err(SubmitError::QueueFull)
+    );
+    hal.with(|m| m.process());
+    assert_eq!(drain(queue).len(), 6);
+    assert!(hal.with(|m| m.violations.is_empty()));
+}
+
+#[test]
+fn device_errors_map_to_error_and_unsupported() {
+    let mut model = Model::new(1 << 20);
+    model.fail_lba = Some((100, CommandStatus::new(2, 0x81))); // media: unrecovered read
+    let (hal, mut queues) = bring_up(model, 1, 8);
+    let queue = &mut queues[0];
+    let segment = one_page(&hal);
+    assert_eq!(
+        complete_one(queue, &request(1, IoOp::Read, 96, &segment)),
+        IoStatus::Error
+    );
+    assert_eq!(
+        complete_one(queue, &request(2, IoOp::Read, 104, &segment)),
+        IoStatus::Ok
+    );
+    // Past the end, misaligned and empty-segment requests never reach the device.
+    let capacity = queue.geometry().sectors;
+    assert_eq!(
+        queue.submit(
+            &request(3, IoOp::Read, capacity - 4, &segment),
+            &NoCpuAccess
+        ),
+        Err(SubmitError::Invalid)
+    );
+    let empty = [DmaSegment {
+        buffer: segment[0].buffer,
+        offset: 0,
+        len: 0,
+    }];
+    assert_eq!(
+        queue.submit(&request(4, IoOp::Read, 0, &empty), &NoCpuAccess),
+        Err(SubmitError::Invalid)
+    );
+    let crossing = [DmaSegment {
+        buffer: segment[0].buffer,
+        offset: 3584,
+        len: 1024,
+    }];
+    assert_eq!(
+        queue.submit(&request(5, IoOp::Read, 0, &crossing), &NoCpuAccess),
+        Err(SubmitError::Invalid)
+    );
+
+    hal.with(|m| m.unsupported_opcodes = vec![0x00, 0x09]);
+    let flush = IoRequest {
+        tag: 6,
+        op: IoOp::Flush,
+        sector: 0,
+        nr_sectors: 0,
+        preflush: false,
+        segments: &[],
+    };
+    assert_eq!(complete_one(queue, &flush), IoStatus::Unsupported);
+    let discard = IoRequest {
+        tag: 7,
+        op: IoOp::Discard { secure: false },
+        sector: 8,
+        nr_sectors: 8,
+        ..flush
+    };
+    assert_eq!(complete_one(queue, &discard), IoStatus::Unsupported);
+    let executed_before = hal.with(|m| m.executed.len());
+    let secure = IoRequest {
+        tag: 8,
+        op: IoOp::Discard { secure: true },
+        ..discard
+    };
+    assert_eq!(complete_one(queue, &secure), IoStatus::Unsupported);
+    assert_eq!(
+        hal.with(|m| m.executed.len()),
+        executed_before,
+        "answered locally"
+    );
+}
+
+#[test]
+fn discard_deallocates_and_flush_reaches_the_device() {
+    let (hal, mut queues) = bring_up(Model::new(1 << 20), 1, 8);
+    let queue = &mut queues[0];
+    hal.with(|m| m.disk.fill(0xee));
+    let discard = IoRequest {
+        tag: 1,
+        op: IoOp::Discard { secure: false },
+        sector: 16,
+        nr_sectors: 24,
+        preflush: false,
+        segments: &[],
+    };
+    assert_eq!(complete_one(queue, &discard), IoStatus::Ok);
+    hal.with(|m| {
+        assert!(m.disk[16 * 512..40 * 512].iter().all(|&b| b == 0));
+        assert_eq!(m.disk[16 * 512 - 1], 0xee);
+        assert_eq!(m.disk[40 * 512], 0xee);
+        let last = m.executed.last().unwrap();
+        assert_eq!((last.opcode, last.slba, last.blocks), (0x09, 16, 24));
+    });
+    let flush = IoRequest {
+        tag: 2,
+        op: IoOp::Flush,
+        ..discard
+    };
+    assert_eq!(complete_one(queue, &flush), IoStatus::Ok);
+    assert_eq!(hal.with(|m| m.executed.last().unwrap().opcode), 0x00);
+
+    let no_dsm = {
+        let mut model = Model::new(1 << 20);
+        model.dsm = false;
+        model
+    };
+    let (hal, mut queues) = bring_up(no_dsm, 1, 8);
+    assert!(queues[0].geometry().discard.is_none());
+    assert_eq!(
+        complete_one(&mut queues[0], &discard),
+        IoStatus::Unsupported
+    );
+    assert!(hal.with(|m| m.executed.is_empty()));
+}
+
+#[test]
+fn preflush_write_waits_for_its_flush() {
+    let (hal, mut queues) = bring_up(Model::new(1 << 20), 1, 8);
+    hal.with(|m| m.hold = true);
+    let queue = &mut queues[0];
+    let pages = hal.with(|m| m.allocate(3)).unwrap();
+    let segments: Vec<_> = (0..3)
+        .map(|i| DmaSegment {
+            buffer: pages + i * 4096,
+            offset: if i == 1 { 512 } else { 0 }, // forces three commands
+            len: if i == 1 { 1024 } else { 4096 },
+        })
+        .collect();
+    let expected = fill(&hal, &segments, 9);
+    let write = IoRequest {
+        preflush: true,
+        ..request(5, IoOp::Write, 64, &segments)
+    };
+    queue.submit(&write, &NoCpuAccess).unwrap();
+    hal.with(|m| m.process());
+    let ops: Vec<_> = hal.with(|m| m.executed.iter().map(|e| e.opcode).collect());
+    assert_eq!(ops, [0x00], "only the flush is visible before it completes");
+    assert!(drain(queue).is_empty());
+    hal.with(|m| m.process());
+    let done = drain(queue);
+    assert_eq!(
+        done,
+        [Completion {
+            tag: 5,
+            status: IoStatus::Ok
+        }]
+    );
+    let ops: Vec<_> = hal.with(|m| m.executed.iter().map(|e| e.opcode).collect());
+    assert_eq!(ops, [0x00, 0x01, 0x01, 0x01]);
+    assert_eq!(
+        hal.with(|m| m.disk[64 * 512..][..expected.len()].to_vec()),
+        expected
+    );
+
+    // A failed pre-flush fails the request without writing.
+    hal.with(|m| m.unsupported_opcodes = vec![0x00]);
+    let write = IoRequest { tag: 6, ..write };
+    queue.submit(&write, &NoCpuAccess).unwrap();
+    hal.with(|m| m.process());
+    assert_eq!(
+        drain(queue),
+        [Completion {
+            tag: 6,
+            status: IoStatus::Unsupported
+        }]
+    );
+    assert_eq!(hal.with(|m| m.executed.len()), 5);
+    assert_eq!(queue.queue_depth(), 7);
+    for tag in 10..17 {
+        queue
+            .submit(&request(tag, IoOp::Read, 0, &segments[..1]), &NoCpuAccess)
+            .unwrap();
+    }
+}
+
+#[test]
+fn controller_fatal_status_fails_outstanding_requests_and_later_ones() {
+    let mut model = Model::new(1 << 20);
+    model.fatal_after = Some(2);
+    let (hal, mut queues) = bring_up(model, 1, 8);
+    let queue = &mut queues[0];
+    let segment = one_page(&hal);
+    for tag in 0..4 {
+        queue
+            .submit(&request(tag, IoOp::Read, 0, &segment), &NoCpuAccess)
+            .unwrap();
+    }
+    let mut done = Vec::new();
+    for _ in 0..5000 {
+        queue.poll_completions(&mut |c| done.push(c));
+        if done.len() == 4 {
+            break;
+        }
+    }
+    assert_eq!(done.len(), 4, "{done:?}");
+    assert_eq!(done[0].status, IoStatus::Ok);
+    assert_eq!(done[1].status, IoStatus::Ok);
+    assert!(done[2..].iter().all(|c| c.status == IoStatus::Error));
+    assert!(queue.is_dead());
+    assert_eq!(
+        complete_one(queue, &request(9, IoOp::Read, 0, &segment)),
+        IoStatus::Error
+    );
+}
+
+#[test]
+fn two_threads_drive_their_own_queues_at_once() {
+    let (hal, queues) = bring_up(Model::new(8 << 20), 2, 16);
+    assert_eq!(queues.len(), 2);
+    let threads: Vec<_> = queues
+        .into_iter()
+        .enumerate()
+        .map(|(index, mut queue)| {
+            let hal = hal.clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng(index as u64 + 77);
+                let region = index as u64 * 8192; // sectors: 4 MiB each
+                let pages = hal.with(|m| m.allocate(8)).unwrap();
+                for round in 0..300u32 {
+                    let count = 1 + rng.below(8) as usize;
+                    let segments: Vec<_> = (0..count)
+                        .map(|i| DmaSegment {
+                            buffer: pages + i as u64 * 4096,
+                            offset: 0,
+                            len: 4096,
+                        })
+                        .collect();
+                    let expected = fill(&hal, &segments, round as u8 ^ index as u8);
+                    let sector = region + rng.below(8192 - 64);
+                    let tag = round;
+                    queue
+                        .submit(&request(tag, IoOp::Write, sector, &segments), &NoCpuAccess)
+                        .unwrap();
+                    let mut done = Vec::new();
+                    while done.is_empty() {
+                        queue.poll_completions(&mut |c| done.push(c));
+                    }
+                    assert_eq!(
+                        done,
+                        [Completion {
+                            tag,
+                            status: IoStatus::Ok
+                        }]
+                    );
+                    let disk =
+                        hal.with(|m| m.disk[sector as usize * 512..][..expected.len()].to_vec());
+                    assert_eq!(disk, expected);
+                }
+                queue.stats().completions
+            })
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap(), 300);
+    }
+    hal.with(|m| {
+        assert!(m.violations.is_empty());
+        assert!(m.executed.iter().any(|e| e.qid == 1) && m.executed.iter().any(|e| e.qid == 2));
+    });
+}
+
+fn seg(buffer: u64, offset: u32, len: u32) -> DmaSegment {
+    DmaSegment {
+        buffer,
+        offset,
+        len,
+    }
+}
+
+fn plans(
+    segments: &[DmaSegment],
+    max_pages: usize,
+    block: u32,
+) -> Result<Vec<CommandPlan>, PlanError> {
+    let mut out = Vec::new();
+    let n = plan_commands(segments, max_pages, block, &mut |p| out.push(p))?;
+    assert_eq!(n, out.len());
+    Ok(out)
+}
+
+#[test]
+fn plans_split_at_prp_breaks_and_at_the_page_limit() {
+    let page = |n: u64| n * 4096;
+    // Offset first segment to its page end, then whole pages, short last: one command.
+    let joined = [
+        seg(page(1), 1024, 3072),
+        seg(page(5), 0, 4096),
+        seg(page(9), 0, 512),
+    ];
+    assert_eq!(
+        plans(&joined, 32, 512).unwrap(),
+        [CommandPlan {
+            first_segment: 0,
+            segment_count: 3,
+            byte_offset: 0,
+            bytes: 7680
+        }]
+    );
+    // A short middle segment ends a command; an offset segment starts one.
+    let broken = [
+        seg(page(1), 0, 4096),
+        seg(page(2), 0, 512),
+        seg(page(3), 0, 4096),
+        seg(page(4), 512, 512),
+    ];
+    let p = plans(&broken, 32, 512).unwrap();
+    assert_eq!(p.len(), 3);
+    assert_eq!(
+        (p[1].first_segment, p[1].segment_count, p[1].byte_offset),
+        (2, 1, 4608)
+    );
+    assert_eq!(
+        (p[2].first_segment, p[2].byte_offset, p[2].bytes),
+        (3, 8704, 512)
+    );
+    // Page limit.
+    let long: Vec<_> = (0..10).map(|i| seg(page(i + 1), 0, 4096)).collect();
+    let p = plans(&long, 4, 512).unwrap();
+    assert_eq!(
+        p.iter().map(|c| c.segment_count).collect::<Vec<_>>(),
+        [4, 4, 2]
+    );
+    // 4 KiB blocks: a 512-byte command cannot be expressed.
+    assert_eq!(plans(&broken, 32, 4096), Err(PlanError::NotBlockMultiple));
+    assert_eq!(plans(&[], 32, 512), Err(PlanError::NoSegments));
+    assert_eq!(
+        plans(&[seg(page(1), 2, 512)], 32, 512),
+        Err(PlanError::BadSegment(0))
+    );
+    assert_eq!(
+        plans(&[seg(page(1), 0, 4096), seg(page(2), 0, 100)], 32, 512),
+        Err(PlanError::BadSegment(1))
+    );
+    assert_eq!(
+        plans(&[seg(u64::MAX - 10, 8, 512)], 32, 512),
+        Err(PlanError::BadSegment(0))
+    );
+}

@@ -1,0 +1,218 @@
+use crate::fake::{FakeConfig, FakeFunction};
+use crate::*;
+
+fn at(bus: u8, device: u8, function: u8) -> PciAddress {
+    PciAddress {
+        bus,
+        device,
+        function,
+    }
+}
+
+#[test]
+fn enumerates_functions_and_multi_function_devices() {
+    let config = FakeConfig::default();
+    config.insert(at(0, 0, 0), FakeFunction::new(0x8086, 0x29c0, (6, 0, 0)));
+    let mut multi = FakeFunction::new(0x8086, 0x2918, (6, 1, 0));
+    multi.bytes[0x0e] = 0x80;
+    config.insert(at(0, 0x1f, 0), multi);
+    config.insert(
+        at(0, 0x1f, 3),
+        FakeFunction::new(0x8086, 0x2930, (0xc, 5, 0)),
+    );
+    // Function 2 of a single-function device is never probed (it would alias).
+    config.insert(at(0, 3, 0), FakeFunction::new(0x1b36, 0x0010, CLASS_NVME));
+    config.insert(at(0, 3, 2), FakeFunction::new(0xdead, 0xbeef, (1, 0, 0)));
+    config.insert(at(1, 4, 0), FakeFunction::new(0x1af4, 0x1042, (1, 0, 0)));
+    let mut seen = Vec::new();
+    enumerate(&config, 0, 1, &mut |f| seen.push(f));
+    let addresses: Vec<_> = seen.iter().map(|f| f.address).collect();
+    assert_eq!(
+        addresses,
+        [
+            at(0, 0, 0),
+            at(0, 3, 0),
+            at(0, 0x1f, 0),
+            at(0, 0x1f, 3),
+            at(1, 4, 0)
+        ]
+    );
+    assert!(seen[1].is_nvme());
+    assert!(seen[4].is_virtio_blk());
+    assert!(!seen[0].is_nvme() && !seen[0].is_virtio_blk());
+    assert_eq!(seen[1].address.to_string(), "00:03.0");
+}
+
+#[test]
+fn sizes_32_and_64_bit_memory_and_io_bars_and_restores_them() {
+    let config = FakeConfig::default();
+    let mut f = FakeFunction::new(0x1b36, 0x0010, CLASS_NVME);
+    f.memory_bar64(0, 0x8_1234_0000, 0x4000, false);
+    f.memory_bar32(2, 0xfebf_1000, 0x1000);
+    f.io_bar(3, 0xc040, 0x40);
+    f.memory_bar64(4, 0xfe00_0000, 0x0100_0000, true);
+    f.set32(4, u32::from(COMMAND_MEMORY_SPACE | COMMAND_IO_SPACE));
+    let a = at(0, 3, 0);
+    config.insert(a, f);
+
+    assert_eq!(
+        read_bar(&config, a, 0),
+        Ok(Some(Bar::Memory {
+            address: 0x8_1234_0000,
+            size: 0x4000,
+            wide: true,
+            prefetchable: false
+        }))
+    );
+    assert_eq!(
+        read_bar(&config, a, 2),
+        Ok(Some(Bar::Memory {
+            address: 0xfebf_1000,
+            size: 0x1000,
+            wide: false,
+            prefetchable: false
+        }))
+    );
+    assert_eq!(
+        read_bar(&config, a, 3),
+        Ok(Some(Bar::Io {
+            port: 0xc040,
+            size: 0x40
+        }))
+    );
+    assert_eq!(
+        read_bar(&config, a, 4).unwrap().unwrap().memory_range(),
+        Some((0xfe00_0000, 0x0100_0000))
+    );
+    assert_eq!(read_bar(&config, a, 6), Err(BarError::NoSuchBar(6)));
+
+    let functions = config.functions.borrow();
+    let f = &functions[&a];
+    // Addresses and the command register are as they were; decoding was off while probing.
+    assert_eq!(f.get32(0x10), 0x1234_0004);
+    assert_eq!(f.get32(0x14), 0x8);
+    assert_eq!(f.get32(0x18), 0xfebf_1000);
+    assert_eq!(f.get32(4) as u16, COMMAND_MEMORY_SPACE | COMMAND_IO_SPACE);
+    let probe = f
+        .writes
+        .iter()
+        .position(|w| *w == (0x18, u32::MAX))
+        .unwrap();
+    let off_before = f.writes[..probe].iter().rev().find(|w| w.0 == 4).unwrap();
+    assert_eq!(off_before.1 as u16 & COMMAND_MEMORY_SPACE, 0);
+}
+
+#[test]
+fn unimplemented_and_reserved_bars() {
+    let config = FakeConfig::default();
+    let mut f = FakeFunction::new(1, 2, (1, 0, 0));
+    f.set32(0x14, 0b010); // memory type 1: reserved
+    f.memory_bar64(4, 0x1000_0000, 0x1000, false);
+    f.set32(0x14 + 16, 0);
+    let a = at(0, 1, 0);
+    config.insert(a, f);
+    assert_eq!(read_bar(&config, a, 0), Ok(None));
+    assert_eq!(read_bar(&config, a, 1), Err(BarError::ReservedType(1)));
+    let mut wide_last = FakeFunction::new(1, 2, (1, 0, 0));
+    wide_last.set32(0x24, 0b100);
+    config.insert(at(0, 2, 0), wide_last);
+    assert_eq!(
+        read_bar(&config, at(0, 2, 0), 5),
+        Err(BarError::NoSuchBar(5))
+    );
+    let mut bridge = FakeFunction::new(1, 2, (6, 4, 0));
+    bridge.bytes[0x0e] = 1;
+    config.insert(at(0, 4, 0), bridge);
+    assert_eq!(read_bar(&config, at(0, 4, 0), 0), Err(BarError::NotADevice));
+}
+
+fn virtio_cap(cfg_type: u8, bar: u8, offset: u32, length: u32, extra: &[u8]) -> Vec<u8> {
+    let mut body = vec![16 + extra.len() as u8, cfg_type, bar, 0, 0, 0];
+    body.extend_from_slice(&offset.to_le_bytes());
+    body.extend_from_slice(&length.to_le_bytes());
+    body.extend_from_slice(extra);
+    body
+}
+
+#[test]
+fn walks_capabilities_msix_and_virtio_vendor_caps() {
+    let config = FakeConfig::default();
+    let mut f = FakeFunction::new(0x1af4, 0x1042, (1, 0, 0));
+    let mut msix_body = vec![0u8; 10];
+    msix_body[0..2].copy_from_slice(&(0x8000u16 | 7).to_le_bytes());
+    msix_body[2..6].copy_from_slice(&(0x2000u32 | 1).to_le_bytes());
+    msix_body[6..10].copy_from_slice(&(0x3000u32 | 1).to_le_bytes());
+    f.add_capability(0x98, CAP_ID_MSIX, &msix_body);
+    f.add_capability(0x84, CAP_ID_VENDOR, &virtio_cap(1, 4, 0, 0x1000, &[]));
+    f.add_capability(0x70, CAP_ID_VENDOR, &virtio_cap(3, 4, 0x1000, 0x1000, &[]));
+    f.add_capability(0x60, CAP_ID_VENDOR, &virtio_cap(4, 4, 0x2000, 0x1000, &[]));
+    f.add_capability(
+        0x4c,
+        CAP_ID_VENDOR,
+        &virtio_cap(2, 4, 0x3000, 0x1000, &4u32.to_le_bytes()),
+    );
+    f.add_capability(0xb0, CAP_ID_VENDOR, &virtio_cap(9, 4, 0, 0, &[]));
+    let a = at(0, 4, 0);
+    config.insert(a, f);
+
+    let ids: Vec<_> = capabilities(&config, a).map(|c| (c.offset, c.id)).collect();
+    assert_eq!(ids.len(), 6);
+    assert_eq!(ids[0], (0x98, CAP_ID_MSIX));
+    let m = msix(&config, a).unwrap();
+    assert_eq!(
+        (
+            m.table_size,
+            m.table_bar,
+            m.table_offset,
+            m.pba_bar,
+            m.pba_offset,
+            m.enabled
+        ),
+        (8, 1, 0x2000, 1, 0x3000, true)
+    );
+    let caps: Vec<_> = virtio_capabilities(&config, a).collect();
+    assert_eq!(caps.len(), 4, "unknown type 9 skipped: {caps:?}");
+    assert_eq!(caps[0].kind, VirtioCapKind::Common);
+    assert_eq!(
+        caps[3],
+        VirtioCap {
+            kind: VirtioCapKind::Notify { multiplier: 4 },
+            bar: 4,
+            offset: 0x3000,
+            length: 0x1000
+        }
+    );
+}
+
+#[test]
+fn a_looping_capability_list_ends() {
+    let config = FakeConfig::default();
+    let mut f = FakeFunction::new(1, 2, (1, 0, 0));
+    f.add_capability(0x40, CAP_ID_VENDOR, &[]);
+    f.bytes[0x41] = 0x40; // points at itself
+    let a = at(0, 1, 0);
+    config.insert(a, f);
+    assert_eq!(capabilities(&config, a).count(), 48);
+    let mut no_list = FakeFunction::new(1, 2, (1, 0, 0));
+    no_list.bytes[0x34] = 0x40; // pointer without the status bit: ignored
+    config.insert(at(0, 2, 0), no_list);
+    assert_eq!(capabilities(&config, at(0, 2, 0)).count(), 0);
+}
+
+#[test]
+fn enabling_sets_memory_bus_master_and_masks_intx() {
+    let config = FakeConfig::default();
+    let mut f = FakeFunction::new(1, 2, (1, 0, 0));
+    f.set32(4, 0x0010_0001); // status cap-list bit, I/O decode on
+    let a = at(0, 1, 0);
+    config.insert(a, f);
+    let command = enable_memory_and_dma(&config, a);
+    assert_eq!(
+        command,
+        COMMAND_IO_SPACE | COMMAND_MEMORY_SPACE | COMMAND_BUS_MASTER | COMMAND_INTX_DISABLE
+    );
+    assert_eq!(
+        config.functions.borrow()[&a].get32(4),
+        0x0010_0000 | u32::from(command)
+    );
+}
