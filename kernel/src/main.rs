@@ -13,6 +13,7 @@ extern crate boot;
 mod arch;
 mod bootinfo;
 mod console;
+mod devices;
 mod firmware;
 mod logger;
 mod mm;
@@ -118,6 +119,9 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
 
     if let Some(what) = cmdline.value("crashtest") {
         crash_test(what);
+    }
+    if let Some(spec) = cmdline.value("disktest") {
+        devices::disk_test(spec, &cmdline, info.start_info.rsdp_paddr);
     }
     if selftest {
         let expected_cpus = cmdline

@@ -151,6 +151,36 @@ pub fn enumerate(
     }
 }
 
+/// Secondary bus number of a PCI-to-PCI bridge (type-1 header).
+const REG_SECONDARY_BUS: u16 = 0x19;
+
+/// Calls `visit` for every function reachable from `root_bus`: that bus, then the buses
+/// behind each bridge found, each bus at most once (a bridge naming a bus already seen,
+/// or its own, is not followed again).
+pub fn enumerate_tree(config: &dyn ConfigAccess, root_bus: u8, visit: &mut dyn FnMut(Function)) {
+    let mut seen = [0u64; 4];
+    let mut pending = [0u8; 256];
+    let mut pending_len = 1;
+    pending[0] = root_bus;
+    seen[usize::from(root_bus / 64)] |= 1 << (root_bus % 64);
+    while pending_len > 0 {
+        pending_len -= 1;
+        let bus = pending[pending_len];
+        enumerate(config, bus, bus, &mut |function| {
+            if function.header_type == 1 {
+                let secondary = config.read8(function.address, REG_SECONDARY_BUS);
+                let bit = 1u64 << (secondary % 64);
+                if seen[usize::from(secondary / 64)] & bit == 0 {
+                    seen[usize::from(secondary / 64)] |= bit;
+                    pending[pending_len] = secondary;
+                    pending_len += 1;
+                }
+            }
+            visit(function);
+        });
+    }
+}
+
 /// Sets `set` and clears `clear` in the command register; returns the new value.
 pub fn update_command(config: &dyn ConfigAccess, address: PciAddress, set: u16, clear: u16) -> u16 {
     // The status half is write-one-to-clear: write zeros there so nothing is cleared.

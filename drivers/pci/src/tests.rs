@@ -216,3 +216,23 @@ fn enabling_sets_memory_bus_master_and_masks_intx() {
         0x0010_0000 | u32::from(command)
     );
 }
+
+#[test]
+fn tree_walk_follows_bridges_once() {
+    let config = FakeConfig::default();
+    config.insert(at(0, 0, 0), FakeFunction::new(0x8086, 0x29c0, (6, 0, 0)));
+    let mut bridge = FakeFunction::new(0x1b36, 0x000c, (6, 4, 0));
+    bridge.bytes[0x0e] = 1;
+    bridge.bytes[0x19] = 5;
+    config.insert(at(0, 2, 0), bridge);
+    let mut inner = FakeFunction::new(0x1b36, 0x000c, (6, 4, 0));
+    inner.bytes[0x0e] = 1;
+    inner.bytes[0x19] = 0; // points back at the root: not walked twice
+    config.insert(at(5, 0, 0), inner);
+    config.insert(at(5, 1, 0), FakeFunction::new(0x1b36, 0x0010, CLASS_NVME));
+    // Not behind any bridge: never reached.
+    config.insert(at(9, 0, 0), FakeFunction::new(0x1af4, 0x1042, (1, 0, 0)));
+    let mut seen = Vec::new();
+    enumerate_tree(&config, 0, &mut |f| seen.push(f.address));
+    assert_eq!(seen, [at(0, 0, 0), at(0, 2, 0), at(5, 0, 0), at(5, 1, 0)]);
+}

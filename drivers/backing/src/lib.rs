@@ -1,0 +1,11 @@
+//! What backs a disk, chosen by a string, and the seeded write patterns of the disk test.
+//!
+//! Both are pure functions so the kernel and the host (the tier-2 runner recomputes the
+//! patterns in Python, `tests/qemu/disk_pattern.py`) agree on them.
+#![cfg_attr(not(test), no_std)]
+#![deny(unsafe_code)]
+
+pub mod pattern;
+pub mod spec;
+
+pub use spec::{parse_backing, Backing, SpecError};

@@ -1,0 +1,549 @@
+//! `disktest=<backing>`: drive a disk from every CPU at once and check what comes back.
+//!
+//! Queue `q` runs on CPU `q` and owns region `q` of the disk (the last `TAIL_SECTORS`
+//! stay out of every region: the discard check uses them). Per queue: the seeded writes
+//! of `backing::pattern` (1 sector to 1 MiB each), each read back and compared, then a
+//! flush; then throughput: random 4 KiB reads and sequential 256 KiB reads at queue
+//! depth. The tier-2 runner recomputes the writes from the seed and compares the backing
+//! file after QEMU has exited. Options: `disktest.seed=`, `disktest.writes=`,
+//! `disktest.queues=`, `disktest.random-reads=`, `disktest.sequential-mib=`.
+
+use super::open::{self, Queue};
+use super::platform::{self, now_us};
+use crate::power;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use backing::pattern::{self, Plan};
+use blkdev::{BufferAccess, DmaSegment, Geometry, IoOp, IoRequest, IoStatus, SubmitError};
+use blkdom_support::cmdline::Cmdline;
+use core::sync::atomic::{AtomicUsize, Ordering};
+use log::{error, info};
+
+/// Sectors at the end of the disk kept out of the write regions.
+pub const TAIL_SECTORS: u64 = 2048;
+/// Longest write: 1 MiB.
+const MAX_WRITE_SECTORS: u32 = 2048;
+const PAGE: u64 = 4096;
+const BUFFER_PAGES: usize = (MAX_WRITE_SECTORS as usize * 512) / PAGE as usize;
+/// Any one request must finish within this (TCG is slow, but not this slow).
+const REQUEST_TIMEOUT_US: u64 = 20_000_000;
+const SEQUENTIAL_REQUEST_BYTES: u64 = 256 * 1024;
+
+#[derive(Clone, Copy)]
+struct Params {
+    seed: u64,
+    writes: u32,
+    random_reads: u32,
+    sequential_bytes: u64,
+}
+
+/// What one queue measured.
+#[derive(Clone, Copy, Default)]
+struct QueueReport {
+    written_bytes: u64,
+    random_reads: u64,
+    random_us: u64,
+    sequential_bytes: u64,
+    sequential_us: u64,
+}
+
+struct Job {
+    queue: Queue,
+    index: u32,
+    region_start: u64,
+    region_sectors: u64,
+    params: Params,
+    discard_tail: bool,
+}
+
+static JOBS: spin::Once<Vec<spin::Mutex<Option<Job>>>> = spin::Once::new();
+/// Each queue's outcome, filled by the CPU that drove it.
+type QueueResult = spin::Mutex<Option<Result<QueueReport, String>>>;
+static RESULTS: spin::Once<Vec<QueueResult>> = spin::Once::new();
+static FINISHED: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs the disk test on `spec` and powers off with its verdict.
+pub fn disk_test(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> ! {
+    let verdict = match run(spec, cmdline, rsdp_paddr) {
+        Ok(()) => {
+            info!("disktest: PASS");
+            power::Verdict::Pass
+        }
+        Err(why) => {
+            error!("disktest: FAIL: {why}");
+            power::Verdict::Fail
+        }
+    };
+    power::report_verdict(verdict);
+    power::power_off()
+}
+
+fn number<T: core::str::FromStr>(cmdline: &Cmdline, key: &str, default: T) -> Result<T, String> {
+    match cmdline.value(key) {
+        None => Ok(default),
+        Some(text) => text
+            .parse()
+            .map_err(|_| format!("{key}={text} is not a number")),
+    }
+}
+
+fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
+    let backing = backing::parse_backing(spec).map_err(|e| format!("disktest={spec}: {e}"))?;
+    let params = Params {
+        seed: number(cmdline, "disktest.seed", 1)?,
+        writes: number(cmdline, "disktest.writes", 24)?,
+        random_reads: number(cmdline, "disktest.random-reads", 2000)?,
+        sequential_bytes: number::<u64>(cmdline, "disktest.sequential-mib", 16)? << 20,
+    };
+    let cpus = crate::smp::online_count();
+    let wanted: usize = number(cmdline, "disktest.queues", cpus)?;
+    if wanted == 0 || wanted > cpus {
+        return Err(format!(
+            "disktest.queues={wanted}: between 1 and the {cpus} online CPUs"
+        ));
+    }
+    let tsc_per_us = platform::calibrate_clock();
+    info!(
+        "disktest: {spec}, seed {}, {} writes per queue, TSC {tsc_per_us} MHz",
+        params.seed, params.writes
+    );
+
+    let disk = open::open(backing, rsdp_paddr, wanted)?;
+    let geometry = disk.queues[0].geometry();
+    let queues = disk.queues.len();
+    info!(
+        "disktest: {}; {} sectors, flush {}, discard {}",
+        disk.description,
+        geometry.sectors,
+        if geometry.flush { "yes" } else { "no" },
+        if geometry.discard.is_some() {
+            "yes"
+        } else {
+            "no"
+        }
+    );
+    if queues < wanted {
+        info!("disktest: the device gave {queues} of {wanted} queues");
+    }
+    if geometry.sectors <= TAIL_SECTORS + 2 * u64::from(MAX_WRITE_SECTORS) * queues as u64 {
+        return Err(format!("disk of {} sectors is too small", geometry.sectors));
+    }
+    let region_sectors = (geometry.sectors - TAIL_SECTORS) / queues as u64;
+    info!(
+        "disktest: {queues} queue(s), regions of {region_sectors} sectors (host check: disk_pattern.expected_image(size, {}, {queues}, {}))",
+        params.seed, params.writes
+    );
+
+    let jobs = JOBS.call_once(|| {
+        disk.queues
+            .into_iter()
+            .enumerate()
+            .map(|(index, queue)| {
+                spin::Mutex::new(Some(Job {
+                    queue,
+                    index: index as u32,
+                    region_start: index as u64 * region_sectors,
+                    region_sectors,
+                    params,
+                    discard_tail: index == 0,
+                }))
+            })
+            .collect()
+    });
+    RESULTS.call_once(|| (0..jobs.len()).map(|_| spin::Mutex::new(None)).collect());
+
+    // CPUs 1.. get their queue through their mailbox; `run_on` with no wait returns
+    // "timeout" once the work is posted. The boot CPU drives queue 0 meanwhile.
+    for cpu in 1..queues {
+        match crate::smp::run_on(cpu, worker, 0) {
+            Ok(()) | Err(crate::smp::RunError::Timeout) => {}
+            Err(e) => return Err(format!("cannot start queue {cpu} on cpu {cpu}: {e:?}")),
+        }
+    }
+    worker(0);
+    let deadline = now_us() + 600_000_000;
+    while FINISHED.load(Ordering::Acquire) < queues {
+        if now_us() > deadline {
+            return Err(String::from("a queue's CPU did not finish within 600 s"));
+        }
+        core::hint::spin_loop();
+    }
+
+    let results = RESULTS.get().expect("set above");
+    let mut total = QueueReport::default();
+    let mut failures = Vec::new();
+    for (index, result) in results.iter().enumerate() {
+        match result.lock().take() {
+            Some(Ok(report)) => {
+                total.written_bytes += report.written_bytes;
+                total.random_reads += report.random_reads;
+                total.random_us = total.random_us.max(report.random_us);
+                total.sequential_bytes += report.sequential_bytes;
+                total.sequential_us = total.sequential_us.max(report.sequential_us);
+            }
+            Some(Err(why)) => failures.push(format!("queue {index}: {why}")),
+            None => failures.push(format!("queue {index}: no result")),
+        }
+    }
+    if !failures.is_empty() {
+        return Err(failures.join("; "));
+    }
+    let iops = total.random_reads * 1_000_000 / total.random_us.max(1);
+    let mb_per_s = total.sequential_bytes as f64 / total.sequential_us.max(1) as f64;
+    info!(
+        "disktest: throughput ({queues} queue(s) at once): random 4 KiB reads {iops} IOPS, sequential 256 KiB reads {mb_per_s:.1} MB/s"
+    );
+    Ok(())
+}
+
+fn worker(cpu: usize) {
+    let job = JOBS
+        .get()
+        .and_then(|jobs| jobs.get(cpu))
+        .and_then(|j| j.lock().take());
+    let result = match job {
+        Some(mut job) => exercise(&mut job).map_err(|why| {
+            error!("disktest: queue {} on cpu {cpu}: {why}", job.index);
+            why
+        }),
+        None => Err(format!("no queue for cpu {cpu}")),
+    };
+    if let Some(slot) = RESULTS.get().and_then(|r| r.get(cpu)) {
+        *slot.lock() = Some(result);
+    }
+    FINISHED.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Buffers named by physical address, for a device that copies with the CPU (the RAM
+/// disk); DMA devices never call it.
+struct IdentityBuffers;
+
+impl BufferAccess for IdentityBuffers {
+    fn read_buffer(&self, buffer: u64, offset: usize, out: &mut [u8]) -> bool {
+        if offset + out.len() > PAGE as usize {
+            return false;
+        }
+        platform::read_physical(buffer + offset as u64, out);
+        true
+    }
+
+    fn write_buffer(&self, buffer: u64, offset: usize, data: &[u8]) -> bool {
+        if offset + data.len() > PAGE as usize {
+            return false;
+        }
+        platform::write_physical(buffer + offset as u64, data);
+        true
+    }
+}
+
+/// A DMA buffer of whole pages and the scratch list of its segments.
+struct Buffer {
+    base: u64,
+    pages: usize,
+    segments: Vec<DmaSegment>,
+}
+
+impl Buffer {
+    fn new(pages: usize) -> Result<Self, String> {
+        let base = platform::allocate_dma(pages).ok_or("out of memory for DMA buffers")?;
+        Ok(Buffer {
+            base,
+            pages,
+            segments: Vec::with_capacity(pages),
+        })
+    }
+
+    /// Segments for `bytes` starting at page `first_page`: one per page, never merged.
+    fn segments(&mut self, first_page: usize, bytes: u64) -> &[DmaSegment] {
+        self.segments.clear();
+        let mut left = bytes;
+        let mut page = first_page;
+        while left > 0 && page < self.pages {
+            let len = left.min(PAGE);
+            self.segments.push(DmaSegment {
+                buffer: self.base + page as u64 * PAGE,
+                offset: 0,
+                len: len as u32,
+            });
+            left -= len;
+            page += 1;
+        }
+        &self.segments
+    }
+}
+
+/// Submits `request` (retrying while the queue is full) and waits for its completion.
+fn complete(queue: &mut Queue, request: &IoRequest<'_>) -> Result<(), String> {
+    let start = now_us();
+    loop {
+        match queue.submit(request, &IdentityBuffers) {
+            Ok(()) => break,
+            Err(SubmitError::QueueFull) => {
+                queue.poll_completions(&mut |_| {});
+            }
+            Err(SubmitError::Invalid) => {
+                return Err(format!(
+                    "{:?} at sector {} refused as invalid",
+                    request.op, request.sector
+                ))
+            }
+        }
+        if now_us() - start > REQUEST_TIMEOUT_US {
+            return Err(format!(
+                "{:?} at sector {}: queue stayed full",
+                request.op, request.sector
+            ));
+        }
+    }
+    let mut status = None;
+    while status.is_none() {
+        queue.poll_completions(&mut |c| {
+            if c.tag == request.tag {
+                status = Some(c.status);
+            }
+        });
+        if status.is_none() && now_us() - start > REQUEST_TIMEOUT_US {
+            return Err(format!(
+                "{:?} of {} sectors at sector {}: no completion within {} s",
+                request.op,
+                request.nr_sectors,
+                request.sector,
+                REQUEST_TIMEOUT_US / 1_000_000
+            ));
+        }
+    }
+    match status {
+        Some(IoStatus::Ok) => Ok(()),
+        other => Err(format!(
+            "{:?} of {} sectors at sector {}: device said {other:?}",
+            request.op, request.nr_sectors, request.sector
+        )),
+    }
+}
+
+fn exercise(job: &mut Job) -> Result<QueueReport, String> {
+    let geometry = job.queue.geometry();
+    let mut report = QueueReport::default();
+    let mut write = Buffer::new(BUFFER_PAGES)?;
+    let mut read = Buffer::new(BUFFER_PAGES)?;
+    let params = job.params;
+    let mut tag = 0u32;
+    let mut data = alloc::vec![0u8; BUFFER_PAGES * PAGE as usize];
+
+    for w in Plan::new(
+        params.seed,
+        job.index,
+        job.region_start,
+        job.region_sectors,
+        params.writes,
+        MAX_WRITE_SECTORS,
+    ) {
+        let bytes = u64::from(w.sectors) * 512;
+        let data = &mut data[..bytes as usize];
+        pattern::fill(params.seed, job.index, w.index, w.sector * 512, data);
+        platform::write_physical(write.base, data);
+        tag += 1;
+        let segments = write.segments(0, bytes);
+        complete(
+            &mut job.queue,
+            &IoRequest {
+                tag,
+                op: IoOp::Write,
+                sector: w.sector,
+                nr_sectors: u64::from(w.sectors),
+                preflush: false,
+                segments,
+            },
+        )?;
+        tag += 1;
+        let segments = read.segments(0, bytes);
+        complete(
+            &mut job.queue,
+            &IoRequest {
+                tag,
+                op: IoOp::Read,
+                sector: w.sector,
+                nr_sectors: u64::from(w.sectors),
+                preflush: false,
+                segments,
+            },
+        )?;
+        platform::read_physical(read.base, data);
+        if let Some(at) =
+            pattern::first_mismatch(params.seed, job.index, w.index, w.sector * 512, data)
+        {
+            return Err(format!(
+                "write {} ({} sectors at sector {}): read back differs at byte {at}",
+                w.index, w.sectors, w.sector
+            ));
+        }
+        report.written_bytes += bytes;
+    }
+    if geometry.flush {
+        tag += 1;
+        complete(&mut job.queue, &flush_request(tag))?;
+    }
+    info!(
+        "disktest: queue {} verified {} writes ({} KiB){}",
+        job.index,
+        params.writes,
+        report.written_bytes / 1024,
+        if geometry.flush { ", flushed" } else { "" }
+    );
+    if job.discard_tail {
+        discard_tail(&mut job.queue, &geometry, &mut tag)?;
+    }
+    throughput(job, &mut read, &mut report, &mut tag)?;
+    Ok(report)
+}
+
+fn flush_request(tag: u32) -> IoRequest<'static> {
+    IoRequest {
+        tag,
+        op: IoOp::Flush,
+        sector: 0,
+        nr_sectors: 0,
+        preflush: false,
+        segments: &[],
+    }
+}
+
+/// Discards the tail (outside every write region) when the device offers discard.
+fn discard_tail(queue: &mut Queue, geometry: &Geometry, tag: &mut u32) -> Result<(), String> {
+    let Some(discard) = geometry.discard else {
+        return Ok(());
+    };
+    let granularity = u64::from(discard.granularity.max(512)) / 512;
+    let start = (geometry.sectors - TAIL_SECTORS).div_ceil(granularity) * granularity;
+    let sectors = (geometry.sectors - start) / granularity * granularity;
+    *tag += 1;
+    complete(
+        queue,
+        &IoRequest {
+            tag: *tag,
+            op: IoOp::Discard { secure: false },
+            sector: start,
+            nr_sectors: sectors,
+            preflush: false,
+            segments: &[],
+        },
+    )?;
+    info!("disktest: discarded {sectors} sectors at sector {start}");
+    Ok(())
+}
+
+/// Reads at queue depth: `count` requests of `bytes` from `next_sector()`.
+fn reads_at_depth(
+    queue: &mut Queue,
+    buffer: &mut Buffer,
+    bytes: u64,
+    count: u64,
+    tag: &mut u32,
+    next_sector: &mut dyn FnMut() -> u64,
+) -> Result<u64, String> {
+    let pages_each = (bytes / PAGE) as usize;
+    let depth = queue
+        .queue_depth()
+        .min(buffer.pages / pages_each)
+        .clamp(1, 16);
+    let mut free_slots: Vec<usize> = (0..depth).collect();
+    let first_tag = *tag + 1;
+    *tag += depth as u32;
+    let mut issued = 0u64;
+    let mut done = 0u64;
+    let start = now_us();
+    let mut last_progress = start;
+    while done < count {
+        while issued < count {
+            let Some(slot) = free_slots.pop() else { break };
+            let segments = buffer.segments(slot * pages_each, bytes);
+            let request = IoRequest {
+                tag: first_tag + slot as u32,
+                op: IoOp::Read,
+                sector: next_sector(),
+                nr_sectors: bytes / 512,
+                preflush: false,
+                segments,
+            };
+            match queue.submit(&request, &IdentityBuffers) {
+                Ok(()) => issued += 1,
+                Err(SubmitError::QueueFull) => {
+                    free_slots.push(slot);
+                    break;
+                }
+                Err(SubmitError::Invalid) => {
+                    return Err(format!("read at sector {} refused", request.sector))
+                }
+            }
+        }
+        let mut failed = None;
+        let finished = queue.poll_completions(&mut |c| {
+            let slot = c.tag.wrapping_sub(first_tag) as usize;
+            if slot < depth {
+                free_slots.push(slot);
+            }
+            if c.status != IoStatus::Ok {
+                failed = Some(c.status);
+            }
+        });
+        if let Some(status) = failed {
+            return Err(format!("read failed with {status:?}"));
+        }
+        done += finished as u64;
+        let now = now_us();
+        if finished > 0 {
+            last_progress = now;
+        } else if now - last_progress > REQUEST_TIMEOUT_US {
+            return Err(format!("reads stalled with {} in flight", issued - done));
+        }
+    }
+    Ok(now_us() - start)
+}
+
+fn throughput(
+    job: &mut Job,
+    buffer: &mut Buffer,
+    report: &mut QueueReport,
+    tag: &mut u32,
+) -> Result<(), String> {
+    let params = job.params;
+    let region_start = job.region_start;
+    let pages = job.region_sectors / 8;
+    let mut state = params.seed ^ 0x5151;
+    let mut random_page = || {
+        state = state.wrapping_add(pattern::GOLDEN);
+        region_start + pattern::mix(state) % pages * 8
+    };
+    let count = u64::from(params.random_reads);
+    report.random_us = reads_at_depth(&mut job.queue, buffer, PAGE, count, tag, &mut random_page)?;
+    report.random_reads = count;
+
+    let step = SEQUENTIAL_REQUEST_BYTES / 512;
+    let requests = params.sequential_bytes / SEQUENTIAL_REQUEST_BYTES;
+    let span = (job.region_sectors / step).max(1);
+    let mut next = 0u64;
+    let mut sequential = || {
+        let sector = region_start + (next % span) * step;
+        next += 1;
+        sector
+    };
+    report.sequential_us = reads_at_depth(
+        &mut job.queue,
+        buffer,
+        SEQUENTIAL_REQUEST_BYTES,
+        requests,
+        tag,
+        &mut sequential,
+    )?;
+    report.sequential_bytes = requests * SEQUENTIAL_REQUEST_BYTES;
+    info!(
+        "disktest: queue {}: {} random 4 KiB reads in {} ms, {} MiB sequential in {} ms",
+        job.index,
+        count,
+        report.random_us / 1000,
+        report.sequential_bytes >> 20,
+        report.sequential_us / 1000
+    );
+    Ok(())
+}

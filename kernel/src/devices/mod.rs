@@ -1,0 +1,9 @@
+//! Real disks: finding them on PCI, bringing up their drivers, and the disk test that
+//! tier 2 runs against QEMU's NVMe and virtio-blk devices.
+
+mod disktest;
+mod open;
+mod platform;
+mod virtio;
+
+pub use disktest::disk_test;

@@ -1,0 +1,147 @@
+//! From a backing-store name to ready device queues.
+
+use super::platform::{self, NvmeHal, PciConfig};
+use alloc::boxed::Box;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use backing::Backing;
+use blkdev::BlockDevice;
+use pci::{Bar, Function};
+
+pub type Queue = Box<dyn BlockDevice + Send>;
+
+/// An opened disk: one queue per CPU that will drive it (at least one).
+pub struct OpenedDisk {
+    pub description: String,
+    pub queues: Vec<Queue>,
+}
+
+/// NVMe submission/completion queue depth per CPU.
+const NVME_QUEUE_ENTRIES: u16 = 64;
+
+/// Opens `backing` with up to `wanted_queues` queues.
+pub fn open(backing: Backing, rsdp_paddr: u64, wanted_queues: usize) -> Result<OpenedDisk, String> {
+    let wanted_queues = wanted_queues.max(1);
+    match backing {
+        Backing::Ram { bytes } => {
+            let disk = blkdev::RamDisk::new(bytes / blkdev::SECTOR_SIZE);
+            Ok(OpenedDisk {
+                description: format!("RAM disk of {} KiB", bytes / 1024),
+                queues: (0..wanted_queues)
+                    .map(|_| Box::new(disk.queue(32)) as Queue)
+                    .collect(),
+            })
+        }
+        Backing::Nvme { nsid } => {
+            let pci = PciConfig::find(rsdp_paddr);
+            let function = find(&pci, Function::is_nvme, 0)
+                .ok_or_else(|| String::from("no NVMe controller on the PCI bus"))?;
+            open_nvme(&pci, function, nsid, wanted_queues)
+        }
+        Backing::Virtio { index } => {
+            let pci = PciConfig::find(rsdp_paddr);
+            let function = find(&pci, Function::is_virtio_blk, index as usize)
+                .ok_or_else(|| format!("no virtio-blk device number {index} on the PCI bus"))?;
+            super::virtio::open(&pci, function, wanted_queues)
+        }
+    }
+}
+
+/// The `index`-th function (in bus order, bridges followed) that `wanted` accepts.
+fn find(pci: &PciConfig, wanted: fn(&Function) -> bool, index: usize) -> Option<Function> {
+    let mut matches = 0;
+    let mut found = None;
+    pci::enumerate_tree(pci.access(), pci.first_bus(), &mut |function| {
+        log::debug!(
+            "pci: {} {:04x}:{:04x} class {:02x}.{:02x}.{:02x}",
+            function.address,
+            function.vendor_id,
+            function.device_id,
+            function.class,
+            function.subclass,
+            function.prog_if
+        );
+        if wanted(&function) {
+            if matches == index && found.is_none() {
+                found = Some(function);
+            }
+            matches += 1;
+        }
+    });
+    found
+}
+
+/// Maps memory BAR `index` of `function` uncached; returns (virtual address, size).
+pub fn map_memory_bar(
+    pci: &PciConfig,
+    function: &Function,
+    index: u8,
+) -> Result<(u64, u64), String> {
+    let bar = pci::read_bar(pci.access(), function.address, index)
+        .map_err(|e| format!("{}: BAR {index}: {e:?}", function.address))?;
+    let Some(Bar::Memory { address, size, .. }) = bar else {
+        return Err(format!(
+            "{}: BAR {index} is not a memory BAR ({bar:?})",
+            function.address
+        ));
+    };
+    if address == 0 {
+        return Err(format!("{}: BAR {index} is unassigned", function.address));
+    }
+    let virt = platform::map_mmio(address, size)
+        .map_err(|e| format!("{}: mapping BAR {index}: {e:?}", function.address))?;
+    Ok((virt, size))
+}
+
+fn open_nvme(
+    pci: &PciConfig,
+    function: Function,
+    nsid: u32,
+    wanted_queues: usize,
+) -> Result<OpenedDisk, String> {
+    let (registers, size) = map_memory_bar(pci, &function, 0)?;
+    if size < 0x2000 {
+        return Err(format!(
+            "{}: BAR 0 of {size} bytes is too small",
+            function.address
+        ));
+    }
+    pci::enable_memory_and_dma(pci.access(), function.address);
+    let hal = NvmeHal { registers };
+    let fail = |what: &str, e: nvme::NvmeError| format!("nvme {}: {what}: {e}", function.address);
+    let mut controller = nvme::Controller::init(hal, nvme::InitConfig::default())
+        .map_err(|e| fail("bring-up", e))?;
+    let namespace = controller
+        .namespace(nsid)
+        .map_err(|e| fail("namespace", e))?;
+    let wanted = u16::try_from(wanted_queues).unwrap_or(u16::MAX);
+    let granted = controller
+        .request_io_queues(wanted)
+        .map_err(|e| fail("number of queues", e))?;
+    let mut queues: Vec<Queue> = Vec::new();
+    for _ in 0..granted {
+        let queue = controller
+            .create_io_queue(&namespace, NVME_QUEUE_ENTRIES)
+            .map_err(|e| fail("I/O queue", e))?;
+        queues.push(Box::new(queue));
+    }
+    let identity = controller.identity();
+    let version = controller.version();
+    Ok(OpenedDisk {
+        description: format!(
+            "nvme {} \"{}\" (NVMe {}.{}, serial \"{}\") namespace {}: {} blocks of {} B, {} queue(s) of {}",
+            function.address,
+            identity.model_str(),
+            version.major,
+            version.minor,
+            identity.serial_str(),
+            nsid,
+            namespace.blocks,
+            namespace.block_size,
+            granted,
+            NVME_QUEUE_ENTRIES - 1,
+        ),
+        queues,
+    })
+}
