@@ -8,6 +8,21 @@
 //! segment; work per poll is bounded; every grant status is checked and failures unwind;
 //! teardown is idempotent and waits for in-flight requests; the number of grants a
 //! frontend can keep mapped is bounded.
+//!
+//! What the kernel provides to run it:
+//! - [`ring::RingMemory`] over the ring's `2^order` granted pages, mapped read-write and
+//!   virtually contiguous: volatile copies, acquire/release index accesses, `mfence`.
+//! - [`grant::GrantOps`] over batched `GNTTABOP_map_grant_ref`/`unmap_grant_ref` for the
+//!   frontend's domain; `MappedGrant::buffer` is what the device gets as DMA address, and
+//!   `BufferAccess` reads/writes a mapped page by that id (indirect pages, RAM disk).
+//! - [`engine::EventChannel`]: `EVTCHNOP_send` on the ring's bound port.
+//! - `blkdev::BlockDevice`: one handle per device queue, owned by the vCPU's poller.
+//! - [`xenstore::XenStore`] over the xenstore client, and [`negotiate::ConnectionHooks`]:
+//!   map rings, bind event channels to the serving vCPU, create one [`engine::Engine`]
+//!   per queue (queue `q` on poller `q mod n`); on disconnect call
+//!   [`engine::Engine::disconnect`] until it succeeds, then unmap rings and unbind.
+//! - The poller: `poll(budget)` while it does work; after an idle spell call
+//!   `prepare_to_sleep()` on every ring, and block only if all say so.
 // The fakes are host-only test doubles and use std.
 #![cfg_attr(not(any(test, feature = "fakes")), no_std)]
 #![deny(unsafe_code)]
