@@ -1,18 +1,14 @@
 //! One I/O submission/completion queue pair, as a `blkdev::BlockDevice`.
 //!
-//! Every command has a slot (its command id is the slot index). A request takes one
-//! slot per command; the first slot of a request (its head) carries the tag and counts
-//! the request's commands still out. A write with pre-flush puts a FLUSH in the head
-//! and keeps its data commands staged until the flush has completed. With at most
+//! Every command has an `iotrack` slot, whose index is its command id. With at most
 //! `entries - 1` slots, neither the submission nor the completion queue can overflow.
 
-use alloc::collections::VecDeque;
-use alloc::vec::Vec;
 use blkdev::{
     BlockDevice, BufferAccess, Completion, DiscardGeometry, DmaSegment, Geometry, IoOp, IoRequest,
     IoStatus, SubmitError, SECTOR_SIZE,
 };
 use core::sync::atomic::{fence, Ordering};
+use iotrack::{Finished, Tracker};
 
 use crate::command::{io_opcode, CommandStatus, SubmissionEntry, CQ_ENTRY_LEN, SQ_ENTRY_LEN};
 use crate::controller::{doorbell, pages_for, reg, Capabilities, Namespace, NvmeError};
@@ -21,49 +17,25 @@ use crate::{Hal, PAGE_SIZE};
 
 /// Empty polls with commands outstanding between two looks at CSTS.CFS.
 const FATAL_CHECK_INTERVAL: u32 = 1024;
-const NO_SLOT: u16 = u16::MAX;
 /// Bytes of one Dataset Management range.
 const DSM_RANGE_LEN: u64 = 16;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum SlotState {
-    Free,
-    /// Built, waiting for the pre-flush of its request.
-    Staged,
-    InFlight,
-    /// Head whose own command is done while others of its request are not.
-    Waiting,
-    /// Completed without reaching the device (refused op, dead controller).
-    Local,
-}
-
+/// A slot's prepared command.
 #[derive(Clone, Copy, Debug)]
-struct Slot {
-    state: SlotState,
-    tag: u32,
-    /// Slot of the request's head.
-    head: u16,
-    /// Head only: commands of the request not yet completed.
-    remaining: u16,
-    /// Head only: worst outcome so far.
-    status: IoStatus,
-    /// Next staged command of the same request.
-    next_staged: u16,
+struct Prepared {
+    entry: [u8; SQ_ENTRY_LEN],
     /// FLUSH or DSM: "invalid field" means not supported, not failed.
     optional: bool,
-    entry: [u8; SQ_ENTRY_LEN],
 }
 
-const EMPTY_SLOT: Slot = Slot {
-    state: SlotState::Free,
-    tag: 0,
-    head: NO_SLOT,
-    remaining: 0,
-    status: IoStatus::Ok,
-    next_staged: NO_SLOT,
-    optional: false,
-    entry: [0; SQ_ENTRY_LEN],
-};
+impl Default for Prepared {
+    fn default() -> Self {
+        Prepared {
+            entry: [0; SQ_ENTRY_LEN],
+            optional: false,
+        }
+    }
+}
 
 /// Counters for one queue.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -89,25 +61,14 @@ pub struct IoQueue<H: Hal> {
     phase: bool,
     sq_doorbell: usize,
     cq_doorbell: usize,
-    slots: Vec<Slot>,
-    free: Vec<u16>,
+    slots: Tracker<Prepared>,
     /// One PRP list page per slot.
     prp_lists: u64,
     /// One DSM range per slot.
     dsm_ranges: u64,
-    local: VecDeque<u16>,
-    outstanding: usize,
     idle_polls: u32,
     dead: bool,
     stats: QueueStats,
-}
-
-fn worse(a: IoStatus, b: IoStatus) -> IoStatus {
-    match (a, b) {
-        (IoStatus::Error, _) | (_, IoStatus::Error) => IoStatus::Error,
-        (IoStatus::Unsupported, _) | (_, IoStatus::Unsupported) => IoStatus::Unsupported,
-        _ => IoStatus::Ok,
-    }
 }
 
 impl<H: Hal> IoQueue<H> {
@@ -140,12 +101,9 @@ impl<H: Hal> IoQueue<H> {
             phase: true,
             sq_doorbell: doorbell(caps, qid, false),
             cq_doorbell: doorbell(caps, qid, true),
-            slots: alloc::vec![EMPTY_SLOT; slot_count],
-            free: (0..slot_count as u16).rev().collect(),
+            slots: Tracker::new(slot_count as u16),
             prp_lists,
             dsm_ranges,
-            local: VecDeque::with_capacity(slot_count),
-            outstanding: 0,
             idle_polls: 0,
             dead: false,
             stats: QueueStats::default(),
@@ -165,38 +123,15 @@ impl<H: Hal> IoQueue<H> {
         self.dead
     }
 
-    fn take_slot(&mut self) -> u16 {
-        let slot = self.free.pop().expect("slot count checked before taking");
-        self.slots[usize::from(slot)] = EMPTY_SLOT;
-        slot
-    }
-
-    fn release(&mut self, slot: u16) {
-        self.slots[usize::from(slot)].state = SlotState::Free;
-        self.free.push(slot);
-    }
-
     /// Answers a request without the device.
     fn complete_locally(&mut self, tag: u32, status: IoStatus) -> Result<(), SubmitError> {
-        if self.free.is_empty() {
-            return Err(SubmitError::QueueFull);
-        }
-        let slot = self.take_slot();
-        let s = &mut self.slots[usize::from(slot)];
-        s.state = SlotState::Local;
-        s.tag = tag;
-        s.status = status;
-        self.local.push_back(slot);
-        Ok(())
+        self.slots.complete_locally(tag, status)
     }
 
     fn push_to_sq(&mut self, slot: u16) {
-        let s = &mut self.slots[usize::from(slot)];
-        s.state = SlotState::InFlight;
-        let address = self.sq + u64::from(self.sq_tail) * SQ_ENTRY_LEN as u64;
-        self.hal.write_dma(address, &s.entry);
-        self.sq_tail = (self.sq_tail + 1) % self.entries;
-        self.outstanding += 1;
+        let entry = &self.slots.payload(slot).entry;
+        append_to_sq(&self.hal, self.sq, &mut self.sq_tail, self.entries, entry);
+        self.slots.launched(slot);
         self.stats.commands += 1;
     }
 
@@ -219,16 +154,6 @@ impl<H: Hal> IoQueue<H> {
         self.namespace.capacity_bytes() / SECTOR_SIZE
     }
 
-    /// Takes the head slot of a request.
-    fn start_request(&mut self, tag: u32, commands: u16) -> u16 {
-        let head = self.take_slot();
-        let s = &mut self.slots[usize::from(head)];
-        s.tag = tag;
-        s.head = head;
-        s.remaining = commands;
-        head
-    }
-
     fn submit_data(&mut self, request: &IoRequest<'_>) -> Result<(), SubmitError> {
         let data_bytes: u64 = request.segments.iter().map(|s| u64::from(s.len)).sum();
         if data_bytes != request.nr_sectors * SECTOR_SIZE
@@ -245,17 +170,18 @@ impl<H: Hal> IoQueue<H> {
                 SubmitError::Invalid
             })?;
         let commands = data_commands + usize::from(request.preflush);
-        if commands > self.slots.len() {
+        if commands > self.slots.capacity() {
             return Err(SubmitError::Invalid);
         }
-        if commands > self.free.len() {
+        if commands > self.slots.free_slots() {
             return Err(SubmitError::QueueFull);
         }
-        let head = self.start_request(request.tag, commands as u16);
+        let head = self.slots.begin(request.tag, commands as u16);
         if request.preflush {
-            let s = &mut self.slots[usize::from(head)];
-            s.optional = true;
-            s.entry = SubmissionEntry::new(io_opcode::FLUSH, head, self.namespace.nsid).bytes;
+            *self.slots.payload_mut(head) = Prepared {
+                entry: SubmissionEntry::new(io_opcode::FLUSH, head, self.namespace.nsid).bytes,
+                optional: true,
+            };
         }
         let opcode = if request.op == IoOp::Read {
             io_opcode::READ
@@ -285,13 +211,14 @@ impl<H: Hal> IoQueue<H> {
     }
 
     fn submit_flush(&mut self, tag: u32) -> Result<(), SubmitError> {
-        if self.free.is_empty() {
+        if self.slots.free_slots() == 0 {
             return Err(SubmitError::QueueFull);
         }
-        let head = self.start_request(tag, 1);
-        let s = &mut self.slots[usize::from(head)];
-        s.optional = true;
-        s.entry = SubmissionEntry::new(io_opcode::FLUSH, head, self.namespace.nsid).bytes;
+        let head = self.slots.begin(tag, 1);
+        *self.slots.payload_mut(head) = Prepared {
+            entry: SubmissionEntry::new(io_opcode::FLUSH, head, self.namespace.nsid).bytes,
+            optional: true,
+        };
         self.push_to_sq(head);
         self.ring_sq_doorbell();
         Ok(())
@@ -315,23 +242,24 @@ impl<H: Hal> IoQueue<H> {
         let Ok(blocks) = u32::try_from(blocks) else {
             return Err(SubmitError::Invalid);
         };
-        if self.free.is_empty() {
+        if self.slots.free_slots() == 0 {
             return Err(SubmitError::QueueFull);
         }
-        let head = self.start_request(request.tag, 1);
+        let head = self.slots.begin(request.tag, 1);
         let range_address = self.dsm_ranges + u64::from(head) * DSM_RANGE_LEN;
         let mut range = [0u8; DSM_RANGE_LEN as usize];
         range[4..8].copy_from_slice(&blocks.to_le_bytes());
         range[8..16].copy_from_slice(&self.lba(request.sector * SECTOR_SIZE).to_le_bytes());
         self.hal.write_dma(range_address, &range);
-        let s = &mut self.slots[usize::from(head)];
-        s.optional = true;
         // One range (NR is 0-based), attribute "deallocate".
-        s.entry = SubmissionEntry::new(io_opcode::DATASET_MANAGEMENT, head, self.namespace.nsid)
-            .with_prp(range_address, 0)
-            .with_cdw(10, 0)
-            .with_cdw(11, 1 << 2)
-            .bytes;
+        *self.slots.payload_mut(head) = Prepared {
+            entry: SubmissionEntry::new(io_opcode::DATASET_MANAGEMENT, head, self.namespace.nsid)
+                .with_prp(range_address, 0)
+                .with_cdw(10, 0)
+                .with_cdw(11, 1 << 2)
+                .bytes,
+            optional: true,
+        };
         self.push_to_sq(head);
         self.ring_sq_doorbell();
         Ok(())
@@ -344,67 +272,44 @@ impl<H: Hal> IoQueue<H> {
         status: CommandStatus,
         sink: &mut dyn FnMut(Completion),
     ) -> usize {
-        let Some(s) = self.slots.get(usize::from(slot)).copied() else {
-            log::error!("nvme: q{} completion for unknown command {slot}", self.qid);
-            return 0;
-        };
-        if s.state != SlotState::InFlight {
+        if self.slots.state(slot) != Some(iotrack::SlotState::InFlight) {
             log::error!(
-                "nvme: q{} completion for command {slot} in state {:?}",
-                self.qid,
-                s.state
+                "nvme: q{} completion for command {slot}, not in flight",
+                self.qid
             );
             return 0;
         }
-        self.outstanding -= 1;
         let outcome = if status.is_success() {
             IoStatus::Ok
-        } else if status.is_unsupported(s.optional) {
+        } else if status.is_unsupported(self.slots.payload(slot).optional) {
             IoStatus::Unsupported
         } else {
             log::warn!("nvme: q{} command {slot} failed: {status}", self.qid);
             self.stats.errors += 1;
             IoStatus::Error
         };
-        let head = s.head;
-        let mut finished = 1;
-        if slot == head && s.next_staged != NO_SLOT {
-            // A pre-flush finished: release its data commands, or fail them unstarted.
-            let mut next = s.next_staged;
-            while next != NO_SLOT {
-                let following = self.slots[usize::from(next)].next_staged;
-                if outcome == IoStatus::Ok {
-                    self.push_to_sq(next);
-                } else {
-                    self.release(next);
-                    finished += 1;
-                }
-                next = following;
+        // A pre-flush finished: its staged data commands go to the device now.
+        let mut released = false;
+        let (sq, entries, hal) = (self.sq, self.entries, &self.hal);
+        let sq_tail = &mut self.sq_tail;
+        let commands = &mut self.stats.commands;
+        let finished = self.slots.finish(slot, outcome, &mut |slots, staged| {
+            append_to_sq(hal, sq, sq_tail, entries, &slots.payload(staged).entry);
+            slots.launched(staged);
+            *commands += 1;
+            released = true;
+        });
+        if released {
+            self.ring_sq_doorbell();
+        }
+        match finished {
+            Finished::Request(completion) => {
+                sink(completion);
+                self.stats.completions += 1;
+                1
             }
-            self.slots[usize::from(head)].next_staged = NO_SLOT;
-            if outcome == IoStatus::Ok {
-                self.ring_sq_doorbell();
-            }
+            Finished::Pending | Finished::Stray => 0,
         }
-        let h = &mut self.slots[usize::from(head)];
-        h.status = worse(h.status, outcome);
-        h.remaining -= finished;
-        if slot != head {
-            self.release(slot);
-        } else {
-            self.slots[usize::from(head)].state = SlotState::Waiting;
-        }
-        let h = self.slots[usize::from(head)];
-        if h.remaining == 0 {
-            sink(Completion {
-                tag: h.tag,
-                status: h.status,
-            });
-            self.release(head);
-            self.stats.completions += 1;
-            return 1;
-        }
-        0
     }
 
     /// CSTS.CFS seen: fail everything outstanding and refuse new work.
@@ -412,31 +317,11 @@ impl<H: Hal> IoQueue<H> {
         log::error!(
             "nvme: controller fatal status (CSTS.CFS) on q{}: failing {} outstanding commands",
             self.qid,
-            self.outstanding
+            self.slots.in_flight()
         );
         self.dead = true;
-        let mut reported = 0;
-        for index in 0..self.slots.len() {
-            let s = self.slots[index];
-            let is_head = s.head == index as u16;
-            if is_head && matches!(s.state, SlotState::InFlight | SlotState::Waiting) {
-                sink(Completion {
-                    tag: s.tag,
-                    status: IoStatus::Error,
-                });
-                reported += 1;
-                self.stats.completions += 1;
-            }
-        }
-        for index in 0..self.slots.len() {
-            if matches!(
-                self.slots[index].state,
-                SlotState::InFlight | SlotState::Waiting | SlotState::Staged
-            ) {
-                self.release(index as u16);
-            }
-        }
-        self.outstanding = 0;
+        let reported = self.slots.fail_all(sink);
+        self.stats.completions += reported as u64;
         reported
     }
 }
@@ -457,9 +342,7 @@ impl DataCommandBuilder<'_> {
         let slot = if self.first && self.staged_after.is_none() {
             self.head
         } else {
-            let slot = queue.take_slot();
-            queue.slots[usize::from(slot)].head = self.head;
-            slot
+            queue.slots.add(self.head)
         };
         self.first = false;
         let slba = queue.lba(self.first_byte + plan.byte_offset);
@@ -475,16 +358,22 @@ impl DataCommandBuilder<'_> {
             .with_cdw(10, slba as u32)
             .with_cdw(11, (slba >> 32) as u32)
             .with_cdw(12, blocks - 1);
-        queue.slots[usize::from(slot)].entry = entry.bytes;
+        queue.slots.payload_mut(slot).entry = entry.bytes;
         match self.staged_after {
             Some(previous) => {
-                queue.slots[usize::from(slot)].state = SlotState::Staged;
-                queue.slots[usize::from(previous)].next_staged = slot;
+                queue.slots.stage_after(previous, slot);
                 self.staged_after = Some(slot);
             }
             None => queue.push_to_sq(slot),
         }
     }
+}
+
+/// Writes `entry` at the submission queue tail and advances the tail (the doorbell is
+/// rung separately, once per batch).
+fn append_to_sq<H: Hal>(hal: &H, sq: u64, tail: &mut u16, entries: u16, entry: &[u8]) {
+    hal.write_dma(sq + u64::from(*tail) * SQ_ENTRY_LEN as u64, entry);
+    *tail = (*tail + 1) % entries;
 }
 
 fn range_fits(sector: u64, nr_sectors: u64, capacity: u64) -> bool {
@@ -521,7 +410,7 @@ impl<H: Hal> BlockDevice for IoQueue<H> {
     }
 
     fn queue_depth(&self) -> usize {
-        self.slots.len()
+        self.slots.capacity()
     }
 
     fn submit(
@@ -541,16 +430,7 @@ impl<H: Hal> BlockDevice for IoQueue<H> {
     }
 
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
-        let mut reported = 0;
-        while let Some(slot) = self.local.pop_front() {
-            let s = self.slots[usize::from(slot)];
-            sink(Completion {
-                tag: s.tag,
-                status: s.status,
-            });
-            self.release(slot);
-            reported += 1;
-        }
+        let mut reported = self.slots.drain_local(sink);
         let mut consumed = 0u32;
         loop {
             let address = self.cq + u64::from(self.cq_head) * CQ_ENTRY_LEN as u64;
@@ -572,7 +452,7 @@ impl<H: Hal> BlockDevice for IoQueue<H> {
             self.hal
                 .write_register(self.cq_doorbell, u32::from(self.cq_head));
             self.idle_polls = 0;
-        } else if self.outstanding > 0 {
+        } else if self.slots.in_flight() > 0 {
             self.idle_polls += 1;
             if self.idle_polls.is_multiple_of(FATAL_CHECK_INTERVAL)
                 && self.hal.read_register(reg::CSTS) & reg::CSTS_FATAL != 0
