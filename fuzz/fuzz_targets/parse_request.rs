@@ -40,15 +40,14 @@ fuzz_target!(|data: &[u8]| {
             let count = usize::from(request.nr_segments);
             assert!(count <= abi::MAX_SEGMENTS_PER_REQUEST);
             assert!(count > 0 || request.op.code() >= abi::OP_WRITE_BARRIER);
-            for seg in &request.segments[..count] {
+            let segments: Vec<_> = request.segments().collect();
+            assert_eq!(segments.len(), count);
+            for seg in &segments {
                 assert!(seg.first_sect <= seg.last_sect && seg.last_sect < 8);
             }
-            if let Ok(nr_sectors) = check_data_access(
-                request.op,
-                request.sector,
-                &request.segments[..count],
-                &geometry,
-            ) {
+            if let Ok(nr_sectors) =
+                check_data_access(request.op, request.sector, &segments, &geometry)
+            {
                 assert!(nr_sectors == 0 || request.sector + nr_sectors <= geometry.sectors);
                 assert!(!(geometry.read_only && request.op.writes_disk() && count > 0));
             }

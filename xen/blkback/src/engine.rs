@@ -483,7 +483,12 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         };
         let count = usize::from(request.nr_segments);
         let base = usize::from(slot) * self.max_segments;
-        self.descs[base..base + count].copy_from_slice(&request.segments[..count]);
+        for (desc, segment) in self.descs[base..base + count]
+            .iter_mut()
+            .zip(request.segments())
+        {
+            *desc = segment;
+        }
         self.stage_checked(slot, count);
     }
 

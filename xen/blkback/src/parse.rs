@@ -80,15 +80,25 @@ impl DataOp {
     }
 }
 
-/// A request whose segments sit in the slot itself.
+/// A request whose segments sit in the slot itself. The descriptors stay in the copied
+/// slot and are decoded on use (all were checked by `parse_request`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DirectRequest {
+pub struct DirectRequest<'a> {
     pub op: DataOp,
     pub id: u64,
     pub handle: u16,
     pub sector: u64,
     pub nr_segments: u8,
-    pub segments: [SegmentDesc; MAX_SEGMENTS_PER_REQUEST],
+    segment_bytes: &'a [u8],
+}
+
+impl DirectRequest<'_> {
+    /// The `nr_segments` descriptors, in order.
+    pub fn segments(&self) -> impl Iterator<Item = SegmentDesc> + '_ {
+        self.segment_bytes
+            .chunks_exact(SEGMENT_SIZE)
+            .map(SegmentDesc::from_bytes)
+    }
 }
 
 /// A request whose segments sit in up to eight granted pages.
@@ -118,10 +128,10 @@ pub struct DiscardRequest {
     pub secure: bool,
 }
 
-/// A request that passed the syntactic checks.
+/// A request that passed the syntactic checks (borrowing the copied slot).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Request {
-    Direct(DirectRequest),
+pub enum Request<'a> {
+    Direct(DirectRequest<'a>),
     Indirect(IndirectRequest),
     Discard(DiscardRequest),
 }
@@ -204,7 +214,7 @@ fn read_u64(bytes: &[u8], offset: usize) -> u64 {
 pub fn parse_request(
     raw: &[u8; REQUEST_SIZE],
     max_indirect_segments: u16,
-) -> Result<Request, Rejected> {
+) -> Result<Request<'_>, Rejected> {
     let operation = raw[request::OPERATION];
     // Every request type keeps `id` at the same offset, so even garbage can be answered.
     let id = read_u64(raw, request::ID);
@@ -264,15 +274,12 @@ pub fn parse_request(
             RequestError::BadSegmentCount(nr_segments.into()),
         ));
     }
-    let mut segments = [SegmentDesc::default(); MAX_SEGMENTS_PER_REQUEST];
-    for (i, seg) in segments
-        .iter_mut()
-        .enumerate()
-        .take(usize::from(nr_segments))
-    {
-        let start = request::SEGMENTS + i * SEGMENT_SIZE;
-        *seg = SegmentDesc::from_bytes(&raw[start..start + SEGMENT_SIZE]);
-        seg.check().map_err(|error| reject(operation, error))?;
+    let end = request::SEGMENTS + usize::from(nr_segments) * SEGMENT_SIZE;
+    let segment_bytes = &raw[request::SEGMENTS..end];
+    for raw_segment in segment_bytes.chunks_exact(SEGMENT_SIZE) {
+        SegmentDesc::from_bytes(raw_segment)
+            .check()
+            .map_err(|error| reject(operation, error))?;
     }
     Ok(Request::Direct(DirectRequest {
         op: data_op,
@@ -280,7 +287,7 @@ pub fn parse_request(
         handle: read_u16(raw, request::HANDLE),
         sector,
         nr_segments,
-        segments,
+        segment_bytes,
     }))
 }
 
@@ -378,11 +385,9 @@ mod tests {
             (DataOp::Read, 0xDEAD_BEEF_0123, 4096, 0x51)
         );
         assert_eq!(req.nr_segments, 2);
-        assert_eq!(&req.segments[..2], &segs);
-        assert_eq!(
-            (req.segments[1].sectors(), req.segments[1].byte_offset()),
-            (2, 1024)
-        );
+        let parsed: Vec<SegmentDesc> = req.segments().collect();
+        assert_eq!(parsed, segs);
+        assert_eq!((parsed[1].sectors(), parsed[1].byte_offset()), (2, 1024));
     }
 
     #[test]
