@@ -1,6 +1,6 @@
 //! From a backing-store name to ready device queues.
 
-use super::platform::{self, NvmeHal, PciConfig};
+use super::platform::{self, DeviceHal, PciConfig};
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
@@ -108,7 +108,7 @@ fn open_nvme(
         ));
     }
     pci::enable_memory_and_dma(pci.access(), function.address);
-    let hal = NvmeHal { registers };
+    let hal = DeviceHal { registers };
     let fail = |what: &str, e: nvme::NvmeError| format!("nvme {}: {what}: {e}", function.address);
     let mut controller = nvme::Controller::init(hal, nvme::InitConfig::default())
         .map_err(|e| fail("bring-up", e))?;

@@ -218,13 +218,14 @@ pub fn delay_us(micros: u64) {
     }
 }
 
-/// Register and DMA access for the NVMe driver: BAR 0 mapped at `registers`.
+/// Register and DMA access for the drivers. NVMe registers are offsets into BAR 0,
+/// mapped at `registers`; virtio names mapped addresses directly.
 #[derive(Clone, Copy)]
-pub struct NvmeHal {
+pub struct DeviceHal {
     pub registers: u64,
 }
 
-impl nvme::Hal for NvmeHal {
+impl nvme::Hal for DeviceHal {
     fn read_register(&self, offset: usize) -> u32 {
         // SAFETY: BAR 0 is mapped uncached at `registers` and covers the controller's
         // registers and doorbells (checked against the BAR size when mapping).
@@ -254,6 +255,51 @@ impl nvme::Hal for NvmeHal {
         unsafe { core::ptr::read_volatile(address as *const u32) }
     }
 
+    fn delay_us(&self, micros: u64) {
+        delay_us(micros)
+    }
+}
+
+impl virtio::Hal for DeviceHal {
+    fn read8(&self, address: u64) -> u8 {
+        // SAFETY: `address` lies in a virtio capability window the kernel mapped uncached
+        // (see `devices::virtio`), inside the BAR the capability names.
+        unsafe { core::ptr::read_volatile(address as *const u8) }
+    }
+    fn read16(&self, address: u64) -> u16 {
+        // SAFETY: as in `read8`.
+        unsafe { core::ptr::read_volatile(address as *const u16) }
+    }
+    fn read32(&self, address: u64) -> u32 {
+        // SAFETY: as in `read8`.
+        unsafe { core::ptr::read_volatile(address as *const u32) }
+    }
+    fn write8(&self, address: u64, value: u8) {
+        // SAFETY: as in `read8`.
+        unsafe { core::ptr::write_volatile(address as *mut u8, value) }
+    }
+    fn write16(&self, address: u64, value: u16) {
+        // SAFETY: as in `read8`.
+        unsafe { core::ptr::write_volatile(address as *mut u16, value) }
+    }
+    fn write32(&self, address: u64, value: u32) {
+        // SAFETY: as in `read8`.
+        unsafe { core::ptr::write_volatile(address as *mut u32, value) }
+    }
+    fn allocate_dma(&self, pages: usize) -> Option<u64> {
+        allocate_dma(pages)
+    }
+    fn read_dma(&self, address: u64, out: &mut [u8]) {
+        read_physical(address, out)
+    }
+    fn write_dma(&self, address: u64, data: &[u8]) {
+        write_physical(address, data)
+    }
+    fn read_dma_u16(&self, address: u64) -> u16 {
+        // SAFETY: the driver reads only its own identity-mapped DMA memory; volatile
+        // because the device writes it behind the compiler's back.
+        unsafe { core::ptr::read_volatile(address as *const u16) }
+    }
     fn delay_us(&self, micros: u64) {
         delay_us(micros)
     }

@@ -1,18 +1,88 @@
-//! virtio-blk over the modern PCI transport.
+//! virtio-blk over the modern PCI transport: find the capability windows, map their
+//! BARs, bring the device up with one virtqueue per CPU (as many as it offers).
 
-use super::open::OpenedDisk;
-use super::platform::PciConfig;
+use super::open::{map_memory_bar, OpenedDisk, Queue};
+use super::platform::{DeviceHal, PciConfig};
+use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
-use pci::Function;
+use alloc::vec::Vec;
+use pci::{Function, VirtioCap, VirtioCapKind};
+use virtio::{PciRegions, VirtioBlk};
+
+/// Virtqueue size per CPU.
+const QUEUE_SIZE: u16 = 128;
 
 pub fn open(
-    _pci: &PciConfig,
+    pci: &PciConfig,
     function: Function,
-    _wanted_queues: usize,
+    wanted_queues: usize,
 ) -> Result<OpenedDisk, String> {
-    Err(format!(
-        "{}: virtio-blk driver not wired yet",
-        function.address
-    ))
+    let caps: Vec<VirtioCap> = pci::virtio_capabilities(pci.access(), function.address).collect();
+    let first = |wanted: fn(&VirtioCapKind) -> bool| caps.iter().find(|c| wanted(&c.kind)).copied();
+    let (Some(common), Some(notify), Some(device)) = (
+        first(|k| matches!(k, VirtioCapKind::Common)),
+        first(|k| matches!(k, VirtioCapKind::Notify { .. })),
+        first(|k| matches!(k, VirtioCapKind::Device)),
+    ) else {
+        return Err(format!(
+            "virtio {}: no modern (virtio 1.x) PCI capabilities; legacy devices are not supported",
+            function.address
+        ));
+    };
+    // Map each BAR the windows use once.
+    let mut mapped: [Option<(u64, u64)>; 6] = [None; 6];
+    let mut window = |cap: VirtioCap| -> Result<u64, String> {
+        let bar = usize::from(cap.bar);
+        if mapped[bar].is_none() {
+            mapped[bar] = Some(map_memory_bar(pci, &function, cap.bar)?);
+        }
+        let (virt, size) = mapped[bar].expect("mapped above");
+        if u64::from(cap.offset) + u64::from(cap.length) > size {
+            return Err(format!(
+                "virtio {}: capability window {:#x}+{:#x} leaves BAR {} ({size:#x} bytes)",
+                function.address, cap.offset, cap.length, cap.bar
+            ));
+        }
+        Ok(virt + u64::from(cap.offset))
+    };
+    let regions = PciRegions {
+        common: window(common)?,
+        notify: window(notify)?,
+        notify_multiplier: match notify.kind {
+            VirtioCapKind::Notify { multiplier } => multiplier,
+            _ => 0,
+        },
+        device: window(device)?,
+    };
+    pci::enable_memory_and_dma(pci.access(), function.address);
+    let fail =
+        |what: &str, e: virtio::VirtioError| format!("virtio {}: {what}: {e}", function.address);
+    let mut blk =
+        VirtioBlk::init(DeviceHal { registers: 0 }, regions).map_err(|e| fail("bring-up", e))?;
+    let config = *blk.config();
+    let count = wanted_queues.min(usize::from(config.num_queues)).max(1);
+    let mut queues: Vec<Queue> = Vec::new();
+    for _ in 0..count {
+        let queue = blk
+            .create_queue(QUEUE_SIZE)
+            .map_err(|e| fail("virtqueue", e))?;
+        queues.push(Box::new(queue));
+    }
+    blk.start();
+    Ok(OpenedDisk {
+        description: format!(
+            "virtio-blk {} ({:04x}:{:04x}): {} sectors, block {} B, seg_max {:?}, {} of {} queue(s) of {}",
+            function.address,
+            function.vendor_id,
+            function.device_id,
+            config.capacity,
+            config.block_size,
+            config.seg_max,
+            count,
+            config.num_queues,
+            queues[0].queue_depth(),
+        ),
+        queues,
+    })
 }

@@ -1,0 +1,584 @@
+//! The virtio-blk device and its queues.
+
+use blkdev::{
+    BlockDevice, BufferAccess, Completion, DiscardGeometry, DmaSegment, Geometry, IoOp, IoRequest,
+    IoStatus, SubmitError, SECTOR_SIZE,
+};
+use iotrack::{Finished, SlotState, Tracker};
+
+use crate::feature;
+use crate::transport::{common, status, Common, PciRegions, NO_VECTOR};
+use crate::virtqueue::{descriptor, SplitRing, DESC_F_NEXT, DESC_F_WRITE, DESC_LEN};
+use crate::Hal;
+
+const REQUEST_IN: u32 = 0;
+const REQUEST_OUT: u32 = 1;
+const REQUEST_FLUSH: u32 = 4;
+const REQUEST_DISCARD: u32 = 11;
+const STATUS_OK: u8 = 0;
+const STATUS_UNSUPPORTED: u8 = 2;
+
+/// Descriptors in one indirect table (one page): header, data, status.
+const TABLE_ENTRIES: usize = 256;
+const TABLE_BYTES: u64 = TABLE_ENTRIES as u64 * DESC_LEN;
+/// Per slot: request header at 0, discard range at 16, status byte at 32.
+const HEADER_AREA: u64 = 64;
+const STATUS_OFFSET: u64 = 32;
+const RANGE_OFFSET: u64 = 16;
+/// Empty polls with requests outstanding between two looks at the device status.
+const STATUS_CHECK_INTERVAL: u32 = 1024;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VirtioError {
+    /// The device status did not read back 0 after a reset.
+    ResetTimeout,
+    MissingFeature(&'static str),
+    /// FEATURES_OK did not stick: the device refused our feature set.
+    FeaturesRefused,
+    NoQueueLeft,
+    /// The device reports size 0 for this queue.
+    QueueUnavailable(u16),
+    OutOfDmaMemory,
+}
+
+impl core::fmt::Display for VirtioError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            VirtioError::ResetTimeout => write!(f, "device did not reset"),
+            VirtioError::MissingFeature(what) => write!(f, "device lacks {what}"),
+            VirtioError::FeaturesRefused => write!(f, "device refused the negotiated features"),
+            VirtioError::NoQueueLeft => write!(f, "all the device's queues are in use"),
+            VirtioError::QueueUnavailable(q) => write!(f, "queue {q} is not available"),
+            VirtioError::OutOfDmaMemory => write!(f, "out of DMA memory"),
+        }
+    }
+}
+
+/// The block device configuration, as negotiated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlkConfig {
+    /// In 512-byte sectors.
+    pub capacity: u64,
+    /// Most data segments per request (SEG_MAX), if the device says.
+    pub seg_max: Option<u32>,
+    pub block_size: u32,
+    pub physical_block_size: u32,
+    pub num_queues: u16,
+    pub read_only: bool,
+    pub flush: bool,
+    /// (max sectors per discard, sector alignment), with DISCARD.
+    pub discard: Option<(u32, u32)>,
+}
+
+fn read_config<H: Hal>(hal: &H, device: u64, features: u64) -> BlkConfig {
+    let capacity = u64::from(hal.read32(device)) | (u64::from(hal.read32(device + 4)) << 32);
+    let has = |bit: u64| features & bit != 0;
+    let block_size = if has(feature::BLK_BLK_SIZE) {
+        hal.read32(device + 0x14)
+    } else {
+        512
+    };
+    let block_size = if block_size.is_power_of_two() && (512..=4096).contains(&block_size) {
+        block_size
+    } else {
+        512
+    };
+    let physical_block_size = if has(feature::BLK_TOPOLOGY) {
+        block_size << hal.read8(device + 0x18).min(3)
+    } else {
+        block_size
+    };
+    BlkConfig {
+        capacity,
+        seg_max: has(feature::BLK_SEG_MAX).then(|| hal.read32(device + 0x0c)),
+        block_size,
+        physical_block_size,
+        num_queues: if has(feature::BLK_MQ) {
+            hal.read16(device + 0x22).max(1)
+        } else {
+            1
+        },
+        read_only: has(feature::BLK_RO),
+        flush: has(feature::BLK_FLUSH),
+        discard: has(feature::BLK_DISCARD)
+            .then(|| (hal.read32(device + 0x24), hal.read32(device + 0x2c))),
+    }
+}
+
+/// A reset, feature-negotiated device whose queues are being set up.
+pub struct VirtioBlk<H: Hal> {
+    common: Common<H>,
+    regions: PciRegions,
+    config: BlkConfig,
+    next_queue: u16,
+}
+
+impl<H: Hal> VirtioBlk<H> {
+    /// Resets the device and negotiates features (the device is not live until
+    /// `start`).
+    pub fn init(hal: H, regions: PciRegions) -> Result<Self, VirtioError> {
+        let common = Common {
+            hal: hal.clone(),
+            base: regions.common,
+        };
+        common.set_status(0);
+        let mut waited = 0;
+        while common.status() != 0 {
+            if waited >= 1_000_000 {
+                return Err(VirtioError::ResetTimeout);
+            }
+            hal.delay_us(100);
+            waited += 100;
+        }
+        common.add_status(status::ACKNOWLEDGE);
+        common.add_status(status::DRIVER);
+        let offered = common.device_features();
+        let fail = |e| {
+            common.add_status(status::FAILED);
+            Err(e)
+        };
+        if offered & feature::VERSION_1 == 0 {
+            return fail(VirtioError::MissingFeature("VIRTIO_F_VERSION_1"));
+        }
+        if offered & feature::RING_INDIRECT_DESC == 0 {
+            return fail(VirtioError::MissingFeature("indirect descriptors"));
+        }
+        let understood = feature::VERSION_1
+            | feature::RING_INDIRECT_DESC
+            | feature::BLK_SIZE_MAX
+            | feature::BLK_SEG_MAX
+            | feature::BLK_RO
+            | feature::BLK_BLK_SIZE
+            | feature::BLK_FLUSH
+            | feature::BLK_TOPOLOGY
+            | feature::BLK_MQ
+            | feature::BLK_DISCARD;
+        let features = offered & understood;
+        common.set_driver_features(features);
+        common.add_status(status::FEATURES_OK);
+        if common.status() & status::FEATURES_OK == 0 {
+            return fail(VirtioError::FeaturesRefused);
+        }
+        common.write16(common::MSIX_CONFIG, NO_VECTOR);
+        let mut config = read_config(&hal, regions.device, features);
+        // The transport may offer fewer queues than the block configuration names.
+        config.num_queues = config
+            .num_queues
+            .min(common.read16(common::NUM_QUEUES).max(1));
+        Ok(VirtioBlk {
+            common,
+            regions,
+            config,
+            next_queue: 0,
+        })
+    }
+
+    pub fn config(&self) -> &BlkConfig {
+        &self.config
+    }
+
+    /// Sets up the next virtqueue with at most `size` entries (rounded down to a power
+    /// of two; the device's maximum caps it).
+    pub fn create_queue(&mut self, size: u16) -> Result<BlkQueue<H>, VirtioError> {
+        let index = self.next_queue;
+        if index >= self.config.num_queues {
+            return Err(VirtioError::NoQueueLeft);
+        }
+        let common = &self.common;
+        common.write16(common::QUEUE_SELECT, index);
+        let max = common.read16(common::QUEUE_SIZE);
+        if max == 0 {
+            return Err(VirtioError::QueueUnavailable(index));
+        }
+        let wanted = size.clamp(2, max);
+        let size = 1 << (15 - wanted.leading_zeros());
+        let hal = &common.hal;
+        let ring = SplitRing::new(hal, size).ok_or(VirtioError::OutOfDmaMemory)?;
+        let tables = hal
+            .allocate_dma(usize::from(size) * TABLE_BYTES as usize / 4096)
+            .ok_or(VirtioError::OutOfDmaMemory)?;
+        let headers = hal
+            .allocate_dma((usize::from(size) * HEADER_AREA as usize).div_ceil(4096))
+            .ok_or(VirtioError::OutOfDmaMemory)?;
+        common.write16(common::QUEUE_SIZE, size);
+        common.write64(common::QUEUE_DESC, ring.desc);
+        common.write64(common::QUEUE_DRIVER, ring.avail);
+        common.write64(common::QUEUE_DEVICE, ring.used);
+        common.write16(common::QUEUE_MSIX_VECTOR, NO_VECTOR);
+        let notify_off = common.read16(common::QUEUE_NOTIFY_OFF);
+        common.write16(common::QUEUE_ENABLE, 1);
+        self.next_queue += 1;
+
+        let seg_limit = self.config.seg_max.map_or(TABLE_ENTRIES - 2, |m| {
+            (m as usize).clamp(1, TABLE_ENTRIES - 2)
+        });
+        let config = &self.config;
+        Ok(BlkQueue {
+            hal: hal.clone(),
+            index,
+            ring,
+            notify: self.regions.notify
+                + u64::from(notify_off) * u64::from(self.regions.notify_multiplier),
+            status_register: self.regions.common + common::DEVICE_STATUS,
+            slots: Tracker::new(size),
+            tables,
+            headers,
+            max_part_segments: seg_limit,
+            geometry: Geometry {
+                sectors: config.capacity,
+                logical_block_size: config.block_size,
+                physical_block_size: config.physical_block_size,
+                read_only: config.read_only,
+                flush: config.flush,
+                discard: config.discard.map(|(_, alignment)| DiscardGeometry {
+                    granularity: (alignment.max(1) * 512).max(config.block_size),
+                    alignment: 0,
+                    secure: false,
+                }),
+            },
+            max_discard_sectors: config.discard.map_or(0, |(max, _)| u64::from(max.max(1))),
+            dead: false,
+            idle_polls: 0,
+        })
+    }
+
+    /// Tells the device the driver is ready (after its queues are set up).
+    pub fn start(&self) {
+        self.common.add_status(status::DRIVER_OK);
+    }
+}
+
+/// A slot's prepared part: how many descriptors its indirect table holds.
+#[derive(Clone, Copy, Debug, Default)]
+struct Part {
+    entries: u16,
+}
+
+/// One virtqueue of a virtio-blk device, for one CPU.
+pub struct BlkQueue<H: Hal> {
+    hal: H,
+    index: u16,
+    ring: SplitRing,
+    notify: u64,
+    status_register: u64,
+    /// Slot i uses ring descriptor i, indirect table i and header area i.
+    slots: Tracker<Part>,
+    tables: u64,
+    headers: u64,
+    max_part_segments: usize,
+    geometry: Geometry,
+    max_discard_sectors: u64,
+    dead: bool,
+    idle_polls: u32,
+}
+
+/// What a part carries after its header.
+enum Body<'a> {
+    None,
+    Data {
+        segments: &'a [DmaSegment],
+        device_writes: bool,
+    },
+    /// A discard range, already in the header area.
+    Range,
+}
+
+impl<H: Hal> BlkQueue<H> {
+    pub fn queue_index(&self) -> u16 {
+        self.index
+    }
+
+    /// The device asked for a reset (or failed); every request now fails.
+    pub fn is_dead(&self) -> bool {
+        self.dead
+    }
+
+    fn header_address(&self, slot: u16) -> u64 {
+        self.headers + u64::from(slot) * HEADER_AREA
+    }
+
+    /// Writes the header and the indirect table of `slot`.
+    fn prepare(&mut self, slot: u16, kind: u32, sector: u64, body: Body<'_>) {
+        let header = self.header_address(slot);
+        let mut bytes = [0u8; 16];
+        bytes[0..4].copy_from_slice(&kind.to_le_bytes());
+        bytes[8..16].copy_from_slice(&sector.to_le_bytes());
+        self.hal.write_dma(header, &bytes);
+        // A status other than OK until the device writes it.
+        self.hal.write_dma(header + STATUS_OFFSET, &[0xff]);
+
+        let table = self.tables + u64::from(slot) * TABLE_BYTES;
+        let mut chunk = [0u8; 32 * DESC_LEN as usize];
+        let mut in_chunk = 0;
+        let mut written = 0u16;
+        let mut emit = |entry: [u8; 16], hal: &H| {
+            chunk[in_chunk * 16..in_chunk * 16 + 16].copy_from_slice(&entry);
+            in_chunk += 1;
+            written += 1;
+            if in_chunk == 32 {
+                hal.write_dma(table + u64::from(written - 32) * DESC_LEN, &chunk);
+                in_chunk = 0;
+            }
+        };
+        emit(descriptor(header, 16, DESC_F_NEXT, 1), &self.hal);
+        match body {
+            Body::None => {}
+            Body::Range => emit(
+                descriptor(header + RANGE_OFFSET, 16, DESC_F_NEXT, 2),
+                &self.hal,
+            ),
+            Body::Data {
+                segments,
+                device_writes,
+            } => {
+                let flags = DESC_F_NEXT | if device_writes { DESC_F_WRITE } else { 0 };
+                for (i, segment) in segments.iter().enumerate() {
+                    let address = segment.buffer + u64::from(segment.offset);
+                    emit(
+                        descriptor(address, segment.len, flags, i as u16 + 2),
+                        &self.hal,
+                    );
+                }
+            }
+        }
+        emit(
+            descriptor(header + STATUS_OFFSET, 1, DESC_F_WRITE, 0),
+            &self.hal,
+        );
+        if in_chunk > 0 {
+            self.hal.write_dma(
+                table + u64::from(written - in_chunk as u16) * DESC_LEN,
+                &chunk[..in_chunk * 16],
+            );
+        }
+        self.slots.payload_mut(slot).entries = written;
+    }
+
+    fn launch(&mut self, slot: u16) {
+        let table = self.tables + u64::from(slot) * TABLE_BYTES;
+        self.ring
+            .post(&self.hal, slot, table, self.slots.payload(slot).entries);
+        self.slots.launched(slot);
+    }
+
+    fn publish(&self) {
+        if self.ring.publish(&self.hal) {
+            self.hal.write16(self.notify, self.index);
+        }
+    }
+
+    fn submit_data(&mut self, request: &IoRequest<'_>) -> Result<(), SubmitError> {
+        let bytes: u64 = request.segments.iter().map(|s| u64::from(s.len)).sum();
+        let segments_ok = request.segments.iter().all(|s| {
+            s.len > 0
+                && u64::from(s.offset) + u64::from(s.len) <= 4096
+                && s.buffer.checked_add(u64::from(s.offset)).is_some()
+        });
+        if request.segments.is_empty()
+            || !segments_ok
+            || bytes != request.nr_sectors * SECTOR_SIZE
+            || !range_fits(request.sector, request.nr_sectors, self.geometry.sectors)
+            || (request.op == IoOp::Write && self.geometry.read_only)
+        {
+            return Err(SubmitError::Invalid);
+        }
+        let parts = request.segments.len().div_ceil(self.max_part_segments);
+        let commands = parts + usize::from(request.preflush);
+        if commands > self.slots.capacity() {
+            return Err(SubmitError::Invalid);
+        }
+        if commands > self.slots.free_slots() {
+            return Err(SubmitError::QueueFull);
+        }
+        let head = self.slots.begin(request.tag, commands as u16);
+        let mut previous = None;
+        if request.preflush {
+            self.prepare(head, REQUEST_FLUSH, 0, Body::None);
+            previous = Some(head);
+        }
+        let (kind, device_writes) = if request.op == IoOp::Read {
+            (REQUEST_IN, true)
+        } else {
+            (REQUEST_OUT, false)
+        };
+        let mut sector = request.sector;
+        for (k, part) in request.segments.chunks(self.max_part_segments).enumerate() {
+            let slot = if k == 0 && !request.preflush {
+                head
+            } else {
+                self.slots.add(head)
+            };
+            self.prepare(
+                slot,
+                kind,
+                sector,
+                Body::Data {
+                    segments: part,
+                    device_writes,
+                },
+            );
+            sector += part.iter().map(|s| u64::from(s.len)).sum::<u64>() / SECTOR_SIZE;
+            match previous {
+                Some(after) => {
+                    self.slots.stage_after(after, slot);
+                    previous = Some(slot);
+                }
+                None => self.launch(slot),
+            }
+        }
+        if request.preflush {
+            self.launch(head);
+        }
+        self.publish();
+        Ok(())
+    }
+
+    fn submit_flush(&mut self, tag: u32) -> Result<(), SubmitError> {
+        if !self.geometry.flush {
+            return self.slots.complete_locally(tag, IoStatus::Unsupported);
+        }
+        if self.slots.free_slots() == 0 {
+            return Err(SubmitError::QueueFull);
+        }
+        let head = self.slots.begin(tag, 1);
+        self.prepare(head, REQUEST_FLUSH, 0, Body::None);
+        self.launch(head);
+        self.publish();
+        Ok(())
+    }
+
+    fn submit_discard(&mut self, request: &IoRequest<'_>, secure: bool) -> Result<(), SubmitError> {
+        if !range_fits(request.sector, request.nr_sectors, self.geometry.sectors) {
+            return Err(SubmitError::Invalid);
+        }
+        if secure || self.geometry.discard.is_none() {
+            return self
+                .slots
+                .complete_locally(request.tag, IoStatus::Unsupported);
+        }
+        if request.nr_sectors == 0 {
+            return self.slots.complete_locally(request.tag, IoStatus::Ok);
+        }
+        let parts = request.nr_sectors.div_ceil(self.max_discard_sectors);
+        if parts > self.slots.capacity() as u64 {
+            return Err(SubmitError::Invalid);
+        }
+        if parts > self.slots.free_slots() as u64 {
+            return Err(SubmitError::QueueFull);
+        }
+        let head = self.slots.begin(request.tag, parts as u16);
+        let mut sector = request.sector;
+        let end = request.sector + request.nr_sectors;
+        for k in 0..parts {
+            let slot = if k == 0 { head } else { self.slots.add(head) };
+            let count = (end - sector).min(self.max_discard_sectors);
+            let mut range = [0u8; 16];
+            range[0..8].copy_from_slice(&sector.to_le_bytes());
+            range[8..12].copy_from_slice(&(count as u32).to_le_bytes());
+            self.hal
+                .write_dma(self.header_address(slot) + RANGE_OFFSET, &range);
+            self.prepare(slot, REQUEST_DISCARD, 0, Body::Range);
+            self.launch(slot);
+            sector += count;
+        }
+        self.publish();
+        Ok(())
+    }
+}
+
+fn range_fits(sector: u64, nr_sectors: u64, capacity: u64) -> bool {
+    sector
+        .checked_add(nr_sectors)
+        .is_some_and(|end| end <= capacity)
+}
+
+impl<H: Hal> BlockDevice for BlkQueue<H> {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn queue_depth(&self) -> usize {
+        self.slots.capacity()
+    }
+
+    fn submit(
+        &mut self,
+        request: &IoRequest<'_>,
+        _buffers: &dyn BufferAccess,
+    ) -> Result<(), SubmitError> {
+        if self.dead {
+            return self.slots.complete_locally(request.tag, IoStatus::Error);
+        }
+        match request.op {
+            IoOp::Read | IoOp::Write => self.submit_data(request),
+            IoOp::Flush => self.submit_flush(request.tag),
+            IoOp::Discard { secure } => self.submit_discard(request, secure),
+        }
+    }
+
+    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        let mut reported = self.slots.drain_local(sink);
+        let mut consumed = false;
+        let mut released = false;
+        while let Some((id, _written)) = self.ring.next_used(&self.hal) {
+            consumed = true;
+            let Ok(slot) = u16::try_from(id) else {
+                log::error!("virtio: q{} used element names descriptor {id}", self.index);
+                continue;
+            };
+            if self.slots.state(slot) != Some(SlotState::InFlight) {
+                log::error!(
+                    "virtio: q{} completion for descriptor {slot}, not in flight",
+                    self.index
+                );
+                continue;
+            }
+            let mut byte = [0u8; 1];
+            self.hal
+                .read_dma(self.header_address(slot) + STATUS_OFFSET, &mut byte);
+            let outcome = match byte[0] {
+                STATUS_OK => IoStatus::Ok,
+                STATUS_UNSUPPORTED => IoStatus::Unsupported,
+                other => {
+                    log::warn!(
+                        "virtio: q{} request in slot {slot} failed (status {other})",
+                        self.index
+                    );
+                    IoStatus::Error
+                }
+            };
+            let (ring, hal, tables) = (&mut self.ring, &self.hal, self.tables);
+            let finished = self.slots.finish(slot, outcome, &mut |slots, staged| {
+                let table = tables + u64::from(staged) * TABLE_BYTES;
+                ring.post(hal, staged, table, slots.payload(staged).entries);
+                slots.launched(staged);
+                released = true;
+            });
+            if let Finished::Request(completion) = finished {
+                sink(completion);
+                reported += 1;
+            }
+        }
+        if released {
+            self.publish();
+        }
+        if consumed {
+            self.idle_polls = 0;
+        } else if self.slots.in_flight() > 0 {
+            self.idle_polls += 1;
+            if self.idle_polls.is_multiple_of(STATUS_CHECK_INTERVAL) {
+                let device_status = self.hal.read8(self.status_register);
+                if device_status & (status::NEEDS_RESET | status::FAILED) != 0 {
+                    log::error!(
+                        "virtio: device status {device_status:#x} on q{}: failing {} outstanding requests",
+                        self.index,
+                        self.slots.in_flight()
+                    );
+                    self.dead = true;
+                    reported += self.slots.fail_all(sink);
+                }
+            }
+        }
+        reported
+    }
+}

@@ -1,0 +1,440 @@
+use crate::model::{Model, ModelHal};
+use crate::*;
+use blkdev::{
+    BlockDevice, BufferAccess, Completion, DmaSegment, IoOp, IoRequest, IoStatus, SubmitError,
+};
+
+/// DMA devices never touch buffers through the CPU.
+struct NoCpuAccess;
+impl BufferAccess for NoCpuAccess {
+    fn read_buffer(&self, _: u64, _: usize, _: &mut [u8]) -> bool {
+        panic!("DMA driver used CPU buffer access")
+    }
+    fn write_buffer(&self, _: u64, _: usize, _: &[u8]) -> bool {
+        panic!("DMA driver used CPU buffer access")
+    }
+}
+
+fn bring_up(model: Model, queues: usize, size: u16) -> (ModelHal, Vec<BlkQueue<ModelHal>>) {
+    let hal = ModelHal::new(model);
+    let mut device = VirtioBlk::init(hal.clone(), ModelHal::regions()).unwrap();
+    let queues = (0..queues)
+        .map(|_| device.create_queue(size).unwrap())
+        .collect();
+    device.start();
+    (hal, queues)
+}
+
+fn data_request(tag: u32, op: IoOp, sector: u64, segments: &[DmaSegment]) -> IoRequest<'_> {
+    let bytes: u64 = segments.iter().map(|s| u64::from(s.len)).sum();
+    IoRequest {
+        tag,
+        op,
+        sector,
+        nr_sectors: bytes / 512,
+        preflush: false,
+        segments,
+    }
+}
+
+fn no_data(tag: u32, op: IoOp, sector: u64, nr_sectors: u64) -> IoRequest<'static> {
+    IoRequest {
+        tag,
+        op,
+        sector,
+        nr_sectors,
+        preflush: false,
+        segments: &[],
+    }
+}
+
+fn drain(queue: &mut BlkQueue<ModelHal>) -> Vec<Completion> {
+    let mut out = Vec::new();
+    queue.poll_completions(&mut |c| out.push(c));
+    out
+}
+
+fn complete_one(queue: &mut BlkQueue<ModelHal>, request: &IoRequest<'_>) -> IoStatus {
+    queue.submit(request, &NoCpuAccess).unwrap();
+    let done = drain(queue);
+    assert_eq!(done.len(), 1, "{done:?}");
+    assert_eq!(done[0].tag, request.tag);
+    done[0].status
+}
+
+/// `count` segments of `len` bytes, each in its own fresh page at `offset`.
+fn segments(hal: &ModelHal, count: usize, offset: u32, len: u32) -> Vec<DmaSegment> {
+    let pages = hal.with(|m| m.allocate(count)).unwrap();
+    (0..count)
+        .map(|i| DmaSegment {
+            buffer: pages + i as u64 * 4096,
+            offset,
+            len,
+        })
+        .collect()
+}
+
+fn memory_of(hal: &ModelHal, segments: &[DmaSegment]) -> Vec<u8> {
+    hal.with(|m| {
+        segments
+            .iter()
+            .flat_map(|s| {
+                let at = (s.buffer + u64::from(s.offset)) as usize;
+                m.memory[at..at + s.len as usize].to_vec()
+            })
+            .collect()
+    })
+}
+
+fn no_violations(hal: &ModelHal) {
+    let violations = hal.with(|m| m.violations.clone());
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+#[test]
+fn negotiates_features_and_sets_up_queues() {
+    let hal = ModelHal::new(Model::new(4 << 20));
+    let mut device = VirtioBlk::init(hal.clone(), ModelHal::regions()).unwrap();
+    let config = *device.config();
+    assert_eq!(config.capacity, (4 << 20) / 512);
+    assert_eq!(config.num_queues, 4);
+    assert_eq!(config.seg_max, Some(126));
+    assert!(config.flush && !config.read_only);
+    assert_eq!(config.discard, Some((64, 8)));
+    let accepted = hal.with(|m| m.accepted);
+    assert_eq!(accepted & (1 << 29), 0, "EVENT_IDX left alone");
+    assert_ne!(accepted & feature::BLK_MQ, 0);
+    let queue = device.create_queue(100).unwrap();
+    assert_eq!(queue.queue_depth(), 64, "rounded down to a power of two");
+    for _ in 1..4 {
+        device.create_queue(512).unwrap();
+    }
+    assert!(matches!(
+        device.create_queue(8),
+        Err(VirtioError::NoQueueLeft)
+    ));
+    device.start();
+    assert_eq!(hal.with(|m| m.status), 1 | 2 | 8 | 4);
+    let g = queue.geometry();
+    assert!(g.flush && g.discard.is_some());
+    assert_eq!(g.discard.unwrap().granularity, 4096);
+    no_violations(&hal);
+}
+
+#[test]
+fn devices_without_what_the_driver_needs_are_refused() {
+    for (missing, expected) in [
+        (
+            feature::VERSION_1,
+            VirtioError::MissingFeature("VIRTIO_F_VERSION_1"),
+        ),
+        (
+            feature::RING_INDIRECT_DESC,
+            VirtioError::MissingFeature("indirect descriptors"),
+        ),
+    ] {
+        let mut model = Model::new(1 << 20);
+        model.offered &= !missing;
+        let hal = ModelHal::new(model);
+        assert_eq!(
+            VirtioBlk::init(hal.clone(), ModelHal::regions()).err(),
+            Some(expected)
+        );
+        assert_ne!(hal.with(|m| m.status) & 0x80, 0, "FAILED set");
+    }
+    let mut model = Model::new(1 << 20);
+    model.refuse_features = true;
+    let hal = ModelHal::new(model);
+    assert_eq!(
+        VirtioBlk::init(hal, ModelHal::regions()).err(),
+        Some(VirtioError::FeaturesRefused)
+    );
+}
+
+#[test]
+fn long_requests_split_at_seg_max_and_round_trip() {
+    let mut model = Model::new(8 << 20);
+    model.seg_max = 5;
+    let (hal, mut queues) = bring_up(model, 1, 16);
+    let queue = &mut queues[0];
+    let mut seed = 0x1234_5678u32;
+    for round in 0..30u32 {
+        seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+        let count = 1 + (seed >> 8) as usize % 23;
+        let offset = ((seed >> 4) % 8) * 512;
+        let len = 512 * (1 + (seed >> 12) % (8 - offset / 512));
+        let write = segments(&hal, count, offset, len);
+        hal.with(|m| {
+            for (i, s) in write.iter().enumerate() {
+                let at = (s.buffer + u64::from(s.offset)) as usize;
+                for (j, b) in m.memory[at..at + s.len as usize].iter_mut().enumerate() {
+                    *b = (round as usize * 31 + i * 7 + j) as u8;
+                }
+            }
+        });
+        let expected = memory_of(&hal, &write);
+        let sector = u64::from(seed % 8000);
+        assert_eq!(
+            complete_one(queue, &data_request(round, IoOp::Write, sector, &write)),
+            IoStatus::Ok
+        );
+        let disk = hal.with(|m| m.disk[sector as usize * 512..][..expected.len()].to_vec());
+        assert_eq!(disk, expected, "round {round}");
+        let mut read = segments(&hal, expected.len().div_ceil(4096), 0, 4096);
+        let tail = expected.len() - (read.len() - 1) * 4096;
+        read.last_mut().unwrap().len = tail as u32;
+        assert_eq!(
+            complete_one(queue, &data_request(round + 500, IoOp::Read, sector, &read)),
+            IoStatus::Ok
+        );
+        assert_eq!(memory_of(&hal, &read), expected);
+    }
+    hal.with(|m| {
+        assert!(m.served.iter().all(|s| s.segments <= 5));
+        assert!(
+            m.served.len() > 60,
+            "requests were split: {}",
+            m.served.len()
+        );
+    });
+    no_violations(&hal);
+}
+
+#[test]
+fn ring_indices_wrap_past_u16() {
+    let (hal, mut queues) = bring_up(Model::new(1 << 20), 1, 4);
+    let queue = &mut queues[0];
+    for tag in 0..70_000u32 {
+        assert_eq!(
+            complete_one(queue, &no_data(tag, IoOp::Flush, 0, 0)),
+            IoStatus::Ok,
+            "request {tag}"
+        );
+    }
+    assert_eq!(hal.with(|m| m.served.len()), 70_000);
+    no_violations(&hal);
+}
+
+#[test]
+fn a_full_queue_refuses_until_completions_are_polled() {
+    let (hal, mut queues) = bring_up(Model::new(1 << 20), 1, 8);
+    hal.with(|m| m.hold = true);
+    let queue = &mut queues[0];
+    let one = segments(&hal, 1, 0, 4096);
+    let mut accepted = 0;
+    let refused = loop {
+        match queue.submit(&data_request(accepted, IoOp::Read, 0, &one), &NoCpuAccess) {
+            Ok(()) => accepted += 1,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!((refused, accepted), (SubmitError::QueueFull, 8));
+    assert!(drain(queue).is_empty());
+    hal.with(|m| m.process());
+    let mut tags: Vec<_> = drain(queue).iter().map(|c| c.tag).collect();
+    tags.sort();
+    assert_eq!(tags, (0..8).collect::<Vec<_>>());
+    // More parts than the whole queue can ever hold: invalid, not "full".
+    let mut model = Model::new(1 << 20);
+    model.seg_max = 1;
+    let (hal, mut queues) = bring_up(model, 1, 4);
+    let many = segments(&hal, 5, 0, 512);
+    assert_eq!(
+        queues[0].submit(&data_request(1, IoOp::Write, 0, &many), &NoCpuAccess),
+        Err(SubmitError::Invalid)
+    );
+}
+
+#[test]
+fn errors_unsupported_and_refused_requests() {
+    let mut model = Model::new(1 << 20);
+    model.fail_sector = Some(40);
+    model.offered &= !feature::BLK_FLUSH;
+    let (hal, mut queues) = bring_up(model, 1, 8);
+    let queue = &mut queues[0];
+    let one = segments(&hal, 1, 0, 4096);
+    assert_eq!(
+        complete_one(queue, &data_request(1, IoOp::Read, 36, &one)),
+        IoStatus::Error
+    );
+    assert_eq!(
+        complete_one(queue, &data_request(2, IoOp::Read, 41, &one)),
+        IoStatus::Ok
+    );
+    let served = hal.with(|m| m.served.len());
+    assert_eq!(
+        complete_one(queue, &no_data(3, IoOp::Flush, 0, 0)),
+        IoStatus::Unsupported
+    );
+    assert_eq!(
+        complete_one(queue, &no_data(4, IoOp::Discard { secure: true }, 0, 8)),
+        IoStatus::Unsupported
+    );
+    assert_eq!(
+        hal.with(|m| m.served.len()),
+        served,
+        "answered without the device"
+    );
+    hal.with(|m| m.unsupported_kinds = vec![11]);
+    assert_eq!(
+        complete_one(queue, &no_data(5, IoOp::Discard { secure: false }, 0, 8)),
+        IoStatus::Unsupported
+    );
+    let sectors = queue.geometry().sectors;
+    for bad in [
+        data_request(6, IoOp::Read, sectors - 1, &one),
+        IoRequest {
+            nr_sectors: 7,
+            ..data_request(7, IoOp::Read, 0, &one)
+        },
+        data_request(8, IoOp::Read, 0, &[]),
+    ] {
+        assert_eq!(queue.submit(&bad, &NoCpuAccess), Err(SubmitError::Invalid));
+    }
+    let crossing = segments(&hal, 1, 3584, 1024);
+    assert_eq!(
+        queue.submit(&data_request(9, IoOp::Read, 0, &crossing), &NoCpuAccess),
+        Err(SubmitError::Invalid)
+    );
+
+    let mut model = Model::new(1 << 20);
+    model.offered |= feature::BLK_RO;
+    let (hal, mut queues) = bring_up(model, 1, 8);
+    assert!(queues[0].geometry().read_only);
+    let one = segments(&hal, 1, 0, 4096);
+    assert_eq!(
+        queues[0].submit(&data_request(1, IoOp::Write, 0, &one), &NoCpuAccess),
+        Err(SubmitError::Invalid)
+    );
+}
+
+#[test]
+fn discard_splits_at_the_device_limit_and_zeroes() {
+    let (hal, mut queues) = bring_up(Model::new(1 << 20), 1, 8);
+    hal.with(|m| m.disk.fill(0xaa));
+    let queue = &mut queues[0];
+    assert_eq!(
+        complete_one(
+            queue,
+            &no_data(1, IoOp::Discard { secure: false }, 100, 150)
+        ),
+        IoStatus::Ok
+    );
+    hal.with(|m| {
+        assert!(m.disk[100 * 512..250 * 512].iter().all(|&b| b == 0));
+        assert_eq!((m.disk[100 * 512 - 1], m.disk[250 * 512]), (0xaa, 0xaa));
+        let ranges: Vec<_> = m.served.iter().map(|s| (s.sector, s.bytes / 512)).collect();
+        assert_eq!(ranges, [(100, 64), (164, 64), (228, 22)]);
+    });
+    no_violations(&hal);
+}
+
+#[test]
+fn preflush_write_waits_for_its_flush() {
+    let mut model = Model::new(1 << 20);
+    model.seg_max = 2;
+    let (hal, mut queues) = bring_up(model, 1, 8);
+    hal.with(|m| m.hold = true);
+    let queue = &mut queues[0];
+    let write = segments(&hal, 3, 0, 4096);
+    let request = IoRequest {
+        preflush: true,
+        ..data_request(5, IoOp::Write, 16, &write)
+    };
+    queue.submit(&request, &NoCpuAccess).unwrap();
+    hal.with(|m| m.process());
+    assert_eq!(
+        hal.with(|m| m.served.iter().map(|s| s.kind).collect::<Vec<_>>()),
+        [4]
+    );
+    assert!(drain(queue).is_empty());
+    hal.with(|m| m.process());
+    assert_eq!(
+        drain(queue),
+        [Completion {
+            tag: 5,
+            status: IoStatus::Ok
+        }]
+    );
+    let served = hal.with(|m| m.served.clone());
+    let kinds: Vec<_> = served
+        .iter()
+        .map(|s| (s.kind, s.sector, s.segments))
+        .collect();
+    assert_eq!(kinds, [(4, 0, 0), (1, 16, 2), (1, 32, 1)]);
+    no_violations(&hal);
+}
+
+#[test]
+fn a_device_needing_reset_fails_outstanding_and_later_requests() {
+    let mut model = Model::new(1 << 20);
+    model.reset_after = Some(2);
+    let (hal, mut queues) = bring_up(model, 1, 8);
+    let queue = &mut queues[0];
+    let one = segments(&hal, 1, 0, 4096);
+    for tag in 0..4 {
+        queue
+            .submit(&data_request(tag, IoOp::Read, 0, &one), &NoCpuAccess)
+            .unwrap();
+    }
+    let mut done = Vec::new();
+    for _ in 0..5000 {
+        queue.poll_completions(&mut |c| done.push(c));
+        if done.len() == 4 {
+            break;
+        }
+    }
+    let statuses: Vec<_> = done.iter().map(|c| c.status).collect();
+    assert_eq!(
+        statuses,
+        [IoStatus::Ok, IoStatus::Ok, IoStatus::Error, IoStatus::Error]
+    );
+    assert!(queue.is_dead());
+    assert_eq!(
+        complete_one(queue, &data_request(9, IoOp::Read, 0, &one)),
+        IoStatus::Error
+    );
+}
+
+#[test]
+fn two_threads_drive_their_own_queues_at_once() {
+    let (hal, queues) = bring_up(Model::new(8 << 20), 2, 32);
+    let threads: Vec<_> = queues
+        .into_iter()
+        .enumerate()
+        .map(|(index, mut queue)| {
+            let hal = hal.clone();
+            std::thread::spawn(move || {
+                let buffer = segments(&hal, 4, 0, 4096);
+                for round in 0..300u32 {
+                    let fill = (round as u8) ^ (index as u8 * 0x55);
+                    hal.with(|m| {
+                        let at = buffer[0].buffer as usize;
+                        m.memory[at..at + 4 * 4096].fill(fill);
+                    });
+                    let sector = index as u64 * 8192 + u64::from(round % 200) * 32;
+                    queue
+                        .submit(
+                            &data_request(round, IoOp::Write, sector, &buffer),
+                            &NoCpuAccess,
+                        )
+                        .unwrap();
+                    let mut done = Vec::new();
+                    while done.is_empty() {
+                        queue.poll_completions(&mut |c| done.push(c));
+                    }
+                    assert_eq!(done[0].status, IoStatus::Ok);
+                    let disk = hal.with(|m| m.disk[sector as usize * 512..][..4 * 4096].to_vec());
+                    assert!(disk.iter().all(|&b| b == fill));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    hal.with(|m| {
+        assert!(m.served.iter().any(|s| s.queue == 0) && m.served.iter().any(|s| s.queue == 1));
+    });
+    no_violations(&hal);
+}
