@@ -92,7 +92,7 @@ struct SegmentMap {
     grant: MappedGrant,
     /// Index in the persistent cache, or `NO_ENTRY` for a transient mapping.
     cache_entry: u32,
-    /// For transient mappings: 0 once mapped, `MAP_PENDING`, or the failure.
+    /// 0 once `grant` is known; else `MAP_PENDING` or (transient) the map failure.
     status: GrantStatus,
 }
 
@@ -679,10 +679,15 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         for i in base..base + count {
             let gref = self.descs[i].gref;
             let mut cache_entry = NO_ENTRY;
+            let mut known = None;
             if self.persistent {
                 let unmaps = &mut self.unmaps;
                 match self.cache.acquire(gref, &mut |grant| unmaps.push(grant)) {
-                    CacheSlot::Hit(entry) => cache_entry = entry,
+                    CacheSlot::Hit(entry) => {
+                        cache_entry = entry;
+                        // Usually already mapped: no second look-up at flush time.
+                        known = self.cache.grant(entry).ok();
+                    }
                     CacheSlot::Inserted(entry) => {
                         cache_entry = entry;
                         self.map_requests.push(MapRequest {
@@ -698,10 +703,17 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
                 self.map_requests.push(MapRequest { gref, writable });
                 self.map_targets.push(MapTarget::Segment(i as u32));
             }
-            self.maps[i] = SegmentMap {
-                grant: MappedGrant::default(),
-                cache_entry,
-                status: MAP_PENDING,
+            self.maps[i] = match known {
+                Some(grant) => SegmentMap {
+                    grant,
+                    cache_entry,
+                    status: 0,
+                },
+                None => SegmentMap {
+                    grant: MappedGrant::default(),
+                    cache_entry,
+                    status: MAP_PENDING,
+                },
             };
         }
         self.staged.push(slot);
@@ -766,12 +778,18 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         let count = usize::from(self.slots[usize::from(slot)].nr_segments);
         let mut outcome = Ok(());
         for map in &mut self.maps[base..base + count] {
+            if map.status == 0 {
+                continue;
+            }
             if map.cache_entry != NO_ENTRY {
                 match self.cache.grant(map.cache_entry) {
-                    Ok(grant) => map.grant = grant,
+                    Ok(grant) => {
+                        map.grant = grant;
+                        map.status = 0;
+                    }
                     Err(status) => outcome = outcome.and(Err(status)),
                 }
-            } else if map.status != 0 {
+            } else {
                 outcome = outcome.and(Err(map.status));
             }
         }
