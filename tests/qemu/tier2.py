@@ -7,8 +7,12 @@ On a failure the last 50 log lines of that boot are printed.
 """
 
 import argparse
+import os
+import random
+import re
 import sys
 
+import disk_pattern
 import qemu_runner as q
 
 BOOT_BUDGET_SECONDS = 10  # issue 2: boot to Rust and log the essentials within 10 s
@@ -16,9 +20,10 @@ TIMEOUT = 60
 
 
 class Suite:
-    def __init__(self, image, log_dir):
+    def __init__(self, image, log_dir, seed=None):
         self.image = image
         self.log_dir = log_dir
+        self.seed = seed if seed is not None else random.randrange(1, 1 << 48)
         self.passed = 0
         self.failed = 0
 
@@ -111,15 +116,111 @@ def test_four_cpus_start(suite):
     suite.record("boot.four-cpus-online", ok, f"verdict {r.verdict}, {len(started)} APs reported", r)
 
 
+DISK_BYTES = 64 << 20
+DISK_WRITES = 24
+DISK_TAIL_SECTORS = 2048  # kept out of the write regions (the discard check uses it)
+DISK_TIMEOUT = 180
+
+
+def disk_image(suite, name):
+    """A fresh zero-filled backing file for one test."""
+    path = os.path.join(os.path.dirname(suite.log_dir.rstrip("/")) or ".", f"{name}.img")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(DISK_BYTES)
+    return path
+
+
+def check_backing_file(path, seed, queues):
+    """Compares the file with the writes recomputed from the seed: (ok, detail)."""
+    with open(path, "rb") as f:
+        actual = f.read()
+    checked = DISK_BYTES - DISK_TAIL_SECTORS * 512
+    expected = disk_pattern.expected_image(checked, seed, queues, DISK_WRITES)
+    if len(actual) != DISK_BYTES:
+        return False, f"backing file is {len(actual)} bytes"
+    if actual[:checked] != expected:
+        first = next(i for i in range(checked) if actual[i] != expected[i])
+        return False, f"backing file differs from the seeded writes at byte {first} (sector {first // 512})"
+    return True, f"{checked >> 20} MiB of the backing file match the seeded writes"
+
+
+def run_disk_test(suite, name, spec, device_args, smp, expect_queues):
+    seed = suite.seed
+    image = disk_image(suite, name)
+    extra = ["-drive", f"file={image},format=raw,if=none,id=disk0,cache=writeback", *device_args]
+    r = suite.boot(name, f"disktest={spec} disktest.seed={seed} disktest.writes={DISK_WRITES} loglevel=info",
+                   timeout=DISK_TIMEOUT, smp=smp, extra=extra)
+    problems = []
+    if r.verdict != "pass" or "disktest: PASS" not in r.log:
+        problems.append(f"verdict {r.verdict}")
+    queues_line = re.search(r"disktest: (\d+) queue\(s\), regions of", r.log)
+    queues = int(queues_line.group(1)) if queues_line else None
+    if queues != expect_queues:
+        problems.append(f"{queues} queues driven, expected {expect_queues}")
+    verified = len(re.findall(r"disktest: queue \d+ verified \d+ writes", r.log))
+    if verified != expect_queues:
+        problems.append(f"{verified} queues verified their writes")
+    throughput = re.search(r"random 4 KiB reads (\d+) IOPS, sequential 256 KiB reads ([\d.]+) MB/s", r.log)
+    if not problems:
+        ok, detail = check_backing_file(image, seed, queues)
+        if not ok:
+            problems.append(detail)
+    detail = f"seed {seed}, {expect_queues} queue(s), host check of the backing file passed"
+    if throughput:
+        detail += f"; {throughput.group(1)} IOPS 4 KiB random read, {throughput.group(2)} MB/s 256 KiB sequential read"
+    suite.record(name, not problems, "; ".join(problems) or detail, r)
+
+
+def test_nvme_disk_two_queues(suite):
+    run_disk_test(suite, "disk.nvme-two-queues-verified-on-host", "nvme:1",
+                  ["-device", "nvme,drive=disk0,serial=blkdom-nvme"], smp=2, expect_queues=2)
+
+
+def test_virtio_disk_two_queues(suite):
+    run_disk_test(suite, "disk.virtio-blk-two-queues-verified-on-host", "virtio:0",
+                  ["-device", "virtio-blk-pci,drive=disk0,num-queues=2"], smp=2, expect_queues=2)
+
+
+def test_virtio_disk_single_queue(suite):
+    # A device offering one queue on a two-CPU machine: one queue is driven.
+    run_disk_test(suite, "disk.virtio-blk-single-queue-device", "virtio:0",
+                  ["-device", "virtio-blk-pci,drive=disk0,num-queues=1"], smp=2, expect_queues=1)
+
+
+def test_missing_or_failing_disk_fails_cleanly(suite):
+    cases = [
+        ("disk.missing-nvme-fails", "disktest=nvme:1", [], "no NVMe controller on the PCI bus"),
+        ("disk.missing-virtio-fails", "disktest=virtio:1",
+         ["-drive", "file=null-co://,format=raw,if=none,id=disk0", "-device", "virtio-blk-pci,drive=disk0"],
+         "no virtio-blk device number 1 on the PCI bus"),
+        ("disk.absent-namespace-fails", "disktest=nvme:2",
+         ["-drive", "file=null-co://,format=raw,if=none,id=disk0", "-device", "nvme,drive=disk0,serial=x"],
+         "no active namespace 2"),
+        ("disk.malformed-store-name-fails", "disktest=scsi:1", [], "unknown backing store \"scsi\""),
+    ]
+    for name, append, extra, needle in cases:
+        r = suite.boot(name, append + " loglevel=info", timeout=60, extra=extra)
+        failed_lines = [l for l in r.lines() if "disktest: FAIL" in l]
+        ok = r.verdict == "fail" and bool(failed_lines) and needle in failed_lines[0]
+        suite.record(name, ok, f"verdict {r.verdict} in {r.seconds:.1f} s: "
+                     + (failed_lines[0].split("disktest: ", 1)[1] if failed_lines else "no FAIL line"), r)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--image", required=True)
     parser.add_argument("--log-dir", default="target/qemu/tier2")
+    parser.add_argument("--seed", type=int, help="seed of the disk tests' writes (default: random, printed)")
     args = parser.parse_args()
-    suite = Suite(args.image, args.log_dir)
+    disk_pattern.self_check()
+    suite = Suite(args.image, args.log_dir, args.seed)
+    print(f"tier2: disk test seed {suite.seed}")
     for test in [test_boot_logs_essentials, test_log_level_from_cmdline, test_selftests,
                  test_runner_catches_failing_selftest, test_exception_is_reported,
-                 test_panic_is_reported, test_runner_times_out_a_hang, test_four_cpus_start]:
+                 test_panic_is_reported, test_runner_times_out_a_hang, test_four_cpus_start,
+                 test_nvme_disk_two_queues, test_virtio_disk_two_queues, test_virtio_disk_single_queue,
+                 test_missing_or_failing_disk_fails_cleanly]:
         try:
             test(suite)
         except Exception as e:  # a runner bug is a failure, not a crash of the suite
