@@ -260,6 +260,8 @@ impl BlkifBackend {
                 return Ok(StepOutcome::Retry);
             }
             self.removed = true;
+            // No node left to write it to, but the device is closed.
+            self.state = XenbusState::Closed;
             return Ok(StepOutcome::Removed);
         }
         let frontend_state =

@@ -332,6 +332,7 @@ fn backend_directory_removal_tears_down_once_idle() {
         backend.step(&mut store, &mut hooks),
         Ok(StepOutcome::Removed)
     );
+    assert_eq!(backend.state(), XenbusState::Closed);
     let disconnects = hooks.disconnects;
     assert_eq!(
         backend.step(&mut store, &mut hooks),
