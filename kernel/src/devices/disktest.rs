@@ -25,7 +25,9 @@ pub const TAIL_SECTORS: u64 = 2048;
 /// Longest write: 1 MiB.
 const MAX_WRITE_SECTORS: u32 = 2048;
 const PAGE: u64 = 4096;
-const BUFFER_PAGES: usize = (MAX_WRITE_SECTORS as usize * 512) / PAGE as usize;
+const MAX_WRITE_BYTES: usize = MAX_WRITE_SECTORS as usize * 512;
+/// Room for the longest write in any layout (short segments take a page each).
+const BUFFER_PAGES: usize = 2 * MAX_WRITE_BYTES / PAGE as usize;
 /// Any one request must finish within this (TCG is slow, but not this slow).
 const REQUEST_TIMEOUT_US: u64 = 20_000_000;
 const SEQUENTIAL_REQUEST_BYTES: u64 = 256 * 1024;
@@ -254,6 +256,57 @@ impl Buffer {
         })
     }
 
+    /// Segments for `bytes` in one of four layouts, one segment per page as the engine
+    /// hands them over: 0 whole pages; 1 the first segment starts mid-page; 2 every
+    /// fifth segment is short, 3 the first eight are second halves of pages (PRP breaks:
+    /// the NVMe driver must split).
+    fn layout(&mut self, kind: u32, bytes: u64) -> &[DmaSegment] {
+        self.segments.clear();
+        let mut left = bytes;
+        let mut page = 0;
+        while left > 0 && page < self.pages {
+            let n = self.segments.len();
+            let (offset, room) = match kind % 4 {
+                1 if n == 0 => (
+                    512 * (1 + bytes / 512 % 7),
+                    PAGE - 512 * (1 + bytes / 512 % 7),
+                ),
+                2 if n % 5 == 4 => (0, 1024),
+                3 if n < 8 => (2048, 2048),
+                _ => (0, PAGE),
+            };
+            let len = left.min(room);
+            self.segments.push(DmaSegment {
+                buffer: self.base + page as u64 * PAGE,
+                offset: offset as u32,
+                len: len as u32,
+            });
+            left -= len;
+            page += 1;
+        }
+        &self.segments
+    }
+
+    /// Copies `data` into the buffer along `segments`.
+    fn scatter(segments: &[DmaSegment], data: &[u8]) {
+        let mut at = 0;
+        for s in segments {
+            let len = s.len as usize;
+            platform::write_physical(s.buffer + u64::from(s.offset), &data[at..at + len]);
+            at += len;
+        }
+    }
+
+    /// Copies the buffer along `segments` into `data`.
+    fn gather(segments: &[DmaSegment], data: &mut [u8]) {
+        let mut at = 0;
+        for s in segments {
+            let len = s.len as usize;
+            platform::read_physical(s.buffer + u64::from(s.offset), &mut data[at..at + len]);
+            at += len;
+        }
+    }
+
     /// Segments for `bytes` starting at page `first_page`: one per page, never merged.
     fn segments(&mut self, first_page: usize, bytes: u64) -> &[DmaSegment] {
         self.segments.clear();
@@ -329,7 +382,7 @@ fn exercise(job: &mut Job) -> Result<QueueReport, String> {
     let mut read = Buffer::new(BUFFER_PAGES)?;
     let params = job.params;
     let mut tag = 0u32;
-    let mut data = alloc::vec![0u8; BUFFER_PAGES * PAGE as usize];
+    let mut data = alloc::vec![0u8; MAX_WRITE_BYTES];
 
     for w in Plan::new(
         params.seed,
@@ -342,9 +395,10 @@ fn exercise(job: &mut Job) -> Result<QueueReport, String> {
         let bytes = u64::from(w.sectors) * 512;
         let data = &mut data[..bytes as usize];
         pattern::fill(params.seed, job.index, w.index, w.sector * 512, data);
-        platform::write_physical(write.base, data);
+        // Shapes vary per write; every fourth write carries a pre-flush.
+        let segments = write.layout(w.index, bytes);
+        Buffer::scatter(segments, data);
         tag += 1;
-        let segments = write.segments(0, bytes);
         complete(
             &mut job.queue,
             &IoRequest {
@@ -352,12 +406,12 @@ fn exercise(job: &mut Job) -> Result<QueueReport, String> {
                 op: IoOp::Write,
                 sector: w.sector,
                 nr_sectors: u64::from(w.sectors),
-                preflush: false,
+                preflush: geometry.flush && w.index % 4 == 3,
                 segments,
             },
         )?;
         tag += 1;
-        let segments = read.segments(0, bytes);
+        let segments = read.layout(w.index + 1, bytes);
         complete(
             &mut job.queue,
             &IoRequest {
@@ -369,7 +423,7 @@ fn exercise(job: &mut Job) -> Result<QueueReport, String> {
                 segments,
             },
         )?;
-        platform::read_physical(read.base, data);
+        Buffer::gather(&read.segments, data);
         if let Some(at) =
             pattern::first_mismatch(params.seed, job.index, w.index, w.sector * 512, data)
         {

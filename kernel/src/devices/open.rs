@@ -18,7 +18,7 @@ pub struct OpenedDisk {
 }
 
 /// NVMe submission/completion queue depth per CPU.
-const NVME_QUEUE_ENTRIES: u16 = 64;
+const NVME_QUEUE_ENTRIES: u16 = 256;
 
 /// Opens `backing` with up to `wanted_queues` queues.
 pub fn open(backing: Backing, rsdp_paddr: u64, wanted_queues: usize) -> Result<OpenedDisk, String> {
