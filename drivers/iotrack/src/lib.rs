@@ -1,5 +1,5 @@
-//! Bookkeeping shared by the DMA block drivers (NVMe, virtio-blk): a fixed table of
-//! command slots, allocated once.
+//! What the DMA block drivers (NVMe, virtio-blk) share: the [`Dma`] platform trait and
+//! a fixed table of command slots, allocated once.
 //!
 //! A request becomes one or more device commands, one slot each (a driver uses the slot
 //! number as its command id). The request's first slot, its head, holds the tag, the
@@ -30,6 +30,151 @@ pub enum SlotState {
 }
 
 pub const NO_SLOT: u16 = u16::MAX;
+
+/// DMA memory and time, as a driver's platform layer provides them. Memory is named by
+/// bus address; `allocate_dma` is for set-up only.
+pub trait Dma: Clone {
+    /// `pages` zeroed, physically contiguous, 4 KiB-aligned pages; their bus address.
+    fn allocate_dma(&self, pages: usize) -> Option<u64>;
+    /// Copies DMA memory at `address` into `out`.
+    fn read_dma(&self, address: u64, out: &mut [u8]);
+    /// Copies `data` into DMA memory at `address`.
+    fn write_dma(&self, address: u64, data: &[u8]);
+    /// Waits at least `micros` microseconds.
+    fn delay_us(&self, micros: u64);
+}
+
+/// Helpers for driver tests.
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
+    extern crate std;
+    use blkdev::{BlockDevice, BufferAccess, Completion, IoRequest, IoStatus};
+    use std::vec::Vec;
+
+    /// Buffer access for DMA drivers, which must never use it.
+    pub struct NoCpuAccess;
+
+    impl BufferAccess for NoCpuAccess {
+        fn read_buffer(&self, _: u64, _: usize, _: &mut [u8]) -> bool {
+            panic!("DMA driver used CPU buffer access")
+        }
+        fn write_buffer(&self, _: u64, _: usize, _: &[u8]) -> bool {
+            panic!("DMA driver used CPU buffer access")
+        }
+    }
+
+    /// Builds a read or write of `segments` (its length in sectors is theirs).
+    pub fn data_request(
+        tag: u32,
+        op: blkdev::IoOp,
+        sector: u64,
+        segments: &[blkdev::DmaSegment],
+    ) -> IoRequest<'_> {
+        let bytes: u64 = segments.iter().map(|s| u64::from(s.len)).sum();
+        IoRequest {
+            tag,
+            op,
+            sector,
+            nr_sectors: bytes / blkdev::SECTOR_SIZE,
+            preflush: false,
+            segments,
+        }
+    }
+
+    /// The guest memory of a device model: a byte array named by bus address, with a
+    /// bump allocator for DMA pages (address 0 stays unused).
+    pub struct DmaMemory {
+        bytes: Vec<u8>,
+        next_free: u64,
+    }
+
+    impl DmaMemory {
+        pub fn new(size: usize) -> Self {
+            DmaMemory {
+                bytes: std::vec![0; size],
+                next_free: 4096,
+            }
+        }
+
+        /// `pages` zeroed pages, or None when memory is exhausted.
+        pub fn allocate(&mut self, pages: usize) -> Option<u64> {
+            let address = self.next_free;
+            let end = address + pages as u64 * 4096;
+            if end as usize > self.bytes.len() {
+                return None;
+            }
+            self.next_free = end;
+            self.bytes[address as usize..end as usize].fill(0);
+            Some(address)
+        }
+
+        pub fn slice(&self, address: u64, len: usize) -> &[u8] {
+            &self.bytes[address as usize..address as usize + len]
+        }
+
+        pub fn put(&mut self, address: u64, data: &[u8]) {
+            self.bytes[address as usize..address as usize + data.len()].copy_from_slice(data);
+        }
+
+        pub fn u16_at(&self, address: u64) -> u16 {
+            u16::from_le_bytes(self.slice(address, 2).try_into().unwrap())
+        }
+
+        pub fn u32_at(&self, address: u64) -> u32 {
+            u32::from_le_bytes(self.slice(address, 4).try_into().unwrap())
+        }
+
+        pub fn u64_at(&self, address: u64) -> u64 {
+            u64::from_le_bytes(self.slice(address, 8).try_into().unwrap())
+        }
+    }
+
+    impl core::ops::Deref for DmaMemory {
+        type Target = [u8];
+        fn deref(&self) -> &[u8] {
+            &self.bytes
+        }
+    }
+
+    impl core::ops::DerefMut for DmaMemory {
+        fn deref_mut(&mut self) -> &mut [u8] {
+            &mut self.bytes
+        }
+    }
+
+    /// Polls until `count` completions came or `max_polls` polls passed.
+    pub fn poll_until(
+        device: &mut dyn BlockDevice,
+        count: usize,
+        max_polls: usize,
+    ) -> Vec<Completion> {
+        let mut done = Vec::new();
+        for _ in 0..max_polls {
+            device.poll_completions(&mut |c| done.push(c));
+            if done.len() >= count {
+                break;
+            }
+        }
+        done
+    }
+
+    /// Everything the device reports now.
+    pub fn drain(device: &mut dyn BlockDevice) -> Vec<Completion> {
+        let mut out = Vec::new();
+        device.poll_completions(&mut |c| out.push(c));
+        out
+    }
+
+    /// Submits `request`, expects exactly its completion on the next poll (the test
+    /// device answers on the doorbell); returns its status.
+    pub fn complete_one(device: &mut dyn BlockDevice, request: &IoRequest<'_>) -> IoStatus {
+        device.submit(request, &NoCpuAccess).unwrap();
+        let done = drain(device);
+        assert_eq!(done.len(), 1, "{done:?}");
+        assert_eq!(done[0].tag, request.tag);
+        done[0].status
+    }
+}
 
 #[derive(Clone, Copy, Debug)]
 struct Slot<P> {

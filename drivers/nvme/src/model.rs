@@ -5,6 +5,7 @@
 
 use crate::command::{CommandStatus, CQ_ENTRY_LEN, SQ_ENTRY_LEN};
 use crate::Hal;
+use iotrack::testing::DmaMemory;
 use std::sync::{Arc, Mutex};
 
 pub const MEMORY_BYTES: usize = 48 << 20;
@@ -31,8 +32,7 @@ pub struct Executed {
 }
 
 pub struct Model {
-    pub memory: Vec<u8>,
-    next_free: u64,
+    pub memory: DmaMemory,
     pub disk: Vec<u8>,
     pub block_size: u32,
     pub mqes: u16,
@@ -67,8 +67,7 @@ pub struct Model {
 impl Model {
     pub fn new(disk_bytes: usize) -> Self {
         Model {
-            memory: vec![0; MEMORY_BYTES],
-            next_free: PAGE,
+            memory: DmaMemory::new(MEMORY_BYTES),
             disk: vec![0; disk_bytes],
             block_size: 512,
             mqes: 63,
@@ -96,29 +95,6 @@ impl Model {
             io_commands: 0,
             delays_us: 0,
         }
-    }
-
-    pub fn allocate(&mut self, pages: usize) -> Option<u64> {
-        let address = self.next_free;
-        let end = address + pages as u64 * PAGE;
-        if end as usize > self.memory.len() {
-            return None;
-        }
-        self.next_free = end;
-        self.memory[address as usize..end as usize].fill(0);
-        Some(address)
-    }
-
-    fn mem(&self, address: u64, len: usize) -> &[u8] {
-        &self.memory[address as usize..address as usize + len]
-    }
-
-    fn u32_at(&self, address: u64) -> u32 {
-        u32::from_le_bytes(self.mem(address, 4).try_into().unwrap())
-    }
-
-    fn u64_at(&self, address: u64) -> u64 {
-        u64::from_le_bytes(self.mem(address, 8).try_into().unwrap())
     }
 
     fn cap(&self) -> u64 {
@@ -235,7 +211,8 @@ impl Model {
             }
             let q = self.sqs[qid];
             let address = q.base + u64::from(q.head) * SQ_ENTRY_LEN as u64;
-            let entry: [u8; SQ_ENTRY_LEN] = self.mem(address, SQ_ENTRY_LEN).try_into().unwrap();
+            let entry: [u8; SQ_ENTRY_LEN] =
+                self.memory.slice(address, SQ_ENTRY_LEN).try_into().unwrap();
             self.sqs[qid].head = (q.head + 1) % q.entries;
             let (status, result) = if qid == 0 {
                 self.admin(&entry)
@@ -384,7 +361,7 @@ impl Model {
         }
         let mut entry = prp2;
         while left > 0 {
-            let page = self.u64_at(entry);
+            let page = self.memory.u64_at(entry);
             if !page.is_multiple_of(PAGE) {
                 self.violations
                     .push(format!("PRP list entry {page:#x} has an offset"));
@@ -465,8 +442,8 @@ impl Model {
                 }
                 for r in 0..ranges {
                     let at = prp1 + r as u64 * 16;
-                    let len = u64::from(self.u32_at(at + 4));
-                    let start = self.u64_at(at + 8);
+                    let len = u64::from(self.memory.u32_at(at + 4));
+                    let start = self.memory.u64_at(at + 8);
                     self.executed.push(Executed {
                         qid,
                         opcode,
@@ -509,19 +486,22 @@ impl Hal for ModelHal {
     fn write_register(&self, offset: usize, value: u32) {
         self.with(|m| m.write_register(offset, value))
     }
+    fn read_dma_u32(&self, address: u64) -> u32 {
+        self.with(|m| m.memory.u32_at(address))
+    }
+}
+
+impl iotrack::Dma for ModelHal {
     fn allocate_dma(&self, pages: usize) -> Option<u64> {
-        self.with(|m| m.allocate(pages))
+        self.with(|m| m.memory.allocate(pages))
     }
     fn read_dma(&self, address: u64, out: &mut [u8]) {
-        self.with(|m| out.copy_from_slice(m.mem(address, out.len())))
+        self.with(|m| out.copy_from_slice(m.memory.slice(address, out.len())))
     }
     fn write_dma(&self, address: u64, data: &[u8]) {
         self.with(|m| {
             m.memory[address as usize..address as usize + data.len()].copy_from_slice(data)
         })
-    }
-    fn read_dma_u32(&self, address: u64) -> u32 {
-        self.with(|m| m.u32_at(address))
     }
     fn delay_us(&self, micros: u64) {
         self.with(|m| m.delays_us += micros)

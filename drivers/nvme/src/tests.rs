@@ -1,20 +1,8 @@
 use crate::command::CommandStatus;
 use crate::model::{Model, ModelHal};
 use crate::*;
-use blkdev::{
-    BlockDevice, BufferAccess, Completion, DmaSegment, IoOp, IoRequest, IoStatus, SubmitError,
-};
-
-/// DMA devices never touch buffers through the CPU.
-struct NoCpuAccess;
-impl BufferAccess for NoCpuAccess {
-    fn read_buffer(&self, _: u64, _: usize, _: &mut [u8]) -> bool {
-        panic!("DMA driver used CPU buffer access")
-    }
-    fn write_buffer(&self, _: u64, _: usize, _: &[u8]) -> bool {
-        panic!("DMA driver used CPU buffer access")
-    }
-}
+use blkdev::{BlockDevice, Completion, DmaSegment, IoOp, IoRequest, IoStatus, SubmitError};
+use iotrack::testing::{complete_one, data_request, drain, poll_until, NoCpuAccess};
 
 fn bring_up(model: Model, queues: u16, entries: u16) -> (ModelHal, Vec<IoQueue<ModelHal>>) {
     let hal = ModelHal::new(model);
@@ -27,39 +15,13 @@ fn bring_up(model: Model, queues: u16, entries: u16) -> (ModelHal, Vec<IoQueue<M
     (hal, queues)
 }
 
-fn request(tag: u32, op: IoOp, sector: u64, segments: &[DmaSegment]) -> IoRequest<'_> {
-    let bytes: u64 = segments.iter().map(|s| u64::from(s.len)).sum();
-    IoRequest {
-        tag,
-        op,
-        sector,
-        nr_sectors: bytes / 512,
-        preflush: false,
-        segments,
-    }
-}
-
 /// One whole fresh page as the only segment.
 fn one_page(hal: &ModelHal) -> [DmaSegment; 1] {
     [DmaSegment {
-        buffer: hal.with(|m| m.allocate(1)).unwrap(),
+        buffer: hal.with(|m| m.memory.allocate(1)).unwrap(),
         offset: 0,
         len: 4096,
     }]
-}
-
-fn drain(queue: &mut IoQueue<ModelHal>) -> Vec<Completion> {
-    let mut out = Vec::new();
-    queue.poll_completions(&mut |c| out.push(c));
-    out
-}
-
-fn complete_one(queue: &mut IoQueue<ModelHal>, request: &IoRequest<'_>) -> IoStatus {
-    queue.submit(request, &NoCpuAccess).unwrap();
-    let done = drain(queue);
-    assert_eq!(done.len(), 1, "{done:?}");
-    assert_eq!(done[0].tag, request.tag);
-    done[0].status
 }
 
 struct Rng(u64);
@@ -78,7 +40,7 @@ impl Rng {
 /// Segments of random shapes: the first may start mid-page, a short one may sit in the
 /// middle (forcing a split), all sector multiples within their page.
 fn random_segments(rng: &mut Rng, hal: &ModelHal, count: usize) -> Vec<DmaSegment> {
-    let pages = hal.with(|m| m.allocate(count)).unwrap();
+    let pages = hal.with(|m| m.memory.allocate(count)).unwrap();
     (0..count)
         .map(|i| {
             let buffer = pages + i as u64 * 4096;
@@ -194,7 +156,7 @@ fn random_requests_round_trip_with_prp_lists_and_splits() {
         let expected = fill(&hal, &segments, round as u8);
         let sectors = expected.len() as u64 / 512;
         let sector = rng.below(capacity - sectors);
-        let write = request(round, IoOp::Write, sector, &segments);
+        let write = data_request(round, IoOp::Write, sector, &segments);
         assert_eq!(complete_one(queue, &write), IoStatus::Ok);
         let on_disk = hal.with(|m| m.disk[sector as usize * 512..][..expected.len()].to_vec());
         assert_eq!(on_disk, expected, "round {round}");
@@ -208,7 +170,7 @@ fn random_requests_round_trip_with_prp_lists_and_splits() {
             left -= u64::from(shape.len);
             back.push(shape);
         }
-        let read = request(round + 1000, IoOp::Read, sector, &back);
+        let read = data_request(round + 1000, IoOp::Read, sector, &back);
         assert_eq!(complete_one(queue, &read), IoStatus::Ok);
         assert_eq!(gather(&hal, &back), expected, "round {round} read back");
     }
@@ -235,7 +197,7 @@ fn phase_bit_wraps_many_times_on_a_tiny_queue() {
             let tag = round * 3 + k;
             queue
                 .submit(
-                    &request(tag, IoOp::Write, u64::from(tag % 200) * 8, &segment),
+                    &data_request(tag, IoOp::Write, u64::from(tag % 200) * 8, &segment),
                     &NoCpuAccess,
                 )
                 .unwrap();
@@ -261,7 +223,10 @@ fn a_full_queue_refuses_until_completions_are_polled() {
     let segment = one_page(&hal);
     let mut accepted = 0;
     let refused = loop {
-        match queue.submit(&request(accepted, IoOp::Read, 0, &segment), &NoCpuAccess) {
+        match queue.submit(
+            &data_request(accepted, IoOp::Read, 0, &segment),
+            &NoCpuAccess,
+        ) {
             Ok(()) => accepted += 1,
             Err(e) => break e,
         }
@@ -275,10 +240,10 @@ fn a_full_queue_refuses_until_completions_are_polled() {
     tags.sort();
     assert_eq!(tags, (0..7).collect::<Vec<_>>());
     queue
-        .submit(&request(99, IoOp::Read, 0, &segment), &NoCpuAccess)
+        .submit(&data_request(99, IoOp::Read, 0, &segment), &NoCpuAccess)
         .unwrap();
     // A request needing more commands than free slots is refused as a whole.
-    let two_pages = hal.with(|m| m.allocate(2)).unwrap();
+    let two_pages = hal.with(|m| m.memory.allocate(2)).unwrap();
     let split = [
         DmaSegment {
             buffer: two_pages,
@@ -293,11 +258,11 @@ fn a_full_queue_refuses_until_completions_are_polled() {
     ];
     for tag in 100..105 {
         queue
-            .submit(&request(tag, IoOp::Read, 0, &segment), &NoCpuAccess)
+            .submit(&data_request(tag, IoOp::Read, 0, &segment), &NoCpuAccess)
             .unwrap();
     }
     assert_eq!(
-        queue.submit(&request(200, IoOp::Read, 0, &split), &NoCpuAccess),
+        queue.submit(&data_request(200, IoOp::Read, 0, &split), &NoCpuAccess),
         Err(SubmitError::QueueFull)
     );
     hal.with(|m| m.process());
@@ -313,18 +278,18 @@ fn device_errors_map_to_error_and_unsupported() {
     let queue = &mut queues[0];
     let segment = one_page(&hal);
     assert_eq!(
-        complete_one(queue, &request(1, IoOp::Read, 96, &segment)),
+        complete_one(queue, &data_request(1, IoOp::Read, 96, &segment)),
         IoStatus::Error
     );
     assert_eq!(
-        complete_one(queue, &request(2, IoOp::Read, 104, &segment)),
+        complete_one(queue, &data_request(2, IoOp::Read, 104, &segment)),
         IoStatus::Ok
     );
     // Past the end, misaligned and empty-segment requests never reach the device.
     let capacity = queue.geometry().sectors;
     assert_eq!(
         queue.submit(
-            &request(3, IoOp::Read, capacity - 4, &segment),
+            &data_request(3, IoOp::Read, capacity - 4, &segment),
             &NoCpuAccess
         ),
         Err(SubmitError::Invalid)
@@ -335,7 +300,7 @@ fn device_errors_map_to_error_and_unsupported() {
         len: 0,
     }];
     assert_eq!(
-        queue.submit(&request(4, IoOp::Read, 0, &empty), &NoCpuAccess),
+        queue.submit(&data_request(4, IoOp::Read, 0, &empty), &NoCpuAccess),
         Err(SubmitError::Invalid)
     );
     let crossing = [DmaSegment {
@@ -344,7 +309,7 @@ fn device_errors_map_to_error_and_unsupported() {
         len: 1024,
     }];
     assert_eq!(
-        queue.submit(&request(5, IoOp::Read, 0, &crossing), &NoCpuAccess),
+        queue.submit(&data_request(5, IoOp::Read, 0, &crossing), &NoCpuAccess),
         Err(SubmitError::Invalid)
     );
 
@@ -428,7 +393,7 @@ fn preflush_write_waits_for_its_flush() {
     let (hal, mut queues) = bring_up(Model::new(1 << 20), 1, 8);
     hal.with(|m| m.hold = true);
     let queue = &mut queues[0];
-    let pages = hal.with(|m| m.allocate(3)).unwrap();
+    let pages = hal.with(|m| m.memory.allocate(3)).unwrap();
     let segments: Vec<_> = (0..3)
         .map(|i| DmaSegment {
             buffer: pages + i * 4096,
@@ -439,7 +404,7 @@ fn preflush_write_waits_for_its_flush() {
     let expected = fill(&hal, &segments, 9);
     let write = IoRequest {
         preflush: true,
-        ..request(5, IoOp::Write, 64, &segments)
+        ..data_request(5, IoOp::Write, 64, &segments)
     };
     queue.submit(&write, &NoCpuAccess).unwrap();
     hal.with(|m| m.process());
@@ -478,7 +443,10 @@ fn preflush_write_waits_for_its_flush() {
     assert_eq!(queue.queue_depth(), 7);
     for tag in 10..17 {
         queue
-            .submit(&request(tag, IoOp::Read, 0, &segments[..1]), &NoCpuAccess)
+            .submit(
+                &data_request(tag, IoOp::Read, 0, &segments[..1]),
+                &NoCpuAccess,
+            )
             .unwrap();
     }
 }
@@ -492,23 +460,17 @@ fn controller_fatal_status_fails_outstanding_requests_and_later_ones() {
     let segment = one_page(&hal);
     for tag in 0..4 {
         queue
-            .submit(&request(tag, IoOp::Read, 0, &segment), &NoCpuAccess)
+            .submit(&data_request(tag, IoOp::Read, 0, &segment), &NoCpuAccess)
             .unwrap();
     }
-    let mut done = Vec::new();
-    for _ in 0..5000 {
-        queue.poll_completions(&mut |c| done.push(c));
-        if done.len() == 4 {
-            break;
-        }
-    }
+    let done = poll_until(queue, 4, 5000);
     assert_eq!(done.len(), 4, "{done:?}");
     assert_eq!(done[0].status, IoStatus::Ok);
     assert_eq!(done[1].status, IoStatus::Ok);
     assert!(done[2..].iter().all(|c| c.status == IoStatus::Error));
     assert!(queue.is_dead());
     assert_eq!(
-        complete_one(queue, &request(9, IoOp::Read, 0, &segment)),
+        complete_one(queue, &data_request(9, IoOp::Read, 0, &segment)),
         IoStatus::Error
     );
 }
@@ -525,7 +487,7 @@ fn two_threads_drive_their_own_queues_at_once() {
             std::thread::spawn(move || {
                 let mut rng = Rng(index as u64 + 77);
                 let region = index as u64 * 8192; // sectors: 4 MiB each
-                let pages = hal.with(|m| m.allocate(8)).unwrap();
+                let pages = hal.with(|m| m.memory.allocate(8)).unwrap();
                 for round in 0..300u32 {
                     let count = 1 + rng.below(8) as usize;
                     let segments: Vec<_> = (0..count)
@@ -539,7 +501,10 @@ fn two_threads_drive_their_own_queues_at_once() {
                     let sector = region + rng.below(8192 - 64);
                     let tag = round;
                     queue
-                        .submit(&request(tag, IoOp::Write, sector, &segments), &NoCpuAccess)
+                        .submit(
+                            &data_request(tag, IoOp::Write, sector, &segments),
+                            &NoCpuAccess,
+                        )
                         .unwrap();
                     let mut done = Vec::new();
                     while done.is_empty() {

@@ -21,22 +21,17 @@ mod virtqueue;
 pub use blk::{BlkConfig, BlkQueue, VirtioBlk, VirtioError};
 pub use transport::PciRegions;
 
-/// What the driver needs from the platform. MMIO addresses are those of the mapped
-/// capability windows ([`PciRegions`]); DMA memory is named by bus address.
-pub trait Hal: Clone {
+/// What the driver needs from the platform: DMA memory and time, and MMIO at the
+/// mapped capability windows ([`PciRegions`]).
+pub trait Hal: iotrack::Dma {
     fn read8(&self, address: u64) -> u8;
     fn read16(&self, address: u64) -> u16;
     fn read32(&self, address: u64) -> u32;
     fn write8(&self, address: u64, value: u8);
     fn write16(&self, address: u64, value: u16);
     fn write32(&self, address: u64, value: u32);
-    /// `pages` zeroed, physically contiguous, 4 KiB-aligned pages; their bus address.
-    fn allocate_dma(&self, pages: usize) -> Option<u64>;
-    fn read_dma(&self, address: u64, out: &mut [u8]);
-    fn write_dma(&self, address: u64, data: &[u8]);
     /// One 16-bit load the compiler may not merge or hoist (the used index).
     fn read_dma_u16(&self, address: u64) -> u16;
-    fn delay_us(&self, micros: u64);
 }
 
 /// Feature bits the driver understands.

@@ -5,6 +5,7 @@
 
 use crate::feature;
 use crate::Hal;
+use iotrack::testing::DmaMemory;
 use std::sync::{Arc, Mutex};
 
 pub const COMMON: u64 = 0x1000_0000;
@@ -35,8 +36,7 @@ pub struct Served {
 }
 
 pub struct Model {
-    pub memory: Vec<u8>,
-    next_free: u64,
+    pub memory: DmaMemory,
     pub disk: Vec<u8>,
     pub offered: u64,
     pub accepted: u64,
@@ -63,8 +63,7 @@ pub struct Model {
 impl Model {
     pub fn new(disk_bytes: usize) -> Self {
         Model {
-            memory: vec![0; MEMORY_BYTES],
-            next_free: 4096,
+            memory: DmaMemory::new(MEMORY_BYTES),
             disk: vec![0; disk_bytes],
             offered: feature::VERSION_1
                 | feature::RING_INDIRECT_DESC
@@ -92,33 +91,6 @@ impl Model {
             notifications: 0,
             violations: Vec::new(),
         }
-    }
-
-    pub fn allocate(&mut self, pages: usize) -> Option<u64> {
-        let address = self.next_free;
-        let end = address + pages as u64 * 4096;
-        if end as usize > self.memory.len() {
-            return None;
-        }
-        self.next_free = end;
-        Some(address)
-    }
-
-    fn mem(&self, address: u64, len: usize) -> &[u8] {
-        &self.memory[address as usize..address as usize + len]
-    }
-
-    fn u16_at(&self, a: u64) -> u16 {
-        u16::from_le_bytes(self.mem(a, 2).try_into().unwrap())
-    }
-    fn u32_at(&self, a: u64) -> u32 {
-        u32::from_le_bytes(self.mem(a, 4).try_into().unwrap())
-    }
-    fn u64_at(&self, a: u64) -> u64 {
-        u64::from_le_bytes(self.mem(a, 8).try_into().unwrap())
-    }
-    fn put(&mut self, a: u64, bytes: &[u8]) {
-        self.memory[a as usize..a as usize + bytes.len()].copy_from_slice(bytes);
     }
 
     fn selected(&mut self) -> &mut Queue {
@@ -263,7 +235,7 @@ impl Model {
         }
         let mut last = queue.last_avail;
         let mut used_idx = queue.used_idx;
-        while last != self.u16_at(queue.avail + 2) {
+        while last != self.memory.u16_at(queue.avail + 2) {
             if self.status & 0x40 != 0 {
                 break;
             }
@@ -271,16 +243,18 @@ impl Model {
                 self.status |= 0x40;
                 break;
             }
-            let head = self.u16_at(queue.avail + 4 + 2 * u64::from(last % queue.size));
+            let head = self
+                .memory
+                .u16_at(queue.avail + 4 + 2 * u64::from(last % queue.size));
             last = last.wrapping_add(1);
             let written = self.serve(q as u16, queue, head);
             let position = queue.used + 4 + 8 * u64::from(used_idx % queue.size);
             let mut element = [0u8; 8];
             element[0..4].copy_from_slice(&u32::from(head).to_le_bytes());
             element[4..8].copy_from_slice(&written.to_le_bytes());
-            self.put(position, &element);
+            self.memory.put(position, &element);
             used_idx = used_idx.wrapping_add(1);
-            self.put(queue.used + 2, &used_idx.to_le_bytes());
+            self.memory.put(queue.used + 2, &used_idx.to_le_bytes());
         }
         self.queues[q].last_avail = last;
         self.queues[q].used_idx = used_idx;
@@ -293,7 +267,11 @@ impl Model {
             return 0;
         }
         let d = queue.desc + 16 * u64::from(head);
-        let (table, table_len, flags) = (self.u64_at(d), self.u32_at(d + 8), self.u16_at(d + 12));
+        let (table, table_len, flags) = (
+            self.memory.u64_at(d),
+            self.memory.u32_at(d + 8),
+            self.memory.u16_at(d + 12),
+        );
         if flags != 4 || table_len % 16 != 0 || table_len == 0 {
             self.violations
                 .push(format!("ring descriptor flags {flags} len {table_len}"));
@@ -305,10 +283,10 @@ impl Model {
         loop {
             let e = table + 16 * u64::from(i);
             let (addr, len, f, next) = (
-                self.u64_at(e),
-                self.u32_at(e + 8),
-                self.u16_at(e + 12),
-                self.u16_at(e + 14),
+                self.memory.u64_at(e),
+                self.memory.u32_at(e + 8),
+                self.memory.u16_at(e + 12),
+                self.memory.u16_at(e + 14),
             );
             if f & 4 != 0 {
                 self.violations.push("nested indirect".into());
@@ -334,8 +312,8 @@ impl Model {
                 .push("header or status descriptor malformed".into());
             return 0;
         }
-        let kind = self.u32_at(header);
-        let sector = self.u64_at(header + 8);
+        let kind = self.memory.u32_at(header);
+        let sector = self.memory.u64_at(header + 8);
         let data = &chain[1..chain.len() - 1];
         let bytes: u64 = data.iter().map(|(_, l, _)| u64::from(*l)).sum();
         self.served.push(Served {
@@ -390,8 +368,8 @@ impl Model {
                             self.violations.push("discard range length".into());
                             continue;
                         }
-                        let start = self.u64_at(addr);
-                        let count = u64::from(self.u32_at(addr + 8));
+                        let start = self.memory.u64_at(addr);
+                        let count = u64::from(self.memory.u32_at(addr + 8));
                         if count > 64 || (start + count) * 512 > self.disk.len() as u64 {
                             status = 1;
                             continue;
@@ -404,7 +382,7 @@ impl Model {
                 _ => status = 2,
             }
         }
-        self.put(status_address, &[status]);
+        self.memory.put(status_address, &[status]);
         written
     }
 }
@@ -453,17 +431,20 @@ impl Hal for ModelHal {
     fn write32(&self, address: u64, value: u32) {
         self.with(|m| m.write(address, 4, u64::from(value)))
     }
+    fn read_dma_u16(&self, address: u64) -> u16 {
+        self.with(|m| m.memory.u16_at(address))
+    }
+}
+
+impl iotrack::Dma for ModelHal {
     fn allocate_dma(&self, pages: usize) -> Option<u64> {
-        self.with(|m| m.allocate(pages))
+        self.with(|m| m.memory.allocate(pages))
     }
     fn read_dma(&self, address: u64, out: &mut [u8]) {
-        self.with(|m| out.copy_from_slice(m.mem(address, out.len())))
+        self.with(|m| out.copy_from_slice(m.memory.slice(address, out.len())))
     }
     fn write_dma(&self, address: u64, data: &[u8]) {
-        self.with(|m| m.put(address, data))
-    }
-    fn read_dma_u16(&self, address: u64) -> u16 {
-        self.with(|m| m.u16_at(address))
+        self.with(|m| m.memory.put(address, data))
     }
     fn delay_us(&self, _micros: u64) {}
 }

@@ -1,19 +1,7 @@
 use crate::model::{Model, ModelHal};
 use crate::*;
-use blkdev::{
-    BlockDevice, BufferAccess, Completion, DmaSegment, IoOp, IoRequest, IoStatus, SubmitError,
-};
-
-/// DMA devices never touch buffers through the CPU.
-struct NoCpuAccess;
-impl BufferAccess for NoCpuAccess {
-    fn read_buffer(&self, _: u64, _: usize, _: &mut [u8]) -> bool {
-        panic!("DMA driver used CPU buffer access")
-    }
-    fn write_buffer(&self, _: u64, _: usize, _: &[u8]) -> bool {
-        panic!("DMA driver used CPU buffer access")
-    }
-}
+use blkdev::{BlockDevice, Completion, DmaSegment, IoOp, IoRequest, IoStatus, SubmitError};
+use iotrack::testing::{complete_one, data_request, drain, poll_until, NoCpuAccess};
 
 fn bring_up(model: Model, queues: usize, size: u16) -> (ModelHal, Vec<BlkQueue<ModelHal>>) {
     let hal = ModelHal::new(model);
@@ -23,18 +11,6 @@ fn bring_up(model: Model, queues: usize, size: u16) -> (ModelHal, Vec<BlkQueue<M
         .collect();
     device.start();
     (hal, queues)
-}
-
-fn data_request(tag: u32, op: IoOp, sector: u64, segments: &[DmaSegment]) -> IoRequest<'_> {
-    let bytes: u64 = segments.iter().map(|s| u64::from(s.len)).sum();
-    IoRequest {
-        tag,
-        op,
-        sector,
-        nr_sectors: bytes / 512,
-        preflush: false,
-        segments,
-    }
 }
 
 fn no_data(tag: u32, op: IoOp, sector: u64, nr_sectors: u64) -> IoRequest<'static> {
@@ -48,23 +24,9 @@ fn no_data(tag: u32, op: IoOp, sector: u64, nr_sectors: u64) -> IoRequest<'stati
     }
 }
 
-fn drain(queue: &mut BlkQueue<ModelHal>) -> Vec<Completion> {
-    let mut out = Vec::new();
-    queue.poll_completions(&mut |c| out.push(c));
-    out
-}
-
-fn complete_one(queue: &mut BlkQueue<ModelHal>, request: &IoRequest<'_>) -> IoStatus {
-    queue.submit(request, &NoCpuAccess).unwrap();
-    let done = drain(queue);
-    assert_eq!(done.len(), 1, "{done:?}");
-    assert_eq!(done[0].tag, request.tag);
-    done[0].status
-}
-
 /// `count` segments of `len` bytes, each in its own fresh page at `offset`.
 fn segments(hal: &ModelHal, count: usize, offset: u32, len: u32) -> Vec<DmaSegment> {
-    let pages = hal.with(|m| m.allocate(count)).unwrap();
+    let pages = hal.with(|m| m.memory.allocate(count)).unwrap();
     (0..count)
         .map(|i| DmaSegment {
             buffer: pages + i as u64 * 4096,
@@ -377,13 +339,7 @@ fn a_device_needing_reset_fails_outstanding_and_later_requests() {
             .submit(&data_request(tag, IoOp::Read, 0, &one), &NoCpuAccess)
             .unwrap();
     }
-    let mut done = Vec::new();
-    for _ in 0..5000 {
-        queue.poll_completions(&mut |c| done.push(c));
-        if done.len() == 4 {
-            break;
-        }
-    }
+    let done = poll_until(queue, 4, 5000);
     let statuses: Vec<_> = done.iter().map(|c| c.status).collect();
     assert_eq!(
         statuses,

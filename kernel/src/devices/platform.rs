@@ -237,24 +237,23 @@ impl nvme::Hal for DeviceHal {
         unsafe { core::ptr::write_volatile((self.registers + offset as u64) as *mut u32, value) }
     }
 
-    fn allocate_dma(&self, pages: usize) -> Option<u64> {
-        allocate_dma(pages)
-    }
-
-    fn read_dma(&self, address: u64, out: &mut [u8]) {
-        read_physical(address, out)
-    }
-
-    fn write_dma(&self, address: u64, data: &[u8]) {
-        write_physical(address, data)
-    }
-
     fn read_dma_u32(&self, address: u64) -> u32 {
         // SAFETY: the driver reads only DMA memory it allocated (identity mapped);
         // volatile because the device writes it behind the compiler's back.
         unsafe { core::ptr::read_volatile(address as *const u32) }
     }
+}
 
+impl iotrack::Dma for DeviceHal {
+    fn allocate_dma(&self, pages: usize) -> Option<u64> {
+        allocate_dma(pages)
+    }
+    fn read_dma(&self, address: u64, out: &mut [u8]) {
+        read_physical(address, out)
+    }
+    fn write_dma(&self, address: u64, data: &[u8]) {
+        write_physical(address, data)
+    }
     fn delay_us(&self, micros: u64) {
         delay_us(micros)
     }
@@ -286,22 +285,10 @@ impl virtio::Hal for DeviceHal {
         // SAFETY: as in `read8`.
         unsafe { core::ptr::write_volatile(address as *mut u32, value) }
     }
-    fn allocate_dma(&self, pages: usize) -> Option<u64> {
-        allocate_dma(pages)
-    }
-    fn read_dma(&self, address: u64, out: &mut [u8]) {
-        read_physical(address, out)
-    }
-    fn write_dma(&self, address: u64, data: &[u8]) {
-        write_physical(address, data)
-    }
     fn read_dma_u16(&self, address: u64) -> u16 {
         // SAFETY: the driver reads only its own identity-mapped DMA memory; volatile
         // because the device writes it behind the compiler's back.
         unsafe { core::ptr::read_volatile(address as *const u16) }
-    }
-    fn delay_us(&self, micros: u64) {
-        delay_us(micros)
     }
 }
 
