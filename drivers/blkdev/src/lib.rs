@@ -162,7 +162,11 @@ impl CompletionQueue {
         if self.is_full() {
             return Err(SubmitError::QueueFull);
         }
-        let tail = (self.head + self.len) % self.entries.len();
+        // Wrap by comparison: no division on the hot path.
+        let mut tail = self.head + self.len;
+        if tail >= self.entries.len() {
+            tail -= self.entries.len();
+        }
         self.entries[tail] = completion;
         self.len += 1;
         Ok(())
@@ -172,7 +176,10 @@ impl CompletionQueue {
         let drained = self.len;
         while self.len > 0 {
             let completion = self.entries[self.head];
-            self.head = (self.head + 1) % self.entries.len();
+            self.head += 1;
+            if self.head == self.entries.len() {
+                self.head = 0;
+            }
             self.len -= 1;
             sink(completion);
         }

@@ -110,6 +110,8 @@ struct Slot {
     sector: u64,
     nr_sectors: u64,
     nr_segments: u16,
+    /// Where this request's segments start in `descs`/`maps`.
+    seg_base: u32,
     /// Owned by the device.
     submitted: bool,
 }
@@ -138,7 +140,10 @@ impl SlotFifo {
     }
     fn push(&mut self, slot: u16) {
         debug_assert!(self.len < self.items.len());
-        let tail = (self.head + self.len) % self.items.len();
+        let mut tail = self.head + self.len;
+        if tail >= self.items.len() {
+            tail -= self.items.len();
+        }
         self.items[tail] = slot;
         self.len += 1;
     }
@@ -147,13 +152,22 @@ impl SlotFifo {
     }
     fn pop(&mut self) -> Option<u16> {
         let front = self.front()?;
-        self.head = (self.head + 1) % self.items.len();
+        self.head += 1;
+        if self.head == self.items.len() {
+            self.head = 0;
+        }
         self.len -= 1;
         Some(front)
     }
     fn is_empty(&self) -> bool {
         self.len == 0
     }
+}
+
+/// Segment entries per ring: a dense area of 11 per slot for direct requests, then
+/// `max_segments` per slot for indirect ones.
+fn segment_area(slots: usize, max_segments: usize) -> usize {
+    slots * (MAX_SEGMENTS_PER_REQUEST + max_segments)
 }
 
 /// Log the first few occurrences of a frontend fault, then only at powers of two, so a
@@ -233,6 +247,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             sector: 0,
             nr_sectors: 0,
             nr_segments: 0,
+            seg_base: 0,
             submitted: false,
         };
         let mut geometry = device.geometry();
@@ -249,8 +264,8 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             state: EngineState::Running,
             slots: alloc::vec![idle_slot; slots],
             free_slots: (0..slots as u16).rev().collect(),
-            descs: alloc::vec![SegmentDesc::default(); slots * max_segments],
-            maps: alloc::vec![SegmentMap::default(); slots * max_segments],
+            descs: alloc::vec![SegmentDesc::default(); segment_area(slots, max_segments)],
+            maps: alloc::vec![SegmentMap::default(); segment_area(slots, max_segments)],
             cache: GrantCache::new(cache_capacity),
             map_requests: Vec::with_capacity(batch),
             map_targets: Vec::with_capacity(batch),
@@ -440,6 +455,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             sector,
             nr_sectors: 0,
             nr_segments: 0,
+            seg_base: u32::from(slot) * MAX_SEGMENTS_PER_REQUEST as u32,
             submitted: false,
         };
         Some(slot)
@@ -482,7 +498,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             return;
         };
         let count = usize::from(request.nr_segments);
-        let base = usize::from(slot) * self.max_segments;
+        let base = self.slots[usize::from(slot)].seg_base as usize;
         for (desc, segment) in self.descs[base..base + count]
             .iter_mut()
             .zip(request.segments())
@@ -497,6 +513,11 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         let Some(slot) = self.claim_data_slot(request.id, request.op, request.sector) else {
             return;
         };
+        // Indirect requests use the large per-slot area; direct ones stay in the dense
+        // area at the front, so small requests touch little memory.
+        let dense = self.slots.len() * MAX_SEGMENTS_PER_REQUEST;
+        self.slots[usize::from(slot)].seg_base =
+            (dense + usize::from(slot) * self.max_segments) as u32;
         let count = usize::from(request.nr_segments);
         match self.copy_indirect_segments(slot, request) {
             Ok(()) => self.stage_checked(slot, count),
@@ -560,7 +581,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             self.map_targets.clear();
         }
         let mut outcome = Ok(());
-        let base = usize::from(slot) * self.max_segments;
+        let base = self.slots[usize::from(slot)].seg_base as usize;
         for page in 0..pages {
             let entry = cache_entries[page];
             let mapped = if entry != NO_ENTRY {
@@ -614,7 +635,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         let Work::Data(op) = work else {
             unreachable!("data request")
         };
-        let base = usize::from(slot) * self.max_segments;
+        let base = self.slots[usize::from(slot)].seg_base as usize;
         match check_data_access(op, sector, &self.descs[base..base + count], &self.geometry) {
             Ok(nr_sectors) => {
                 let entry = &mut self.slots[usize::from(slot)];
@@ -675,7 +696,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             self.flush_unmaps();
         }
         let writable = self.persistent || work == Work::Data(DataOp::Read);
-        let base = usize::from(slot) * self.max_segments;
+        let base = self.slots[usize::from(slot)].seg_base as usize;
         for i in base..base + count {
             let gref = self.descs[i].gref;
             let mut cache_entry = NO_ENTRY;
@@ -774,7 +795,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
 
     /// Fill in each segment's mapping; the first failure, if any.
     fn resolve_grants(&mut self, slot: u16) -> Result<(), GrantStatus> {
-        let base = usize::from(slot) * self.max_segments;
+        let base = self.slots[usize::from(slot)].seg_base as usize;
         let count = usize::from(self.slots[usize::from(slot)].nr_segments);
         let mut outcome = Ok(());
         for map in &mut self.maps[base..base + count] {
@@ -820,7 +841,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     /// Hand a slot to the device: one DMA segment per grant, never merged.
     fn try_submit(&mut self, slot: u16) -> Result<(), SubmitError> {
         let entry = self.slots[usize::from(slot)];
-        let base = usize::from(slot) * self.max_segments;
+        let base = self.slots[usize::from(slot)].seg_base as usize;
         let count = usize::from(entry.nr_segments);
         self.dma.clear();
         for (desc, map) in self.descs[base..base + count]
@@ -871,7 +892,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     /// Give back a slot's grants: cached ones are unpinned, transient ones queued for
     /// the unmap batch.
     fn release_grants(&mut self, slot: u16) {
-        let base = usize::from(slot) * self.max_segments;
+        let base = self.slots[usize::from(slot)].seg_base as usize;
         let count = usize::from(self.slots[usize::from(slot)].nr_segments);
         if self.unmaps.len() + count > self.unmaps.capacity() {
             self.flush_unmaps();
