@@ -145,11 +145,11 @@ def check_backing_file(path, seed, queues):
     return True, f"{checked >> 20} MiB of the backing file match the seeded writes"
 
 
-def run_disk_test(suite, name, spec, device_args, smp, expect_queues):
+def run_disk_test(suite, name, spec, device_args, smp, expect_queues, options="", expect_in_log=()):
     seed = suite.seed
     image = disk_image(suite, name)
     extra = ["-drive", f"file={image},format=raw,if=none,id=disk0,cache=writeback", *device_args]
-    r = suite.boot(name, f"disktest={spec} disktest.seed={seed} disktest.writes={DISK_WRITES} loglevel=info",
+    r = suite.boot(name, f"disktest={spec} disktest.seed={seed} disktest.writes={DISK_WRITES} {options} loglevel=info",
                    timeout=DISK_TIMEOUT, smp=smp, extra=extra)
     problems = []
     if r.verdict != "pass" or "disktest: PASS" not in r.log:
@@ -158,6 +158,7 @@ def run_disk_test(suite, name, spec, device_args, smp, expect_queues):
     queues = int(queues_line.group(1)) if queues_line else None
     if queues != expect_queues:
         problems.append(f"{queues} queues driven, expected {expect_queues}")
+    problems += [f"log lacks {needle!r}" for needle in expect_in_log if needle not in r.log]
     verified = len(re.findall(r"disktest: queue \d+ verified \d+ writes", r.log))
     if verified != expect_queues:
         problems.append(f"{verified} queues verified their writes")
@@ -173,8 +174,17 @@ def run_disk_test(suite, name, spec, device_args, smp, expect_queues):
 
 
 def test_nvme_disk_two_queues(suite):
+    # QEMU's controller takes SGLs: requests the PRP rules would split go out as SGLs.
     run_disk_test(suite, "disk.nvme-two-queues-verified-on-host", "nvme:1",
-                  ["-device", "nvme,drive=disk0,serial=blkdom-nvme"], smp=2, expect_queues=2)
+                  ["-device", "nvme,drive=disk0,serial=blkdom-nvme"], smp=2, expect_queues=2,
+                  expect_in_log=["data by PRP and SGL"])
+
+
+def test_nvme_disk_prp_only(suite):
+    # PRPs only: the same layouts now need split commands.
+    run_disk_test(suite, "disk.nvme-prp-only-one-cpu", "nvme:1",
+                  ["-device", "nvme,drive=disk0,serial=blkdom-nvme"], smp=1, expect_queues=1,
+                  options="disktest.nvme-prp-only", expect_in_log=["data by PRP only"])
 
 
 def test_virtio_disk_two_queues(suite):
@@ -219,7 +229,8 @@ def main():
     for test in [test_boot_logs_essentials, test_log_level_from_cmdline, test_selftests,
                  test_runner_catches_failing_selftest, test_exception_is_reported,
                  test_panic_is_reported, test_runner_times_out_a_hang, test_four_cpus_start,
-                 test_nvme_disk_two_queues, test_virtio_disk_two_queues, test_virtio_disk_single_queue,
+                 test_nvme_disk_two_queues, test_nvme_disk_prp_only, test_virtio_disk_two_queues,
+                 test_virtio_disk_single_queue,
                  test_missing_or_failing_disk_fails_cleanly]:
         try:
             test(suite)

@@ -53,12 +53,32 @@ impl SubmissionEntry {
         self
     }
 
+    /// Data pointer as SGL 1 (PSDT = 01: SGLs, metadata pointer unused).
+    pub fn with_sgl(mut self, descriptor: [u8; 16]) -> Self {
+        self.bytes[1] = (self.bytes[1] & 0x3f) | 0x40;
+        self.bytes[24..40].copy_from_slice(&descriptor);
+        self
+    }
+
     /// Command dword `n` (10..=15).
     pub fn with_cdw(mut self, n: usize, value: u32) -> Self {
         debug_assert!((10..=15).contains(&n));
         self.set_u32(n * 4, value);
         self
     }
+}
+
+/// SGL descriptor types (in the top nibble of the last byte).
+pub const SGL_DATA_BLOCK: u8 = 0x0;
+pub const SGL_LAST_SEGMENT: u8 = 0x3;
+
+/// One 16-byte SGL descriptor.
+pub fn sgl_descriptor(address: u64, len: u32, kind: u8) -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    bytes[0..8].copy_from_slice(&address.to_le_bytes());
+    bytes[8..12].copy_from_slice(&len.to_le_bytes());
+    bytes[15] = kind << 4;
+    bytes
 }
 
 /// Status field of a completion, without the phase bit.

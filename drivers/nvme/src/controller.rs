@@ -125,6 +125,8 @@ pub struct ControllerIdentity {
     pub namespace_count: u32,
     /// Optional NVM commands (bit 2: Dataset Management).
     pub oncs: u16,
+    /// SGL support (bits 1:0 non-zero: SGLs for NVM I/O commands).
+    pub sgls: u32,
     pub volatile_write_cache: bool,
 }
 
@@ -144,6 +146,7 @@ impl ControllerIdentity {
             mdts: page[77],
             namespace_count: u32::from_le_bytes(page[516..520].try_into().expect("4")),
             oncs: u16::from_le_bytes([page[520], page[521]]),
+            sgls: u32::from_le_bytes(page[536..540].try_into().expect("4")),
             volatile_write_cache: page[525] & 1 != 0,
         };
         identity.serial.copy_from_slice(&page[4..24]);
@@ -158,6 +161,12 @@ impl ControllerIdentity {
 
     pub fn serial_str(&self) -> &str {
         trimmed(&self.serial)
+    }
+
+    /// Scatter-gather lists for I/O, with byte (not dword) alignment of data blocks:
+    /// what a segment list the PRP rules cannot express needs.
+    pub fn sgl_supported(&self) -> bool {
+        self.sgls & 0b11 == 0b01
     }
 
     pub fn dataset_management(&self) -> bool {
@@ -175,6 +184,8 @@ pub struct Namespace {
     pub volatile_write_cache: bool,
     /// Pages one command may carry (MDTS, and one PRP list page).
     pub max_pages_per_command: usize,
+    /// Requests the PRP rules would split go out as one SGL command instead.
+    pub sgl: bool,
 }
 
 impl Namespace {
@@ -470,6 +481,7 @@ impl<H: Hal> Controller<H> {
             volatile_write_cache: self.identity.volatile_write_cache,
             // PRP1 plus one full list page.
             max_pages_per_command: mdts_pages.min(MAX_PRP_LIST_ENTRIES + 1),
+            sgl: self.identity.sgl_supported(),
         })
     }
 

@@ -21,7 +21,7 @@ mod queue;
 
 pub use command::{CommandStatus, Opcode};
 pub use controller::{Controller, ControllerIdentity, InitConfig, Namespace, NvmeError, Version};
-pub use prp::{plan_commands, CommandPlan, PlanError};
+pub use prp::{plan_commands, plan_sgl_commands, CommandPlan, PlanError, SGL_LIST_ENTRIES};
 pub use queue::{IoQueue, QueueStats};
 
 /// Bytes per memory page as the driver configures the controller (CC.MPS = 0).

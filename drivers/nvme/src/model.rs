@@ -39,6 +39,8 @@ pub struct Model {
     pub dstrd: u32,
     pub mdts: u8,
     pub dsm: bool,
+    /// Offer SGLs for I/O (byte aligned).
+    pub sgl: bool,
     pub vwc: bool,
     pub namespace_count: u32,
     pub cap_to: u8,
@@ -74,6 +76,7 @@ impl Model {
             dstrd: 0,
             mdts: 5,
             dsm: true,
+            sgl: false,
             vwc: true,
             namespace_count: 1,
             cap_to: 20,
@@ -274,6 +277,7 @@ impl Model {
                         page[516..520].copy_from_slice(&self.namespace_count.to_le_bytes());
                         page[520] = if self.dsm { 1 << 2 } else { 0 };
                         page[525] = u8::from(self.vwc);
+                        page[536] = u8::from(self.sgl);
                     }
                     0 if nsid == 1 => {
                         let blocks = (self.disk.len() / self.block_size as usize) as u64;
@@ -379,6 +383,47 @@ impl Model {
         Some(pieces)
     }
 
+    /// The pieces an SGL 1 descriptor names for `bytes` of data.
+    fn sgl_walk(&mut self, sgl1: &[u8], bytes: u64) -> Option<Vec<(u64, u64)>> {
+        if !self.sgl {
+            self.violations.push("SGL used without SGL support".into());
+            return None;
+        }
+        let address = u64::from_le_bytes(sgl1[0..8].try_into().unwrap());
+        let len = u32::from_le_bytes(sgl1[8..12].try_into().unwrap());
+        let pieces = match sgl1[15] >> 4 {
+            0 => vec![(address, u64::from(len))],
+            3 => {
+                if len % 16 != 0 || len == 0 {
+                    self.violations.push(format!("SGL segment of {len} bytes"));
+                    return None;
+                }
+                let mut pieces = Vec::new();
+                for i in 0..u64::from(len / 16) {
+                    let d = address + i * 16;
+                    if self.memory[d as usize + 15] >> 4 != 0 {
+                        self.violations
+                            .push("SGL list entry is not a data block".into());
+                        return None;
+                    }
+                    pieces.push((self.memory.u64_at(d), u64::from(self.memory.u32_at(d + 8))));
+                }
+                pieces
+            }
+            other => {
+                self.violations.push(format!("SGL descriptor type {other}"));
+                return None;
+            }
+        };
+        let total: u64 = pieces.iter().map(|p| p.1).sum();
+        if total != bytes {
+            self.violations
+                .push(format!("SGL covers {total} bytes, command {bytes}"));
+            return None;
+        }
+        Some(pieces)
+    }
+
     fn io(&mut self, qid: u16, entry: &[u8; SQ_ENTRY_LEN]) -> CommandStatus {
         let opcode = entry[0];
         let slba = u64::from(Self::cdw(entry, 10)) | (u64::from(Self::cdw(entry, 11)) << 32);
@@ -420,7 +465,12 @@ impl Model {
                     self.violations.push(format!("{bytes} bytes exceed MDTS"));
                     return CommandStatus::new(0, 2);
                 }
-                let Some(pieces) = self.prp_walk(prp1, prp2, bytes) else {
+                let pieces = match entry[1] >> 6 {
+                    0 => self.prp_walk(prp1, prp2, bytes),
+                    1 => self.sgl_walk(&entry[24..40], bytes),
+                    _ => None,
+                };
+                let Some(pieces) = pieces else {
                     return CommandStatus::new(0, 0x13);
                 };
                 let mut disk_at = (slba * bs) as usize;

@@ -119,6 +119,59 @@ fn walk(
     Ok(count)
 }
 
+/// Data block descriptors one SGL list page holds.
+pub const SGL_LIST_ENTRIES: usize = 256;
+
+/// Like [`plan_commands`] for SGL commands: no page rules, only at most
+/// `SGL_LIST_ENTRIES` segments and `max_bytes` per command.
+pub fn plan_sgl_commands(
+    segments: &[DmaSegment],
+    max_bytes: u64,
+    block_size: u32,
+    visit: &mut dyn FnMut(CommandPlan),
+) -> Result<usize, PlanError> {
+    if segments.is_empty() {
+        return Err(PlanError::NoSegments);
+    }
+    for (index, segment) in segments.iter().enumerate() {
+        check_segment(index, segment)?;
+    }
+    let pass = |visit: &mut dyn FnMut(CommandPlan)| {
+        let mut current = CommandPlan {
+            first_segment: 0,
+            segment_count: 0,
+            byte_offset: 0,
+            bytes: 0,
+        };
+        let mut emitted = 0;
+        for (index, segment) in segments.iter().enumerate() {
+            let len = u64::from(segment.len);
+            if current.segment_count == SGL_LIST_ENTRIES || current.bytes + len > max_bytes {
+                if !current.bytes.is_multiple_of(u64::from(block_size)) {
+                    return Err(PlanError::NotBlockMultiple);
+                }
+                visit(current);
+                emitted += 1;
+                current = CommandPlan {
+                    first_segment: index,
+                    segment_count: 0,
+                    byte_offset: current.byte_offset + current.bytes,
+                    bytes: 0,
+                };
+            }
+            current.segment_count += 1;
+            current.bytes += len;
+        }
+        if !current.bytes.is_multiple_of(u64::from(block_size)) {
+            return Err(PlanError::NotBlockMultiple);
+        }
+        visit(current);
+        Ok(emitted + 1)
+    };
+    pass(&mut |_| {})?;
+    pass(visit)
+}
+
 /// The two PRP fields of a command covering `segments` (one page each). `list` is the
 /// bus address of the command's PRP list page, which `write_list` fills when needed.
 pub(crate) fn prp_fields(

@@ -10,9 +10,12 @@ use blkdev::{
 use core::sync::atomic::{fence, Ordering};
 use iotrack::{Finished, Tracker};
 
-use crate::command::{io_opcode, CommandStatus, SubmissionEntry, CQ_ENTRY_LEN, SQ_ENTRY_LEN};
+use crate::command::{
+    io_opcode, sgl_descriptor, CommandStatus, SubmissionEntry, CQ_ENTRY_LEN, SGL_DATA_BLOCK,
+    SGL_LAST_SEGMENT, SQ_ENTRY_LEN,
+};
 use crate::controller::{doorbell, pages_for, reg, Capabilities, Namespace, NvmeError};
-use crate::prp::{plan_commands, prp_fields, segment_address, CommandPlan};
+use crate::prp::{plan_commands, plan_sgl_commands, prp_fields, segment_address, CommandPlan};
 use crate::{Hal, PAGE_SIZE};
 
 /// Empty polls with commands outstanding between two looks at CSTS.CFS.
@@ -164,11 +167,19 @@ impl<H: Hal> IoQueue<H> {
         }
         let max_pages = self.namespace.max_pages_per_command;
         let block_size = self.namespace.block_size;
-        let data_commands = plan_commands(request.segments, max_pages, block_size, &mut |_| {})
-            .map_err(|e| {
-                log::warn!("nvme: q{} refused request {}: {e:?}", self.qid, request.tag);
-                SubmitError::Invalid
-            })?;
+        let refuse = |e| {
+            log::warn!("nvme: q{} refused request {}: {e:?}", self.qid, request.tag);
+            SubmitError::Invalid
+        };
+        let max_bytes = max_pages as u64 * PAGE_SIZE;
+        let mut data_commands =
+            plan_commands(request.segments, max_pages, block_size, &mut |_| {}).map_err(refuse)?;
+        // Where the PRP rules split a request, one SGL command (per 256 segments) does.
+        let sgl = data_commands > 1 && self.namespace.sgl;
+        if sgl {
+            data_commands = plan_sgl_commands(request.segments, max_bytes, block_size, &mut |_| {})
+                .map_err(refuse)?;
+        }
         let commands = data_commands + usize::from(request.preflush);
         if commands > self.slots.capacity() {
             return Err(SubmitError::Invalid);
@@ -195,11 +206,18 @@ impl<H: Hal> IoQueue<H> {
             segments: request.segments,
             staged_after: request.preflush.then_some(head),
             first: true,
+            sgl,
         };
         // Planning again cannot fail: the same input passed above.
-        let _ = plan_commands(request.segments, max_pages, block_size, &mut |plan| {
-            build.add(self, plan)
-        });
+        let _ = if sgl {
+            plan_sgl_commands(request.segments, max_bytes, block_size, &mut |plan| {
+                build.add(self, plan)
+            })
+        } else {
+            plan_commands(request.segments, max_pages, block_size, &mut |plan| {
+                build.add(self, plan)
+            })
+        };
         if request.preflush {
             self.push_to_sq(head);
         }
@@ -335,6 +353,8 @@ struct DataCommandBuilder<'a> {
     /// With a pre-flush: the slot the next command is staged after.
     staged_after: Option<u16>,
     first: bool,
+    /// Describe data with an SGL (in the slot's list page) instead of PRPs.
+    sgl: bool,
 }
 
 impl DataCommandBuilder<'_> {
@@ -350,11 +370,16 @@ impl DataCommandBuilder<'_> {
         let run = &self.segments[plan.first_segment..plan.first_segment + plan.segment_count];
         let list = queue.prp_lists + u64::from(slot) * PAGE_SIZE;
         let hal = &queue.hal;
-        let (prp1, prp2) = prp_fields(run, list, &mut |pages: &[DmaSegment]| {
-            write_prp_list(hal, list, pages)
-        });
-        let entry = SubmissionEntry::new(self.opcode, slot, queue.namespace.nsid)
-            .with_prp(prp1, prp2)
+        let entry = SubmissionEntry::new(self.opcode, slot, queue.namespace.nsid);
+        let entry = if self.sgl {
+            entry.with_sgl(write_sgl(hal, list, run))
+        } else {
+            let (prp1, prp2) = prp_fields(run, list, &mut |pages: &[DmaSegment]| {
+                write_prp_list(hal, list, pages)
+            });
+            entry.with_prp(prp1, prp2)
+        };
+        let entry = entry
             .with_cdw(10, slba as u32)
             .with_cdw(11, (slba >> 32) as u32)
             .with_cdw(12, blocks - 1);
@@ -380,6 +405,23 @@ fn range_fits(sector: u64, nr_sectors: u64, capacity: u64) -> bool {
     sector
         .checked_add(nr_sectors)
         .is_some_and(|end| end <= capacity)
+}
+
+/// The SGL 1 descriptor for `segments`: one data block, or the last (only) segment of
+/// data block descriptors written to the `list` page.
+fn write_sgl<H: Hal>(hal: &H, list: u64, segments: &[DmaSegment]) -> [u8; 16] {
+    if let [only] = segments {
+        return sgl_descriptor(segment_address(only), only.len, SGL_DATA_BLOCK);
+    }
+    let mut chunk = [0u8; 512];
+    for (n, group) in segments.chunks(chunk.len() / 16).enumerate() {
+        for (i, segment) in group.iter().enumerate() {
+            let descriptor = sgl_descriptor(segment_address(segment), segment.len, SGL_DATA_BLOCK);
+            chunk[i * 16..i * 16 + 16].copy_from_slice(&descriptor);
+        }
+        hal.write_dma(list + (n * chunk.len()) as u64, &chunk[..group.len() * 16]);
+    }
+    sgl_descriptor(list, segments.len() as u32 * 16, SGL_LAST_SEGMENT)
 }
 
 fn write_prp_list<H: Hal>(hal: &H, list: u64, pages: &[DmaSegment]) {

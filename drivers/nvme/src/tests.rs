@@ -598,6 +598,14 @@ fn plans_split_at_prp_breaks_and_at_the_page_limit() {
     // 4 KiB blocks: a 512-byte command cannot be expressed.
     assert_eq!(plans(&broken, 32, 4096), Err(PlanError::NotBlockMultiple));
     assert_eq!(plans(&[], 32, 512), Err(PlanError::NoSegments));
+    // SGL plans ignore page rules; they split at 256 descriptors and at the byte limit.
+    let mut sgl = Vec::new();
+    plan_sgl_commands(&broken, 8192, 512, &mut |p| sgl.push(p)).unwrap();
+    assert_eq!(
+        sgl.iter().map(|p| p.segment_count).collect::<Vec<_>>(),
+        [2, 2]
+    );
+    assert_eq!(sgl[1].byte_offset, 4608);
     assert_eq!(
         plans(&[seg(page(1), 2, 512)], 32, 512),
         Err(PlanError::BadSegment(0))
@@ -609,5 +617,77 @@ fn plans_split_at_prp_breaks_and_at_the_page_limit() {
     assert_eq!(
         plans(&[seg(u64::MAX - 10, 8, 512)], 32, 512),
         Err(PlanError::BadSegment(0))
+    );
+}
+
+#[test]
+fn with_sgl_support_prp_breaks_become_one_sgl_command() {
+    let mut model = Model::new(16 << 20);
+    model.sgl = true;
+    model.mdts = 9; // 2 MiB: no MDTS splits here
+    let (hal, mut queues) = bring_up(model, 1, 8);
+    let queue = &mut queues[0];
+    // 300 second halves of pages: 300 PRP commands, more than the queue's 7 slots, but
+    // two SGL commands (256 descriptors per list page).
+    let pages = hal.with(|m| m.memory.allocate(300)).unwrap();
+    let halves: Vec<_> = (0..300u64)
+        .map(|i| DmaSegment {
+            buffer: pages + i * 4096,
+            offset: 2048,
+            len: 2048,
+        })
+        .collect();
+    let expected = fill(&hal, &halves, 3);
+    let write = IoRequest {
+        preflush: true,
+        ..data_request(1, IoOp::Write, 100, &halves)
+    };
+    assert_eq!(complete_one(queue, &write), IoStatus::Ok);
+    assert_eq!(
+        hal.with(|m| m.disk[100 * 512..][..expected.len()].to_vec()),
+        expected
+    );
+    let ops: Vec<_> = hal.with(|m| {
+        m.executed
+            .iter()
+            .map(|e| (e.opcode, e.slba, e.blocks))
+            .collect()
+    });
+    assert_eq!(ops, [(0x00, 0, 0), (0x01, 100, 1024), (0x01, 1124, 176)]);
+    // Reading back in one piece per segment, single-segment commands use a data block.
+    let back = hal.with(|m| m.memory.allocate(150)).unwrap();
+    let whole: Vec<_> = (0..150u64)
+        .map(|i| DmaSegment {
+            buffer: back + i * 4096,
+            offset: 0,
+            len: 4096,
+        })
+        .collect();
+    assert_eq!(
+        complete_one(queue, &data_request(2, IoOp::Read, 100, &whole)),
+        IoStatus::Ok
+    );
+    assert_eq!(gather(&hal, &whole), expected);
+    let broken = [
+        DmaSegment {
+            buffer: back,
+            offset: 512,
+            len: 512,
+        },
+        DmaSegment {
+            buffer: back + 4096,
+            offset: 1024,
+            len: 1024,
+        },
+    ];
+    assert_eq!(
+        complete_one(queue, &data_request(3, IoOp::Read, 100, &broken)),
+        IoStatus::Ok
+    );
+    assert_eq!(gather(&hal, &broken), expected[..1536]);
+    assert!(
+        hal.with(|m| m.violations.is_empty()),
+        "{:?}",
+        hal.with(|m| m.violations.clone())
     );
 }

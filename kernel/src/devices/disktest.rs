@@ -6,7 +6,8 @@
 //! flush; then throughput: random 4 KiB reads and sequential 256 KiB reads at queue
 //! depth. The tier-2 runner recomputes the writes from the seed and compares the backing
 //! file after QEMU has exited. Options: `disktest.seed=`, `disktest.writes=`,
-//! `disktest.queues=`, `disktest.random-reads=`, `disktest.sequential-mib=`.
+//! `disktest.queues=`, `disktest.random-reads=`, `disktest.sequential-mib=`,
+//! `disktest.nvme-prp-only`.
 
 use super::open::{self, Queue};
 use super::platform::{self, now_us};
@@ -111,7 +112,10 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
         params.seed, params.writes
     );
 
-    let disk = open::open(backing, rsdp_paddr, wanted)?;
+    let options = open::OpenOptions {
+        nvme_prp_only: cmdline.has("disktest.nvme-prp-only"),
+    };
+    let disk = open::open(backing, rsdp_paddr, wanted, options)?;
     let geometry = disk.queues[0].geometry();
     let queues = disk.queues.len();
     info!(

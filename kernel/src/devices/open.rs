@@ -20,8 +20,21 @@ pub struct OpenedDisk {
 /// NVMe submission/completion queue depth per CPU.
 const NVME_QUEUE_ENTRIES: u16 = 256;
 
+/// Choices a caller may make when opening a disk.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpenOptions {
+    /// NVMe: describe data with PRPs only, even where the controller takes SGLs (PRP
+    /// breaks are then split into several commands).
+    pub nvme_prp_only: bool,
+}
+
 /// Opens `backing` with up to `wanted_queues` queues.
-pub fn open(backing: Backing, rsdp_paddr: u64, wanted_queues: usize) -> Result<OpenedDisk, String> {
+pub fn open(
+    backing: Backing,
+    rsdp_paddr: u64,
+    wanted_queues: usize,
+    options: OpenOptions,
+) -> Result<OpenedDisk, String> {
     let wanted_queues = wanted_queues.max(1);
     match backing {
         Backing::Ram { bytes } => {
@@ -37,7 +50,7 @@ pub fn open(backing: Backing, rsdp_paddr: u64, wanted_queues: usize) -> Result<O
             let pci = PciConfig::find(rsdp_paddr);
             let function = find(&pci, Function::is_nvme, 0)
                 .ok_or_else(|| String::from("no NVMe controller on the PCI bus"))?;
-            open_nvme(&pci, function, nsid, wanted_queues)
+            open_nvme(&pci, function, nsid, wanted_queues, options)
         }
         Backing::Virtio { index } => {
             let pci = PciConfig::find(rsdp_paddr);
@@ -99,6 +112,7 @@ fn open_nvme(
     function: Function,
     nsid: u32,
     wanted_queues: usize,
+    options: OpenOptions,
 ) -> Result<OpenedDisk, String> {
     let (registers, size) = map_memory_bar(pci, &function, 0)?;
     if size < 0x2000 {
@@ -112,9 +126,10 @@ fn open_nvme(
     let fail = |what: &str, e: nvme::NvmeError| format!("nvme {}: {what}: {e}", function.address);
     let mut controller = nvme::Controller::init(hal, nvme::InitConfig::default())
         .map_err(|e| fail("bring-up", e))?;
-    let namespace = controller
+    let mut namespace = controller
         .namespace(nsid)
         .map_err(|e| fail("namespace", e))?;
+    namespace.sgl &= !options.nvme_prp_only;
     let wanted = u16::try_from(wanted_queues).unwrap_or(u16::MAX);
     let granted = controller
         .request_io_queues(wanted)
@@ -130,7 +145,7 @@ fn open_nvme(
     let version = controller.version();
     Ok(OpenedDisk {
         description: format!(
-            "nvme {} \"{}\" (NVMe {}.{}, serial \"{}\") namespace {}: {} blocks of {} B, {} queue(s) of {}",
+            "nvme {} \"{}\" (NVMe {}.{}, serial \"{}\") namespace {}: {} blocks of {} B, {} queue(s) of {}, data by {}",
             function.address,
             identity.model_str(),
             version.major,
@@ -141,6 +156,7 @@ fn open_nvme(
             namespace.block_size,
             granted,
             NVME_QUEUE_ENTRIES - 1,
+            if namespace.sgl { "PRP and SGL" } else { "PRP only" },
         ),
         queues,
     })
