@@ -1,0 +1,131 @@
+//! The hot path allocates nothing: after set-up, polling a busy ring (persistent and
+//! transient grants, direct and indirect requests, errors, completions, notifications)
+//! makes no heap allocation on the polling thread.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use blkback::abi;
+use blkback::engine::{Engine, EngineConfig};
+use blkback::fakes::wire::{encode_direct, encode_indirect, encode_segment};
+use blkback::fakes::{CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
+use blkback::parse::SegmentDesc;
+use blkdev::RamDisk;
+
+/// Counts allocations per thread, so tests running in parallel do not disturb it.
+struct CountingAllocator;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a
+// const-initialised thread-local `Cell` and never allocates.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.with(|count| count.set(count.get() + 1));
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.with(|count| count.set(count.get() + 1));
+        // SAFETY: same contract as our caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+#[test]
+fn polling_allocates_nothing() {
+    for persistent in [true, false] {
+        let order = 1;
+        let memory = GuestMemory::new(2 + 64);
+        let table = GrantTable::new(memory.clone());
+        for gref in 1..=60u32 {
+            table.grant(gref, 1 + gref as usize, false);
+        }
+        table.fail_maps_of(60);
+        let disk = RamDisk::new(4096);
+        let mut front = FrontRing::new(RingView::new(memory.clone(), vec![0, 1]), order);
+        let config = EngineConfig {
+            persistent_grant_limit: Some(24),
+            ..EngineConfig::new(order, persistent)
+        };
+        let mut engine = Engine::new(
+            RingView::new(memory.clone(), vec![0, 1]),
+            XenGrants(table.clone()),
+            disk.queue(64),
+            CountingEvents::default(),
+            config,
+        )
+        .unwrap();
+        // Descriptors of an indirect request in the page of gref 50.
+        for i in 0..20u32 {
+            let seg = SegmentDesc {
+                gref: 1 + i % 40,
+                first_sect: 0,
+                last_sect: 7,
+            };
+            memory.write(51, i as usize * 8, &encode_segment(&seg));
+        }
+        let mut requests = Vec::new();
+        for id in 0..400u64 {
+            let gref = 1 + (id as u32 * 7) % 40;
+            let raw = match id % 8 {
+                0 => encode_indirect(abi::OP_WRITE, id, 64, 20, &[50]),
+                1 => encode_direct(
+                    abi::OP_READ,
+                    id,
+                    0,
+                    &[SegmentDesc {
+                        gref: 60,
+                        first_sect: 0,
+                        last_sect: 7,
+                    }],
+                ),
+                2 => encode_direct(9, id, 0, &[]),
+                3 => encode_direct(abi::OP_FLUSH_DISKCACHE, id, 0, &[]),
+                _ => encode_direct(
+                    abi::OP_READ,
+                    id,
+                    id % 256 * 8,
+                    &[SegmentDesc {
+                        gref,
+                        first_sect: 0,
+                        last_sect: 7,
+                    }],
+                ),
+            };
+            requests.push(raw);
+        }
+        let mut answered = 0;
+        let mut next = 0;
+        let before = allocations();
+        while answered < requests.len() {
+            while next < requests.len() && front.free_slots() > 0 {
+                front.put_request(&requests[next]);
+                next += 1;
+            }
+            front.push_requests();
+            front.arm_response_event();
+            engine.poll(13);
+            answered += front.take_responses(|_| ());
+        }
+        let during = allocations() - before;
+        assert_eq!(
+            during, 0,
+            "persistent={persistent}: {during} allocations while polling"
+        );
+        assert!(engine.stats().map_batches > 0 && engine.stats().errors > 0);
+    }
+}
