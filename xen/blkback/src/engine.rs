@@ -213,6 +213,8 @@ pub struct Engine<M, G, D, E> {
     indirect_page: Vec<u8>,
     in_flight: usize,
     transient_mapped: usize,
+    /// An event arrived since the last poll.
+    event_pending: bool,
     stats: RingStats,
 }
 
@@ -279,6 +281,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             indirect_page: alloc::vec![0; abi::PAGE_SIZE],
             in_flight: 0,
             transient_mapped: 0,
+            event_pending: false,
             stats: RingStats::default(),
         })
     }
@@ -340,12 +343,22 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         let notified = self.publish_responses();
         if consumed == 0 && completed == 0 {
             self.stats.empty_polls += 1;
+            if self.event_pending {
+                self.stats.spurious_events += 1;
+            }
         }
+        self.event_pending = false;
         PollOutcome {
             consumed,
             completed,
             notified,
         }
+    }
+
+    /// The ring's event channel fired (call before the next `poll`): a poll that then
+    /// finds nothing counts the event as spurious.
+    pub fn event_received(&mut self) {
+        self.event_pending = true;
     }
 
     /// Before blocking: re-arm `req_event` and look once more

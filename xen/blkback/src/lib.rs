@@ -21,8 +21,9 @@
 //!   map rings, bind event channels to the serving vCPU, create one [`engine::Engine`]
 //!   per queue (queue `q` on poller `q mod n`); on disconnect call
 //!   [`engine::Engine::disconnect`] until it succeeds, then unmap rings and unbind.
-//! - The poller: `poll(budget)` while it does work; after an idle spell call
-//!   `prepare_to_sleep()` on every ring, and block only if all say so.
+//! - The poller: `event_received()` for each ring whose event channel fired, then
+//!   `poll(budget)` while it does work; after an idle spell call `prepare_to_sleep()` on
+//!   every ring, and block only if all say so.
 // The fakes are host-only test doubles and use std.
 #![cfg_attr(not(any(test, feature = "fakes")), no_std)]
 #![deny(unsafe_code)]

@@ -19,6 +19,9 @@ pub struct RingStats {
     pub polls: u64,
     /// Polls that found nothing to consume or complete.
     pub empty_polls: u64,
+    /// Events from the frontend after which the next poll found nothing (XSA-332:
+    /// a frontend notifying without work).
+    pub spurious_events: u64,
     /// Grants mapped right now (cached plus in-flight transient ones).
     pub grants_mapped: u64,
     pub map_batches: u64,

@@ -511,6 +511,15 @@ fn bounded_work_per_poll_and_spurious_polls_are_counted() {
         (stats.polls, stats.empty_polls, stats.reads),
         (107, 103, 30)
     );
+    // An event storm without requests is counted, and costs one empty poll per event.
+    for _ in 0..50 {
+        rig.engine.event_received();
+        assert!(!rig.engine.poll(8).did_work());
+    }
+    rig.send(&encode_direct(abi::OP_READ, 99, 0, &[whole_page(gref)]));
+    rig.engine.event_received();
+    assert!(rig.engine.poll(8).did_work());
+    assert_eq!(rig.engine.stats().spurious_events, 50);
 }
 
 #[test]
