@@ -3,6 +3,7 @@
 # `N passed, M failed` that counts them all.
 #   lint     rustfmt and clippy (-D warnings), host crates and the image
 #   tier 1   host `cargo test` of the logic crates
+#   fuzz     every cargo-fuzz target for 15 s (tools/fuzz.sh)
 #   tier 2   the image under plain QEMU (tests/qemu/tier2.py)
 #   nested   the nested-Xen smoke (`make smoke-xen`), when the rig is present
 # Each stage's output is kept under target/test-logs/.
@@ -52,6 +53,10 @@ read -r p f < <(awk '/^test result:/ {p += $4; f += $6} END {print p + 0, f + 0}
 if [ "$status" != 0 ] && [ "$f" = 0 ]; then f=1; fi
 passed=$((passed + p)); failed=$((failed + f))
 note "tier 1" "$p passed, $f failed (exit $status)"
+
+echo "== fuzz: every cargo-fuzz target, 15 s each"
+tools/fuzz.sh 15 2>&1 | tee "$logs/fuzz.log"
+count_plain fuzz "$logs/fuzz.log" "${PIPESTATUS[0]}"
 
 echo "== tier 2: image under plain QEMU"
 if make --no-print-directory image 2>&1 | tee "$logs/image.log"; then
