@@ -2,7 +2,7 @@
 //! tier 2 runs against QEMU's NVMe and virtio-blk devices.
 
 mod disktest;
-mod open;
+pub mod open;
 mod platform;
 mod virtio;
 

@@ -17,6 +17,8 @@ pub struct OpenedDisk {
     pub queues: Vec<Queue>,
 }
 
+/// Bytes of NVMe BAR 0 mapped.
+const NVME_REGISTER_WINDOW: u64 = 64 * 1024;
 /// NVMe submission/completion queue depth per CPU.
 const NVME_QUEUE_ENTRIES: u16 = 256;
 
@@ -85,26 +87,41 @@ fn find(pci: &PciConfig, wanted: fn(&Function) -> bool, index: usize) -> Option<
     found
 }
 
-/// Maps memory BAR `index` of `function` uncached; returns (virtual address, size).
+/// Physical address and size of memory BAR `index` of `function`.
+fn memory_bar(pci: &PciConfig, function: &Function, index: u8) -> Result<(u64, u64), String> {
+    let bar = pci::read_bar(pci.access(), function.address, index)
+        .map_err(|e| format!("{}: BAR {index}: {e:?}", function.address))?;
+    match bar {
+        Some(Bar::Memory { address: 0, .. }) => {
+            Err(format!("{}: BAR {index} is unassigned", function.address))
+        }
+        Some(Bar::Memory { address, size, .. }) => Ok((address, size)),
+        other => Err(format!(
+            "{}: BAR {index} is not a memory BAR ({other:?})",
+            function.address
+        )),
+    }
+}
+
+/// Maps `len` bytes at `offset` of memory BAR `index` of `function` uncached (only the
+/// registers a driver uses: some BARs are huge); returns the virtual address of
+/// `offset`.
 pub fn map_memory_bar(
     pci: &PciConfig,
     function: &Function,
     index: u8,
-) -> Result<(u64, u64), String> {
-    let bar = pci::read_bar(pci.access(), function.address, index)
-        .map_err(|e| format!("{}: BAR {index}: {e:?}", function.address))?;
-    let Some(Bar::Memory { address, size, .. }) = bar else {
+    offset: u64,
+    len: u64,
+) -> Result<u64, String> {
+    let (address, size) = memory_bar(pci, function, index)?;
+    if len == 0 || offset.checked_add(len).is_none_or(|end| end > size) {
         return Err(format!(
-            "{}: BAR {index} is not a memory BAR ({bar:?})",
+            "{}: {len:#x} bytes at {offset:#x} do not fit BAR {index} ({size:#x} bytes)",
             function.address
         ));
-    };
-    if address == 0 {
-        return Err(format!("{}: BAR {index} is unassigned", function.address));
     }
-    let virt = platform::map_mmio(address, size)
-        .map_err(|e| format!("{}: mapping BAR {index}: {e:?}", function.address))?;
-    Ok((virt, size))
+    platform::map_mmio(address + offset, len)
+        .map_err(|e| format!("{}: mapping BAR {index}: {e:?}", function.address))
 }
 
 fn open_nvme(
@@ -114,13 +131,17 @@ fn open_nvme(
     wanted_queues: usize,
     options: OpenOptions,
 ) -> Result<OpenedDisk, String> {
-    let (registers, size) = map_memory_bar(pci, &function, 0)?;
+    let (_, size) = memory_bar(pci, &function, 0)?;
     if size < 0x2000 {
         return Err(format!(
             "{}: BAR 0 of {size} bytes is too small",
             function.address
         ));
     }
+    // Registers and doorbells: 64 KiB holds the doorbells of 8192 queues at the
+    // smallest stride, far more than one per CPU.
+    let window = size.min(NVME_REGISTER_WINDOW);
+    let registers = map_memory_bar(pci, &function, 0, 0, window)?;
     pci::enable_memory_and_dma(pci.access(), function.address);
     let hal = DeviceHal { registers };
     let fail = |what: &str, e: nvme::NvmeError| format!("nvme {}: {what}: {e}", function.address);

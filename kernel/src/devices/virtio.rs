@@ -30,21 +30,10 @@ pub fn open(
             function.address
         ));
     };
-    // Map each BAR the windows use once.
-    let mut mapped: [Option<(u64, u64)>; 6] = [None; 6];
-    let mut window = |cap: VirtioCap| -> Result<u64, String> {
-        let bar = usize::from(cap.bar);
-        if mapped[bar].is_none() {
-            mapped[bar] = Some(map_memory_bar(pci, &function, cap.bar)?);
-        }
-        let (virt, size) = mapped[bar].expect("mapped above");
-        if u64::from(cap.offset) + u64::from(cap.length) > size {
-            return Err(format!(
-                "virtio {}: capability window {:#x}+{:#x} leaves BAR {} ({size:#x} bytes)",
-                function.address, cap.offset, cap.length, cap.bar
-            ));
-        }
-        Ok(virt + u64::from(cap.offset))
+    // Each window is mapped on its own (map_memory_bar checks it lies in its BAR).
+    let window = |cap: VirtioCap| -> Result<u64, String> {
+        let offset = u64::from(cap.offset);
+        map_memory_bar(pci, &function, cap.bar, offset, u64::from(cap.length))
     };
     let regions = PciRegions {
         common: window(common)?,
