@@ -198,6 +198,14 @@ def test_virtio_disk_single_queue(suite):
                   ["-device", "virtio-blk-pci,drive=disk0,num-queues=1"], smp=2, expect_queues=1)
 
 
+def test_ram_disk(suite):
+    # The same test through the RAM disk's CPU-copy path (no backing file to check).
+    r = suite.boot("disk.ram", f"disktest=ram:32M disktest.seed={suite.seed} loglevel=info", timeout=DISK_TIMEOUT, smp=2)
+    verified = len(re.findall(r"disktest: queue \d+ verified \d+ writes", r.log))
+    ok = r.verdict == "pass" and "disktest: PASS" in r.log and verified == 2
+    suite.record("disk.ram-disk-two-queues", ok, f"verdict {r.verdict}, {verified} queues verified", r)
+
+
 def test_missing_or_failing_disk_fails_cleanly(suite):
     cases = [
         ("disk.missing-nvme-fails", "disktest=nvme:1", [], "no NVMe controller on the PCI bus"),
@@ -230,7 +238,7 @@ def main():
                  test_runner_catches_failing_selftest, test_exception_is_reported,
                  test_panic_is_reported, test_runner_times_out_a_hang, test_four_cpus_start,
                  test_nvme_disk_two_queues, test_nvme_disk_prp_only, test_virtio_disk_two_queues,
-                 test_virtio_disk_single_queue,
+                 test_virtio_disk_single_queue, test_ram_disk,
                  test_missing_or_failing_disk_fails_cleanly]:
         try:
             test(suite)
