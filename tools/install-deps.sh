@@ -37,7 +37,9 @@ apt_update() {
     apt_updated=1
   fi
 }
+sources_added=0
 if [ ! -f "$backports" ]; then
+  sources_added=1
   log "adding bookworm-backports (deb and deb-src)"
   $SUDO tee "$backports" >/dev/null <<'SRC'
 Types: deb deb-src
@@ -47,6 +49,22 @@ Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
 fi
+# The rig builds fio from bookworm's source package (tools/rig/build-fio.sh).
+bookworm_src=/etc/apt/sources.list.d/blkdom-bookworm-src.sources
+if [ "$want_xen" = 1 ] && [ ! -f "$bookworm_src" ]; then
+  sources_added=1
+  log "adding bookworm deb-src"
+  $SUDO tee "$bookworm_src" >/dev/null <<'SRC'
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+fi
+# New sources need fresh indexes even when every package is already installed
+# (apt-get source / download use them).
+[ "$sources_added" = 1 ] && apt_update
 
 missing=()
 missing_bpo=()
@@ -56,11 +74,13 @@ need_bpo() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok
 need_bpo qemu-system-x86
 need python3
 if [ "$want_xen" = 1 ]; then
-  # The rig's guest/dom0 contents come from bookworm itself (Xen 4.17, Linux 6.1).
-  for p in xen-hypervisor-4.17-amd64 xen-utils-4.17 linux-image-amd64 busybox-static fio \
-           e2fsprogs zstd cpio dpkg-dev ninja-build libglib2.0-dev libpixman-1-dev \
-           libfdt-dev zlib1g-dev flex bison python3-venv python3-tomli pkg-config \
-           build-essential seabios ipxe-qemu; do
+  # Build tools only. The rig's dom0/guest contents (Xen 4.17, Linux 6.1, busybox) are
+  # Debian packages that tools/rig/build-images.sh downloads and unpacks into its cache:
+  # installing xen-hypervisor or linux-image here would rewrite this machine's boot
+  # loader and initramfs. QEMU and fio are built from source packages (tools/rig/).
+  for p in zstd cpio binutils dpkg-dev build-essential pkg-config ninja-build flex bison \
+           libglib2.0-dev libpixman-1-dev libfdt-dev zlib1g-dev python3-venv python3-tomli \
+           libaio-dev seabios ipxe-qemu; do
     need "$p"
   done
   # Building QEMU 10.0.2 needs meson >= 1.5 and python3-pycotap from backports.

@@ -1,0 +1,238 @@
+# Helpers for the nested-Xen scenario scripts (sourced). They run in dom0, started by
+# dom0's /init (tools/rig/initramfs/dom0-init) with:
+#   $RIG      the unpacked input disk: tests/xen/, tools/xl/, images/ (vmlinuz,
+#             guest.cpio.zst, blkdom when built)
+#   $RESULTS  a directory copied back to the host (results/xen/<scenario>/ there)
+# Every check prints "rig-check: PASS|FAIL <what>"; the host counts those lines. Every
+# step is bounded by a timeout, so a hung guest fails the check instead of hanging.
+
+XL_DIR=$RIG/tools/xl
+CONSOLE_DIR=/var/log/xen/console
+checks_failed=0
+
+# Linux blkfront defaults (1 page ring, 32 indirect segments, queues = vCPUs) would
+# measure the frontend; raise them so the backend's limits are what gets negotiated.
+# Ring order stays at 2 (128 slots per queue, enough for QD32 x 2 jobs): with persistent
+# grants blkfront preallocates a page per possible segment, slots x (segments + indirect
+# pages) per queue, which at order 4 and 256 segments is 514 MiB per queue (the guest
+# OOMs). Order 2: 2 queues x 128 x 257 pages = 257 MiB of the guest's 768 MiB.
+BLKFRONT_ARGS="xen_blkfront.max_queues=4 xen_blkfront.max_ring_page_order=2 xen_blkfront.max_indirect_segments=256"
+# PV guests' command line: quiet kernel, so fio's JSON on the console stays intact.
+GUEST_ARGS="console=hvc0 loglevel=${GUEST_LOGLEVEL:-3} $BLKFRONT_ARGS"
+RAMDISK_MIB=256   # the same size blkdom's RAM disk uses
+
+now() { cut -d' ' -f1 /proc/uptime; }
+seconds_since() { awk -v start="$1" -v end="$(now)" 'BEGIN { printf "%.2f", end - start }'; }
+timing() {
+  echo "$1 $2" >> "$RESULTS/timings.txt"
+  echo "rig: timing $1 ${2}s"
+}
+# A scenario may set CHECK_TAG=rig-info for a part whose failures are reported but do not
+# count (the demo's blkdom half, until blkdom serves).
+CHECK_TAG=rig-check
+pass() { echo "$CHECK_TAG: PASS $*"; }
+fail() {
+  [ "$CHECK_TAG" = rig-check ] && checks_failed=$((checks_failed + 1))
+  echo "$CHECK_TAG: FAIL $*"
+}
+# Exit status of the scenario: 0 only when no check failed.
+finish() { [ "$checks_failed" = 0 ]; }
+
+domid_of() { xl domid "$1" 2>/dev/null; }
+# CPU seconds a domain has used so far (xl list's Time(s) column).
+cpu_seconds() { xl list "$1" 2>/dev/null | awk 'NR == 2 { print $6 }'; }
+
+# Saves what explains a failure: xenstore, domain list, Xen's log, guest consoles.
+dump_state() {
+  local tag=$1
+  xenstore-ls -fp > "$RESULTS/xenstore-$tag.txt" 2>&1
+  xl list -v > "$RESULTS/xl-list-$tag.txt" 2>&1
+  xl dmesg > "$RESULTS/xl-dmesg-$tag.txt" 2>&1
+  cp "$CONSOLE_DIR"/*.log /var/log/xen/*.log "$RESULTS/" 2>/dev/null
+  echo "rig: state dumped as $tag: $(xl list | awk 'NR > 1 { printf "%s(%s) ", $1, $5 }')"
+}
+
+# create_domain NAME CONFIG [xl overrides...]: xl create, timed, at most 60 s.
+create_domain() {
+  local name=$1 config=$2 start
+  shift 2
+  start=$(now)
+  if timeout 60 xl create "$config" "$@" > "$RESULTS/xl-create-$name.log" 2>&1; then
+    timing "xl-create-$name" "$(seconds_since "$start")"
+    pass "xl create $name"
+  else
+    fail "xl create $name ($(tail -n 3 "$RESULTS/xl-create-$name.log" | tr '\n' ' '))"
+    dump_state "create-$name"
+    return 1
+  fi
+}
+
+# destroy_domain NAME: waits up to 30 s for it to power off, then destroys it.
+destroy_domain() {
+  local i
+  for i in $(seq 60); do
+    domid_of "$1" > /dev/null || return 0
+    sleep 0.5
+  done
+  timeout 30 xl destroy "$1"
+}
+
+# load_ramdisk: /dev/ram0, $RAMDISK_MIB MiB, served by dom0's blkback in the baseline.
+load_ramdisk() {
+  [ -b /dev/ram0 ] && return 0
+  insmod /lib/modules/brd.ko rd_nr=1 rd_size=$((RAMDISK_MIB * 1024)) max_part=0 &&
+    pass "brd ram disk $RAMDISK_MIB MiB" || fail "brd ram disk"
+}
+
+# Records the negotiated blkif keys of a guest's first disk (backend and frontend).
+record_negotiation() {
+  local guest=$1 backend=$2 gid bid out
+  gid=$(domid_of "$guest")
+  bid=$(domid_of "$backend")
+  out=$RESULTS/xenstore-negotiated-$guest.txt
+  {
+    xenstore-ls -f "/local/domain/$bid/backend/vbd/$gid" 2>&1
+    xenstore-ls -f "/local/domain/$gid/device/vbd" 2>&1
+  } > "$out"
+  grep -E '/(feature-[a-z-]+|multi-queue-[a-z-]+|max-ring-page-order|ring-page-order|sectors|sector-size|state|hotplug-status) =' "$out" |
+    sed 's/^/rig: negotiated /'
+}
+
+# watch_domain NAME SECONDS PID FILE: kills PID when domain NAME is gone or SECONDS have
+# passed, writing the reason to FILE. Checks every 10 s: each xl call costs dom0 (the
+# baseline's backend) real CPU under TCG.
+watch_domain() {
+  local name=$1 limit=$2 pid=$3 reason=$4 waited=0
+  while [ "$waited" -lt "$limit" ]; do
+    sleep 10
+    waited=$((waited + 10))
+    domid_of "$name" > /dev/null || { echo "powered off before finishing" > "$reason"; break; }
+  done
+  [ -s "$reason" ] || echo "did not finish within ${limit}s" > "$reason"
+  sleep 2   # the console log may still hold the last lines
+  kill "$pid" 2>/dev/null
+}
+
+# run_fio_guest NAME CONFIG BACKEND JOBS RUNTIME [xl overrides...]
+# Boots a PV fio guest (tools/xl/CONFIG), follows its console, and as each fio job starts
+# and ends samples the backend domain's CPU time (cpu-NAME-JOB.txt). Saves each job's
+# JSON (fio-NAME-JOB.json) and checks that every job ran and exited 0. Following the
+# console is one `tail -f` (no polling loop in dom0, which is the baseline's backend).
+run_fio_guest() {
+  local name=$1 config=$2 backend=$3 jobs=$4 runtime=$5
+  shift 5
+  local job_count budget log start line job cpu0 wall0 cpu1 ready=0 done=0 in_json=0
+  local fifo=/tmp/console-$name reason=/tmp/watch-$name tail_pid watch_pid
+  job_count=$(echo "$jobs" | tr ',' '\n' | grep -c .)
+  budget=$((120 + job_count * (runtime + 60)))
+  log=$CONSOLE_DIR/guest-$name.log
+  start=$(now)
+  create_domain "$name" "$XL_DIR/$config" \
+    "extra=\"$GUEST_ARGS rig.jobs=$jobs rig.runtime=$runtime\"" "$@" || return 1
+  rm -f "$fifo" "$reason"
+  mkfifo "$fifo"
+  touch "$log"
+  tail -n +1 -f "$log" > "$fifo" &
+  tail_pid=$!
+  watch_domain "$name" "$budget" "$tail_pid" "$reason" &
+  watch_pid=$!
+  while IFS= read -r line; do
+    line=${line%$(printf '\r')}
+    # Guest console lines go to the serial log too, except the fio JSON itself.
+    case $line in
+      "rig-guest: json-begin "*) in_json=1 ;;
+      "rig-guest: json-end "*) in_json=0 ;;
+    esac
+    [ "$in_json" = 1 ] || echo "[$name] $line"
+    case $line in
+      "rig-guest: disk ready"*)
+        ready=1
+        timing "guest-disk-ready-$name" "$(seconds_since "$start")"
+        record_negotiation "$name" "$backend" ;;
+      "rig-guest: begin "*)
+        job=${line#rig-guest: begin }
+        cpu0=$(cpu_seconds "$backend")
+        wall0=$(now) ;;
+      "rig-guest: end "*)
+        cpu1=$(cpu_seconds "$backend")
+        echo "backend=$backend cpu_s=$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.1f", b - a }') wall_s=$(seconds_since "$wall0")" \
+          > "$RESULTS/cpu-$name-$job.txt"
+        case $line in
+          *" rc=0") pass "fio $job ($name)" ;;
+          *) fail "fio $job ($name): ${line#rig-guest: }" ;;
+        esac ;;
+      "rig-guest: done") done=1; break ;;
+      "rig-guest: no /dev/xvda"*) fail "guest $name: disk never appeared"; break ;;
+    esac
+  done < "$fifo"
+  kill "$tail_pid" "$watch_pid" 2>/dev/null
+  wait "$tail_pid" "$watch_pid" 2>/dev/null
+  rm -f "$fifo"
+  if [ "$done" = 1 ]; then
+    pass "guest $name ran every fio job"
+  else
+    fail "guest $name $(cat "$reason" 2>/dev/null || echo "stopped early")"
+    dump_state "fio-$name"
+  fi
+  [ "$ready" = 1 ] && pass "guest $name disk ready" || fail "guest $name disk ready"
+  # The JSON of each job sits between json-begin/json-end markers on the console.
+  tr -d '\r' < "$log" | awk -v prefix="$RESULTS/fio-$name-" '
+    /^rig-guest: json-begin / { out = prefix $3 ".json"; next }
+    /^rig-guest: json-end /   { close(out); out = ""; next }
+    out != ""                 { print > out }'
+  cp "$log" "$RESULTS/"
+  domid_of "$name" > /dev/null && destroy_domain "$name"
+  timing "guest-total-$name" "$(seconds_since "$start")"
+  [ "$done" = 1 ]
+}
+
+# wait_blkdom_up NAME TIMEOUT: blkdom logs through I/O port 0xE9, which Xen prints as
+# "(d<N>) ..." in its console ring (xl dmesg); later also through its own console.
+wait_blkdom_up() {
+  local name=$1 limit=$2 start id
+  start=$(now)
+  id=$(domid_of "$name") || {
+    fail "blkdom domain $name still exists right after xl create (crashed at once?)"
+    xl dmesg | grep -E "d[0-9]+v[0-9]+ (Triple fault|.*crash)|\(d[0-9]+\)" | tail -n 20 |
+      sed 's/^/rig: xen: /'
+    dump_state "blkdom-gone"
+    return 1
+  }
+  while [ "$(seconds_since "$start" | cut -d. -f1)" -lt "$limit" ]; do
+    if xl dmesg | grep -q "(d$id) .*blkdom: up" ||
+       grep -q "blkdom: up" "$CONSOLE_DIR/guest-$name.log" 2>/dev/null; then
+      timing "blkdom-up-after-create" "$(seconds_since "$start")"
+      pass "blkdom reports up"
+      return 0
+    fi
+    if ! domid_of "$name" > /dev/null; then
+      break
+    fi
+    sleep 1
+  done
+  fail "blkdom reports up within ${limit}s"
+  xl dmesg | grep "(d$id)" | tail -n 20 | sed 's/^/rig: blkdom log: /'
+  dump_state "blkdom-$name"
+  return 1
+}
+
+# boot_blkdom: creates the blkdom driver domain (tools/xl/blkdom.cfg) from the image
+# `make image` built, waits for "blkdom: up", and checks it is still running 3 s later.
+boot_blkdom() {
+  if [ ! -f "$RIG/images/blkdom" ]; then
+    fail "blkdom image present (run make image)"
+    return 1
+  fi
+  create_domain blkdom "$XL_DIR/blkdom.cfg" || return 1
+  wait_blkdom_up blkdom 60 || return 1
+  sleep 3
+  case $(xl list blkdom 2>/dev/null | awk 'NR == 2 { print $5 }') in
+    *c*|*s*|"") fail "blkdom still running 3 s after up ($(xl list blkdom 2>&1 | tail -n 1))"
+                dump_state blkdom-died
+                return 1 ;;
+    *) pass "blkdom still running 3 s after up" ;;
+  esac
+}
+
+# The fio jobs of the full comparison (see tools/rig/initramfs/guest-init).
+FULL_JOBS=randread-qd32-1j,randread-qd32-2j,randread-qd1,seqread-1m,write-verify

@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# Assembles what the nested Xen rig boots, from Debian bookworm packages:
+#   xen            Xen 4.17 (multiboot ELF; QEMU's -kernel loads it)
+#   vmlinuz        Linux 6.1 (dom0 kernel and the PV guests' kernel)
+#   dom0.cpio.zst  dom0's initramfs: busybox, bash, the Xen tools and their libraries,
+#                  hotplug scripts, a few modules, and initramfs/dom0-init as /init
+#   guest.cpio.zst a PV guest's initramfs: busybox, a static fio, xen-blkfront, and
+#                  initramfs/guest-init as /init
+# Output: $BLKDOM_CACHE/rig/images-<hash>/ (hash of package versions and these scripts);
+# prints that directory. Packages are downloaded and unpacked, never installed.
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+
+DOM0_MODULES=(xen-evtchn xen-gntdev xen-gntalloc xen-privcmd xenfs xen-blkback brd null_blk
+  virtio_pci virtio_blk)
+GUEST_MODULES=(xen-blkfront)
+XEN_BIN=/usr/lib/xen-4.17/bin
+DOM0_XEN_TOOLS=(xl xenstored xenconsoled xen-init-dom0 libxl-save-helper xenstore-control)
+
+candidate_version() {
+  apt-cache policy "$1" | awk '/Candidate:/ { print $2 }'
+}
+kernel_pkg=$(apt-cache depends "$RIG_KERNEL_META" | awk '/Depends: linux-image-/ { print $2; exit }')
+[ -n "$kernel_pkg" ] || rig_die "cannot resolve $RIG_KERNEL_META (run apt-get update)"
+pinned=()
+for pkg in "${RIG_PACKAGES[@]}" "$kernel_pkg"; do
+  ver=$(candidate_version "$pkg")
+  [ -n "$ver" ] && [ "$ver" != "(none)" ] || rig_die "no candidate version for $pkg (apt-get update?)"
+  pinned+=("$pkg=$ver")
+done
+
+fio_bin=$("$RIG_DIR/build-fio.sh")
+key=$(rig_hash "$RIG_DIR/build-images.sh" "$RIG_DIR/common.sh" "$RIG_DIR"/initramfs/* \
+  "$fio_bin" "${pinned[*]}")
+out=$RIG_CACHE/images-$key
+exec 9>"$RIG_CACHE/images.lock"
+flock 9
+if [ -f "$out/versions.txt" ]; then
+  echo "$out"
+  exit 0
+fi
+
+start=$(date +%s)
+debs=$RIG_CACHE/debs
+mkdir -p "$debs"
+to_fetch=()
+for pv in "${pinned[@]}"; do
+  pkg=${pv%%=*}
+  ver=${pv#*=}
+  # apt-get download names files pkg_version_arch.deb with ':' escaped as %3a.
+  ls "$debs/${pkg}_${ver/:/%3a}_"*.deb >/dev/null 2>&1 || to_fetch+=("$pv")
+done
+if [ "${#to_fetch[@]}" -gt 0 ]; then
+  rig_log "downloading ${#to_fetch[@]} packages into $debs"
+  (cd "$debs" && apt-get download -q "${to_fetch[@]}") >&2 || rig_die "apt-get download failed"
+fi
+
+work=$RIG_CACHE/images-build.tmp
+rm -rf "$work"
+sysroot=$work/sysroot
+mkdir -p "$sysroot"
+for pv in "${pinned[@]}"; do
+  pkg=${pv%%=*}
+  ver=${pv#*=}
+  dpkg-deb -x "$(ls "$debs/${pkg}_${ver/:/%3a}_"*.deb | head -n 1)" "$sysroot"
+done
+kver=$(ls "$sysroot/lib/modules")
+moddir=$sysroot/lib/modules/$kver
+
+# --- helpers --------------------------------------------------------------------------
+# A root with the usrmerge layout, so every library can live in /usr/lib/x86_64-linux-gnu.
+new_root() {
+  local root=$1
+  mkdir -p "$root"/{usr/bin,usr/sbin,usr/lib/x86_64-linux-gnu,usr/lib64,dev,proc,sys,run,tmp,etc,var,mnt}
+  ln -s usr/bin "$root/bin"
+  ln -s usr/sbin "$root/sbin"
+  ln -s usr/lib "$root/lib"
+  ln -s usr/lib64 "$root/lib64"
+}
+
+install_busybox() {
+  local root=$1 applet
+  cp "$sysroot/bin/busybox" "$root/usr/bin/busybox"
+  for applet in $("$sysroot/bin/busybox" --list); do
+    [ -e "$root/usr/bin/$applet" ] || ln -s busybox "$root/usr/bin/$applet"
+  done
+}
+
+# Copies a dynamically linked program's shared libraries (resolved like the dynamic loader
+# does: the unpacked packages first, then the host, which is the same Debian release).
+install_libs_of() {
+  local root=$1 prog=$2 line lib
+  local path="$sysroot/usr/lib/x86_64-linux-gnu:$sysroot/usr/lib/xen-4.17/lib/x86_64-linux-gnu"
+  if LD_LIBRARY_PATH=$path ldd "$prog" 2>&1 | grep -q 'not found'; then
+    LD_LIBRARY_PATH=$path ldd "$prog" >&2 || true
+    rig_die "$prog needs a library that is neither in the packages nor on the host"
+  fi
+  while read -r line; do
+    case $line in
+      *"=> /"*) lib=${line#*=> }; lib=${lib%% (*}
+        cp -L -n "$lib" "$root/usr/lib/x86_64-linux-gnu/" ;;
+      /*ld-linux*) lib=${line%% (*}
+        cp -L -n "$lib" "$root/usr/lib64/" ;;
+    esac
+  done < <(LD_LIBRARY_PATH=$path ldd "$prog")
+}
+
+install_prog() {
+  local root=$1 src=$2 dst=$3
+  mkdir -p "$root/$(dirname "$dst")"
+  cp -L "$src" "$root/$dst"
+  install_libs_of "$root" "$src"
+}
+
+# Prints a module's dependencies as named in its .modinfo section.
+module_depends() {
+  objcopy -O binary --only-section=.modinfo "$1" /dev/stdout 2>/dev/null |
+    tr '\0' '\n' | sed -n 's/^depends=//p' | tr ',' '\n' | sed '/^$/d'
+}
+# Module name (with '_' for '-', as the kernel names them) -> path of its .ko file.
+declare -A module_file
+while read -r f; do
+  base=$(basename "$f" .ko)
+  module_file[${base//-/_}]=$f
+done < <(find "$moddir/kernel" -name '*.ko')
+module_path() {
+  local name=${1//-/_}
+  [ -n "${module_file[$name]:-}" ] && echo "${module_file[$name]}"
+}
+# Appends a module and (first) its dependencies to the load list, once each.
+declare -A module_seen
+module_order=()
+add_module() {
+  local name=${1//-/_} dep path
+  [ -n "${module_seen[$name]:-}" ] && return 0
+  module_seen[$name]=1
+  if ! path=$(module_path "$name"); then
+    grep -q "/${1}.ko\$\|/${name}.ko\$" "$moddir/modules.builtin" && return 0
+    rig_die "module $1 is neither a module nor built in"
+  fi
+  for dep in $(module_depends "$path"); do add_module "$dep"; done
+  module_order+=("$path")
+}
+# Installs modules under /lib/modules and writes their load order to /etc/modules.order.
+install_modules() {
+  local root=$1 path
+  shift
+  module_seen=()
+  module_order=()
+  for m in "$@"; do add_module "$m"; done
+  mkdir -p "$root/lib/modules"
+  : > "$root/etc/modules.order"
+  for path in "${module_order[@]}"; do
+    cp "$path" "$root/lib/modules/"
+    basename "$path" >> "$root/etc/modules.order"
+  done
+}
+
+pack() {
+  local root=$1 out=$2
+  (cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet) |
+    zstd -q -10 -T2 -o "$out"
+}
+
+# --- dom0 -----------------------------------------------------------------------------
+dom0=$work/dom0
+new_root "$dom0"
+install_busybox "$dom0"
+install_prog "$dom0" /bin/bash /usr/bin/bash   # the hotplug scripts are bash scripts
+install_prog "$dom0" /usr/bin/flock /usr/bin/flock   # their locking; not in this busybox
+# glibc loads libgcc_s at run time for pthread_cancel (xl aborts without it).
+cp -L "$(LD_LIBRARY_PATH= ldconfig -p | awk '/libgcc_s.so.1 .*x86-64/ { print $NF; exit }')" \
+  "$dom0/usr/lib/x86_64-linux-gnu/"
+for tool in "${DOM0_XEN_TOOLS[@]}"; do
+  install_prog "$dom0" "$sysroot$XEN_BIN/$tool" "$XEN_BIN/$tool"
+done
+ln -s "$XEN_BIN/xl" "$dom0/usr/sbin/xl"
+# xenstore-utils: one program that acts on its name (xenstore-read, -write, -ls, ...).
+install_prog "$dom0" "$sysroot/usr/bin/xenstore" /usr/bin/xenstore
+for f in "$sysroot"/usr/bin/xenstore-*; do ln -sf xenstore "$dom0/usr/bin/$(basename "$f")"; done
+mkdir -p "$dom0/etc/xen"
+cp -r "$sysroot/etc/xen/scripts" "$sysroot/etc/xen/xl.conf" "$dom0/etc/xen/"
+install_modules "$dom0" "${DOM0_MODULES[@]}"
+cp "$RIG_DIR/initramfs/dom0-init" "$dom0/init"
+chmod +x "$dom0/init"
+pack "$dom0" "$work/dom0.cpio.zst"
+
+# --- guest ----------------------------------------------------------------------------
+guest=$work/guest
+new_root "$guest"
+install_busybox "$guest"
+cp "$fio_bin" "$guest/usr/bin/fio"
+install_modules "$guest" "${GUEST_MODULES[@]}"
+cp "$RIG_DIR/initramfs/guest-init" "$guest/init"
+chmod +x "$guest/init"
+pack "$guest" "$work/guest.cpio.zst"
+
+# --- hypervisor and kernel ------------------------------------------------------------
+gunzip -c "$sysroot/boot/xen-4.17-amd64.gz" > "$work/xen"
+cp "$sysroot/boot/vmlinuz-$kver" "$work/vmlinuz"
+printf '%s\n' "${pinned[@]}" "fio(static, source)=$RIG_FIO_VERSION" "kernel=$kver" > "$work/versions.txt"
+
+rm -rf "$out"
+mkdir -p "$out"
+mv "$work"/{xen,vmlinuz,dom0.cpio.zst,guest.cpio.zst} "$out/"
+mv "$work/versions.txt" "$out/versions.txt"   # last: its presence marks a complete build
+rm -rf "$work"
+rig_log "images built in $(( $(date +%s) - start )) s: $(du -sh "$out"/*.zst | tr '\n\t' '  ')"
+echo "$out"

@@ -1,0 +1,55 @@
+# Shared settings for the nested Xen rig scripts (sourced, not run).
+# Everything built or downloaded lives outside git, under $BLKDOM_CACHE, keyed by a hash
+# of its inputs so that a change of patch, package version or script rebuilds it.
+
+RIG_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(cd "$RIG_DIR/../.." && pwd)
+BLKDOM_CACHE=${BLKDOM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/blkdom}
+RIG_CACHE=$BLKDOM_CACHE/rig
+mkdir -p "$RIG_CACHE"
+
+# QEMU 10.0.2 from Debian bookworm-backports (source package), patched.
+QEMU_SRC_VERSION=1:10.0.2+ds-2+deb13u1~bpo12+1
+QEMU_UPSTREAM=10.0.2
+# The distro python (meson >= 1.5 from backports is installed for it), not a pyenv shim.
+QEMU_CONFIGURE=(--python=/usr/bin/python3 --target-list=x86_64-softmmu --without-default-features --disable-docs
+  --disable-werror --disable-rust --disable-install-blobs)
+# Firmware (SeaBIOS, option ROMs such as multiboot_dma.bin) comes from the distro packages
+# qemu-system-data, seabios and ipxe-qemu.
+QEMU_FIRMWARE_ARGS=(-L /usr/share/qemu -L /usr/share/seabios -L /usr/lib/ipxe/qemu)
+
+rig_log() { printf '[rig] %s\n' "$*" >&2; }
+rig_die() { printf '[rig] error: %s\n' "$*" >&2; exit 1; }
+
+# Prints a short hash of files and strings given as arguments (files by content).
+rig_hash() {
+  local arg
+  for arg in "$@"; do
+    if [ -f "$arg" ]; then
+      printf 'file %s\n' "$(basename "$arg")"
+      cat "$arg"
+    else
+      printf 'str %s\n' "$arg"
+    fi
+  done | sha256sum | cut -c1-16
+}
+
+rig_qemu_key() {
+  rig_hash "$RIG_DIR"/qemu-*.patch "$RIG_DIR/build-qemu.sh" "$QEMU_SRC_VERSION" "${QEMU_CONFIGURE[*]}"
+}
+rig_qemu_bin() { printf '%s/qemu-%s/qemu-system-x86_64\n' "$RIG_CACHE" "$(rig_qemu_key)"; }
+
+# Debian bookworm packages the dom0 and guest images are made of. They are downloaded
+# (`apt-get download`) and unpacked into the cache, never installed on the host: installing
+# xen-hypervisor or linux-image would rewrite the host's boot loader and initramfs.
+RIG_KERNEL_META=linux-image-amd64
+RIG_PACKAGES=(xen-hypervisor-4.17-amd64 xen-utils-4.17 xen-utils-common xenstore-utils
+  libxencall1 libxendevicemodel1 libxenevtchn1 libxenforeignmemory1 libxengnttab1
+  libxenhypfs1 libxenmisc4.17 libxenstore4 libxentoolcore1 libxentoollog1 libyajl2
+  busybox-static)
+# fio is built from Debian's source package: the binary package links Ceph, GlusterFS,
+# RDMA and PMEM libraries (75 MB of initramfs); a static build with libaio is ~3 MB.
+RIG_FIO_VERSION=3.33-3
+RIG_FIO_CONFIGURE=(--disable-native --build-static --disable-numa --disable-rdma
+  --disable-gfapi --disable-rados --disable-rbd --disable-http --disable-pmem
+  --disable-libnfs --disable-xnvme --disable-dfs --disable-tcmalloc)

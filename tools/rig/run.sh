@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Boots Xen 4.17 + a Linux dom0 under qemu-system-x86_64 (TCG) and runs ONE scenario from
+# tests/xen/ inside dom0, non-interactively:
+#   tools/rig/run.sh SCENARIO... [--runtime SECONDS]   (fio seconds per job, default 20)
+# SCENARIO: baseline, blkdom-boot, blkdom-serve, smoke or demo (tests/xen/).
+# Results land in results/xen/<scenario>/ (serial.log, fio-*.json, cpu-*.txt, timings.txt,
+# xenstore dumps on failure) and are summarised on stdout. QEMU, the scenario and each
+# step inside it run under hard timeouts; on failure the last 50 log lines are printed.
+# The last line is "N passed, M failed"; the exit status is 0 only when nothing failed.
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+
+scenarios=()
+runtime=20
+while [ $# -gt 0 ]; do
+  case $1 in
+    --runtime) runtime=${2:?--runtime needs seconds}; shift 2 ;;
+    *) scenarios+=("$1"); shift ;;
+  esac
+done
+# Several scenarios: one QEMU boot each, then the total of their checks.
+if [ "${#scenarios[@]}" -gt 1 ]; then
+  total_passed=0
+  total_failed=0
+  for scenario in "${scenarios[@]}"; do
+    "$0" "$scenario" --runtime "$runtime" | tee "$RIG_CACHE/last-run.out" || true
+    read -r p _ f _ < <(tail -n 1 "$RIG_CACHE/last-run.out")
+    [[ $p =~ ^[0-9]+$ && $f =~ ^[0-9]+$ ]] || { p=0; f=1; }
+    total_passed=$((total_passed + p))
+    total_failed=$((total_failed + f))
+  done
+  echo "$total_passed passed, $total_failed failed"
+  [ "$total_failed" = 0 ]
+  exit
+fi
+scenario=${scenarios[0]:-}
+# -smp: 1 (dom0 + PV guests on pCPU0/1) + one pCPU per PVH vCPU alive at once; a PVH vCPU
+# sharing a pCPU under QEMU's emulated SVM loses state (README.md). Timeouts are the
+# scenario's budget inside dom0; QEMU as a whole gets 120 s more for boot and write-back.
+case $scenario in
+  baseline)     smp=2; budget=$((240 + 5 * (runtime + 40))) ;;
+  blkdom-boot)  smp=3; budget=180 ;;
+  blkdom-serve) smp=3; budget=$((300 + 5 * (runtime + 40))) ;;
+  smoke)        smp=3; budget=360 ;;
+  demo)         smp=3; budget=$((420 + 10 * (runtime + 40))) ;;
+  *) rig_die "usage: $0 baseline|blkdom-boot|blkdom-serve|smoke|demo [--runtime SECONDS]" ;;
+esac
+qemu_timeout=$((budget + 120))
+
+qemu=$("$RIG_DIR/build-qemu.sh")
+images=$("$RIG_DIR/build-images.sh")
+# BLKDOM_IMAGE= (set, empty) runs without an image, e.g. when it does not build.
+blkdom_image=${BLKDOM_IMAGE-$REPO_DIR/target/x86_64-unknown-none/release/blkdom}
+
+results=$REPO_DIR/results/xen/$scenario
+rm -rf "$results"
+mkdir -p "$results"
+work=$(mktemp -d "${TMPDIR:-/tmp}/blkdom-rig.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+# The input disk: a tar dom0 unpacks into /rig (scripts are read at run time, so editing
+# a scenario needs no image rebuild).
+mkdir -p "$work/in/images" "$work/in/tests" "$work/in/tools"
+cp -r "$REPO_DIR/tests/xen" "$work/in/tests/"
+cp -r "$REPO_DIR/tools/xl" "$work/in/tools/"
+cp "$images/vmlinuz" "$images/guest.cpio.zst" "$work/in/images/"
+if [ -n "$blkdom_image" ] && [ -f "$blkdom_image" ]; then
+  cp "$blkdom_image" "$work/in/images/blkdom"
+else
+  rig_log "no blkdom image (${blkdom_image:-none given}); blkdom scenarios will fail"
+fi
+tar -cf "$work/in.img" -C "$work/in" .
+truncate -s 64M "$work/out.img"
+
+serial=$results/serial.log
+: > "$serial"
+start=$(date +%s.%N)
+elapsed() { awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%6.1f", e - s }'; }
+
+rig_log "scenario $scenario: qemu -smp $smp, timeout ${qemu_timeout}s, log $serial"
+timeout --kill-after=10 "$qemu_timeout" "$qemu" "${QEMU_FIRMWARE_ARGS[@]}" \
+  -machine q35 -accel tcg,thread=multi -cpu max,-fsgsbase -smp "$smp" -m 4096 \
+  -display none -monitor none -serial "file:$serial" -no-reboot \
+  -kernel "$images/xen" \
+  -append "console=com1 com1=115200,8n1 dom0_mem=1024M,max:1024M dom0_max_vcpus=1 dom0_vcpus_pin loglvl=all guest_loglvl=all" \
+  -initrd "$images/vmlinuz console=hvc0 earlyprintk=xen loglevel=4 rig.scenario=$scenario rig.timeout=$budget rig.runtime=$runtime,$images/dom0.cpio.zst" \
+  -drive "file=$work/in.img,format=raw,if=none,id=rigin,readonly=on" \
+  -device virtio-blk-pci,drive=rigin,serial=rig-in \
+  -drive "file=$work/out.img,format=raw,if=none,id=rigout" \
+  -device virtio-blk-pci,drive=rigout,serial=rig-out \
+  -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
+  </dev/null >"$results/qemu.out" 2>&1 &
+qemu_pid=$!
+# Progress on stdout while QEMU runs: the rig's markers, stamped with host seconds since
+# QEMU started (tail --pid stops following when QEMU is gone).
+tail -n +1 -F --pid="$qemu_pid" "$serial" 2>/dev/null | while IFS= read -r line; do
+  line=${line%$'\r'}
+  case $line in
+    "rig: dom0 ready"*) echo "dom0-ready-host $(elapsed | tr -d ' ')" >> "$results/host-timings.txt" ;;
+  esac
+  case $line in
+    rig:*|rig-check:*|rig-info:*) printf '[%ss] %s\n' "$(elapsed)" "$line" ;;
+  esac
+done
+qemu_rc=0
+wait "$qemu_pid" || qemu_rc=$?
+wall=$(elapsed | tr -d ' ')
+echo "qemu-total $wall" >> "$results/host-timings.txt"
+tar -xf "$work/out.img" -C "$results" 2>/dev/null || true
+
+# --- checks -----------------------------------------------------------------------------
+log=$(tr -d '\r' < "$serial")
+passed=0
+failed=0
+check() {  # check DESCRIPTION COMMAND...: counts COMMAND's success as a passed check
+  local what=$1
+  shift
+  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $what"; fi
+}
+log_has() { grep -qE "$1" <<<"$log"; }
+log_lacks() { ! log_has "$1"; }
+if [ "$qemu_rc" = 124 ] || [ "$qemu_rc" = 137 ]; then echo "QEMU killed after ${qemu_timeout}s"; fi
+check "Xen boots and dom0 is ready" log_has '^rig: dom0 ready'
+passed=$((passed + $(grep -c '^rig-check: PASS' <<<"$log" || true)))
+failed=$((failed + $(grep -c '^rig-check: FAIL' <<<"$log" || true)))
+grep '^rig-check: FAIL' <<<"$log" | sed 's/^rig-check: /  /' || true
+# Signatures of guest state corruption under the emulated SVM, or of a crash.
+signatures='segfault|Segmentation fault|general protection|corrupted|Triple fault|Kernel panic'
+check "no crash/corruption signatures in the log: $(grep -E "$signatures" <<<"$log" | head -n 3)" \
+  log_lacks "$signatures"
+check "scenario $scenario finished and passed (qemu exit $qemu_rc after ${wall}s)" \
+  log_has "^rig: scenario $scenario PASS"
+
+python3 "$RIG_DIR/summarize.py" "$results" | tee "$results/summary.txt"
+if [ "$failed" != 0 ]; then
+  echo "--- last 50 lines of $serial ---"
+  tail -n 50 <<<"$log"
+  echo "---"
+fi
+echo "results: $results"
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Summarises a nested-Xen rig run: a table of fio results per backend and job, plus the
+timings and negotiated blkif keys the scenario recorded.
+
+    python3 tools/rig/summarize.py results/xen/<scenario>
+
+Reads fio-<guest>-<job>.json (fio --output-format=json), cpu-<guest>-<job>.txt (backend
+domain CPU seconds over the job), timings.txt, host-timings.txt and
+xenstore-negotiated-*.txt. Guests are named after their backend: fio-dom0 (Linux
+blkback in dom0), fio-blkdom (blkdom).
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+BACKENDS = {"fio-dom0": "linux-dom0", "fio-blkdom": "blkdom"}
+JOB_ORDER = ["randread-qd32-1j", "randread-qd32-2j", "randread-qd1", "seqread-1m",
+             "write-verify", "write-verify-quick"]
+
+
+def job_row(result: dict) -> dict:
+    """IOPS, bandwidth, latency percentiles and guest CPU of one fio JSON result."""
+    job = result["jobs"][0]
+    # A write+verify job writes first, then reads back: report the write half.
+    side = "write" if job["write"]["io_bytes"] > 0 else "read"
+    stats = job[side]
+    percentiles = stats.get("clat_ns", {}).get("percentile", {})
+    return {
+        "side": side,
+        "iops": stats["iops"],
+        "mib_s": stats["bw"] / 1024.0,
+        "p50_us": percentiles.get("50.000000", 0) / 1000.0,
+        "p99_us": percentiles.get("99.000000", 0) / 1000.0,
+        "guest_cpu": job["usr_cpu"] + job["sys_cpu"],
+        "errors": job.get("error", 0),
+    }
+
+
+def backend_cpu_percent(path: Path) -> str:
+    """Backend domain CPU use over the job, as % of one CPU, from cpu-*.txt."""
+    if not path.exists():
+        return "-"
+    fields = dict(kv.split("=", 1) for kv in path.read_text().split())
+    wall = float(fields.get("wall_s", 0))
+    return f"{100.0 * float(fields.get('cpu_s', 0)) / wall:.0f}" if wall > 0 else "-"
+
+
+def load_rows(results: Path) -> dict:
+    rows = {}
+    for path in sorted(results.glob("fio-fio-*.json")):
+        # fio-<guest>-<job>.json, where the guest's name itself is fio-<backend>.
+        match = re.match(r"fio-(fio-[a-z0-9]+)-(.+)\.json$", path.name)
+        if not match:
+            continue
+        guest, job = match.groups()
+        try:
+            row = job_row(json.loads(path.read_text()))
+        except (ValueError, KeyError, IndexError) as err:
+            print(f"warning: {path.name}: unreadable fio JSON ({err})")
+            continue
+        row["backend_cpu"] = backend_cpu_percent(results / f"cpu-{guest}-{job}.txt")
+        rows[(job, BACKENDS.get(guest, guest))] = row
+    return rows
+
+
+def print_table(rows: dict) -> None:
+    backends = sorted({backend for _, backend in rows},
+                      key=lambda b: list(BACKENDS.values()).index(b)
+                      if b in BACKENDS.values() else 99)
+    jobs = sorted({job for job, _ in rows},
+                  key=lambda j: JOB_ORDER.index(j) if j in JOB_ORDER else 99)
+    header = (f"{'job':<20} {'backend':<11} {'IOPS':>8} {'MiB/s':>8} {'p50 us':>9} "
+              f"{'p99 us':>9} {'guest CPU%':>10} {'backend CPU%':>12}")
+    print(header)
+    print("-" * len(header))
+    for job in jobs:
+        for backend in backends:
+            row = rows.get((job, backend))
+            if row is None:
+                print(f"{job:<20} {backend:<11} {'not run / not serving':>40}")
+                continue
+            label = job if row["side"] == "read" or job.startswith("write") else job + " (w)"
+            print(f"{label:<20} {backend:<11} {row['iops']:>8.0f} {row['mib_s']:>8.1f} "
+                  f"{row['p50_us']:>9.0f} {row['p99_us']:>9.0f} {row['guest_cpu']:>10.1f} "
+                  f"{row['backend_cpu']:>12}")
+        base, ours = rows.get((job, "linux-dom0")), rows.get((job, "blkdom"))
+        if base and ours and base["iops"] > 0:
+            print(f"{'':<20} {'ratio':<11} {ours['iops'] / base['iops']:>8.2f}x")
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        print(__doc__)
+        return 2
+    results = Path(sys.argv[1])
+    rows = load_rows(results)
+    if rows:
+        print_table(rows)
+    else:
+        print("no fio results")
+    for name in ("host-timings.txt", "timings.txt"):
+        path = results / name
+        if path.exists():
+            print(f"{name[:-4]}: " + ", ".join(
+                f"{k}={v}s" for k, v in (line.split() for line in path.read_text().splitlines()
+                                          if len(line.split()) == 2)))
+    for path in sorted(results.glob("xenstore-negotiated-*.txt")):
+        keys = {}
+        for line in path.read_text().splitlines():
+            match = re.match(r"(/local/domain/\d+/(backend|device)/vbd/\S+?)/([a-z-]+) = \"(.*)\"", line)
+            if match and re.match(r"(feature-|multi-queue-|max-ring|ring-page-order)", match[3]):
+                keys[f"{match[2][:4]}.{match[3]}"] = match[4]
+        print(f"negotiated ({path.stem[len('xenstore-negotiated-'):]}): " +
+              " ".join(f"{k}={v}" for k, v in sorted(keys.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
