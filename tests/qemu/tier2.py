@@ -207,7 +207,16 @@ def test_ram_disk(suite):
 
 
 def test_missing_or_failing_disk_fails_cleanly(suite):
+    # QEMU's blkdebug driver fails every read of the backing file with EIO.
+    blkdebug = os.path.join(os.path.dirname(suite.log_dir.rstrip("/")) or ".", "blkdebug-eio.conf")
+    with open(blkdebug, "w") as f:
+        f.write('[inject-error]\nevent = "read_aio"\nerrno = "5"\n')
+    failing = ["-drive", f"if=none,id=disk0,format=raw,file=blkdebug:{blkdebug}:null-co://"]
     cases = [
+        ("disk.failing-nvme-fails", "disktest=nvme:1", failing + ["-device", "nvme,drive=disk0,serial=x"],
+         "the device answered Error"),
+        ("disk.failing-virtio-fails", "disktest=virtio:0", failing + ["-device", "virtio-blk-pci,drive=disk0"],
+         "the device answered Error"),
         ("disk.missing-nvme-fails", "disktest=nvme:1", [], "no NVMe controller on the PCI bus"),
         ("disk.missing-virtio-fails", "disktest=virtio:1",
          ["-drive", "file=null-co://,format=raw,if=none,id=disk0", "-device", "virtio-blk-pci,drive=disk0"],

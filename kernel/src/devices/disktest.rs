@@ -353,14 +353,17 @@ fn complete(queue: &mut Queue, request: &IoRequest<'_>) -> Result<(), String> {
             ));
         }
     }
-    let mut status = None;
-    while status.is_none() {
+    let status = loop {
+        let mut seen = None;
         queue.poll_completions(&mut |c| {
             if c.tag == request.tag {
-                status = Some(c.status);
+                seen = Some(c.status);
             }
         });
-        if status.is_none() && now_us() - start > REQUEST_TIMEOUT_US {
+        if let Some(status) = seen {
+            break status;
+        }
+        if now_us() - start > REQUEST_TIMEOUT_US {
             return Err(format!(
                 "{:?} of {} sectors at sector {}: no completion within {} s",
                 request.op,
@@ -369,14 +372,14 @@ fn complete(queue: &mut Queue, request: &IoRequest<'_>) -> Result<(), String> {
                 REQUEST_TIMEOUT_US / 1_000_000
             ));
         }
+    };
+    if status == IoStatus::Ok {
+        return Ok(());
     }
-    match status {
-        Some(IoStatus::Ok) => Ok(()),
-        other => Err(format!(
-            "{:?} of {} sectors at sector {}: device said {other:?}",
-            request.op, request.nr_sectors, request.sector
-        )),
-    }
+    Err(format!(
+        "{:?} of {} sectors at sector {}: the device answered {status:?}",
+        request.op, request.nr_sectors, request.sector
+    ))
 }
 
 fn exercise(job: &mut Job) -> Result<QueueReport, String> {
