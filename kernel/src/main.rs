@@ -11,6 +11,7 @@ extern crate alloc;
 extern crate boot;
 
 mod arch;
+mod backend;
 mod bootinfo;
 mod console;
 mod devices;
@@ -140,15 +141,39 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         power::power_off();
     }
 
+    if hypervisor.is_xen() && platform::get().is_some() {
+        match grant_map_hole(&info) {
+            Some(hole) => backend::serve(hole),
+            None => error!("blkback: no hole in the memory map for grant mappings"),
+        }
+    }
     info!("{READY_MARKER}");
     if hypervisor.is_xen() {
-        // Serving guests arrives with the Xen platform layer; until then stay up, idle.
-        info!("waiting (no backend service yet)");
+        info!("not serving (see the errors above); idle");
         loop {
             x86_64::instructions::interrupts::enable_and_hlt();
         }
     }
     power::power_off();
+}
+
+/// Where foreign grants get mapped: the largest stretch below 4 GiB (identity mapped)
+/// that the memory map does not use, at or above 1 GiB so RAM growth cannot meet it.
+fn grant_map_hole(info: &bootinfo::BootInfo) -> Option<blkdom_support::frames::PhysRange> {
+    use blkdom_support::frames::{largest_hole, PhysRange};
+    let used: alloc::vec::Vec<PhysRange> = info
+        .memmap()
+        .iter()
+        .map(|e| PhysRange::new(e.addr, e.addr.saturating_add(e.size)))
+        .collect();
+    let low = used
+        .iter()
+        .filter(|r| r.start < (1 << 32))
+        .map(|r| r.end)
+        .fold(1 << 30, u64::max)
+        .min(1 << 32);
+    // Stay clear of the 0xF0000000+ area where Xen and firmware put special pages.
+    largest_hole(&used, low, 0xf000_0000, 2 << 20)
 }
 
 /// Brings up every CPU the MADT lists as enabled.

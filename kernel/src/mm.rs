@@ -12,9 +12,9 @@ static HEAP: LockedHeap = LockedHeap::empty();
 
 static FRAMES: spin::Mutex<FrameAllocator> = spin::Mutex::new(FrameAllocator::new());
 
-/// Heap size: a quarter of free memory, within these bounds.
+/// Heap size: three quarters of free memory (RAM disks live on the heap), at least
+/// HEAP_MIN; the rest stays as frames for page tables, shared pages and stacks.
 const HEAP_MIN: u64 = 1 << 20;
-const HEAP_MAX: u64 = 64 << 20;
 
 extern "C" {
     static __image_start: u8;
@@ -96,8 +96,7 @@ pub fn init(info: &BootInfo) -> Result<MemoryReport, FrameError> {
     }
 
     let free_bytes_before_heap = frames.free_bytes();
-    let heap_bytes =
-        (free_bytes_before_heap / 4).clamp(HEAP_MIN, HEAP_MAX) / FRAME_SIZE * FRAME_SIZE;
+    let heap_bytes = (free_bytes_before_heap / 4 * 3).max(HEAP_MIN) / FRAME_SIZE * FRAME_SIZE;
     let heap_start = frames.allocate_contiguous(heap_bytes / FRAME_SIZE, 2 << 20)?;
     // SAFETY: the range was just taken from the frame allocator, so nothing else uses it;
     // it is identity mapped, writable, and handed to the heap exactly once.
@@ -120,6 +119,11 @@ pub fn free_frame(paddr: u64) -> Result<(), FrameError> {
 
 pub fn free_frame_bytes() -> u64 {
     FRAMES.lock().free_bytes()
+}
+
+/// Bytes of heap not in use now.
+pub fn heap_free() -> usize {
+    HEAP.lock().free()
 }
 
 /// Bytes of heap in use now.

@@ -252,6 +252,17 @@ pub fn run_on(index: usize, work: fn(usize), timeout_ms: u64) -> Result<(), RunE
     }
 }
 
+/// Hands `work(cpu_index)` to CPU `index` without waiting for it (for work that runs
+/// for good, like a poller).
+pub fn start_on(index: usize, work: fn(usize)) -> Result<(), RunError> {
+    let cpu = cpu(index).ok_or(RunError::NoSuchCpu)?;
+    cpu.mailbox
+        .compare_exchange(0, work as usize, Ordering::AcqRel, Ordering::Acquire)
+        .map_err(|_| RunError::Busy)?;
+    apic::send_fixed(cpu.apic_id.load(Ordering::Relaxed), WAKE_VECTOR);
+    Ok(())
+}
+
 pub fn wakeups(index: usize) -> u64 {
     CPUS.get(index)
         .map_or(0, |c| c.wakeups.load(Ordering::Relaxed))

@@ -332,3 +332,74 @@ mod tests {
         assert_eq!(a.leaked_frames(), 1);
     }
 }
+
+/// The largest range inside `[low, high)` that no entry of `used` overlaps, aligned to
+/// `align` (a power of two) at both ends. For placing foreign mappings (grants) where
+/// the memory map has nothing.
+pub fn largest_hole(used: &[PhysRange], low: u64, high: u64, align: u64) -> Option<PhysRange> {
+    let mut sorted: [PhysRange; MAX_RANGES] = [PhysRange::default(); MAX_RANGES];
+    let n = used.len().min(MAX_RANGES);
+    sorted[..n].copy_from_slice(&used[..n]);
+    let sorted = &mut sorted[..n];
+    sorted.sort_unstable_by_key(|r| r.start);
+    let mut best: Option<PhysRange> = None;
+    let mut cursor = low;
+    let mut consider = |start: u64, end: u64| {
+        let start = start.checked_next_multiple_of(align)?;
+        let end = end / align * align;
+        let hole = PhysRange::new(start, end);
+        if start < end && best.is_none_or(|b| hole.len() > b.len()) {
+            best = Some(hole);
+        }
+        Some(())
+    };
+    for r in sorted.iter().filter(|r| !r.is_empty()) {
+        if r.start > cursor {
+            consider(cursor, r.start.min(high));
+        }
+        cursor = cursor.max(r.end);
+        if cursor >= high {
+            break;
+        }
+    }
+    if cursor < high {
+        consider(cursor, high);
+    }
+    best
+}
+
+#[cfg(test)]
+mod hole_tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn finds_the_gap_between_ram_and_firmware() {
+        // A PVH domain with 512 MiB: RAM, then ACPI and special pages near 4 GiB.
+        let used = [
+            PhysRange::new(0, 512 * MIB),
+            PhysRange::new(0xfc00_0000, 0xfc00_8000),
+            PhysRange::new(0xfeff_8000, 0xff00_0000),
+        ];
+        let hole = largest_hole(&used, 0, 4 * GIB, 2 * MIB).unwrap();
+        assert_eq!(hole, PhysRange::new(512 * MIB, 0xfc00_0000));
+    }
+
+    #[test]
+    fn respects_bounds_alignment_and_unsorted_overlapping_input() {
+        let used = [
+            PhysRange::new(3 * GIB, 3 * GIB + 5),
+            PhysRange::new(0, GIB + 1),
+            PhysRange::new(MIB, 2 * MIB),
+        ];
+        let hole = largest_hole(&used, 0, 4 * GIB, 2 * MIB).unwrap();
+        assert_eq!(hole, PhysRange::new(GIB + 2 * MIB, 3 * GIB));
+        assert_eq!(largest_hole(&used, 0, GIB, 2 * MIB), None);
+        assert_eq!(
+            largest_hole(&[], 5, 4 * MIB + 7, 2 * MIB),
+            Some(PhysRange::new(2 * MIB, 4 * MIB))
+        );
+    }
+}

@@ -1,0 +1,460 @@
+//! The block backend service. The control path (on vCPU 0, between polls) watches our
+//! `backend/vbd` directory in xenstore; for each device the toolstack creates it parses
+//! `params`, makes the backing store, and runs the blkif negotiation from the `blkback`
+//! crate. On connect each queue's ring is mapped, its event channel bound, and its
+//! engine handed to the poller of vCPU `q mod n`; on disconnect the pollers drain and
+//! release them. A device whose configuration is wrong fails alone: the reason goes to
+//! its `hotplug-error`/`error` nodes and the console, and the others keep serving.
+
+pub mod adapters;
+pub mod poller;
+pub mod space;
+
+use adapters::{FrontendGrants, Notify, SharedRing, Store};
+use alloc::collections::BTreeMap;
+use alloc::format;
+use alloc::string::String;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use backing::{parse_backing, Backing};
+use blkback::engine::{Busy, Engine, EngineConfig};
+use blkback::negotiate::{
+    BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection, StepOutcome,
+};
+use blkback::xenstore::{XenStore, NO_TRANSACTION};
+use blkdev::RamDisk;
+use core::sync::atomic::Ordering;
+use poller::{QueueControl, RingMapping, ServedQueue};
+use xen::abi::event_channel::EvtchnPort;
+use xen::abi::DomId;
+use xen::xenstore::Transaction;
+
+use crate::platform;
+
+const VBD_WATCH_TOKEN: &str = "vbd";
+/// How often the control path publishes statistics to xenstore.
+const STATS_PERIOD_NS: u64 = 2_000_000_000;
+/// How soon a negotiation that waits for in-flight requests is retried.
+const RETRY_NS: u64 = 5_000_000;
+
+/// One device: its negotiation and what its connection holds.
+struct Vbd {
+    backend: BlkifBackend,
+    hooks: VbdHooks,
+    retry: bool,
+}
+
+struct VbdHooks {
+    name: String,
+    disk: RamDisk,
+    /// Each connected queue's control block, with the vCPU that serves it.
+    queues: Vec<(usize, Arc<QueueControl>)>,
+    /// Leaked pages of earlier connections (unmap failures), for the stats.
+    leaked_pages: u64,
+}
+
+fn map_ring(
+    frontend: DomId,
+    refs: &[u32],
+    region: &space::MapRegion,
+) -> Result<RingMapping, String> {
+    let xen = platform::get().ok_or("no Xen platform")?;
+    let mut ops: Vec<_> = refs
+        .iter()
+        .enumerate()
+        .map(|(i, &gref)| {
+            xen::grant::map_request(region.ring_base + i as u64 * 4096, frontend, gref, false)
+        })
+        .collect();
+    // All-or-nothing: on failure the pages that did map are unmapped again.
+    xen::grant::map_batch(&xen.hv, &mut ops)
+        .map_err(|e| format!("mapping ring grants {refs:?}: {e:?}"))?;
+    Ok(RingMapping {
+        ops: ops.iter().map(xen::grant::unmap_request).collect(),
+    })
+}
+
+impl VbdHooks {
+    fn connect_queue(
+        &mut self,
+        connection: &FrontendConnection,
+        q: usize,
+        cpus: usize,
+    ) -> Result<(), String> {
+        let xen = platform::get().ok_or("no Xen platform")?;
+        let ring = &connection.queues[q];
+        let region = space::alloc().ok_or("no guest-physical map space left for another ring")?;
+        let mapping = match map_ring(connection.frontend_id, &ring.ring_refs, &region) {
+            Ok(mapping) => mapping,
+            Err(e) => {
+                space::free(region);
+                return Err(e);
+            }
+        };
+        let undo = |mut mapping: RingMapping| {
+            if xen::grant::unmap_batch(&xen.hv, &mut mapping.ops).is_ok() {
+                space::free(region);
+            }
+        };
+        let port: EvtchnPort = match xen::evtchn::bind_interdomain(
+            &xen.hv,
+            connection.frontend_id,
+            ring.event_channel,
+        ) {
+            Ok(port) => port,
+            Err(e) => {
+                undo(mapping);
+                return Err(format!(
+                    "binding event channel {}: {e:?}",
+                    ring.event_channel
+                ));
+            }
+        };
+        let cpu = q % cpus;
+        xen.shared.mask(port);
+        if let Err(e) = xen::evtchn::bind_vcpu(&xen.hv, port, cpu as u32) {
+            log::warn!(
+                "blkback: {}: event channel {port} stays on vCPU 0: {e:?}",
+                self.name
+            );
+        }
+        let ring_bytes = ring.ring_refs.len() * adapters::PAGE_SIZE;
+        // SAFETY: the ring pages were just mapped at region.ring_base.. (consecutive,
+        // identity mapped); only this engine reaches them, through SharedMem.
+        let mem = unsafe { xen::SharedMem::new(region.ring_base as *mut u8, ring_bytes) };
+        let mut config = EngineConfig::new(connection.ring_order, connection.persistent_grants);
+        config.max_indirect_segments = connection.max_indirect_segments;
+        config.persistent_grant_limit = Some(region.grant_pages as usize);
+        config.read_only = connection.read_only;
+        let depth = 1usize << (5 + connection.ring_order);
+        let engine = Engine::new(
+            SharedRing { mem },
+            FrontendGrants::new(xen.hv, connection.frontend_id, &region),
+            self.disk.queue(depth),
+            Notify { hv: xen.hv, port },
+            config,
+        );
+        let engine = match engine {
+            Ok(engine) => engine,
+            Err(e) => {
+                let _ = xen::evtchn::close(&xen.hv, port);
+                undo(mapping);
+                return Err(format!("ring: {e:?}"));
+            }
+        };
+        let control = Arc::new(QueueControl::default());
+        self.queues.push((cpu, control.clone()));
+        poller::attach(
+            cpu,
+            ServedQueue {
+                engine,
+                port,
+                ring: mapping,
+                region,
+                control,
+            },
+        );
+        Ok(())
+    }
+}
+
+impl ConnectionHooks for VbdHooks {
+    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), String> {
+        let cpus = crate::smp::online_count().max(1);
+        for q in 0..connection.queues.len() {
+            self.connect_queue(connection, q, cpus)?;
+        }
+        Ok(())
+    }
+
+    fn disconnect(&mut self) -> Result<(), Busy> {
+        for (cpu, control) in &self.queues {
+            if !control.detach.swap(true, Ordering::AcqRel) {
+                poller::ring_doorbell(*cpu);
+            }
+        }
+        if self
+            .queues
+            .iter()
+            .any(|(_, c)| !c.detached.load(Ordering::Acquire))
+        {
+            return Err(Busy {
+                in_flight: self.queues.len(),
+            });
+        }
+        for (_, control) in self.queues.drain(..) {
+            self.leaked_pages += control.leaked_pages.load(Ordering::Acquire);
+        }
+        Ok(())
+    }
+}
+
+/// The control path: discovery, negotiation, statistics.
+pub struct Control {
+    domid: u32,
+    vbds: BTreeMap<String, Vbd>,
+    /// Devices whose configuration failed (kept so they are not retried on every event).
+    failed: BTreeMap<String, String>,
+    store_port: Option<EvtchnPort>,
+    next_stats: u64,
+}
+
+fn backend_params(geometry: blkdev::Geometry) -> BackendParams {
+    BackendParams::new(crate::smp::online_count().max(1) as u32, geometry)
+}
+
+impl Control {
+    pub fn new() -> Option<Control> {
+        let xen = platform::get()?;
+        let store_port = xen::platform::store_params(&xen.hv).ok().map(|p| p.evtchn);
+        let domid =
+            platform::store::with(|xs| xs.read_u64(Transaction::NONE, "domid"))?.ok()? as u32;
+        let watched = platform::store::with(|xs| xs.watch("backend/vbd", VBD_WATCH_TOKEN))?;
+        if let Err(e) = watched {
+            log::error!("blkback: cannot watch backend/vbd: {e:?}");
+            return None;
+        }
+        let regions = space::available();
+        log::info!("blkback: domain {domid} serving vbds; map space for {regions} rings");
+        Some(Control {
+            domid,
+            vbds: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            store_port,
+            next_stats: 0,
+        })
+    }
+
+    /// Devices under backend/vbd/<frontend>/<devid>.
+    fn scan(&mut self, store: &mut Store<'_>) -> Vec<String> {
+        let base = format!("/local/domain/{}/backend/vbd", self.domid);
+        let mut found = Vec::new();
+        for frontend in store.directory(NO_TRANSACTION, &base).unwrap_or_default() {
+            for dev in store
+                .directory(NO_TRANSACTION, &format!("{base}/{frontend}"))
+                .unwrap_or_default()
+            {
+                found.push(format!("{base}/{frontend}/{dev}"));
+            }
+        }
+        found
+    }
+
+    /// Makes the backing store a device asks for, or says why not.
+    fn open_backing(store: &mut Store<'_>, path: &str) -> Result<RamDisk, String> {
+        let params = store
+            .read(NO_TRANSACTION, &format!("{path}/params"))
+            .map_err(|e| format!("no params: {e:?}"))?;
+        let params = params.trim();
+        // xl passes a `target=` spec through unchanged; older toolstacks prefix "phy:".
+        let spec = params.strip_prefix("phy:").unwrap_or(params);
+        match parse_backing(spec) {
+            Ok(Backing::Ram { bytes }) => {
+                let room = crate::mm::heap_free() as u64;
+                // Keep room for rings and engines (tens of MiB at most).
+                if bytes + (32 << 20) > room {
+                    return Err(format!("ram:{} MiB does not fit: {} MiB of memory free", bytes >> 20, room >> 20));
+                }
+                Ok(RamDisk::new(bytes / 512))
+            }
+            Ok(other) => Err(format!(
+                "{other:?}: this driver domain has no such device (PVH domains get no PCI devices; use ram:<size>)"
+            )),
+            Err(e) => Err(format!("params {params:?}: {e}")),
+        }
+    }
+
+    fn add(&mut self, store: &mut Store<'_>, path: String) {
+        let disk = match Self::open_backing(store, &path) {
+            Ok(disk) => disk,
+            Err(reason) => {
+                log::error!("blkback: {path}: {reason}");
+                let _ = store.write(NO_TRANSACTION, &format!("{path}/hotplug-error"), &reason);
+                let _ = store.write(NO_TRANSACTION, &format!("{path}/error"), &reason);
+                let _ = store.write(NO_TRANSACTION, &format!("{path}/hotplug-status"), "error");
+                self.failed.insert(path, reason);
+                return;
+            }
+        };
+        let geometry = disk.geometry();
+        match BlkifBackend::probe(store, &path, backend_params(geometry)) {
+            Ok(backend) => {
+                for watched in backend.watched_paths() {
+                    if let Err(e) = store.0.watch(&watched, &path) {
+                        log::error!("blkback: {path}: watch {watched}: {e:?}");
+                    }
+                }
+                log::info!(
+                    "blkback: {path}: {} MiB RAM disk, frontend {}, InitWait",
+                    geometry.sectors >> 11,
+                    backend.frontend_path()
+                );
+                let name = path.rsplit('/').take(2).collect::<Vec<_>>().join("/");
+                let hooks = VbdHooks {
+                    name,
+                    disk,
+                    queues: Vec::new(),
+                    leaked_pages: 0,
+                };
+                self.vbds.insert(
+                    path,
+                    Vbd {
+                        backend,
+                        hooks,
+                        retry: false,
+                    },
+                );
+            }
+            Err(e) => {
+                log::error!("blkback: {path}: probe failed: {e:?}");
+                self.failed.insert(path, format!("{e:?}"));
+            }
+        }
+    }
+
+    /// One round: new and vanished devices, then every negotiation steps.
+    fn reconcile(&mut self, store: &mut Store<'_>) -> bool {
+        let present = self.scan(store);
+        for path in &present {
+            if !self.vbds.contains_key(path) && !self.failed.contains_key(path) {
+                self.add(store, path.clone());
+            }
+        }
+        self.failed.retain(|path, _| present.contains(path));
+        let mut retry = false;
+        let mut removed = Vec::new();
+        for (path, vbd) in self.vbds.iter_mut() {
+            match vbd.backend.step(store, &mut vbd.hooks) {
+                Ok(StepOutcome::Retry) => {
+                    vbd.retry = true;
+                    retry = true;
+                }
+                Ok(StepOutcome::Removed) => removed.push(path.clone()),
+                Ok(outcome) => {
+                    vbd.retry = false;
+                    if outcome != StepOutcome::Idle {
+                        log::info!("blkback: {}: {outcome:?}", vbd.hooks.name);
+                    }
+                }
+                Err(e) => log::error!("blkback: {}: {e:?}", vbd.hooks.name),
+            }
+        }
+        for path in removed {
+            if let Some(vbd) = self.vbds.remove(&path) {
+                for watched in vbd.backend.watched_paths() {
+                    let _ = store.0.unwatch(&watched, &path);
+                }
+                log::info!("blkback: {path} removed; its RAM disk is freed");
+            }
+        }
+        retry
+    }
+
+    fn publish_stats(&mut self, store: &mut Store<'_>) {
+        for (path, vbd) in &self.vbds {
+            let mut total = blkback::stats::RingStats::default();
+            for (_, control) in &vbd.hooks.queues {
+                let s = *control.stats.lock();
+                total.reads += s.reads;
+                total.writes += s.writes;
+                total.flushes += s.flushes;
+                total.sectors_read += s.sectors_read;
+                total.sectors_written += s.sectors_written;
+                total.errors += s.errors;
+                total.bad_requests += s.bad_requests;
+                total.grants_mapped += s.grants_mapped;
+                total.map_batches += s.map_batches;
+                total.unmap_batches += s.unmap_batches;
+            }
+            let line = format!(
+                "queues={} reads={} writes={} flushes={} sectors-read={} sectors-written={} errors={} bad-requests={} grants-mapped={} map-batches={} unmap-batches={} leaked-pages={}",
+                vbd.hooks.queues.len(),
+                total.reads,
+                total.writes,
+                total.flushes,
+                total.sectors_read,
+                total.sectors_written,
+                total.errors,
+                total.bad_requests,
+                total.grants_mapped,
+                total.map_batches,
+                total.unmap_batches,
+                vbd.hooks.leaked_pages
+            );
+            let _ = store.write(NO_TRANSACTION, &format!("{path}/blkdom-stats"), &line);
+        }
+        let pollers: Vec<String> = (0..crate::smp::online_count())
+            .map(|cpu| {
+                let c = &poller::COUNTERS[cpu];
+                format!(
+                    "vcpu{cpu}: rings={} loops={} busy={} sleeps={}",
+                    c.rings.load(Ordering::Relaxed),
+                    c.loops.load(Ordering::Relaxed),
+                    c.busy_loops.load(Ordering::Relaxed),
+                    c.sleeps.load(Ordering::Relaxed)
+                )
+            })
+            .collect();
+        let _ = store.0.write(
+            Transaction::NONE,
+            "data/blkdom-pollers",
+            pollers.join("; ").as_bytes(),
+        );
+    }
+}
+
+impl poller::ControlWork for Control {
+    fn port(&self) -> Option<EvtchnPort> {
+        self.store_port
+    }
+
+    fn run(&mut self) -> Option<u64> {
+        let result = platform::store::with(|xs| {
+            // Drain what arrived (the client queued events while waiting for replies too).
+            while let Ok(Some(_event)) = xs.take_watch_event() {}
+            let mut store = Store(xs);
+            let retry = self.reconcile(&mut store);
+            let now = platform::get().map_or(0, |p| p.now_ns());
+            if now >= self.next_stats {
+                self.publish_stats(&mut store);
+                self.next_stats = now + STATS_PERIOD_NS;
+            }
+            retry
+        });
+        Some(if result == Some(true) {
+            RETRY_NS
+        } else {
+            STATS_PERIOD_NS
+        })
+    }
+}
+
+/// Starts a poller on every other vCPU and runs vCPU 0's (with the control path).
+pub fn serve(hole: blkdom_support::frames::PhysRange) -> ! {
+    let rings = space::init(hole);
+    log::info!(
+        "blkback: map space {:#x}-{:#x} ({} MiB, {} rings)",
+        hole.start,
+        hole.end,
+        hole.len() >> 20,
+        rings
+    );
+    for cpu in 1..crate::smp::online_count() {
+        if crate::smp::start_on(cpu, start_poller).is_err() {
+            log::error!("blkback: vCPU {cpu} did not take its poller");
+        }
+    }
+    let mut control = Control::new();
+    if control.is_none() {
+        log::error!("blkback: no xenstore control path: serving nothing");
+    }
+    log::info!("{}", crate::READY_MARKER);
+    poller::run(
+        0,
+        control.as_mut().map(|c| c as &mut dyn poller::ControlWork),
+    )
+}
+
+fn start_poller(cpu: usize) {
+    poller::run(cpu, None)
+}

@@ -1,0 +1,249 @@
+//! One poller per vCPU. Each owns the rings whose queue index maps to its vCPU (queue q
+//! on vCPU q mod n), their engines and device queues: nothing on the I/O path is shared
+//! or locked. New rings arrive through the vCPU's inbox (an atomic flag, then a lock
+//! taken only when the flag is set), and a doorbell event channel wakes a sleeping
+//! poller.
+//!
+//! Adaptive idle: the poller spins while requests keep coming; after an idle spell it
+//! re-arms every ring (`prepare_to_sleep`, the final check) and blocks in
+//! `SCHEDOP_poll` on its rings' event channels (kept masked: no upcalls, the pending bit
+//! is the wake-up), so an idle blkdom leaves its pCPUs to the guests.
+
+use super::adapters::{FrontendGrants, Notify, SharedRing};
+use super::space::{self, MapRegion};
+use crate::platform;
+use crate::smp::MAX_CPUS;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use blkback::engine::Engine;
+use blkback::stats::RingStats;
+use blkdev::RamDiskQueue;
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use xen::abi::event_channel::EvtchnPort;
+use xen::abi::grant_table::GnttabUnmapGrantRef;
+use xen::abi::DOMID_SELF;
+
+pub type BlkEngine = Engine<SharedRing, FrontendGrants, RamDiskQueue, Notify>;
+
+/// Requests taken from a ring per pass (bounded work per poll, XSA-332).
+const POLL_BUDGET: usize = 64;
+/// How long a poller keeps spinning after its last work before it sleeps.
+const IDLE_SPELL_NS: u64 = 50_000;
+/// The longest sleep; control work (vCPU 0) may ask for a shorter one.
+const MAX_SLEEP_NS: u64 = 1_000_000_000;
+/// How often a busy poller publishes its rings' counters.
+const STATS_EVERY_LOOPS: u64 = 4096;
+
+/// Shared between the control path and the poller serving one queue.
+#[derive(Default)]
+pub struct QueueControl {
+    /// Set by control: drain, unmap, unbind, then report `detached`.
+    pub detach: AtomicBool,
+    pub detached: AtomicBool,
+    /// The engine's counters as of the poller's last publication.
+    pub stats: spin::Mutex<RingStats>,
+    pub leaked_pages: AtomicU64,
+}
+
+/// The ring's own pages and their grant handles.
+pub struct RingMapping {
+    pub ops: Vec<GnttabUnmapGrantRef>,
+}
+
+pub struct ServedQueue {
+    pub engine: BlkEngine,
+    pub port: EvtchnPort,
+    pub ring: RingMapping,
+    pub region: MapRegion,
+    pub control: Arc<QueueControl>,
+}
+
+#[derive(Default)]
+pub struct PollerCounters {
+    pub loops: AtomicU64,
+    pub busy_loops: AtomicU64,
+    pub sleeps: AtomicU64,
+    pub rings: AtomicU32,
+}
+
+static INBOX: [spin::Mutex<Vec<ServedQueue>>; MAX_CPUS] =
+    [const { spin::Mutex::new(Vec::new()) }; MAX_CPUS];
+static INBOX_PENDING: [AtomicBool; MAX_CPUS] = [const { AtomicBool::new(false) }; MAX_CPUS];
+/// Sending end of each poller's doorbell (0: no poller yet).
+static DOORBELL: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
+pub static COUNTERS: [PollerCounters; MAX_CPUS] = [const {
+    PollerCounters {
+        loops: AtomicU64::new(0),
+        busy_loops: AtomicU64::new(0),
+        sleeps: AtomicU64::new(0),
+        rings: AtomicU32::new(0),
+    }
+}; MAX_CPUS];
+
+/// Hands a connected ring to the poller of `cpu`.
+pub fn attach(cpu: usize, queue: ServedQueue) {
+    INBOX[cpu].lock().push(queue);
+    INBOX_PENDING[cpu].store(true, Ordering::Release);
+    ring_doorbell(cpu);
+}
+
+/// Wakes the poller of `cpu` if it sleeps.
+pub fn ring_doorbell(cpu: usize) {
+    let port = DOORBELL[cpu].load(Ordering::Acquire);
+    if let (Some(xen), true) = (platform::get(), port != 0) {
+        let _ = xen::evtchn::send(&xen.hv, port);
+    }
+}
+
+/// Unmaps a ring's pages, closes its port and frees its map region (after the engine
+/// has disconnected: no request in flight, every data grant unmapped).
+fn release(queue: ServedQueue) {
+    let Some(xen) = platform::get() else { return };
+    let ServedQueue {
+        engine,
+        port,
+        mut ring,
+        region,
+        control,
+    } = queue;
+    let (_, grants, _, _) = engine.into_parts();
+    let unmapped = xen::grant::unmap_batch(&xen.hv, &mut ring.ops);
+    let ring_leaked = ring.ops.iter().filter(|op| op.status != 0).count() as u64;
+    if let Err(e) = unmapped {
+        log::error!("blkback: unmapping ring pages: {e:?} ({ring_leaked} pages stay mapped)");
+    }
+    let _ = xen::evtchn::close(&xen.hv, port);
+    let leaked = grants.leaked_pages + ring_leaked;
+    control.leaked_pages.store(leaked, Ordering::Release);
+    if leaked == 0 {
+        space::free(region);
+    } else {
+        // Pages still mapped: the region is never reused.
+        log::error!(
+            "blkback: {leaked} pages of map region {} stay mapped; region retired",
+            region.index
+        );
+    }
+    control.detached.store(true, Ordering::Release);
+}
+
+/// A loopback event channel: sending on the first port marks the second pending.
+fn doorbell_pair() -> Option<(EvtchnPort, EvtchnPort)> {
+    let xen = platform::get()?;
+    let sender = xen::evtchn::alloc_unbound(&xen.hv, DOMID_SELF).ok()?;
+    let receiver = xen::evtchn::bind_interdomain(&xen.hv, DOMID_SELF, sender).ok()?;
+    xen.shared.mask(receiver);
+    Some((sender, receiver))
+}
+
+/// Work the control path (vCPU 0) does between polls; returns how soon it wants to run
+/// again (ns), and its event channel joins the poller's wait set.
+pub trait ControlWork {
+    fn port(&self) -> Option<EvtchnPort>;
+    fn run(&mut self) -> Option<u64>;
+}
+
+/// The poll loop of this vCPU; never returns.
+pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
+    let xen = platform::get().expect("pollers run under Xen");
+    let counters = &COUNTERS[cpu];
+    let (sender, doorbell) = doorbell_pair().expect("doorbell event channel");
+    DOORBELL[cpu].store(sender, Ordering::Release);
+    let mut served: Vec<ServedQueue> = Vec::with_capacity(64);
+    let mut ports: Vec<EvtchnPort> = Vec::with_capacity(128);
+    let rebuild_ports = |served: &Vec<ServedQueue>,
+                         ports: &mut Vec<EvtchnPort>,
+                         control: &Option<&mut dyn ControlWork>| {
+        ports.clear();
+        ports.push(doorbell);
+        ports.extend(control.as_ref().and_then(|c| c.port()));
+        ports.extend(
+            served
+                .iter()
+                .map(|s| s.port)
+                .take(xen::abi::sched::SCHED_POLL_MAX_PORTS - 2),
+        );
+    };
+    rebuild_ports(&served, &mut ports, &control);
+    let mut idle_since: Option<u64> = None;
+    let mut control_due = 0u64;
+    log::info!("poller: vCPU {cpu} serving (doorbell port {doorbell})");
+    loop {
+        let loops = counters.loops.fetch_add(1, Ordering::Relaxed) + 1;
+        if INBOX_PENDING[cpu].swap(false, Ordering::AcqRel) {
+            for queue in INBOX[cpu].lock().drain(..) {
+                xen.shared.mask(queue.port);
+                served.push(queue);
+            }
+            rebuild_ports(&served, &mut ports, &control);
+            counters.rings.store(served.len() as u32, Ordering::Relaxed);
+        }
+        let mut work = false;
+        let mut i = 0;
+        while i < served.len() {
+            let queue = &mut served[i];
+            if queue.control.detach.load(Ordering::Acquire) {
+                if queue.engine.disconnect().is_ok() {
+                    *queue.control.stats.lock() = queue.engine.stats();
+                    release(served.swap_remove(i));
+                    rebuild_ports(&served, &mut ports, &control);
+                    counters.rings.store(served.len() as u32, Ordering::Relaxed);
+                } else {
+                    work = true;
+                    i += 1;
+                }
+                continue;
+            }
+            if xen.shared.is_pending(queue.port) {
+                xen.shared.clear_pending(queue.port);
+                queue.engine.event_received();
+            }
+            work |= queue.engine.poll(POLL_BUDGET).did_work();
+            if loops.is_multiple_of(STATS_EVERY_LOOPS) {
+                if let Some(mut stats) = queue.control.stats.try_lock() {
+                    *stats = queue.engine.stats();
+                }
+            }
+            i += 1;
+        }
+        let now = xen.now_ns();
+        if let Some(control) = control.as_mut() {
+            let kicked = control.port().is_some_and(|p| xen.shared.is_pending(p));
+            if kicked || now >= control_due {
+                if let Some(p) = control.port() {
+                    xen.shared.clear_pending(p);
+                }
+                control_due = now.saturating_add(control.run().unwrap_or(MAX_SLEEP_NS));
+                rebuild_ports(&served, &mut ports, &Some(&mut **control));
+            }
+        }
+        if work {
+            counters.busy_loops.fetch_add(1, Ordering::Relaxed);
+            idle_since = None;
+            continue;
+        }
+        let since = *idle_since.get_or_insert(now);
+        if now.saturating_sub(since) < IDLE_SPELL_NS {
+            core::hint::spin_loop();
+            continue;
+        }
+        // Re-arm every ring (no short-circuit: each needs its final check).
+        let quiet = served
+            .iter_mut()
+            .fold(true, |quiet, q| q.engine.prepare_to_sleep() & quiet);
+        if !quiet || INBOX_PENDING[cpu].load(Ordering::Acquire) {
+            idle_since = None;
+            continue;
+        }
+        counters.sleeps.fetch_add(1, Ordering::Relaxed);
+        let deadline = if control.is_some() {
+            control_due
+        } else {
+            now + MAX_SLEEP_NS
+        };
+        // Returns when one of the ports is pending, at the deadline, or on an interrupt.
+        let _ = xen::evtchn::poll(&xen.hv, &ports, deadline.max(now + 1));
+        xen.shared.clear_pending(doorbell);
+        idle_since = None;
+    }
+}

@@ -1,0 +1,66 @@
+//! Guest-physical space for foreign mappings: a hole in our memory map (identity
+//! mapped, below 4 GiB), cut into one region per ring: 16 pages for the ring itself
+//! (order 4 at most, consecutive so the ring is one virtual range) followed by the
+//! pages its grants are mapped at. The region bounds how much of the frontend's memory
+//! one ring can pin (design.md, XSA-392).
+
+use blkdom_support::frames::PhysRange;
+
+pub const RING_PAGES: u32 = 16;
+/// Grants one ring may have mapped at once (128 MiB of the frontend's pages).
+pub const GRANT_PAGES_PER_RING: u32 = 32 * 1024;
+const REGION_BYTES: u64 = (RING_PAGES + GRANT_PAGES_PER_RING) as u64 * 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapRegion {
+    pub index: u32,
+    pub ring_base: u64,
+    pub grant_base: u64,
+    pub grant_pages: u32,
+}
+
+struct Space {
+    base: u64,
+    free: alloc::vec::Vec<u32>,
+}
+
+static SPACE: spin::Mutex<Option<Space>> = spin::Mutex::new(None);
+
+/// Takes `hole` (from the memory map) as the map space; returns how many rings fit.
+pub fn init(hole: PhysRange) -> u32 {
+    let regions = (hole.len() / REGION_BYTES) as u32;
+    *SPACE.lock() = Some(Space {
+        base: hole.start,
+        free: (0..regions).rev().collect(),
+    });
+    regions
+}
+
+fn region(base: u64, index: u32) -> MapRegion {
+    let ring_base = base + u64::from(index) * REGION_BYTES;
+    MapRegion {
+        index,
+        ring_base,
+        grant_base: ring_base + u64::from(RING_PAGES) * 4096,
+        grant_pages: GRANT_PAGES_PER_RING,
+    }
+}
+
+/// A free region, or `None` when every region is in use.
+pub fn alloc() -> Option<MapRegion> {
+    let mut space = SPACE.lock();
+    let space = space.as_mut()?;
+    let index = space.free.pop()?;
+    Some(region(space.base, index))
+}
+
+/// Returns a region whose pages are all unmapped again.
+pub fn free(region: MapRegion) {
+    if let Some(space) = SPACE.lock().as_mut() {
+        space.free.push(region.index);
+    }
+}
+
+pub fn available() -> usize {
+    SPACE.lock().as_ref().map_or(0, |s| s.free.len())
+}
