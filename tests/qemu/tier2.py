@@ -192,6 +192,13 @@ def test_virtio_disk_two_queues(suite):
                   ["-device", "virtio-blk-pci,drive=disk0,num-queues=2"], smp=2, expect_queues=2)
 
 
+def test_virtio_disk_direct_descriptors(suite):
+    # No indirect descriptors: each request part takes a run of the ring's descriptors.
+    run_disk_test(suite, "disk.virtio-blk-direct-descriptors", "virtio:0",
+                  ["-device", "virtio-blk-pci,drive=disk0,num-queues=2,indirect_desc=off,queue-size=1024"],
+                  smp=2, expect_queues=2, expect_in_log=["direct descriptors"])
+
+
 def test_virtio_disk_single_queue(suite):
     # A device offering one queue on a two-CPU machine: one queue is driven.
     run_disk_test(suite, "disk.virtio-blk-single-queue-device", "virtio:0",
@@ -247,7 +254,7 @@ def main():
                  test_runner_catches_failing_selftest, test_exception_is_reported,
                  test_panic_is_reported, test_runner_times_out_a_hang, test_four_cpus_start,
                  test_nvme_disk_two_queues, test_nvme_disk_prp_only, test_virtio_disk_two_queues,
-                 test_virtio_disk_single_queue, test_ram_disk,
+                 test_virtio_disk_direct_descriptors, test_virtio_disk_single_queue, test_ram_disk,
                  test_missing_or_failing_disk_fails_cleanly]:
         try:
             test(suite)

@@ -20,6 +20,8 @@ const STATUS_UNSUPPORTED: u8 = 2;
 
 /// Descriptors in one indirect table (one page): header, data, status.
 const TABLE_ENTRIES: usize = 256;
+/// Without indirect descriptors: the longest chain a slot owns in the ring's table.
+const DIRECT_CHAIN_MAX: u16 = 18;
 const TABLE_BYTES: u64 = TABLE_ENTRIES as u64 * DESC_LEN;
 /// Per slot: request header at 0, discard range at 16, status byte at 32.
 const HEADER_AREA: u64 = 64;
@@ -110,7 +112,51 @@ pub struct VirtioBlk<H: Hal> {
     common: Common<H>,
     regions: PciRegions,
     config: BlkConfig,
+    indirect: bool,
     next_queue: u16,
+}
+
+/// Where a slot's descriptor chain lives.
+#[derive(Clone, Copy, Debug)]
+enum Chains {
+    /// Slot i: ring descriptor i, pointing at indirect table i.
+    Indirect { tables: u64 },
+    /// Slot i: descriptors `i * per_slot ..` of the ring's own table.
+    Direct { desc: u64, per_slot: u16 },
+}
+
+impl Chains {
+    /// Address of the slot's first descriptor.
+    fn table(&self, slot: u16) -> u64 {
+        match *self {
+            Chains::Indirect { tables } => tables + u64::from(slot) * TABLE_BYTES,
+            Chains::Direct { desc, per_slot } => desc + u64::from(slot * per_slot) * DESC_LEN,
+        }
+    }
+
+    /// Index of the slot's first descriptor within its table (for `next` links).
+    fn first_index(&self, slot: u16) -> u16 {
+        match *self {
+            Chains::Indirect { .. } => 0,
+            Chains::Direct { per_slot, .. } => slot * per_slot,
+        }
+    }
+
+    fn post<H: Hal>(&self, ring: &mut SplitRing, hal: &H, slot: u16, entries: u16) {
+        match *self {
+            Chains::Indirect { .. } => ring.post_indirect(hal, slot, self.table(slot), entries),
+            Chains::Direct { per_slot, .. } => ring.post_chain(hal, slot * per_slot),
+        }
+    }
+
+    /// The slot whose chain starts at descriptor `id`.
+    fn slot_of(&self, id: u32) -> Option<u16> {
+        let id = u16::try_from(id).ok()?;
+        match *self {
+            Chains::Indirect { .. } => Some(id),
+            Chains::Direct { per_slot, .. } => id.is_multiple_of(per_slot).then(|| id / per_slot),
+        }
+    }
 }
 
 impl<H: Hal> VirtioBlk<H> {
@@ -140,9 +186,6 @@ impl<H: Hal> VirtioBlk<H> {
         if offered & feature::VERSION_1 == 0 {
             return fail(VirtioError::MissingFeature("VIRTIO_F_VERSION_1"));
         }
-        if offered & feature::RING_INDIRECT_DESC == 0 {
-            return fail(VirtioError::MissingFeature("indirect descriptors"));
-        }
         let understood = feature::VERSION_1
             | feature::RING_INDIRECT_DESC
             | feature::BLK_SIZE_MAX
@@ -169,12 +212,19 @@ impl<H: Hal> VirtioBlk<H> {
             common,
             regions,
             config,
+            indirect: features & feature::RING_INDIRECT_DESC != 0,
             next_queue: 0,
         })
     }
 
     pub fn config(&self) -> &BlkConfig {
         &self.config
+    }
+
+    /// Indirect descriptors were negotiated (otherwise each request part takes a run
+    /// of the ring's own descriptors, so bigger rings hold more).
+    pub fn indirect(&self) -> bool {
+        self.indirect
     }
 
     /// Sets up the next virtqueue with at most `size` entries (rounded down to a power
@@ -191,12 +241,29 @@ impl<H: Hal> VirtioBlk<H> {
             return Err(VirtioError::QueueUnavailable(index));
         }
         let wanted = size.clamp(2, max);
-        let size = 1 << (15 - wanted.leading_zeros());
+        let size: u16 = 1 << (15 - wanted.leading_zeros());
+        let seg_limit = self.config.seg_max.map_or(TABLE_ENTRIES - 2, |m| {
+            (m as usize).clamp(1, TABLE_ENTRIES - 2)
+        });
         let hal = &common.hal;
         let ring = SplitRing::new(hal, size).ok_or(VirtioError::OutOfDmaMemory)?;
-        let tables = hal
-            .allocate_dma(usize::from(size) * TABLE_BYTES as usize / 4096)
-            .ok_or(VirtioError::OutOfDmaMemory)?;
+        let (chains, slot_count, max_part_segments) = if self.indirect {
+            let tables = hal
+                .allocate_dma(usize::from(size) * TABLE_BYTES as usize / 4096)
+                .ok_or(VirtioError::OutOfDmaMemory)?;
+            (Chains::Indirect { tables }, size, seg_limit)
+        } else {
+            // Each slot owns a fixed run of the ring's descriptors: header, data, status.
+            let per_slot = (seg_limit as u16 + 2).min(DIRECT_CHAIN_MAX).min(size);
+            if per_slot < 3 {
+                return Err(VirtioError::QueueUnavailable(index));
+            }
+            let chains = Chains::Direct {
+                desc: ring.desc,
+                per_slot,
+            };
+            (chains, size / per_slot, usize::from(per_slot - 2))
+        };
         let headers = hal
             .allocate_dma((usize::from(size) * HEADER_AREA as usize).div_ceil(4096))
             .ok_or(VirtioError::OutOfDmaMemory)?;
@@ -209,9 +276,6 @@ impl<H: Hal> VirtioBlk<H> {
         common.write16(common::QUEUE_ENABLE, 1);
         self.next_queue += 1;
 
-        let seg_limit = self.config.seg_max.map_or(TABLE_ENTRIES - 2, |m| {
-            (m as usize).clamp(1, TABLE_ENTRIES - 2)
-        });
         let config = &self.config;
         Ok(BlkQueue {
             hal: hal.clone(),
@@ -220,10 +284,10 @@ impl<H: Hal> VirtioBlk<H> {
             notify: self.regions.notify
                 + u64::from(notify_off) * u64::from(self.regions.notify_multiplier),
             status_register: self.regions.common + common::DEVICE_STATUS,
-            slots: Tracker::new(size),
-            tables,
+            slots: Tracker::new(slot_count),
+            chains,
             headers,
-            max_part_segments: seg_limit,
+            max_part_segments,
             geometry: Geometry {
                 sectors: config.capacity,
                 logical_block_size: config.block_size,
@@ -261,9 +325,9 @@ pub struct BlkQueue<H: Hal> {
     ring: SplitRing,
     notify: u64,
     status_register: u64,
-    /// Slot i uses ring descriptor i, indirect table i and header area i.
+    /// Slot i uses chain i (see `Chains`) and header area i.
     slots: Tracker<Part>,
-    tables: u64,
+    chains: Chains,
     headers: u64,
     max_part_segments: usize,
     geometry: Geometry,
@@ -297,7 +361,7 @@ impl<H: Hal> BlkQueue<H> {
         self.headers + u64::from(slot) * HEADER_AREA
     }
 
-    /// Writes the header and the indirect table of `slot`.
+    /// Writes the header and the descriptor chain of `slot`.
     fn prepare(&mut self, slot: u16, kind: u32, sector: u64, body: Body<'_>) {
         let header = self.header_address(slot);
         let mut bytes = [0u8; 16];
@@ -307,7 +371,8 @@ impl<H: Hal> BlkQueue<H> {
         // A status other than OK until the device writes it.
         self.hal.write_dma(header + STATUS_OFFSET, &[0xff]);
 
-        let table = self.tables + u64::from(slot) * TABLE_BYTES;
+        let table = self.chains.table(slot);
+        let first = self.chains.first_index(slot);
         let mut chunk = [0u8; 32 * DESC_LEN as usize];
         let mut in_chunk = 0;
         let mut written = 0u16;
@@ -320,11 +385,11 @@ impl<H: Hal> BlkQueue<H> {
                 in_chunk = 0;
             }
         };
-        emit(descriptor(header, 16, DESC_F_NEXT, 1), &self.hal);
+        emit(descriptor(header, 16, DESC_F_NEXT, first + 1), &self.hal);
         match body {
             Body::None => {}
             Body::Range => emit(
-                descriptor(header + RANGE_OFFSET, 16, DESC_F_NEXT, 2),
+                descriptor(header + RANGE_OFFSET, 16, DESC_F_NEXT, first + 2),
                 &self.hal,
             ),
             Body::Data {
@@ -335,7 +400,7 @@ impl<H: Hal> BlkQueue<H> {
                 for (i, segment) in segments.iter().enumerate() {
                     let address = segment.buffer + u64::from(segment.offset);
                     emit(
-                        descriptor(address, segment.len, flags, i as u16 + 2),
+                        descriptor(address, segment.len, flags, first + i as u16 + 2),
                         &self.hal,
                     );
                 }
@@ -355,9 +420,8 @@ impl<H: Hal> BlkQueue<H> {
     }
 
     fn launch(&mut self, slot: u16) {
-        let table = self.tables + u64::from(slot) * TABLE_BYTES;
-        self.ring
-            .post(&self.hal, slot, table, self.slots.payload(slot).entries);
+        let entries = self.slots.payload(slot).entries;
+        self.chains.post(&mut self.ring, &self.hal, slot, entries);
         self.slots.launched(slot);
     }
 
@@ -522,7 +586,7 @@ impl<H: Hal> BlockDevice for BlkQueue<H> {
         let mut released = false;
         while let Some((id, _written)) = self.ring.next_used(&self.hal) {
             consumed = true;
-            let Ok(slot) = u16::try_from(id) else {
+            let Some(slot) = self.chains.slot_of(id) else {
                 log::error!("virtio: q{} used element names descriptor {id}", self.index);
                 continue;
             };
@@ -547,10 +611,9 @@ impl<H: Hal> BlockDevice for BlkQueue<H> {
                     IoStatus::Error
                 }
             };
-            let (ring, hal, tables) = (&mut self.ring, &self.hal, self.tables);
+            let (ring, hal, chains) = (&mut self.ring, &self.hal, self.chains);
             let finished = self.slots.finish(slot, outcome, &mut |slots, staged| {
-                let table = tables + u64::from(staged) * TABLE_BYTES;
-                ring.post(hal, staged, table, slots.payload(staged).entries);
+                chains.post(ring, hal, staged, slots.payload(staged).entries);
                 slots.launched(staged);
                 released = true;
             });

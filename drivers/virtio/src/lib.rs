@@ -2,11 +2,13 @@
 //!
 //! [`VirtioBlk`] resets the device, negotiates features and sets up one split
 //! virtqueue per [`BlkQueue`]; with `VIRTIO_BLK_F_MQ` there are as many as the device
-//! offers, so each CPU can own one. Every request part uses exactly one ring descriptor
-//! pointing at its own indirect table (header, one descriptor per segment, status), so
-//! a queue of N descriptors holds N parts whatever their segment counts. Requests with
-//! more segments than the device takes are split into parts; a write with pre-flush
-//! waits for its flush. Completions are polled from the used ring; interrupts stay off.
+//! offers, so each CPU can own one. With indirect descriptors every request part uses
+//! exactly one ring descriptor pointing at its own table (header, one descriptor per
+//! segment, status), so a queue of N descriptors holds N parts whatever their segment
+//! counts; without them each part owns a fixed run of at most 18 ring descriptors.
+//! Requests with more segments than a part takes are split into parts; a write with
+//! pre-flush waits for its flush. Completions are polled from the used ring; interrupts
+//! stay off.
 //!
 //! Device access goes through [`Hal`], so the host tests run against a device model.
 #![cfg_attr(not(test), no_std)]

@@ -272,14 +272,23 @@ impl Model {
             self.memory.u32_at(d + 8),
             self.memory.u16_at(d + 12),
         );
-        if flags != 4 || table_len % 16 != 0 || table_len == 0 {
-            self.violations
-                .push(format!("ring descriptor flags {flags} len {table_len}"));
-            return 0;
-        }
-        let entries = (table_len / 16) as u16;
+        // An indirect table, or a chain in the ring's own descriptor table.
+        let (table, entries, mut i) = if flags & 4 != 0 {
+            if self.accepted & feature::RING_INDIRECT_DESC == 0 || flags != 4 {
+                self.violations
+                    .push(format!("indirect descriptor flags {flags} not negotiated"));
+                return 0;
+            }
+            if table_len % 16 != 0 || table_len == 0 {
+                self.violations
+                    .push(format!("indirect table of {table_len} bytes"));
+                return 0;
+            }
+            (table, (table_len / 16) as u16, 0)
+        } else {
+            (queue.desc, queue.size, head)
+        };
         let mut chain = Vec::new();
-        let mut i = 0u16;
         loop {
             let e = table + 16 * u64::from(i);
             let (addr, len, f, next) = (
@@ -289,7 +298,8 @@ impl Model {
                 self.memory.u16_at(e + 14),
             );
             if f & 4 != 0 {
-                self.violations.push("nested indirect".into());
+                self.violations
+                    .push("indirect descriptor inside a chain".into());
                 return 0;
             }
             chain.push((addr, len, f & 2 != 0));
@@ -302,7 +312,7 @@ impl Model {
             }
             i = next;
         }
-        if chain.len() != usize::from(entries) {
+        if flags & 4 != 0 && chain.len() != usize::from(entries) {
             self.violations.push("table longer than its chain".into());
         }
         let (header, header_len, header_writable) = chain[0];

@@ -53,12 +53,17 @@ impl SplitRing {
 
     /// Puts descriptor `index`, naming the indirect `table` of `entries` descriptors,
     /// on the available ring (visible after `publish`).
-    pub fn post<H: Hal>(&mut self, hal: &H, index: u16, table: u64, entries: u16) {
+    pub fn post_indirect<H: Hal>(&mut self, hal: &H, index: u16, table: u64, entries: u16) {
         let len = u32::from(entries) * DESC_LEN as u32;
         hal.write_dma(
             self.desc + u64::from(index) * DESC_LEN,
             &descriptor(table, len, DESC_F_INDIRECT, 0),
         );
+        self.post_chain(hal, index);
+    }
+
+    /// Puts the chain starting at descriptor `index` on the available ring.
+    pub fn post_chain<H: Hal>(&mut self, hal: &H, index: u16) {
         let position = u64::from(self.avail_idx % self.size);
         hal.write_dma(self.avail + 4 + 2 * position, &index.to_le_bytes());
         self.avail_idx = self.avail_idx.wrapping_add(1);

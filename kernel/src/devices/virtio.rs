@@ -10,8 +10,10 @@ use alloc::vec::Vec;
 use pci::{Function, VirtioCap, VirtioCapKind};
 use virtio::{PciRegions, VirtioBlk};
 
-/// Virtqueue size per CPU.
+/// Virtqueue size per CPU: one descriptor per request part with indirect descriptors;
+/// without them up to 18 per part, so as many as the device allows.
 const QUEUE_SIZE: u16 = 128;
+const QUEUE_SIZE_DIRECT: u16 = 1024;
 
 pub fn open(
     pci: &PciConfig,
@@ -53,15 +55,18 @@ pub fn open(
     let count = wanted_queues.min(usize::from(config.num_queues)).max(1);
     let mut queues: Vec<Queue> = Vec::new();
     for _ in 0..count {
-        let queue = blk
-            .create_queue(QUEUE_SIZE)
-            .map_err(|e| fail("virtqueue", e))?;
+        let size = if blk.indirect() {
+            QUEUE_SIZE
+        } else {
+            QUEUE_SIZE_DIRECT
+        };
+        let queue = blk.create_queue(size).map_err(|e| fail("virtqueue", e))?;
         queues.push(Box::new(queue));
     }
     blk.start();
     Ok(OpenedDisk {
         description: format!(
-            "virtio-blk {} ({:04x}:{:04x}): {} sectors, block {} B, seg_max {:?}, {} of {} queue(s) of {}",
+            "virtio-blk {} ({:04x}:{:04x}): {} sectors, block {} B, seg_max {:?}, {} of {} queue(s) of {}, {} descriptors",
             function.address,
             function.vendor_id,
             function.device_id,
@@ -71,6 +76,7 @@ pub fn open(
             count,
             config.num_queues,
             queues[0].queue_depth(),
+            if blk.indirect() { "indirect" } else { "direct" },
         ),
         queues,
     })
