@@ -182,6 +182,8 @@ pub struct Namespace {
     pub block_size: u32,
     pub discard: bool,
     pub volatile_write_cache: bool,
+    /// Write protected (NSATTR bit 0): writes and discards are refused.
+    pub read_only: bool,
     /// Pages one command may carry (MDTS, and one PRP list page).
     pub max_pages_per_command: usize,
     /// Requests the PRP rules would split go out as one SGL command instead.
@@ -479,6 +481,7 @@ impl<H: Hal> Controller<H> {
             block_size: block_size as u32,
             discard: self.identity.dataset_management(),
             volatile_write_cache: self.identity.volatile_write_cache,
+            read_only: page[99] & 1 != 0,
             // PRP1 plus one full list page.
             max_pages_per_command: mdts_pages.min(MAX_PRP_LIST_ENTRIES + 1),
             sgl: self.identity.sgl_supported(),

@@ -41,6 +41,8 @@ pub struct Model {
     pub dsm: bool,
     /// Offer SGLs for I/O (byte aligned).
     pub sgl: bool,
+    /// Namespace 1 is write protected.
+    pub write_protected: bool,
     pub vwc: bool,
     pub namespace_count: u32,
     pub cap_to: u8,
@@ -77,6 +79,7 @@ impl Model {
             mdts: 5,
             dsm: true,
             sgl: false,
+            write_protected: false,
             vwc: true,
             namespace_count: 1,
             cap_to: 20,
@@ -284,6 +287,7 @@ impl Model {
                         page[0..8].copy_from_slice(&blocks.to_le_bytes());
                         page[8..16].copy_from_slice(&blocks.to_le_bytes());
                         page[26] = 1;
+                        page[99] = u8::from(self.write_protected);
                         // Format 0: 4 KiB with metadata (unused), format 1: ours.
                         page[128..132].copy_from_slice(&[8, 0, 12, 0]);
                         page[132..136].copy_from_slice(&[

@@ -159,7 +159,8 @@ impl<H: Hal> IoQueue<H> {
 
     fn submit_data(&mut self, request: &IoRequest<'_>) -> Result<(), SubmitError> {
         let data_bytes: u64 = request.segments.iter().map(|s| u64::from(s.len)).sum();
-        if data_bytes != request.nr_sectors * SECTOR_SIZE
+        if (request.op == IoOp::Write && self.namespace.read_only)
+            || data_bytes != request.nr_sectors * SECTOR_SIZE
             || !self.block_aligned(request.sector)
             || !range_fits(request.sector, request.nr_sectors, self.capacity_sectors())
         {
@@ -243,7 +244,8 @@ impl<H: Hal> IoQueue<H> {
     }
 
     fn submit_discard(&mut self, request: &IoRequest<'_>, secure: bool) -> Result<(), SubmitError> {
-        if !range_fits(request.sector, request.nr_sectors, self.capacity_sectors())
+        if self.namespace.read_only
+            || !range_fits(request.sector, request.nr_sectors, self.capacity_sectors())
             || !self.block_aligned(request.sector)
             || !self.block_aligned(request.nr_sectors)
         {
@@ -441,7 +443,7 @@ impl<H: Hal> BlockDevice for IoQueue<H> {
             sectors: self.capacity_sectors(),
             logical_block_size: block,
             physical_block_size: block.max(PAGE_SIZE as u32),
-            read_only: false,
+            read_only: self.namespace.read_only,
             flush: self.namespace.volatile_write_cache,
             discard: self.namespace.discard.then_some(DiscardGeometry {
                 granularity: block,

@@ -691,3 +691,31 @@ fn with_sgl_support_prp_breaks_become_one_sgl_command() {
         hal.with(|m| m.violations.clone())
     );
 }
+
+#[test]
+fn a_write_protected_namespace_refuses_writes_and_discards() {
+    let mut model = Model::new(1 << 20);
+    model.write_protected = true;
+    let (hal, mut queues) = bring_up(model, 1, 8);
+    let queue = &mut queues[0];
+    assert!(queue.geometry().read_only);
+    let segment = one_page(&hal);
+    assert_eq!(
+        queue.submit(&data_request(1, IoOp::Write, 0, &segment), &NoCpuAccess),
+        Err(SubmitError::Invalid)
+    );
+    let discard = IoRequest {
+        op: IoOp::Discard { secure: false },
+        segments: &[],
+        ..data_request(2, IoOp::Write, 0, &segment)
+    };
+    assert_eq!(
+        queue.submit(&discard, &NoCpuAccess),
+        Err(SubmitError::Invalid)
+    );
+    assert_eq!(
+        complete_one(queue, &data_request(3, IoOp::Read, 0, &segment)),
+        IoStatus::Ok
+    );
+    assert_eq!(hal.with(|m| m.executed.len()), 1);
+}
