@@ -177,7 +177,8 @@ def test_nvme_disk_two_queues(suite):
     # QEMU's controller takes SGLs: requests the PRP rules would split go out as SGLs.
     run_disk_test(suite, "disk.nvme-two-queues-verified-on-host", "nvme:1",
                   ["-device", "nvme,drive=disk0,serial=blkdom-nvme"], smp=2, expect_queues=2,
-                  expect_in_log=["data by PRP and SGL"])
+                  expect_in_log=["data by PRP and SGL",
+                                 "the second open reads queue 0's last write back intact"])
 
 
 def test_nvme_disk_prp_only(suite):
@@ -189,7 +190,8 @@ def test_nvme_disk_prp_only(suite):
 
 def test_virtio_disk_two_queues(suite):
     run_disk_test(suite, "disk.virtio-blk-two-queues-verified-on-host", "virtio:0",
-                  ["-device", "virtio-blk-pci,drive=disk0,num-queues=2"], smp=2, expect_queues=2)
+                  ["-device", "virtio-blk-pci,drive=disk0,num-queues=2"], smp=2, expect_queues=2,
+                  expect_in_log=["a second open is refused: virtio-blk 00:03.0 is already in use"])
 
 
 def test_virtio_disk_direct_descriptors(suite):

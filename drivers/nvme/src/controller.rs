@@ -501,6 +501,11 @@ impl<H: Hal> Controller<H> {
         Ok(self.io_queues_granted)
     }
 
+    /// I/O queue pairs granted and not yet created.
+    pub fn io_queues_left(&self) -> u16 {
+        (self.io_queues_granted + 1).saturating_sub(self.next_qid)
+    }
+
     /// Creates the next I/O queue pair (`entries` deep, clamped to what the controller
     /// takes) for `namespace`.
     pub fn create_io_queue(

@@ -102,7 +102,9 @@ fn bring_up_identifies_controller_and_namespace() {
     assert_eq!(ns.max_pages_per_command, 32);
     assert_eq!(controller.namespace(2), Err(NvmeError::NoSuchNamespace(2)));
     assert_eq!(controller.request_io_queues(16).unwrap(), 8);
+    assert_eq!(controller.io_queues_left(), 8);
     let queue = controller.create_io_queue(&ns, 1000).unwrap();
+    assert_eq!(controller.io_queues_left(), 7);
     assert_eq!(queue.queue_depth(), 63, "clamped to MQES + 1 entries");
     let g = queue.geometry();
     assert_eq!(g.sectors, (8 << 20) / 512);

@@ -16,6 +16,7 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 use backing::pattern::{self, Plan};
+use backing::Backing;
 use blkdev::{BufferAccess, DmaSegment, Geometry, IoOp, IoRequest, IoStatus, SubmitError};
 use blkdom_support::cmdline::Cmdline;
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -141,6 +142,34 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
         params.seed, params.writes
     );
 
+    // A second open of the same device must not disturb the first: NVMe hands out more
+    // queues of the controller already up (its last-write check below runs through
+    // one), a virtio device is refused as in use.
+    let mut second = match backing {
+        Backing::Nvme { .. } => {
+            let again = open::open(backing, rsdp_paddr, 1, options)
+                .map_err(|why| format!("second open: {why}"))?;
+            info!(
+                "disktest: a second open got {} more queue(s)",
+                again.queues.len()
+            );
+            again.queues.into_iter().next()
+        }
+        Backing::Virtio { .. } => match open::open(backing, rsdp_paddr, 1, options) {
+            Ok(_) => {
+                return Err(String::from(
+                    "a second open of the virtio device was not refused",
+                ))
+            }
+            Err(why) => {
+                info!("disktest: a second open is refused: {why}");
+                None
+            }
+        },
+        // A second RAM disk would be another disk.
+        Backing::Ram { .. } => None,
+    };
+
     let jobs = JOBS.call_once(|| {
         disk.queues
             .into_iter()
@@ -195,11 +224,54 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
     if !failures.is_empty() {
         return Err(failures.join("; "));
     }
+    if let Some(queue) = second.as_mut() {
+        check_last_write(queue, params, region_sectors)?;
+    }
     let iops = total.random_reads * 1_000_000 / total.random_us.max(1);
     let mb_per_s = total.sequential_bytes as f64 / total.sequential_us.max(1) as f64;
     info!(
         "disktest: throughput ({queues} queue(s) at once): random 4 KiB reads {iops} IOPS, sequential 256 KiB reads {mb_per_s:.1} MB/s"
     );
+    Ok(())
+}
+
+/// Reads queue 0's last write (nothing overwrites it) through `queue` and checks it.
+fn check_last_write(queue: &mut Queue, params: Params, region_sectors: u64) -> Result<(), String> {
+    let Some(last) = Plan::new(
+        params.seed,
+        0,
+        0,
+        region_sectors,
+        params.writes,
+        MAX_WRITE_SECTORS,
+    )
+    .last() else {
+        return Ok(());
+    };
+    let bytes = u64::from(last.sectors) * 512;
+    let mut buffer = Buffer::new(BUFFER_PAGES)?;
+    let segments = buffer.layout(0, bytes);
+    complete(
+        queue,
+        &IoRequest {
+            tag: 1,
+            op: IoOp::Read,
+            sector: last.sector,
+            nr_sectors: u64::from(last.sectors),
+            preflush: false,
+            segments,
+        },
+    )?;
+    let mut data = alloc::vec![0u8; bytes as usize];
+    Buffer::gather(&buffer.segments, &mut data);
+    if let Some(at) = pattern::first_mismatch(params.seed, 0, last.index, last.sector * 512, &data)
+    {
+        return Err(format!(
+            "the second open reads write {} wrong at byte {at}",
+            last.index
+        ));
+    }
+    info!("disktest: the second open reads queue 0's last write back intact");
     Ok(())
 }
 

@@ -7,7 +7,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use backing::Backing;
 use blkdev::BlockDevice;
-use pci::{Bar, Function};
+use pci::{Bar, Function, PciAddress};
 
 pub type Queue = Box<dyn BlockDevice + Send>;
 
@@ -58,7 +58,13 @@ pub fn open(
             let pci = PciConfig::find(rsdp_paddr);
             let function = find(&pci, Function::is_virtio_blk, index as usize)
                 .ok_or_else(|| format!("no virtio-blk device number {index} on the PCI bus"))?;
-            super::virtio::open(&pci, function, wanted_queues)
+            let mut in_use = VIRTIO_IN_USE.lock();
+            if in_use.contains(&function.address) {
+                return Err(format!("virtio-blk {} is already in use", function.address));
+            }
+            let disk = super::virtio::open(&pci, function, wanted_queues)?;
+            in_use.push(function.address);
+            Ok(disk)
         }
     }
 }
@@ -124,14 +130,20 @@ pub fn map_memory_bar(
         .map_err(|e| format!("{}: mapping BAR {index}: {e:?}", function.address))
 }
 
-fn open_nvme(
+/// Controllers brought up so far: a controller is reset once, then every disk on it
+/// (each namespace, each open) takes I/O queues from the pool it granted.
+static NVME_CONTROLLERS: spin::Mutex<Vec<(PciAddress, nvme::Controller<DeviceHal>)>> =
+    spin::Mutex::new(Vec::new());
+/// Virtio devices in use: one disk each (opening one again would reset it).
+static VIRTIO_IN_USE: spin::Mutex<Vec<PciAddress>> = spin::Mutex::new(Vec::new());
+/// I/O queue pairs asked of each NVMe controller: room for several disks per CPU.
+const NVME_QUEUES_PER_CPU: usize = 4;
+
+fn bring_up_nvme(
     pci: &PciConfig,
-    function: Function,
-    nsid: u32,
-    wanted_queues: usize,
-    options: OpenOptions,
-) -> Result<OpenedDisk, String> {
-    let (_, size) = memory_bar(pci, &function, 0)?;
+    function: &Function,
+) -> Result<nvme::Controller<DeviceHal>, String> {
+    let (_, size) = memory_bar(pci, function, 0)?;
     if size < 0x2000 {
         return Err(format!(
             "{}: BAR 0 of {size} bytes is too small",
@@ -139,29 +151,58 @@ fn open_nvme(
         ));
     }
     // Registers and doorbells: 64 KiB holds the doorbells of 8192 queues at the
-    // smallest stride, far more than one per CPU.
+    // smallest stride, far more than we ask for.
     let window = size.min(NVME_REGISTER_WINDOW);
-    let registers = map_memory_bar(pci, &function, 0, 0, window)?;
+    let registers = map_memory_bar(pci, function, 0, 0, window)?;
     pci::enable_memory_and_dma(pci.access(), function.address);
-    let hal = DeviceHal { registers };
     let fail = |what: &str, e: nvme::NvmeError| format!("nvme {}: {what}: {e}", function.address);
-    let mut controller = nvme::Controller::init(hal, nvme::InitConfig::default())
-        .map_err(|e| fail("bring-up", e))?;
+    let mut controller =
+        nvme::Controller::init(DeviceHal { registers }, nvme::InitConfig::default())
+            .map_err(|e| fail("bring-up", e))?;
+    let wanted = (crate::smp::online_count() * NVME_QUEUES_PER_CPU).min(usize::from(u16::MAX - 1));
+    controller
+        .request_io_queues(wanted as u16)
+        .map_err(|e| fail("number of queues", e))?;
+    Ok(controller)
+}
+
+fn open_nvme(
+    pci: &PciConfig,
+    function: Function,
+    nsid: u32,
+    wanted_queues: usize,
+    options: OpenOptions,
+) -> Result<OpenedDisk, String> {
+    let mut controllers = NVME_CONTROLLERS.lock();
+    let index = match controllers.iter().position(|(a, _)| *a == function.address) {
+        Some(index) => index,
+        None => {
+            let controller = bring_up_nvme(pci, &function)?;
+            controllers.push((function.address, controller));
+            controllers.len() - 1
+        }
+    };
+    let controller = &mut controllers[index].1;
+    let fail = |what: &str, e: nvme::NvmeError| format!("nvme {}: {what}: {e}", function.address);
     let mut namespace = controller
         .namespace(nsid)
         .map_err(|e| fail("namespace", e))?;
     namespace.sgl &= !options.nvme_prp_only;
-    let wanted = u16::try_from(wanted_queues).unwrap_or(u16::MAX);
-    let granted = controller
-        .request_io_queues(wanted)
-        .map_err(|e| fail("number of queues", e))?;
+    let count = wanted_queues.min(usize::from(controller.io_queues_left()));
+    if count == 0 {
+        return Err(format!(
+            "nvme {}: every I/O queue the controller granted is in use",
+            function.address
+        ));
+    }
     let mut queues: Vec<Queue> = Vec::new();
-    for _ in 0..granted {
+    for _ in 0..count {
         let queue = controller
             .create_io_queue(&namespace, NVME_QUEUE_ENTRIES)
             .map_err(|e| fail("I/O queue", e))?;
         queues.push(Box::new(queue));
     }
+    let granted = count;
     let identity = controller.identity();
     let version = controller.version();
     Ok(OpenedDisk {
