@@ -48,6 +48,8 @@ pvh_start32:
     shr ecx, 2
     xor eax, eax
     rep stosd
+    /* A PVH loader leaves %esp undefined (Xen: 0); the far return below pushes. */
+    mov esp, offset boot_stack_top
 
     /* PML4[0] -> PDPT; PDPT[0..4] -> four page directories; each PD maps 1 GiB in
        2 MiB pages (present, writable, page-size). Together: 0..4 GiB identity. */
