@@ -192,7 +192,7 @@ wait_blkdom_up() {
   local name=$1 limit=$2 start id
   start=$(now)
   id=$(domid_of "$name") || {
-    fail "blkdom domain $name still exists right after xl create (crashed at once?)"
+    fail "blkdom domain $name alive right after xl create (it crashed at once)"
     xl dmesg | grep -E "d[0-9]+v[0-9]+ (Triple fault|.*crash)|\(d[0-9]+\)" | tail -n 20 |
       sed 's/^/rig: xen: /'
     dump_state "blkdom-gone"
@@ -235,4 +235,4 @@ boot_blkdom() {
 }
 
 # The fio jobs of the full comparison (see tools/rig/initramfs/guest-init).
-FULL_JOBS=randread-qd32-1j,randread-qd32-2j,randread-qd1,seqread-1m,write-verify
+FULL_JOBS=prefill,randread-qd32-1j,randread-qd32-2j,randread-qd1,seqread-1m,write-verify

@@ -205,5 +205,7 @@ mkdir -p "$out"
 mv "$work"/{xen,vmlinuz,dom0.cpio.zst,guest.cpio.zst} "$out/"
 mv "$work/versions.txt" "$out/versions.txt"   # last: its presence marks a complete build
 rm -rf "$work"
+# Older builds are dead weight (~10 MB each); only one rig runs at a time.
+find "$RIG_CACHE" -maxdepth 1 -name 'images-*' ! -name "images-$key" -exec rm -rf {} +
 rig_log "images built in $(( $(date +%s) - start )) s: $(du -sh "$out"/*.zst | tr '\n\t' '  ')"
 echo "$out"

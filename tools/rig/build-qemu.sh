@@ -49,4 +49,6 @@ cp "$tree/build/qemu-system-x86_64" "$bin.tmp"
 mv "$bin.tmp" "$bin"
 rig_log "qemu built in $(( $(date +%s) - start )) s: $bin"
 rm -rf "$work"
+find "$RIG_CACHE" -maxdepth 1 -name 'qemu-*' -type d ! -name "$(basename "$out_dir")" ! -name qemu-src \
+  -exec rm -rf {} +
 echo "$bin"

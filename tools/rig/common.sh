@@ -34,8 +34,12 @@ rig_hash() {
   done | sha256sum | cut -c1-16
 }
 
+# The QEMU build takes minutes, so its key is what shapes the binary: the patches, the
+# source version and the configure flags. Bump QEMU_BUILD_REV when build-qemu.sh changes
+# in a way that matters for the binary.
+QEMU_BUILD_REV=1
 rig_qemu_key() {
-  rig_hash "$RIG_DIR"/qemu-*.patch "$RIG_DIR/build-qemu.sh" "$QEMU_SRC_VERSION" "${QEMU_CONFIGURE[*]}"
+  rig_hash "$RIG_DIR"/qemu-*.patch "$QEMU_SRC_VERSION" "${QEMU_CONFIGURE[*]}" "rev $QEMU_BUILD_REV"
 }
 rig_qemu_bin() { printf '%s/qemu-%s/qemu-system-x86_64\n' "$RIG_CACHE" "$(rig_qemu_key)"; }
 

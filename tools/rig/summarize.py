@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 BACKENDS = {"fio-dom0": "linux-dom0", "fio-blkdom": "blkdom"}
-JOB_ORDER = ["randread-qd32-1j", "randread-qd32-2j", "randread-qd1", "seqread-1m",
+JOB_ORDER = ["prefill", "randread-qd32-1j", "randread-qd32-2j", "randread-qd1", "seqread-1m",
              "write-verify", "write-verify-quick"]
 
 
