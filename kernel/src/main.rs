@@ -166,12 +166,13 @@ fn grant_map_hole(info: &bootinfo::BootInfo) -> Option<blkdom_support::frames::P
         .iter()
         .map(|e| PhysRange::new(e.addr, e.addr.saturating_add(e.size)))
         .collect();
-    let low = used
+    let ram_end = info
+        .memmap()
         .iter()
-        .filter(|r| r.start < (1 << 32))
-        .map(|r| r.end)
-        .fold(1 << 30, u64::max)
-        .min(1 << 32);
+        .filter(|e| e.kind == boot::start_info::memmap_type::RAM && e.addr < (1 << 32))
+        .map(|e| e.addr.saturating_add(e.size))
+        .fold(0, u64::max);
+    let low = ram_end.max(1 << 30);
     // Stay clear of the 0xF0000000+ area where Xen and firmware put special pages.
     largest_hole(&used, low, 0xf000_0000, 2 << 20)
 }
