@@ -61,7 +61,10 @@ create_domain() {
     timing "xl-create-$name" "$(seconds_since "$start")"
     pass "xl create $name"
   else
-    fail "xl create $name ($(tail -n 3 "$RESULTS/xl-create-$name.log" | tr '\n' ' '))"
+    fail "xl create $name ($(grep -m 2 error "$RESULTS/xl-create-$name.log" | tr '\n' ' '))"
+    if grep -q "unable to add device with path /local/domain/[1-9]" "$RESULTS/xl-create-$name.log"; then
+      echo "rig: the driver domain never took the disk to InitWait (state 2): its blkif backend is missing or failed"
+    fi
     dump_state "create-$name"
     return 1
   fi

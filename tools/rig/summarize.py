@@ -2,7 +2,9 @@
 """Summarises a nested-Xen rig run: a table of fio results per backend and job, plus the
 timings and negotiated blkif keys the scenario recorded.
 
-    python3 tools/rig/summarize.py results/xen/<scenario>
+    python3 tools/rig/summarize.py results/xen/<scenario> [BACKEND...]
+
+BACKENDs (linux-dom0, blkdom) get a row per job even when they produced no result.
 
 Reads fio-<guest>-<job>.json (fio --output-format=json), cpu-<guest>-<job>.txt (backend
 domain CPU seconds over the job), timings.txt, host-timings.txt and
@@ -65,8 +67,8 @@ def load_rows(results: Path) -> dict:
     return rows
 
 
-def print_table(rows: dict) -> None:
-    backends = sorted({backend for _, backend in rows},
+def print_table(rows: dict, wanted: list) -> None:
+    backends = sorted({backend for _, backend in rows} | set(wanted),
                       key=lambda b: list(BACKENDS.values()).index(b)
                       if b in BACKENDS.values() else 99)
     jobs = sorted({job for job, _ in rows},
@@ -91,13 +93,13 @@ def print_table(rows: dict) -> None:
 
 
 def main() -> int:
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2:
         print(__doc__)
         return 2
     results = Path(sys.argv[1])
     rows = load_rows(results)
     if rows:
-        print_table(rows)
+        print_table(rows, sys.argv[2:])
     else:
         print("no fio results")
     for name in ("host-timings.txt", "timings.txt"):
