@@ -33,7 +33,9 @@ use crate::platform;
 
 const VBD_WATCH_TOKEN: &str = "vbd";
 /// How often the control path publishes statistics to xenstore.
-const STATS_PERIOD_NS: u64 = 2_000_000_000;
+const STATS_PERIOD_NS: u64 = 5_000_000_000;
+/// The node statistics go to, under each backend path (its own writes are not news).
+const STATS_NODE: &str = "blkdom-stats";
 /// How soon a negotiation that waits for in-flight requests is retried.
 const RETRY_NS: u64 = 5_000_000;
 
@@ -110,7 +112,7 @@ impl VbdHooks {
                 ));
             }
         };
-        let cpu = q % cpus;
+        let cpu = serving_cpu(q, cpus);
         xen.shared.mask(port);
         if let Err(e) = xen::evtchn::bind_vcpu(&xen.hv, port, cpu as u32) {
             log::warn!(
@@ -189,6 +191,13 @@ impl ConnectionHooks for VbdHooks {
     }
 }
 
+/// The vCPU that serves queue `q`: queue q on vCPU (q + 1) mod n, so that with fewer
+/// queues than vCPUs the rings avoid vCPU 0, which also runs the control path
+/// (xenstore round trips take milliseconds under nested emulation).
+fn serving_cpu(q: usize, cpus: usize) -> usize {
+    (q + 1) % cpus
+}
+
 /// The control path: discovery, negotiation, statistics.
 pub struct Control {
     domid: u32,
@@ -197,6 +206,9 @@ pub struct Control {
     failed: BTreeMap<String, String>,
     store_port: Option<EvtchnPort>,
     next_stats: u64,
+    /// A negotiation waits for in-flight requests: step again soon.
+    pending_retry: bool,
+    first_round: bool,
 }
 
 fn backend_params(geometry: blkdev::Geometry) -> BackendParams {
@@ -222,6 +234,8 @@ impl Control {
             failed: BTreeMap::new(),
             store_port,
             next_stats: 0,
+            pending_retry: false,
+            first_round: true,
         })
     }
 
@@ -381,7 +395,7 @@ impl Control {
                 total.unmap_batches,
                 vbd.hooks.leaked_pages
             );
-            let _ = store.write(NO_TRANSACTION, &format!("{path}/blkdom-stats"), &line);
+            let _ = store.write(NO_TRANSACTION, &format!("{path}/{STATS_NODE}"), &line);
         }
         let pollers: Vec<String> = (0..crate::smp::online_count())
             .map(|cpu| {
@@ -410,10 +424,18 @@ impl poller::ControlWork for Control {
 
     fn run(&mut self) -> Option<u64> {
         let result = platform::store::with(|xs| {
-            // Drain what arrived (the client queued events while waiting for replies too).
-            while let Ok(Some(_event)) = xs.take_watch_event() {}
+            // Drain what arrived (the client queued events while waiting for replies too);
+            // only events about something other than our own statistics need a round.
+            let mut news = self.pending_retry || self.first_round;
+            while let Ok(Some(event)) = xs.take_watch_event() {
+                news |= !event.path.ends_with(STATS_NODE);
+            }
+            self.first_round = false;
             let mut store = Store(xs);
-            let retry = self.reconcile(&mut store);
+            if news {
+                self.pending_retry = self.reconcile(&mut store);
+            }
+            let retry = self.pending_retry;
             let now = platform::get().map_or(0, |p| p.now_ns());
             if now >= self.next_stats {
                 self.publish_stats(&mut store);
