@@ -15,7 +15,8 @@ checks_failed=0
 # Ring order stays at 2 (128 slots per queue, enough for QD32 x 2 jobs): with persistent
 # grants blkfront preallocates a page per possible segment, slots x (segments + indirect
 # pages) per queue, which at order 4 and 256 segments is 514 MiB per queue (the guest
-# OOMs). Order 2: 2 queues x 128 x 257 pages = 257 MiB of the guest's 768 MiB.
+# OOMs). Order 2: 128 x 257 pages = 129 MiB per queue; the guest has 768 MiB, and one
+# queue per vCPU (max_queues is capped by the guest's vCPUs).
 BLKFRONT_ARGS="xen_blkfront.max_queues=4 xen_blkfront.max_ring_page_order=2 xen_blkfront.max_indirect_segments=256"
 # PV guests' command line: quiet kernel, so fio's JSON on the console stays intact.
 GUEST_ARGS="console=hvc0 loglevel=${GUEST_LOGLEVEL:-3} $BLKFRONT_ARGS"

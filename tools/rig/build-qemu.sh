@@ -22,8 +22,10 @@ if [ ! -f "$tarball" ]; then
   rig_log "downloading the qemu $QEMU_SRC_VERSION source package (needs a bookworm-backports deb-src line)"
   # The mirror may lack the .dsc/.debian.tar.xz of this backport; the patches we need are
   # our own, so the upstream (orig) tarball is enough. apt verifies its checksum.
-  (cd "$src_dir" && apt-get source -q --download-only "qemu=$QEMU_SRC_VERSION") >&2 ||
-    [ -f "$tarball" ] || rig_die "apt-get source qemu=$QEMU_SRC_VERSION failed (run tools/install-deps.sh --xen)"
+  (cd "$src_dir" && apt-get source -q --download-only "qemu=$QEMU_SRC_VERSION") \
+    > "$src_dir/download.log" 2>&1 || [ -f "$tarball" ] ||
+    { cat "$src_dir/download.log" >&2
+      rig_die "apt-get source qemu=$QEMU_SRC_VERSION failed (run tools/install-deps.sh --xen)"; }
 fi
 
 work=$RIG_CACHE/qemu-build.tmp
