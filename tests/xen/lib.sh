@@ -102,15 +102,16 @@ record_negotiation() {
     sed 's/^/rig: negotiated /'
 }
 
-# watch_domain NAME SECONDS PID FILE: kills PID when domain NAME is gone or SECONDS have
-# passed, writing the reason to FILE. Checks every 10 s: each xl call costs dom0 (the
-# baseline's backend) real CPU under TCG.
+# watch_domain NAME SECONDS PID FILE: kills PID when domain NAME is gone (two checks in a
+# row) or SECONDS have passed, writing the reason to FILE. Checks every 10 s: each xl call
+# costs dom0 (the baseline's backend) real CPU under TCG.
 watch_domain() {
-  local name=$1 limit=$2 pid=$3 reason=$4 waited=0
+  local name=$1 limit=$2 pid=$3 reason=$4 waited=0 missing=0
   while [ "$waited" -lt "$limit" ]; do
     sleep 10
     waited=$((waited + 10))
-    domid_of "$name" > /dev/null || { echo "powered off before finishing" > "$reason"; break; }
+    if domid_of "$name" > /dev/null; then missing=0; else missing=$((missing + 1)); fi
+    [ "$missing" -ge 2 ] && { echo "powered off before finishing" > "$reason"; break; }
   done
   [ -s "$reason" ] || echo "did not finish within ${limit}s" > "$reason"
   sleep 2   # the console log may still hold the last lines

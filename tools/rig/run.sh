@@ -34,15 +34,15 @@ if [ "${#scenarios[@]}" -gt 1 ]; then
   exit
 fi
 scenario=${scenarios[0]:-}
-# -smp: 1 (dom0 + PV guests on pCPU0/1) + one pCPU per PVH vCPU alive at once; a PVH vCPU
-# sharing a pCPU under QEMU's emulated SVM loses state (README.md). Timeouts are the
-# scenario's budget inside dom0; QEMU as a whole gets 120 s more for boot and write-back.
+# -smp: one pCPU per vCPU alive at once (dom0, blkdom's two, the fio guest's one): a vCPU
+# sharing a pCPU under QEMU TCG loses state (README.md). Timeouts are the scenario's
+# budget inside dom0; QEMU as a whole gets 120 s more for boot and write-back.
 case $scenario in
-  baseline)     smp=2; budget=$((240 + 5 * (runtime + 40))) ;;
+  baseline)     smp=2; budget=$((240 + 6 * (runtime + 40))) ;;
   blkdom-boot)  smp=3; budget=180 ;;
-  blkdom-serve) smp=3; budget=$((300 + 5 * (runtime + 40))) ;;
+  blkdom-serve) smp=4; budget=$((300 + 6 * (runtime + 40))) ;;
   smoke)        smp=3; budget=360 ;;
-  demo)         smp=3; budget=$((420 + 10 * (runtime + 40))) ;;
+  demo)         smp=4; budget=$((420 + 12 * (runtime + 40))) ;;
   *) rig_die "usage: $0 baseline|blkdom-boot|blkdom-serve|smoke|demo [--runtime SECONDS]" ;;
 esac
 qemu_timeout=$((budget + 120))
