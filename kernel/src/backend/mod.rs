@@ -427,8 +427,13 @@ impl poller::ControlWork for Control {
             // Drain what arrived (the client queued events while waiting for replies too);
             // only events about something other than our own statistics need a round.
             let mut news = self.pending_retry || self.first_round;
+            let mut control_request = false;
             while let Ok(Some(event)) = xs.take_watch_event() {
+                control_request |= event.token == platform::control::SHUTDOWN_TOKEN;
                 news |= !event.path.ends_with(STATS_NODE);
+            }
+            if control_request {
+                return None;
             }
             self.first_round = false;
             let mut store = Store(xs);
@@ -441,8 +446,16 @@ impl poller::ControlWork for Control {
                 self.publish_stats(&mut store);
                 self.next_stats = now + STATS_PERIOD_NS;
             }
-            retry
-        });
+            Some(retry)
+        })
+        .flatten();
+        if result.is_none() {
+            // A control request arrived (or xenstore is gone): look at it outside the lock.
+            if let Some(reason) = platform::control::take_request() {
+                platform::control::obey(reason);
+            }
+            return Some(RETRY_NS);
+        }
         Some(if result == Some(true) {
             RETRY_NS
         } else {
@@ -466,6 +479,7 @@ pub fn serve(hole: blkdom_support::frames::PhysRange) -> ! {
             log::error!("blkback: vCPU {cpu} did not take its poller");
         }
     }
+    platform::control::listen();
     let mut control = Control::new();
     if control.is_none() {
         log::error!("blkback: no xenstore control path: serving nothing");

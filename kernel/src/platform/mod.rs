@@ -4,6 +4,7 @@
 //! `vcpu_info`, the IDT vector for upcalls, per-CPU state, the console sink.
 
 pub mod console;
+pub mod control;
 pub mod events;
 pub mod store;
 pub mod vcpus;

@@ -1,0 +1,52 @@
+//! The toolstack's control requests: `xl shutdown`/`xl reboot` write
+//! `control/shutdown`; we advertise that we listen (`control/feature-*`, without which
+//! xl refuses to ask) and act on the request.
+
+use xen::platform::ShutdownReason;
+use xen::xenstore::Transaction;
+
+pub const SHUTDOWN_NODE: &str = "control/shutdown";
+pub const SHUTDOWN_TOKEN: &str = "control-shutdown";
+
+/// Tells the toolstack we handle power-off and reboot requests, and watches for them.
+pub fn listen() {
+    let done = super::store::with(|xs| {
+        xs.write(Transaction::NONE, "control/feature-poweroff", b"1")?;
+        xs.write(Transaction::NONE, "control/feature-reboot", b"1")?;
+        xs.watch(SHUTDOWN_NODE, SHUTDOWN_TOKEN)
+    });
+    match done {
+        Some(Ok(())) => log::info!("xen: listening for xl shutdown/reboot on {SHUTDOWN_NODE}"),
+        Some(Err(e)) => log::warn!("xen: cannot listen on {SHUTDOWN_NODE}: {e:?}"),
+        None => {}
+    }
+}
+
+/// The request waiting in `control/shutdown`, acknowledged (emptied) as Linux does.
+pub fn take_request() -> Option<ShutdownReason> {
+    let request = super::store::with(|xs| {
+        let value = xs.read_string(Transaction::NONE, SHUTDOWN_NODE).ok()?;
+        let reason = match value.trim() {
+            "" => return None,
+            "poweroff" | "halt" => ShutdownReason::Poweroff,
+            "reboot" => ShutdownReason::Reboot,
+            other => {
+                log::warn!(
+                    "xen: control/shutdown = {other:?} not supported (poweroff, halt, reboot)"
+                );
+                return None;
+            }
+        };
+        let _ = xs.write(Transaction::NONE, SHUTDOWN_NODE, b"");
+        Some(reason)
+    })?;
+    request
+}
+
+/// Acts on a request: the log is flushed, then Xen is told why we stop.
+pub fn obey(reason: ShutdownReason) -> ! {
+    log::info!("xen: toolstack asked for {reason:?}; stopping");
+    log::logger().flush();
+    super::shutdown(reason);
+    crate::arch::cpu::halt_forever()
+}
