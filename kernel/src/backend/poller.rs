@@ -30,10 +30,13 @@ const POLL_BUDGET: usize = 64;
 /// How long a poller keeps spinning after its last work before it sleeps adapts to the
 /// gaps it sees between bursts of work: twice their running average, within these
 /// bounds. A wake-up from `SCHEDOP_poll` costs milliseconds under nested emulation
-/// (measured: one request per wake-up and ~90 IOPS at QD32 with a fixed 50 µs spell),
-/// while an idle poller must still go to sleep quickly.
+/// (measured at QD32: ~90 IOPS with a fixed 50 µs spell, ~250 with 1 ms), but a spin
+/// also costs the pCPU it runs on, which nested emulation shares with the guest
+/// (measured: spells growing to 5 ms took blkdom to >100% CPU and the guest down to
+/// ~40 IOPS). So the spell stays at most 1 ms and only work found while spinning
+/// lengthens it.
 const MIN_SPELL_NS: u64 = 50_000;
-const MAX_SPELL_NS: u64 = 5_000_000;
+const MAX_SPELL_NS: u64 = 1_000_000;
 /// The longest sleep; control work (vCPU 0) may ask for a shorter one.
 const MAX_SLEEP_NS: u64 = 1_000_000_000;
 /// How often a busy poller publishes its rings' counters.
@@ -175,6 +178,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
     // Running average (1/8 weight) of the gap from the end of one burst of work to the
     // next work found while spinning.
     let mut average_gap_ns = MIN_SPELL_NS;
+    let mut woke_for_work = false;
     log::info!("poller: vCPU {cpu} serving (doorbell port {doorbell})");
     loop {
         let loops = counters.loops.fetch_add(1, Ordering::Relaxed) + 1;
@@ -230,7 +234,11 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
             if let Some(since) = idle_since.take() {
                 let gap = now.saturating_sub(since).min(MAX_SPELL_NS);
                 average_gap_ns = (average_gap_ns * 7 + gap) / 8;
+            } else if woke_for_work {
+                // Work right after a sleep: a longer spell might have caught it.
+                average_gap_ns = (average_gap_ns * 7 + MAX_SPELL_NS) / 8;
             }
+            woke_for_work = false;
             continue;
         }
         let since = *idle_since.get_or_insert(now);
@@ -247,6 +255,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
             idle_since = None;
             continue;
         }
+        woke_for_work = false;
         counters.sleeps.fetch_add(1, Ordering::Relaxed);
         let deadline = if control.is_some() {
             control_due
@@ -256,9 +265,8 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
         // Returns when one of the ports is pending, at the deadline, or on an interrupt.
         let _ = xen::evtchn::poll(&xen.hv, &ports, deadline.max(now + 1));
         xen.shared.clear_pending(doorbell);
-        // Work after a sleep counts as a long gap: the spell grows toward the maximum
-        // while bursts keep arriving just after we slept.
-        average_gap_ns = (average_gap_ns * 7 + MAX_SPELL_NS) / 8;
+        // The time asleep is no gap a spin could have bridged: measure anew.
         idle_since = None;
+        woke_for_work = true;
     }
 }
