@@ -255,7 +255,6 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
             idle_since = None;
             continue;
         }
-        woke_for_work = false;
         counters.sleeps.fetch_add(1, Ordering::Relaxed);
         let deadline = if control.is_some() {
             control_due
