@@ -327,23 +327,34 @@ fn xen_event_channel_loopback() -> TestResult {
     let before = LOOPBACK_HITS.load(core::sync::atomic::Ordering::Acquire);
     let sent = xen::evtchn::send(&xen.hv, sender);
     check!(sent.is_ok(), "send: {:?}", sent);
+    // Up to 2 s of Xen time: the event crosses to another vCPU (and, nested, to another
+    // emulated CPU), so a fixed spin count is no bound.
+    let deadline = xen.now_ns() + 2_000_000_000;
     let mut fired = false;
-    for _ in 0..100_000_000u64 {
+    while xen.now_ns() < deadline {
         if LOOPBACK_HITS.load(core::sync::atomic::Ordering::Acquire) > before {
             fired = true;
             break;
         }
         core::hint::spin_loop();
     }
+    let (pending, masked) = (
+        xen.shared.is_pending(receiver),
+        xen.shared.is_masked(receiver),
+    );
+    let upcall_pending = xen.vcpu_info(target as usize).map(|v| v.upcall_pending());
     platform::events::unregister(receiver, target);
     let _ = xen::evtchn::close(&xen.hv, receiver);
     let _ = xen::evtchn::close(&xen.hv, sender);
     check!(
         fired,
-        "event on port {} never arrived (upcalls/dispatches on vCPU {}: {:?})",
+        "event on port {} never arrived (upcalls/dispatches on vCPU {}: {:?}; pending {} masked {} upcall_pending {:?})",
         receiver,
         target,
-        platform::events::counters(target as usize)
+        platform::events::counters(target as usize),
+        pending,
+        masked,
+        upcall_pending
     );
     let on = LOOPBACK_CPU.load(core::sync::atomic::Ordering::Acquire);
     check!(
