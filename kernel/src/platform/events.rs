@@ -77,6 +77,10 @@ pub fn register(
 ) -> Result<(), XenError> {
     let platform = get().ok_or(XenError::NoSys)?;
     let slot = TABLES.get(vcpu as usize).ok_or(XenError::Inval)?;
+    // Masked while it moves: EVTCHNOP_unmask then re-delivers an event that is already
+    // pending (binding an interdomain channel marks it pending) to the new vCPU. Xen's
+    // unmask only does that for a port whose mask bit was set.
+    platform.shared.mask(port);
     evtchn::bind_vcpu(&platform.hv, port, vcpu)?;
     x86_64::instructions::interrupts::without_interrupts(|| {
         slot.lock()

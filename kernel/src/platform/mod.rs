@@ -90,6 +90,11 @@ pub fn init() -> Result<&'static Platform, InitError> {
         upcall_mode: spin::Once::new(),
         vcpu_info: [const { spin::Once::new() }; MAX_CPUS],
     });
+    // Every port starts masked (as Linux does at boot): a port is unmasked only once a
+    // handler owns it, and pollers keep theirs masked.
+    for port in 0..xen::abi::shared_info::EVTCHN_2L_NR_CHANNELS as u32 {
+        platform.shared.mask(port);
+    }
     platform.register_vcpu_info(0)?;
     events::init_vcpu(0)?;
     console::init(platform);
