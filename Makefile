@@ -59,9 +59,13 @@ lint:
 #   make demo       baseline and blkdom side by side, fio table (RUNTIME=20 s per job)
 RIG := tools/rig
 RUNTIME ?= 20
-.PHONY: rig smoke-xen test-xen demo
+.PHONY: deps-xen rig smoke-xen test-xen demo
 
-rig:
+# Idempotent: the Xen/Linux packages and QEMU's build dependencies, only what is missing.
+deps-xen:
+	@bash tools/install-deps.sh --xen
+
+rig: deps-xen
 	$(RIG)/build.sh
 
 # A blkdom image that does not build counts as one failed check, not a stale image run.
@@ -70,14 +74,14 @@ define rig_with_image
 	  else echo "blkdom image does not build (make image)"; echo "0 passed, 1 failed"; exit 1; fi
 endef
 
-smoke-xen:
+smoke-xen: deps-xen
 	$(call rig_with_image,smoke)
 
-test-xen:
+test-xen: deps-xen
 	$(call rig_with_image,baseline blkdom-boot blkdom-platform blkdom-serve --runtime $(RUNTIME))
 
 # The demo shows the baseline even while blkdom does not build or serve yet.
-demo:
+demo: deps-xen
 	@if $(MAKE) --no-print-directory image; then image=$(IMAGE); \
 	  else echo "blkdom image does not build: the demo shows the baseline only"; image=; fi; \
 	  BLKDOM_IMAGE=$$image $(RIG)/run.sh demo --runtime $(RUNTIME)
