@@ -41,10 +41,11 @@ case $scenario in
   baseline)     smp=2; budget=$((240 + 6 * (runtime + 40))) ;;
   blkdom-boot)  smp=3; budget=180 ;;
   blkdom-platform) smp=3; budget=300 ;;
+  blkdom-multi) smp=5; budget=1200 ;;
   blkdom-serve) smp=4; budget=$((300 + 6 * (runtime + 40))) ;;
   smoke)        smp=3; budget=360 ;;
   demo)         smp=4; budget=$((420 + 12 * (runtime + 40))) ;;
-  *) rig_die "usage: $0 baseline|blkdom-boot|blkdom-platform|blkdom-serve|smoke|demo [--runtime SECONDS]" ;;
+  *) rig_die "usage: $0 baseline|blkdom-boot|blkdom-platform|blkdom-multi|blkdom-serve|smoke|demo [--runtime SECONDS]" ;;
 esac
 qemu_timeout=$((budget + 120))
 
