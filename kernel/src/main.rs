@@ -132,15 +132,8 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
             cmdline.has("selftest.inject-failure"),
             expected_cpus,
             hypervisor.is_xen(),
+            cmdline.has("selftest.await-dom0"),
         );
-        if let Some(seconds) = cmdline
-            .value("selftest.linger")
-            .and_then(|s| s.parse::<u64>().ok())
-        {
-            // Under Xen the domain's xenstore directory goes when it powers off: give the
-            // rig time to read what the self-tests left there.
-            linger(seconds);
-        }
         power::report_verdict(if failed == 0 {
             power::Verdict::Pass
         } else {
@@ -206,17 +199,6 @@ fn start_cpus(hypervisor: &Hypervisor, rsdp_paddr: u64) {
     info!("cpu: {} of {} CPUs online", smp::online_count(), listed);
     if started + 1 < listed {
         warn!("cpu: {} CPUs did not start", listed - started - 1);
-    }
-}
-
-/// Waits `seconds` (Xen time; a no-op without Xen).
-fn linger(seconds: u64) {
-    if let Some(xen) = platform::get() {
-        info!("selftest: lingering {seconds} s before powering off");
-        let deadline = xen.now_ns() + seconds * 1_000_000_000;
-        while xen.now_ns() < deadline {
-            core::hint::spin_loop();
-        }
     }
 }
 

@@ -403,6 +403,36 @@ fn xen_xenstore_write_read_watch() -> TestResult {
     Ok(())
 }
 
+/// Xen only, with the rig: after reading the key of the xenstore test, dom0 writes
+/// `data/blkdom-ack = seen`; our watch must deliver that (a dom0 write seen by a watch).
+fn xen_watch_sees_dom0_write() -> TestResult {
+    use xen::xenstore::Transaction;
+    let seen = crate::platform::store::with(|xs| {
+        xs.watch("data/blkdom-ack", "ack")?;
+        // Each wait is bounded by the client's timeout; about two minutes in all.
+        let mut seen = false;
+        for _ in 0..12 {
+            let event = xs.wait_watch_event();
+            if event.is_ok()
+                && xs
+                    .read_string(Transaction::NONE, "data/blkdom-ack")
+                    .is_ok_and(|v| v.trim() == "seen")
+            {
+                seen = true;
+                break;
+            }
+        }
+        xs.unwatch("data/blkdom-ack", "ack")?;
+        Ok::<_, xen::xenstore::XsError>(seen)
+    });
+    check!(
+        matches!(seen, Some(Ok(true))),
+        "no dom0 write seen: {:?}",
+        seen
+    );
+    Ok(())
+}
+
 /// Exists only to prove the runner notices a failing self-test.
 fn injected_failure() -> TestResult {
     check!(false, "deliberate failure (selftest.inject-failure)");
@@ -410,7 +440,12 @@ fn injected_failure() -> TestResult {
 }
 
 /// Runs the self-tests; returns (passed, failed).
-pub fn run(inject_failure: bool, expected_cpus: Option<usize>, under_xen: bool) -> (u32, u32) {
+pub fn run(
+    inject_failure: bool,
+    expected_cpus: Option<usize>,
+    under_xen: bool,
+    await_dom0: bool,
+) -> (u32, u32) {
     let mut tests: Vec<SelfTest> = alloc::vec![
         ("heap.allocations", heap_allocations),
         ("frames.allocate-free", frame_allocation),
@@ -426,6 +461,9 @@ pub fn run(inject_failure: bool, expected_cpus: Option<usize>, under_xen: bool) 
             "xen.xenstore-write-read-watch",
             xen_xenstore_write_read_watch,
         ));
+        if await_dom0 {
+            tests.push(("xen.watch-sees-dom0-write", xen_watch_sees_dom0_write));
+        }
     }
     if inject_failure {
         tests.push(("selftest.injected-failure", injected_failure));

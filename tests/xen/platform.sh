@@ -10,10 +10,21 @@ wait_gone() {
 }
 
 selftests_under_xen() {
-  local id summary i
-  create_domain blkdom "$XL_DIR/blkdom.cfg" 'cmdline="selftest selftest.expect-cpus=2 selftest.linger=8 loglevel=info"' || return 1
+  local id summary i value
+  create_domain blkdom "$XL_DIR/blkdom.cfg" 'cmdline="selftest selftest.expect-cpus=2 selftest.await-dom0 loglevel=info"' || return 1
   id=$(domid_of blkdom)
+  # The xenstore self-test leaves a key; once it has, dom0 reads it and answers with a
+  # write of its own, which blkdom's watch must see (xen.watch-sees-dom0-write).
   for i in $(seq 90); do
+    xl dmesg | grep "(d$id) " | grep -q "xen.xenstore-write-read-watch \.\.\. " && break
+    domid_of blkdom > /dev/null || break
+    sleep 1
+  done
+  value=$(xenstore-read "/local/domain/$id/data/blkdom-selftest" 2>&1)
+  [ "$value" = written-by-blkdom ] && pass "dom0 reads the key blkdom wrote" ||
+    fail "dom0 reads the key blkdom wrote (got: $value)"
+  xenstore-write "/local/domain/$id/data/blkdom-ack" seen
+  for i in $(seq 120); do
     summary=$(xl dmesg | grep "(d$id) " | grep -o "selftest: [0-9]* passed, [0-9]* failed" | tail -n 1)
     [ -n "$summary" ] && break
     domid_of blkdom > /dev/null || break
@@ -24,9 +35,6 @@ selftests_under_xen() {
     "selftest: "*" passed, 0 failed") pass "blkdom self-tests under Xen ($summary)" ;;
     *) fail "blkdom self-tests under Xen (${summary:-no summary})"; dump_state blkdom-selftest ;;
   esac
-  value=$(xenstore-read "/local/domain/$id/data/blkdom-selftest" 2>&1)
-  [ "$value" = written-by-blkdom ] && pass "dom0 reads the key blkdom wrote" ||
-    fail "dom0 reads the key blkdom wrote (got: $value)"
   if wait_gone blkdom 30; then
     pass "blkdom powered itself off after its self-tests"
   else
