@@ -81,7 +81,7 @@ impl VbdHooks {
         &mut self,
         connection: &FrontendConnection,
         q: usize,
-        cpus: usize,
+        cpu: usize,
     ) -> Result<(), String> {
         let xen = platform::get().ok_or("no Xen platform")?;
         let ring = &connection.queues[q];
@@ -112,7 +112,6 @@ impl VbdHooks {
                 ));
             }
         };
-        let cpu = serving_cpu(q, cpus);
         xen.shared.mask(port);
         if let Err(e) = xen::evtchn::bind_vcpu(&xen.hv, port, cpu as u32) {
             log::warn!(
@@ -163,8 +162,11 @@ impl VbdHooks {
 impl ConnectionHooks for VbdHooks {
     fn connect(&mut self, connection: &FrontendConnection) -> Result<(), String> {
         let cpus = crate::smp::online_count().max(1);
+        // Devices start on the least loaded poller (single-queue frontends would
+        // otherwise all share one vCPU).
+        let first = poller::least_loaded(cpus);
         for q in 0..connection.queues.len() {
-            self.connect_queue(connection, q, cpus)?;
+            self.connect_queue(connection, q, serving_cpu(first, q, cpus))?;
         }
         Ok(())
     }
@@ -191,11 +193,10 @@ impl ConnectionHooks for VbdHooks {
     }
 }
 
-/// The vCPU that serves queue `q`: queue q on vCPU (q + 1) mod n, so that with fewer
-/// queues than vCPUs the rings avoid vCPU 0, which also runs the control path
-/// (xenstore round trips take milliseconds under nested emulation).
-fn serving_cpu(q: usize, cpus: usize) -> usize {
-    (q + 1) % cpus
+/// The vCPU that serves queue `q` of a device whose first queue went to `first`:
+/// consecutive vCPUs from there, so a device's queues spread over the pollers.
+fn serving_cpu(first: usize, q: usize, cpus: usize) -> usize {
+    (first + q) % cpus
 }
 
 /// The control path: discovery, negotiation, statistics.

@@ -88,8 +88,20 @@ pub static COUNTERS: [PollerCounters; MAX_CPUS] = [const {
     }
 }; MAX_CPUS];
 
+/// Rings assigned to each poller (counted at attach, so placement never lags).
+static ASSIGNED: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
+
+/// The poller with the fewest rings; vCPU 0 (which also runs the control path) only
+/// when it has strictly fewer than every other.
+pub fn least_loaded(cpus: usize) -> usize {
+    (0..cpus.max(1))
+        .min_by_key(|&cpu| (ASSIGNED[cpu].load(Ordering::Relaxed), cpu == 0))
+        .unwrap_or(0)
+}
+
 /// Hands a connected ring to the poller of `cpu`.
 pub fn attach(cpu: usize, queue: ServedQueue) {
+    ASSIGNED[cpu].fetch_add(1, Ordering::Relaxed);
     INBOX[cpu].lock().push(queue);
     INBOX_PENDING[cpu].store(true, Ordering::Release);
     ring_doorbell(cpu);
@@ -105,7 +117,8 @@ pub fn ring_doorbell(cpu: usize) {
 
 /// Unmaps a ring's pages, closes its port and frees its map region (after the engine
 /// has disconnected: no request in flight, every data grant unmapped).
-fn release(queue: ServedQueue) {
+fn release(cpu: usize, queue: ServedQueue) {
+    ASSIGNED[cpu].fetch_sub(1, Ordering::Relaxed);
     let Some(xen) = platform::get() else { return };
     let ServedQueue {
         engine,
@@ -197,7 +210,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
             if queue.control.detach.load(Ordering::Acquire) {
                 if queue.engine.disconnect().is_ok() {
                     *queue.control.stats.lock() = queue.engine.stats();
-                    release(served.swap_remove(i));
+                    release(cpu, served.swap_remove(i));
                     rebuild_ports(&served, &mut ports, &control);
                     counters.rings.store(served.len() as u32, Ordering::Relaxed);
                 } else {
