@@ -55,7 +55,8 @@ lint:
 #   make rig        build the patched QEMU, a static fio, the dom0 and guest initramfs
 #   make smoke-xen  Xen boots, a 5 s baseline fio, blkdom boots as PVH (< 10 min cold);
 #                   its last line is "N passed, M failed"
-#   make test-xen   every scenario: baseline, blkdom-boot, blkdom-platform, blkdom-serve
+#   make test-xen   every scenario: baseline, blkdom-boot, blkdom-platform, blkdom-serve,
+#                   blkdom-multi
 #   make demo       baseline and blkdom side by side, fio table (RUNTIME=20 s per job)
 RIG := tools/rig
 RUNTIME ?= 20
@@ -78,7 +79,7 @@ smoke-xen: deps-xen
 	$(call rig_with_image,smoke)
 
 test-xen: deps-xen
-	$(call rig_with_image,baseline blkdom-boot blkdom-platform blkdom-serve --runtime $(RUNTIME))
+	$(call rig_with_image,baseline blkdom-boot blkdom-platform blkdom-serve blkdom-multi --runtime $(RUNTIME))
 
 # The demo shows the baseline even while blkdom does not build or serve yet.
 demo: deps-xen
