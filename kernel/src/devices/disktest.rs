@@ -188,12 +188,11 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
     });
     RESULTS.call_once(|| (0..jobs.len()).map(|_| spin::Mutex::new(None)).collect());
 
-    // CPUs 1.. get their queue through their mailbox; `run_on` with no wait returns
-    // "timeout" once the work is posted. The boot CPU drives queue 0 meanwhile.
+    // CPUs 1.. get their queue through their mailbox (not waited for); the boot CPU
+    // drives queue 0 meanwhile.
     for cpu in 1..queues {
-        match crate::smp::run_on(cpu, worker, 0) {
-            Ok(()) | Err(crate::smp::RunError::Timeout) => {}
-            Err(e) => return Err(format!("cannot start queue {cpu} on cpu {cpu}: {e:?}")),
+        if let Err(e) = crate::smp::start_on(cpu, worker) {
+            return Err(format!("cannot start queue {cpu} on cpu {cpu}: {e:?}"));
         }
     }
     worker(0);
