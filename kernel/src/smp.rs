@@ -239,10 +239,7 @@ pub fn run_on(index: usize, work: fn(usize), timeout_ms: u64) -> Result<(), RunE
         return Ok(());
     }
     let done_before = cpu.work_done.load(Ordering::Acquire);
-    cpu.mailbox
-        .compare_exchange(0, work as usize, Ordering::AcqRel, Ordering::Acquire)
-        .map_err(|_| RunError::Busy)?;
-    apic::send_fixed(cpu.apic_id.load(Ordering::Relaxed), WAKE_VECTOR);
+    start_on(index, work)?;
     if wait_until(timeout_ms, || {
         cpu.work_done.load(Ordering::Acquire) != done_before
     }) {
