@@ -34,6 +34,13 @@ if [ "${#scenarios[@]}" -gt 1 ]; then
   exit
 fi
 scenario=${scenarios[0]:-}
+# One nested Xen at a time on this machine (2 cores; a second QEMU would starve the first
+# and its timings would mean nothing): wait for whoever holds the rig.
+exec 8>"$RIG_CACHE/run.lock"
+if ! flock -n 8; then
+  rig_log "another nested run holds the rig; waiting for it"
+  flock 8
+fi
 # -smp: one pCPU per vCPU alive at once (dom0, blkdom's two, the fio guest's one): a vCPU
 # sharing a pCPU under QEMU TCG loses state (README.md). Timeouts are the scenario's
 # budget inside dom0; QEMU as a whole gets 120 s more for boot and write-back.
