@@ -36,6 +36,12 @@ const VBD_WATCH_TOKEN: &str = "vbd";
 const STATS_PERIOD_NS: u64 = 5_000_000_000;
 /// The node statistics go to, under each backend path (its own writes are not news).
 const STATS_NODE: &str = "blkdom-stats";
+/// Each poller's loops, busy loops and sleeps, under our own domain's `data/`.
+const POLLERS_NODE: &str = "data/blkdom-pollers";
+/// Writing anything non-empty here (`xenstore-write /local/domain/<id>/control/blkdom-report
+/// 1` in dom0) prints the statistics on blkdom's console.
+const REPORT_NODE: &str = "control/blkdom-report";
+const REPORT_TOKEN: &str = "report";
 /// How soon a negotiation that waits for in-flight requests is retried.
 const RETRY_NS: u64 = 5_000_000;
 
@@ -227,6 +233,15 @@ impl Control {
             log::error!("blkback: cannot watch backend/vbd: {e:?}");
             return None;
         }
+        // Created empty first: the toolstack's control/ is ours to write, and a watch on
+        // an existing node is what an operator's write then fires.
+        let reportable = platform::store::with(|xs| {
+            xs.write(Transaction::NONE, REPORT_NODE, b"")?;
+            xs.watch(REPORT_NODE, REPORT_TOKEN)
+        });
+        if let Some(Err(e)) = reportable {
+            log::warn!("blkback: no statistics on request ({REPORT_NODE}): {e:?}");
+        }
         let regions = space::available();
         log::info!("blkback: domain {domid} serving vbds; map space for {regions} rings");
         Some(Control {
@@ -365,38 +380,21 @@ impl Control {
         retry
     }
 
-    fn publish_stats(&mut self, store: &mut Store<'_>) {
+    /// One line per device (its backend path and every counter summed over its queues),
+    /// then one line for the pollers.
+    fn stats_lines(&self) -> Vec<(Option<&str>, String)> {
+        let mut lines = Vec::with_capacity(self.vbds.len() + 1);
         for (path, vbd) in &self.vbds {
             let mut total = blkback::stats::RingStats::default();
             for (_, control) in &vbd.hooks.queues {
-                let s = *control.stats.lock();
-                total.reads += s.reads;
-                total.writes += s.writes;
-                total.flushes += s.flushes;
-                total.sectors_read += s.sectors_read;
-                total.sectors_written += s.sectors_written;
-                total.errors += s.errors;
-                total.bad_requests += s.bad_requests;
-                total.grants_mapped += s.grants_mapped;
-                total.map_batches += s.map_batches;
-                total.unmap_batches += s.unmap_batches;
+                total += &*control.stats.lock();
             }
-            let line = format!(
-                "queues={} reads={} writes={} flushes={} sectors-read={} sectors-written={} errors={} bad-requests={} grants-mapped={} map-batches={} unmap-batches={} leaked-pages={}",
-                vbd.hooks.queues.len(),
-                total.reads,
-                total.writes,
-                total.flushes,
-                total.sectors_read,
-                total.sectors_written,
-                total.errors,
-                total.bad_requests,
-                total.grants_mapped,
-                total.map_batches,
-                total.unmap_batches,
-                vbd.hooks.leaked_pages
-            );
-            let _ = store.write(NO_TRANSACTION, &format!("{path}/{STATS_NODE}"), &line);
+            let mut line = format!("queues={}", vbd.hooks.queues.len());
+            for (name, value) in total.fields() {
+                line.push_str(&format!(" {name}={value}"));
+            }
+            line.push_str(&format!(" leaked-pages={}", vbd.hooks.leaked_pages));
+            lines.push((Some(path.as_str()), line));
         }
         let pollers: Vec<String> = (0..crate::smp::online_count())
             .map(|cpu| {
@@ -410,11 +408,43 @@ impl Control {
                 )
             })
             .collect();
-        let _ = store.0.write(
-            Transaction::NONE,
-            "data/blkdom-pollers",
-            pollers.join("; ").as_bytes(),
+        lines.push((None, pollers.join("; ")));
+        lines
+    }
+
+    fn publish_stats(&mut self, store: &mut Store<'_>) {
+        for (path, line) in self.stats_lines() {
+            let node = match path {
+                Some(path) => format!("{path}/{STATS_NODE}"),
+                None => String::from(POLLERS_NODE),
+            };
+            let _ = store.write(NO_TRANSACTION, &node, &line);
+        }
+    }
+
+    /// An operator wrote `control/blkdom-report`: the statistics go to the console (what
+    /// `xl console` and the console log show); the node is emptied as the acknowledgement.
+    fn report_if_asked(&mut self, store: &mut Store<'_>) {
+        let asked = store
+            .0
+            .read_string(Transaction::NONE, REPORT_NODE)
+            .is_ok_and(|value| !value.trim().is_empty());
+        if !asked {
+            return;
+        }
+        log::info!(
+            "blkdom: report: {} devices, {} failed, heap free {} KiB",
+            self.vbds.len(),
+            self.failed.len(),
+            crate::mm::heap_free() >> 10
         );
+        for (path, line) in self.stats_lines() {
+            log::info!("blkdom: report: {}: {line}", path.unwrap_or("pollers"));
+        }
+        for (path, reason) in &self.failed {
+            log::info!("blkdom: report: {path}: failed: {reason}");
+        }
+        let _ = store.0.write(Transaction::NONE, REPORT_NODE, b"");
     }
 }
 
@@ -429,9 +459,11 @@ impl poller::ControlWork for Control {
             // only events about something other than our own statistics need a round.
             let mut news = self.pending_retry || self.first_round;
             let mut control_request = false;
+            let mut report_request = false;
             while let Ok(Some(event)) = xs.take_watch_event() {
                 control_request |= event.token == platform::control::SHUTDOWN_TOKEN;
-                news |= !event.path.ends_with(STATS_NODE);
+                report_request |= event.token == REPORT_TOKEN;
+                news |= event.token != REPORT_TOKEN && !event.path.ends_with(STATS_NODE);
             }
             if control_request {
                 return None;
@@ -446,6 +478,9 @@ impl poller::ControlWork for Control {
             if now >= self.next_stats {
                 self.publish_stats(&mut store);
                 self.next_stats = now + STATS_PERIOD_NS;
+            }
+            if report_request {
+                self.report_if_asked(&mut store);
             }
             Some(retry)
         })

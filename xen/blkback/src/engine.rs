@@ -358,6 +358,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     /// The ring's event channel fired (call before the next `poll`): a poll that then
     /// finds nothing counts the event as spurious.
     pub fn event_received(&mut self) {
+        self.stats.events += 1;
         self.event_pending = true;
     }
 
