@@ -10,7 +10,7 @@ use blkback::grant::{GrantOps, GrantStatus, MapRequest, MappedGrant, GNTST_GENER
 use blkback::ring::RingMemory;
 use blkback::xenstore::{StoreError, TxId, XenStore};
 use blkdev::BufferAccess;
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicI64, Ordering};
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::grant_table::{GnttabMapGrantRef, GnttabUnmapGrantRef, GNTST_NO_SPACE, GNTST_OKAY};
 use xen::abi::DomId;
@@ -21,6 +21,28 @@ use xen::xenstore::{Transaction, XsErrno, XsError};
 use xen::{Hypercall, Hypervisor, SharedMem};
 
 pub const PAGE_SIZE: usize = 4096;
+
+/// Foreign pages (ring and data grants) this domain has mapped right now, counted per
+/// vCPU: a ring's pages are mapped and unmapped by the vCPU that serves it, so each counter
+/// stays in its own cache line; the atomics keep the sum right whichever vCPU counts.
+#[repr(align(64))]
+struct PageCount(AtomicI64);
+static MAPPED_PAGES: [PageCount; crate::smp::MAX_CPUS] =
+    [const { PageCount(AtomicI64::new(0)) }; crate::smp::MAX_CPUS];
+
+/// Records `delta` pages mapped (positive) or unmapped (negative) by this vCPU.
+pub fn count_mapped_pages(delta: i64) {
+    let cpu = crate::smp::current().index.load(Ordering::Relaxed) as usize;
+    MAPPED_PAGES[cpu].0.fetch_add(delta, Ordering::Relaxed);
+}
+
+/// Every foreign page mapped right now (0 when no frontend holds anything of ours).
+pub fn mapped_pages() -> i64 {
+    MAPPED_PAGES
+        .iter()
+        .map(|c| c.0.load(Ordering::Relaxed))
+        .sum()
+}
 
 /// A frontend's ring, mapped on consecutive guest-physical (= virtual) pages.
 pub struct SharedRing {
@@ -145,8 +167,10 @@ impl GrantOps for FrontendGrants {
             let call = self
                 .hv
                 .hypercall(Hypercall::Gnttab(GnttabOp::MapGrantRef(&mut self.map_ops)));
+            let mut mapped = 0;
             for (op, &i) in self.map_ops.iter().zip(self.map_index.iter()) {
                 if call >= 0 && op.status == GNTST_OKAY {
+                    mapped += 1;
                     results[i] = Ok(MappedGrant {
                         handle: op.handle,
                         buffer: op.host_addr,
@@ -160,6 +184,7 @@ impl GrantOps for FrontendGrants {
                     let _ = self.area.free(op.host_addr);
                 }
             }
+            count_mapped_pages(mapped);
         }
     }
 
@@ -177,8 +202,10 @@ impl GrantOps for FrontendGrants {
             let call = self.hv.hypercall(Hypercall::Gnttab(GnttabOp::UnmapGrantRef(
                 &mut self.unmap_ops,
             )));
+            let mut unmapped = 0;
             for (op, result) in self.unmap_ops.iter().zip(results.iter_mut()) {
                 if call >= 0 && op.status == GNTST_OKAY {
+                    unmapped += 1;
                     *result = Ok(());
                     let _ = self.area.free(op.host_addr);
                 } else {
@@ -190,6 +217,7 @@ impl GrantOps for FrontendGrants {
                     self.leaked_pages += 1;
                 }
             }
+            count_mapped_pages(-unmapped);
         }
     }
 }

@@ -77,6 +77,7 @@ fn map_ring(
     // All-or-nothing: on failure the pages that did map are unmapped again.
     xen::grant::map_batch(&xen.hv, &mut ops)
         .map_err(|e| format!("mapping ring grants {refs:?}: {e:?}"))?;
+    adapters::count_mapped_pages(ops.len() as i64);
     Ok(RingMapping {
         ops: ops.iter().map(xen::grant::unmap_request).collect(),
     })
@@ -408,7 +409,14 @@ impl Control {
                 )
             })
             .collect();
-        lines.push((None, pollers.join("; ")));
+        lines.push((
+            None,
+            format!(
+                "{}; mapped-pages={}",
+                pollers.join("; "),
+                adapters::mapped_pages()
+            ),
+        ));
         lines
     }
 

@@ -130,6 +130,7 @@ fn release(cpu: usize, queue: ServedQueue) {
     let (_, grants, _, _) = engine.into_parts();
     let unmapped = xen::grant::unmap_batch(&xen.hv, &mut ring.ops);
     let ring_leaked = ring.ops.iter().filter(|op| op.status != 0).count() as u64;
+    super::adapters::count_mapped_pages(-((ring.ops.len() as u64 - ring_leaked) as i64));
     if let Err(e) = unmapped {
         log::error!("blkback: unmapping ring pages: {e:?} ({ring_leaked} pages stay mapped)");
     }
