@@ -104,11 +104,18 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
 
     if hypervisor.is_xen() {
         match platform::init() {
-            Ok(xen) => info!(
-                "xen: shared_info mapped, vcpu_info registered, event upcalls on vector {:#x} ({:?})",
-                platform::events::UPCALL_VECTOR,
-                xen.upcall_mode.get()
-            ),
+            Ok(xen) => {
+                info!(
+                    "xen: shared_info mapped, vcpu_info registered, event upcalls on vector {:#x} ({:?})",
+                    platform::events::UPCALL_VECTOR,
+                    xen.upcall_mode.get()
+                );
+                let costs = platform::measure_costs(xen);
+                info!(
+                    "xen: costs: rdtsc {} ns, pause {} ns, hypercall {} ns",
+                    costs.rdtsc_ns, costs.pause_ns, costs.hypercall_ns
+                );
+            }
             Err(e) => error!("xen: platform set-up failed: {e}"),
         }
         match platform::store::init() {

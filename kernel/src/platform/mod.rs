@@ -125,6 +125,35 @@ impl Platform {
     }
 }
 
+/// What the instructions a poll loop may use cost here, in ns each (averaged over a
+/// burst): under nesting, RDTSC or PAUSE that Xen intercepts, and every hypercall, are VM
+/// exits that an emulated CPU pays dearly for; the poller's design follows these numbers.
+pub struct InstructionCosts {
+    pub rdtsc_ns: u64,
+    pub pause_ns: u64,
+    pub hypercall_ns: u64,
+}
+
+pub fn measure_costs(xen: &Platform) -> InstructionCosts {
+    const ROUNDS: u64 = 200;
+    let per_round = |f: &dyn Fn()| {
+        let start = xen.now_ns();
+        for _ in 0..ROUNDS {
+            f();
+        }
+        xen.now_ns().saturating_sub(start) / ROUNDS
+    };
+    InstructionCosts {
+        rdtsc_ns: per_round(&|| {
+            core::hint::black_box(xen::raw::cpu::read_tsc());
+        }),
+        pause_ns: per_round(&core::hint::spin_loop),
+        hypercall_ns: per_round(&|| {
+            let _ = core::hint::black_box(xp::version(&xen.hv));
+        }),
+    }
+}
+
 /// `SCHEDOP_shutdown`; returns only if Xen refused (or we are not under Xen).
 pub fn shutdown(reason: ShutdownReason) {
     // SAFETY: only called when CPUID showed Xen (see `power`), at CPL 0.
