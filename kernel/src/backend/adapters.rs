@@ -238,11 +238,13 @@ impl EventChannel for Notify {
 /// The negotiation's xenstore operations over the `xen` crate's client.
 pub struct Store<'a>(pub &'a mut super::super::platform::store::Client);
 
-fn store_error(error: XsError) -> StoreError {
-    match error {
+/// Maps the client's error, naming the operation and node when it is a real failure
+/// (a bare "EACCES" in the log tells an operator nothing).
+fn store_error(operation: &'static str, path: &str) -> impl FnOnce(XsError) -> StoreError + '_ {
+    move |error| match error {
         XsError::Xenstored(XsErrno::Enoent) => StoreError::NotFound,
         XsError::Xenstored(XsErrno::Eagain) => StoreError::Again,
-        other => StoreError::Failed(alloc::format!("{other:?}")),
+        other => StoreError::Failed(alloc::format!("{operation} {path}: {other:?}")),
     }
 }
 
@@ -250,34 +252,43 @@ impl XenStore for Store<'_> {
     fn read(&mut self, tx: TxId, path: &str) -> Result<String, StoreError> {
         self.0
             .read_string(Transaction(tx), path)
-            .map_err(store_error)
+            .map_err(store_error("read", path))
     }
 
     fn write(&mut self, tx: TxId, path: &str, value: &str) -> Result<(), StoreError> {
         self.0
             .write(Transaction(tx), path, value.as_bytes())
-            .map_err(store_error)
+            .map_err(store_error("write", path))
     }
 
     fn mkdir(&mut self, tx: TxId, path: &str) -> Result<(), StoreError> {
-        self.0.mkdir(Transaction(tx), path).map_err(store_error)
+        self.0
+            .mkdir(Transaction(tx), path)
+            .map_err(store_error("mkdir", path))
     }
 
     fn rm(&mut self, tx: TxId, path: &str) -> Result<(), StoreError> {
-        self.0.rm(Transaction(tx), path).map_err(store_error)
+        self.0
+            .rm(Transaction(tx), path)
+            .map_err(store_error("rm", path))
     }
 
     fn directory(&mut self, tx: TxId, path: &str) -> Result<Vec<String>, StoreError> {
-        self.0.directory(Transaction(tx), path).map_err(store_error)
+        self.0
+            .directory(Transaction(tx), path)
+            .map_err(store_error("directory", path))
     }
 
     fn transaction_start(&mut self) -> Result<TxId, StoreError> {
-        self.0.transaction_start().map(|t| t.0).map_err(store_error)
+        self.0
+            .transaction_start()
+            .map(|t| t.0)
+            .map_err(store_error("transaction_start", ""))
     }
 
     fn transaction_end(&mut self, tx: TxId, commit: bool) -> Result<(), StoreError> {
         self.0
             .transaction_end(Transaction(tx), commit)
-            .map_err(store_error)
+            .map_err(store_error("transaction_end", ""))
     }
 }

@@ -267,7 +267,10 @@ impl BlkifBackend {
         let frontend_state =
             match store.read(NO_TRANSACTION, &format!("{}/state", self.frontend_path)) {
                 Ok(value) => XenbusState::parse(&value),
-                Err(StoreError::NotFound) => XenbusState::Unknown,
+                // Gone, or no longer ours to read: xenstored refuses reads of a dying
+                // domain's nodes (EACCES) before the toolstack removes them. Either way the
+                // frontend is not there any more (Linux reads it as XenbusStateUnknown).
+                Err(StoreError::NotFound | StoreError::Failed(_)) => XenbusState::Unknown,
                 Err(error) => return Err(error.into()),
             };
         match frontend_state {

@@ -14,6 +14,8 @@ pub struct MemStore {
     pub refuse_commits: usize,
     /// Committed writes, in order (path, value).
     pub writes: Vec<(String, String)>,
+    /// Nodes whose reads fail as xenstored's EACCES does (e.g. a dying domain's).
+    pub unreadable: Vec<String>,
 }
 
 impl MemStore {
@@ -63,6 +65,9 @@ impl MemStore {
 
 impl XenStore for MemStore {
     fn read(&mut self, tx: TxId, path: &str) -> Result<String, StoreError> {
+        if self.unreadable.iter().any(|p| p == path) {
+            return Err(StoreError::Failed(format!("read {path}: EACCES")));
+        }
         if let Some(staged) = self.transactions.get(&tx).and_then(|t| t.get(path)) {
             return staged.clone().ok_or(StoreError::NotFound);
         }

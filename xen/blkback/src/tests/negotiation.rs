@@ -278,6 +278,24 @@ fn bad_frontend_keys_fail_with_a_reason_and_close() {
 }
 
 #[test]
+fn unreadable_frontend_state_means_the_frontend_is_gone() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks::default();
+    backend.step(&mut store, &mut hooks).unwrap();
+    assert_eq!(hooks.connects.len(), 1);
+    // The frontend's domain dies: its nodes turn unreadable before they disappear.
+    store.unreadable.push(format!("{FE}/state"));
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    );
+    assert_eq!(state(&store), "6");
+    assert!(hooks.disconnects >= 1, "its rings were released");
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Idle));
+}
+
+#[test]
 fn close_waits_for_in_flight_requests_then_reconnects() {
     let (mut store, mut backend) = probed_single_ring();
     store.set(&format!("{FE}/state"), "4");
