@@ -240,7 +240,10 @@ pub struct Store<'a>(pub &'a mut super::super::platform::store::Client);
 
 /// Maps the client's error, naming the operation and node when it is a real failure
 /// (a bare "EACCES" in the log tells an operator nothing).
-fn store_error(operation: &'static str, path: &str) -> impl FnOnce(XsError) -> StoreError + '_ {
+fn store_error<'a>(
+    operation: &'static str,
+    path: &'a str,
+) -> impl FnOnce(XsError) -> StoreError + 'a {
     move |error| match error {
         XsError::Xenstored(XsErrno::Enoent) => StoreError::NotFound,
         XsError::Xenstored(XsErrno::Eagain) => StoreError::Again,
