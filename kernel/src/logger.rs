@@ -57,7 +57,17 @@ impl Log for KernelLogger {
             bytes: [0; 512],
             len: 0,
         };
-        let _ = write!(line, "{:<5} {}: {}", record.level(), target, record.args());
+        let _ = write!(line, "{:<5} ", record.level());
+        if let Some(ns) = crate::platform::uptime_ns() {
+            // Under Xen: seconds since boot, so an operator can time boot and hotplug.
+            let _ = write!(
+                line,
+                "[{:>4}.{:06}] ",
+                ns / 1_000_000_000,
+                ns % 1_000_000_000 / 1000
+            );
+        }
+        let _ = write!(line, "{}: {}", target, record.args());
         line.bytes[line.len] = b'\n';
         crate::console::write_bytes(&line.bytes[..=line.len]);
         drop(guard);

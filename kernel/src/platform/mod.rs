@@ -11,6 +11,7 @@ pub mod vcpus;
 
 use crate::arch::paging::IDENTITY_MAPPED_LIMIT;
 use crate::smp::MAX_CPUS;
+use core::sync::atomic::{AtomicU64, Ordering};
 use xen::platform::{self as xp, ShutdownReason, UpcallMode};
 use xen::raw::hypercall::NativeHypervisor;
 use xen::shared_info::{SharedInfoPage, VcpuInfoView};
@@ -75,6 +76,15 @@ unsafe fn shared_page(paddr: u64, len: usize) -> SharedMem {
 
 /// Maps `shared_info`, registers the boot vCPU's `vcpu_info` and routes its upcalls,
 /// and starts logging to the Xen console. Once, on the boot CPU, after memory set-up.
+/// Xen system time when the platform came up: log lines carry the time since then.
+static BOOT_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Nanoseconds since the platform came up, once Xen's clock is readable.
+pub fn uptime_ns() -> Option<u64> {
+    let boot = BOOT_NS.load(Ordering::Relaxed);
+    (boot != 0).then(|| get().map(|xen| xen.now_ns().saturating_sub(boot)))?
+}
+
 pub fn init() -> Result<&'static Platform, InitError> {
     // SAFETY: the caller checked CPUID for Xen; we run at CPL 0 as an HVM/PVH guest,
     // and the instruction is chosen from the CPU vendor.
@@ -96,6 +106,7 @@ pub fn init() -> Result<&'static Platform, InitError> {
         platform.shared.mask(port);
     }
     platform.register_vcpu_info(0)?;
+    BOOT_NS.store(platform.now_ns(), Ordering::Relaxed);
     events::init_vcpu(0)?;
     console::init(platform);
     Ok(platform)
