@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Host benchmark of the blkif engine (frontend thread + poller over shared memory, null
-# device, 4 KiB reads, persistent grants, ring order 0 and 4, 1 and 2 queues).
+# device, 4 KiB reads, ring order 0 and 4, 1 and 2 queues, persistent grants on and off;
+# requests/s and ns per request per poller core).
 # Usage: tools/bench-engine.sh [seconds-per-measurement]   (default 2)
+# BENCH_JSON=FILE also writes the results as JSON (make bench: results/bench/engine.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH_SECONDS="${1:-2}" exec cargo run --quiet --release -p blkback --features fakes --example bench_engine

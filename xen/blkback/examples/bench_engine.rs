@@ -1,5 +1,7 @@
-//! Engine throughput on the host: 4 KiB reads (one persistent grant each) against a null
-//! device, ring order 0 and 4, one and two queues served by one poller.
+//! Engine throughput on the host: 4 KiB reads (one grant each) against a null device,
+//! ring order 0 and 4, one and two queues served by one poller, persistent grants on and
+//! off (off: every request maps and unmaps its grant through the fake grant table, so
+//! it measures the engine's batching and bookkeeping, not Xen's hypercall cost).
 //!
 //! Three measurements per configuration:
 //! - threaded: a frontend thread keeps the rings full while the poller thread serves
@@ -12,7 +14,8 @@
 //!   is the engine's own cost per request.
 //!
 //! Run with `tools/bench-engine.sh` (release build). `BENCH_SECONDS` sets the time per
-//! measurement (default 2).
+//! measurement (default 2); `BENCH_JSON=path` also writes the results as JSON there
+//! (tools/bench/report.py folds it into bench.json).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -70,7 +73,7 @@ fn bench_geometry() -> Geometry {
     }
 }
 
-fn setup(order: u32, queues: usize) -> (Vec<Front>, Vec<BenchEngine>) {
+fn setup(order: u32, queues: usize, persistent: bool) -> (Vec<Front>, Vec<BenchEngine>) {
     let ring_pages = 1usize << order;
     let slots = abi::ring_slots(order) as usize;
     let memory = GuestMemory::new(queues * (ring_pages + slots));
@@ -106,7 +109,7 @@ fn setup(order: u32, queues: usize) -> (Vec<Front>, Vec<BenchEngine>) {
             XenGrants(table.clone()),
             NullDisk::new(geometry, slots),
             CountingEvents::default(),
-            EngineConfig::new(order, true),
+            EngineConfig::new(order, persistent),
         )
         .expect("engine");
         engines.push(engine);
@@ -118,9 +121,18 @@ fn total_reads(engines: &[BenchEngine]) -> u64 {
     engines.iter().map(|e| e.stats().reads).sum()
 }
 
+/// Grant map plus unmap batches (hypercalls on Xen) per request served so far.
+fn grant_batches_per_request(engines: &[BenchEngine]) -> f64 {
+    let batches: u64 = engines
+        .iter()
+        .map(|e| e.stats().map_batches + e.stats().unmap_batches)
+        .sum();
+    batches as f64 / total_reads(engines).max(1) as f64
+}
+
 /// Frontend thread + poller thread; requests per second of wall time.
-fn threaded(order: u32, queues: usize, seconds: f64) -> f64 {
-    let (mut fronts, mut engines) = setup(order, queues);
+fn threaded(order: u32, queues: usize, persistent: bool, seconds: f64) -> f64 {
+    let (mut fronts, mut engines) = setup(order, queues, persistent);
     let stop = Arc::new(AtomicBool::new(false));
     let frontend = {
         let stop = stop.clone();
@@ -162,8 +174,9 @@ fn threaded(order: u32, queues: usize, seconds: f64) -> f64 {
 
 /// Fill, then time only the polls that drain; requests per second of poll time. The
 /// best of several windows is reported: other load on the machine only slows a window.
-fn lockstep(order: u32, queues: usize, seconds: f64) -> f64 {
-    let (mut fronts, mut engines) = setup(order, queues);
+/// Also returns the grant map/unmap batches per request.
+fn lockstep(order: u32, queues: usize, persistent: bool, seconds: f64) -> (f64, f64) {
+    let (mut fronts, mut engines) = setup(order, queues, persistent);
     let budget = abi::ring_slots(order) as usize;
     let windows = 10;
     let mut best = 0.0f64;
@@ -184,7 +197,7 @@ fn lockstep(order: u32, queues: usize, seconds: f64) -> f64 {
         let rate = (total_reads(&engines) - before_reads) as f64 / in_polls.as_secs_f64();
         best = best.max(rate);
     }
-    best
+    (best, grant_batches_per_request(&engines))
 }
 
 /// A ring in plain memory for one thread: slot copies are memcpy, as on mapped pages.
@@ -214,7 +227,7 @@ impl RingMemory for PlainRing {
 }
 
 /// Lockstep over plain memory; the frontend side is written out here.
-fn lockstep_plain(order: u32, queues: usize, seconds: f64) -> f64 {
+fn lockstep_plain(order: u32, queues: usize, persistent: bool, seconds: f64) -> f64 {
     let slots = abi::ring_slots(order);
     let memory = GuestMemory::new(queues * slots as usize);
     let table = GrantTable::new(memory.clone());
@@ -240,7 +253,7 @@ fn lockstep_plain(order: u32, queues: usize, seconds: f64) -> f64 {
             XenGrants(table.clone()),
             NullDisk::new(bench_geometry(), slots as usize),
             CountingEvents::default(),
-            EngineConfig::new(order, true),
+            EngineConfig::new(order, persistent),
         )
         .expect("engine");
         rings.push((ring, requests, engine, 0u32, 0u32));
@@ -274,22 +287,102 @@ fn lockstep_plain(order: u32, queues: usize, seconds: f64) -> f64 {
     best
 }
 
+/// One configuration's results.
+struct Measurement {
+    order: u32,
+    queues: usize,
+    persistent: bool,
+    threaded: f64,
+    lockstep: f64,
+    plain: f64,
+    grant_batches_per_request: f64,
+}
+
+fn ns_per_request(rate: f64) -> f64 {
+    if rate > 0.0 {
+        1e9 / rate
+    } else {
+        f64::NAN
+    }
+}
+
+/// The results as JSON (hand-written: the example has no serde).
+fn to_json(seconds: f64, results: &[Measurement]) -> String {
+    let rows: Vec<String> = results
+        .iter()
+        .map(|m| {
+            format!(
+                "    {{\"ring_order\": {}, \"queues\": {}, \"persistent_grants\": {}, \
+                 \"threaded_req_per_s\": {:.0}, \"lockstep_req_per_s_per_core\": {:.0}, \
+                 \"plain_req_per_s_per_core\": {:.0}, \"lockstep_ns_per_req\": {:.1}, \
+                 \"plain_ns_per_req\": {:.1}, \"grant_batches_per_req\": {:.3}}}",
+                m.order,
+                m.queues,
+                m.persistent,
+                m.threaded,
+                m.lockstep,
+                m.plain,
+                ns_per_request(m.lockstep),
+                ns_per_request(m.plain),
+                m.grant_batches_per_request
+            )
+        })
+        .collect();
+    format!(
+        "{{\n  \"benchmark\": \"blkback-engine\",\n  \"request\": \"4 KiB read, null device\",\n  \
+         \"seconds_per_measurement\": {seconds},\n  \"results\": [\n{}\n  ]\n}}\n",
+        rows.join(",\n")
+    )
+}
+
 fn main() {
     let seconds: f64 = std::env::var("BENCH_SECONDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2.0);
-    println!("blkback engine, 4 KiB reads, persistent grants, null device, one poller");
+    println!("blkback engine, 4 KiB reads, null device, one poller");
     println!(
-        "{:>5} {:>6} {:>16} {:>20} {:>18}",
-        "order", "queues", "threaded req/s", "lockstep req/s/core", "plain req/s/core"
+        "{:>5} {:>6} {:>10} {:>14} {:>16} {:>8} {:>16} {:>8} {:>13}",
+        "order",
+        "queues",
+        "persistent",
+        "threaded req/s",
+        "lockstep req/s",
+        "ns/req",
+        "plain req/s",
+        "ns/req",
+        "map+unmap/req"
     );
+    let mut results = Vec::new();
     for order in [0, 4] {
         for queues in [1, 2] {
-            let wall = threaded(order, queues, seconds);
-            let per_core = lockstep(order, queues, seconds);
-            let plain = lockstep_plain(order, queues, seconds);
-            println!("{order:>5} {queues:>6} {wall:>16.0} {per_core:>20.0} {plain:>18.0}");
+            for persistent in [true, false] {
+                let threaded = threaded(order, queues, persistent, seconds);
+                let (lockstep, grant_batches_per_request) =
+                    lockstep(order, queues, persistent, seconds);
+                let plain = lockstep_plain(order, queues, persistent, seconds);
+                println!(
+                    "{order:>5} {queues:>6} {:>10} {threaded:>14.0} {lockstep:>16.0} {:>8.1} \
+                     {plain:>16.0} {:>8.1} {grant_batches_per_request:>13.3}",
+                    if persistent { "on" } else { "off" },
+                    ns_per_request(lockstep),
+                    ns_per_request(plain)
+                );
+                results.push(Measurement {
+                    order,
+                    queues,
+                    persistent,
+                    threaded,
+                    lockstep,
+                    plain,
+                    grant_batches_per_request,
+                });
+            }
         }
+    }
+    println!("(lockstep and plain: per poller core; ns/req = 1e9 / that rate)");
+    if let Ok(path) = std::env::var("BENCH_JSON") {
+        std::fs::write(&path, to_json(seconds, &results)).expect("write BENCH_JSON");
+        println!("json: {path}");
     }
 }
