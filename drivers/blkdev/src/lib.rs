@@ -60,7 +60,8 @@ pub struct DmaSegment {
 pub enum IoOp {
     Read,
     Write,
-    /// Write back the volatile cache; carries no data.
+    /// Write back the volatile cache; carries no data, and its `sector` means nothing
+    /// (Linux sends an empty flush with sector -1, blk_rq_init's "no position").
     Flush,
     /// Drop `nr_sectors` sectors starting at `sector`.
     Discard {

@@ -355,6 +355,23 @@ fn out_of_range_and_overflowing_sectors_answer_error() {
 }
 
 #[test]
+fn empty_flush_with_no_position_succeeds() {
+    // Linux's empty flush carries sector -1 (blk_rq_init): it has no range to check.
+    let disk = RamDisk::new(64);
+    let mut rig = Rig::ram_on(&disk, EngineConfig::new(0, false));
+    rig.send(&encode_direct(abi::OP_FLUSH_DISKCACHE, 1, u64::MAX, &[]));
+    rig.send(&encode_direct(abi::OP_FLUSH_DISKCACHE, 2, 0, &[]));
+    rig.engine.poll(16);
+    assert_eq!(
+        rig.responses(),
+        [
+            ok(1, abi::OP_FLUSH_DISKCACHE),
+            ok(2, abi::OP_FLUSH_DISKCACHE)
+        ]
+    );
+}
+
+#[test]
 fn writes_to_read_only_devices_answer_error() {
     let disk = RamDisk::with_geometry(Geometry {
         read_only: true,
