@@ -130,9 +130,18 @@ impl Platform {
 
     /// Xen system time in ns (the clock of `SCHEDOP_poll` deadlines).
     pub fn now_ns(&self) -> u64 {
-        let tsc = xen::raw::cpu::read_tsc();
-        self.vcpu_info(0)
-            .map_or(0, |info| info.clock().system_time_at(tsc))
+        // This vCPU's own time info: Xen keeps it in step with the TSC of the pCPU the
+        // vCPU last ran on, which another vCPU's info is not (unless the TSC is invariant).
+        let cpu = crate::smp::current().index.load(Ordering::Relaxed) as usize;
+        let Some(clock) = self
+            .vcpu_info(cpu)
+            .or_else(|| self.vcpu_info(0))
+            .map(|i| i.clock())
+        else {
+            return 0;
+        };
+        // The TSC after the snapshot, so it is never before the snapshot's timestamp.
+        clock.system_time_at(xen::raw::cpu::read_tsc())
     }
 }
 
