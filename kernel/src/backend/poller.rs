@@ -10,6 +10,7 @@
 //! is the wake-up), so an idle blkdom leaves its pCPUs to the guests.
 
 use super::adapters::{FrontendGrants, Notify, SharedRing};
+use super::disk::DeviceQueue;
 use super::space::{self, MapRegion};
 use crate::platform;
 use crate::smp::MAX_CPUS;
@@ -17,13 +18,12 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkback::engine::Engine;
 use blkback::stats::RingStats;
-use blkdev::RamDiskQueue;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::grant_table::GnttabUnmapGrantRef;
 use xen::abi::DOMID_SELF;
 
-pub type BlkEngine = Engine<SharedRing, FrontendGrants, RamDiskQueue, Notify>;
+pub type BlkEngine = Engine<SharedRing, FrontendGrants, DeviceQueue, Notify>;
 
 /// Requests taken from a ring per pass (bounded work per poll, XSA-332).
 const POLL_BUDGET: usize = 64;
@@ -39,8 +39,10 @@ const MIN_SPELL_NS: u64 = 50_000;
 const MAX_SPELL_NS: u64 = 1_000_000;
 /// The longest sleep; control work (vCPU 0) may ask for a shorter one.
 const MAX_SLEEP_NS: u64 = 1_000_000_000;
-/// How often a busy poller publishes its rings' counters.
-const STATS_EVERY_LOOPS: u64 = 4096;
+/// How often a poller publishes its rings' counters for the control path (which puts
+/// them in xenstore every 5 s): by time, as loops cost anything from nanoseconds to
+/// the ~100 us of a trapped RDTSC.
+const RING_STATS_PERIOD_NS: u64 = 500_000_000;
 
 /// Shared between the control path and the poller serving one queue.
 #[derive(Default)]
@@ -51,6 +53,9 @@ pub struct QueueControl {
     /// The engine's counters as of the poller's last publication.
     pub stats: spin::Mutex<RingStats>,
     pub leaked_pages: AtomicU64,
+    /// The device queue, handed back by the poller on release (a real disk's queues are
+    /// reused by the next connection).
+    pub device: spin::Mutex<Option<DeviceQueue>>,
 }
 
 /// The ring's own pages and their grant handles.
@@ -127,7 +132,8 @@ fn release(cpu: usize, queue: ServedQueue) {
         region,
         control,
     } = queue;
-    let (_, grants, _, _) = engine.into_parts();
+    let (_, grants, device, _) = engine.into_parts();
+    *control.device.lock() = Some(device);
     let unmapped = xen::grant::unmap_batch(&xen.hv, &mut ring.ops);
     let ring_leaked = ring.ops.iter().filter(|op| op.status != 0).count() as u64;
     super::adapters::count_mapped_pages(-((ring.ops.len() as u64 - ring_leaked) as i64));
@@ -189,13 +195,14 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
     rebuild_ports(&served, &mut ports, &control);
     let mut idle_since: Option<u64> = None;
     let mut control_due = 0u64;
+    let mut next_ring_stats = 0u64;
     // Running average (1/8 weight) of the gap from the end of one burst of work to the
     // next work found while spinning.
     let mut average_gap_ns = MIN_SPELL_NS;
     let mut woke_for_work = false;
     log::info!("poller: vCPU {cpu} serving (doorbell port {doorbell})");
     loop {
-        let loops = counters.loops.fetch_add(1, Ordering::Relaxed) + 1;
+        counters.loops.fetch_add(1, Ordering::Relaxed);
         if INBOX_PENDING[cpu].swap(false, Ordering::AcqRel) {
             for queue in INBOX[cpu].lock().drain(..) {
                 xen.shared.mask(queue.port);
@@ -225,14 +232,17 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
                 queue.engine.event_received();
             }
             work |= queue.engine.poll(POLL_BUDGET).did_work();
-            if loops.is_multiple_of(STATS_EVERY_LOOPS) {
+            i += 1;
+        }
+        let now = xen.now_ns();
+        if now >= next_ring_stats {
+            next_ring_stats = now.saturating_add(RING_STATS_PERIOD_NS);
+            for queue in &served {
                 if let Some(mut stats) = queue.control.stats.try_lock() {
                     *stats = queue.engine.stats();
                 }
             }
-            i += 1;
         }
-        let now = xen.now_ns();
         if let Some(control) = control.as_mut() {
             let kicked = control.port().is_some_and(|p| xen.shared.is_pending(p));
             if kicked || now >= control_due {
