@@ -143,8 +143,10 @@ pub struct XenClock {
 
 impl XenClock {
     /// `system_time + ((tsc - tsc_timestamp) << shift) * mul >> 32` (Xen's formula).
+    /// A TSC reading from before the timestamp (read on another pCPU, or before the
+    /// snapshot) gives `system_time`, never a time wrapped ~forever into the future.
     pub fn system_time_at(&self, tsc: u64) -> u64 {
-        let delta = tsc.wrapping_sub(self.tsc_timestamp);
+        let delta = tsc.saturating_sub(self.tsc_timestamp);
         let delta = if self.tsc_shift >= 0 {
             delta << self.tsc_shift
         } else {
@@ -269,6 +271,9 @@ mod tests {
             ..clock
         };
         assert_eq!(up.system_time_at(3000), 9_000);
+        // A reading just before the timestamp: no wrap into the far future.
+        assert_eq!(clock.system_time_at(999), 5_000);
+        assert_eq!(clock.system_time_at(0), 5_000);
         // Read back through the shared page.
         let page = SharedInfoPage::new(SharedMem::alloc_leaked(4096)).unwrap();
         let v0 = page.legacy_vcpu_info(0).unwrap();
