@@ -118,6 +118,13 @@ watch_domain() {
   kill "$pid" 2>/dev/null
 }
 
+# job_edge_hook begin|end GUEST JOB: runs as each fio job starts and ends, right after the
+# CPU sample; a scenario may redefine it (tests/xen/bench records backend counters).
+job_edge_hook() { :; }
+# guest_line_hook GUEST LINE: sees every "rig-guest: ..." console line of a guest while the
+# guest runs (tests/xen/blkdom-lifecycle attaches and detaches disks on cue).
+guest_line_hook() { :; }
+
 # run_fio_guest NAME CONFIG BACKEND JOBS RUNTIME [xl overrides...]
 # Boots a PV fio guest (tools/xl/CONFIG), follows its console, and as each fio job starts
 # and ends samples the backend domain's CPU time (cpu-NAME-JOB.txt). Saves each job's
@@ -152,6 +159,7 @@ run_fio_guest() {
       "rig-guest: json-end "*) in_json=0 ;;
     esac
     [ "$in_json" = 1 ] || echo "[$name] $line"
+    case $line in "rig-guest: "*) guest_line_hook "$name" "$line" ;; esac
     case $line in
       "rig-guest: disk ready"*)
         ready=1
@@ -160,14 +168,16 @@ run_fio_guest() {
       "rig-guest: begin "*)
         job=${line#rig-guest: begin }
         cpu0=$(cpu_seconds "$backend")
-        wall0=$(now) ;;
+        wall0=$(now)
+        job_edge_hook begin "$name" "$job" ;;
       "rig-guest: end "*)
         cpu1=$(cpu_seconds "$backend")
         echo "backend=$backend cpu_s=$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.1f", b - a }') wall_s=$(seconds_since "$wall0")" \
           > "$RESULTS/cpu-$name-$job.txt"
+        job_edge_hook end "$name" "$job"
         case $line in
-          *" rc=0") pass "fio $job ($name)" ;;
-          *) fail "fio $job ($name): ${line#rig-guest: }" ;;
+          *" rc=0") pass "job $job ($name)" ;;
+          *) fail "job $job ($name): ${line#rig-guest: }" ;;
         esac ;;
       "rig-guest: done") done=1; break ;;
       "rig-guest: no /dev/xvda"*) fail "guest $name: disk never appeared"; break ;;

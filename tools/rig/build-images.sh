@@ -13,7 +13,9 @@ source "$(dirname "$0")/common.sh"
 
 DOM0_MODULES=(xen-evtchn xen-gntdev xen-gntalloc xen-privcmd xenfs xen-blkback brd null_blk
   virtio_pci virtio_blk)
-GUEST_MODULES=(xen-blkfront)
+# crc32c_generic before ext4: ext4's checksums ask the crypto API for crc32c, which would
+# need modprobe (the guest has none) to load it on demand.
+GUEST_MODULES=(xen-blkfront crc32c_generic ext4)
 XEN_BIN=/usr/lib/xen-4.17/bin
 DOM0_XEN_TOOLS=(xl xenstored xenconsoled xen-init-dom0 libxl-save-helper xenstore-control)
 
@@ -190,6 +192,12 @@ guest=$work/guest
 new_root "$guest"
 install_busybox "$guest"
 cp "$fio_bin" "$guest/usr/bin/fio"
+# e2fsprogs from the host (the same Debian release): the guest's mkfs/fsck checks.
+install_prog "$guest" /usr/sbin/mke2fs /usr/sbin/mke2fs
+install_prog "$guest" /usr/sbin/e2fsck /usr/sbin/e2fsck
+ln -s mke2fs "$guest/usr/sbin/mkfs.ext4"
+ln -s e2fsck "$guest/usr/sbin/fsck.ext4"
+cp /etc/mke2fs.conf "$guest/etc/"
 install_modules "$guest" "${GUEST_MODULES[@]}"
 cp "$RIG_DIR/initramfs/guest-init" "$guest/init"
 chmod +x "$guest/init"
