@@ -38,9 +38,9 @@ const STATS_PERIOD_NS: u64 = 5_000_000_000;
 const STATS_NODE: &str = "blkdom-stats";
 /// Each poller's loops, busy loops and sleeps, under our own domain's `data/`.
 const POLLERS_NODE: &str = "data/blkdom-pollers";
-/// Writing anything non-empty here (`xenstore-write /local/domain/<id>/control/blkdom-report
+/// Writing anything non-empty here (`xenstore-write /local/domain/<id>/data/blkdom-report
 /// 1` in dom0) prints the statistics on blkdom's console.
-const REPORT_NODE: &str = "control/blkdom-report";
+const REPORT_NODE: &str = "data/blkdom-report";
 const REPORT_TOKEN: &str = "report";
 /// How soon a negotiation that waits for in-flight requests is retried.
 const RETRY_NS: u64 = 5_000_000;
@@ -234,8 +234,8 @@ impl Control {
             log::error!("blkback: cannot watch backend/vbd: {e:?}");
             return None;
         }
-        // Created empty first: the toolstack's control/ is ours to write, and a watch on
-        // an existing node is what an operator's write then fires.
+        // Under data/, which the toolstack lets a domain write (control/ only has the
+        // nodes libxl made); created empty, and an operator's write fires the watch.
         let reportable = platform::store::with(|xs| {
             xs.write(Transaction::NONE, REPORT_NODE, b"")?;
             xs.watch(REPORT_NODE, REPORT_TOKEN)
@@ -430,7 +430,7 @@ impl Control {
         }
     }
 
-    /// An operator wrote `control/blkdom-report`: the statistics go to the console (what
+    /// An operator wrote `data/blkdom-report`: the statistics go to the console (what
     /// `xl console` and the console log show); the node is emptied as the acknowledgement.
     fn report_if_asked(&mut self, store: &mut Store<'_>) {
         let asked = store
