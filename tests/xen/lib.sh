@@ -252,5 +252,27 @@ boot_blkdom() {
   esac
 }
 
+# boot_linux_dd: creates the Linux driver domain (tools/xl/linux-dd.cfg: blkback on a brd
+# RAM disk of the same size as blkdom's) and waits until its `xl devd` is up.
+boot_linux_dd() {
+  local start id i
+  start=$(now)
+  create_domain linux-dd "$XL_DIR/linux-dd.cfg" || return 1
+  id=$(domid_of linux-dd)
+  for i in $(seq 180); do
+    if [ "$(xenstore-read "/local/domain/$id/data/rig-driver-domain" 2>/dev/null)" = ready ]; then
+      timing linux-dd-ready-after-create "$(seconds_since "$start")"
+      pass "Linux driver domain up (blkback, brd, xl devd)"
+      return 0
+    fi
+    domid_of linux-dd > /dev/null || break
+    sleep 1
+  done
+  fail "Linux driver domain up within 180 s"
+  tail -n 20 "$CONSOLE_DIR/guest-linux-dd.log" 2>/dev/null | sed 's/^/rig: linux-dd: /'
+  dump_state linux-dd
+  return 1
+}
+
 # The fio jobs of the full comparison (see tools/rig/initramfs/guest-init).
 FULL_JOBS=prefill,randread-qd32-1j,randread-qd32-2j,randread-qd1,seqread-1m,write-verify

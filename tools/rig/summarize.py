@@ -4,12 +4,12 @@ timings and negotiated blkif keys the scenario recorded.
 
     python3 tools/rig/summarize.py results/xen/<scenario> [BACKEND...]
 
-BACKENDs (linux-dom0, blkdom) get a row per job even when they produced no result.
+BACKENDs (linux-dom0, linux-dd, blkdom) get a row per job even when they produced no result.
 
 Reads fio-<guest>-<job>.json (fio --output-format=json), cpu-<guest>-<job>.txt (backend
 domain CPU seconds over the job), timings.txt, host-timings.txt and
 xenstore-negotiated-*.txt. Guests are named after their backend: fio-dom0 (Linux
-blkback in dom0), fio-blkdom (blkdom).
+blkback in dom0), fio-linuxdd (Linux blkback in a PVH driver domain), fio-blkdom (blkdom).
 """
 
 import json
@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-BACKENDS = {"fio-dom0": "linux-dom0", "fio-blkdom": "blkdom"}
+BACKENDS = {"fio-dom0": "linux-dom0", "fio-linuxdd": "linux-dd", "fio-blkdom": "blkdom"}
 JOB_ORDER = ["prefill", "randread-qd32-1j", "randread-qd32-2j", "randread-qd1", "seqread-1m",
              "write-verify", "write-verify-quick"]
 
@@ -87,9 +87,11 @@ def print_table(rows: dict, wanted: list) -> None:
             print(f"{label:<20} {backend:<11} {row['iops']:>8.0f} {row['mib_s']:>8.1f} "
                   f"{row['p50_us']:>9.0f} {row['p99_us']:>9.0f} {row['guest_cpu']:>10.1f} "
                   f"{row['backend_cpu']:>12}")
-        base, ours = rows.get((job, "linux-dom0")), rows.get((job, "blkdom"))
-        if base and ours and base["iops"] > 0:
-            print(f"{'':<20} {'ratio':<11} {ours['iops'] / base['iops']:>8.2f}x")
+        ours = rows.get((job, "blkdom"))
+        for name, label in (("linux-dom0", "/dom0"), ("linux-dd", "/linux-dd")):
+            base = rows.get((job, name))
+            if base and ours and base["iops"] > 0:
+                print(f"{'':<20} {'blkdom' + label:<11} {ours['iops'] / base['iops']:>8.2f}x")
 
 
 def main() -> int:
