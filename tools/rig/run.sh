@@ -52,7 +52,13 @@ case $scenario in
   blkdom-serve) smp=4; budget=$((300 + 6 * (runtime + 40))) ;;
   smoke)        smp=3; budget=360 ;;
   demo)         smp=4; budget=$((420 + 12 * (runtime + 40))) ;;
-  *) rig_die "usage: $0 baseline|blkdom-boot|blkdom-platform|blkdom-multi|blkdom-serve|smoke|demo [--runtime SECONDS]" ;;
+  # A B C A B C rounds of up to 17 jobs (+ 6 s settle each); BENCH_JOBS, BENCH_SYSTEMS
+  # (comma-separated) and BENCH_REPEATS reach tests/xen/bench on dom0's command line.
+  bench)        smp=4; budget=$((300 + 3 * ${BENCH_REPEATS:-2} * (240 + 17 * (runtime + 45))))
+                scenario_args="rig.bench.repeats=${BENCH_REPEATS:-2} rig.bench.jobs=${BENCH_JOBS:-}"
+                scenario_args="${scenario_args} rig.bench.systems=${BENCH_SYSTEMS:-}"
+                scenario_args=${scenario_args//,/+} ;;
+  *) rig_die "usage: $0 baseline|blkdom-boot|blkdom-platform|blkdom-multi|blkdom-serve|smoke|demo|bench [--runtime SECONDS]" ;;
 esac
 qemu_timeout=$((budget + 120))
 
@@ -92,7 +98,7 @@ timeout --kill-after=10 "$qemu_timeout" "$qemu" "${QEMU_FIRMWARE_ARGS[@]}" \
   -display none -monitor none -serial "file:$serial" -no-reboot \
   -kernel "$images/xen" \
   -append "console=com1 com1=115200,8n1 dom0_mem=1024M,max:1024M dom0_max_vcpus=1 dom0_vcpus_pin loglvl=all guest_loglvl=all" \
-  -initrd "$images/vmlinuz console=hvc0 earlyprintk=xen loglevel=4 rig.scenario=$scenario rig.timeout=$budget rig.runtime=$runtime,$images/dom0.cpio.zst" \
+  -initrd "$images/vmlinuz console=hvc0 earlyprintk=xen loglevel=4 rig.scenario=$scenario rig.timeout=$budget rig.runtime=$runtime ${scenario_args:-},$images/dom0.cpio.zst" \
   -drive "file=$work/in.img,format=raw,if=none,id=rigin,readonly=on" \
   -device virtio-blk-pci,drive=rigin,serial=rig-in \
   -drive "file=$work/out.img,format=raw,if=none,id=rigout" \

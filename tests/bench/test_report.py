@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""Host tests of tools/bench/report.py against fixture results (no Xen needed):
+
+    python3 -m unittest discover -s tests/bench -v
+
+A nested run is written into a temporary directory in the layout tests/xen/bench leaves
+(round-N/<system>/ with fio JSON, cpu-*.txt, counters-*.txt and the guest console), with
+known figures, and the report's numbers, tables, JSON and plot are checked against them.
+fixtures/ holds one fio JSON exactly as the guest's fio 3.33 wrote it.
+"""
+
+import io
+import json
+import sys
+import tempfile
+import unittest
+from contextlib import redirect_stdout
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "tools" / "bench"))
+import report  # noqa: E402  (path set up above)
+
+SETTLE = 6
+RAMP = 1
+RUNTIME = 10
+
+
+def fio_json(iops: float, rw: str = "read", block: int = 4096, p50_ns: int = 400_000,
+             p99_ns: int = 2_000_000) -> dict:
+    """The part of fio's JSON output the report reads (group_reporting: one job)."""
+    def side(active: bool) -> dict:
+        ios = int(iops * RUNTIME) if active else 0
+        return {"io_bytes": ios * block, "iops": iops if active else 0,
+                "bw": iops * block / 1024 if active else 0, "total_ios": ios,
+                "runtime": RUNTIME * 1000 if active else 0,
+                "clat_ns": {"mean": p50_ns * 1.1,
+                            "percentile": {"50.000000": p50_ns, "99.000000": p99_ns}}}
+    return {"jobs": [{"jobname": "x", "error": 0, "usr_cpu": 1.5, "sys_cpu": 8.5,
+                      "read": side(rw == "read"), "write": side(rw == "write")}]}
+
+
+# (job, rw, block size, IOPS by (system, round))
+JOBS = [
+    ("fio-write-1m-qd4-fill", "write", 1 << 20,
+     {("linux-dom0", 1): 100, ("linux-dom0", 2): 110, ("blkdom", 1): 90, ("blkdom", 2): 95}),
+    ("fio-randread-4k-qd32-1j", "read", 4096,
+     {("linux-dom0", 1): 700, ("linux-dom0", 2): 800, ("blkdom", 1): 1400, ("blkdom", 2): 1800}),
+    ("fio-randread-4k-qd1-1j", "read", 4096,
+     {("linux-dom0", 1): 500, ("linux-dom0", 2): 500, ("blkdom", 1): 250, ("blkdom", 2): 250}),
+    ("fio-randread-512-qd32-1j", "read", 512,
+     {("linux-dom0", 1): 900, ("linux-dom0", 2): 1000, ("blkdom", 1): 2000, ("blkdom", 2): 2200}),
+    ("fio-randread-1m-qd32-1j", "read", 1 << 20,
+     {("linux-dom0", 1): 90, ("linux-dom0", 2): 100, ("blkdom", 1): 120, ("blkdom", 2): 130}),
+]
+GUESTS = {"linux-dom0": "fio-dom0", "linux-dd": "fio-linuxdd", "blkdom": "fio-blkdom"}
+
+
+def write_run(root: Path, rounds: int = 2, systems=("linux-dom0", "blkdom")) -> None:
+    """A tests/xen/bench result directory with the figures of JOBS. The Linux driver
+    domain (linux-dd) gets half of dom0's IOPS and no counters (they live in its sysfs)."""
+    (root / "bench-config.txt").write_text(
+        f"repeats={rounds} runtime={RUNTIME} settle={SETTLE} ramp={RAMP}\n"
+        f"jobs={','.join(j[0] for j in JOBS)}\n")
+    (root / "xl-info.txt").write_text("nr_cpus                : 4\nxen_version            : 4.17.5\n")
+    for round_no in range(1, rounds + 1):
+        for system in systems:
+            guest = f"{GUESTS[system]}-r{round_no}"
+            directory = root / f"round-{round_no}" / system
+            directory.mkdir(parents=True)
+            counters, console = [], ["rig-guest: disk ready"]
+            total = {"reads": 0, "writes": 0, "map": 0, "unmap": 0, "notify": 0,
+                     "loops": 0, "sleeps": 0, "irqs": 1000}
+            for job, rw, block, figures in JOBS:
+                iops = (figures[("linux-dom0", round_no)] // 2 if system == "linux-dd"
+                        else figures[(system, round_no)])
+                p50 = 1_000_000 // iops * 1000 if "qd1-" in job else 400_000
+                (directory / f"fio-{guest}-{job}.json").write_text(
+                    json.dumps(fio_json(iops, rw, block, p50_ns=p50)))
+                # Backend CPU: 10% of the busy time, plus nothing during the settle.
+                wall = RUNTIME + RAMP + SETTLE
+                (directory / f"cpu-{guest}-{job}.txt").write_text(
+                    f"backend={system} cpu_s={0.1 * (wall - SETTLE):.1f} wall_s={wall:.2f}\n")
+                requests = iops * (RUNTIME + RAMP)
+                console.append(f"rig-guest: irq before {job} {total['irqs']}\r")
+                before = dict(total)
+                total["reads" if rw == "read" else "writes"] += requests
+                total["map"] += requests // 4
+                total["unmap"] += requests // 4
+                total["notify"] += requests // 2
+                total["loops"] += requests * 3
+                total["sleeps"] += requests // 10
+                total["irqs"] += requests // 2
+                console.append(f"rig-guest: irq after {job} {total['irqs'] - 7}")
+                console.append(f"rig-guest: irq after {job} {total['irqs']}")
+                for edge, values in (("begin", before), ("end", total)):
+                    if system == "linux-dom0":
+                        counters.append(
+                            f"{edge} {job} linux-vbd uptime=50.0 rd_req={values['reads']} "
+                            f"wr_req={values['writes']} oo_req=0 f_req=0 ds_req=0")
+                    elif system == "blkdom":
+                        counters.append(
+                            f"{edge} {job} blkdom-stats uptime=50.0 queues=1 "
+                            f"reads={values['reads']} writes={values['writes']} flushes=0 "
+                            f"grants-mapped=300 map-batches={values['map']} "
+                            f"unmap-batches={values['unmap']} "
+                            f"notifications={values['notify']} events={values['notify'] // 2}")
+                        counters.append(
+                            f"{edge} {job} blkdom-pollers uptime=50.0 vcpu0: rings=0 loops=5 "
+                            f"busy=1 sleeps=2 vcpu1: rings=1 loops={values['loops']} "
+                            f"busy=9 sleeps={values['sleeps']}")
+            (directory / f"counters-{guest}.txt").write_text("\n".join(counters) + "\n")
+            (directory / f"guest-{guest}.log").write_text("\n".join(console) + "\n")
+
+
+class ReportTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.root = Path(self.tmp.name)
+        self.nested = self.root / "xen-bench"
+        self.nested.mkdir()
+        write_run(self.nested)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def summary_of(self, job: str) -> dict:
+        data = report.load_nested(self.nested)
+        return {e["job"]: e for e in report.summarise(data["runs"])}[job]
+
+    def test_every_measurement_is_read(self):
+        data = report.load_nested(self.nested)
+        self.assertEqual(len(data["runs"]), 2 * 2 * len(JOBS))
+        self.assertEqual(data["config"]["settle"], str(SETTLE))
+        self.assertEqual(data["xen"]["xen_version"], "4.17.5")
+        row = next(r for r in data["runs"] if r["system"] == "blkdom" and r["round"] == 2
+                   and r["job"] == "fio-randread-4k-qd32-1j")
+        self.assertEqual(row["iops"], 1800)
+        self.assertAlmostEqual(row["mib_s"], 1800 * 4096 / 1024 / 1024)
+
+    def test_median_min_max_and_ratio(self):
+        entry = self.summary_of("fio-randread-4k-qd32-1j")
+        linux = entry["systems"]["linux-dom0"]["iops"]
+        ours = entry["systems"]["blkdom"]["iops"]
+        self.assertEqual((linux["median"], linux["min"], linux["max"]), (750, 700, 800))
+        self.assertEqual((ours["median"], ours["min"], ours["max"]), (1600, 1400, 1800))
+        self.assertAlmostEqual(entry["ratios"]["blkdom/linux-dom0"]["iops"], 1600 / 750)
+
+    def test_latency_percentiles(self):
+        entry = self.summary_of("fio-randread-4k-qd1-1j")
+        self.assertAlmostEqual(entry["systems"]["linux-dom0"]["p50_us"]["median"], 2000)
+        self.assertAlmostEqual(entry["systems"]["blkdom"]["p50_us"]["median"], 4000)
+        self.assertAlmostEqual(entry["ratios"]["blkdom/linux-dom0"]["p50_us"], 2.0)
+
+    def test_backend_cpu_excludes_the_settle(self):
+        entry = self.summary_of("fio-randread-4k-qd32-1j")
+        self.assertAlmostEqual(entry["systems"]["blkdom"]["backend_cpu_percent"]["median"], 10.0)
+
+    def test_costs_from_counter_deltas(self):
+        entry = self.summary_of("fio-randread-4k-qd32-1j")
+        ours = entry["systems"]["blkdom"]
+        # map/4 + unmap/4 + notify/2 per request.
+        self.assertAlmostEqual(ours["hypercalls_per_request"]["median"], 1.0, places=2)
+        self.assertAlmostEqual(ours["notifications_per_s"]["median"], 1600 / 2, delta=1)
+        self.assertAlmostEqual(ours["events_per_s"]["median"], 1600 / 4, delta=1)
+        self.assertAlmostEqual(ours["poller_loops_per_request"]["median"], 3.0, places=2)
+        self.assertAlmostEqual(ours["poller_sleeps_per_s"]["median"], 160, delta=1)
+        # Guest interrupts: the last "after" line counts; per second over runtime + ramp.
+        linux = entry["systems"]["linux-dom0"]
+        self.assertAlmostEqual(linux["guest_irqs_per_s"]["median"], 750 / 2, delta=1)
+        self.assertAlmostEqual(linux["guest_irqs_per_io"]["median"], 0.5, places=2)
+
+    def test_jobs_in_list_order(self):
+        data = report.load_nested(self.nested)
+        reversed_list = [job for job, _, _, _ in reversed(JOBS)]
+        listed = [e["job"] for e in report.summarise(data["runs"], reversed_list)]
+        self.assertEqual(listed, reversed_list)
+        # Without the list: the prefill, then the other jobs, then the sweep by size.
+        unlisted = [e["job"] for e in report.summarise(data["runs"])]
+        self.assertEqual(unlisted, ["fio-write-1m-qd4-fill", "fio-randread-4k-qd32-1j",
+                                    "fio-randread-4k-qd1-1j", "fio-randread-512-qd32-1j",
+                                    "fio-randread-1m-qd32-1j"])
+
+    def test_missing_system_or_counters_still_reports(self):
+        for path in self.nested.glob("round-2/blkdom/*"):
+            path.unlink()
+        for path in self.nested.glob("round-*/*/counters-*"):
+            path.unlink()
+        entry = self.summary_of("fio-randread-4k-qd32-1j")
+        self.assertEqual(entry["systems"]["blkdom"]["iops"]["n"], 1)
+        self.assertNotIn("hypercalls_per_request", entry["systems"]["blkdom"])
+        text = report.render_tables(
+            {"nested": {**report.load_nested(self.nested),
+                        "summary": report.summarise(report.load_nested(self.nested)["runs"])}},
+            markdown=False)
+        self.assertIn("1,400", text)
+
+    def test_main_writes_json_tables_and_plot(self):
+        engine = self.root / "engine.json"
+        engine.write_text(json.dumps({"benchmark": "blkback-engine", "results": [
+            {"ring_order": 0, "queues": 1, "persistent_grants": False,
+             "threaded_req_per_s": 1e6, "lockstep_req_per_s_per_core": 5e6,
+             "plain_req_per_s_per_core": 1e7, "lockstep_ns_per_req": 200.0,
+             "plain_ns_per_req": 100.0, "grant_batches_per_req": 0.25}]}))
+        svg = self.root / "plot.svg"
+        out = io.StringIO()
+        with redirect_stdout(out):
+            status = report.main(["--nested", str(self.nested), "--engine", str(engine),
+                                  "--out-root", str(self.root / "out"), "--svg", str(svg),
+                                  "--markdown"])
+        self.assertEqual(status, 0)
+        printed = out.getvalue()
+        self.assertIn("| job | Linux dom0 IOPS | blkdom IOPS | blkdom/Linux dom0 |", printed)
+        self.assertIn("| randread 4K QD32 | 750 (700–800) | 1,600 (1,400–1,800) | 2.13x |",
+                      printed)
+        self.assertIn("| 2,000/2,000, 4,000/2,000 |", printed)
+        self.assertIn("| 0 | 1 | off |", printed)
+        written = list((self.root / "out").glob("*/bench.json"))
+        self.assertEqual(len(written), 1)
+        saved = json.loads(written[0].read_text())
+        self.assertEqual(saved["engine"]["results"][0]["plain_ns_per_req"], 100.0)
+        self.assertEqual(len(saved["nested"]["runs"]), 2 * 2 * len(JOBS))
+        self.assertIn("nproc", saved["machine"])
+        self.assertTrue(saved["commit"])
+        plot = svg.read_text()
+        self.assertTrue(plot.startswith("<svg"))
+        # One line per system, one point per swept block size (512, 4K, 1M).
+        self.assertEqual(plot.count("<polyline"), 2)
+        self.assertEqual(plot.count("<circle"), 6)
+        self.assertIn("512", plot)
+        self.assertIn("1M", plot)
+
+    def test_third_system(self):
+        nested = self.root / "three"
+        nested.mkdir()
+        write_run(nested, systems=("linux-dom0", "linux-dd", "blkdom"))
+        data = report.load_nested(nested)
+        entry = {e["job"]: e for e in report.summarise(data["runs"])}["fio-randread-4k-qd32-1j"]
+        self.assertEqual(entry["systems"]["linux-dd"]["iops"]["median"], 375)
+        self.assertAlmostEqual(entry["ratios"]["blkdom/linux-dd"]["iops"], 1600 / 375)
+        self.assertAlmostEqual(entry["ratios"]["blkdom/linux-dom0"]["iops"], 1600 / 750)
+        self.assertNotIn("hypercalls_per_request", entry["systems"]["linux-dd"])
+        header, rows = report.main_table(report.summarise(data["runs"]))
+        self.assertEqual(header[1:6], ["Linux dom0 IOPS", "Linux dd IOPS", "blkdom IOPS",
+                                       "blkdom/Linux dom0", "blkdom/Linux dd"])
+        self.assertEqual(rows[1][4:6], ["2.13x", "4.27x"])
+        points = report.sweep_points(report.summarise(data["runs"]))
+        self.assertEqual(sorted(points), ["blkdom", "linux-dd", "linux-dom0"])
+        self.assertEqual(report.svg_plot(points, "t", "s").count("<polyline"), 3)
+
+    def test_real_fio_output(self):
+        figures = report.fio_figures(json.loads((HERE / "fixtures" / "fio-qd1.json").read_text()))
+        self.assertEqual(figures["rw"], "read")
+        self.assertGreater(figures["iops"], 0)
+        self.assertGreater(figures["p99_us"], figures["p50_us"])
+        self.assertGreater(figures["p50_us"], 0)
+
+
+class HelpersTest(unittest.TestCase):
+    def test_block_sizes(self):
+        self.assertEqual(report.size_bytes("512"), 512)
+        self.assertEqual(report.size_bytes("4k"), 4096)
+        self.assertEqual(report.size_bytes("1m"), 1 << 20)
+        self.assertEqual(report.size_label(2048), "2K")
+        self.assertEqual(report.describe_job("fio-randwrite-4k-qd32-2j"), "randwrite 4K QD32 x2")
+        with self.assertRaises(ValueError):
+            report.size_bytes("4q")
+
+    def test_poller_counters_are_prefixed_by_vcpu(self):
+        values = report.parse_key_values("vcpu0: loops=3 sleeps=1 vcpu1: loops=4".split())
+        self.assertEqual(values, {"vcpu0.loops": 3, "vcpu0.sleeps": 1, "vcpu1.loops": 4})
+        self.assertEqual(report.sum_matching(values, "loops"), 7)
+
+    def test_log_ticks(self):
+        self.assertEqual(report.log_ticks(90, 2200), [50, 100, 200, 500, 1000, 2000, 5000])
+        self.assertEqual(report.log_ticks(100, 100), [100])
+        self.assertEqual(report.log_ticks(3, 7), [2, 5, 10])
+
+
+if __name__ == "__main__":
+    unittest.main()

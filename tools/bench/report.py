@@ -1,0 +1,631 @@
+#!/usr/bin/env python3
+"""Report of `make bench`: one bench.json per run, a table of medians and a plot.
+
+    python3 tools/bench/report.py [--nested results/xen/bench] [--engine FILE]
+        [--out-root results/bench] [--svg docs/bench-iops-by-block-size.svg] [--markdown]
+
+Reads what tests/xen/bench left in the nested directory (per round and system: fio JSON
+and backend CPU per job, the backend's counters at each job's edges, the guest's console
+with its blkif interrupt counts) and the engine benchmark's JSON (BENCH_JSON of
+xen/blkback/examples/bench_engine.rs). Writes <out-root>/<UTC timestamp>/bench.json
+(commit, date, machine, every measurement, the summary) and tables.md (the tables in
+Markdown, for BENCHMARKS.md), prints the tables, and draws IOPS by block size (the
+random-read QD32 sweep), one line per system, as a hand-written SVG. Standard library only.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# Result folders of tests/xen/bench (round-N/<system>/); blkdom is compared with each
+# Linux system present.
+SYSTEMS = ["linux-dom0", "linux-dd", "blkdom"]
+LINUX_SYSTEMS = ["linux-dom0", "linux-dd"]
+SYSTEM_LABELS = {"linux-dom0": "Linux dom0 blkback", "linux-dd": "Linux driver domain",
+                 "blkdom": "blkdom"}
+SHORT_LABELS = {"linux-dom0": "Linux dom0", "linux-dd": "Linux dd", "blkdom": "blkdom"}
+SYSTEM_COLOURS = {"linux-dom0": "#1f77b4", "linux-dd": "#2ca02c", "blkdom": "#d62728"}
+# Job names of the guest's generic arm: fio-<rw>-<bs>-qd<depth>-<N>j or ...-fill.
+JOB_RE = re.compile(r"^fio-(randread|randwrite|read|write)-(\d+[kmg]?)-qd(\d+)-(\d+j|fill)$")
+GUEST_FILE_RE = re.compile(r"^(fio|cpu|counters|guest)-(fio-[a-z0-9]+-r\d+)(?:-(.+))?\.(json|txt|log)$")
+# The sweep drawn in the plot: random reads, QD32, one job, any block size.
+SWEEP_RE = re.compile(r"^fio-randread-(\d+[kmg]?)-qd32-1j$")
+
+
+def size_bytes(text: str) -> int:
+    """fio's block size notation (k = 1024) in bytes."""
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    match = re.fullmatch(r"(\d+)([kmg]?)", text.lower())
+    if not match:
+        raise ValueError(f"bad block size {text!r}")
+    return int(match[1]) * units[match[2]]
+
+
+def size_label(size: int) -> str:
+    for unit, factor in (("M", 1 << 20), ("K", 1 << 10)):
+        if size >= factor and size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
+
+
+def describe_job(job: str) -> str:
+    """A human name: 'randread 4K QD32 x2' for fio-randread-4k-qd32-2j."""
+    match = JOB_RE.match(job)
+    if not match:
+        return job
+    rw, bs, depth, count = match.groups()
+    label = f"{rw} {size_label(size_bytes(bs))} QD{depth}"
+    if count == "fill":
+        return label + " (prefill)"
+    return label + (f" x{count[:-1]}" if count != "1j" else "")
+
+
+def job_sort_key(job: str) -> tuple:
+    """Jobs missing from the scenario's list: the prefill, the others, then the sweep."""
+    match = JOB_RE.match(job)
+    if not match:
+        return (3, job)
+    rw, bs, depth, count = match.groups()
+    if count == "fill":
+        return (0, job)
+    sweep = SWEEP_RE.match(job) is not None and bs != "4k"
+    return (2 if sweep else 1, rw not in ("randread", "randwrite"), size_bytes(bs),
+            rw, -int(depth), count)
+
+
+# --- reading one run -------------------------------------------------------------------
+
+def fio_figures(result: dict) -> dict:
+    """IOPS, bandwidth, completion-latency percentiles of one fio JSON (group_reporting:
+    one job entry; reads and writes are added for mixed jobs)."""
+    job = result["jobs"][0]
+    sides = [s for s in ("read", "write") if job[s]["io_bytes"] > 0] or ["read"]
+    iops = sum(job[s]["iops"] for s in sides)
+    main = job[max(sides, key=lambda s: job[s]["io_bytes"])]
+    percentiles = main.get("clat_ns", {}).get("percentile", {})
+    return {
+        "rw": "+".join(sides),
+        "iops": iops,
+        "mib_s": sum(job[s]["bw"] for s in sides) / 1024.0,
+        "total_ios": sum(job[s].get("total_ios", 0) for s in sides),
+        "runtime_s": max(job[s].get("runtime", 0) for s in sides) / 1000.0,
+        "lat_mean_us": main.get("clat_ns", {}).get("mean", 0) / 1000.0,
+        "p50_us": percentiles.get("50.000000", 0) / 1000.0,
+        "p99_us": percentiles.get("99.000000", 0) / 1000.0,
+        "guest_cpu_percent": job.get("usr_cpu", 0) + job.get("sys_cpu", 0),
+        "fio_errors": job.get("error", 0),
+    }
+
+
+def parse_key_values(tokens: list) -> dict:
+    """key=value tokens into numbers; a token 'vcpu0:' prefixes the keys after it."""
+    values = {}
+    prefix = ""
+    for token in tokens:
+        if token.endswith(":") and "=" not in token:
+            prefix = token[:-1] + "."
+            continue
+        key, sep, value = token.partition("=")
+        if not sep:
+            continue
+        try:
+            values[prefix + key] = float(value)
+        except ValueError:
+            pass
+    return values
+
+
+def read_counters(path: Path) -> dict:
+    """counters-<guest>.txt: 'EDGE JOB SOURCE uptime=T key=value...' per line, into
+    {(job, edge, source): {key: number}} (the last line wins)."""
+    edges = {}
+    for line in path.read_text().splitlines():
+        fields = line.split()
+        if len(fields) < 3 or fields[0] not in ("begin", "end"):
+            continue
+        edges[(fields[1], fields[0], fields[2])] = parse_key_values(fields[3:])
+    return edges
+
+
+def read_guest_irqs(path: Path) -> dict:
+    """The guest's blkif interrupt counts around each job: {job: (before, after)}. With
+    several fio threads each prints 'after'; the last (largest) one counts."""
+    before, after = {}, {}
+    for line in path.read_text(errors="replace").splitlines():
+        match = re.search(r"rig-guest: irq (before|after) (\S+) (\d+)", line)
+        if match:
+            side, job, count = match[1], match[2], int(match[3])
+            if side == "before":
+                before.setdefault(job, count)
+            else:
+                after[job] = max(after.get(job, 0), count)
+    return {job: (before[job], after[job]) for job in before if job in after}
+
+
+def read_cpu(path: Path):
+    if not path.exists():
+        return None
+    fields = dict(kv.split("=", 1) for kv in path.read_text().split() if "=" in kv)
+    try:
+        return float(fields["cpu_s"]), float(fields["wall_s"])
+    except (KeyError, ValueError):
+        return None
+
+
+def counter_deltas(edges: dict, job: str, source: str) -> dict:
+    begin, end = edges.get((job, "begin", source)), edges.get((job, "end", source))
+    if not begin or not end:
+        return {}
+    return {k: end[k] - begin[k] for k in end if k in begin and k != "uptime"}
+
+
+def sum_matching(values: dict, suffix: str) -> float:
+    """Adds every 'vcpuN.<suffix>' value (pollers publish one set per vCPU)."""
+    return sum(v for k, v in values.items() if k.endswith("." + suffix))
+
+
+def derive_costs(row: dict, deltas: dict, source: str) -> None:
+    """Per-request and per-second costs from the backend's counter deltas over one job.
+    Counter windows include fio's ramp-up second, so costs are per backend request and
+    scaled to seconds with fio's IOPS."""
+    iops = row["iops"]
+    if source == "linux-vbd":
+        requests = sum(deltas.get(k, 0) for k in ("rd_req", "wr_req", "f_req", "ds_req"))
+        row["backend_requests"] = requests
+        if requests > 0:
+            row["backend_oo_req"] = deltas.get("oo_req", 0)
+        return
+    requests = deltas.get("reads", 0) + deltas.get("writes", 0) + deltas.get("flushes", 0)
+    row["backend_requests"] = requests
+    if requests <= 0:
+        return
+    per_request = {k: v / requests for k, v in deltas.items()
+                   if not k.startswith("vcpu") and k not in ("queues", "grants-mapped")}
+    row["blkdom_per_request"] = per_request
+    # Hypercalls the backend made: grant map and unmap batches, plus event-channel sends
+    # when blkdom publishes them (notifications=...).
+    hypercalls = deltas.get("map-batches", 0) + deltas.get("unmap-batches", 0)
+    if "notifications" in deltas:
+        hypercalls += deltas["notifications"]
+        row["notifications_per_s"] = deltas["notifications"] / requests * iops
+    if "events" in deltas:  # the frontend's notifications to blkdom
+        row["events_per_s"] = deltas["events"] / requests * iops
+    row["hypercalls_per_request"] = hypercalls / requests
+    row["hypercalls_counted"] = "map+unmap" + ("+notify" if "notifications" in deltas else "")
+
+
+def derive_pollers(row: dict, deltas: dict) -> None:
+    requests = row.get("backend_requests", 0)
+    if requests <= 0 or not deltas:
+        return
+    for name in ("loops", "busy", "sleeps"):
+        row[f"poller_{name}_per_request"] = sum_matching(deltas, name) / requests
+    row["poller_sleeps_per_s"] = sum_matching(deltas, "sleeps") / requests * row["iops"]
+
+
+def load_nested(nested: Path) -> dict:
+    """Every measurement of one tests/xen/bench run."""
+    config = {}
+    config_path = nested / "bench-config.txt"
+    if config_path.exists():
+        for line in config_path.read_text().splitlines():
+            for token in line.split():
+                key, sep, value = token.partition("=")
+                if sep:
+                    config[key] = value.split(",") if key == "jobs" else value
+    settle = float(config.get("settle", 0))
+    ramp = float(config.get("ramp", 1))
+    runs = []
+    for round_dir in sorted(nested.glob("round-*"), key=lambda p: int(p.name.split("-")[1])):
+        round_no = int(round_dir.name.split("-")[1])
+        for system in SYSTEMS:
+            directory = round_dir / system
+            if not directory.is_dir():
+                continue
+            edges, irqs = {}, {}
+            for path in directory.iterdir():
+                match = GUEST_FILE_RE.match(path.name)
+                if match and match[1] == "counters":
+                    edges.update(read_counters(path))
+                elif match and match[1] == "guest":
+                    irqs.update(read_guest_irqs(path))
+            for path in sorted(directory.glob("fio-fio-*.json")):
+                match = GUEST_FILE_RE.match(path.name)
+                if not match:
+                    continue
+                guest, job = match[2], match[3]
+                try:
+                    row = fio_figures(json.loads(path.read_text()))
+                except (ValueError, KeyError, IndexError) as err:
+                    print(f"warning: {path}: unreadable fio JSON ({err})", file=sys.stderr)
+                    continue
+                row.update({"system": system, "round": round_no, "job": job})
+                cpu = read_cpu(directory / f"cpu-{guest}-{job}.txt")
+                if cpu:
+                    cpu_s, wall_s = cpu
+                    row["backend_cpu_s"] = cpu_s
+                    row["job_wall_s"] = wall_s
+                    busy_wall = wall_s - settle
+                    if busy_wall > 0:
+                        row["backend_cpu_percent"] = 100.0 * cpu_s / busy_wall
+                if job in irqs:
+                    before, after = irqs[job]
+                    row["guest_irqs"] = after - before
+                    seconds = row["runtime_s"] + (ramp if JOB_RE.match(job) and
+                                                  not job.endswith("-fill") else 0)
+                    if seconds > 0:
+                        row["guest_irqs_per_s"] = (after - before) / seconds
+                    if row["iops"] > 0 and seconds > 0:
+                        row["guest_irqs_per_io"] = row["guest_irqs_per_s"] / row["iops"]
+                for source in ("linux-vbd", "blkdom-stats"):
+                    deltas = counter_deltas(edges, job, source)
+                    if deltas:
+                        row["counters_" + source.replace("-", "_")] = deltas
+                        derive_costs(row, deltas, source)
+                pollers = counter_deltas(edges, job, "blkdom-pollers")
+                if pollers:
+                    row["counters_blkdom_pollers"] = pollers
+                    derive_pollers(row, pollers)
+                runs.append(row)
+    xen = {}
+    info = nested / "xl-info.txt"
+    if info.exists():
+        for line in info.read_text().splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() in ("xen_version", "nr_cpus", "cpu_mhz", "virt_caps"):
+                xen[key.strip()] = value.strip()
+    return {"config": config, "xen": xen, "runs": runs}
+
+
+# --- summary ---------------------------------------------------------------------------
+
+SUMMARY_FIELDS = ["iops", "mib_s", "p50_us", "p99_us", "backend_cpu_percent",
+                  "guest_irqs_per_s", "guest_irqs_per_io", "hypercalls_per_request",
+                  "notifications_per_s", "events_per_s", "poller_sleeps_per_s",
+                  "poller_loops_per_request"]
+
+
+def spread(values: list) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}
+
+
+def summarise(runs: list, order=()) -> list:
+    """Median, min and max over the rounds of each (job, system), with blkdom/Linux
+    ratios of the medians; jobs in the given order (the scenario's list), others after."""
+    by_key = {}
+    for row in runs:
+        by_key.setdefault((row["job"], row["system"]), []).append(row)
+    order = list(order)
+    jobs = sorted({job for job, _ in by_key},
+                  key=lambda j: (order.index(j) if j in order else len(order), job_sort_key(j)))
+    summary = []
+    for job in jobs:
+        entry = {"job": job, "description": describe_job(job), "systems": {}}
+        for system in SYSTEMS:
+            rows = by_key.get((job, system), [])
+            figures = {}
+            for field in SUMMARY_FIELDS:
+                values = [r[field] for r in rows if field in r]
+                if values:
+                    figures[field] = spread(values)
+            if figures:
+                entry["systems"][system] = figures
+        ours = entry["systems"].get("blkdom")
+        entry["ratios"] = {}
+        for baseline in LINUX_SYSTEMS:
+            linux = entry["systems"].get(baseline)
+            if linux and ours:
+                entry["ratios"][f"blkdom/{baseline}"] = {
+                    field: ours[field]["median"] / linux[field]["median"]
+                    for field in ("iops", "mib_s", "p50_us", "p99_us")
+                    if field in linux and field in ours and linux[field]["median"] > 0}
+        summary.append(entry)
+    return summary
+
+
+# --- output ----------------------------------------------------------------------------
+
+def fmt(value: float, digits: int = 0) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def fmt_spread(figure, digits: int = 0) -> str:
+    if not figure:
+        return "-"
+    if figure["n"] == 1:
+        return fmt(figure["median"], digits)
+    return (f"{fmt(figure['median'], digits)} ({fmt(figure['min'], digits)}–"
+            f"{fmt(figure['max'], digits)})")
+
+
+def present_systems(summary: list) -> list:
+    found = {system for entry in summary for system in entry["systems"]}
+    return [system for system in SYSTEMS if system in found]
+
+
+def median_of(figures: dict, field: str, digits: int) -> str:
+    return fmt(figures[field]["median"], digits) if field in figures else "-"
+
+
+def main_table(summary: list) -> tuple:
+    """The comparison: per job, IOPS and MiB/s of each system (median, min–max), blkdom
+    over each Linux system, backend CPU and, for QD1 jobs, latency."""
+    systems = present_systems(summary)
+    baselines = [s for s in LINUX_SYSTEMS if s in systems and "blkdom" in systems]
+    header = (["job"] + [f"{SHORT_LABELS[s]} IOPS" for s in systems]
+              + [f"blkdom/{SHORT_LABELS[b]}" for b in baselines]
+              + [f"{SHORT_LABELS[s]} MiB/s" for s in systems]
+              + ["backend CPU % " + "/".join(SHORT_LABELS[s] for s in systems),
+                 "QD1 p50/p99 µs " + ", ".join(SHORT_LABELS[s] for s in systems)])
+    rows = []
+    for entry in summary:
+        figures = [entry["systems"].get(s, {}) for s in systems]
+        ratios = []
+        for baseline in baselines:
+            ratio = entry["ratios"].get(f"blkdom/{baseline}", {}).get("iops")
+            ratios.append(f"{ratio:.2f}x" if ratio else "-")
+        latency = ""
+        if "-qd1-" in entry["job"]:
+            latency = ", ".join(f"{median_of(f, 'p50_us', 0)}/{median_of(f, 'p99_us', 0)}"
+                                for f in figures)
+        rows.append([entry["description"]] + [fmt_spread(f.get("iops")) for f in figures]
+                    + ratios + [fmt_spread(f.get("mib_s"), 1) for f in figures]
+                    + ["/".join(median_of(f, "backend_cpu_percent", 0) for f in figures),
+                       latency])
+    return header, rows
+
+
+def cost_table(summary: list) -> tuple:
+    """What the numbers cost: blkdom's hypercalls, notifications and poller sleeps, and
+    the interrupts every system's guest took."""
+    systems = present_systems(summary)
+    header = (["job", "blkdom hypercalls/req", "blkdom→guest notify/s",
+               "guest→blkdom events/s", "blkdom sleeps/s", "blkdom poll loops/req"]
+              + [f"guest irq/s {SHORT_LABELS[s]}" for s in systems]
+              + [f"guest irq/IO {SHORT_LABELS[s]}" for s in systems])
+    rows = []
+    for entry in summary:
+        ours = entry["systems"].get("blkdom", {})
+        figures = [entry["systems"].get(s, {}) for s in systems]
+        rows.append([entry["description"], median_of(ours, "hypercalls_per_request", 3),
+                     median_of(ours, "notifications_per_s", 0),
+                     median_of(ours, "events_per_s", 0),
+                     median_of(ours, "poller_sleeps_per_s", 0),
+                     median_of(ours, "poller_loops_per_request", 1)]
+                    + [median_of(f, "guest_irqs_per_s", 0) for f in figures]
+                    + [median_of(f, "guest_irqs_per_io", 3) for f in figures])
+    return header, rows
+
+
+def engine_rows(engine: dict) -> list:
+    return [[str(r["ring_order"]), str(r["queues"]), "on" if r["persistent_grants"] else "off",
+             fmt(r["threaded_req_per_s"]), fmt(r["lockstep_req_per_s_per_core"]),
+             fmt(r["lockstep_ns_per_req"], 1), fmt(r["plain_req_per_s_per_core"]),
+             fmt(r["plain_ns_per_req"], 1), fmt(r["grant_batches_per_req"], 3)]
+            for r in engine.get("results", [])]
+
+
+ENGINE_HEADER = ["ring order", "queues", "persistent", "threaded req/s",
+                 "lockstep req/s/core", "ns/req", "plain req/s/core", "ns/req",
+                 "map+unmap batches/req"]
+
+
+def text_table(header: list, rows: list) -> str:
+    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def markdown_table(header: list, rows: list) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def sweep_points(summary: list) -> dict:
+    """{system: [(block size, median, min, max)]} of the random-read QD32 sweep."""
+    points = {}
+    for entry in summary:
+        match = SWEEP_RE.match(entry["job"])
+        if not match:
+            continue
+        for system, figures in entry["systems"].items():
+            if "iops" in figures:
+                iops = figures["iops"]
+                points.setdefault(system, []).append(
+                    (size_bytes(match[1]), iops["median"], iops["min"], iops["max"]))
+    return {system: sorted(values) for system, values in points.items()}
+
+
+def log_ticks(low: float, high: float) -> list:
+    """1, 2, 5 x 10^n ticks from the last at or below low to the first at or above high
+    (both > 0)."""
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    candidates = [step * 10.0 ** e for e in range(first, last + 1) for step in (1, 2, 5)]
+    below = max(c for c in candidates if c <= low)
+    above = min(c for c in candidates if c >= high)
+    return [c for c in candidates if below <= c <= above]
+
+
+def svg_plot(points: dict, title: str, subtitle: str) -> str:
+    """IOPS (log scale) by block size (log2), median per system with min–max whiskers."""
+    width, height = 720, 440
+    left, right, top, bottom = 80, 170, 60, 60
+    plot_w, plot_h = width - left - right, height - top - bottom
+    sizes = sorted({p[0] for values in points.values() for p in values})
+    lows = [p[2] for values in points.values() for p in values if p[2] > 0]
+    highs = [p[3] for values in points.values() for p in values]
+    ticks = log_ticks(min(lows, default=1), max(highs, default=10))
+    y_lo, y_hi = math.log10(ticks[0]), math.log10(ticks[-1])
+    lo, hi = (sizes[0], sizes[-1]) if sizes else (512, 1 << 20)
+    span = max(hi.bit_length() - lo.bit_length(), 1)
+
+    def x_of(size):
+        return left + plot_w * (size.bit_length() - lo.bit_length()) / span
+
+    def y_of(iops):
+        value = math.log10(max(iops, ticks[0]))
+        return top + plot_h * (1 - (value - y_lo) / max(y_hi - y_lo, 1e-9))
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{left}" y="24" font-size="16" font-weight="bold">{escape(title)}</text>',
+           f'<text x="{left}" y="42" fill="#555">{escape(subtitle)}</text>']
+    for value in ticks:
+        y = y_of(value)
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" '
+                   f'stroke="#ddd"/>')
+        out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">{fmt(value)}</text>')
+    for size in sizes:
+        x = x_of(size)
+        out.append(f'<line x1="{x:.1f}" y1="{top + plot_h}" x2="{x:.1f}" '
+                   f'y2="{top + plot_h + 5}" stroke="#333"/>')
+        out.append(f'<text x="{x:.1f}" y="{top + plot_h + 20}" text-anchor="middle">'
+                   f'{size_label(size)}</text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" '
+               f'stroke="#333"/>')
+    out.append(f'<text x="{left + plot_w / 2}" y="{height - 16}" text-anchor="middle">'
+               f'block size (fio randread, QD32, 1 job)</text>')
+    out.append(f'<text x="20" y="{top + plot_h / 2}" text-anchor="middle" '
+               f'transform="rotate(-90 20 {top + plot_h / 2})">IOPS, log scale (median, min–max)'
+               f'</text>')
+    for index, system in enumerate(s for s in SYSTEMS if s in points):
+        colour = SYSTEM_COLOURS[system]
+        values = points[system]
+        path = " ".join(f"{x_of(s):.1f},{y_of(m):.1f}" for s, m, _, _ in values)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" '
+                   f'stroke-width="2"/>')
+        for size, median, low, high in values:
+            x = x_of(size)
+            out.append(f'<line x1="{x:.1f}" y1="{y_of(low):.1f}" x2="{x:.1f}" '
+                       f'y2="{y_of(high):.1f}" stroke="{colour}"/>')
+            out.append(f'<circle cx="{x:.1f}" cy="{y_of(median):.1f}" r="3.5" '
+                       f'fill="{colour}"><title>{escape(SYSTEM_LABELS[system])} '
+                       f'{size_label(size)}: {fmt(median)} IOPS</title></circle>')
+        y = top + 10 + 22 * index
+        out.append(f'<line x1="{left + plot_w + 15}" y1="{y}" x2="{left + plot_w + 40}" '
+                   f'y2="{y}" stroke="{colour}" stroke-width="2"/>')
+        out.append(f'<text x="{left + plot_w + 46}" y="{y + 4}">'
+                   f'{escape(SYSTEM_LABELS[system])}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def git_commit() -> str:
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain",
+                                "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine() -> dict:
+    info = {"nproc": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["mem_gib"] = round(int(line.split()[1]) / (1 << 20), 1)
+    except OSError:
+        pass
+    info["kernel"] = os.uname().release
+    return info
+
+
+def build_report(nested: Path, engine_path, now: datetime.datetime) -> dict:
+    report = {
+        "schema": 1,
+        "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": git_commit(),
+        "machine": machine(),
+        "nested": None,
+        "engine": None,
+    }
+    if nested and nested.is_dir():
+        data = load_nested(nested)
+        data["summary"] = summarise(data["runs"], data["config"].get("jobs", ()))
+        report["nested"] = data
+    if engine_path and Path(engine_path).exists():
+        report["engine"] = json.loads(Path(engine_path).read_text())
+    return report
+
+
+def render_tables(report: dict, markdown: bool) -> str:
+    table = markdown_table if markdown else text_table
+    parts = []
+    nested = report.get("nested")
+    if nested and nested["summary"]:
+        config = nested["config"]
+        rounds = len({r["round"] for r in nested["runs"]})
+        parts.append(f"Nested Xen, {rounds} round(s) A B A B, {config.get('runtime', '?')} s "
+                     f"per job; medians (min–max over rounds):")
+        parts.append(table(*main_table(nested["summary"])))
+        parts.append("Costs (medians; blkdom hypercalls = grant map + unmap batches + event"
+                     " sends per backend request; per second = per request x fio IOPS;"
+                     " guest irq = blkif interrupts in the guest):")
+        parts.append(table(*cost_table(nested["summary"])))
+    if report.get("engine"):
+        parts.append("Engine on the host (4 KiB reads, null device, one poller):")
+        parts.append(table(ENGINE_HEADER, engine_rows(report["engine"])))
+    return "\n\n".join(parts) + "\n" if parts else "no results\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nested", type=Path, default=REPO / "results/xen/bench")
+    parser.add_argument("--engine", type=Path, default=REPO / "results/bench/engine.json")
+    parser.add_argument("--out-root", type=Path, default=REPO / "results/bench")
+    parser.add_argument("--svg", type=Path, default=REPO / "docs/bench-iops-by-block-size.svg")
+    parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    args = parser.parse_args(argv)
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    report = build_report(args.nested, args.engine, now)
+    if not report["nested"] and not report["engine"]:
+        print(f"no results in {args.nested} or {args.engine}", file=sys.stderr)
+        return 1
+    out_dir = args.out_root / now.strftime("%Y%m%dT%H%M%SZ")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    (out_dir / "tables.md").write_text(render_tables(report, markdown=True))
+    print(render_tables(report, markdown=args.markdown), end="")
+    points = sweep_points(report["nested"]["summary"]) if report["nested"] else {}
+    if points:
+        config = report["nested"]["config"]
+        rounds = len({r["round"] for r in report["nested"]["runs"]})
+        subtitle = (f"nested Xen under QEMU TCG, {rounds} round(s) of "
+                    f"{config.get('runtime', '?')} s per job, {report['date'][:10]}, commit "
+                    f"{report['commit']}, {report['machine'].get('nproc')} host cores")
+        args.svg.parent.mkdir(parents=True, exist_ok=True)
+        args.svg.write_text(svg_plot(points, "IOPS by block size: blkdom and Linux blkback",
+                                     subtitle))
+        print(f"plot: {args.svg}")
+    print(f"json: {out_dir / 'bench.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
