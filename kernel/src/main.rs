@@ -76,6 +76,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
 
     arch::gdt::init_boot_cpu();
     arch::trap::load_idt();
+    arch::apic::mask_legacy_pic();
     smp::init_boot_cpu();
 
     let memory = match mm::init(&info) {
@@ -151,7 +152,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
 
     if hypervisor.is_xen() && platform::get().is_some() {
         match grant_map_hole(&info) {
-            Some(hole) => backend::serve(hole),
+            Some(hole) => backend::serve(hole, info.start_info.rsdp_paddr),
             None => error!("blkback: no hole in the memory map for grant mappings"),
         }
     }
@@ -181,8 +182,24 @@ fn grant_map_hole(info: &bootinfo::BootInfo) -> Option<blkdom_support::frames::P
         .map(|e| e.addr.saturating_add(e.size))
         .fold(0, u64::max);
     let low = ram_end.max(1 << 30);
-    // Stay clear of the 0xF0000000+ area where Xen and firmware put special pages.
-    largest_hole(&used, low, 0xf000_0000, 2 << 20)
+    // Stay clear of the 0xF0000000+ area where Xen and firmware put special pages, and,
+    // booted as HVM, of the PCI hole: the memory map leaves it out, so only the BARs
+    // show where it starts (hvmloader lowers it from 0xF0000000 when BARs need room).
+    let bars = devices::open::memory_bars(info.start_info.rsdp_paddr);
+    let lowest_bar = bars
+        .iter()
+        .map(|&(address, _)| address)
+        .filter(|&address| address < (1 << 32))
+        .min();
+    let high = lowest_bar.map_or(0xf000_0000, |bar| bar.min(0xf000_0000));
+    if !bars.is_empty() {
+        info!(
+            "blkback: {} PCI memory BARs, the lowest at {:#x}: map space ends there",
+            bars.len(),
+            lowest_bar.unwrap_or(0)
+        );
+    }
+    largest_hole(&used, low, high, 2 << 20)
 }
 
 /// Brings up every CPU the MADT lists as enabled.
@@ -199,7 +216,8 @@ fn start_cpus(hypervisor: &Hypervisor, rsdp_paddr: u64) {
     arch::apic::set_base(madt.local_apic_address);
     let listed = madt.enabled_cpus().count();
     let started = if hypervisor.is_xen() {
-        platform::vcpus::start(listed)
+        let apic_ids: alloc::vec::Vec<u32> = madt.enabled_cpus().map(|c| c.apic_id).collect();
+        platform::vcpus::start(&apic_ids)
     } else {
         smp::start_aps_with_sipi(madt.enabled_cpus().map(|c| c.apic_id))
     };

@@ -163,22 +163,7 @@ pub fn start_aps_with_sipi(apic_ids: impl Iterator<Item = u32>) -> usize {
             log::warn!("cpu: more than {MAX_CPUS} CPUs; APIC {apic_id} and later stay off");
             break;
         }
-        let started = start_ap(next, |start| {
-            ap_boot::install(ap_boot::TrampolineData {
-                cr3: start.cr3,
-                stack_top: start.stack_top,
-                entry: start.entry,
-                cpu_index: start.index as u64,
-                efer_bits: start.efer & ((1 << 8) | (1 << 11)),
-            });
-            let page = (ap_boot::TRAMPOLINE_PADDR >> 12) as u8;
-            apic::send_init(apic_id);
-            wait_until(10, || false);
-            apic::send_startup(apic_id, page);
-            if !wait_until(1, || is_online(start.index)) {
-                apic::send_startup(apic_id, page);
-            }
-        });
+        let started = start_ap(next, |start| launch_with_sipi(apic_id, start));
         if started {
             next += 1;
         } else {
@@ -186,6 +171,25 @@ pub fn start_aps_with_sipi(apic_ids: impl Iterator<Item = u32>) -> usize {
         }
     }
     next - 1
+}
+
+/// INIT, then start-up IPIs into the real-mode trampoline, which climbs to `start`'s
+/// long-mode entry (a `start_ap` launcher).
+pub fn launch_with_sipi(apic_id: u32, start: &ApStart) {
+    ap_boot::install(ap_boot::TrampolineData {
+        cr3: start.cr3,
+        stack_top: start.stack_top,
+        entry: start.entry,
+        cpu_index: start.index as u64,
+        efer_bits: start.efer & ((1 << 8) | (1 << 11)),
+    });
+    let page = (ap_boot::TRAMPOLINE_PADDR >> 12) as u8;
+    apic::send_init(apic_id);
+    wait_until(10, || false);
+    apic::send_startup(apic_id, page);
+    if !wait_until(1, || is_online(start.index)) {
+        apic::send_startup(apic_id, page);
+    }
 }
 
 /// Where a started CPU enters Rust, on its own stack, with the boot CPU's page tables.

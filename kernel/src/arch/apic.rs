@@ -42,6 +42,19 @@ pub fn enable() {
     write(REG_SPURIOUS, 0x100 | u32::from(SPURIOUS_VECTOR));
 }
 
+/// Masks every line of the legacy 8259 PICs. Firmware (SeaBIOS, before QEMU's PVH
+/// option ROM, or before an HVM domain's kernel) leaves the timer's IRQ 0 unmasked on
+/// vectors 0x08.. — the CPU exception vectors — so the first tick after `sti` would look
+/// like a double fault. A PVH domain has no PIC; the writes are then ignored.
+pub fn mask_legacy_pic() {
+    // SAFETY: ports 0x21 and 0xa1 are the PICs' interrupt mask registers; writing them
+    // only masks interrupt lines and touches no memory.
+    unsafe {
+        x86_64::instructions::port::Port::<u8>::new(0x21).write(0xff);
+        x86_64::instructions::port::Port::<u8>::new(0xa1).write(0xff);
+    }
+}
+
 pub fn id() -> u32 {
     read(REG_ID) >> 24
 }

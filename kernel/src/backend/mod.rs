@@ -7,6 +7,7 @@
 //! its `hotplug-error`/`error` nodes and the console, and the others keep serving.
 
 pub mod adapters;
+pub mod disk;
 pub mod poller;
 pub mod space;
 
@@ -16,14 +17,13 @@ use alloc::format;
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use backing::{parse_backing, Backing};
 use blkback::engine::{Busy, Engine, EngineConfig};
 use blkback::negotiate::{
     BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection, StepOutcome,
 };
 use blkback::xenstore::{XenStore, NO_TRANSACTION};
-use blkdev::RamDisk;
 use core::sync::atomic::Ordering;
+use disk::Disk;
 use poller::{QueueControl, RingMapping, ServedQueue};
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::DomId;
@@ -54,7 +54,7 @@ struct Vbd {
 
 struct VbdHooks {
     name: String,
-    disk: RamDisk,
+    disk: Disk,
     /// Each connected queue's control block, with the vCPU that serves it.
     queues: Vec<(usize, Arc<QueueControl>)>,
     /// Leaked pages of earlier connections (unmap failures), for the stats.
@@ -135,10 +135,18 @@ impl VbdHooks {
         config.persistent_grant_limit = Some(region.grant_pages as usize);
         config.read_only = connection.read_only;
         let depth = 1usize << (5 + connection.ring_order);
+        let device = match self.disk.take_queue(depth) {
+            Ok(device) => device,
+            Err(e) => {
+                let _ = xen::evtchn::close(&xen.hv, port);
+                undo(mapping);
+                return Err(e);
+            }
+        };
         let engine = Engine::new(
             SharedRing { mem },
             FrontendGrants::new(xen.hv, connection.frontend_id, &region),
-            self.disk.queue(depth),
+            device,
             Notify { hv: xen.hv, port },
             config,
         );
@@ -195,6 +203,9 @@ impl ConnectionHooks for VbdHooks {
         }
         for (_, control) in self.queues.drain(..) {
             self.leaked_pages += control.leaked_pages.load(Ordering::Acquire);
+            if let Some(device) = control.device.lock().take() {
+                self.disk.give_back(device);
+            }
         }
         Ok(())
     }
@@ -219,8 +230,9 @@ pub struct Control {
     first_round: bool,
 }
 
-fn backend_params(geometry: blkdev::Geometry) -> BackendParams {
-    BackendParams::new(crate::smp::online_count().max(1) as u32, geometry)
+fn backend_params(disk: &Disk) -> BackendParams {
+    let queues = disk.max_queues(crate::smp::online_count().max(1));
+    BackendParams::new(queues as u32, disk.geometry())
 }
 
 impl Control {
@@ -272,27 +284,11 @@ impl Control {
     }
 
     /// Makes the backing store a device asks for, or says why not.
-    fn open_backing(store: &mut Store<'_>, path: &str) -> Result<RamDisk, String> {
+    fn open_backing(store: &mut Store<'_>, path: &str) -> Result<Disk, String> {
         let params = store
             .read(NO_TRANSACTION, &format!("{path}/params"))
             .map_err(|e| format!("no params: {e:?}"))?;
-        let params = params.trim();
-        // xl passes a `target=` spec through unchanged; older toolstacks prefix "phy:".
-        let spec = params.strip_prefix("phy:").unwrap_or(params);
-        match parse_backing(spec) {
-            Ok(Backing::Ram { bytes }) => {
-                let room = crate::mm::heap_free() as u64;
-                // Keep room for rings and engines (tens of MiB at most).
-                if bytes + (32 << 20) > room {
-                    return Err(format!("ram:{} MiB does not fit: {} MiB of memory free", bytes >> 20, room >> 20));
-                }
-                Ok(RamDisk::new(bytes / 512))
-            }
-            Ok(other) => Err(format!(
-                "{other:?}: this driver domain has no such device (PVH domains get no PCI devices; use ram:<size>)"
-            )),
-            Err(e) => Err(format!("params {params:?}: {e}")),
-        }
+        Disk::open(params.trim())
     }
 
     fn add(&mut self, store: &mut Store<'_>, path: String) {
@@ -307,8 +303,7 @@ impl Control {
                 return;
             }
         };
-        let geometry = disk.geometry();
-        match BlkifBackend::probe(store, &path, backend_params(geometry)) {
+        match BlkifBackend::probe(store, &path, backend_params(&disk)) {
             Ok(backend) => {
                 for watched in backend.watched_paths() {
                     if let Err(e) = store.0.watch(&watched, &path) {
@@ -316,8 +311,8 @@ impl Control {
                     }
                 }
                 log::info!(
-                    "blkback: {path}: {} MiB RAM disk, frontend {}, InitWait",
-                    geometry.sectors >> 11,
+                    "blkback: {path}: {}, frontend {}, InitWait",
+                    disk.describe(),
                     backend.frontend_path()
                 );
                 let name = path.rsplit('/').take(2).collect::<Vec<_>>().join("/");
@@ -375,7 +370,7 @@ impl Control {
                 for watched in vbd.backend.watched_paths() {
                     let _ = store.0.unwatch(&watched, &path);
                 }
-                log::info!("blkback: {path} removed; its RAM disk is freed");
+                log::info!("blkback: {path} removed; its backing store is released");
             }
         }
         retry
@@ -509,7 +504,8 @@ impl poller::ControlWork for Control {
 }
 
 /// Starts a poller on every other vCPU and runs vCPU 0's (with the control path).
-pub fn serve(hole: blkdom_support::frames::PhysRange) -> ! {
+pub fn serve(hole: blkdom_support::frames::PhysRange, rsdp_paddr: u64) -> ! {
+    disk::set_rsdp(rsdp_paddr);
     let rings = space::init(hole);
     log::info!(
         "blkback: map space {:#x}-{:#x} ({} MiB, {} rings)",

@@ -93,6 +93,40 @@ fn find(pci: &PciConfig, wanted: fn(&Function) -> bool, index: usize) -> Option<
     found
 }
 
+/// Every assigned memory BAR of every device (physical address, size): the MMIO that
+/// guest-physical space chosen for other uses (grant mappings) must stay clear of. An
+/// HVM domain has the device model's devices here; a PVH domain has no PCI bus at all.
+pub fn memory_bars(rsdp_paddr: u64) -> Vec<(u64, u64)> {
+    let pci = PciConfig::find(rsdp_paddr);
+    let mut functions = Vec::new();
+    pci::enumerate_tree(pci.access(), pci.first_bus(), &mut |function| {
+        if function.header_type == 0 {
+            functions.push(function);
+        }
+    });
+    let mut bars = Vec::new();
+    for function in functions {
+        let mut index = 0;
+        while index < 6 {
+            match pci::read_bar(pci.access(), function.address, index) {
+                Ok(Some(Bar::Memory {
+                    address,
+                    size,
+                    wide,
+                    ..
+                })) => {
+                    if address != 0 {
+                        bars.push((address, size));
+                    }
+                    index += if wide { 2 } else { 1 };
+                }
+                _ => index += 1,
+            }
+        }
+    }
+    bars
+}
+
 /// Physical address and size of memory BAR `index` of `function`.
 fn memory_bar(pci: &PciConfig, function: &Function, index: u8) -> Result<(u64, u64), String> {
     let bar = pci::read_bar(pci.access(), function.address, index)

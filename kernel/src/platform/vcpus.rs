@@ -1,18 +1,24 @@
 //! Starting the domain's other vCPUs the Xen way: a PVH vCPU has no real mode to take a
 //! start-up IPI into, so it is given its 64-bit register state (`VCPUOP_initialise`)
-//! and then brought up (`VCPUOP_up`).
+//! and then brought up (`VCPUOP_up`). Booted as HVM, hvmloader has already initialised
+//! every vCPU (to set its MTRRs) and taken it down again, so Xen refuses a second
+//! `VCPUOP_initialise` (EEXIST); those vCPUs take INIT and start-up IPIs through the
+//! emulated local APIC instead, as on a PC.
 
 use super::{events, get};
 use crate::smp;
 use xen::platform::{start_vcpu, LongModeStart};
+use xen::XenError;
 
 /// Starts vCPUs 1..count; returns how many came online. vCPU n becomes CPU index n.
-pub fn start(count: usize) -> usize {
+/// `apic_ids[n]` is vCPU n's local APIC id (from the MADT, in vCPU order), for the
+/// start-up IPI fallback.
+pub fn start(apic_ids: &[u32]) -> usize {
     let Some(platform) = get() else { return 0 };
     let cr0 = x86_64::registers::control::Cr0::read_raw();
     let cr4 = x86_64::registers::control::Cr4::read_raw();
     let mut started = 0;
-    for vcpu in 1..count.min(smp::MAX_CPUS) {
+    for (vcpu, &apic_id) in apic_ids.iter().enumerate().take(smp::MAX_CPUS).skip(1) {
         if let Err(e) = platform
             .register_vcpu_info(vcpu as u32)
             .and_then(|_| events::init_vcpu(vcpu as u32))
@@ -31,8 +37,13 @@ pub fn start(count: usize) -> usize {
                 cr4,
                 efer: start.efer,
             };
-            if let Err(e) = start_vcpu(&platform.hv, vcpu as u32, &context) {
-                log::error!("cpu: VCPUOP_initialise/up of vCPU {vcpu} failed: {e:?}");
+            match start_vcpu(&platform.hv, vcpu as u32, &context) {
+                Ok(()) => {}
+                Err(XenError::Exist) => {
+                    log::info!("cpu: vCPU {vcpu} was initialised by firmware; start-up IPI");
+                    smp::launch_with_sipi(apic_id, start);
+                }
+                Err(e) => log::error!("cpu: VCPUOP_initialise/up of vCPU {vcpu} failed: {e:?}"),
             }
         });
         if !up {

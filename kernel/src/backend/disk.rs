@@ -1,0 +1,143 @@
+//! The backing store of one vbd, as its `params` (xl's `target=`) names it: a RAM disk,
+//! an NVMe namespace or a virtio-blk device. Every ring's engine drives its own device
+//! queue through `DeviceQueue`, a boxed `BlockDevice`: one indirect call per submit or
+//! poll (nothing next to a device round trip), no allocation and no lock per request,
+//! and the engine and pollers stay one type whatever the device (an enum would have to
+//! name the drivers' queue types, which live behind `devices`).
+
+use crate::devices::open::{self as device_open, OpenOptions};
+use alloc::boxed::Box;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use backing::{parse_backing, Backing};
+use blkdev::{BlockDevice, BufferAccess, Completion, Geometry, IoRequest, RamDisk, SubmitError};
+use core::sync::atomic::{AtomicU64, Ordering};
+
+/// One device queue, owned by the poller that serves the ring.
+pub struct DeviceQueue(Box<dyn BlockDevice + Send>);
+
+impl BlockDevice for DeviceQueue {
+    fn geometry(&self) -> Geometry {
+        self.0.geometry()
+    }
+
+    fn queue_depth(&self) -> usize {
+        self.0.queue_depth()
+    }
+
+    fn submit(
+        &mut self,
+        request: &IoRequest<'_>,
+        buffers: &dyn BufferAccess,
+    ) -> Result<(), SubmitError> {
+        self.0.submit(request, buffers)
+    }
+
+    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        self.0.poll_completions(sink)
+    }
+}
+
+/// Room kept free next to a RAM disk for rings and engines (tens of MiB at most).
+const RAM_DISK_HEADROOM: u64 = 32 << 20;
+
+/// Where firmware's ACPI tables start (PCI config access is found through them).
+static RSDP_PADDR: AtomicU64 = AtomicU64::new(0);
+
+pub fn set_rsdp(paddr: u64) {
+    RSDP_PADDR.store(paddr, Ordering::Relaxed);
+}
+
+pub enum Disk {
+    /// Each connected ring gets a fresh handle on the shared RAM.
+    Ram(RamDisk),
+    /// A real disk's queues, opened once (one per vCPU at most): a ring takes one at
+    /// connect and gives it back when its poller releases it.
+    Device {
+        description: String,
+        geometry: Geometry,
+        idle: Vec<DeviceQueue>,
+        /// Queues opened (idle or serving).
+        opened: usize,
+    },
+}
+
+impl Disk {
+    /// Makes the backing store `params` names, or says why not (the reason goes to the
+    /// vbd's `hotplug-error` node and the console).
+    pub fn open(params: &str) -> Result<Disk, String> {
+        // xl passes a `target=` spec through unchanged; older toolstacks prefix "phy:".
+        let spec = params.strip_prefix("phy:").unwrap_or(params);
+        let backing = parse_backing(spec).map_err(|e| format!("params {params:?}: {e}"))?;
+        if let Backing::Ram { bytes } = backing {
+            let room = crate::mm::heap_free() as u64;
+            if bytes + RAM_DISK_HEADROOM > room {
+                return Err(format!(
+                    "ram:{} MiB does not fit: {} MiB of memory free",
+                    bytes >> 20,
+                    room >> 20
+                ));
+            }
+            return Ok(Disk::Ram(RamDisk::new(bytes / blkdev::SECTOR_SIZE)));
+        }
+        let cpus = crate::smp::online_count().max(1);
+        let opened = device_open::open(
+            backing,
+            RSDP_PADDR.load(Ordering::Relaxed),
+            cpus,
+            OpenOptions::default(),
+        )
+        .map_err(|e| format!("{spec}: {e}"))?;
+        let geometry = opened
+            .queues
+            .first()
+            .map(|q| q.geometry())
+            .ok_or_else(|| format!("{spec}: the device gave no queue"))?;
+        Ok(Disk::Device {
+            description: opened.description,
+            geometry,
+            opened: opened.queues.len(),
+            idle: opened.queues.into_iter().map(DeviceQueue).collect(),
+        })
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        match self {
+            Disk::Ram(disk) => disk.geometry(),
+            Disk::Device { geometry, .. } => *geometry,
+        }
+    }
+
+    /// Queues a frontend may connect at once (advertised as multi-queue-max-queues).
+    pub fn max_queues(&self, cpus: usize) -> usize {
+        match self {
+            Disk::Ram(_) => cpus,
+            Disk::Device { opened, .. } => (*opened).min(cpus),
+        }
+    }
+
+    /// A queue for a ring of `depth` slots.
+    pub fn take_queue(&mut self, depth: usize) -> Result<DeviceQueue, String> {
+        match self {
+            Disk::Ram(disk) => Ok(DeviceQueue(Box::new(disk.queue(depth)))),
+            Disk::Device { idle, opened, .. } => idle
+                .pop()
+                .ok_or_else(|| format!("all {opened} queues of the device are serving rings")),
+        }
+    }
+
+    /// A queue a released ring hands back.
+    pub fn give_back(&mut self, queue: DeviceQueue) {
+        if let Disk::Device { idle, .. } = self {
+            idle.push(queue);
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Disk::Ram(disk) => format!("{} MiB RAM disk", disk.geometry().sectors >> 11),
+            Disk::Device { description, .. } => description.clone(),
+        }
+    }
+}
