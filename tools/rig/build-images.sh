@@ -30,6 +30,10 @@ for pkg in "${RIG_PACKAGES[@]}" "$kernel_pkg"; do
   [ -n "$ver" ] && [ "$ver" != "(none)" ] || rig_die "no candidate version for $pkg (apt-get update?)"
   pinned+=("$pkg=$ver")
 done
+# The device model's option ROMs (pvh.bin) come from its own QEMU version: the host may
+# hold a newer qemu-system-data from backports, which would be the candidate.
+dm_version=$(candidate_version qemu-system-xen)
+pinned+=("qemu-system-data=${dm_version%+b[0-9]*}")
 
 fio_bin=$("$RIG_DIR/build-fio.sh")
 key=$(rig_hash "$RIG_DIR/build-images.sh" "$RIG_DIR/common.sh" "$RIG_DIR"/initramfs/* \
@@ -183,6 +187,16 @@ for f in "$sysroot"/usr/bin/xenstore-*; do ln -sf xenstore "$dom0/usr/bin/$(base
 mkdir -p "$dom0/etc/xen"
 cp -r "$sysroot/etc/xen/scripts" "$sysroot/etc/xen/xl.conf" "$dom0/etc/xen/"
 install_modules "$dom0" "${DOM0_MODULES[@]}"
+# HVM domains (the blkdom-hvm scenario): libxl starts qemu-xen from the path it was built
+# with, loads hvmloader and SeaBIOS into the domain, and QEMU's direct kernel boot runs
+# the image through the pvh.bin option ROM (linuxboot/multiboot ROMs for other kernels).
+install_prog "$dom0" "$sysroot/usr/libexec/xen-qemu-system-i386" /usr/libexec/xen-qemu-system-i386
+mkdir -p "$dom0/usr/lib/xen-4.17/boot" "$dom0/usr/share/seabios" "$dom0/usr/share/qemu"
+cp "$sysroot/usr/lib/xen-4.17/boot/hvmloader" "$dom0/usr/lib/xen-4.17/boot/"
+cp "$sysroot/usr/share/seabios/bios-256k.bin" "$dom0/usr/share/seabios/"
+for rom in pvh.bin linuxboot.bin linuxboot_dma.bin multiboot.bin multiboot_dma.bin; do
+  cp "$sysroot/usr/share/qemu/$rom" "$dom0/usr/share/qemu/"
+done
 cp "$RIG_DIR/initramfs/dom0-init" "$dom0/init"
 chmod +x "$dom0/init"
 pack "$dom0" "$work/dom0.cpio.zst"

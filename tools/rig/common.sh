@@ -50,7 +50,12 @@ RIG_KERNEL_META=linux-image-amd64
 RIG_PACKAGES=(xen-hypervisor-4.17-amd64 xen-utils-4.17 xen-utils-common xenstore-utils
   libxencall1 libxendevicemodel1 libxenevtchn1 libxenforeignmemory1 libxengnttab1
   libxenhypfs1 libxenmisc4.17 libxenstore4 libxentoolcore1 libxentoollog1 libyajl2
-  busybox-static)
+  busybox-static
+  # The HVM driver domain's device model (tests/xen/blkdom-hvm): qemu-xen runs in dom0,
+  # hvmloader (xen-utils-4.17) and SeaBIOS boot the domain, libspice-server's libraries
+  # that the host lacks come along (xen-qemu-system-i386 links them).
+  qemu-system-xen seabios libspice-server1 libgstreamer-plugins-base1.0-0 libopus0
+  liborc-0.4-0)
 # fio is built from Debian's source package: the binary package links Ceph, GlusterFS,
 # RDMA and PMEM libraries (75 MB of initramfs); a static build with libaio is ~3 MB.
 RIG_FIO_VERSION=3.33-3
