@@ -49,17 +49,19 @@ case $scenario in
   blkdom-boot)  smp=3; budget=180 ;;
   blkdom-platform) smp=3; budget=300 ;;
   blkdom-multi) smp=5; budget=1200 ;;
+  blkdom-lifecycle) smp=5; budget=1500 ;;
+  linux-dd)     smp=4; budget=$((400 + 3 * (runtime + 60))) ;;
   blkdom-serve) smp=4; budget=$((300 + 6 * (runtime + 40))) ;;
   blkdom-hvm)   smp=4; budget=720 ;;
   smoke)        smp=3; budget=360 ;;
-  demo)         smp=4; budget=$((420 + 12 * (runtime + 40))) ;;
+  demo)         smp=4; budget=$((600 + 18 * (runtime + 40))) ;;
   # A B C A B C rounds of up to 17 jobs (+ 6 s settle each); BENCH_JOBS, BENCH_SYSTEMS
   # (comma-separated) and BENCH_REPEATS reach tests/xen/bench on dom0's command line.
   bench)        smp=4; budget=$((300 + 3 * ${BENCH_REPEATS:-2} * (240 + 17 * (runtime + 45))))
                 scenario_args="rig.bench.repeats=${BENCH_REPEATS:-2} rig.bench.jobs=${BENCH_JOBS:-}"
                 scenario_args="${scenario_args} rig.bench.systems=${BENCH_SYSTEMS:-}"
                 scenario_args=${scenario_args//,/+} ;;
-  *) rig_die "usage: $0 baseline|blkdom-boot|blkdom-platform|blkdom-multi|blkdom-serve|smoke|demo|bench [--runtime SECONDS]" ;;
+  *) rig_die "usage: $0 baseline|blkdom-boot|blkdom-platform|blkdom-multi|blkdom-lifecycle|blkdom-serve|linux-dd|smoke|demo|bench [--runtime SECONDS]" ;;
 esac
 qemu_timeout=$((budget + 120))
 
@@ -79,7 +81,8 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/in/images" "$work/in/tests" "$work/in/tools"
 cp -r "$REPO_DIR/tests/xen" "$work/in/tests/"
 cp -r "$REPO_DIR/tools/xl" "$work/in/tools/"
-cp "$images/vmlinuz" "$images/guest.cpio.zst" "$work/in/images/"
+# dom0.cpio.zst: also the Linux driver domain's initramfs (tools/xl/linux-dd.cfg).
+cp "$images/vmlinuz" "$images/guest.cpio.zst" "$images/dom0.cpio.zst" "$work/in/images/"
 if [ -n "$blkdom_image" ] && [ -f "$blkdom_image" ]; then
   cp "$blkdom_image" "$work/in/images/blkdom"
   # The same image in a 32-bit ELF container, for HVM boot (tools/xl/blkdom-hvm.cfg): the
@@ -154,7 +157,7 @@ check "scenario $scenario finished and passed (qemu exit $qemu_rc after ${wall}s
 # Reported but not counted: the demo's blkdom half until blkdom serves.
 grep '^rig-info: FAIL' <<<"$log" | sed 's/^rig-info: FAIL /  not counted: /' || true
 case $scenario in
-  demo) table_backends=(linux-dom0 blkdom) ;;
+  demo) table_backends=(linux-dom0 linux-dd blkdom) ;;
   blkdom-serve) table_backends=(blkdom) ;;
   *) table_backends=() ;;
 esac
