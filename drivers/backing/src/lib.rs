@@ -8,4 +8,4 @@
 pub mod pattern;
 pub mod spec;
 
-pub use spec::{parse_backing, Backing, SpecError};
+pub use spec::{parse_backing, Backing, RamName, SpecError};

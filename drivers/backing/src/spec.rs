@@ -1,4 +1,4 @@
-//! `nvme:<nsid>`, `virtio:<index>`, `ram:<size>`.
+//! `nvme:<nsid>`, `virtio:<index>`, `ram:<size>[:<name>]`.
 
 /// A backing store named by a disk's `params`/`target` string.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -7,8 +7,52 @@ pub enum Backing {
     Nvme { nsid: u32 },
     /// The `index`-th virtio-blk device (0-based, in PCI enumeration order).
     Virtio { index: u32 },
-    /// A RAM disk of `bytes` bytes (a multiple of 512).
-    Ram { bytes: u64 },
+    /// A RAM disk of `bytes` bytes (a multiple of 512). Unnamed, it lives as long as the
+    /// disk that asked for it; named, it outlives it (a guest that reboots, or a disk
+    /// detached and attached again, finds its data).
+    Ram { bytes: u64, name: Option<RamName> },
+}
+
+/// The name of a RAM disk: 1 to 32 of `A-Z a-z 0-9 - _ .` (stored inline, so `Backing`
+/// stays a small `Copy` value).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RamName {
+    bytes: [u8; RamName::MAX_LEN],
+    len: u8,
+}
+
+impl RamName {
+    pub const MAX_LEN: usize = 32;
+
+    pub fn new(text: &str) -> Option<RamName> {
+        let valid = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+        if text.is_empty() || text.len() > Self::MAX_LEN || !text.bytes().all(valid) {
+            return None;
+        }
+        let mut bytes = [0; Self::MAX_LEN];
+        bytes[..text.len()].copy_from_slice(text.as_bytes());
+        Some(RamName {
+            bytes,
+            len: text.len() as u8,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII went in (checked by `new`).
+        core::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
+}
+
+impl core::fmt::Debug for RamName {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
+
+impl core::fmt::Display for RamName {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,11 +67,13 @@ pub enum SpecError<'a> {
     ZeroNamespace,
     /// RAM size zero, not whole sectors, or overflowing.
     BadSize(&'a str),
+    /// A RAM disk name that is empty, too long, or has other characters.
+    BadName(&'a str),
 }
 
 impl core::fmt::Display for SpecError<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        const FORMS: &str = "use nvme:<nsid>, virtio:<index> or ram:<size>[K|M|G]";
+        const FORMS: &str = "use nvme:<nsid>, virtio:<index> or ram:<size>[K|M|G][:<name>]";
         match self {
             SpecError::Empty => write!(f, "empty backing store name; {FORMS}"),
             SpecError::UnknownKind(kind) => write!(f, "unknown backing store {kind:?}; {FORMS}"),
@@ -37,6 +83,11 @@ impl core::fmt::Display for SpecError<'_> {
             SpecError::BadSize(text) => write!(
                 f,
                 "ram: size {text:?} must be a non-zero multiple of 512 bytes (suffix K, M or G)"
+            ),
+            SpecError::BadName(text) => write!(
+                f,
+                "ram: name {text:?} must be 1 to {} of A-Z a-z 0-9 - _ .",
+                RamName::MAX_LEN
             ),
         }
     }
@@ -95,8 +146,16 @@ pub fn parse_backing(text: &str) -> Result<Backing, SpecError<'_>> {
         }
         "ram" => {
             let argument = argument.ok_or(SpecError::MissingArgument("ram"))?;
+            let (bytes, name) = match argument.split_once(':') {
+                Some((bytes, name)) => (
+                    bytes,
+                    Some(RamName::new(name).ok_or(SpecError::BadName(name))?),
+                ),
+                None => (argument, None),
+            };
             Ok(Backing::Ram {
-                bytes: size(argument)?,
+                bytes: size(bytes)?,
+                name,
             })
         }
         other => Err(SpecError::UnknownKind(other)),
@@ -106,6 +165,44 @@ pub fn parse_backing(text: &str) -> Result<Backing, SpecError<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A RAM disk's size and name, if `text` names one.
+    fn ram(text: &str) -> Option<(u64, Option<String>)> {
+        match parse_backing(text) {
+            Ok(Backing::Ram { bytes, name }) => Some((bytes, name.map(|n| n.to_string()))),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn ram_disk_names_are_checked() {
+        let long = "n".repeat(RamName::MAX_LEN);
+        assert_eq!(
+            ram(&format!("ram:1M:{long}")),
+            Some((1 << 20, Some(long.clone())))
+        );
+        let too_long = format!("ram:1M:{long}x");
+        assert_eq!(
+            parse_backing(&too_long),
+            Err(SpecError::BadName(&too_long[7..]))
+        );
+        for bad in [
+            "ram:1M:",
+            "ram:1M:a/b",
+            "ram:1M:a b",
+            "ram:1M:a:b",
+            "ram:1M:\u{e9}",
+        ] {
+            assert!(
+                matches!(parse_backing(bad), Err(SpecError::BadName(_))),
+                "{bad}"
+            );
+        }
+        assert_eq!(parse_backing("ram:0:x"), Err(SpecError::BadSize("0")));
+        assert!(SpecError::BadName("a b")
+            .to_string()
+            .contains("A-Z a-z 0-9"));
+    }
 
     #[test]
     fn parses_the_three_kinds() {
@@ -118,11 +215,18 @@ mod tests {
         assert_eq!(parse_backing("virtio:3"), Ok(Backing::Virtio { index: 3 }));
         assert_eq!(
             parse_backing("ram:64M"),
-            Ok(Backing::Ram { bytes: 64 << 20 })
+            Ok(Backing::Ram {
+                bytes: 64 << 20,
+                name: None
+            })
         );
-        assert_eq!(parse_backing("ram:4k"), Ok(Backing::Ram { bytes: 4096 }));
-        assert_eq!(parse_backing("ram:1G"), Ok(Backing::Ram { bytes: 1 << 30 }));
-        assert_eq!(parse_backing("ram:1536"), Ok(Backing::Ram { bytes: 1536 }));
+        assert_eq!(ram("ram:4k"), Some((4096, None)));
+        assert_eq!(ram("ram:1G"), Some((1 << 30, None)));
+        assert_eq!(ram("ram:1536"), Some((1536, None)));
+        assert_eq!(
+            ram("ram:128M:guest-1_disk.a"),
+            Some((128 << 20, Some("guest-1_disk.a".into())))
+        );
     }
 
     #[test]

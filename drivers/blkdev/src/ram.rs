@@ -55,6 +55,11 @@ impl RamDisk {
         self.geometry
     }
 
+    /// Handles on this disk's store (clones and queues): 1 means this one alone.
+    pub fn handles(&self) -> usize {
+        Arc::strong_count(&self.stripes)
+    }
+
     /// A handle for one device queue holding up to `depth` requests.
     pub fn queue(&self, depth: usize) -> RamDiskQueue {
         RamDiskQueue {
@@ -291,6 +296,18 @@ mod tests {
         assert_eq!(statuses, [IoStatus::Ok; 3]);
         disk.read_at(first as usize * 512, &mut on_disk);
         assert!(on_disk.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn handles_count_clones_and_queues() {
+        let disk = RamDisk::new(8);
+        assert_eq!(disk.handles(), 1);
+        let queue = disk.queue(1);
+        let clone = disk.clone();
+        assert_eq!(disk.handles(), 3);
+        drop(queue);
+        drop(clone);
+        assert_eq!(disk.handles(), 1);
     }
 
     #[test]

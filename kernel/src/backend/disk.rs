@@ -7,10 +7,11 @@
 
 use crate::devices::open::{self as device_open, OpenOptions};
 use alloc::boxed::Box;
+use alloc::collections::BTreeMap;
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
-use backing::{parse_backing, Backing};
+use backing::{parse_backing, Backing, RamName};
 use blkdev::{BlockDevice, BufferAccess, Completion, Geometry, IoRequest, RamDisk, SubmitError};
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -49,6 +50,46 @@ pub fn set_rsdp(paddr: u64) {
     RSDP_PADDR.store(paddr, Ordering::Relaxed);
 }
 
+/// Named RAM disks (`ram:<size>:<name>`), kept until blkdom stops. Only the control path
+/// touches this, at attach.
+static NAMED_RAM_DISKS: spin::Mutex<BTreeMap<RamName, RamDisk>> = spin::Mutex::new(BTreeMap::new());
+
+/// A new RAM disk, or the named one again if it exists and no other disk uses it.
+fn open_ram(bytes: u64, name: Option<RamName>) -> Result<RamDisk, String> {
+    let mut named = NAMED_RAM_DISKS.lock();
+    if let Some((name, disk)) = name.and_then(|name| Some((name, named.get(&name)?))) {
+        let have = disk.geometry().sectors * blkdev::SECTOR_SIZE;
+        if have != bytes {
+            return Err(format!(
+                "RAM disk {name} exists with {} KiB, not {} KiB",
+                have >> 10,
+                bytes >> 10
+            ));
+        }
+        if disk.handles() > 1 {
+            return Err(format!("RAM disk {name} is in use by another disk"));
+        }
+        return Ok(disk.clone());
+    }
+    let room = crate::mm::heap_free() as u64;
+    if bytes + RAM_DISK_HEADROOM > room {
+        return Err(format!(
+            "ram:{} MiB does not fit: {} MiB of memory free",
+            bytes >> 20,
+            room >> 20
+        ));
+    }
+    let disk = RamDisk::new(bytes / blkdev::SECTOR_SIZE);
+    if let Some(name) = name {
+        log::info!(
+            "blkback: RAM disk {name} made ({} MiB); it stays until blkdom stops",
+            bytes >> 20
+        );
+        named.insert(name, disk.clone());
+    }
+    Ok(disk)
+}
+
 pub enum Disk {
     /// Each connected ring gets a fresh handle on the shared RAM.
     Ram(RamDisk),
@@ -70,16 +111,8 @@ impl Disk {
         // xl passes a `target=` spec through unchanged; older toolstacks prefix "phy:".
         let spec = params.strip_prefix("phy:").unwrap_or(params);
         let backing = parse_backing(spec).map_err(|e| format!("params {params:?}: {e}"))?;
-        if let Backing::Ram { bytes } = backing {
-            let room = crate::mm::heap_free() as u64;
-            if bytes + RAM_DISK_HEADROOM > room {
-                return Err(format!(
-                    "ram:{} MiB does not fit: {} MiB of memory free",
-                    bytes >> 20,
-                    room >> 20
-                ));
-            }
-            return Ok(Disk::Ram(RamDisk::new(bytes / blkdev::SECTOR_SIZE)));
+        if let Backing::Ram { bytes, name } = backing {
+            return open_ram(bytes, name).map(Disk::Ram);
         }
         let cpus = crate::smp::online_count().max(1);
         let opened = device_open::open(

@@ -39,7 +39,7 @@ pub fn open(
 ) -> Result<OpenedDisk, String> {
     let wanted_queues = wanted_queues.max(1);
     match backing {
-        Backing::Ram { bytes } => {
+        Backing::Ram { bytes, .. } => {
             let disk = blkdev::RamDisk::new(bytes / blkdev::SECTOR_SIZE);
             Ok(OpenedDisk {
                 description: format!("RAM disk of {} KiB", bytes / 1024),
