@@ -304,10 +304,51 @@ impl BlkifBackend {
                     return Ok(StepOutcome::Retry);
                 }
                 self.switch(store, XenbusState::Closed)?;
+                if self.detached_by_toolstack(store) {
+                    return self.remove_own_directory(store);
+                }
                 Ok(StepOutcome::Switched(XenbusState::Closed))
+            }
+            _ if self.state == XenbusState::Closed && self.detached_by_toolstack(store) => {
+                self.remove_own_directory(store)
             }
             _ => Ok(StepOutcome::Idle),
         }
+    }
+
+    /// `xl block-detach` writes `online` = 0 (and our state = Closing); once the device
+    /// is closed the backend is to go away.
+    fn detached_by_toolstack(&self, store: &mut dyn XenStore) -> bool {
+        store
+            .read(NO_TRANSACTION, &self.key("online"))
+            .is_ok_and(|value| value.trim() == "0")
+    }
+
+    /// A driver domain removes its own backend directory of a detached device (libxl in
+    /// dom0 waits for that; for a Linux driver domain `xl devd` does it), and the
+    /// per-frontend directory above it once empty.
+    fn remove_own_directory(
+        &mut self,
+        store: &mut dyn XenStore,
+    ) -> Result<StepOutcome, NegotiationError> {
+        match store.rm(NO_TRANSACTION, &self.backend_path) {
+            Ok(()) | Err(StoreError::NotFound) => {}
+            Err(error) => return Err(error.into()),
+        }
+        if let Some((parent, _)) = self.backend_path.rsplit_once('/') {
+            if store
+                .directory(NO_TRANSACTION, parent)
+                .is_ok_and(|children| children.is_empty())
+            {
+                let _ = store.rm(NO_TRANSACTION, parent);
+            }
+        }
+        self.removed = true;
+        log::info!(
+            "blkback: {} detached by the toolstack; removed",
+            self.backend_path
+        );
+        Ok(StepOutcome::Removed)
     }
 
     fn connect(

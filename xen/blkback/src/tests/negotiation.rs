@@ -17,6 +17,7 @@ use crate::negotiate::{
     BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection, QueueRing, StepOutcome,
     XenbusState,
 };
+use crate::xenstore::{XenStore, NO_TRANSACTION};
 
 const BE: &str = "/local/domain/1/backend/vbd/5/51712";
 const FE: &str = "/local/domain/5/device/vbd/51712";
@@ -275,6 +276,65 @@ fn bad_frontend_keys_fail_with_a_reason_and_close() {
         outcome,
         StepOutcome::Failed("connecting rings: grant map failed".into())
     );
+}
+
+#[test]
+fn toolstack_detach_closes_then_removes_the_backend_directory() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{BE}/online"), "1");
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks::default();
+    backend.step(&mut store, &mut hooks).unwrap();
+    // xl block-detach: online = 0 and our state = Closing; the frontend follows.
+    store.set(&format!("{BE}/online"), "0");
+    store.set(&format!("{BE}/state"), "5");
+    store.set(&format!("{FE}/state"), "5");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closing))
+    );
+    assert!(
+        store.get(&format!("{BE}/state")).is_some(),
+        "not removed while open"
+    );
+    store.set(&format!("{FE}/state"), "6");
+    hooks.busy_replies = 1;
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert!(
+        store.get(&format!("{BE}/online")).is_some(),
+        "not removed while busy"
+    );
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Removed)
+    );
+    assert!(store.get(&format!("{BE}/state")).is_none());
+    assert!(
+        store
+            .directory(NO_TRANSACTION, "/local/domain/1/backend/vbd/5")
+            .map_or(true, |children| children.is_empty()),
+        "nothing left under the frontend's directory"
+    );
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Removed)
+    );
+}
+
+#[test]
+fn closed_device_still_online_stays_for_a_reconnect() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{BE}/online"), "1");
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks::default();
+    backend.step(&mut store, &mut hooks).unwrap();
+    store.set(&format!("{FE}/state"), "6");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    );
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Idle));
+    assert_eq!(state(&store), "6");
 }
 
 #[test]
