@@ -580,8 +580,9 @@ def render_tables(report: dict, markdown: bool) -> str:
     if nested and nested["summary"]:
         config = nested["config"]
         rounds = len({r["round"] for r in nested["runs"]})
-        parts.append(f"Nested Xen, {rounds} round(s) A B A B, {config.get('runtime', '?')} s "
-                     f"per job; medians (min–max over rounds):")
+        order = " ".join(SHORT_LABELS[s] for s in present_systems(nested["summary"]))
+        parts.append(f"Nested Xen, {rounds} round(s) of {order} in turn, "
+                     f"{config.get('runtime', '?')} s per job; medians (min–max over rounds):")
         parts.append(table(*main_table(nested["summary"])))
         parts.append("Costs (medians; blkdom hypercalls = grant map + unmap batches + event"
                      " sends per backend request; per second = per request x fio IOPS;"
