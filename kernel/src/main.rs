@@ -152,7 +152,17 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
 
     if hypervisor.is_xen() && platform::get().is_some() {
         match grant_map_hole(&info) {
-            Some(hole) => backend::serve(hole, info.start_info.rsdp_paddr),
+            Some(hole) => {
+                match cmdline.spin_window_us() {
+                    Ok(Some((min, max))) => backend::poller::set_spin_window(min * 1000, max * 1000),
+                    Ok(None) => {}
+                    Err(text) => error!(
+                        "poll.spin-us={text}: want <min>-<max> microseconds, 0 < min <= max <= {}; using the defaults",
+                        blkdom_support::cmdline::MAX_SPIN_US
+                    ),
+                }
+                backend::serve(hole, info.start_info.rsdp_paddr)
+            }
             None => error!("blkback: no hole in the memory map for grant mappings"),
         }
     }

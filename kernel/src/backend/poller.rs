@@ -37,6 +37,16 @@ const POLL_BUDGET: usize = 64;
 /// lengthens it.
 const MIN_SPELL_NS: u64 = 50_000;
 const MAX_SPELL_NS: u64 = 1_000_000;
+/// The spin window in use: the defaults above, or `poll.spin-us=` from the command line
+/// (set before any poller starts).
+static SPELL_BOUNDS_NS: [AtomicU64; 2] =
+    [AtomicU64::new(MIN_SPELL_NS), AtomicU64::new(MAX_SPELL_NS)];
+
+/// Sets the pollers' spin window (before they start).
+pub fn set_spin_window(min_ns: u64, max_ns: u64) {
+    SPELL_BOUNDS_NS[0].store(min_ns, Ordering::Relaxed);
+    SPELL_BOUNDS_NS[1].store(max_ns, Ordering::Relaxed);
+}
 /// The longest sleep; control work (vCPU 0) may ask for a shorter one.
 const MAX_SLEEP_NS: u64 = 1_000_000_000;
 /// How often a poller publishes its rings' counters for the control path (which puts
@@ -193,14 +203,20 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
         );
     };
     rebuild_ports(&served, &mut ports, &control);
+    let min_spell_ns = SPELL_BOUNDS_NS[0].load(Ordering::Relaxed);
+    let max_spell_ns = SPELL_BOUNDS_NS[1].load(Ordering::Relaxed);
     let mut idle_since: Option<u64> = None;
     let mut control_due = 0u64;
     let mut next_ring_stats = 0u64;
     // Running average (1/8 weight) of the gap from the end of one burst of work to the
     // next work found while spinning.
-    let mut average_gap_ns = MIN_SPELL_NS;
+    let mut average_gap_ns = min_spell_ns;
     let mut woke_for_work = false;
-    log::info!("poller: vCPU {cpu} serving (doorbell port {doorbell})");
+    log::info!(
+        "poller: vCPU {cpu} serving (doorbell port {doorbell}, spin {}-{} us)",
+        min_spell_ns / 1000,
+        max_spell_ns / 1000
+    );
     loop {
         counters.loops.fetch_add(1, Ordering::Relaxed);
         if INBOX_PENDING[cpu].swap(false, Ordering::AcqRel) {
@@ -256,17 +272,17 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
         if work {
             counters.busy_loops.fetch_add(1, Ordering::Relaxed);
             if let Some(since) = idle_since.take() {
-                let gap = now.saturating_sub(since).min(MAX_SPELL_NS);
+                let gap = now.saturating_sub(since).min(max_spell_ns);
                 average_gap_ns = (average_gap_ns * 7 + gap) / 8;
             } else if woke_for_work {
                 // Work right after a sleep: a longer spell might have caught it.
-                average_gap_ns = (average_gap_ns * 7 + MAX_SPELL_NS) / 8;
+                average_gap_ns = (average_gap_ns * 7 + max_spell_ns) / 8;
             }
             woke_for_work = false;
             continue;
         }
         let since = *idle_since.get_or_insert(now);
-        let spell = (average_gap_ns * 2).clamp(MIN_SPELL_NS, MAX_SPELL_NS);
+        let spell = (average_gap_ns * 2).clamp(min_spell_ns, max_spell_ns);
         if now.saturating_sub(since) < spell {
             core::hint::spin_loop();
             continue;

@@ -1,7 +1,8 @@
 //! The kernel command line: space-separated `key` or `key=value` words.
 //!
 //! Known keys: `loglevel=off|error|warn|info|debug|trace` (or 0..5), `selftest`,
-//! `selftest.inject-failure`, `crashtest=page-fault|panic|hang`.
+//! `selftest.inject-failure`, `crashtest=page-fault|panic|hang`,
+//! `poll.spin-us=<min>-<max>` (the pollers' adaptive spin window, microseconds).
 
 use log::LevelFilter;
 
@@ -54,6 +55,29 @@ impl<'a> Cmdline<'a> {
     }
 }
 
+/// The longest spin window accepted: beyond it a poller is simply a busy loop.
+pub const MAX_SPIN_US: u64 = 100_000;
+
+impl<'a> Cmdline<'a> {
+    /// `poll.spin-us=<min>-<max>`: how long, in microseconds, a poller spins after its
+    /// last work before it sleeps (it adapts within these bounds). `Err` holds the text
+    /// when it is not two numbers with 0 < min <= max <= [`MAX_SPIN_US`].
+    pub fn spin_window_us(&self) -> Result<Option<(u64, u64)>, &'a str> {
+        let Some(text) = self.value("poll.spin-us") else {
+            return Ok(None);
+        };
+        let (min, max) = text.split_once('-').ok_or(text)?;
+        let (min, max) = (
+            min.parse::<u64>().map_err(|_| text)?,
+            max.parse::<u64>().map_err(|_| text)?,
+        );
+        if min == 0 || min > max || max > MAX_SPIN_US {
+            return Err(text);
+        }
+        Ok(Some((min, max)))
+    }
+}
+
 fn parse_level(text: &str) -> Option<LevelFilter> {
     let by_number = [
         LevelFilter::Off,
@@ -74,6 +98,23 @@ fn parse_level(text: &str) -> Option<LevelFilter> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spin_window_is_two_ordered_bounds() {
+        assert_eq!(Cmdline::new("x").spin_window_us(), Ok(None));
+        assert_eq!(
+            Cmdline::new("poll.spin-us=50-1000").spin_window_us(),
+            Ok(Some((50, 1000)))
+        );
+        assert_eq!(
+            Cmdline::new("poll.spin-us=7-7").spin_window_us(),
+            Ok(Some((7, 7)))
+        );
+        for bad in ["0-10", "10-5", "5", "a-9", "1-100001", "-5", "5-"] {
+            let line = format!("poll.spin-us={bad}");
+            assert_eq!(Cmdline::new(&line).spin_window_us(), Err(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn words_split_keys_and_values() {
