@@ -2,11 +2,14 @@
 # Boots Xen 4.17 + a Linux dom0 under qemu-system-x86_64 (TCG) and runs ONE scenario from
 # tests/xen/ inside dom0, non-interactively:
 #   tools/rig/run.sh SCENARIO... [--runtime SECONDS]   (fio seconds per job, default 20)
-# SCENARIO: baseline, blkdom-boot, blkdom-serve, smoke or demo (tests/xen/).
+# SCENARIO: a file of tests/xen/ (the case list below sets its QEMU -smp and budget).
 # Results land in results/xen/<scenario>/ (serial.log, fio-*.json, cpu-*.txt, timings.txt,
 # xenstore dumps on failure) and are summarised on stdout. QEMU, the scenario and each
 # step inside it run under hard timeouts; on failure the last 50 log lines are printed.
 # The last line is "N passed, M failed"; the exit status is 0 only when nothing failed.
+# The body is one { } block, which bash reads whole before running it: editing this file
+# while a run waits for the rig or runs cannot change what that run does.
+{
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
@@ -51,6 +54,10 @@ case $scenario in
   blkdom-multi) smp=5; budget=1200 ;;
   blkdom-lifecycle) smp=5; budget=1500 ;;
   linux-dd)     smp=4; budget=$((400 + 3 * (runtime + 60))) ;;
+  # SPIN_WINDOWS="20-100 50-1000 ..." (microseconds) reaches tests/xen/spin-sweep.
+  spin-sweep)   smp=4; budget=$((300 + 5 * (120 + 2 * (runtime + 45))))
+                spin_windows=${SPIN_WINDOWS:-}
+                scenario_args="rig.spin=${spin_windows// /+}" ;;
   blkdom-serve) smp=4; budget=$((300 + 6 * (runtime + 40))) ;;
   blkdom-hvm)   smp=4; budget=720 ;;
   smoke)        smp=3; budget=360 ;;
@@ -61,7 +68,7 @@ case $scenario in
                 scenario_args="rig.bench.repeats=${BENCH_REPEATS:-2} rig.bench.jobs=${BENCH_JOBS:-}"
                 scenario_args="${scenario_args} rig.bench.systems=${BENCH_SYSTEMS:-}"
                 scenario_args=${scenario_args//,/+} ;;
-  *) rig_die "usage: $0 baseline|blkdom-boot|blkdom-platform|blkdom-multi|blkdom-lifecycle|blkdom-serve|linux-dd|smoke|demo|bench [--runtime SECONDS]" ;;
+  *) rig_die "usage: $0 baseline|blkdom-boot|blkdom-platform|blkdom-multi|blkdom-lifecycle|blkdom-serve|linux-dd|spin-sweep|smoke|demo|bench [--runtime SECONDS]" ;;
 esac
 qemu_timeout=$((budget + 120))
 
@@ -170,3 +177,5 @@ fi
 echo "results: $results"
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
+exit
+}
