@@ -197,6 +197,9 @@ cp "$sysroot/usr/share/seabios/bios-256k.bin" "$dom0/usr/share/seabios/"
 for rom in pvh.bin linuxboot.bin linuxboot_dma.bin multiboot.bin multiboot_dma.bin; do
   cp "$sysroot/usr/share/qemu/$rom" "$dom0/usr/share/qemu/"
 done
+# libxl passes `-vnc none` even with vnc=0, and QEMU's VNC set-up still loads a keymap.
+mkdir -p "$dom0/usr/share/qemu/keymaps"
+cp "$sysroot/usr/share/qemu/keymaps/en-us" "$dom0/usr/share/qemu/keymaps/"
 cp "$RIG_DIR/initramfs/dom0-init" "$dom0/init"
 chmod +x "$dom0/init"
 pack "$dom0" "$work/dom0.cpio.zst"
