@@ -29,14 +29,14 @@ pub type BlkEngine = Engine<SharedRing, FrontendGrants, DeviceQueue, Notify>;
 const POLL_BUDGET: usize = 64;
 /// How long a poller keeps spinning after its last work before it sleeps adapts to the
 /// gaps it sees between bursts of work: twice their running average, within these
-/// bounds. A wake-up from `SCHEDOP_poll` costs milliseconds under nested emulation
-/// (measured at QD32: ~90 IOPS with a fixed 50 µs spell, ~250 with 1 ms), but a spin
-/// also costs the pCPU it runs on, which nested emulation shares with the guest
-/// (measured: spells growing to 5 ms took blkdom to >100% CPU and the guest down to
-/// ~40 IOPS). So the spell stays at most 1 ms and only work found while spinning
-/// lengthens it.
-const MIN_SPELL_NS: u64 = 50_000;
-const MAX_SPELL_NS: u64 = 1_000_000;
+/// bounds. A wake-up from `SCHEDOP_poll` costs a hypercall (~125 us under the nested
+/// rig) plus a cross-pCPU wake; a spin costs the pCPU it runs on. Measured in the rig
+/// (tests/xen/spin-sweep, 4 KiB random reads, RDTSC not trapped): QD32 285 IOPS with
+/// 20-100 us, 438 with 200-5000 us, 467 with 1000-20000 us; QD1 119, 364 and 397 IOPS. Only
+/// work found while spinning lengthens the spell, so an idle poller spins 200 us per
+/// wake-up (about one a second). `poll.spin-us=` overrides the bounds.
+const MIN_SPELL_NS: u64 = 200_000;
+const MAX_SPELL_NS: u64 = 5_000_000;
 /// The spin window in use: the defaults above, or `poll.spin-us=` from the command line
 /// (set before any poller starts).
 static SPELL_BOUNDS_NS: [AtomicU64; 2] =
