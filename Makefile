@@ -69,8 +69,9 @@ lint:
 #   make smoke-xen  Xen boots, a 5 s baseline fio, blkdom boots as PVH (< 10 min cold);
 #                   its last line is "N passed, M failed"
 #   make test-xen   every scenario: baseline, blkdom-boot, blkdom-platform, blkdom-serve,
-#                   blkdom-multi
-#   make demo       baseline and blkdom side by side, fio table (RUNTIME=20 s per job)
+#                   blkdom-multi, blkdom-lifecycle, linux-dd
+#   make demo       Linux dom0, a Linux driver domain and blkdom side by side, fio table
+#                   (RUNTIME=20 s per job)
 RIG := tools/rig
 RUNTIME ?= 20
 .PHONY: deps-xen rig smoke-xen test-xen demo
@@ -92,7 +93,7 @@ smoke-xen: deps-xen
 	$(call rig_with_image,smoke)
 
 test-xen: deps-xen
-	$(call rig_with_image,baseline blkdom-boot blkdom-platform blkdom-serve blkdom-multi --runtime $(RUNTIME))
+	$(call rig_with_image,baseline blkdom-boot blkdom-platform blkdom-serve blkdom-multi blkdom-lifecycle linux-dd --runtime $(RUNTIME))
 
 # The demo shows the baseline even while blkdom does not build or serve yet.
 demo: deps-xen
