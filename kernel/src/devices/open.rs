@@ -74,6 +74,9 @@ pub fn open(
 /// PCI vendors of devices that QEMU emulates: QEMU's own (its NVMe controller) and
 /// virtio's.
 const EMULATED_VENDORS: [u16; 2] = [0x1b36, pci::VENDOR_VIRTIO];
+/// QEMU's NVMe controller under Intel's id, which machine types up to 5.1 keep (QEMU's
+/// hw_compat_5_1 `use-intel-id`): the Xen machine `xenfv-4.2` is one.
+const QEMU_NVME_INTEL_ID: (u16, u16) = (0x8086, 0x5845);
 
 /// Under Xen, a device the device model (qemu-xen) emulates cannot serve the backend: its
 /// DMA goes through QEMU's map of guest RAM, which covers only the RAM ranges, while
@@ -83,7 +86,9 @@ const EMULATED_VENDORS: [u16; 2] = [0x1b36, pci::VENDOR_VIRTIO];
 /// devices DMA through the IOMMU, which sees the grant mappings, and are not refused.
 /// (Plain QEMU, no Xen: nothing is grant-mapped, the disk tests use such devices.)
 fn refuse_device_model_dma(function: &Function) -> Result<(), String> {
-    if crate::platform::get().is_some() && EMULATED_VENDORS.contains(&function.vendor_id) {
+    let emulated = EMULATED_VENDORS.contains(&function.vendor_id)
+        || (function.vendor_id, function.device_id) == QEMU_NVME_INTEL_ID;
+    if crate::platform::get().is_some() && emulated {
         return Err(format!(
             "{} ({:04x}:{:04x}) is emulated by the device model, which cannot DMA to grant \
              mappings outside guest RAM; serving it would corrupt data (pass a real device \
