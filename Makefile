@@ -44,11 +44,11 @@ fuzz:
 bench-engine:
 	tools/bench-engine.sh
 
-# Issue 8 (BENCHMARKS.md): the engine on the host, the nested comparison (tests/xen/bench:
-# Linux dom0 blkback and blkdom alternating A B A B, BENCH_REPEATS rounds, RUNTIME s per
-# job, BENCH_JOBS to cut the list, BENCH_SYSTEMS=linux-dom0,linux-dd,blkdom to add the
-# Linux driver domain), then tools/bench/report.py: the table,
-# results/bench/<UTC time>/bench.json and docs/bench-iops-by-block-size.svg.
+# Issue 8 (BENCHMARKS.md): the engine on the host, then the nested comparison
+# (tests/xen/bench: Linux dom0 blkback, a Linux driver domain and blkdom alternating
+# A B C A B C, BENCH_REPEATS rounds, RUNTIME s per job, BENCH_JOBS / BENCH_SYSTEMS to cut
+# the lists), then tools/bench/report.py: the table, results/bench/<UTC time>/bench.json
+# and docs/bench-iops-by-block-size.svg. About 70 minutes at the defaults.
 bench: deps-xen
 	@mkdir -p results/bench
 	BENCH_JSON=$(CURDIR)/results/bench/engine.json tools/bench-engine.sh
