@@ -69,7 +69,7 @@ lint:
 #   make smoke-xen  Xen boots, a 5 s baseline fio, blkdom boots as PVH (< 10 min cold);
 #                   its last line is "N passed, M failed"
 #   make test-xen   every scenario: baseline, blkdom-boot, blkdom-platform, blkdom-serve,
-#                   blkdom-multi, blkdom-lifecycle, linux-dd
+#                   blkdom-multi, blkdom-lifecycle, blkdom-hvm, linux-dd
 #   make demo       Linux dom0, a Linux driver domain and blkdom side by side, fio table
 #                   (RUNTIME=20 s per job)
 RIG := tools/rig
@@ -93,7 +93,7 @@ smoke-xen: deps-xen
 	$(call rig_with_image,smoke)
 
 test-xen: deps-xen
-	$(call rig_with_image,baseline blkdom-boot blkdom-platform blkdom-serve blkdom-multi blkdom-lifecycle linux-dd --runtime $(RUNTIME))
+	$(call rig_with_image,baseline blkdom-boot blkdom-platform blkdom-serve blkdom-multi blkdom-lifecycle blkdom-hvm linux-dd --runtime $(RUNTIME))
 
 # The demo shows the baseline even while blkdom does not build or serve yet.
 demo: deps-xen

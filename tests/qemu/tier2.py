@@ -188,6 +188,17 @@ def test_nvme_disk_prp_only(suite):
                   options="disktest.nvme-prp-only", expect_in_log=["data by PRP only"])
 
 
+def test_disks_through_bounce_buffers(suite):
+    # The path a device emulated by Xen's device model takes (devices/bounce.rs): every
+    # segment copied through the queue's own pages, on the way in and on the way out.
+    run_disk_test(suite, "disk.nvme-through-bounce-buffers", "nvme:1",
+                  ["-device", "nvme,drive=disk0,serial=blkdom-nvme"], smp=2, expect_queues=2,
+                  options="disktest.bounce", expect_in_log=["through bounce buffers"])
+    run_disk_test(suite, "disk.virtio-blk-through-bounce-buffers", "virtio:0",
+                  ["-device", "virtio-blk-pci,drive=disk0,num-queues=2"], smp=2, expect_queues=2,
+                  options="disktest.bounce", expect_in_log=["through bounce buffers"])
+
+
 def test_virtio_disk_two_queues(suite):
     run_disk_test(suite, "disk.virtio-blk-two-queues-verified-on-host", "virtio:0",
                   ["-device", "virtio-blk-pci,drive=disk0,num-queues=2"], smp=2, expect_queues=2,
@@ -255,7 +266,8 @@ def main():
     for test in [test_boot_logs_essentials, test_log_level_from_cmdline, test_selftests,
                  test_runner_catches_failing_selftest, test_exception_is_reported,
                  test_panic_is_reported, test_runner_times_out_a_hang, test_four_cpus_start,
-                 test_nvme_disk_two_queues, test_nvme_disk_prp_only, test_virtio_disk_two_queues,
+                 test_nvme_disk_two_queues, test_nvme_disk_prp_only, test_disks_through_bounce_buffers,
+                 test_virtio_disk_two_queues,
                  test_virtio_disk_direct_descriptors, test_virtio_disk_single_queue, test_ram_disk,
                  test_missing_or_failing_disk_fails_cleanly]:
         try:

@@ -7,7 +7,8 @@
 //! depth. The tier-2 runner recomputes the writes from the seed and compares the backing
 //! file after QEMU has exited. Options: `disktest.seed=`, `disktest.writes=`,
 //! `disktest.queues=`, `disktest.random-reads=`, `disktest.sequential-mib=`,
-//! `disktest.nvme-prp-only`.
+//! `disktest.nvme-prp-only`, `disktest.bounce` (through bounce buffers, as an emulated
+//! device under Xen).
 
 use super::open::{self, Queue};
 use super::platform::{self, now_us};
@@ -115,6 +116,7 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
 
     let options = open::OpenOptions {
         nvme_prp_only: cmdline.has("disktest.nvme-prp-only"),
+        bounce: cmdline.has("disktest.bounce"),
     };
     let disk = open::open(backing, rsdp_paddr, wanted, options)?;
     let geometry = disk.queues[0].geometry();

@@ -28,6 +28,9 @@ pub struct OpenOptions {
     /// NVMe: describe data with PRPs only, even where the controller takes SGLs (PRP
     /// breaks are then split into several commands).
     pub nvme_prp_only: bool,
+    /// Drive the device through bounce buffers even where it is not needed (tests of
+    /// the path emulated devices take under Xen).
+    pub bounce: bool,
 }
 
 /// Opens `backing` with up to `wanted_queues` queues.
@@ -52,21 +55,24 @@ pub fn open(
             let pci = PciConfig::find(rsdp_paddr);
             let function = find(&pci, Function::is_nvme, 0)
                 .ok_or_else(|| String::from("no NVMe controller on the PCI bus"))?;
-            refuse_device_model_dma(&function)?;
-            open_nvme(&pci, function, nsid, wanted_queues, options)
+            let bounce = options.bounce || emulated_under_xen(&function);
+            with_bounce(
+                open_nvme(&pci, function, nsid, wanted_queues, options)?,
+                bounce,
+            )
         }
         Backing::Virtio { index } => {
             let pci = PciConfig::find(rsdp_paddr);
             let function = find(&pci, Function::is_virtio_blk, index as usize)
                 .ok_or_else(|| format!("no virtio-blk device number {index} on the PCI bus"))?;
-            refuse_device_model_dma(&function)?;
+            let bounce = options.bounce || emulated_under_xen(&function);
             let mut in_use = VIRTIO_IN_USE.lock();
             if in_use.contains(&function.address) {
                 return Err(format!("virtio-blk {} is already in use", function.address));
             }
             let disk = super::virtio::open(&pci, function, wanted_queues)?;
             in_use.push(function.address);
-            Ok(disk)
+            with_bounce(disk, bounce)
         }
     }
 }
@@ -78,25 +84,42 @@ const EMULATED_VENDORS: [u16; 2] = [0x1b36, pci::VENDOR_VIRTIO];
 /// hw_compat_5_1 `use-intel-id`): the Xen machine `xenfv-4.2` is one.
 const QEMU_NVME_INTEL_ID: (u16, u16) = (0x8086, 0x5845);
 
-/// Under Xen, a device the device model (qemu-xen) emulates cannot serve the backend: its
-/// DMA goes through QEMU's map of guest RAM, which covers only the RAM ranges, while
-/// foreign grants are mapped in the memory-map hole above RAM (main::grant_map_hole).
-/// Measured in the nested rig (tests/xen/blkdom-hvm): requests complete, but writes
-/// store whatever QEMU's bounce buffer held and reads land nowhere. Passed-through
-/// devices DMA through the IOMMU, which sees the grant mappings, and are not refused.
-/// (Plain QEMU, no Xen: nothing is grant-mapped, the disk tests use such devices.)
-fn refuse_device_model_dma(function: &Function) -> Result<(), String> {
+/// Under Xen, whether the device model (qemu-xen) emulates this device: its DMA goes
+/// through QEMU's map of guest RAM, which covers only the RAM ranges, while foreign grants
+/// are mapped in the memory-map hole above RAM (main::grant_map_hole). Measured in the
+/// nested rig (tests/xen/blkdom-hvm) without bounce buffers: requests completed, but
+/// writes stored whatever QEMU's bounce buffer held and reads landed nowhere. Such a
+/// device is driven through bounce buffers in RAM (devices/bounce.rs). Passed-through
+/// devices DMA through the IOMMU, which sees the grant mappings. (Plain QEMU, no Xen:
+/// nothing is grant-mapped; the disk tests drive such devices directly.)
+fn emulated_under_xen(function: &Function) -> bool {
     let emulated = EMULATED_VENDORS.contains(&function.vendor_id)
         || (function.vendor_id, function.device_id) == QEMU_NVME_INTEL_ID;
-    if crate::platform::get().is_some() && emulated {
-        return Err(format!(
-            "{} ({:04x}:{:04x}) is emulated by the device model, which cannot DMA to grant \
-             mappings outside guest RAM; serving it would corrupt data (pass a real device \
-             through instead)",
-            function.address, function.vendor_id, function.device_id
-        ));
+    crate::platform::get().is_some() && emulated
+}
+
+/// Puts every queue of `disk` behind bounce buffers when `bounce` says so.
+fn with_bounce(disk: OpenedDisk, bounce: bool) -> Result<OpenedDisk, String> {
+    if !bounce {
+        return Ok(disk);
     }
-    Ok(())
+    let queues = disk
+        .queues
+        .into_iter()
+        .map(|queue| {
+            super::bounce::BounceQueue::new(queue)
+                .map(|q| Box::new(q) as Queue)
+                .ok_or_else(|| String::from("no memory for bounce buffers"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(OpenedDisk {
+        description: format!(
+            "{} (emulated by the device model: through bounce buffers, {} KiB per queue)",
+            disk.description,
+            super::bounce::POOL_PAGES * 4
+        ),
+        queues,
+    })
 }
 
 /// The `index`-th function (in bus order, bridges followed) that `wanted` accepts.

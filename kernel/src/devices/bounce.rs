@@ -1,0 +1,182 @@
+//! Bounce buffers for a disk the device model emulates, under Xen. qemu-xen reaches an HVM
+//! domain's memory only through its map of guest RAM, and foreign grants are mapped above
+//! RAM, so such a device cannot DMA to them (measured: writes stored leftovers, reads
+//! landed nowhere). Each data segment goes through a page of this queue's own pool, in
+//! RAM: copied in from the grant before a write is submitted, copied out to the grant
+//! when a read completes (before the engine hears of it, while the grant is still mapped).
+//! Passed-through devices DMA through the IOMMU, which sees grant mappings: no bounce.
+
+use super::open::Queue;
+use super::platform::allocate_dma;
+use alloc::vec::Vec;
+use blkdev::{
+    BlockDevice, BufferAccess, Completion, DmaSegment, Geometry, IoOp, IoRequest, IoStatus,
+    SubmitError,
+};
+
+const PAGE: usize = 4096;
+/// Pages per queue: room for the largest request (512 indirect segments) twice over.
+pub const POOL_PAGES: usize = 1024;
+
+/// One segment of a request in flight: its bounce page and where it came from.
+#[derive(Clone, Copy)]
+struct Piece {
+    page: u16,
+    grant: u64,
+    offset: u32,
+    len: u32,
+}
+
+/// The bounce state of one tag (reused, so the hot path does not allocate once warm).
+#[derive(Default)]
+struct InFlight {
+    active: bool,
+    read: bool,
+    pieces: Vec<Piece>,
+}
+
+pub struct BounceQueue {
+    inner: Queue,
+    /// Physical (= identity-mapped virtual) address of the pool's first page.
+    pool: u64,
+    free: Vec<u16>,
+    in_flight: Vec<InFlight>,
+    segments: Vec<DmaSegment>,
+}
+
+impl BounceQueue {
+    pub fn new(inner: Queue) -> Option<BounceQueue> {
+        let pool = allocate_dma(POOL_PAGES)?;
+        Some(BounceQueue {
+            inner,
+            pool,
+            free: (0..POOL_PAGES as u16).rev().collect(),
+            in_flight: Vec::new(),
+            segments: Vec::with_capacity(POOL_PAGES),
+        })
+    }
+
+    fn page_address(&self, page: u16) -> u64 {
+        self.pool + page as u64 * PAGE as u64
+    }
+}
+
+impl BlockDevice for BounceQueue {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+
+    fn queue_depth(&self) -> usize {
+        self.inner.queue_depth()
+    }
+
+    fn submit(
+        &mut self,
+        request: &IoRequest<'_>,
+        buffers: &dyn BufferAccess,
+    ) -> Result<(), SubmitError> {
+        if request.segments.is_empty() {
+            return self.inner.submit(request, buffers);
+        }
+        if request.segments.len() > POOL_PAGES {
+            return Err(SubmitError::Invalid);
+        }
+        if request.segments.len() > self.free.len() {
+            // Pages come back as requests complete; the engine retries.
+            return Err(SubmitError::QueueFull);
+        }
+        let tag = request.tag as usize;
+        if self.in_flight.len() <= tag {
+            self.in_flight.resize_with(tag + 1, InFlight::default);
+        }
+        let read = request.op == IoOp::Read;
+        self.segments.clear();
+        let mut pieces = core::mem::take(&mut self.in_flight[tag].pieces);
+        pieces.clear();
+        let mut copied = true;
+        for segment in request.segments {
+            let (offset, len) = (segment.offset as usize, segment.len as usize);
+            let Some(page) = self.free.pop() else {
+                copied = false;
+                break;
+            };
+            let address = self.page_address(page);
+            pieces.push(Piece {
+                page,
+                grant: segment.buffer,
+                offset: segment.offset,
+                len: segment.len,
+            });
+            if offset + len > PAGE {
+                copied = false;
+                break;
+            }
+            if !read {
+                // SAFETY: `page` came off this queue's free list: a page of the pool it
+                // allocated, which no device request uses now; offset + len <= PAGE.
+                let bounce = unsafe {
+                    core::slice::from_raw_parts_mut((address as usize + offset) as *mut u8, len)
+                };
+                if !buffers.read_buffer(segment.buffer, offset, bounce) {
+                    copied = false;
+                    break;
+                }
+            }
+            self.segments.push(DmaSegment {
+                buffer: address,
+                offset: segment.offset,
+                len: segment.len,
+            });
+        }
+        let submitted = if copied {
+            let bounced = IoRequest {
+                segments: &self.segments,
+                ..*request
+            };
+            self.inner.submit(&bounced, buffers)
+        } else {
+            Err(SubmitError::Invalid)
+        };
+        if submitted.is_err() {
+            self.free.extend(pieces.iter().map(|p| p.page));
+            pieces.clear();
+        }
+        let entry = &mut self.in_flight[tag];
+        entry.pieces = pieces;
+        entry.active = submitted.is_ok();
+        entry.read = read;
+        submitted
+    }
+
+    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        let pool = self.pool;
+        let (in_flight, free) = (&mut self.in_flight, &mut self.free);
+        self.inner.poll_completions(&mut |completion| {
+            if let Some(entry) = in_flight.get_mut(completion.tag as usize) {
+                if entry.active {
+                    for piece in &entry.pieces {
+                        if entry.read && completion.status == IoStatus::Ok {
+                            let from = pool + piece.page as u64 * PAGE as u64 + piece.offset as u64;
+                            let to = piece.grant + piece.offset as u64;
+                            // SAFETY: `from` is inside this queue's pool page, which the
+                            // device has finished with (its completion is here); `to` is
+                            // the frontend's page the engine mapped for this request and
+                            // keeps mapped until `sink` tells it the request is done; the
+                            // engine checked offset + len <= 4096 and submit did again.
+                            unsafe {
+                                core::ptr::copy_nonoverlapping(
+                                    from as *const u8,
+                                    to as *mut u8,
+                                    piece.len as usize,
+                                )
+                            };
+                        }
+                        free.push(piece.page);
+                    }
+                    entry.active = false;
+                }
+            }
+            sink(completion)
+        })
+    }
+}
