@@ -40,6 +40,25 @@ fail() {
 finish() { [ "$checks_failed" = 0 ]; }
 
 domid_of() { xl domid "$1" 2>/dev/null; }
+
+# wait_for SECONDS COMMAND...: true once COMMAND succeeds (tried once a second).
+wait_for() {
+  local limit=$1 i
+  shift
+  for i in $(seq "$limit"); do
+    "$@" && return 0
+    sleep 1
+  done
+  return 1
+}
+
+# blkdom_pollers DOMID: blkdom's poller line (data/blkdom-pollers, refreshed every 5 s):
+# "vcpu0: rings=.. loops=.. busy=.. sleeps=..; vcpu1: ...; mapped-pages=N".
+blkdom_pollers() { xenstore-read "/local/domain/$1/data/blkdom-pollers" 2>/dev/null; }
+# blkdom_holds_nothing DOMID: no ring on either poller and no foreign page mapped.
+blkdom_holds_nothing() {
+  blkdom_pollers "$1" | grep -q "vcpu0: rings=0.*vcpu1: rings=0.*mapped-pages=0$"
+}
 # CPU seconds a domain has used so far (xl list's Time(s) column).
 cpu_seconds() { xl list "$1" 2>/dev/null | awk 'NR == 2 { print $6 }'; }
 
