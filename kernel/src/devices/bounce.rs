@@ -55,10 +55,11 @@ impl BounceQueue {
             segments: Vec::with_capacity(POOL_PAGES),
         })
     }
+}
 
-    fn page_address(&self, page: u16) -> u64 {
-        self.pool + page as u64 * PAGE as u64
-    }
+/// Address of page `page` of a pool starting at `pool`.
+fn page_address(pool: u64, page: u16) -> u64 {
+    pool + page as u64 * PAGE as u64
 }
 
 impl BlockDevice for BounceQueue {
@@ -100,7 +101,7 @@ impl BlockDevice for BounceQueue {
                 copied = false;
                 break;
             };
-            let address = self.page_address(page);
+            let address = page_address(self.pool, page);
             pieces.push(Piece {
                 page,
                 grant: segment.buffer,
@@ -156,7 +157,7 @@ impl BlockDevice for BounceQueue {
                 if entry.active {
                     for piece in &entry.pieces {
                         if entry.read && completion.status == IoStatus::Ok {
-                            let from = pool + piece.page as u64 * PAGE as u64 + piece.offset as u64;
+                            let from = page_address(pool, piece.page) + piece.offset as u64;
                             let to = piece.grant + piece.offset as u64;
                             // SAFETY: `from` is inside this queue's pool page, which the
                             // device has finished with (its completion is here); `to` is
