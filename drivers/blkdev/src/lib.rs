@@ -83,6 +83,14 @@ pub struct IoRequest<'a> {
     pub segments: &'a [DmaSegment],
 }
 
+impl IoRequest<'_> {
+    /// Whether the request, covering `nr_sectors`, stays inside a device of `capacity`
+    /// sectors. A flush has no range (Linux sends sector -1) and always fits.
+    pub fn fits(&self, nr_sectors: u64, capacity: u64) -> bool {
+        self.op == IoOp::Flush || range_fits(self.sector, nr_sectors, capacity)
+    }
+}
+
 /// Outcome of one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoStatus {
@@ -188,8 +196,8 @@ impl CompletionQueue {
     }
 }
 
-/// Checks that a data request stays inside a device of `capacity` sectors.
-pub(crate) fn range_fits(sector: u64, nr_sectors: u64, capacity: u64) -> bool {
+/// Checks that `nr_sectors` from `sector` stay inside a device of `capacity` sectors.
+pub fn range_fits(sector: u64, nr_sectors: u64, capacity: u64) -> bool {
     sector
         .checked_add(nr_sectors)
         .is_some_and(|end| end <= capacity)

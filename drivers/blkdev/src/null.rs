@@ -2,8 +2,8 @@
 //! engine alone.
 
 use crate::{
-    range_fits, BlockDevice, BufferAccess, Completion, CompletionQueue, Geometry, IoOp, IoRequest,
-    IoStatus, SubmitError,
+    BlockDevice, BufferAccess, Completion, CompletionQueue, Geometry, IoOp, IoRequest, IoStatus,
+    SubmitError,
 };
 
 #[derive(Debug)]
@@ -40,7 +40,7 @@ impl BlockDevice for NullDisk {
             IoOp::Flush => 0,
             IoOp::Read | IoOp::Write => request.nr_sectors,
         };
-        if request.op != IoOp::Flush && !range_fits(request.sector, len, self.geometry.sectors) {
+        if !request.fits(len, self.geometry.sectors) {
             return Err(SubmitError::Invalid);
         }
         self.completions.push(Completion {

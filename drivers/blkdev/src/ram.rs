@@ -6,8 +6,8 @@ use alloc::vec::Vec;
 use spin::Mutex;
 
 use crate::{
-    range_fits, BlockDevice, BufferAccess, Completion, CompletionQueue, DiscardGeometry, Geometry,
-    IoOp, IoRequest, IoStatus, SubmitError, SECTOR_SIZE,
+    BlockDevice, BufferAccess, Completion, CompletionQueue, DiscardGeometry, Geometry, IoOp,
+    IoRequest, IoStatus, SubmitError, SECTOR_SIZE,
 };
 
 /// Bytes per lock of the store. Queues served by different vCPUs take a stripe's lock
@@ -186,9 +186,7 @@ impl BlockDevice for RamDiskQueue {
                 request.nr_sectors
             }
         };
-        if request.op != IoOp::Flush
-            && !range_fits(request.sector, nr_sectors, self.disk.geometry.sectors)
-        {
+        if !request.fits(nr_sectors, self.disk.geometry.sectors) {
             return Err(SubmitError::Invalid);
         }
         if request.op == IoOp::Write && self.disk.geometry.read_only {

@@ -3,6 +3,7 @@
 //! Every command has an `iotrack` slot, whose index is its command id. With at most
 //! `entries - 1` slots, neither the submission nor the completion queue can overflow.
 
+use blkdev::range_fits;
 use blkdev::{
     BlockDevice, BufferAccess, Completion, DiscardGeometry, DmaSegment, Geometry, IoOp, IoRequest,
     IoStatus, SubmitError, SECTOR_SIZE,
@@ -401,12 +402,6 @@ impl DataCommandBuilder<'_> {
 fn append_to_sq<H: Hal>(hal: &H, sq: u64, tail: &mut u16, entries: u16, entry: &[u8]) {
     hal.write_dma(sq + u64::from(*tail) * SQ_ENTRY_LEN as u64, entry);
     *tail = (*tail + 1) % entries;
-}
-
-fn range_fits(sector: u64, nr_sectors: u64, capacity: u64) -> bool {
-    sector
-        .checked_add(nr_sectors)
-        .is_some_and(|end| end <= capacity)
 }
 
 /// The SGL 1 descriptor for `segments`: one data block, or the last (only) segment of

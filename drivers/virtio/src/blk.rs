@@ -1,5 +1,6 @@
 //! The virtio-blk device and its queues.
 
+use blkdev::range_fits;
 use blkdev::{
     BlockDevice, BufferAccess, Completion, DiscardGeometry, DmaSegment, Geometry, IoOp, IoRequest,
     IoStatus, SubmitError, SECTOR_SIZE,
@@ -548,12 +549,6 @@ impl<H: Hal> BlkQueue<H> {
         self.publish();
         Ok(())
     }
-}
-
-fn range_fits(sector: u64, nr_sectors: u64, capacity: u64) -> bool {
-    sector
-        .checked_add(nr_sectors)
-        .is_some_and(|end| end <= capacity)
 }
 
 impl<H: Hal> BlockDevice for BlkQueue<H> {
