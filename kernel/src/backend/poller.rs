@@ -18,6 +18,7 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkback::engine::Engine;
 use blkback::stats::RingStats;
+use blkdom_support::sleep::{sleep_deadline, MAX_SLEEP_NS};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::grant_table::GnttabUnmapGrantRef;
@@ -47,8 +48,6 @@ pub fn set_spin_window(min_ns: u64, max_ns: u64) {
     SPELL_BOUNDS_NS[0].store(min_ns, Ordering::Relaxed);
     SPELL_BOUNDS_NS[1].store(max_ns, Ordering::Relaxed);
 }
-/// The longest sleep; control work (vCPU 0) may ask for a shorter one.
-const MAX_SLEEP_NS: u64 = 1_000_000_000;
 /// How often a poller publishes its rings' counters for the control path (which puts
 /// them in xenstore every 5 s): by time, as loops cost anything from nanoseconds to
 /// the ~100 us of a trapped RDTSC.
@@ -296,13 +295,11 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
             continue;
         }
         counters.sleeps.fetch_add(1, Ordering::Relaxed);
-        let deadline = if control.is_some() {
-            control_due
-        } else {
-            now + MAX_SLEEP_NS
-        };
+        // Device completions raise no event: with requests on a device, come back soon.
+        let device_busy = served.iter().any(|q| q.engine.in_flight() > 0);
+        let deadline = sleep_deadline(now, control.is_some().then_some(control_due), device_busy);
         // Returns when one of the ports is pending, at the deadline, or on an interrupt.
-        let _ = xen::evtchn::poll(&xen.hv, &ports, deadline.max(now + 1));
+        let _ = xen::evtchn::poll(&xen.hv, &ports, deadline);
         xen.shared.clear_pending(doorbell);
         // The time asleep is no gap a spin could have bridged: measure anew.
         idle_since = None;

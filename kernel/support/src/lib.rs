@@ -7,3 +7,4 @@ pub mod acpi;
 pub mod cmdline;
 pub mod frames;
 pub mod hypervisor;
+pub mod sleep;
