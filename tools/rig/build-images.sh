@@ -11,8 +11,9 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
+# nvme: the Linux HVM driver domain (tools/xl/linux-hvm-dd.cfg) serves an emulated NVMe.
 DOM0_MODULES=(xen-evtchn xen-gntdev xen-gntalloc xen-privcmd xenfs xen-blkback brd null_blk
-  virtio_pci virtio_blk)
+  virtio_pci virtio_blk nvme)
 # crc32c_generic before ext4: ext4's checksums ask the crypto API for crc32c, which would
 # need modprobe (the guest has none) to load it on demand.
 GUEST_MODULES=(xen-blkfront crc32c_generic ext4)
