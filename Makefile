@@ -93,7 +93,7 @@ smoke-xen: deps-xen
 	$(call rig_with_image,smoke)
 
 test-xen: deps-xen
-	$(call rig_with_image,baseline blkdom-boot blkdom-platform blkdom-serve blkdom-multi blkdom-lifecycle blkdom-hvm linux-dd --runtime $(RUNTIME))
+	$(call rig_with_image,baseline blkdom-boot blkdom-platform blkdom-serve blkdom-multi blkdom-lifecycle blkdom-hvm nvme-compare linux-dd --runtime $(RUNTIME))
 
 # The demo shows the baseline even while blkdom does not build or serve yet.
 demo: deps-xen

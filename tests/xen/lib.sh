@@ -271,26 +271,105 @@ boot_blkdom() {
   esac
 }
 
-# boot_linux_dd: creates the Linux driver domain (tools/xl/linux-dd.cfg: blkback on a brd
-# RAM disk of the same size as blkdom's) and waits until its `xl devd` is up.
+# boot_linux_dd [CONFIG]: creates the Linux driver domain (tools/xl/linux-dd.cfg: blkback
+# on a brd RAM disk of the same size as blkdom's; linux-hvm-dd.cfg: HVM, on the emulated
+# NVMe of emulated_nvme_disk) and waits until its `xl devd` is up.
 boot_linux_dd() {
   local start id i
   start=$(now)
-  create_domain linux-dd "$XL_DIR/linux-dd.cfg" || return 1
+  create_domain linux-dd "$XL_DIR/${1:-linux-dd.cfg}" || return 1
   id=$(domid_of linux-dd)
   for i in $(seq 180); do
     if [ "$(xenstore-read "/local/domain/$id/data/rig-driver-domain" 2>/dev/null)" = ready ]; then
       timing linux-dd-ready-after-create "$(seconds_since "$start")"
-      pass "Linux driver domain up (blkback, brd, xl devd)"
+      pass "Linux driver domain up (blkback, its disk, xl devd)"
       return 0
     fi
     domid_of linux-dd > /dev/null || break
     sleep 1
   done
   fail "Linux driver domain up within 180 s"
+  xl dmesg | grep "(d$id)" | tail -n 20 | sed 's/^/rig: linux-dd: /'
   tail -n 20 "$CONSOLE_DIR/guest-linux-dd.log" 2>/dev/null | sed 's/^/rig: linux-dd: /'
   dump_state linux-dd
   return 1
+}
+
+# The emulated NVMe disk of the HVM driver domains (blkdom-hvm.cfg, linux-hvm-dd.cfg):
+# a fresh sparse file in dom0 each time.
+NVME_IMAGE=/var/lib/xen/blkdom-nvme.img
+NVME_MIB=256
+emulated_nvme_disk() {
+  rm -f "$NVME_IMAGE"
+  truncate -s "${NVME_MIB}M" "$NVME_IMAGE" || { fail "NVMe backing file $NVME_IMAGE"; return 1; }
+}
+
+# first_line_after NAME START: seconds from START until the domain's first own log line
+# (through port 0xE9, in Xen's console ring) appears, at most 60 s.
+first_line_after() {
+  local id=$1 start=$2 i
+  for i in $(seq 240); do
+    if xl dmesg | grep -q "(d$id) .*blkdom .* starting"; then
+      timing "blkdom-hvm-first-log-line-after-create" "$(seconds_since "$start")"
+      return 0
+    fi
+    sleep 0.25
+  done
+  return 1
+}
+
+# boot_blkdom_hvm: blkdom as an HVM driver domain (tools/xl/blkdom-hvm.cfg) on a fresh
+# emulated NVMe disk; waits for "blkdom: up" and logs what the HVM boot found.
+boot_blkdom_hvm() {
+  local start id
+  if [ ! -f "$RIG/images/blkdom.elf32" ]; then
+    fail "blkdom image (ELF32 copy) present (run make image)"
+    return 1
+  fi
+  emulated_nvme_disk || return 1
+  create_domain blkdom "$XL_DIR/blkdom-hvm.cfg" || return 1
+  start=$(now)
+  id=$(domid_of blkdom) || { fail "blkdom alive after xl create"; dump_state hvm-gone; return 1; }
+  echo "rig: device model: $(ps | grep -c '[q]emu-system') process(es)"
+  if ! first_line_after "$id" "$start"; then
+    fail "blkdom (HVM) logs its first line within 60 s"
+    xl dmesg | grep "(d$id)" | tail -n 40 | sed 's/^/rig: hvm boot: /'
+    dump_state hvm-no-log
+    return 1
+  fi
+  wait_blkdom_up blkdom 90 || return 1
+  # What the HVM boot looked like from inside: memory map, CPUs, PCI, map space.
+  xl dmesg | grep "(d$id)" | grep -E "memory map|  0x|cpu:|pci|nvme|BARs|map space|rsdp" |
+    sed 's/^/rig: hvm: /'
+  sleep 3
+  case $(xl list blkdom 2>/dev/null | awk 'NR == 2 { print $5 }') in
+    *c*|*s*|"") fail "blkdom still running 3 s after up ($(xl list blkdom 2>&1 | tail -n 1))"
+                dump_state hvm-died
+                return 1 ;;
+    *) pass "blkdom still running 3 s after up" ;;
+  esac
+}
+
+# The jobs of the emulated-NVMe comparison (no 2-job read: the HVM domains are slow).
+NVME_JOBS_DEFAULT=prefill,randread-qd32-1j,randread-qd1,seqread-1m,write-verify
+# compare_on_emulated_nvme JOBS RUNTIME: the same PV guest and fio jobs on an emulated NVMe
+# disk (qemu-xen in dom0, a fresh file each time), served first by Linux blkback in an
+# HVM driver domain (tools/xl/linux-hvm-dd.cfg), then by blkdom booted as HVM on the same
+# kind of controller (tools/xl/blkdom-hvm.cfg), each on pCPUs 1-2, the guest on pCPU 3.
+# Guests fio-ddnvme and fio-blkdomnvme (tools/rig/summarize.py's NVMe rows).
+compare_on_emulated_nvme() {
+  local jobs=$1 runtime=$2
+  if emulated_nvme_disk && boot_linux_dd linux-hvm-dd.cfg; then
+    run_fio_guest fio-ddnvme fio-guest-linuxdd.cfg linux-dd "$jobs" "$runtime" \
+      'name="fio-ddnvme"' 'disk=["backend=linux-dd,vdev=xvda,access=rw,target=/dev/nvme0n1"]'
+    cp /var/log/xen/qemu-dm-linux-dd.log "$RESULTS/" 2>/dev/null
+    timeout 60 xl destroy linux-dd
+  fi
+  boot_blkdom_hvm &&
+    run_fio_guest fio-blkdomnvme fio-guest-blkdom.cfg blkdom "$jobs" "$runtime" \
+      'name="fio-blkdomnvme"' 'disk=["backend=blkdom,vdev=xvda,access=rw,target=nvme:1"]'
+  cp /var/log/xen/qemu-dm-blkdom.log "$RESULTS/" 2>/dev/null
+  timeout 60 xl destroy blkdom
 }
 
 # The fio jobs of the full comparison (see tools/rig/initramfs/guest-init).

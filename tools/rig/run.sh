@@ -60,15 +60,16 @@ case $scenario in
                 scenario_args="rig.spin=${spin_windows// /+}" ;;
   blkdom-serve) smp=4; budget=$((300 + 6 * (runtime + 40))) ;;
   blkdom-hvm)   smp=4; budget=720 ;;
+  nvme-compare) smp=4; budget=$((900 + 10 * (runtime + 60))) ;;
   smoke)        smp=3; budget=360 ;;
-  demo)         smp=4; budget=$((600 + 18 * (runtime + 40))) ;;
+  demo)         smp=4; budget=$((1200 + 18 * (runtime + 40) + 10 * (runtime + 60))) ;;
   # A B C A B C rounds of up to 17 jobs (+ 6 s settle each); BENCH_JOBS, BENCH_SYSTEMS
   # (comma-separated) and BENCH_REPEATS reach tests/xen/bench on dom0's command line.
   bench)        smp=4; budget=$((300 + 3 * ${BENCH_REPEATS:-2} * (240 + 17 * (runtime + 45))))
                 scenario_args="rig.bench.repeats=${BENCH_REPEATS:-2} rig.bench.jobs=${BENCH_JOBS:-}"
                 scenario_args="${scenario_args} rig.bench.systems=${BENCH_SYSTEMS:-}"
                 scenario_args=${scenario_args//,/+} ;;
-  *) rig_die "usage: $0 baseline|blkdom-boot|blkdom-platform|blkdom-multi|blkdom-lifecycle|blkdom-serve|linux-dd|spin-sweep|smoke|demo|bench [--runtime SECONDS]" ;;
+  *) rig_die "usage: $0 baseline|blkdom-boot|blkdom-platform|blkdom-multi|blkdom-lifecycle|blkdom-serve|linux-dd|nvme-compare|spin-sweep|smoke|demo|bench [--runtime SECONDS]" ;;
 esac
 qemu_timeout=$((budget + 120))
 
@@ -164,7 +165,8 @@ check "scenario $scenario finished and passed (qemu exit $qemu_rc after ${wall}s
 # Reported but not counted: the demo's blkdom half until blkdom serves.
 grep '^rig-info: FAIL' <<<"$log" | sed 's/^rig-info: FAIL /  not counted: /' || true
 case $scenario in
-  demo) table_backends=(linux-dom0 linux-dd blkdom) ;;
+  demo) table_backends=(linux-dom0 linux-dd blkdom linux-dd-nvme blkdom-nvme) ;;
+  nvme-compare) table_backends=(linux-dd-nvme blkdom-nvme) ;;
   blkdom-serve) table_backends=(blkdom) ;;
   *) table_backends=() ;;
 esac

@@ -4,12 +4,14 @@ timings and negotiated blkif keys the scenario recorded.
 
     python3 tools/rig/summarize.py results/xen/<scenario> [BACKEND...]
 
-BACKENDs (linux-dom0, linux-dd, blkdom) get a row per job even when they produced no result.
+BACKENDs (linux-dom0, linux-dd, blkdom, linux-dd-nvme, blkdom-nvme) get a row per job even
+when they produced no result.
 
 Reads fio-<guest>-<job>.json (fio --output-format=json), cpu-<guest>-<job>.txt (backend
 domain CPU seconds over the job), timings.txt, host-timings.txt and
 xenstore-negotiated-*.txt. Guests are named after their backend: fio-dom0 (Linux
-blkback in dom0), fio-linuxdd (Linux blkback in a PVH driver domain), fio-blkdom (blkdom).
+blkback in dom0), fio-linuxdd (Linux blkback in a PVH driver domain), fio-blkdom (blkdom),
+and on an emulated NVMe disk with HVM driver domains fio-ddnvme (Linux) and fio-blkdomnvme.
 """
 
 import json
@@ -17,7 +19,11 @@ import re
 import sys
 from pathlib import Path
 
-BACKENDS = {"fio-dom0": "linux-dom0", "fio-linuxdd": "linux-dd", "fio-blkdom": "blkdom"}
+BACKENDS = {"fio-dom0": "linux-dom0", "fio-linuxdd": "linux-dd", "fio-blkdom": "blkdom",
+            "fio-ddnvme": "linux-dd-nvme", "fio-blkdomnvme": "blkdom-nvme"}
+# blkdom's ratios: (ours, baseline, label).
+RATIOS = [("blkdom", "linux-dom0", "blkdom/dom0"), ("blkdom", "linux-dd", "blkdom/linux-dd"),
+          ("blkdom-nvme", "linux-dd-nvme", "nvme blkdom/dd")]
 JOB_ORDER = ["prefill", "randread-qd32-1j", "randread-qd32-2j", "randread-qd1", "seqread-1m",
              "write-verify", "write-verify-quick"]
 
@@ -73,7 +79,7 @@ def print_table(rows: dict, wanted: list) -> None:
                       if b in BACKENDS.values() else 99)
     jobs = sorted({job for job, _ in rows},
                   key=lambda j: JOB_ORDER.index(j) if j in JOB_ORDER else 99)
-    header = (f"{'job':<20} {'backend':<11} {'IOPS':>8} {'MiB/s':>8} {'p50 us':>9} "
+    header = (f"{'job':<20} {'backend':<16} {'IOPS':>8} {'MiB/s':>8} {'p50 us':>9} "
               f"{'p99 us':>9} {'guest CPU%':>10} {'backend CPU%':>12}")
     print(header)
     print("-" * len(header))
@@ -81,17 +87,16 @@ def print_table(rows: dict, wanted: list) -> None:
         for backend in backends:
             row = rows.get((job, backend))
             if row is None:
-                print(f"{job:<20} {backend:<11} {'not run / not serving':>40}")
+                print(f"{job:<20} {backend:<16} {'not run / not serving':>40}")
                 continue
             label = job if row["side"] == "read" or job.startswith("write") else job + " (w)"
-            print(f"{label:<20} {backend:<11} {row['iops']:>8.0f} {row['mib_s']:>8.1f} "
+            print(f"{label:<20} {backend:<16} {row['iops']:>8.0f} {row['mib_s']:>8.1f} "
                   f"{row['p50_us']:>9.0f} {row['p99_us']:>9.0f} {row['guest_cpu']:>10.1f} "
                   f"{row['backend_cpu']:>12}")
-        ours = rows.get((job, "blkdom"))
-        for name, label in (("linux-dom0", "/dom0"), ("linux-dd", "/linux-dd")):
-            base = rows.get((job, name))
+        for ours_name, base_name, label in RATIOS:
+            ours, base = rows.get((job, ours_name)), rows.get((job, base_name))
             if base and ours and base["iops"] > 0:
-                print(f"{'':<20} {'blkdom' + label:<11} {ours['iops'] / base['iops']:>8.2f}x")
+                print(f"{'':<20} {label:<16} {ours['iops'] / base['iops']:>8.2f}x")
 
 
 def main() -> int:
