@@ -59,7 +59,7 @@ case $scenario in
                 spin_windows=${SPIN_WINDOWS:-}
                 scenario_args="rig.spin=${spin_windows// /+}" ;;
   blkdom-serve) smp=4; budget=$((300 + 6 * (runtime + 40))) ;;
-  blkdom-hvm)   smp=4; budget=720 ;;
+  blkdom-hvm)   smp=4; budget=900 ;;
   nvme-compare) smp=4; budget=$((900 + 10 * (runtime + 60))) ;;
   smoke)        smp=3; budget=360 ;;
   demo)         smp=4; budget=$((1200 + 18 * (runtime + 40) + 10 * (runtime + 60))) ;;

@@ -96,12 +96,63 @@ pub enum Disk {
     /// A real disk's queues, opened once (one per vCPU at most): a ring takes one at
     /// connect and gives it back when its poller releases it.
     Device {
+        backing: Backing,
         description: String,
         geometry: Geometry,
         idle: Vec<DeviceQueue>,
         /// Queues opened (idle or serving).
         opened: usize,
     },
+}
+
+/// A device's queues while no vbd uses it: opened once, they wait here for the next
+/// disk that names the device (opening it again would reset a controller whose queues
+/// are still live, or find a virtio device marked in use). Control path only.
+struct ParkedDevice {
+    backing: Backing,
+    description: String,
+    geometry: Geometry,
+    queues: Vec<DeviceQueue>,
+}
+
+static PARKED_DEVICES: spin::Mutex<Vec<ParkedDevice>> = spin::Mutex::new(Vec::new());
+
+/// The parked queues of `backing`, if a removed disk left them.
+fn unpark(backing: Backing) -> Option<ParkedDevice> {
+    let mut parked = PARKED_DEVICES.lock();
+    let at = parked.iter().position(|p| p.backing == backing)?;
+    Some(parked.swap_remove(at))
+}
+
+impl Drop for Disk {
+    /// A removed vbd's device queues (all given back by then: rings drain before their
+    /// release) wait for the next disk on the same device.
+    fn drop(&mut self) {
+        if let Disk::Device {
+            backing,
+            description,
+            geometry,
+            idle,
+            opened,
+        } = self
+        {
+            if idle.len() < *opened {
+                log::warn!(
+                    "blkback: {description}: {} of {opened} queues were not given back",
+                    *opened - idle.len()
+                );
+            }
+            if idle.is_empty() {
+                return;
+            }
+            PARKED_DEVICES.lock().push(ParkedDevice {
+                backing: *backing,
+                description: core::mem::take(description),
+                geometry: *geometry,
+                queues: core::mem::take(idle),
+            });
+        }
+    }
 }
 
 impl Disk {
@@ -113,6 +164,21 @@ impl Disk {
         let backing = parse_backing(spec).map_err(|e| format!("params {params:?}: {e}"))?;
         if let Backing::Ram { bytes, name } = backing {
             return open_ram(bytes, name).map(Disk::Ram);
+        }
+        if let Some(parked) = unpark(backing) {
+            // The description goes last: log lines are cut at a fixed length.
+            log::info!(
+                "blkback: {spec} reused ({} queues opened before): {}",
+                parked.queues.len(),
+                parked.description
+            );
+            return Ok(Disk::Device {
+                backing,
+                description: parked.description,
+                geometry: parked.geometry,
+                opened: parked.queues.len(),
+                idle: parked.queues,
+            });
         }
         let cpus = crate::smp::online_count().max(1);
         let opened = device_open::open(
@@ -128,6 +194,7 @@ impl Disk {
             .map(|q| q.geometry())
             .ok_or_else(|| format!("{spec}: the device gave no queue"))?;
         Ok(Disk::Device {
+            backing,
             description: opened.description,
             geometry,
             opened: opened.queues.len(),
