@@ -48,8 +48,8 @@ bench-engine:
 # (tests/xen/bench: Linux dom0 blkback, a Linux driver domain and blkdom alternating
 # A B C A B C, BENCH_REPEATS rounds, BENCH_RUNTIME s per job, BENCH_JOBS / BENCH_SYSTEMS
 # to cut the lists), then tools/bench/report.py: the table, results/bench/<UTC
-# time>/bench.json and docs/bench-iops-by-block-size.svg. About 45 minutes at the
-# defaults (2 rounds of 17 jobs x 3 systems; the repeats show the noise).
+# time>/bench.json and docs/bench-iops-by-block-size.svg. About 40 minutes at the
+# defaults (2 rounds of 17 jobs x 3 systems; the repeats show the noise; 38 min measured).
 BENCH_RUNTIME ?= 10
 bench: deps-xen
 	@mkdir -p results/bench
