@@ -87,7 +87,9 @@ def print_table(rows: dict, wanted: list) -> None:
         for backend in backends:
             row = rows.get((job, backend))
             if row is None:
-                print(f"{job:<20} {backend:<16} {'not run / not serving':>40}")
+                served = any(b == backend for _, b in rows)
+                why = "no result for this job" if served else "not run / not serving"
+                print(f"{job:<20} {backend:<16} {why:>40}")
                 continue
             label = job if row["side"] == "read" or job.startswith("write") else job + " (w)"
             print(f"{label:<20} {backend:<16} {row['iops']:>8.0f} {row['mib_s']:>8.1f} "
