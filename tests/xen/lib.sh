@@ -262,10 +262,16 @@ boot_blkdom() {
   fi
   create_domain blkdom "$XL_DIR/blkdom.cfg" || return 1
   wait_blkdom_up blkdom 60 || return 1
+  still_running_after_up blkdom-died
+}
+
+# still_running_after_up TAG: blkdom neither crashed nor stopped in the 3 s after "up"
+# (state dumped as TAG if it did).
+still_running_after_up() {
   sleep 3
   case $(xl list blkdom 2>/dev/null | awk 'NR == 2 { print $5 }') in
     *c*|*s*|"") fail "blkdom still running 3 s after up ($(xl list blkdom 2>&1 | tail -n 1))"
-                dump_state blkdom-died
+                dump_state "$1"
                 return 1 ;;
     *) pass "blkdom still running 3 s after up" ;;
   esac
@@ -341,13 +347,7 @@ boot_blkdom_hvm() {
   # What the HVM boot looked like from inside: memory map, CPUs, PCI, map space.
   xl dmesg | grep "(d$id)" | grep -E "memory map|  0x|cpu:|pci|nvme|BARs|map space|rsdp" |
     sed 's/^/rig: hvm: /'
-  sleep 3
-  case $(xl list blkdom 2>/dev/null | awk 'NR == 2 { print $5 }') in
-    *c*|*s*|"") fail "blkdom still running 3 s after up ($(xl list blkdom 2>&1 | tail -n 1))"
-                dump_state hvm-died
-                return 1 ;;
-    *) pass "blkdom still running 3 s after up" ;;
-  esac
+  still_running_after_up hvm-died
 }
 
 # The jobs of the emulated-NVMe comparison (no 2-job read: the HVM domains are slow).
