@@ -71,7 +71,7 @@ lint:
 #   make smoke-xen  Xen boots, a 5 s baseline fio, blkdom boots as PVH (< 10 min cold);
 #                   its last line is "N passed, M failed"
 #   make test-xen   every scenario: baseline, blkdom-boot, blkdom-platform, blkdom-serve,
-#                   blkdom-multi, blkdom-lifecycle, blkdom-hvm, linux-dd
+#                   blkdom-multi, blkdom-lifecycle, blkdom-hvm, nvme-compare, linux-dd
 #   make demo       Linux dom0, a Linux driver domain and blkdom side by side, fio table
 #                   (RUNTIME=20 s per job)
 RIG := tools/rig

@@ -22,6 +22,14 @@ BLKFRONT_ARGS="xen_blkfront.max_queues=4 xen_blkfront.max_ring_page_order=2 xen_
 GUEST_ARGS="console=hvc0 loglevel=${GUEST_LOGLEVEL:-3} $BLKFRONT_ARGS"
 RAMDISK_MIB=256   # the same size blkdom's RAM disk uses
 
+# Prints the value of NAME=value on dom0's kernel command line (tools/rig/run.sh passes
+# scenario arguments there).
+cmdline_arg() {
+  for word in $(cat /proc/cmdline); do
+    case $word in "$1="*) echo "${word#*=}" ;; esac
+  done
+}
+
 now() { cut -d' ' -f1 /proc/uptime; }
 seconds_since() { awk -v start="$1" -v end="$(now)" 'BEGIN { printf "%.2f", end - start }'; }
 timing() {
