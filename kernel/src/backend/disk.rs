@@ -93,32 +93,28 @@ fn open_ram(bytes: u64, name: Option<RamName>) -> Result<RamDisk, String> {
 pub enum Disk {
     /// Each connected ring gets a fresh handle on the shared RAM.
     Ram(RamDisk),
-    /// A real disk's queues, opened once (one per vCPU at most): a ring takes one at
-    /// connect and gives it back when its poller releases it.
-    Device {
-        backing: Backing,
-        description: String,
-        geometry: Geometry,
-        idle: Vec<DeviceQueue>,
-        /// Queues opened (idle or serving).
-        opened: usize,
-    },
+    Device(OpenDevice),
 }
 
-/// A device's queues while no vbd uses it: opened once, they wait here for the next
-/// disk that names the device (opening it again would reset a controller whose queues
-/// are still live, or find a virtio device marked in use). Control path only.
-struct ParkedDevice {
+/// A real disk's queues, opened once (one per vCPU at most): a ring takes one at
+/// connect and gives it back when its poller releases it. While no vbd uses the device
+/// they wait in `PARKED_DEVICES` for the next disk that names it (opening it again
+/// would reset a controller whose queues are still live, or find a virtio device marked
+/// in use).
+pub struct OpenDevice {
     backing: Backing,
     description: String,
     geometry: Geometry,
-    queues: Vec<DeviceQueue>,
+    idle: Vec<DeviceQueue>,
+    /// Queues opened (idle or serving).
+    opened: usize,
 }
 
-static PARKED_DEVICES: spin::Mutex<Vec<ParkedDevice>> = spin::Mutex::new(Vec::new());
+/// Devices no vbd uses, with their queues. Control path only.
+static PARKED_DEVICES: spin::Mutex<Vec<OpenDevice>> = spin::Mutex::new(Vec::new());
 
-/// The parked queues of `backing`, if a removed disk left them.
-fn unpark(backing: Backing) -> Option<ParkedDevice> {
+/// The parked device `backing` names, if a removed disk left it.
+fn unpark(backing: Backing) -> Option<OpenDevice> {
     let mut parked = PARKED_DEVICES.lock();
     let at = parked.iter().position(|p| p.backing == backing)?;
     Some(parked.swap_remove(at))
@@ -128,28 +124,24 @@ impl Drop for Disk {
     /// A removed vbd's device queues (all given back by then: rings drain before their
     /// release) wait for the next disk on the same device.
     fn drop(&mut self) {
-        if let Disk::Device {
-            backing,
-            description,
-            geometry,
-            idle,
-            opened,
-        } = self
-        {
-            if idle.len() < *opened {
-                log::warn!(
-                    "blkback: {description}: {} of {opened} queues were not given back",
-                    *opened - idle.len()
-                );
-            }
-            if idle.is_empty() {
-                return;
-            }
-            PARKED_DEVICES.lock().push(ParkedDevice {
-                backing: *backing,
-                description: core::mem::take(description),
-                geometry: *geometry,
-                queues: core::mem::take(idle),
+        let Disk::Device(device) = self else {
+            return;
+        };
+        let (idle, opened) = (device.idle.len(), device.opened);
+        if idle < opened {
+            log::warn!(
+                "blkback: {}: {} of {opened} queues were not given back",
+                device.description,
+                opened - idle
+            );
+        }
+        if idle > 0 {
+            PARKED_DEVICES.lock().push(OpenDevice {
+                backing: device.backing,
+                description: core::mem::take(&mut device.description),
+                geometry: device.geometry,
+                idle: core::mem::take(&mut device.idle),
+                opened: idle,
             });
         }
     }
@@ -165,20 +157,14 @@ impl Disk {
         if let Backing::Ram { bytes, name } = backing {
             return open_ram(bytes, name).map(Disk::Ram);
         }
-        if let Some(parked) = unpark(backing) {
+        if let Some(device) = unpark(backing) {
             // The description goes last: log lines are cut at a fixed length.
             log::info!(
                 "blkback: {spec} reused ({} queues opened before): {}",
-                parked.queues.len(),
-                parked.description
+                device.opened,
+                device.description
             );
-            return Ok(Disk::Device {
-                backing,
-                description: parked.description,
-                geometry: parked.geometry,
-                opened: parked.queues.len(),
-                idle: parked.queues,
-            });
+            return Ok(Disk::Device(device));
         }
         let cpus = crate::smp::online_count().max(1);
         let opened = device_open::open(
@@ -193,19 +179,19 @@ impl Disk {
             .first()
             .map(|q| q.geometry())
             .ok_or_else(|| format!("{spec}: the device gave no queue"))?;
-        Ok(Disk::Device {
+        Ok(Disk::Device(OpenDevice {
             backing,
             description: opened.description,
             geometry,
             opened: opened.queues.len(),
             idle: opened.queues.into_iter().map(DeviceQueue).collect(),
-        })
+        }))
     }
 
     pub fn geometry(&self) -> Geometry {
         match self {
             Disk::Ram(disk) => disk.geometry(),
-            Disk::Device { geometry, .. } => *geometry,
+            Disk::Device(device) => device.geometry,
         }
     }
 
@@ -213,7 +199,7 @@ impl Disk {
     pub fn max_queues(&self, cpus: usize) -> usize {
         match self {
             Disk::Ram(_) => cpus,
-            Disk::Device { opened, .. } => (*opened).min(cpus),
+            Disk::Device(device) => device.opened.min(cpus),
         }
     }
 
@@ -221,23 +207,26 @@ impl Disk {
     pub fn take_queue(&mut self, depth: usize) -> Result<DeviceQueue, String> {
         match self {
             Disk::Ram(disk) => Ok(DeviceQueue(Box::new(disk.queue(depth)))),
-            Disk::Device { idle, opened, .. } => idle
-                .pop()
-                .ok_or_else(|| format!("all {opened} queues of the device are serving rings")),
+            Disk::Device(device) => device.idle.pop().ok_or_else(|| {
+                format!(
+                    "all {} queues of the device are serving rings",
+                    device.opened
+                )
+            }),
         }
     }
 
     /// A queue a released ring hands back.
     pub fn give_back(&mut self, queue: DeviceQueue) {
-        if let Disk::Device { idle, .. } = self {
-            idle.push(queue);
+        if let Disk::Device(device) = self {
+            device.idle.push(queue);
         }
     }
 
     pub fn describe(&self) -> String {
         match self {
             Disk::Ram(disk) => format!("{} MiB RAM disk", disk.geometry().sectors >> 11),
-            Disk::Device { description, .. } => description.clone(),
+            Disk::Device(device) => device.description.clone(),
         }
     }
 }
