@@ -37,13 +37,25 @@ apt_update() {
     apt_updated=1
   fi
 }
+# The Debian mirror this machine already uses: the first URI serving "bookworm" in its
+# deb822 or one-line sources (no mirror host is written into this repository).
+debian_mirror() {
+  local uri
+  uri=$(awk '/^URIs:/ {u = $2} /^Suites:/ && / bookworm( |$)/ && u != "" {print u; exit}' \
+          /etc/apt/sources.list.d/*.sources 2>/dev/null)
+  [ -n "$uri" ] || uri=$(awk '$1 == "deb" && $3 == "bookworm" {print $2; exit}' \
+          /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null)
+  [ -n "$uri" ] || { echo "install-deps: no Debian bookworm source in /etc/apt" >&2; exit 1; }
+  printf '%s\n' "$uri"
+}
 sources_added=0
 if [ ! -f "$backports" ]; then
   sources_added=1
-  log "adding bookworm-backports (deb and deb-src)"
-  $SUDO tee "$backports" >/dev/null <<'SRC'
+  mirror=$(debian_mirror)
+  log "adding bookworm-backports (deb and deb-src) from this machine's Debian mirror"
+  $SUDO tee "$backports" >/dev/null <<SRC
 Types: deb deb-src
-URIs: http://deb.debian.org/debian
+URIs: $mirror
 Suites: bookworm-backports
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
@@ -53,10 +65,11 @@ fi
 bookworm_src=/etc/apt/sources.list.d/blkdom-bookworm-src.sources
 if [ "$want_xen" = 1 ] && [ ! -f "$bookworm_src" ]; then
   sources_added=1
+  mirror=$(debian_mirror)
   log "adding bookworm deb-src"
-  $SUDO tee "$bookworm_src" >/dev/null <<'SRC'
+  $SUDO tee "$bookworm_src" >/dev/null <<SRC
 Types: deb-src
-URIs: http://deb.debian.org/debian
+URIs: $mirror
 Suites: bookworm
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
