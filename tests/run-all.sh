@@ -3,7 +3,7 @@
 # `N passed, M failed` that counts them all.
 #   lint     rustfmt and clippy (-D warnings), host crates and the image
 #   tier 1   host `cargo test` of the logic crates
-#   tools    python unit tests of the benchmark report (tests/bench)
+#   tools    python unit tests of the fio JSON reader and the benchmark report (tests/bench)
 #   fuzz     every cargo-fuzz target for 15 s (tools/fuzz.sh)
 #   tier 2   the image under plain QEMU (tests/qemu/tier2.py)
 #   nested   the nested-Xen smoke (`make smoke-xen`), when the rig is present
@@ -55,7 +55,7 @@ if [ "$status" != 0 ] && [ "$f" = 0 ]; then f=1; fi
 passed=$((passed + p)); failed=$((failed + f))
 note "tier 1" "$p passed, $f failed (exit $status)"
 
-echo "== tools: python unit tests (tests/bench: the benchmark report)"
+echo "== tools: python unit tests (tests/bench: the fio JSON reader, the benchmark report)"
 python3 -m unittest discover -s tests/bench -v 2>&1 | tee "$logs/tools.log"
 status=${PIPESTATUS[0]}
 read -r p f < <(awk '/\.\.\. ok$/ {p++} /\.\.\. (FAIL|ERROR)$/ {f++} END {print p + 0, f + 0}' "$logs/tools.log")

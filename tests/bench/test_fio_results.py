@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Host tests of tools/fio_results.py, the fio JSON reader for the demo table
+"""Host tests of tools/fio_results.py, the fio JSON reader of both the demo table
 (tools/rig/summarize.py) and make bench's report (tools/bench/report.py):
 
     python3 -m unittest discover -s tests/bench -v
@@ -10,7 +10,9 @@ write-verify job (16 KiB randwrite QD16, crc32c, do_verify=1): 4096 writes in 8.
 (500 IOPS), then the verification pass's 4096 reads in 2.048 s (2000 IOPS).
 """
 
+import contextlib
 import copy
+import io
 import json
 import sys
 import tempfile
@@ -18,8 +20,12 @@ import unittest
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1] / "tools"))
-import fio_results  # noqa: E402  (path set up above)
+TOOLS = HERE.parents[1] / "tools"
+for folder in (TOOLS, TOOLS / "bench", TOOLS / "rig"):
+    sys.path.insert(0, str(folder))
+import fio_results  # noqa: E402  (paths set up above)
+import report  # noqa: E402
+import summarize  # noqa: E402
 
 FIXTURES = HERE / "fixtures"
 
@@ -101,6 +107,51 @@ class FiguresTest(unittest.TestCase):
                     fio_results.load(path)
             path.write_text(json.dumps(fixture("fio-qd1.json")))
             self.assertEqual(fio_results.load(path)["rw"], "read")
+
+
+class SameFiguresInBothTablesTest(unittest.TestCase):
+    """The demo table and make bench's report read one fio JSON to the same figures."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.root = Path(self.tmp.name)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def both(self, fixture_name: str, job: str) -> tuple:
+        """The fixture as blkdom's result of JOB in a rig scenario's results and in a
+        make bench round; the rows each script makes of it."""
+        text = (FIXTURES / fixture_name).read_text()
+        scenario = self.root / "scenario"
+        scenario.mkdir()
+        (scenario / f"fio-fio-blkdom-{job}.json").write_text(text)
+        nested = self.root / "bench"
+        (nested / "round-1" / "blkdom").mkdir(parents=True)
+        (nested / "round-1" / "blkdom" / f"fio-fio-blkdom-r1-{job}.json").write_text(text)
+        demo_rows = summarize.load_rows(scenario)
+        bench_rows = report.load_nested(nested)["runs"]
+        self.assertEqual(list(demo_rows), [(job, "blkdom")])
+        self.assertEqual(len(bench_rows), 1)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            summarize.print_table(demo_rows, ["blkdom"])
+        return demo_rows[(job, "blkdom")], bench_rows[0], printed.getvalue()
+
+    def test_write_verify(self):
+        demo, bench, table = self.both("fio-write-verify.json", "write-verify")
+        for field in ("iops", "mib_s", "p50_us", "p99_us"):
+            self.assertEqual(demo[field], bench[field], field)
+        self.assertAlmostEqual(demo["iops"], 500.0)
+        self.assertRegex(table, r"\nwrite-verify +blkdom +500 +7\.8 +28967 +71827 ")
+        summary = report.summarise([bench])
+        self.assertEqual(summary[0]["systems"]["blkdom"]["iops"]["median"], demo["iops"])
+
+    def test_read(self):
+        demo, bench, table = self.both("fio-qd1.json", "randread-qd1")
+        for field in ("iops", "mib_s", "p50_us", "p99_us"):
+            self.assertEqual(demo[field], bench[field], field)
+        self.assertRegex(table, r"\nrandread-qd1 +blkdom +215 ")
 
 
 if __name__ == "__main__":

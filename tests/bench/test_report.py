@@ -6,7 +6,8 @@
 A nested run is written into a temporary directory in the layout tests/xen/bench leaves
 (round-N/<system>/ with fio JSON, cpu-*.txt, counters-*.txt and the guest console), with
 known figures, and the report's numbers, tables, JSON and plot are checked against them.
-fixtures/ holds one fio JSON exactly as the guest's fio 3.33 wrote it.
+fixtures/ holds one fio JSON exactly as the guest's fio 3.33 wrote it; the reader of fio
+JSON itself (tools/fio_results.py) is tested in test_fio_results.py.
 """
 
 import io
@@ -249,7 +250,12 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(report.svg_plot(points, "t", "s").count("<polyline"), 3)
 
     def test_real_fio_output(self):
-        figures = report.fio_figures(json.loads((HERE / "fixtures" / "fio-qd1.json").read_text()))
+        """The fixture in a bench round (its figures: tests/bench/test_fio_results.py)."""
+        directory = self.root / "real" / "round-1" / "blkdom"
+        directory.mkdir(parents=True)
+        (directory / "fio-fio-blkdom-r1-fio-randread-4k-qd1-1j.json").write_text(
+            (HERE / "fixtures" / "fio-qd1.json").read_text())
+        figures = report.load_nested(self.root / "real")["runs"][0]
         self.assertEqual(figures["rw"], "read")
         self.assertGreater(figures["iops"], 0)
         self.assertGreater(figures["p99_us"], figures["p50_us"])

@@ -4,8 +4,8 @@
     python3 tools/bench/report.py [--nested results/xen/bench] [--engine FILE]
         [--out-root results/bench] [--svg docs/bench-iops-by-block-size.svg] [--markdown]
 
-Reads what tests/xen/bench left in the nested directory (per round and system: fio JSON
-and backend CPU per job, the backend's counters at each job's edges, the guest's console
+Reads what tests/xen/bench left in the nested directory (per round and system: fio JSON,
+through tools/fio_results.py like the demo's table, and backend CPU per job, the backend's counters at each job's edges, the guest's console
 with its blkif interrupt counts) and the engine benchmark's JSON (BENCH_JSON of
 xen/blkback/examples/bench_engine.rs). Writes <out-root>/<UTC timestamp>/bench.json
 (commit, date, machine, every measurement, the summary) and tables.md (the tables in
@@ -25,6 +25,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+import fio_results  # noqa: E402  (tools/fio_results.py, the fio JSON reader the demo shares)
+
 # Result folders of tests/xen/bench (round-N/<system>/); blkdom is compared with each
 # Linux system present.
 SYSTEMS = ["linux-dom0", "linux-dd", "blkdom"]
@@ -82,28 +85,6 @@ def job_sort_key(job: str) -> tuple:
 
 
 # --- reading one run -------------------------------------------------------------------
-
-def fio_figures(result: dict) -> dict:
-    """IOPS, bandwidth, completion-latency percentiles of one fio JSON (group_reporting:
-    one job entry; reads and writes are added for mixed jobs)."""
-    job = result["jobs"][0]
-    sides = [s for s in ("read", "write") if job[s]["io_bytes"] > 0] or ["read"]
-    iops = sum(job[s]["iops"] for s in sides)
-    main = job[max(sides, key=lambda s: job[s]["io_bytes"])]
-    percentiles = main.get("clat_ns", {}).get("percentile", {})
-    return {
-        "rw": "+".join(sides),
-        "iops": iops,
-        "mib_s": sum(job[s]["bw"] for s in sides) / 1024.0,
-        "total_ios": sum(job[s].get("total_ios", 0) for s in sides),
-        "runtime_s": max(job[s].get("runtime", 0) for s in sides) / 1000.0,
-        "lat_mean_us": main.get("clat_ns", {}).get("mean", 0) / 1000.0,
-        "p50_us": percentiles.get("50.000000", 0) / 1000.0,
-        "p99_us": percentiles.get("99.000000", 0) / 1000.0,
-        "guest_cpu_percent": job.get("usr_cpu", 0) + job.get("sys_cpu", 0),
-        "fio_errors": job.get("error", 0),
-    }
-
 
 def parse_key_values(tokens: list) -> dict:
     """key=value tokens into numbers; a token 'vcpu0:' prefixes the keys after it."""
@@ -243,8 +224,8 @@ def load_nested(nested: Path) -> dict:
                     continue
                 guest, job = match[2], match[3]
                 try:
-                    row = fio_figures(json.loads(path.read_text()))
-                except (ValueError, KeyError, IndexError) as err:
+                    row = fio_results.load(path)
+                except ValueError as err:
                     print(f"warning: {path}: unreadable fio JSON ({err})", file=sys.stderr)
                     continue
                 row.update({"system": system, "round": round_no, "job": job})

@@ -7,17 +7,20 @@ timings and negotiated blkif keys the scenario recorded.
 BACKENDs (linux-dom0, linux-dd, blkdom, linux-dd-nvme, blkdom-nvme) get a row per job even
 when they produced no result.
 
-Reads fio-<guest>-<job>.json (fio --output-format=json), cpu-<guest>-<job>.txt (backend
-domain CPU seconds over the job), timings.txt, host-timings.txt and
+Reads fio-<guest>-<job>.json (fio --output-format=json, through tools/fio_results.py like
+make bench's report: a write+verify job counts its write half), cpu-<guest>-<job>.txt
+(backend domain CPU seconds over the job), timings.txt, host-timings.txt and
 xenstore-negotiated-*.txt. Guests are named after their backend: fio-dom0 (Linux
 blkback in dom0), fio-linuxdd (Linux blkback in a PVH driver domain), fio-blkdom (blkdom),
 and on an emulated NVMe disk with HVM driver domains fio-ddnvme (Linux) and fio-blkdomnvme.
 """
 
-import json
 import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import fio_results  # noqa: E402  (tools/fio_results.py, the fio JSON reader make bench shares)
 
 BACKENDS = {"fio-dom0": "linux-dom0", "fio-linuxdd": "linux-dd", "fio-blkdom": "blkdom",
             "fio-ddnvme": "linux-dd-nvme", "fio-blkdomnvme": "blkdom-nvme"}
@@ -26,24 +29,6 @@ RATIOS = [("blkdom", "linux-dom0", "blkdom/dom0"), ("blkdom", "linux-dd", "blkdo
           ("blkdom-nvme", "linux-dd-nvme", "nvme blkdom/dd")]
 JOB_ORDER = ["prefill", "randread-qd32-1j", "randread-qd32-2j", "randread-qd1", "seqread-1m",
              "write-verify", "write-verify-quick"]
-
-
-def job_row(result: dict) -> dict:
-    """IOPS, bandwidth, latency percentiles and guest CPU of one fio JSON result."""
-    job = result["jobs"][0]
-    # A write+verify job writes first, then reads back: report the write half.
-    side = "write" if job["write"]["io_bytes"] > 0 else "read"
-    stats = job[side]
-    percentiles = stats.get("clat_ns", {}).get("percentile", {})
-    return {
-        "side": side,
-        "iops": stats["iops"],
-        "mib_s": stats["bw"] / 1024.0,
-        "p50_us": percentiles.get("50.000000", 0) / 1000.0,
-        "p99_us": percentiles.get("99.000000", 0) / 1000.0,
-        "guest_cpu": job["usr_cpu"] + job["sys_cpu"],
-        "errors": job.get("error", 0),
-    }
 
 
 def backend_cpu_percent(path: Path) -> str:
@@ -64,8 +49,8 @@ def load_rows(results: Path) -> dict:
             continue
         guest, job = match.groups()
         try:
-            row = job_row(json.loads(path.read_text()))
-        except (ValueError, KeyError, IndexError) as err:
+            row = fio_results.load(path)
+        except ValueError as err:
             print(f"warning: {path.name}: unreadable fio JSON ({err})")
             continue
         row["backend_cpu"] = backend_cpu_percent(results / f"cpu-{guest}-{job}.txt")
@@ -91,9 +76,9 @@ def print_table(rows: dict, wanted: list) -> None:
                 why = "no result for this job" if served else "not run / not serving"
                 print(f"{job:<20} {backend:<16} {why:>40}")
                 continue
-            label = job if row["side"] == "read" or job.startswith("write") else job + " (w)"
+            label = job if row["rw"] == "read" or job.startswith("write") else job + " (w)"
             print(f"{label:<20} {backend:<16} {row['iops']:>8.0f} {row['mib_s']:>8.1f} "
-                  f"{row['p50_us']:>9.0f} {row['p99_us']:>9.0f} {row['guest_cpu']:>10.1f} "
+                  f"{row['p50_us']:>9.0f} {row['p99_us']:>9.0f} {row['guest_cpu_percent']:>10.1f} "
                   f"{row['backend_cpu']:>12}")
         for ours_name, base_name, label in RATIOS:
             ours, base = rows.get((job, ours_name)), rows.get((job, base_name))
