@@ -70,8 +70,7 @@ lint:
 #   make rig        build the patched QEMU, a static fio, the dom0 and guest initramfs
 #   make smoke-xen  Xen boots, a 5 s baseline fio, blkdom boots as PVH (< 10 min cold);
 #                   its last line is "N passed, M failed"
-#   make test-xen   every scenario: baseline, blkdom-boot, blkdom-platform, blkdom-serve,
-#                   blkdom-multi, blkdom-lifecycle, blkdom-hvm, nvme-compare, linux-dd
+#   make test-xen   every scenario whose header says "rig-suite: test-xen" (tests/xen/)
 #   make demo       Linux dom0, a Linux driver domain and blkdom side by side, fio table
 #                   (RUNTIME=20 s per job)
 RIG := tools/rig
@@ -95,7 +94,7 @@ smoke-xen: deps-xen
 	$(call rig_with_image,smoke)
 
 test-xen: deps-xen
-	$(call rig_with_image,baseline blkdom-boot blkdom-platform blkdom-serve blkdom-multi blkdom-lifecycle blkdom-hvm nvme-compare linux-dd --runtime $(RUNTIME))
+	$(call rig_with_image,--suite test-xen --runtime $(RUNTIME))
 
 # The demo shows the baseline even while blkdom does not build or serve yet.
 demo: deps-xen

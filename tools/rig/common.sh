@@ -62,3 +62,44 @@ RIG_FIO_VERSION=3.33-3
 RIG_FIO_CONFIGURE=(--disable-native --build-static --disable-numa --disable-rdma
   --disable-gfapi --disable-rados --disable-rbd --disable-http --disable-pmem
   --disable-libnfs --disable-xnvme --disable-dfs --disable-tcmalloc)
+
+# scenario_field FILE KEY: the value of the "# rig-KEY: value" header line of a scenario
+# (tests/xen/FILE), empty if it has none.
+scenario_field() {
+  sed -n "s/^# rig-$2: *//p" "$1" | head -n 1
+}
+# scenario_list [SUITE]: the scenarios of tests/xen/ (those of SUITE, if given).
+scenario_list() {
+  local file
+  for file in "$REPO_DIR"/tests/xen/*; do
+    [ -f "$file" ] && [ -n "$(scenario_field "$file" smp)" ] || continue
+    if [ -z "${1:-}" ] || [ "$(scenario_field "$file" suite)" = "$1" ]; then
+      basename "$file"
+    fi
+  done
+}
+
+# Outer devices for scenarios with "rig-devices: passthrough": an emulated VT-d (before
+# every PCI device: QEMU wants the IOMMU first) and, at fixed addresses dom0 makes
+# assignable (tests/xen/lib.sh), an NVMe controller with two namespaces and a virtio-blk
+# disk with two queues that goes through the IOMMU (iommu_platform: without it QEMU's
+# virtio would DMA to outer-guest-physical addresses, which are not the driver domain's).
+# passthrough_qemu_args DIR: sets PASSTHROUGH_ARGS, with fresh sparse disk files in DIR.
+PASSTHROUGH_DISK_MIB=256
+PASSTHROUGH_NVME_BDF=0000:00:10.0
+PASSTHROUGH_VIRTIO_BDF=0000:00:11.0
+passthrough_qemu_args() {
+  local dir=$1
+  truncate -s "${PASSTHROUGH_DISK_MIB}M" "$dir/pt-nvme-ns1.img" "$dir/pt-nvme-ns2.img" \
+    "$dir/pt-virtio.img"
+  PASSTHROUGH_ARGS=(
+    -device intel-iommu,intremap=on
+    -drive "file=$dir/pt-nvme-ns1.img,format=raw,if=none,id=ptns1"
+    -drive "file=$dir/pt-nvme-ns2.img,format=raw,if=none,id=ptns2"
+    -device "nvme,id=ptnvme,serial=pt-nvme-0,addr=${PASSTHROUGH_NVME_BDF:8:2}.0"
+    -device nvme-ns,drive=ptns1,bus=ptnvme,nsid=1
+    -device nvme-ns,drive=ptns2,bus=ptnvme,nsid=2
+    -drive "file=$dir/pt-virtio.img,format=raw,if=none,id=ptvirtio"
+    -device "virtio-blk-pci,drive=ptvirtio,serial=pt-virtio-0,addr=${PASSTHROUGH_VIRTIO_BDF:8:2}.0,num-queues=2,iommu_platform=on,disable-legacy=on"
+  )
+}

@@ -2,7 +2,9 @@
 # Boots Xen 4.17 + a Linux dom0 under qemu-system-x86_64 (TCG) and runs ONE scenario from
 # tests/xen/ inside dom0, non-interactively:
 #   tools/rig/run.sh SCENARIO... [--runtime SECONDS]   (fio seconds per job, default 20)
-# SCENARIO: a file of tests/xen/ (the case list below sets its QEMU -smp and budget).
+#   tools/rig/run.sh --suite test-xen [--runtime SECONDS]  (every scenario of that suite)
+# SCENARIO: a file of tests/xen/ whose header sets its QEMU -smp, budget and the rest.
+# XEN_EXTRA_ARGS (words ending in a space) go to the front of Xen's command line.
 # Results land in results/xen/<scenario>/ (serial.log, fio-*.json, cpu-*.txt, timings.txt,
 # xenstore dumps on failure) and are summarised on stdout. QEMU, the scenario and each
 # step inside it run under hard timeouts; on failure the last 50 log lines are printed.
@@ -18,6 +20,7 @@ runtime=20
 while [ $# -gt 0 ]; do
   case $1 in
     --runtime) runtime=${2:?--runtime needs seconds}; shift 2 ;;
+    --suite) scenarios+=($(scenario_list "${2:?--suite needs a name}")); shift 2 ;;
     *) scenarios+=("$1"); shift ;;
   esac
 done
@@ -44,33 +47,32 @@ if ! flock -n 8; then
   rig_log "another nested run holds the rig; waiting for it"
   flock 8
 fi
-# -smp: one pCPU per vCPU alive at once (dom0, blkdom's two, the fio guest's one): a vCPU
-# sharing a pCPU under QEMU TCG loses state (README.md). Timeouts are the scenario's
-# budget inside dom0; QEMU as a whole gets 120 s more for boot and write-back.
-case $scenario in
-  baseline)     smp=2; budget=$((240 + 6 * (runtime + 40))) ;;
-  blkdom-boot)  smp=3; budget=180 ;;
-  blkdom-platform) smp=3; budget=300 ;;
-  blkdom-multi) smp=5; budget=1200 ;;
-  blkdom-lifecycle) smp=5; budget=1500 ;;
-  linux-dd)     smp=4; budget=$((400 + 3 * (runtime + 60))) ;;
-  # SPIN_WINDOWS="20-100 50-1000 ..." (microseconds) reaches tests/xen/spin-sweep.
-  spin-sweep)   smp=4; budget=$((300 + 5 * (120 + 2 * (runtime + 45))))
-                spin_windows=${SPIN_WINDOWS:-}
-                scenario_args="rig.spin=${spin_windows// /+}" ;;
-  blkdom-serve) smp=4; budget=$((300 + 6 * (runtime + 40))) ;;
-  blkdom-hvm)   smp=4; budget=900 ;;
-  nvme-compare) smp=4; budget=$((900 + 10 * (runtime + 60))) ;;
-  smoke)        smp=3; budget=360 ;;
-  demo)         smp=4; budget=$((1200 + 18 * (runtime + 40) + 10 * (runtime + 60))) ;;
-  # A B C A B C rounds of up to 17 jobs (+ 6 s settle each); BENCH_JOBS, BENCH_SYSTEMS
-  # (comma-separated) and BENCH_REPEATS reach tests/xen/bench on dom0's command line.
-  bench)        smp=4; budget=$((300 + 3 * ${BENCH_REPEATS:-2} * (240 + 17 * (runtime + 45))))
-                scenario_args="rig.bench.repeats=${BENCH_REPEATS:-2} rig.bench.jobs=${BENCH_JOBS:-}"
-                scenario_args="${scenario_args} rig.bench.systems=${BENCH_SYSTEMS:-}"
-                scenario_args=${scenario_args//,/+} ;;
-  *) rig_die "usage: $0 baseline|blkdom-boot|blkdom-platform|blkdom-multi|blkdom-lifecycle|blkdom-serve|linux-dd|nvme-compare|spin-sweep|smoke|demo|bench [--runtime SECONDS]" ;;
-esac
+# The scenario declares itself in its header (tests/xen/<name>, "# rig-<key>: value"):
+#   rig-smp     QEMU -smp: one pCPU per vCPU alive at once (dom0, each HVM/PVH vCPU; PV
+#               guests share dom0's): a vCPU sharing a pCPU under TCG loses state
+#   rig-budget  seconds for the scenario inside dom0 (shell arithmetic; may use $runtime);
+#               QEMU as a whole gets 120 s more for boot and write-back
+#   rig-suite   test-xen: part of `make test-xen` (run.sh --suite test-xen)
+#   rig-table   backends of the fio table tools/rig/summarize.py prints
+#   rig-env     VAR=rig.arg ...: host variables handed to the scenario on dom0's
+#               command line (spaces and commas become '+': a comma would split -initrd)
+#   rig-devices passthrough: the outer QEMU gets an IOMMU and the disks dom0 hands to an
+#               HVM driver domain (an NVMe controller with 2 namespaces, a virtio-blk disk)
+file=$REPO_DIR/tests/xen/$scenario
+[ -n "$scenario" ] && [ -f "$file" ] ||
+  rig_die "usage: $0 SCENARIO... | --suite NAME [--runtime SECONDS] (scenarios: $(scenario_list))"
+smp=$(scenario_field "$file" smp)
+budget_expr=$(scenario_field "$file" budget)
+[[ $smp =~ ^[0-9]+$ ]] && [ -n "$budget_expr" ] || rig_die "$file: no rig-smp/rig-budget header"
+eval "budget=\$(( $budget_expr ))"
+scenario_args=
+for pair in $(scenario_field "$file" env); do
+  var=${pair%%=*}
+  value=${!var:-}
+  value=${value// /+}
+  scenario_args="$scenario_args ${pair#*=}=${value//,/+}"
+done
+table_backends=($(scenario_field "$file" table))
 qemu_timeout=$((budget + 120))
 
 qemu=$("$RIG_DIR/build-qemu.sh")
@@ -102,6 +104,9 @@ else
 fi
 tar -cf "$work/in.img" -C "$work/in" .
 truncate -s 64M "$work/out.img"
+# The passed-through disks start empty (sparse) every run.
+PASSTHROUGH_ARGS=()
+[ "$(scenario_field "$file" devices)" = passthrough ] && passthrough_qemu_args "$work"
 
 serial=$results/serial.log
 : > "$serial"
@@ -111,9 +116,10 @@ elapsed() { awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%6.1f", e -
 rig_log "scenario $scenario: qemu -smp $smp, timeout ${qemu_timeout}s, log $serial"
 timeout --kill-after=10 "$qemu_timeout" "$qemu" "${QEMU_FIRMWARE_ARGS[@]}" \
   -machine q35 -accel tcg,thread=multi -cpu max,-fsgsbase -smp "$smp" -m 4096 \
+  "${PASSTHROUGH_ARGS[@]}" \
   -display none -monitor none -serial "file:$serial" -no-reboot \
   -kernel "$images/xen" \
-  -append "console=com1 com1=115200,8n1 dom0_mem=1024M,max:1024M dom0_max_vcpus=1 dom0_vcpus_pin loglvl=all guest_loglvl=all" \
+  -append "console=com1 com1=115200,8n1 ${XEN_EXTRA_ARGS:-}dom0_mem=1024M,max:1024M dom0_max_vcpus=1 dom0_vcpus_pin loglvl=all guest_loglvl=all" \
   -initrd "$images/vmlinuz console=hvc0 earlyprintk=xen loglevel=4 rig.scenario=$scenario rig.timeout=$budget rig.runtime=$runtime ${scenario_args:-},$images/dom0.cpio.zst" \
   -drive "file=$work/in.img,format=raw,if=none,id=rigin,readonly=on" \
   -device virtio-blk-pci,drive=rigin,serial=rig-in \
@@ -164,12 +170,6 @@ check "scenario $scenario finished and passed (qemu exit $qemu_rc after ${wall}s
 
 # Reported but not counted: the demo's blkdom half until blkdom serves.
 grep '^rig-info: FAIL' <<<"$log" | sed 's/^rig-info: FAIL /  not counted: /' || true
-case $scenario in
-  demo) table_backends=(linux-dom0 linux-dd blkdom linux-dd-nvme blkdom-nvme) ;;
-  nvme-compare) table_backends=(linux-dd-nvme blkdom-nvme) ;;
-  blkdom-serve) table_backends=(blkdom) ;;
-  *) table_backends=() ;;
-esac
 python3 "$RIG_DIR/summarize.py" "$results" "${table_backends[@]}" | tee "$results/summary.txt"
 if [ "$failed" != 0 ]; then
   echo "--- last 50 lines of $serial ---"
