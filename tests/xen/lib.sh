@@ -332,16 +332,18 @@ first_line_after() {
   return 1
 }
 
-# boot_blkdom_hvm: blkdom as an HVM driver domain (tools/xl/blkdom-hvm.cfg) on a fresh
-# emulated NVMe disk; waits for "blkdom: up" and logs what the HVM boot found.
+# boot_blkdom_hvm [CONFIG [xl overrides...]]: blkdom as an HVM driver domain
+# (tools/xl/blkdom-hvm.cfg, on a fresh emulated NVMe disk, unless CONFIG says otherwise);
+# waits for "blkdom: up" and logs what the HVM boot found.
 boot_blkdom_hvm() {
-  local start id
+  local config=${1:-blkdom-hvm.cfg} start id
+  [ $# -gt 0 ] && shift
   if [ ! -f "$RIG/images/blkdom.elf32" ]; then
     fail "blkdom image (ELF32 copy) present (run make image)"
     return 1
   fi
-  emulated_nvme_disk || return 1
-  create_domain blkdom "$XL_DIR/blkdom-hvm.cfg" || return 1
+  if [ "$config" = blkdom-hvm.cfg ]; then emulated_nvme_disk || return 1; fi
+  create_domain blkdom "$XL_DIR/$config" "$@" || return 1
   start=$(now)
   id=$(domid_of blkdom) || { fail "blkdom alive after xl create"; dump_state hvm-gone; return 1; }
   echo "rig: device model: $(ps | grep -c '[q]emu-system') process(es)"
@@ -353,9 +355,47 @@ boot_blkdom_hvm() {
   fi
   wait_blkdom_up blkdom 90 || return 1
   # What the HVM boot looked like from inside: memory map, CPUs, PCI, map space.
-  xl dmesg | grep "(d$id)" | grep -E "memory map|  0x|cpu:|pci|nvme|BARs|map space|rsdp" |
+  xl dmesg | grep "(d$id)" | grep -E "memory map|  0x|cpu:|pci|nvme|virtio|BARs|map space|rsdp|passed through" |
     sed 's/^/rig: hvm: /'
   still_running_after_up hvm-died
+}
+
+# The disks the outer QEMU gives dom0 for passthrough (tools/rig/common.sh,
+# passthrough_qemu_args): the NVMe controller by its class, the virtio-blk disk by its
+# modern-only device id (the rig's own virtio disks are transitional, 1af4:1001).
+passthrough_bdf() {  # passthrough_bdf nvme|virtio
+  local dev
+  for dev in /sys/bus/pci/devices/*; do
+    case $1:$(cat "$dev/class"):$(cat "$dev/vendor"):$(cat "$dev/device") in
+      nvme:0x010802:*|virtio:*:0x1af4:0x1042) basename "$dev"; return 0 ;;
+    esac
+  done
+  return 1
+}
+# assign_passthrough_disks: xen-pciback takes both disks from dom0's drivers; sets
+# PT_NVME and PT_VIRTIO to their addresses.
+assign_passthrough_disks() {
+  local kind bdf
+  for kind in nvme virtio; do
+    bdf=$(passthrough_bdf "$kind") || { fail "dom0 sees the outer $kind disk for passthrough"; return 1; }
+    if xl pci-assignable-list | grep -qi "$bdf" ||
+       xl pci-assignable-add "$bdf" > "$RESULTS/assignable-$kind.log" 2>&1 &&
+       xl pci-assignable-list | grep -qi "$bdf"; then
+      pass "$kind disk $bdf assignable"
+    else
+      fail "$kind disk $bdf assignable ($(tail -n 2 "$RESULTS/assignable-$kind.log" | tr '\n' ' '))"
+      return 1
+    fi
+    case $kind in nvme) PT_NVME=$bdf ;; virtio) PT_VIRTIO=$bdf ;; esac
+  done
+}
+# boot_blkdom_passthrough: blkdom as an HVM driver domain from the operator's config
+# (tools/xl/blkdom-hvm-passthrough.cfg) with the rig's image, vCPUs and both disks.
+boot_blkdom_passthrough() {
+  assign_passthrough_disks || return 1
+  boot_blkdom_hvm blkdom-hvm-passthrough.cfg 'kernel="/rig/images/blkdom.elf32"' \
+    'memory=512' 'vcpus=2' 'cpus=["1","2"]' "pci=[\"$PT_NVME\",\"$PT_VIRTIO\"]" \
+    ${BLKDOM_CMDLINE:+"cmdline=\"$BLKDOM_CMDLINE\""}
 }
 
 # The jobs of the emulated-NVMe comparison (no 2-job read: the HVM domains are slow).

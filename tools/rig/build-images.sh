@@ -12,8 +12,9 @@ set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
 # nvme: the Linux HVM driver domain (tools/xl/linux-hvm-dd.cfg) serves an emulated NVMe.
+# xen-pciback: xl pci-assignable-add (tests/xen/blkdom-passthrough) hands disks to it.
 DOM0_MODULES=(xen-evtchn xen-gntdev xen-gntalloc xen-privcmd xenfs xen-blkback brd null_blk
-  virtio_pci virtio_blk nvme)
+  virtio_pci virtio_blk nvme xen-pciback)
 # crc32c_generic before ext4: ext4's checksums ask the crypto API for crc32c, which would
 # need modprobe (the guest has none) to load it on demand.
 GUEST_MODULES=(xen-blkfront crc32c_generic ext4)

@@ -26,6 +26,28 @@ pub struct PciAddress {
     pub function: u8,
 }
 
+impl PciAddress {
+    /// The function `devfn` (device << 3 | function) on `bus`.
+    pub const fn from_devfn(bus: u8, devfn: u8) -> PciAddress {
+        PciAddress {
+            bus,
+            device: devfn >> 3,
+            function: devfn & 7,
+        }
+    }
+
+    /// Where a device the toolstack passed through appears in an HVM domain: libxl asks
+    /// the device model where it put the device and writes its devfn, in hex, to the
+    /// domain's pci backend node `vdevfn-<n>` (on the domain's bus 0).
+    pub fn from_xen_vdevfn(value: &str) -> Option<PciAddress> {
+        let value = value.trim();
+        let digits = value.strip_prefix("0x").unwrap_or(value);
+        u8::from_str_radix(digits, 16)
+            .ok()
+            .map(|devfn| PciAddress::from_devfn(0, devfn))
+    }
+}
+
 impl core::fmt::Display for PciAddress {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "{:02x}:{:02x}.{}", self.bus, self.device, self.function)

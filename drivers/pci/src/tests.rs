@@ -236,3 +236,18 @@ fn tree_walk_follows_bridges_once() {
     enumerate_tree(&config, 0, &mut |f| seen.push(f.address));
     assert_eq!(seen, [at(0, 0, 0), at(0, 2, 0), at(5, 0, 0), at(5, 1, 0)]);
 }
+
+#[test]
+fn passed_through_devices_are_found_by_the_devfn_libxl_writes() {
+    // libxl writes "%x" of the devfn: slot 3 function 0 is "18", slot 5 function 2 "2a".
+    assert_eq!(PciAddress::from_xen_vdevfn("18"), Some(at(0, 3, 0)));
+    assert_eq!(PciAddress::from_xen_vdevfn("2a\n"), Some(at(0, 5, 2)));
+    assert_eq!(PciAddress::from_xen_vdevfn("0x28"), Some(at(0, 5, 0)));
+    assert_eq!(PciAddress::from_xen_vdevfn(""), None);
+    assert_eq!(
+        PciAddress::from_xen_vdevfn("100"),
+        None,
+        "a devfn is one byte"
+    );
+    assert_eq!(PciAddress::from_xen_vdevfn("zz"), None);
+}

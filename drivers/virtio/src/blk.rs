@@ -188,6 +188,7 @@ impl<H: Hal> VirtioBlk<H> {
             return fail(VirtioError::MissingFeature("VIRTIO_F_VERSION_1"));
         }
         let understood = feature::VERSION_1
+            | feature::ACCESS_PLATFORM
             | feature::RING_INDIRECT_DESC
             | feature::BLK_SIZE_MAX
             | feature::BLK_SEG_MAX

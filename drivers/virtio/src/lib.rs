@@ -48,6 +48,10 @@ pub mod feature {
     pub const BLK_DISCARD: u64 = 1 << 13;
     pub const RING_INDIRECT_DESC: u64 = 1 << 28;
     pub const VERSION_1: u64 = 1 << 32;
+    /// The device reaches memory through an IOMMU (a disk passed through to a domain):
+    /// the addresses the driver hands it are bus addresses, which is what `Dma` gives.
+    /// Such a device may refuse to run without it.
+    pub const ACCESS_PLATFORM: u64 = 1 << 33;
 }
 
 #[cfg(test)]

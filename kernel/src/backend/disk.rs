@@ -10,10 +10,12 @@ use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
 use alloc::format;
 use alloc::string::String;
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 use backing::{parse_backing, Backing, RamName};
 use blkdev::{BlockDevice, BufferAccess, Completion, Geometry, IoRequest, RamDisk, SubmitError};
 use core::sync::atomic::{AtomicU64, Ordering};
+use pci::PciAddress;
 
 /// One device queue, owned by the poller that serves the ring.
 pub struct DeviceQueue(Box<dyn BlockDevice + Send>);
@@ -108,6 +110,8 @@ pub struct OpenDevice {
     idle: Vec<DeviceQueue>,
     /// Queues opened (idle or serving).
     opened: usize,
+    /// Bytes its queues copied through bounce buffers (devices/bounce.rs).
+    bounced_bytes: Arc<AtomicU64>,
 }
 
 /// Devices no vbd uses, with their queues. Control path only.
@@ -142,6 +146,7 @@ impl Drop for Disk {
                 geometry: device.geometry,
                 idle: core::mem::take(&mut device.idle),
                 opened: idle,
+                bounced_bytes: device.bounced_bytes.clone(),
             });
         }
     }
@@ -149,8 +154,9 @@ impl Drop for Disk {
 
 impl Disk {
     /// Makes the backing store `params` names, or says why not (the reason goes to the
-    /// vbd's `hotplug-error` node and the console).
-    pub fn open(params: &str) -> Result<Disk, String> {
+    /// vbd's `hotplug-error` node and the console). `passed_through`: the PCI devices the
+    /// toolstack gave this domain (the rest are emulated and need bounce buffers).
+    pub fn open(params: &str, passed_through: &[PciAddress]) -> Result<Disk, String> {
         // xl passes a `target=` spec through unchanged; older toolstacks prefix "phy:".
         let spec = params.strip_prefix("phy:").unwrap_or(params);
         let backing = parse_backing(spec).map_err(|e| format!("params {params:?}: {e}"))?;
@@ -171,7 +177,10 @@ impl Disk {
             backing,
             RSDP_PADDR.load(Ordering::Relaxed),
             cpus,
-            OpenOptions::default(),
+            OpenOptions {
+                passed_through,
+                ..OpenOptions::default()
+            },
         )
         .map_err(|e| format!("{spec}: {e}"))?;
         let geometry = opened
@@ -185,6 +194,7 @@ impl Disk {
             geometry,
             opened: opened.queues.len(),
             idle: opened.queues.into_iter().map(DeviceQueue).collect(),
+            bounced_bytes: opened.bounced_bytes,
         }))
     }
 
@@ -220,6 +230,14 @@ impl Disk {
     pub fn give_back(&mut self, queue: DeviceQueue) {
         if let Disk::Device(device) = self {
             device.idle.push(queue);
+        }
+    }
+
+    /// Bytes the disk's device copied through bounce buffers so far (0: straight DMA).
+    pub fn bounced_bytes(&self) -> u64 {
+        match self {
+            Disk::Ram(_) => 0,
+            Disk::Device(device) => device.bounced_bytes.load(Ordering::Relaxed),
         }
     }
 

@@ -284,15 +284,41 @@ impl Control {
     }
 
     /// Makes the backing store a device asks for, or says why not.
-    fn open_backing(store: &mut Store<'_>, path: &str) -> Result<Disk, String> {
+    fn open_backing(&self, store: &mut Store<'_>, path: &str) -> Result<Disk, String> {
         let params = store
             .read(NO_TRANSACTION, &format!("{path}/params"))
             .map_err(|e| format!("no params: {e:?}"))?;
-        Disk::open(params.trim())
+        Disk::open(params.trim(), &self.passed_through(store))
+    }
+
+    /// The PCI devices the toolstack passed through to this domain, where they sit on our
+    /// bus: libxl lists them under dom0's pci backend for us (readable by this domain),
+    /// each with the devfn the device model gave it. Empty for a PVH domain or when the
+    /// nodes cannot be read (every device is then treated as emulated: bounced, slower,
+    /// still correct; `bounced-bytes` in blkdom-stats shows it).
+    fn passed_through(&self, store: &mut Store<'_>) -> Vec<pci::PciAddress> {
+        let base = format!("/local/domain/0/backend/pci/{}/0", self.domid);
+        let Ok(count) = store.read(NO_TRANSACTION, &format!("{base}/num_devs")) else {
+            return Vec::new();
+        };
+        let count: u32 = count.trim().parse().unwrap_or(0);
+        (0..count.min(256))
+            .filter_map(|n| {
+                let devfn = store.read(NO_TRANSACTION, &format!("{base}/vdevfn-{n}"));
+                let found = devfn
+                    .as_deref()
+                    .ok()
+                    .and_then(pci::PciAddress::from_xen_vdevfn);
+                if found.is_none() {
+                    log::warn!("blkback: {base}/vdevfn-{n}: {devfn:?}: not a devfn");
+                }
+                found
+            })
+            .collect()
     }
 
     fn add(&mut self, store: &mut Store<'_>, path: String) {
-        let disk = match Self::open_backing(store, &path) {
+        let disk = match self.open_backing(store, &path) {
             Ok(disk) => disk,
             Err(reason) => {
                 log::error!("blkback: {path}: {reason}");
@@ -390,6 +416,10 @@ impl Control {
                 line.push_str(&format!(" {name}={value}"));
             }
             line.push_str(&format!(" leaked-pages={}", vbd.hooks.leaked_pages));
+            line.push_str(&format!(
+                " bounced-bytes={}",
+                vbd.hooks.disk.bounced_bytes()
+            ));
             lines.push((Some(path.as_str()), line));
         }
         let pollers: Vec<String> = (0..crate::smp::online_count())

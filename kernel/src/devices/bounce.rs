@@ -8,11 +8,13 @@
 
 use super::open::Queue;
 use super::platform::allocate_dma;
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkdev::{
     BlockDevice, BufferAccess, Completion, DmaSegment, Geometry, IoOp, IoRequest, IoStatus,
     SubmitError,
 };
+use core::sync::atomic::{AtomicU64, Ordering};
 
 const PAGE: usize = 4096;
 /// Pages per queue: room for the largest request (512 indirect segments) twice over.
@@ -42,10 +44,13 @@ pub struct BounceQueue {
     free: Vec<u16>,
     in_flight: Vec<InFlight>,
     segments: Vec<DmaSegment>,
+    /// Bytes copied through the pool (in and out), shared by the device's queues: a
+    /// device that should DMA straight to grants shows here if it does not.
+    bounced_bytes: Arc<AtomicU64>,
 }
 
 impl BounceQueue {
-    pub fn new(inner: Queue) -> Option<BounceQueue> {
+    pub fn new(inner: Queue, bounced_bytes: Arc<AtomicU64>) -> Option<BounceQueue> {
         let pool = allocate_dma(POOL_PAGES)?;
         Some(BounceQueue {
             inner,
@@ -53,6 +58,7 @@ impl BounceQueue {
             free: (0..POOL_PAGES as u16).rev().collect(),
             in_flight: Vec::new(),
             segments: Vec::with_capacity(POOL_PAGES),
+            bounced_bytes,
         })
     }
 }
@@ -130,6 +136,10 @@ impl BlockDevice for BounceQueue {
             });
         }
         let submitted = if copied {
+            if !read {
+                let bytes: u64 = self.segments.iter().map(|s| u64::from(s.len)).sum();
+                self.bounced_bytes.fetch_add(bytes, Ordering::Relaxed);
+            }
             let bounced = IoRequest {
                 segments: &self.segments,
                 ..*request
@@ -152,6 +162,7 @@ impl BlockDevice for BounceQueue {
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
         let pool = self.pool;
         let (in_flight, free) = (&mut self.in_flight, &mut self.free);
+        let bounced_bytes = &self.bounced_bytes;
         self.inner.poll_completions(&mut |completion| {
             if let Some(entry) = in_flight.get_mut(completion.tag as usize) {
                 if entry.active {
@@ -171,6 +182,7 @@ impl BlockDevice for BounceQueue {
                                     piece.len as usize,
                                 )
                             };
+                            bounced_bytes.fetch_add(u64::from(piece.len), Ordering::Relaxed);
                         }
                         free.push(piece.page);
                     }

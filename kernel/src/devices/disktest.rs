@@ -117,6 +117,7 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
     let options = open::OpenOptions {
         nvme_prp_only: cmdline.has("disktest.nvme-prp-only"),
         bounce: cmdline.has("disktest.bounce"),
+        ..Default::default()
     };
     let disk = open::open(backing, rsdp_paddr, wanted, options)?;
     let geometry = disk.queues[0].geometry();

@@ -4,9 +4,11 @@ use super::platform::{self, DeviceHal, PciConfig};
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 use backing::Backing;
 use blkdev::BlockDevice;
+use core::sync::atomic::AtomicU64;
 use pci::{Bar, Function, PciAddress};
 
 pub type Queue = Box<dyn BlockDevice + Send>;
@@ -15,6 +17,9 @@ pub type Queue = Box<dyn BlockDevice + Send>;
 pub struct OpenedDisk {
     pub description: String,
     pub queues: Vec<Queue>,
+    /// Bytes its queues copied through bounce buffers (0 for a disk that DMAs straight to
+    /// the guests' pages), summed over its queues; shown in `blkdom-stats`.
+    pub bounced_bytes: Arc<AtomicU64>,
 }
 
 /// Bytes of NVMe BAR 0 mapped.
@@ -24,13 +29,16 @@ const NVME_QUEUE_ENTRIES: u16 = 256;
 
 /// Choices a caller may make when opening a disk.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct OpenOptions {
+pub struct OpenOptions<'a> {
     /// NVMe: describe data with PRPs only, even where the controller takes SGLs (PRP
     /// breaks are then split into several commands).
     pub nvme_prp_only: bool,
     /// Drive the device through bounce buffers even where it is not needed (tests of
     /// the path emulated devices take under Xen).
     pub bounce: bool,
+    /// Under Xen, the devices the toolstack passed through to this domain (where they
+    /// sit on our bus); every other device is emulated by the device model.
+    pub passed_through: &'a [PciAddress],
 }
 
 /// Opens `backing` with up to `wanted_queues` queues.
@@ -38,7 +46,7 @@ pub fn open(
     backing: Backing,
     rsdp_paddr: u64,
     wanted_queues: usize,
-    options: OpenOptions,
+    options: OpenOptions<'_>,
 ) -> Result<OpenedDisk, String> {
     let wanted_queues = wanted_queues.max(1);
     match backing {
@@ -49,15 +57,16 @@ pub fn open(
                 queues: (0..wanted_queues)
                     .map(|_| Box::new(disk.queue(32)) as Queue)
                     .collect(),
+                bounced_bytes: Arc::default(),
             })
         }
         Backing::Nvme { nsid } => {
             let pci = PciConfig::find(rsdp_paddr);
             let function = find(&pci, Function::is_nvme, 0)
                 .ok_or_else(|| String::from("no NVMe controller on the PCI bus"))?;
-            let bounce = options.bounce || emulated_under_xen(&function);
+            let bounce = options.bounce || emulated_under_xen(&function, &options);
             with_bounce(
-                open_nvme(&pci, function, nsid, wanted_queues, options)?,
+                open_nvme(&pci, function, nsid, wanted_queues, &options)?,
                 bounce,
             )
         }
@@ -65,7 +74,7 @@ pub fn open(
             let pci = PciConfig::find(rsdp_paddr);
             let function = find(&pci, Function::is_virtio_blk, index as usize)
                 .ok_or_else(|| format!("no virtio-blk device number {index} on the PCI bus"))?;
-            let bounce = options.bounce || emulated_under_xen(&function);
+            let bounce = options.bounce || emulated_under_xen(&function, &options);
             let mut in_use = VIRTIO_IN_USE.lock();
             if in_use.contains(&function.address) {
                 return Err(format!("virtio-blk {} is already in use", function.address));
@@ -77,25 +86,35 @@ pub fn open(
     }
 }
 
-/// PCI vendors of devices that QEMU emulates: QEMU's own (its NVMe controller) and
-/// virtio's.
-const EMULATED_VENDORS: [u16; 2] = [0x1b36, pci::VENDOR_VIRTIO];
-/// QEMU's NVMe controller under Intel's id, which machine types up to 5.1 keep (QEMU's
-/// hw_compat_5_1 `use-intel-id`): the Xen machine `xenfv-4.2` is one.
-const QEMU_NVME_INTEL_ID: (u16, u16) = (0x8086, 0x5845);
-
-/// Under Xen, whether the device model (qemu-xen) emulates this device: its DMA goes
-/// through QEMU's map of guest RAM, which covers only the RAM ranges, while foreign grants
-/// are mapped in the memory-map hole above RAM (main::grant_map_hole). Measured in the
-/// nested rig (tests/xen/blkdom-hvm) without bounce buffers: requests completed, but
-/// writes stored whatever QEMU's bounce buffer held and reads landed nowhere. Such a
-/// device is driven through bounce buffers in RAM (devices/bounce.rs). Passed-through
-/// devices DMA through the IOMMU, which sees the grant mappings. (Plain QEMU, no Xen:
-/// nothing is grant-mapped; the disk tests drive such devices directly.)
-fn emulated_under_xen(function: &Function) -> bool {
-    let emulated = EMULATED_VENDORS.contains(&function.vendor_id)
-        || (function.vendor_id, function.device_id) == QEMU_NVME_INTEL_ID;
-    crate::platform::get().is_some() && emulated
+/// Under Xen, whether the device model (qemu-xen) emulates this device rather than the
+/// toolstack passing it through. An emulated device's DMA goes through QEMU's map of guest
+/// RAM, which covers only the RAM ranges, while foreign grants are mapped in the
+/// memory-map hole above RAM (main::grant_map_hole). Measured in the nested rig
+/// (tests/xen/blkdom-hvm) without bounce buffers: requests completed, but writes stored
+/// whatever QEMU's bounce buffer held and reads landed nowhere. Such a device is driven
+/// through bounce buffers in RAM (devices/bounce.rs). A passed-through device DMAs
+/// through the IOMMU, whose tables map every guest-physical page of the domain, grant
+/// mappings included (tests/xen/blkdom-passthrough): straight to the guest's pages. The
+/// device's ids do not tell the two apart (the nested rig passes through the same QEMU
+/// NVMe that qemu-xen emulates); where it came from does. (Plain QEMU, no Xen: nothing
+/// is grant-mapped; the disk tests drive every device directly.)
+fn emulated_under_xen(function: &Function, options: &OpenOptions<'_>) -> bool {
+    let emulated =
+        crate::platform::get().is_some() && !options.passed_through.contains(&function.address);
+    log::info!(
+        "pci {} {:04x}:{:04x}: {}",
+        function.address,
+        function.vendor_id,
+        function.device_id,
+        if crate::platform::get().is_none() {
+            "driven directly (no Xen)"
+        } else if emulated {
+            "emulated by the device model: through bounce buffers"
+        } else {
+            "passed through: DMA straight to the guests' granted pages"
+        }
+    );
+    emulated
 }
 
 /// Puts every queue of `disk` behind bounce buffers when `bounce` says so.
@@ -103,11 +122,12 @@ fn with_bounce(disk: OpenedDisk, bounce: bool) -> Result<OpenedDisk, String> {
     if !bounce {
         return Ok(disk);
     }
+    let bounced_bytes = disk.bounced_bytes.clone();
     let queues = disk
         .queues
         .into_iter()
         .map(|queue| {
-            super::bounce::BounceQueue::new(queue)
+            super::bounce::BounceQueue::new(queue, bounced_bytes.clone())
                 .map(|q| Box::new(q) as Queue)
                 .ok_or_else(|| String::from("no memory for bounce buffers"))
         })
@@ -119,6 +139,7 @@ fn with_bounce(disk: OpenedDisk, bounce: bool) -> Result<OpenedDisk, String> {
             super::bounce::POOL_PAGES * 4
         ),
         queues,
+        bounced_bytes,
     })
 }
 
@@ -258,7 +279,7 @@ fn open_nvme(
     function: Function,
     nsid: u32,
     wanted_queues: usize,
-    options: OpenOptions,
+    options: &OpenOptions<'_>,
 ) -> Result<OpenedDisk, String> {
     let mut controllers = NVME_CONTROLLERS.lock();
     let index = match controllers.iter().position(|(a, _)| *a == function.address) {
@@ -308,5 +329,6 @@ fn open_nvme(
             if namespace.sgl { "PRP and SGL" } else { "PRP only" },
         ),
         queues,
+        bounced_bytes: Arc::default(),
     })
 }

@@ -79,5 +79,6 @@ pub fn open(
             if blk.indirect() { "indirect" } else { "direct" },
         ),
         queues,
+        bounced_bytes: Default::default(),
     })
 }
