@@ -285,13 +285,15 @@ still_running_after_up() {
   esac
 }
 
-# boot_linux_dd [CONFIG]: creates the Linux driver domain (tools/xl/linux-dd.cfg: blkback
-# on a brd RAM disk of the same size as blkdom's; linux-hvm-dd.cfg: HVM, on the emulated
-# NVMe of emulated_nvme_disk) and waits until its `xl devd` is up.
+# boot_linux_dd [CONFIG [xl overrides...]]: creates the Linux driver domain
+# (tools/xl/linux-dd.cfg: blkback on a brd RAM disk of the same size as blkdom's;
+# linux-hvm-dd.cfg: HVM, on the emulated NVMe of emulated_nvme_disk) and waits until its
+# `xl devd` is up.
 boot_linux_dd() {
-  local start id i
+  local config=${1:-linux-dd.cfg} start id i
+  [ $# -gt 0 ] && shift
   start=$(now)
-  create_domain linux-dd "$XL_DIR/${1:-linux-dd.cfg}" || return 1
+  create_domain linux-dd "$XL_DIR/$config" "$@" || return 1
   id=$(domid_of linux-dd)
   for i in $(seq 180); do
     if [ "$(xenstore-read "/local/domain/$id/data/rig-driver-domain" 2>/dev/null)" = ready ]; then
@@ -417,6 +419,30 @@ compare_on_emulated_nvme() {
     run_fio_guest fio-blkdomnvme fio-guest-blkdom.cfg blkdom "$jobs" "$runtime" \
       'name="fio-blkdomnvme"' 'disk=["backend=blkdom,vdev=xvda,access=rw,target=nvme:1"]'
   cp /var/log/xen/qemu-dm-blkdom.log "$RESULTS/" 2>/dev/null
+  timeout 60 xl destroy blkdom
+}
+
+# compare_on_passthrough_nvme JOBS RUNTIME: the same PV guest and fio jobs on namespace 1
+# of the NVMe controller passed through from the outer machine (scenarios with
+# "rig-devices: passthrough"), served first by Linux blkback in an HVM driver domain
+# (tools/xl/linux-hvm-dd.cfg with the controller instead of the emulated one, and without
+# swiotlb=force: the device reaches grant-mapped pages through the IOMMU), then by blkdom
+# (tools/xl/blkdom-hvm-passthrough.cfg), each on pCPUs 1-2, the guest on pCPU 3.
+# Guests fio-ddpt and fio-blkdompt (tools/rig/summarize.py's passthrough rows).
+compare_on_passthrough_nvme() {
+  local jobs=$1 runtime=$2
+  assign_passthrough_disks || return 1
+  if boot_linux_dd linux-hvm-dd.cfg 'device_model_args_hvm=[]' "pci=[\"$PT_NVME\"]" \
+       'extra="console=hvc0 loglevel=4 rig.role=driver-domain rig.dd_disk=nvme0n1"'; then
+    run_fio_guest fio-ddpt fio-guest-linuxdd.cfg linux-dd "$jobs" "$runtime" \
+      'name="fio-ddpt"' 'disk=["backend=linux-dd,vdev=xvda,access=rw,target=/dev/nvme0n1"]'
+    cp /var/log/xen/qemu-dm-linux-dd.log "$RESULTS/qemu-dm-linux-dd-pt.log" 2>/dev/null
+    timeout 60 xl destroy linux-dd
+  fi
+  boot_blkdom_passthrough &&
+    run_fio_guest fio-blkdompt fio-guest-blkdom.cfg blkdom "$jobs" "$runtime" \
+      'name="fio-blkdompt"' 'disk=["backend=blkdom,vdev=xvda,access=rw,target=nvme:1"]'
+  cp /var/log/xen/qemu-dm-blkdom.log "$RESULTS/qemu-dm-blkdom-pt.log" 2>/dev/null
   timeout 60 xl destroy blkdom
 }
 

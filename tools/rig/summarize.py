@@ -4,15 +4,16 @@ timings and negotiated blkif keys the scenario recorded.
 
     python3 tools/rig/summarize.py results/xen/<scenario> [BACKEND...]
 
-BACKENDs (linux-dom0, linux-dd, blkdom, linux-dd-nvme, blkdom-nvme) get a row per job even
-when they produced no result.
+BACKENDs (linux-dom0, linux-dd, blkdom, linux-dd-nvme, blkdom-nvme, linux-dd-pt, blkdom-pt)
+get a row per job even when they produced no result.
 
 Reads fio-<guest>-<job>.json (fio --output-format=json, through tools/fio_results.py like
 make bench's report: a write+verify job counts its write half), cpu-<guest>-<job>.txt
 (backend domain CPU seconds over the job), timings.txt, host-timings.txt and
 xenstore-negotiated-*.txt. Guests are named after their backend: fio-dom0 (Linux
 blkback in dom0), fio-linuxdd (Linux blkback in a PVH driver domain), fio-blkdom (blkdom),
-and on an emulated NVMe disk with HVM driver domains fio-ddnvme (Linux) and fio-blkdomnvme.
+on an emulated NVMe disk with HVM driver domains fio-ddnvme (Linux) and fio-blkdomnvme, and
+on a passed-through NVMe controller with HVM driver domains fio-ddpt and fio-blkdompt.
 """
 
 import re
@@ -23,10 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fio_results  # noqa: E402  (tools/fio_results.py, the fio JSON reader make bench shares)
 
 BACKENDS = {"fio-dom0": "linux-dom0", "fio-linuxdd": "linux-dd", "fio-blkdom": "blkdom",
-            "fio-ddnvme": "linux-dd-nvme", "fio-blkdomnvme": "blkdom-nvme"}
+            "fio-ddnvme": "linux-dd-nvme", "fio-blkdomnvme": "blkdom-nvme",
+            "fio-ddpt": "linux-dd-pt", "fio-blkdompt": "blkdom-pt"}
 # blkdom's ratios: (ours, baseline, label).
 RATIOS = [("blkdom", "linux-dom0", "blkdom/dom0"), ("blkdom", "linux-dd", "blkdom/linux-dd"),
-          ("blkdom-nvme", "linux-dd-nvme", "nvme blkdom/dd")]
+          ("blkdom-nvme", "linux-dd-nvme", "nvme blkdom/dd"),
+          ("blkdom-pt", "linux-dd-pt", "pt blkdom/dd")]
 JOB_ORDER = ["prefill", "randread-qd32-1j", "randread-qd32-2j", "randread-qd1", "seqread-1m",
              "write-verify", "write-verify-quick"]
 

@@ -114,6 +114,19 @@ pub struct OpenDevice {
     bounced_bytes: Arc<AtomicU64>,
 }
 
+/// The bounce counters of every device opened so far (one each, shared by its queues):
+/// their sum is the domain's `bounced-bytes` in `data/blkdom-pollers`. Control path only.
+static BOUNCE_COUNTERS: spin::Mutex<Vec<Arc<AtomicU64>>> = spin::Mutex::new(Vec::new());
+
+/// Bytes copied through bounce buffers by every device since blkdom started.
+pub fn bounced_bytes_total() -> u64 {
+    BOUNCE_COUNTERS
+        .lock()
+        .iter()
+        .map(|counter| counter.load(Ordering::Relaxed))
+        .sum()
+}
+
 /// Devices no vbd uses, with their queues. Control path only.
 static PARKED_DEVICES: spin::Mutex<Vec<OpenDevice>> = spin::Mutex::new(Vec::new());
 
@@ -183,6 +196,7 @@ impl Disk {
             },
         )
         .map_err(|e| format!("{spec}: {e}"))?;
+        BOUNCE_COUNTERS.lock().push(opened.bounced_bytes.clone());
         let geometry = opened
             .queues
             .first()

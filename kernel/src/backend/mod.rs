@@ -437,8 +437,9 @@ impl Control {
         lines.push((
             None,
             format!(
-                "{}; mapped-pages={}",
+                "{}; bounced-bytes={}; mapped-pages={}",
                 pollers.join("; "),
+                disk::bounced_bytes_total(),
                 adapters::mapped_pages()
             ),
         ));
