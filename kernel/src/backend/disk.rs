@@ -130,6 +130,11 @@ pub fn bounced_bytes_total() -> u64 {
 /// Devices no vbd uses, with their queues. Control path only.
 static PARKED_DEVICES: spin::Mutex<Vec<OpenDevice>> = spin::Mutex::new(Vec::new());
 
+/// Devices serving a disk now (a second disk on the same namespace or virtio device
+/// would let two guests write the same blocks: refused, as Linux's block hotplug script
+/// refuses a device another domain has open for writing). Control path only.
+static SERVING: spin::Mutex<Vec<Backing>> = spin::Mutex::new(Vec::new());
+
 /// The parked device `backing` names, if a removed disk left it.
 fn unpark(backing: Backing) -> Option<OpenDevice> {
     let mut parked = PARKED_DEVICES.lock();
@@ -152,6 +157,7 @@ impl Drop for Disk {
                 opened - idle
             );
         }
+        SERVING.lock().retain(|serving| *serving != device.backing);
         if idle > 0 {
             PARKED_DEVICES.lock().push(OpenDevice {
                 backing: device.backing,
@@ -176,6 +182,20 @@ impl Disk {
         if let Backing::Ram { bytes, name } = backing {
             return open_ram(bytes, name).map(Disk::Ram);
         }
+        if SERVING.lock().contains(&backing) {
+            return Err(format!("{spec} is already serving another disk"));
+        }
+        let device = Self::open_device(spec, backing, passed_through)?;
+        SERVING.lock().push(backing);
+        Ok(Disk::Device(device))
+    }
+
+    /// The device `backing` names: parked by an earlier disk, or opened now.
+    fn open_device(
+        spec: &str,
+        backing: Backing,
+        passed_through: &[PciAddress],
+    ) -> Result<OpenDevice, String> {
         if let Some(device) = unpark(backing) {
             // The description goes last: log lines are cut at a fixed length.
             log::info!(
@@ -183,7 +203,7 @@ impl Disk {
                 device.opened,
                 device.description
             );
-            return Ok(Disk::Device(device));
+            return Ok(device);
         }
         let cpus = crate::smp::online_count().max(1);
         let opened = device_open::open(
@@ -202,14 +222,14 @@ impl Disk {
             .first()
             .map(|q| q.geometry())
             .ok_or_else(|| format!("{spec}: the device gave no queue"))?;
-        Ok(Disk::Device(OpenDevice {
+        Ok(OpenDevice {
             backing,
             description: opened.description,
             geometry,
             opened: opened.queues.len(),
             idle: opened.queues.into_iter().map(DeviceQueue).collect(),
             bounced_bytes: opened.bounced_bytes,
-        }))
+        })
     }
 
     pub fn geometry(&self) -> Geometry {
