@@ -23,10 +23,10 @@ mod power;
 mod selftest;
 mod smp;
 
-use blkdom_support::cmdline::Cmdline;
-use blkdom_support::hypervisor::Hypervisor;
 use boot::start_info::memmap_type_name;
 use log::{error, info, warn, LevelFilter};
+use machine::cmdline::Cmdline;
+use machine::hypervisor::Hypervisor;
 
 /// Printed once the kernel is ready; the test runners and the nested rig wait for it.
 pub const READY_MARKER: &str = "blkdom: up";
@@ -158,7 +158,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
                     Ok(None) => {}
                     Err(text) => error!(
                         "poll.spin-us={text}: want <min>-<max> microseconds, 0 < min <= max <= {}; using the defaults",
-                        blkdom_support::cmdline::MAX_SPIN_US
+                        machine::cmdline::MAX_SPIN_US
                     ),
                 }
                 backend::serve(hole, info.start_info.rsdp_paddr)
@@ -178,8 +178,8 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
 
 /// Where foreign grants get mapped: the largest stretch below 4 GiB (identity mapped)
 /// that the memory map does not use, at or above 1 GiB so RAM growth cannot meet it.
-fn grant_map_hole(info: &bootinfo::BootInfo) -> Option<blkdom_support::frames::PhysRange> {
-    use blkdom_support::frames::{largest_hole, PhysRange};
+fn grant_map_hole(info: &bootinfo::BootInfo) -> Option<machine::frames::PhysRange> {
+    use machine::frames::{largest_hole, PhysRange};
     let used: alloc::vec::Vec<PhysRange> = info
         .memmap()
         .iter()

@@ -1,8 +1,8 @@
 //! Ways to stop: orderly power-off, crash, and the test verdict for QEMU's
 //! `isa-debug-exit` device.
 
-use blkdom_support::acpi::{self, PowerControl};
 use core::sync::atomic::{AtomicBool, Ordering};
+use machine::acpi::{self, PowerControl};
 use x86_64::instructions::port::Port;
 
 /// `isa-debug-exit` at iobase 0xf4: QEMU exits with status (value << 1) | 1.

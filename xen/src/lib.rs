@@ -9,7 +9,7 @@
 //!
 //! # Bringing up a PVH/HVM domain (what the kernel calls, in order)
 //!
-//! 1. `kernel/support`'s hypervisor detection gives Xen's CPUID base leaf;
+//! 1. `kernel/machine`'s hypervisor detection gives Xen's CPUID base leaf;
 //!    [`platform::XenCpuid::read`] adds version, and domid/vCPU id where Xen reports them.
 //! 2. `unsafe { raw::hypercall::NativeHypervisor::detect() }`: `vmcall` or `vmmcall` from
 //!    the CPUID vendor (AMD/Hygon: `vmmcall`).

@@ -504,7 +504,7 @@ impl poller::ControlWork for Control {
 }
 
 /// Starts a poller on every other vCPU and runs vCPU 0's (with the control path).
-pub fn serve(hole: blkdom_support::frames::PhysRange, rsdp_paddr: u64) -> ! {
+pub fn serve(hole: machine::frames::PhysRange, rsdp_paddr: u64) -> ! {
     disk::set_rsdp(rsdp_paddr);
     let rings = space::init(hole);
     log::info!(

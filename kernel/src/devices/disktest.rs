@@ -19,9 +19,9 @@ use alloc::vec::Vec;
 use backing::pattern::{self, Plan};
 use backing::Backing;
 use blkdev::{BufferAccess, DmaSegment, Geometry, IoOp, IoRequest, IoStatus, SubmitError};
-use blkdom_support::cmdline::Cmdline;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use log::{error, info};
+use machine::cmdline::Cmdline;
 
 /// Sectors at the end of the disk kept out of the write regions.
 pub const TAIL_SECTORS: u64 = 2048;
