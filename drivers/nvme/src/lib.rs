@@ -29,7 +29,7 @@ pub const PAGE_SIZE: u64 = 4096;
 
 /// What the driver needs from the platform: DMA memory and time, and the controller's
 /// registers.
-pub trait Hal: iotrack::Dma {
+pub trait Hal: blkdev::Dma {
     /// Reads the 32-bit controller register at byte `offset` of BAR 0.
     fn read_register(&self, offset: usize) -> u32;
     fn write_register(&self, offset: usize, value: u32);

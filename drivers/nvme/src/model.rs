@@ -5,7 +5,7 @@
 
 use crate::command::{CommandStatus, CQ_ENTRY_LEN, SQ_ENTRY_LEN};
 use crate::Hal;
-use iotrack::testing::DmaMemory;
+use cmdslots::fake::DmaMemory;
 use std::sync::{Arc, Mutex};
 
 pub const MEMORY_BYTES: usize = 48 << 20;
@@ -545,7 +545,7 @@ impl Hal for ModelHal {
     }
 }
 
-impl iotrack::Dma for ModelHal {
+impl blkdev::Dma for ModelHal {
     fn allocate_dma(&self, pages: usize) -> Option<u64> {
         self.with(|m| m.memory.allocate(pages))
     }

@@ -2,7 +2,7 @@ use crate::command::CommandStatus;
 use crate::model::{Model, ModelHal};
 use crate::*;
 use blkdev::{BlockDevice, Completion, DmaSegment, IoOp, IoRequest, IoStatus, SubmitError};
-use iotrack::testing::{complete_one, data_request, drain, poll_until, NoCpuAccess};
+use cmdslots::fake::{complete_one, data_request, drain, poll_until, NoCpuAccess};
 
 fn bring_up(model: Model, queues: u16, entries: u16) -> (ModelHal, Vec<IoQueue<ModelHal>>) {
     let hal = ModelHal::new(model);

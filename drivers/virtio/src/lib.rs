@@ -25,7 +25,7 @@ pub use transport::PciRegions;
 
 /// What the driver needs from the platform: DMA memory and time, and MMIO at the
 /// mapped capability windows ([`PciRegions`]).
-pub trait Hal: iotrack::Dma {
+pub trait Hal: blkdev::Dma {
     fn read8(&self, address: u64) -> u8;
     fn read16(&self, address: u64) -> u16;
     fn read32(&self, address: u64) -> u32;

@@ -5,7 +5,7 @@
 
 use crate::feature;
 use crate::Hal;
-use iotrack::testing::DmaMemory;
+use cmdslots::fake::DmaMemory;
 use std::sync::{Arc, Mutex};
 
 pub const COMMON: u64 = 0x1000_0000;
@@ -446,7 +446,7 @@ impl Hal for ModelHal {
     }
 }
 
-impl iotrack::Dma for ModelHal {
+impl blkdev::Dma for ModelHal {
     fn allocate_dma(&self, pages: usize) -> Option<u64> {
         self.with(|m| m.memory.allocate(pages))
     }

@@ -1,7 +1,7 @@
 use crate::model::{Model, ModelHal};
 use crate::*;
 use blkdev::{BlockDevice, Completion, DmaSegment, IoOp, IoRequest, IoStatus, SubmitError};
-use iotrack::testing::{complete_one, data_request, drain, poll_until, NoCpuAccess};
+use cmdslots::fake::{complete_one, data_request, drain, poll_until, NoCpuAccess};
 
 fn bring_up(model: Model, queues: usize, size: u16) -> (ModelHal, Vec<BlkQueue<ModelHal>>) {
     let hal = ModelHal::new(model);

@@ -244,7 +244,7 @@ impl nvme::Hal for DeviceHal {
     }
 }
 
-impl iotrack::Dma for DeviceHal {
+impl blkdev::Dma for DeviceHal {
     fn allocate_dma(&self, pages: usize) -> Option<u64> {
         allocate_dma(pages)
     }
