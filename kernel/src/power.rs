@@ -49,8 +49,8 @@ pub fn power_off() -> ! {
     log::logger().flush();
     if UNDER_XEN.load(Ordering::Relaxed) {
         // Xen's PVH/HVM ACPI is hardware-reduced (no PM1 ports): the way out is
-        // SCHEDOP_shutdown, which the Xen platform layer provides.
-        crate::platform::shutdown(xen::platform::ShutdownReason::Poweroff);
+        // SCHEDOP_shutdown, which `xen_domain` provides.
+        crate::xen_domain::shutdown(xen::domain::ShutdownReason::Poweroff);
     }
     if let Some(Some(power)) = POWER.get() {
         let value = acpi::s5_control_value(0);
@@ -71,7 +71,7 @@ pub fn crash(why: &str) -> ! {
     log::error!("blkdom stopped: {why}");
     log::logger().flush();
     if UNDER_XEN.load(Ordering::Relaxed) {
-        crate::platform::shutdown(xen::platform::ShutdownReason::Crash);
+        crate::xen_domain::shutdown(xen::domain::ShutdownReason::Crash);
     } else {
         // Under plain QEMU the test runners watch for this exit status.
         report_verdict(Verdict::Crash);

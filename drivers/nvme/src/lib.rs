@@ -27,7 +27,7 @@ pub use queue::{IoQueue, QueueStats};
 /// Bytes per memory page as the driver configures the controller (CC.MPS = 0).
 pub const PAGE_SIZE: u64 = 4096;
 
-/// What the driver needs from the platform: DMA memory and time, and the controller's
+/// What the driver needs from the kernel: DMA memory and time, and the controller's
 /// registers.
 pub trait Hal: blkdev::Dma {
     /// Reads the 32-bit controller register at byte `offset` of BAR 0.

@@ -23,7 +23,7 @@ mod virtqueue;
 pub use blk::{BlkConfig, BlkQueue, VirtioBlk, VirtioError};
 pub use transport::PciRegions;
 
-/// What the driver needs from the platform: DMA memory and time, and MMIO at the
+/// What the driver needs from the kernel: DMA memory and time, and MMIO at the
 /// mapped capability windows ([`PciRegions`]).
 pub trait Hal: blkdev::Dma {
     fn read8(&self, address: u64) -> u8;

@@ -1,6 +1,6 @@
 //! From a backing-store name to ready device queues.
 
-use super::platform::{self, DeviceHal, PciConfig};
+use super::hal::{self, DeviceHal, PciConfig};
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
@@ -95,7 +95,7 @@ const QEMU_NVME_INTEL_ID: (u16, u16) = (0x8086, 0x5845);
 fn emulated_under_xen(function: &Function) -> bool {
     let emulated = EMULATED_VENDORS.contains(&function.vendor_id)
         || (function.vendor_id, function.device_id) == QEMU_NVME_INTEL_ID;
-    crate::platform::get().is_some() && emulated
+    crate::xen_domain::get().is_some() && emulated
 }
 
 /// Puts every queue of `disk` behind bounce buffers when `bounce` says so.
@@ -213,7 +213,7 @@ pub fn map_memory_bar(
             function.address
         ));
     }
-    platform::map_mmio(address + offset, len)
+    hal::map_mmio(address + offset, len)
         .map_err(|e| format!("{}: mapping BAR {index}: {e:?}", function.address))
 }
 
