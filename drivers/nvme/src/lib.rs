@@ -8,7 +8,7 @@
 //! phase bit, never by interrupts.
 //!
 //! All device access goes through [`Hal`], so the host tests run the driver against an
-//! in-process controller model.
+//! in-process fake controller (`fake`).
 #![cfg_attr(not(test), no_std)]
 #![deny(unsafe_code)]
 
@@ -38,6 +38,6 @@ pub trait Hal: blkdev::Dma {
 }
 
 #[cfg(test)]
-mod model;
+mod fake;
 #[cfg(test)]
 mod tests;

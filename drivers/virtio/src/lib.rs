@@ -10,7 +10,7 @@
 //! pre-flush waits for its flush. Completions are polled from the used ring; interrupts
 //! stay off.
 //!
-//! Device access goes through [`Hal`], so the host tests run against a device model.
+//! Device access goes through [`Hal`], so the host tests run against a fake device (`fake`).
 #![cfg_attr(not(test), no_std)]
 #![deny(unsafe_code)]
 
@@ -51,6 +51,6 @@ pub mod feature {
 }
 
 #[cfg(test)]
-mod model;
+mod fake;
 #[cfg(test)]
 mod tests;
