@@ -6,4 +6,4 @@
 # BENCH_JSON=FILE also writes the results as JSON (make bench: results/bench/engine.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BENCH_SECONDS="${1:-2}" exec cargo run --quiet --release -p blkback --features fakes --example bench_engine
+BENCH_SECONDS="${1:-2}" exec cargo run --quiet --release -p blkback --features fake --example bench_engine

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use blkback::abi::{self, sring, REQUEST_SIZE};
 use blkback::engine::{Engine, EngineConfig};
-use blkback::fakes::{
+use blkback::fake::{
     CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, ShufflingDevice, XenGrants,
 };
 use blkback::ring::RingMemory;

@@ -5,7 +5,7 @@
 #![no_main]
 
 use blkback::engine::Busy;
-use blkback::fakes::MemStore;
+use blkback::fake::MemStore;
 use blkback::negotiate::{
     BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection, StepOutcome, XenbusState,
 };

@@ -1,7 +1,7 @@
 //! Byte sinks for the log: COM1 (a 16550 UART) under plain QEMU, and I/O port 0xE9,
 //! which Xen prints on its own serial console as `(dN) ...` lines for PVH/HVM guests
 //! (QEMU's `-debugcon` captures it too). The Xen console ring joins these with the Xen
-//! platform layer.
+//! domain layer (`xen_domain`).
 
 use core::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use x86_64::instructions::port::Port;
@@ -10,7 +10,7 @@ pub const COM1: u16 = 0x3f8;
 const DEBUGCON_PORT: u16 = 0xe9;
 
 static UART_BASE: AtomicU16 = AtomicU16::new(0);
-/// The Xen console ring writer, once the platform layer has found it.
+/// The Xen console ring writer, once `xen_domain` has found it.
 static XEN_CONSOLE: spin::Once<fn(&[u8])> = spin::Once::new();
 static DEBUGCON: AtomicBool = AtomicBool::new(false);
 

@@ -1,8 +1,8 @@
 //! Firmware tables through the boot identity map: the ACPI parsers of
-//! `blkdom_support::acpi` read physical memory through `IdentityMemory`.
+//! `machine::acpi` read physical memory through `IdentityMemory`.
 
 use crate::arch::paging::IDENTITY_MAPPED_LIMIT;
-use blkdom_support::acpi::{self, AcpiError, Madt, PhysRead, Rsdp};
+use machine::acpi::{self, AcpiError, Madt, PhysRead, Rsdp};
 
 /// Physical memory below 4 GiB, read through the boot identity map.
 pub struct IdentityMemory;

@@ -58,7 +58,7 @@ impl Log for KernelLogger {
             len: 0,
         };
         let _ = write!(line, "{:<5} ", record.level());
-        if let Some(ns) = crate::platform::uptime_ns() {
+        if let Some(ns) = crate::xen_domain::uptime_ns() {
             // Under Xen: seconds since boot, so an operator can time boot and hotplug.
             let _ = write!(
                 line,

@@ -18,15 +18,15 @@ mod devices;
 mod firmware;
 mod logger;
 mod mm;
-mod platform;
 mod power;
 mod selftest;
 mod smp;
+mod xen_domain;
 
-use blkdom_support::cmdline::Cmdline;
-use blkdom_support::hypervisor::Hypervisor;
 use boot::start_info::memmap_type_name;
 use log::{error, info, warn, LevelFilter};
+use machine::cmdline::Cmdline;
+use machine::hypervisor::Hypervisor;
 
 /// Printed once the kernel is ready; the test runners and the nested rig wait for it.
 pub const READY_MARKER: &str = "blkdom: up";
@@ -104,14 +104,14 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     }
 
     if hypervisor.is_xen() {
-        match platform::init() {
+        match xen_domain::init() {
             Ok(xen) => {
                 info!(
                     "xen: shared_info mapped, vcpu_info registered, event upcalls on vector {:#x} ({:?})",
-                    platform::events::UPCALL_VECTOR,
+                    xen_domain::events::UPCALL_VECTOR,
                     xen.upcall_mode.get()
                 );
-                let costs = platform::measure_costs(xen);
+                let costs = xen_domain::measure_costs(xen);
                 info!(
                     "xen: costs: rdtsc {} ns, pause {} ns, hypercall {} ns",
                     costs.rdtsc_ns, costs.pause_ns, costs.hypercall_ns
@@ -119,7 +119,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
             }
             Err(e) => error!("xen: platform set-up failed: {e}"),
         }
-        match platform::store::init() {
+        match xen_domain::store::init() {
             Ok(()) => log_identity(),
             Err(e) => error!("xen: no xenstore: {e}"),
         }
@@ -150,7 +150,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         power::power_off();
     }
 
-    if hypervisor.is_xen() && platform::get().is_some() {
+    if hypervisor.is_xen() && xen_domain::get().is_some() {
         match grant_map_hole(&info) {
             Some(hole) => {
                 match cmdline.spin_window_us() {
@@ -158,7 +158,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
                     Ok(None) => {}
                     Err(text) => error!(
                         "poll.spin-us={text}: want <min>-<max> microseconds, 0 < min <= max <= {}; using the defaults",
-                        blkdom_support::cmdline::MAX_SPIN_US
+                        machine::cmdline::MAX_SPIN_US
                     ),
                 }
                 backend::serve(hole, info.start_info.rsdp_paddr)
@@ -178,8 +178,8 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
 
 /// Where foreign grants get mapped: the largest stretch below 4 GiB (identity mapped)
 /// that the memory map does not use, at or above 1 GiB so RAM growth cannot meet it.
-fn grant_map_hole(info: &bootinfo::BootInfo) -> Option<blkdom_support::frames::PhysRange> {
-    use blkdom_support::frames::{largest_hole, PhysRange};
+fn grant_map_hole(info: &bootinfo::BootInfo) -> Option<machine::frames::PhysRange> {
+    use machine::frames::{largest_hole, PhysRange};
     let used: alloc::vec::Vec<PhysRange> = info
         .memmap()
         .iter()
@@ -227,7 +227,7 @@ fn start_cpus(hypervisor: &Hypervisor, rsdp_paddr: u64) {
     let listed = madt.enabled_cpus().count();
     let started = if hypervisor.is_xen() {
         let apic_ids: alloc::vec::Vec<u32> = madt.enabled_cpus().map(|c| c.apic_id).collect();
-        platform::vcpus::start(&apic_ids)
+        xen_domain::vcpus::start(&apic_ids)
     } else {
         smp::start_aps_with_sipi(madt.enabled_cpus().map(|c| c.apic_id))
     };
@@ -239,7 +239,7 @@ fn start_cpus(hypervisor: &Hypervisor, rsdp_paddr: u64) {
 
 /// Our domain id and name, as xenstore has them.
 fn log_identity() {
-    let identity = platform::store::with(|xs| {
+    let identity = xen_domain::store::with(|xs| {
         let tx = xen::xenstore::Transaction::NONE;
         (xs.read_string(tx, "domid"), xs.read_string(tx, "name"))
     });

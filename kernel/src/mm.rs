@@ -3,9 +3,9 @@
 
 use crate::arch::paging::IDENTITY_MAPPED_LIMIT;
 use crate::bootinfo::BootInfo;
-use blkdom_support::frames::{FrameAllocator, FrameError, PhysRange, FRAME_SIZE};
 use boot::start_info::{memmap_type, HvmModlistEntry};
 use linked_list_allocator::LockedHeap;
+use machine::frames::{FrameAllocator, FrameError, PhysRange, FRAME_SIZE};
 
 #[global_allocator]
 static HEAP: LockedHeap = LockedHeap::empty();

@@ -1,8 +1,8 @@
 //! Ways to stop: orderly power-off, crash, and the test verdict for QEMU's
 //! `isa-debug-exit` device.
 
-use blkdom_support::acpi::{self, PowerControl};
 use core::sync::atomic::{AtomicBool, Ordering};
+use machine::acpi::{self, PowerControl};
 use x86_64::instructions::port::Port;
 
 /// `isa-debug-exit` at iobase 0xf4: QEMU exits with status (value << 1) | 1.
@@ -49,8 +49,8 @@ pub fn power_off() -> ! {
     log::logger().flush();
     if UNDER_XEN.load(Ordering::Relaxed) {
         // Xen's PVH/HVM ACPI is hardware-reduced (no PM1 ports): the way out is
-        // SCHEDOP_shutdown, which the Xen platform layer provides.
-        crate::platform::shutdown(xen::platform::ShutdownReason::Poweroff);
+        // SCHEDOP_shutdown, which `xen_domain` provides.
+        crate::xen_domain::shutdown(xen::domain::ShutdownReason::Poweroff);
     }
     if let Some(Some(power)) = POWER.get() {
         let value = acpi::s5_control_value(0);
@@ -71,7 +71,7 @@ pub fn crash(why: &str) -> ! {
     log::error!("blkdom stopped: {why}");
     log::logger().flush();
     if UNDER_XEN.load(Ordering::Relaxed) {
-        crate::platform::shutdown(xen::platform::ShutdownReason::Crash);
+        crate::xen_domain::shutdown(xen::domain::ShutdownReason::Crash);
     } else {
         // Under plain QEMU the test runners watch for this exit status.
         report_verdict(Verdict::Crash);

@@ -304,9 +304,9 @@ fn on_loopback_event(_port: u32, _context: usize) {
 /// Xen only: an event channel connected to ourselves, its receiving end bound to the
 /// last vCPU; sending on the other end runs the handler on that vCPU.
 fn xen_event_channel_loopback() -> TestResult {
-    use crate::platform;
+    use crate::xen_domain;
     use xen::abi::DOMID_SELF;
-    let Some(xen) = platform::get() else {
+    let Some(xen) = xen_domain::get() else {
         check!(false, "platform not initialised");
         return Ok(());
     };
@@ -317,7 +317,7 @@ fn xen_event_channel_loopback() -> TestResult {
     let bound = xen::evtchn::bind_interdomain(&xen.hv, DOMID_SELF, sender);
     check!(bound.is_ok(), "bind_interdomain: {:?}", bound);
     let receiver = bound.unwrap_or_default();
-    let registered = platform::events::register(receiver, target, on_loopback_event, 0);
+    let registered = xen_domain::events::register(receiver, target, on_loopback_event, 0);
     check!(
         registered.is_ok(),
         "register on vCPU {}: {:?}",
@@ -343,7 +343,7 @@ fn xen_event_channel_loopback() -> TestResult {
         xen.shared.is_masked(receiver),
     );
     let upcall_pending = xen.vcpu_info(target as usize).map(|v| v.upcall_pending());
-    platform::events::unregister(receiver, target);
+    xen_domain::events::unregister(receiver, target);
     let _ = xen::evtchn::close(&xen.hv, receiver);
     let _ = xen::evtchn::close(&xen.hv, sender);
     check!(
@@ -351,7 +351,7 @@ fn xen_event_channel_loopback() -> TestResult {
         "event on port {} never arrived (upcalls/dispatches on vCPU {}: {:?}; pending {} masked {} upcall_pending {:?})",
         receiver,
         target,
-        platform::events::counters(target as usize),
+        xen_domain::events::counters(target as usize),
         pending,
         masked,
         upcall_pending
@@ -370,7 +370,7 @@ fn xen_event_channel_loopback() -> TestResult {
 /// (once when registered, as xenstored always does, and again on our own write).
 fn xen_xenstore_write_read_watch() -> TestResult {
     use xen::xenstore::Transaction;
-    let result = crate::platform::store::with(|xs| {
+    let result = crate::xen_domain::store::with(|xs| {
         let tx = Transaction::NONE;
         xs.watch("data/blkdom-selftest", "selftest")?;
         let initial = xs.wait_watch_event()?;
@@ -407,7 +407,7 @@ fn xen_xenstore_write_read_watch() -> TestResult {
 /// `data/blkdom-ack = seen`; our watch must deliver that (a dom0 write seen by a watch).
 fn xen_watch_sees_dom0_write() -> TestResult {
     use xen::xenstore::Transaction;
-    let seen = crate::platform::store::with(|xs| {
+    let seen = crate::xen_domain::store::with(|xs| {
         xs.watch("data/blkdom-ack", "ack")?;
         // Each wait is bounded by the client's timeout; about two minutes in all.
         let mut seen = false;

@@ -662,10 +662,10 @@ mod tests {
         assert!(!table.owned().contains(8));
     }
 
-    /// A CPU + Xen model for the idle protocol: an event fires at a chosen step; Xen
+    /// A fake CPU + Xen for the idle protocol: an event fires at a chosen step; Xen
     /// injects the upcall at once if interrupts are on, otherwise it stays pending in
     /// the LAPIC until `sti`. Halting with nothing deliverable means sleeping forever.
-    struct ModelCpu {
+    struct FakeCpu {
         step: Cell<usize>,
         fire_at: usize,
         interrupts_on: Cell<bool>,
@@ -676,7 +676,7 @@ mod tests {
         handled: RefCell<usize>,
     }
 
-    impl ModelCpu {
+    impl FakeCpu {
         fn new(fire_at: usize) -> Self {
             Self {
                 step: Cell::new(0),
@@ -709,7 +709,7 @@ mod tests {
         }
     }
 
-    impl CpuIdle for ModelCpu {
+    impl CpuIdle for FakeCpu {
         fn disable_interrupts(&self) {
             self.tick();
             self.interrupts_on.set(false);
@@ -736,7 +736,7 @@ mod tests {
     fn idle_wait_never_loses_a_wakeup() {
         // Try the event at every point of the protocol (and never).
         for fire_at in 0..8 {
-            let cpu = ModelCpu::new(fire_at);
+            let cpu = FakeCpu::new(fire_at);
             let wake = idle_wait(
                 &cpu,
                 || {
@@ -764,10 +764,10 @@ mod tests {
 
     #[test]
     fn checking_before_clearing_would_lose_a_wakeup() {
-        // The same model catches the classic bug: check first, clear upcall after.
+        // The same fake catches the classic bug: check first, clear upcall after.
         let mut lost = false;
         for fire_at in 0..8 {
-            let cpu = ModelCpu::new(fire_at);
+            let cpu = FakeCpu::new(fire_at);
             cpu.disable_interrupts();
             cpu.tick();
             let work = cpu.event_bit.get();
@@ -778,6 +778,6 @@ mod tests {
                 lost |= cpu.slept_forever.get() && cpu.event_bit.get();
             }
         }
-        assert!(lost, "the model must be able to detect a lost wake-up");
+        assert!(lost, "the fake must be able to detect a lost wake-up");
     }
 }

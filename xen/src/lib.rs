@@ -9,24 +9,24 @@
 //!
 //! # Bringing up a PVH/HVM domain (what the kernel calls, in order)
 //!
-//! 1. `kernel/support`'s hypervisor detection gives Xen's CPUID base leaf;
-//!    [`platform::XenCpuid::read`] adds version, and domid/vCPU id where Xen reports them.
+//! 1. `kernel/machine`'s hypervisor detection gives Xen's CPUID base leaf;
+//!    [`domain::XenCpuid::read`] adds version, and domid/vCPU id where Xen reports them.
 //! 2. `unsafe { raw::hypercall::NativeHypervisor::detect() }`: `vmcall` or `vmmcall` from
 //!    the CPUID vendor (AMD/Hygon: `vmmcall`).
-//! 3. Take one RAM frame for `shared_info`, [`platform::map_shared_info`] it (Xen
+//! 3. Take one RAM frame for `shared_info`, [`domain::map_shared_info`] it (Xen
 //!    replaces the page; never use that frame for anything else), wrap it with
 //!    `unsafe { SharedMem::new(..) }` and [`shared_info::SharedInfoPage::new`].
 //! 4. Per vCPU: `vcpu_info` is `legacy_vcpu_info(n)` for n < 32, or put it in per-CPU
-//!    data with [`platform::register_vcpu_info`] (once, before upcalls).
+//!    data with [`domain::register_vcpu_info`] (once, before upcalls).
 //! 5. Per vCPU: install the upcall IDT handler (clear `evtchn_upcall_pending`; LAPIC EOI
-//!    in [`platform::UpcallMode::PerVcpuVector`]), then [`platform::setup_upcall`].
-//! 6. [`platform::console_params`] → [`console::ConsoleRing`] over that page; log with
+//!    in [`domain::UpcallMode::PerVcpuVector`]), then [`domain::setup_upcall`].
+//! 6. [`domain::console_params`] → [`console::ConsoleRing`] over that page; log with
 //!    `write_all(bytes, || evtchn::send(..), bounded wait)`. `Err(NoDev)` means no Xen
 //!    console (plain QEMU): keep port 0xE9 / COM1.
-//! 7. [`platform::store_params`] → [`xenstore::SharedXenstoreRing`] with an
+//! 7. [`domain::store_params`] → [`xenstore::SharedXenstoreRing`] with an
 //!    [`evtchn::PortSignal`] (clock: `vcpu_info.clock().system_time_at(raw::cpu::read_tsc())`)
 //!    → [`xenstore::XenstoreClient`]: read `name`, `domid`; watch `control/shutdown`.
-//! 8. Secondary vCPUs: [`platform::start_vcpu`] with a [`platform::LongModeStart`] (BSP's
+//! 8. Secondary vCPUs: [`domain::start_vcpu`] with a [`domain::LongModeStart`] (BSP's
 //!    CR0/CR3/CR4/EFER, entry, stack, argument); `Err(Exist)` → use INIT-SIPI instead.
 //! 9. Event channels: [`evtchn::bind_interdomain`] / [`evtchn::alloc_unbound`],
 //!    [`evtchn::bind_vcpu`] to the serving vCPU, register in that vCPU's
@@ -35,7 +35,7 @@
 //! 10. Grants: [`grant::map_batch`]/[`grant::unmap_batch`]/[`grant::copy_batch`] at
 //!     guest-physical pages from a [`grant::GrantMapArea`] (a hole in the memory map);
 //!     our own grants through [`grant::map_own_table`] + [`grant::GrantTable`].
-//! 11. [`platform::shutdown`] with `Poweroff` (control/shutdown = "poweroff") or `Crash`
+//! 11. [`domain::shutdown`] with `Poweroff` (control/shutdown = "poweroff") or `Crash`
 //!     (panic), so `xl` reports the right reason.
 #![cfg_attr(not(test), no_std)]
 #![deny(unsafe_code)]
@@ -45,11 +45,11 @@ extern crate alloc;
 pub mod abi;
 mod byte_ring;
 pub mod console;
+pub mod domain;
 pub mod error;
 pub mod evtchn;
 pub mod grant;
 pub mod hypercall;
-pub mod platform;
 pub mod raw;
 pub mod shared_info;
 pub mod xenstore;

@@ -10,9 +10,11 @@
 
 extern crate alloc;
 
+pub mod dma;
 mod null;
 mod ram;
 
+pub use dma::Dma;
 pub use null::NullDisk;
 pub use ram::{RamDisk, RamDiskQueue};
 

@@ -113,7 +113,7 @@ impl CommandStatus {
                 || (optional_command && self.code() == GENERIC_INVALID_FIELD))
     }
 
-    /// Builds the status as the controller writes it (for the model).
+    /// Builds the status as the controller writes it (for the fake controller).
     pub fn new(code_type: u8, code: u8) -> Self {
         CommandStatus((u16::from(code_type & 7) << 8) | u16::from(code))
     }

@@ -8,7 +8,7 @@
 //! phase bit, never by interrupts.
 //!
 //! All device access goes through [`Hal`], so the host tests run the driver against an
-//! in-process controller model.
+//! in-process fake controller (`fake`).
 #![cfg_attr(not(test), no_std)]
 #![deny(unsafe_code)]
 
@@ -27,9 +27,9 @@ pub use queue::{IoQueue, QueueStats};
 /// Bytes per memory page as the driver configures the controller (CC.MPS = 0).
 pub const PAGE_SIZE: u64 = 4096;
 
-/// What the driver needs from the platform: DMA memory and time, and the controller's
+/// What the driver needs from the kernel: DMA memory and time, and the controller's
 /// registers.
-pub trait Hal: iotrack::Dma {
+pub trait Hal: blkdev::Dma {
     /// Reads the 32-bit controller register at byte `offset` of BAR 0.
     fn read_register(&self, offset: usize) -> u32;
     fn write_register(&self, offset: usize, value: u32);
@@ -38,6 +38,6 @@ pub trait Hal: iotrack::Dma {
 }
 
 #[cfg(test)]
-mod model;
+mod fake;
 #[cfg(test)]
 mod tests;

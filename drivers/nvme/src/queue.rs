@@ -1,6 +1,6 @@
 //! One I/O submission/completion queue pair, as a `blkdev::BlockDevice`.
 //!
-//! Every command has an `iotrack` slot, whose index is its command id. With at most
+//! Every command has an `cmdslots` slot, whose index is its command id. With at most
 //! `entries - 1` slots, neither the submission nor the completion queue can overflow.
 
 use blkdev::range_fits;
@@ -8,8 +8,8 @@ use blkdev::{
     BlockDevice, BufferAccess, Completion, DiscardGeometry, DmaSegment, Geometry, IoOp, IoRequest,
     IoStatus, SubmitError, SECTOR_SIZE,
 };
+use cmdslots::{Finished, Tracker};
 use core::sync::atomic::{fence, Ordering};
-use iotrack::{Finished, Tracker};
 
 use crate::command::{
     io_opcode, sgl_descriptor, CommandStatus, SubmissionEntry, CQ_ENTRY_LEN, SGL_DATA_BLOCK,
@@ -293,7 +293,7 @@ impl<H: Hal> IoQueue<H> {
         status: CommandStatus,
         sink: &mut dyn FnMut(Completion),
     ) -> usize {
-        if self.slots.state(slot) != Some(iotrack::SlotState::InFlight) {
+        if self.slots.state(slot) != Some(cmdslots::SlotState::InFlight) {
             log::error!(
                 "nvme: q{} completion for command {slot}, not in flight",
                 self.qid

@@ -1,11 +1,11 @@
 use crate::command::CommandStatus;
-use crate::model::{Model, ModelHal};
+use crate::fake::{FakeController, FakeHal};
 use crate::*;
 use blkdev::{BlockDevice, Completion, DmaSegment, IoOp, IoRequest, IoStatus, SubmitError};
-use iotrack::testing::{complete_one, data_request, drain, poll_until, NoCpuAccess};
+use cmdslots::fake::{complete_one, data_request, drain, poll_until, NoCpuAccess};
 
-fn bring_up(model: Model, queues: u16, entries: u16) -> (ModelHal, Vec<IoQueue<ModelHal>>) {
-    let hal = ModelHal::new(model);
+fn bring_up(fake: FakeController, queues: u16, entries: u16) -> (FakeHal, Vec<IoQueue<FakeHal>>) {
+    let hal = FakeHal::new(fake);
     let mut controller = Controller::init(hal.clone(), InitConfig::default()).unwrap();
     let namespace = controller.namespace(1).unwrap();
     let granted = controller.request_io_queues(queues).unwrap();
@@ -16,7 +16,7 @@ fn bring_up(model: Model, queues: u16, entries: u16) -> (ModelHal, Vec<IoQueue<M
 }
 
 /// One whole fresh page as the only segment.
-fn one_page(hal: &ModelHal) -> [DmaSegment; 1] {
+fn one_page(hal: &FakeHal) -> [DmaSegment; 1] {
     [DmaSegment {
         buffer: hal.with(|m| m.memory.allocate(1)).unwrap(),
         offset: 0,
@@ -39,7 +39,7 @@ impl Rng {
 
 /// Segments of random shapes: the first may start mid-page, a short one may sit in the
 /// middle (forcing a split), all sector multiples within their page.
-fn random_segments(rng: &mut Rng, hal: &ModelHal, count: usize) -> Vec<DmaSegment> {
+fn random_segments(rng: &mut Rng, hal: &FakeHal, count: usize) -> Vec<DmaSegment> {
     let pages = hal.with(|m| m.memory.allocate(count)).unwrap();
     (0..count)
         .map(|i| {
@@ -61,7 +61,7 @@ fn random_segments(rng: &mut Rng, hal: &ModelHal, count: usize) -> Vec<DmaSegmen
         .collect()
 }
 
-fn fill(hal: &ModelHal, segments: &[DmaSegment], seed: u8) -> Vec<u8> {
+fn fill(hal: &FakeHal, segments: &[DmaSegment], seed: u8) -> Vec<u8> {
     let mut expected = Vec::new();
     hal.with(|m| {
         for (i, s) in segments.iter().enumerate() {
@@ -75,7 +75,7 @@ fn fill(hal: &ModelHal, segments: &[DmaSegment], seed: u8) -> Vec<u8> {
     expected
 }
 
-fn gather(hal: &ModelHal, segments: &[DmaSegment]) -> Vec<u8> {
+fn gather(hal: &FakeHal, segments: &[DmaSegment]) -> Vec<u8> {
     hal.with(|m| {
         segments
             .iter()
@@ -89,10 +89,10 @@ fn gather(hal: &ModelHal, segments: &[DmaSegment]) -> Vec<u8> {
 
 #[test]
 fn bring_up_identifies_controller_and_namespace() {
-    let hal = ModelHal::new(Model::new(8 << 20));
+    let hal = FakeHal::new(FakeController::new(8 << 20));
     let mut controller = Controller::init(hal.clone(), InitConfig::default()).unwrap();
-    assert_eq!(controller.identity().model_str(), "Model NVMe");
-    assert_eq!(controller.identity().serial_str(), "model-serial");
+    assert_eq!(controller.identity().model_str(), "Fake NVMe");
+    assert_eq!(controller.identity().serial_str(), "fake-serial");
     assert_eq!(controller.version(), Version { major: 1, minor: 4 });
     assert_eq!(controller.max_queue_entries(), 64);
     let ns = controller.namespace(1).unwrap();
@@ -114,10 +114,10 @@ fn bring_up_identifies_controller_and_namespace() {
 
 #[test]
 fn a_controller_that_never_gets_ready_times_out() {
-    let mut model = Model::new(1 << 20);
-    model.never_ready = true;
-    model.cap_to = 2; // 1 s
-    let hal = ModelHal::new(model);
+    let mut fake = FakeController::new(1 << 20);
+    fake.never_ready = true;
+    fake.cap_to = 2; // 1 s
+    let hal = FakeHal::new(fake);
     let result = Controller::init(hal.clone(), InitConfig::default());
     assert!(matches!(
         result,
@@ -129,9 +129,9 @@ fn a_controller_that_never_gets_ready_times_out() {
 
 #[test]
 fn inactive_namespace_and_bad_formats_are_refused() {
-    let mut model = Model::new(1 << 20);
-    model.namespace_count = 2;
-    let hal = ModelHal::new(model);
+    let mut fake = FakeController::new(1 << 20);
+    fake.namespace_count = 2;
+    let hal = FakeHal::new(fake);
     let mut controller = Controller::init(hal.clone(), InitConfig::default()).unwrap();
     assert_eq!(controller.namespace(2), Err(NvmeError::NoSuchNamespace(2)));
     assert_eq!(controller.namespace(0), Err(NvmeError::NoSuchNamespace(0)));
@@ -146,9 +146,9 @@ fn inactive_namespace_and_bad_formats_are_refused() {
 
 #[test]
 fn random_requests_round_trip_with_prp_lists_and_splits() {
-    let mut model = Model::new(16 << 20);
-    model.mdts = 3; // 8 pages per command: long requests split
-    let (hal, mut queues) = bring_up(model, 1, 32);
+    let mut fake = FakeController::new(16 << 20);
+    fake.mdts = 3; // 8 pages per command: long requests split
+    let (hal, mut queues) = bring_up(fake, 1, 32);
     let queue = &mut queues[0];
     let mut rng = Rng(0x5eed);
     let capacity = queue.geometry().sectors;
@@ -188,7 +188,7 @@ fn random_requests_round_trip_with_prp_lists_and_splits() {
 
 #[test]
 fn phase_bit_wraps_many_times_on_a_tiny_queue() {
-    let (hal, mut queues) = bring_up(Model::new(1 << 20), 1, 4);
+    let (hal, mut queues) = bring_up(FakeController::new(1 << 20), 1, 4);
     let queue = &mut queues[0];
     assert_eq!(queue.queue_depth(), 3);
     let segment = one_page(&hal);
@@ -215,10 +215,10 @@ fn phase_bit_wraps_many_times_on_a_tiny_queue() {
 
 #[test]
 fn a_full_queue_refuses_until_completions_are_polled() {
-    let mut model = Model::new(1 << 20);
+    let mut fake = FakeController::new(1 << 20);
     let (hal, mut queues) = {
-        model.hold = false;
-        bring_up(model, 1, 8)
+        fake.hold = false;
+        bring_up(fake, 1, 8)
     };
     hal.with(|m| m.hold = true);
     let queue = &mut queues[0];
@@ -274,9 +274,9 @@ fn a_full_queue_refuses_until_completions_are_polled() {
 
 #[test]
 fn device_errors_map_to_error_and_unsupported() {
-    let mut model = Model::new(1 << 20);
-    model.fail_lba = Some((100, CommandStatus::new(2, 0x81))); // media: unrecovered read
-    let (hal, mut queues) = bring_up(model, 1, 8);
+    let mut fake = FakeController::new(1 << 20);
+    fake.fail_lba = Some((100, CommandStatus::new(2, 0x81))); // media: unrecovered read
+    let (hal, mut queues) = bring_up(fake, 1, 8);
     let queue = &mut queues[0];
     let segment = one_page(&hal);
     assert_eq!(
@@ -349,7 +349,7 @@ fn device_errors_map_to_error_and_unsupported() {
 
 #[test]
 fn discard_deallocates_and_flush_reaches_the_device() {
-    let (hal, mut queues) = bring_up(Model::new(1 << 20), 1, 8);
+    let (hal, mut queues) = bring_up(FakeController::new(1 << 20), 1, 8);
     let queue = &mut queues[0];
     hal.with(|m| m.disk.fill(0xee));
     let discard = IoRequest {
@@ -377,9 +377,9 @@ fn discard_deallocates_and_flush_reaches_the_device() {
     assert_eq!(hal.with(|m| m.executed.last().unwrap().opcode), 0x00);
 
     let no_dsm = {
-        let mut model = Model::new(1 << 20);
-        model.dsm = false;
-        model
+        let mut fake = FakeController::new(1 << 20);
+        fake.dsm = false;
+        fake
     };
     let (hal, mut queues) = bring_up(no_dsm, 1, 8);
     assert!(queues[0].geometry().discard.is_none());
@@ -392,7 +392,7 @@ fn discard_deallocates_and_flush_reaches_the_device() {
 
 #[test]
 fn preflush_write_waits_for_its_flush() {
-    let (hal, mut queues) = bring_up(Model::new(1 << 20), 1, 8);
+    let (hal, mut queues) = bring_up(FakeController::new(1 << 20), 1, 8);
     hal.with(|m| m.hold = true);
     let queue = &mut queues[0];
     let pages = hal.with(|m| m.memory.allocate(3)).unwrap();
@@ -455,9 +455,9 @@ fn preflush_write_waits_for_its_flush() {
 
 #[test]
 fn controller_fatal_status_fails_outstanding_requests_and_later_ones() {
-    let mut model = Model::new(1 << 20);
-    model.fatal_after = Some(2);
-    let (hal, mut queues) = bring_up(model, 1, 8);
+    let mut fake = FakeController::new(1 << 20);
+    fake.fatal_after = Some(2);
+    let (hal, mut queues) = bring_up(fake, 1, 8);
     let queue = &mut queues[0];
     let segment = one_page(&hal);
     for tag in 0..4 {
@@ -479,7 +479,7 @@ fn controller_fatal_status_fails_outstanding_requests_and_later_ones() {
 
 #[test]
 fn two_threads_drive_their_own_queues_at_once() {
-    let (hal, queues) = bring_up(Model::new(8 << 20), 2, 16);
+    let (hal, queues) = bring_up(FakeController::new(8 << 20), 2, 16);
     assert_eq!(queues.len(), 2);
     let threads: Vec<_> = queues
         .into_iter()
@@ -624,10 +624,10 @@ fn plans_split_at_prp_breaks_and_at_the_page_limit() {
 
 #[test]
 fn with_sgl_support_prp_breaks_become_one_sgl_command() {
-    let mut model = Model::new(16 << 20);
-    model.sgl = true;
-    model.mdts = 9; // 2 MiB: no MDTS splits here
-    let (hal, mut queues) = bring_up(model, 1, 8);
+    let mut fake = FakeController::new(16 << 20);
+    fake.sgl = true;
+    fake.mdts = 9; // 2 MiB: no MDTS splits here
+    let (hal, mut queues) = bring_up(fake, 1, 8);
     let queue = &mut queues[0];
     // 300 second halves of pages: 300 PRP commands, more than the queue's 7 slots, but
     // two SGL commands (256 descriptors per list page).
@@ -696,9 +696,9 @@ fn with_sgl_support_prp_breaks_become_one_sgl_command() {
 
 #[test]
 fn a_write_protected_namespace_refuses_writes_and_discards() {
-    let mut model = Model::new(1 << 20);
-    model.write_protected = true;
-    let (hal, mut queues) = bring_up(model, 1, 8);
+    let mut fake = FakeController::new(1 << 20);
+    fake.write_protected = true;
+    let (hal, mut queues) = bring_up(fake, 1, 8);
     let queue = &mut queues[0];
     assert!(queue.geometry().read_only);
     let segment = one_page(&hal);

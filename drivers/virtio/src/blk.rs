@@ -5,7 +5,7 @@ use blkdev::{
     BlockDevice, BufferAccess, Completion, DiscardGeometry, DmaSegment, Geometry, IoOp, IoRequest,
     IoStatus, SubmitError, SECTOR_SIZE,
 };
-use iotrack::{Finished, SlotState, Tracker};
+use cmdslots::{Finished, SlotState, Tracker};
 
 use crate::feature;
 use crate::transport::{common, status, Common, PciRegions, NO_VECTOR};

@@ -10,7 +10,7 @@
 //! pre-flush waits for its flush. Completions are polled from the used ring; interrupts
 //! stay off.
 //!
-//! Device access goes through [`Hal`], so the host tests run against a device model.
+//! Device access goes through [`Hal`], so the host tests run against a fake device (`fake`).
 #![cfg_attr(not(test), no_std)]
 #![deny(unsafe_code)]
 
@@ -23,9 +23,9 @@ mod virtqueue;
 pub use blk::{BlkConfig, BlkQueue, VirtioBlk, VirtioError};
 pub use transport::PciRegions;
 
-/// What the driver needs from the platform: DMA memory and time, and MMIO at the
+/// What the driver needs from the kernel: DMA memory and time, and MMIO at the
 /// mapped capability windows ([`PciRegions`]).
-pub trait Hal: iotrack::Dma {
+pub trait Hal: blkdev::Dma {
     fn read8(&self, address: u64) -> u8;
     fn read16(&self, address: u64) -> u16;
     fn read32(&self, address: u64) -> u32;
@@ -55,6 +55,6 @@ pub mod feature {
 }
 
 #[cfg(test)]
-mod model;
+mod fake;
 #[cfg(test)]
 mod tests;

@@ -1,11 +1,11 @@
-use crate::model::{Model, ModelHal};
+use crate::fake::{FakeDevice, FakeHal};
 use crate::*;
 use blkdev::{BlockDevice, Completion, DmaSegment, IoOp, IoRequest, IoStatus, SubmitError};
-use iotrack::testing::{complete_one, data_request, drain, poll_until, NoCpuAccess};
+use cmdslots::fake::{complete_one, data_request, drain, poll_until, NoCpuAccess};
 
-fn bring_up(model: Model, queues: usize, size: u16) -> (ModelHal, Vec<BlkQueue<ModelHal>>) {
-    let hal = ModelHal::new(model);
-    let mut device = VirtioBlk::init(hal.clone(), ModelHal::regions()).unwrap();
+fn bring_up(fake: FakeDevice, queues: usize, size: u16) -> (FakeHal, Vec<BlkQueue<FakeHal>>) {
+    let hal = FakeHal::new(fake);
+    let mut device = VirtioBlk::init(hal.clone(), FakeHal::regions()).unwrap();
     let queues = (0..queues)
         .map(|_| device.create_queue(size).unwrap())
         .collect();
@@ -25,7 +25,7 @@ fn no_data(tag: u32, op: IoOp, sector: u64, nr_sectors: u64) -> IoRequest<'stati
 }
 
 /// `count` segments of `len` bytes, each in its own fresh page at `offset`.
-fn segments(hal: &ModelHal, count: usize, offset: u32, len: u32) -> Vec<DmaSegment> {
+fn segments(hal: &FakeHal, count: usize, offset: u32, len: u32) -> Vec<DmaSegment> {
     let pages = hal.with(|m| m.memory.allocate(count)).unwrap();
     (0..count)
         .map(|i| DmaSegment {
@@ -36,7 +36,7 @@ fn segments(hal: &ModelHal, count: usize, offset: u32, len: u32) -> Vec<DmaSegme
         .collect()
 }
 
-fn memory_of(hal: &ModelHal, segments: &[DmaSegment]) -> Vec<u8> {
+fn memory_of(hal: &FakeHal, segments: &[DmaSegment]) -> Vec<u8> {
     hal.with(|m| {
         segments
             .iter()
@@ -48,15 +48,15 @@ fn memory_of(hal: &ModelHal, segments: &[DmaSegment]) -> Vec<u8> {
     })
 }
 
-fn no_violations(hal: &ModelHal) {
+fn no_violations(hal: &FakeHal) {
     let violations = hal.with(|m| m.violations.clone());
     assert!(violations.is_empty(), "{violations:?}");
 }
 
 #[test]
 fn negotiates_features_and_sets_up_queues() {
-    let hal = ModelHal::new(Model::new(4 << 20));
-    let mut device = VirtioBlk::init(hal.clone(), ModelHal::regions()).unwrap();
+    let hal = FakeHal::new(FakeDevice::new(4 << 20));
+    let mut device = VirtioBlk::init(hal.clone(), FakeHal::regions()).unwrap();
     let config = *device.config();
     assert_eq!(config.capacity, (4 << 20) / 512);
     assert_eq!(config.num_queues, 4);
@@ -86,28 +86,28 @@ fn negotiates_features_and_sets_up_queues() {
 #[test]
 fn devices_without_what_the_driver_needs_are_refused() {
     // A legacy-only device (no VERSION_1).
-    let mut model = Model::new(1 << 20);
-    model.offered &= !feature::VERSION_1;
-    let hal = ModelHal::new(model);
+    let mut fake = FakeDevice::new(1 << 20);
+    fake.offered &= !feature::VERSION_1;
+    let hal = FakeHal::new(fake);
     assert_eq!(
-        VirtioBlk::init(hal.clone(), ModelHal::regions()).err(),
+        VirtioBlk::init(hal.clone(), FakeHal::regions()).err(),
         Some(VirtioError::MissingFeature("VIRTIO_F_VERSION_1"))
     );
     assert_ne!(hal.with(|m| m.status) & 0x80, 0, "FAILED set");
-    let mut model = Model::new(1 << 20);
-    model.refuse_features = true;
-    let hal = ModelHal::new(model);
+    let mut fake = FakeDevice::new(1 << 20);
+    fake.refuse_features = true;
+    let hal = FakeHal::new(fake);
     assert_eq!(
-        VirtioBlk::init(hal, ModelHal::regions()).err(),
+        VirtioBlk::init(hal, FakeHal::regions()).err(),
         Some(VirtioError::FeaturesRefused)
     );
 }
 
 #[test]
 fn long_requests_split_at_seg_max_and_round_trip() {
-    let mut model = Model::new(8 << 20);
-    model.seg_max = 5;
-    let (hal, mut queues) = bring_up(model, 1, 16);
+    let mut fake = FakeDevice::new(8 << 20);
+    fake.seg_max = 5;
+    let (hal, mut queues) = bring_up(fake, 1, 16);
     let queue = &mut queues[0];
     let mut seed = 0x1234_5678u32;
     for round in 0..30u32 {
@@ -154,7 +154,7 @@ fn long_requests_split_at_seg_max_and_round_trip() {
 
 #[test]
 fn ring_indices_wrap_past_u16() {
-    let (hal, mut queues) = bring_up(Model::new(1 << 20), 1, 4);
+    let (hal, mut queues) = bring_up(FakeDevice::new(1 << 20), 1, 4);
     let queue = &mut queues[0];
     for tag in 0..70_000u32 {
         assert_eq!(
@@ -169,7 +169,7 @@ fn ring_indices_wrap_past_u16() {
 
 #[test]
 fn a_full_queue_refuses_until_completions_are_polled() {
-    let (hal, mut queues) = bring_up(Model::new(1 << 20), 1, 8);
+    let (hal, mut queues) = bring_up(FakeDevice::new(1 << 20), 1, 8);
     hal.with(|m| m.hold = true);
     let queue = &mut queues[0];
     let one = segments(&hal, 1, 0, 4096);
@@ -187,9 +187,9 @@ fn a_full_queue_refuses_until_completions_are_polled() {
     tags.sort();
     assert_eq!(tags, (0..8).collect::<Vec<_>>());
     // More parts than the whole queue can ever hold: invalid, not "full".
-    let mut model = Model::new(1 << 20);
-    model.seg_max = 1;
-    let (hal, mut queues) = bring_up(model, 1, 4);
+    let mut fake = FakeDevice::new(1 << 20);
+    fake.seg_max = 1;
+    let (hal, mut queues) = bring_up(fake, 1, 4);
     let many = segments(&hal, 5, 0, 512);
     assert_eq!(
         queues[0].submit(&data_request(1, IoOp::Write, 0, &many), &NoCpuAccess),
@@ -199,10 +199,10 @@ fn a_full_queue_refuses_until_completions_are_polled() {
 
 #[test]
 fn errors_unsupported_and_refused_requests() {
-    let mut model = Model::new(1 << 20);
-    model.fail_sector = Some(40);
-    model.offered &= !feature::BLK_FLUSH;
-    let (hal, mut queues) = bring_up(model, 1, 8);
+    let mut fake = FakeDevice::new(1 << 20);
+    fake.fail_sector = Some(40);
+    fake.offered &= !feature::BLK_FLUSH;
+    let (hal, mut queues) = bring_up(fake, 1, 8);
     let queue = &mut queues[0];
     let one = segments(&hal, 1, 0, 4096);
     assert_eq!(
@@ -249,9 +249,9 @@ fn errors_unsupported_and_refused_requests() {
         Err(SubmitError::Invalid)
     );
 
-    let mut model = Model::new(1 << 20);
-    model.offered |= feature::BLK_RO;
-    let (hal, mut queues) = bring_up(model, 1, 8);
+    let mut fake = FakeDevice::new(1 << 20);
+    fake.offered |= feature::BLK_RO;
+    let (hal, mut queues) = bring_up(fake, 1, 8);
     assert!(queues[0].geometry().read_only);
     let one = segments(&hal, 1, 0, 4096);
     assert_eq!(
@@ -262,7 +262,7 @@ fn errors_unsupported_and_refused_requests() {
 
 #[test]
 fn discard_splits_at_the_device_limit_and_zeroes() {
-    let (hal, mut queues) = bring_up(Model::new(1 << 20), 1, 8);
+    let (hal, mut queues) = bring_up(FakeDevice::new(1 << 20), 1, 8);
     hal.with(|m| m.disk.fill(0xaa));
     let queue = &mut queues[0];
     assert_eq!(
@@ -283,9 +283,9 @@ fn discard_splits_at_the_device_limit_and_zeroes() {
 
 #[test]
 fn preflush_write_waits_for_its_flush() {
-    let mut model = Model::new(1 << 20);
-    model.seg_max = 2;
-    let (hal, mut queues) = bring_up(model, 1, 8);
+    let mut fake = FakeDevice::new(1 << 20);
+    fake.seg_max = 2;
+    let (hal, mut queues) = bring_up(fake, 1, 8);
     hal.with(|m| m.hold = true);
     let queue = &mut queues[0];
     let write = segments(&hal, 3, 0, 4096);
@@ -319,9 +319,9 @@ fn preflush_write_waits_for_its_flush() {
 
 #[test]
 fn a_device_needing_reset_fails_outstanding_and_later_requests() {
-    let mut model = Model::new(1 << 20);
-    model.reset_after = Some(2);
-    let (hal, mut queues) = bring_up(model, 1, 8);
+    let mut fake = FakeDevice::new(1 << 20);
+    fake.reset_after = Some(2);
+    let (hal, mut queues) = bring_up(fake, 1, 8);
     let queue = &mut queues[0];
     let one = segments(&hal, 1, 0, 4096);
     for tag in 0..4 {
@@ -344,7 +344,7 @@ fn a_device_needing_reset_fails_outstanding_and_later_requests() {
 
 #[test]
 fn two_threads_drive_their_own_queues_at_once() {
-    let (hal, queues) = bring_up(Model::new(8 << 20), 2, 32);
+    let (hal, queues) = bring_up(FakeDevice::new(8 << 20), 2, 32);
     let threads: Vec<_> = queues
         .into_iter()
         .enumerate()
@@ -387,9 +387,9 @@ fn two_threads_drive_their_own_queues_at_once() {
 
 #[test]
 fn without_indirect_descriptors_each_slot_owns_a_fixed_chain() {
-    let mut model = Model::new(4 << 20);
-    model.offered &= !feature::RING_INDIRECT_DESC;
-    let (hal, mut queues) = bring_up(model, 1, 64);
+    let mut fake = FakeDevice::new(4 << 20);
+    fake.offered &= !feature::RING_INDIRECT_DESC;
+    let (hal, mut queues) = bring_up(fake, 1, 64);
     assert_eq!(hal.with(|m| m.accepted) & feature::RING_INDIRECT_DESC, 0);
     let queue = &mut queues[0];
     // 64 descriptors, 18 per slot (header, 16 data, status): 3 slots.

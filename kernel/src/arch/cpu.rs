@@ -1,7 +1,7 @@
 //! CPUID, control registers and halting.
 
-use blkdom_support::hypervisor::{self, Hypervisor};
 use core::arch::x86_64::{__cpuid_count, CpuidResult};
+use machine::hypervisor::{self, Hypervisor};
 
 pub fn cpuid(leaf: u32, subleaf: u32) -> CpuidResult {
     #[allow(unused_unsafe)]

@@ -236,7 +236,7 @@ impl EventChannel for Notify {
 }
 
 /// The negotiation's xenstore operations over the `xen` crate's client.
-pub struct Store<'a>(pub &'a mut super::super::platform::store::Client);
+pub struct Store<'a>(pub &'a mut super::super::xen_domain::store::Client);
 
 /// Maps the client's error, naming the operation and node when it is a real failure
 /// (a bare "EACCES" in the log tells an operator nothing).

@@ -29,7 +29,7 @@ use xen::abi::event_channel::EvtchnPort;
 use xen::abi::DomId;
 use xen::xenstore::Transaction;
 
-use crate::platform;
+use crate::xen_domain;
 
 const VBD_WATCH_TOKEN: &str = "vbd";
 /// How often the control path publishes statistics to xenstore.
@@ -66,7 +66,7 @@ fn map_ring(
     refs: &[u32],
     region: &space::MapRegion,
 ) -> Result<RingMapping, String> {
-    let xen = platform::get().ok_or("no Xen platform")?;
+    let xen = xen_domain::get().ok_or("no Xen platform")?;
     let mut ops: Vec<_> = refs
         .iter()
         .enumerate()
@@ -90,7 +90,7 @@ impl VbdHooks {
         q: usize,
         cpu: usize,
     ) -> Result<(), String> {
-        let xen = platform::get().ok_or("no Xen platform")?;
+        let xen = xen_domain::get().ok_or("no Xen platform")?;
         let ring = &connection.queues[q];
         let region = space::alloc().ok_or("no guest-physical map space left for another ring")?;
         let mapping = match map_ring(connection.frontend_id, &ring.ring_refs, &region) {
@@ -237,18 +237,18 @@ fn backend_params(disk: &Disk) -> BackendParams {
 
 impl Control {
     pub fn new() -> Option<Control> {
-        let xen = platform::get()?;
-        let store_port = xen::platform::store_params(&xen.hv).ok().map(|p| p.evtchn);
+        let xen = xen_domain::get()?;
+        let store_port = xen::domain::store_params(&xen.hv).ok().map(|p| p.evtchn);
         let domid =
-            platform::store::with(|xs| xs.read_u64(Transaction::NONE, "domid"))?.ok()? as u32;
-        let watched = platform::store::with(|xs| xs.watch("backend/vbd", VBD_WATCH_TOKEN))?;
+            xen_domain::store::with(|xs| xs.read_u64(Transaction::NONE, "domid"))?.ok()? as u32;
+        let watched = xen_domain::store::with(|xs| xs.watch("backend/vbd", VBD_WATCH_TOKEN))?;
         if let Err(e) = watched {
             log::error!("blkback: cannot watch backend/vbd: {e:?}");
             return None;
         }
         // Under data/, which the toolstack lets a domain write (control/ only has the
         // nodes libxl made); created empty, and an operator's write fires the watch.
-        let reportable = platform::store::with(|xs| {
+        let reportable = xen_domain::store::with(|xs| {
             xs.write(Transaction::NONE, REPORT_NODE, b"")?;
             xs.watch(REPORT_NODE, REPORT_TOKEN)
         });
@@ -488,14 +488,14 @@ impl poller::ControlWork for Control {
     }
 
     fn run(&mut self) -> Option<u64> {
-        let result = platform::store::with(|xs| {
+        let result = xen_domain::store::with(|xs| {
             // Drain what arrived (the client queued events while waiting for replies too);
             // only events about something other than our own statistics need a round.
             let mut news = self.pending_retry || self.first_round;
             let mut control_request = false;
             let mut report_request = false;
             while let Ok(Some(event)) = xs.take_watch_event() {
-                control_request |= event.token == platform::control::SHUTDOWN_TOKEN;
+                control_request |= event.token == xen_domain::control::SHUTDOWN_TOKEN;
                 report_request |= event.token == REPORT_TOKEN;
                 news |= event.token != REPORT_TOKEN && !event.path.ends_with(STATS_NODE);
             }
@@ -508,7 +508,7 @@ impl poller::ControlWork for Control {
                 self.pending_retry = self.reconcile(&mut store);
             }
             let retry = self.pending_retry;
-            let now = platform::get().map_or(0, |p| p.now_ns());
+            let now = xen_domain::get().map_or(0, |p| p.now_ns());
             if now >= self.next_stats {
                 self.publish_stats(&mut store);
                 self.next_stats = now + STATS_PERIOD_NS;
@@ -521,8 +521,8 @@ impl poller::ControlWork for Control {
         .flatten();
         if result.is_none() {
             // A control request arrived (or xenstore is gone): look at it outside the lock.
-            if let Some(reason) = platform::control::take_request() {
-                platform::control::obey(reason);
+            if let Some(reason) = xen_domain::control::take_request() {
+                xen_domain::control::obey(reason);
             }
             return Some(RETRY_NS);
         }
@@ -535,7 +535,7 @@ impl poller::ControlWork for Control {
 }
 
 /// Starts a poller on every other vCPU and runs vCPU 0's (with the control path).
-pub fn serve(hole: blkdom_support::frames::PhysRange, rsdp_paddr: u64) -> ! {
+pub fn serve(hole: machine::frames::PhysRange, rsdp_paddr: u64) -> ! {
     disk::set_rsdp(rsdp_paddr);
     let rings = space::init(hole);
     log::info!(
@@ -550,7 +550,7 @@ pub fn serve(hole: blkdom_support::frames::PhysRange, rsdp_paddr: u64) -> ! {
             log::error!("blkback: vCPU {cpu} did not take its poller");
         }
     }
-    platform::control::listen();
+    xen_domain::control::listen();
     let mut control = Control::new();
     if control.is_none() {
         log::error!("blkback: no xenstore control path: serving nothing");

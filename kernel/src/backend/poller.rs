@@ -12,14 +12,14 @@
 use super::adapters::{FrontendGrants, Notify, SharedRing};
 use super::disk::DeviceQueue;
 use super::space::{self, MapRegion};
-use crate::platform;
 use crate::smp::MAX_CPUS;
+use crate::xen_domain;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkback::engine::Engine;
 use blkback::stats::RingStats;
-use blkdom_support::sleep::{sleep_deadline, MAX_SLEEP_NS};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use polling::sleep::{sleep_deadline, MAX_SLEEP_NS};
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::grant_table::GnttabUnmapGrantRef;
 use xen::abi::DOMID_SELF;
@@ -124,7 +124,7 @@ pub fn attach(cpu: usize, queue: ServedQueue) {
 /// Wakes the poller of `cpu` if it sleeps.
 pub fn ring_doorbell(cpu: usize) {
     let port = DOORBELL[cpu].load(Ordering::Acquire);
-    if let (Some(xen), true) = (platform::get(), port != 0) {
+    if let (Some(xen), true) = (xen_domain::get(), port != 0) {
         let _ = xen::evtchn::send(&xen.hv, port);
     }
 }
@@ -133,7 +133,7 @@ pub fn ring_doorbell(cpu: usize) {
 /// has disconnected: no request in flight, every data grant unmapped).
 fn release(cpu: usize, queue: ServedQueue) {
     ASSIGNED[cpu].fetch_sub(1, Ordering::Relaxed);
-    let Some(xen) = platform::get() else { return };
+    let Some(xen) = xen_domain::get() else { return };
     let ServedQueue {
         engine,
         port,
@@ -166,7 +166,7 @@ fn release(cpu: usize, queue: ServedQueue) {
 
 /// A loopback event channel: sending on the first port marks the second pending.
 fn doorbell_pair() -> Option<(EvtchnPort, EvtchnPort)> {
-    let xen = platform::get()?;
+    let xen = xen_domain::get()?;
     let sender = xen::evtchn::alloc_unbound(&xen.hv, DOMID_SELF).ok()?;
     let receiver = xen::evtchn::bind_interdomain(&xen.hv, DOMID_SELF, sender).ok()?;
     xen.shared.mask(receiver);
@@ -182,7 +182,7 @@ pub trait ControlWork {
 
 /// The poll loop of this vCPU; never returns.
 pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
-    let xen = platform::get().expect("pollers run under Xen");
+    let xen = xen_domain::get().expect("pollers run under Xen");
     let counters = &COUNTERS[cpu];
     let (sender, doorbell) = doorbell_pair().expect("doorbell event channel");
     DOORBELL[cpu].store(sender, Ordering::Release);

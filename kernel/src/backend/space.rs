@@ -4,7 +4,7 @@
 //! pages its grants are mapped at. The region bounds how much of the frontend's memory
 //! one ring can pin (design.md, XSA-392).
 
-use blkdom_support::frames::PhysRange;
+use machine::frames::PhysRange;
 
 pub const RING_PAGES: u32 = 16;
 /// Grants one ring may have mapped at once (128 MiB of the frontend's pages).

@@ -6,8 +6,8 @@
 //! when a read completes (before the engine hears of it, while the grant is still mapped).
 //! Passed-through devices DMA through the IOMMU, which sees grant mappings: no bounce.
 
+use super::hal::allocate_dma;
 use super::open::Queue;
-use super::platform::allocate_dma;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkdev::{

@@ -10,8 +10,8 @@
 //! `disktest.nvme-prp-only`, `disktest.bounce` (through bounce buffers, as an emulated
 //! device under Xen).
 
+use super::hal::{self, now_us};
 use super::open::{self, Queue};
-use super::platform::{self, now_us};
 use crate::power;
 use alloc::format;
 use alloc::string::String;
@@ -19,9 +19,9 @@ use alloc::vec::Vec;
 use backing::pattern::{self, Plan};
 use backing::Backing;
 use blkdev::{BufferAccess, DmaSegment, Geometry, IoOp, IoRequest, IoStatus, SubmitError};
-use blkdom_support::cmdline::Cmdline;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use log::{error, info};
+use machine::cmdline::Cmdline;
 
 /// Sectors at the end of the disk kept out of the write regions.
 pub const TAIL_SECTORS: u64 = 2048;
@@ -108,7 +108,7 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
             "disktest.queues={wanted}: between 1 and the {cpus} online CPUs"
         ));
     }
-    let tsc_per_us = platform::calibrate_clock();
+    let tsc_per_us = hal::calibrate_clock();
     info!(
         "disktest: {spec}, seed {}, {} writes per queue, TSC {tsc_per_us} MHz",
         params.seed, params.writes
@@ -304,7 +304,7 @@ impl BufferAccess for IdentityBuffers {
         if offset + out.len() > PAGE as usize {
             return false;
         }
-        platform::read_physical(buffer + offset as u64, out);
+        hal::read_physical(buffer + offset as u64, out);
         true
     }
 
@@ -312,7 +312,7 @@ impl BufferAccess for IdentityBuffers {
         if offset + data.len() > PAGE as usize {
             return false;
         }
-        platform::write_physical(buffer + offset as u64, data);
+        hal::write_physical(buffer + offset as u64, data);
         true
     }
 }
@@ -326,7 +326,7 @@ struct Buffer {
 
 impl Buffer {
     fn new(pages: usize) -> Result<Self, String> {
-        let base = platform::allocate_dma(pages).ok_or("out of memory for DMA buffers")?;
+        let base = hal::allocate_dma(pages).ok_or("out of memory for DMA buffers")?;
         Ok(Buffer {
             base,
             pages,
@@ -370,7 +370,7 @@ impl Buffer {
         let mut at = 0;
         for s in segments {
             let len = s.len as usize;
-            platform::write_physical(s.buffer + u64::from(s.offset), &data[at..at + len]);
+            hal::write_physical(s.buffer + u64::from(s.offset), &data[at..at + len]);
             at += len;
         }
     }
@@ -380,7 +380,7 @@ impl Buffer {
         let mut at = 0;
         for s in segments {
             let len = s.len as usize;
-            platform::read_physical(s.buffer + u64::from(s.offset), &mut data[at..at + len]);
+            hal::read_physical(s.buffer + u64::from(s.offset), &mut data[at..at + len]);
             at += len;
         }
     }

@@ -3,8 +3,8 @@
 
 mod bounce;
 mod disktest;
+mod hal;
 pub mod open;
-mod platform;
 mod virtio;
 
 pub use disktest::disk_test;

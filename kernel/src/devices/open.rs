@@ -1,6 +1,6 @@
 //! From a backing-store name to ready device queues.
 
-use super::platform::{self, DeviceHal, PciConfig};
+use super::hal::{self, DeviceHal, PciConfig};
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
@@ -100,13 +100,13 @@ pub fn open(
 /// is grant-mapped; the disk tests drive every device directly.)
 fn emulated_under_xen(function: &Function, options: &OpenOptions<'_>) -> bool {
     let emulated =
-        crate::platform::get().is_some() && !options.passed_through.contains(&function.address);
+        crate::xen_domain::get().is_some() && !options.passed_through.contains(&function.address);
     log::info!(
         "pci {} {:04x}:{:04x}: {}",
         function.address,
         function.vendor_id,
         function.device_id,
-        if crate::platform::get().is_none() {
+        if crate::xen_domain::get().is_none() {
             "driven directly (no Xen)"
         } else if emulated {
             "emulated by the device model: through bounce buffers"
@@ -234,7 +234,7 @@ pub fn map_memory_bar(
             function.address
         ));
     }
-    platform::map_mmio(address + offset, len)
+    hal::map_mmio(address + offset, len)
         .map_err(|e| format!("{}: mapping BAR {index}: {e:?}", function.address))
 }
 

@@ -1,8 +1,8 @@
 //! virtio-blk over the modern PCI transport: find the capability windows, map their
 //! BARs, bring the device up with one virtqueue per CPU (as many as it offers).
 
+use super::hal::{DeviceHal, PciConfig};
 use super::open::{map_memory_bar, OpenedDisk, Queue};
-use super::platform::{DeviceHal, PciConfig};
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;

@@ -9,7 +9,7 @@
 //!   whatever else runs on the machine);
 //! - lockstep: one thread fills the rings, then times only `poll` until they are
 //!   drained; requests per second of the poller's core (best of ten windows), with the
-//!   fakes' shared pages (word-by-word atomics);
+//!   fake Xen's shared pages (word-by-word atomics);
 //! - plain: the same with the ring in plain memory (memcpy, as on mapped pages), which
 //!   is the engine's own cost per request.
 //!
@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use blkback::abi::{self, sring, PAGE_SIZE, REQUEST_SIZE};
 use blkback::engine::{Engine, EngineConfig};
-use blkback::fakes::wire::encode_direct;
-use blkback::fakes::{CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
+use blkback::fake::wire::encode_direct;
+use blkback::fake::{CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
 use blkback::parse::SegmentDesc;
 use blkback::ring::RingMemory;
 use blkdev::{Geometry, NullDisk};

@@ -1,6 +1,6 @@
 //! The blkif backend engine: everything between a frontend's shared ring and a block
 //! device, as pure logic over small traits (ring memory, grants, event channel,
-//! xenstore, block device) so that it is tested on the host with fakes.
+//! xenstore, block device) so that it is tested on the host against a fake Xen (`fake`).
 //!
 //! Rules from Xen's advisories that shape the code (see `shared/design.md` §4): each
 //! request and indirect page is copied out of shared memory once and only the copy is
@@ -24,8 +24,8 @@
 //! - The poller: `event_received()` for each ring whose event channel fired, then
 //!   `poll(budget)` while it does work; after an idle spell call `prepare_to_sleep()` on
 //!   every ring, and block only if all say so.
-// The fakes are host-only test doubles and use std.
-#![cfg_attr(not(any(test, feature = "fakes")), no_std)]
+// `fake` holds host-only test doubles, which use std.
+#![cfg_attr(not(any(test, feature = "fake")), no_std)]
 #![deny(unsafe_code)]
 
 extern crate alloc;
@@ -39,8 +39,8 @@ pub mod ring;
 pub mod stats;
 pub mod xenstore;
 
-#[cfg(any(test, feature = "fakes"))]
-pub mod fakes;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 
 #[cfg(test)]
 mod tests;

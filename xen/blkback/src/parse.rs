@@ -346,7 +346,7 @@ pub fn check_discard(request: &DiscardRequest, geometry: &Geometry) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fakes::wire::{encode_direct, encode_discard, encode_indirect};
+    use crate::fake::wire::{encode_direct, encode_discard, encode_indirect};
     use blkdev::DiscardGeometry;
 
     fn seg(gref: u32, first_sect: u8, last_sect: u8) -> SegmentDesc {

@@ -1,5 +1,5 @@
 //! The few xenstore operations negotiation needs. The kernel adapts the `xen` crate's
-//! client to this trait; tests use the in-memory store in `fakes`.
+//! client to this trait; tests use the in-memory store in `fake`.
 
 use alloc::string::String;
 use alloc::vec::Vec;

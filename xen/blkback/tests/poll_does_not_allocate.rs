@@ -7,8 +7,8 @@ use std::cell::Cell;
 
 use blkback::abi;
 use blkback::engine::{Engine, EngineConfig};
-use blkback::fakes::wire::{encode_direct, encode_indirect, encode_segment};
-use blkback::fakes::{CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
+use blkback::fake::wire::{encode_direct, encode_indirect, encode_segment};
+use blkback::fake::{CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
 use blkback::parse::SegmentDesc;
 use blkdev::RamDisk;
 

@@ -1,5 +1,5 @@
 //! Xen's CPUID leaves (`public/arch-x86/cpuid.h`). The base leaf is 0x40000000 or, when
-//! Viridian leaves are offered, the next free 0x100 boundary; `kernel/support`'s
+//! Viridian leaves are offered, the next free 0x100 boundary; `kernel/machine`'s
 //! hypervisor detection finds it, these offsets are relative to it.
 
 pub const XEN_CPUID_FIRST_LEAF: u32 = 0x4000_0000;

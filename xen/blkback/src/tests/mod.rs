@@ -1,7 +1,7 @@
-//! Engine tests over the fakes: one named test per rule of design.md §4, and the
-//! threaded blkfront model against a reference disk.
+//! Engine tests over the fake Xen: one named test per rule of design.md §4, and the
+//! threaded fake blkfront against a reference disk.
 
-mod frontend_model;
+mod fake_frontend;
 mod negotiation;
 mod rules;
 
@@ -11,7 +11,7 @@ use blkdev::{BlockDevice, RamDisk, RamDiskQueue};
 
 use crate::abi::{self, PAGE_SIZE};
 use crate::engine::{Engine, EngineConfig};
-use crate::fakes::{CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
+use crate::fake::{CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
 use crate::parse::SegmentDesc;
 use crate::ring::{Response, RingMemory};
 

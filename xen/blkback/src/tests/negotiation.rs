@@ -7,8 +7,8 @@ use blkdev::{RamDisk, RamDiskQueue};
 use super::whole_page;
 use crate::abi::{self, RSP_OKAY};
 use crate::engine::{Busy, Engine, EngineConfig};
-use crate::fakes::wire::encode_direct;
-use crate::fakes::{
+use crate::fake::wire::encode_direct;
+use crate::fake::{
     CountingEvents, FrontRing, GrantTable, GuestMemory, MemStore, RingView, ShufflingDevice,
     XenGrants,
 };
@@ -425,7 +425,7 @@ fn backend_directory_removal_tears_down_once_idle() {
 
 type TestEngine = Engine<RingView, XenGrants, ShufflingDevice<RamDiskQueue>, CountingEvents>;
 
-/// The kernel's job, done with the fakes: map ring pages, start one engine per queue,
+/// The kernel's job, done with the fake Xen: map ring pages, start one engine per queue,
 /// and on disconnect drain, stop and unmap.
 struct EngineHooks {
     table: std::sync::Arc<GrantTable>,

@@ -8,8 +8,8 @@ use blkdev::{BlockDevice, BufferAccess, Completion, Geometry, IoRequest, RamDisk
 use super::{page_bytes, whole_page, Rig, DISK_SECTORS};
 use crate::abi::{self, sring, REQUEST_SIZE, RSP_EOPNOTSUPP, RSP_ERROR, RSP_OKAY};
 use crate::engine::{Busy, EngineConfig, EngineState};
-use crate::fakes::wire::{encode_direct, encode_discard, encode_indirect, encode_segment};
-use crate::fakes::{RingView, ShufflingDevice};
+use crate::fake::wire::{encode_direct, encode_discard, encode_indirect, encode_segment};
+use crate::fake::{RingView, ShufflingDevice};
 use crate::parse::SegmentDesc;
 use crate::ring::{Response, RingMemory};
 

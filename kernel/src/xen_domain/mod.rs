@@ -1,7 +1,8 @@
-//! The kernel side of the Xen platform layer. The `xen` crate holds the ABI and the
-//! host-tested logic (hypercall wrappers, event scan, xenstore client, console ring);
-//! this module holds what needs the running kernel: frames for `shared_info` and
-//! `vcpu_info`, the IDT vector for upcalls, per-CPU state, the console sink.
+//! The kernel side of Xen domain bring-up (`xen::domain`). The `xen` crate holds the
+//! ABI and the host-tested logic (hypercall wrappers, event scan, xenstore client,
+//! console ring); this module holds what needs the running kernel: frames for
+//! `shared_info` and `vcpu_info`, the IDT vector for upcalls, per-CPU state, the console
+//! sink.
 
 pub mod console;
 pub mod control;
@@ -12,12 +13,12 @@ pub mod vcpus;
 use crate::arch::paging::IDENTITY_MAPPED_LIMIT;
 use crate::smp::MAX_CPUS;
 use core::sync::atomic::{AtomicU64, Ordering};
-use xen::platform::{self as xp, ShutdownReason, UpcallMode};
+use xen::domain::{self as xd, ShutdownReason, UpcallMode};
 use xen::raw::hypercall::NativeHypervisor;
 use xen::shared_info::{SharedInfoPage, VcpuInfoView};
 use xen::{SharedMem, XenError};
 
-pub struct Platform {
+pub struct XenDomain {
     pub hv: NativeHypervisor,
     pub shared: SharedInfoPage,
     /// How upcalls arrive (decided when the boot vCPU's upcall is set up).
@@ -26,11 +27,11 @@ pub struct Platform {
     vcpu_info: [spin::Once<VcpuInfoView>; MAX_CPUS],
 }
 
-static PLATFORM: spin::Once<Platform> = spin::Once::new();
+static XEN_DOMAIN: spin::Once<XenDomain> = spin::Once::new();
 
-/// The platform, once `init` succeeded (only under Xen).
-pub fn get() -> Option<&'static Platform> {
-    PLATFORM.get()
+/// The domain, once `init` succeeded (only under Xen).
+pub fn get() -> Option<&'static XenDomain> {
+    XEN_DOMAIN.get()
 }
 
 #[derive(Debug)]
@@ -54,7 +55,7 @@ fn failed(what: &'static str) -> impl FnOnce(XenError) -> InitError {
     move |e| InitError::Hypercall(what, e)
 }
 
-/// A zeroed frame, owned by the platform for good.
+/// A zeroed frame, owned by the domain for good.
 fn zeroed_frame() -> Result<u64, InitError> {
     let frame = crate::mm::allocate_frame().map_err(|_| InitError::NoFrame)?;
     debug_assert!(frame + 4096 <= IDENTITY_MAPPED_LIMIT);
@@ -76,25 +77,25 @@ unsafe fn shared_page(paddr: u64, len: usize) -> SharedMem {
 
 /// Maps `shared_info`, registers the boot vCPU's `vcpu_info` and routes its upcalls,
 /// and starts logging to the Xen console. Once, on the boot CPU, after memory set-up.
-/// Xen system time when the platform came up: log lines carry the time since then.
+/// Xen system time when the domain came up: log lines carry the time since then.
 static BOOT_NS: AtomicU64 = AtomicU64::new(0);
 
-/// Nanoseconds since the platform came up, once Xen's clock is readable.
+/// Nanoseconds since the domain came up, once Xen's clock is readable.
 pub fn uptime_ns() -> Option<u64> {
     let boot = BOOT_NS.load(Ordering::Relaxed);
     (boot != 0).then(|| get().map(|xen| xen.now_ns().saturating_sub(boot)))?
 }
 
-pub fn init() -> Result<&'static Platform, InitError> {
+pub fn init() -> Result<&'static XenDomain, InitError> {
     // SAFETY: the caller checked CPUID for Xen; we run at CPL 0 as an HVM/PVH guest,
     // and the instruction is chosen from the CPU vendor.
     let hv = unsafe { NativeHypervisor::detect() };
     let frame = zeroed_frame()?;
-    xp::map_shared_info(&hv, frame >> 12).map_err(failed("XENMEM_add_to_physmap(shared_info)"))?;
+    xd::map_shared_info(&hv, frame >> 12).map_err(failed("XENMEM_add_to_physmap(shared_info)"))?;
     // SAFETY: the frame is now Xen's shared_info page, touched only through SharedMem.
     let shared =
         SharedInfoPage::new(unsafe { shared_page(frame, 4096) }).expect("a page holds shared_info");
-    let platform = PLATFORM.call_once(|| Platform {
+    let domain = XEN_DOMAIN.call_once(|| XenDomain {
         hv,
         shared,
         upcall_mode: spin::Once::new(),
@@ -103,20 +104,20 @@ pub fn init() -> Result<&'static Platform, InitError> {
     // Every port starts masked (as Linux does at boot): a port is unmasked only once a
     // handler owns it, and pollers keep theirs masked.
     for port in 0..xen::abi::shared_info::EVTCHN_2L_NR_CHANNELS as u32 {
-        platform.shared.mask(port);
+        domain.shared.mask(port);
     }
-    platform.register_vcpu_info(0)?;
-    BOOT_NS.store(platform.now_ns(), Ordering::Relaxed);
+    domain.register_vcpu_info(0)?;
+    BOOT_NS.store(domain.now_ns(), Ordering::Relaxed);
     events::init_vcpu(0)?;
-    console::init(platform);
-    Ok(platform)
+    console::init(domain);
+    Ok(domain)
 }
 
-impl Platform {
+impl XenDomain {
     /// Gives `vcpu` its own `vcpu_info` page (any vCPU count, not only the legacy 32).
     pub fn register_vcpu_info(&self, vcpu: u32) -> Result<VcpuInfoView, InitError> {
         let frame = zeroed_frame()?;
-        xp::register_vcpu_info(&self.hv, vcpu, frame)
+        xd::register_vcpu_info(&self.hv, vcpu, frame)
             .map_err(failed("VCPUOP_register_vcpu_info"))?;
         // SAFETY: Xen writes this vCPU's vcpu_info into the first 64 bytes of the frame,
         // which we own and touch only through SharedMem.
@@ -154,7 +155,7 @@ pub struct InstructionCosts {
     pub hypercall_ns: u64,
 }
 
-pub fn measure_costs(xen: &Platform) -> InstructionCosts {
+pub fn measure_costs(xen: &XenDomain) -> InstructionCosts {
     const ROUNDS: u64 = 200;
     let per_round = |f: &dyn Fn()| {
         let start = xen.now_ns();
@@ -169,7 +170,7 @@ pub fn measure_costs(xen: &Platform) -> InstructionCosts {
         }),
         pause_ns: per_round(&core::hint::spin_loop),
         hypercall_ns: per_round(&|| {
-            let _ = core::hint::black_box(xp::version(&xen.hv));
+            let _ = core::hint::black_box(xd::version(&xen.hv));
         }),
     }
 }
@@ -178,6 +179,6 @@ pub fn measure_costs(xen: &Platform) -> InstructionCosts {
 pub fn shutdown(reason: ShutdownReason) {
     // SAFETY: only called when CPUID showed Xen (see `power`), at CPL 0.
     let hv = unsafe { NativeHypervisor::detect() };
-    let refused = xp::shutdown(&hv, reason);
+    let refused = xd::shutdown(&hv, reason);
     log::error!("SCHEDOP_shutdown({reason:?}) refused: {refused:?}");
 }

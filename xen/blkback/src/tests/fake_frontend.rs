@@ -1,4 +1,4 @@
-//! A model of Linux blkfront on its own thread, against engines polled on other threads
+//! A fake Linux blkfront on its own thread, against engines polled on other threads
 //! over shared guest memory, checked against a reference copy of the disk.
 //!
 //! Like blkfront it grants pages (persistently, or per request and revoked after the
@@ -17,8 +17,8 @@ use blkdev::RamDisk;
 
 use crate::abi::{self, PAGE_SIZE, RSP_EOPNOTSUPP, RSP_ERROR, RSP_OKAY};
 use crate::engine::{Engine, EngineConfig};
-use crate::fakes::wire::{encode_direct, encode_discard, encode_indirect, encode_segment};
-use crate::fakes::{
+use crate::fake::wire::{encode_direct, encode_discard, encode_indirect, encode_segment};
+use crate::fake::{
     CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, Rng, ShufflingDevice, XenGrants,
 };
 use crate::parse::SegmentDesc;
@@ -28,7 +28,7 @@ const SECTOR: usize = 512;
 const DISK_SECTORS: u64 = 4096;
 
 #[derive(Clone, Copy, Debug)]
-struct ModelConfig {
+struct FakeFrontendConfig {
     queues: usize,
     pollers: usize,
     ring_order: u32,
@@ -143,7 +143,7 @@ struct Queue {
     free_ids: Vec<u64>,
 }
 
-fn run_model(config: ModelConfig) {
+fn run_fake_frontend(config: FakeFrontendConfig) {
     let ops = operations() / config.ops_divisor;
     let ring_pages = 1usize << config.ring_order;
     let indirect_pages = abi::indirect_pages(config.max_segments.max(12));
@@ -244,7 +244,7 @@ fn run_model(config: ModelConfig) {
     while answered < ops {
         assert!(
             Instant::now() < deadline,
-            "model stalled: {answered}/{ops} answered"
+            "fake frontend stalled: {answered}/{ops} answered"
         );
         let mut progressed = false;
         for q in 0..config.queues {
@@ -382,7 +382,7 @@ fn check_response(
 /// Build one random request, or `None` if it would overlap a conflicting one in flight.
 fn make_request(
     rng: &mut Rng,
-    config: &ModelConfig,
+    config: &FakeFrontendConfig,
     id: u64,
     pool: &mut Pool,
     in_flight: &[&Pending],
@@ -529,8 +529,8 @@ fn make_request(
 }
 
 #[test]
-fn blkfront_model_direct_requests_persistent_one_queue() {
-    run_model(ModelConfig {
+fn fake_blkfront_direct_requests_persistent_one_queue() {
+    run_fake_frontend(FakeFrontendConfig {
         queues: 1,
         pollers: 1,
         ring_order: 0,
@@ -543,8 +543,8 @@ fn blkfront_model_direct_requests_persistent_one_queue() {
 }
 
 #[test]
-fn blkfront_model_direct_requests_transient_grants_one_queue() {
-    run_model(ModelConfig {
+fn fake_blkfront_direct_requests_transient_grants_one_queue() {
+    run_fake_frontend(FakeFrontendConfig {
         queues: 1,
         pollers: 1,
         ring_order: 0,
@@ -557,8 +557,8 @@ fn blkfront_model_direct_requests_transient_grants_one_queue() {
 }
 
 #[test]
-fn blkfront_model_indirect_persistent_three_queues_two_pollers() {
-    run_model(ModelConfig {
+fn fake_blkfront_indirect_persistent_three_queues_two_pollers() {
+    run_fake_frontend(FakeFrontendConfig {
         queues: 3,
         pollers: 2,
         ring_order: 1,
@@ -571,8 +571,8 @@ fn blkfront_model_indirect_persistent_three_queues_two_pollers() {
 }
 
 #[test]
-fn blkfront_model_indirect_transient_two_queues_large_rings() {
-    run_model(ModelConfig {
+fn fake_blkfront_indirect_transient_two_queues_large_rings() {
+    run_fake_frontend(FakeFrontendConfig {
         queues: 2,
         pollers: 1,
         ring_order: 4,
@@ -585,8 +585,8 @@ fn blkfront_model_indirect_transient_two_queues_large_rings() {
 }
 
 #[test]
-fn blkfront_model_maximal_indirect_requests() {
-    run_model(ModelConfig {
+fn fake_blkfront_maximal_indirect_requests() {
+    run_fake_frontend(FakeFrontendConfig {
         queues: 1,
         pollers: 1,
         ring_order: 2,

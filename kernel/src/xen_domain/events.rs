@@ -7,8 +7,8 @@ use crate::arch::{apic, trap};
 use crate::smp::{self, MAX_CPUS};
 use core::sync::atomic::{AtomicU64, Ordering};
 use xen::abi::event_channel::EvtchnPort;
+use xen::domain::UpcallMode;
 use xen::evtchn::{self, EventHandler, HandlerTable};
-use xen::platform::UpcallMode;
 use xen::shared_info::VcpuEvents;
 use xen::XenError;
 
@@ -22,11 +22,11 @@ static DISPATCHED: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPU
 
 /// Routes `vcpu`'s event upcalls to `UPCALL_VECTOR` (any vCPU, up or not yet).
 pub fn init_vcpu(vcpu: u32) -> Result<(), InitError> {
-    let platform = get().ok_or(InitError::NotInitialised)?;
+    let domain = get().ok_or(InitError::NotInitialised)?;
     trap::set_interrupt_handler(UPCALL_VECTOR, on_upcall);
-    let mode = xen::platform::setup_upcall(&platform.hv, vcpu, UPCALL_VECTOR)
+    let mode = xen::domain::setup_upcall(&domain.hv, vcpu, UPCALL_VECTOR)
         .map_err(failed("upcall set-up"))?;
-    let first = *platform.upcall_mode.call_once(|| mode);
+    let first = *domain.upcall_mode.call_once(|| mode);
     if first != mode {
         log::warn!("xen: vCPU {vcpu} got upcall mode {mode:?}, vCPU 0 has {first:?}");
     }
@@ -36,16 +36,16 @@ pub fn init_vcpu(vcpu: u32) -> Result<(), InitError> {
 fn on_upcall(_frame: &mut trap::TrapFrame) {
     let cpu = smp::current().index.load(Ordering::Relaxed) as usize;
     UPCALLS[cpu].fetch_add(1, Ordering::Relaxed);
-    let Some(platform) = get() else { return };
-    if platform.upcall_mode.get() == Some(&UpcallMode::PerVcpuVector) {
+    let Some(domain) = get() else { return };
+    if domain.upcall_mode.get() == Some(&UpcallMode::PerVcpuVector) {
         // The per-vCPU vector comes through the local APIC and needs its EOI.
         apic::end_of_interrupt();
     }
-    let Some(vcpu_info) = platform.vcpu_info(cpu) else {
+    let Some(vcpu_info) = domain.vcpu_info(cpu) else {
         return;
     };
     let events = VcpuEvents {
-        shared: platform.shared,
+        shared: domain.shared,
         vcpu_info,
     };
     // Clear upcall_pending before each scan: an event after the scan sets it again and
@@ -75,19 +75,19 @@ pub fn register(
     handler: EventHandler,
     context: usize,
 ) -> Result<(), XenError> {
-    let platform = get().ok_or(XenError::NoSys)?;
+    let domain = get().ok_or(XenError::NoSys)?;
     let slot = TABLES.get(vcpu as usize).ok_or(XenError::Inval)?;
     // Masked while it moves: EVTCHNOP_unmask then re-delivers an event that is already
     // pending (binding an interdomain channel marks it pending) to the new vCPU. Xen's
     // unmask only does that for a port whose mask bit was set.
-    platform.shared.mask(port);
-    evtchn::bind_vcpu(&platform.hv, port, vcpu)?;
+    domain.shared.mask(port);
+    evtchn::bind_vcpu(&domain.hv, port, vcpu)?;
     x86_64::instructions::interrupts::without_interrupts(|| {
         slot.lock()
             .get_or_insert_with(HandlerTable::new)
             .register(port, handler, context)
     })?;
-    evtchn::unmask(&platform.hv, port)
+    evtchn::unmask(&domain.hv, port)
 }
 
 /// Removes `port`'s handler (the port itself is closed by its owner).

@@ -1,6 +1,6 @@
 //! The log on the Xen PV console ring, so `xl console` and xenconsoled's log show it.
 
-use super::{shared_page, Platform};
+use super::{shared_page, XenDomain};
 use xen::abi::event_channel::EvtchnPort;
 use xen::console::ConsoleRing;
 use xen::XenError;
@@ -11,8 +11,8 @@ static RING: spin::Once<(ConsoleRing, EvtchnPort)> = spin::Once::new();
 /// rest (a log line must not hang the kernel when nobody reads the console).
 const FULL_RING_SPINS: u32 = 100_000;
 
-pub(super) fn init(platform: &Platform) {
-    match xen::platform::console_params(&platform.hv) {
+pub(super) fn init(domain: &XenDomain) {
+    match xen::domain::console_params(&domain.hv) {
         Ok(params) if params.pfn < (crate::arch::paging::IDENTITY_MAPPED_LIMIT >> 12) => {
             // SAFETY: the console page is shared with xenconsoled only, and the kernel
             // reaches it only through this ring.
@@ -39,14 +39,14 @@ pub(super) fn init(platform: &Platform) {
 /// Writes log bytes to the ring (callers serialise: the logger writes whole lines
 /// under its line lock).
 fn write(bytes: &[u8]) {
-    let (Some((ring, port)), Some(platform)) = (RING.get(), super::get()) else {
+    let (Some((ring, port)), Some(domain)) = (RING.get(), super::get()) else {
         return;
     };
     let mut spins = 0;
     ring.write_all(
         bytes,
         || {
-            let _ = xen::evtchn::send(&platform.hv, *port);
+            let _ = xen::evtchn::send(&domain.hv, *port);
         },
         || {
             spins += 1;

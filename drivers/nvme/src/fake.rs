@@ -5,7 +5,7 @@
 
 use crate::command::{CommandStatus, CQ_ENTRY_LEN, SQ_ENTRY_LEN};
 use crate::Hal;
-use iotrack::testing::DmaMemory;
+use cmdslots::fake::DmaMemory;
 use std::sync::{Arc, Mutex};
 
 pub const MEMORY_BYTES: usize = 48 << 20;
@@ -31,7 +31,7 @@ pub struct Executed {
     pub blocks: u32,
 }
 
-pub struct Model {
+pub struct FakeController {
     pub memory: DmaMemory,
     pub disk: Vec<u8>,
     pub block_size: u32,
@@ -68,9 +68,9 @@ pub struct Model {
     pub delays_us: u64,
 }
 
-impl Model {
+impl FakeController {
     pub fn new(disk_bytes: usize) -> Self {
-        Model {
+        FakeController {
             memory: DmaMemory::new(MEMORY_BYTES),
             disk: vec![0; disk_bytes],
             block_size: 512,
@@ -270,10 +270,10 @@ impl Model {
                 match Self::cdw(entry, 10) {
                     1 => {
                         page[0..2].copy_from_slice(&0x1b36u16.to_le_bytes());
-                        page[4..24].copy_from_slice(b"model-serial        ");
+                        page[4..24].copy_from_slice(b"fake-serial         ");
                         page[24..64].copy_from_slice(&{
                             let mut m = [b' '; 40];
-                            m[..10].copy_from_slice(b"Model NVMe");
+                            m[..9].copy_from_slice(b"Fake NVMe");
                             m
                         });
                         page[77] = self.mdts;
@@ -519,21 +519,21 @@ impl Model {
     }
 }
 
-/// The test HAL: every access goes to the shared model.
+/// The test HAL: every access goes to the shared fake controller.
 #[derive(Clone)]
-pub struct ModelHal(pub Arc<Mutex<Model>>);
+pub struct FakeHal(pub Arc<Mutex<FakeController>>);
 
-impl ModelHal {
-    pub fn new(model: Model) -> Self {
-        ModelHal(Arc::new(Mutex::new(model)))
+impl FakeHal {
+    pub fn new(fake: FakeController) -> Self {
+        FakeHal(Arc::new(Mutex::new(fake)))
     }
 
-    pub fn with<R>(&self, f: impl FnOnce(&mut Model) -> R) -> R {
+    pub fn with<R>(&self, f: impl FnOnce(&mut FakeController) -> R) -> R {
         f(&mut self.0.lock().unwrap())
     }
 }
 
-impl Hal for ModelHal {
+impl Hal for FakeHal {
     fn read_register(&self, offset: usize) -> u32 {
         self.with(|m| m.read_register(offset))
     }
@@ -545,7 +545,7 @@ impl Hal for ModelHal {
     }
 }
 
-impl iotrack::Dma for ModelHal {
+impl blkdev::Dma for FakeHal {
     fn allocate_dma(&self, pages: usize) -> Option<u64> {
         self.with(|m| m.memory.allocate(pages))
     }

@@ -1,5 +1,5 @@
-//! What the DMA block drivers (NVMe, virtio-blk) share: the [`Dma`] platform trait and
-//! a fixed table of command slots, allocated once.
+//! The command slots the DMA block drivers (NVMe, virtio-blk) share: a fixed table,
+//! allocated once.
 //!
 //! A request becomes one or more device commands, one slot each (a driver uses the slot
 //! number as its command id). The request's first slot, its head, holds the tag, the
@@ -31,22 +31,9 @@ pub enum SlotState {
 
 pub const NO_SLOT: u16 = u16::MAX;
 
-/// DMA memory and time, as a driver's platform layer provides them. Memory is named by
-/// bus address; `allocate_dma` is for set-up only.
-pub trait Dma: Clone {
-    /// `pages` zeroed, physically contiguous, 4 KiB-aligned pages; their bus address.
-    fn allocate_dma(&self, pages: usize) -> Option<u64>;
-    /// Copies DMA memory at `address` into `out`.
-    fn read_dma(&self, address: u64, out: &mut [u8]);
-    /// Copies `data` into DMA memory at `address`.
-    fn write_dma(&self, address: u64, data: &[u8]);
-    /// Waits at least `micros` microseconds.
-    fn delay_us(&self, micros: u64);
-}
-
 /// Helpers for driver tests.
-#[cfg(any(test, feature = "testing"))]
-pub mod testing {
+#[cfg(any(test, feature = "fake"))]
+pub mod fake {
     extern crate std;
     use blkdev::{BlockDevice, BufferAccess, Completion, IoRequest, IoStatus};
     use std::vec::Vec;
@@ -81,7 +68,7 @@ pub mod testing {
         }
     }
 
-    /// The guest memory of a device model: a byte array named by bus address, with a
+    /// The guest memory of a fake device: a byte array named by bus address, with a
     /// bump allocator for DMA pages (address 0 stays unused).
     pub struct DmaMemory {
         bytes: Vec<u8>,

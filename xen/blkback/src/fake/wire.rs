@@ -1,5 +1,5 @@
 //! Encoders for the frontend side of the wire format (what Linux blkfront writes), used
-//! by the frontend model, fuzzers and benchmarks.
+//! by the fake frontend, fuzzers and benchmarks.
 
 use crate::abi::{
     self, discard, indirect, request, segment, MAX_INDIRECT_PAGES, REQUEST_SIZE, RESPONSE_SIZE,

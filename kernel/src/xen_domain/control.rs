@@ -2,7 +2,7 @@
 //! `control/shutdown`; we advertise that we listen (`control/feature-*`, without which
 //! xl refuses to ask) and act on the request.
 
-use xen::platform::ShutdownReason;
+use xen::domain::ShutdownReason;
 use xen::xenstore::Transaction;
 
 pub const SHUTDOWN_NODE: &str = "control/shutdown";

@@ -21,20 +21,19 @@ fn now_ns() -> u64 {
 
 /// Connects to xenstored through the ring the toolstack set up for us.
 pub fn init() -> Result<(), InitError> {
-    let platform = get().ok_or(InitError::NotInitialised)?;
-    let params =
-        xen::platform::store_params(&platform.hv).map_err(failed("xenstore parameters"))?;
+    let domain = get().ok_or(InitError::NotInitialised)?;
+    let params = xen::domain::store_params(&domain.hv).map_err(failed("xenstore parameters"))?;
     if params.pfn >= crate::arch::paging::IDENTITY_MAPPED_LIMIT >> 12 {
         return Err(InitError::Hypercall(
             "xenstore page above the identity map",
             xen::XenError::Range,
         ));
     }
-    platform.shared.mask(params.evtchn);
+    domain.shared.mask(params.evtchn);
     let signal = Signal {
-        hv: platform.hv,
+        hv: domain.hv,
         port: params.evtchn,
-        shared: platform.shared,
+        shared: domain.shared,
         now_ns: now_ns as fn() -> u64,
         timeout_ns: STORE_TIMEOUT_NS,
     };

@@ -5,7 +5,7 @@
 
 use crate::feature;
 use crate::Hal;
-use iotrack::testing::DmaMemory;
+use cmdslots::fake::DmaMemory;
 use std::sync::{Arc, Mutex};
 
 pub const COMMON: u64 = 0x1000_0000;
@@ -35,7 +35,7 @@ pub struct Served {
     pub segments: usize,
 }
 
-pub struct Model {
+pub struct FakeDevice {
     pub memory: DmaMemory,
     pub disk: Vec<u8>,
     pub offered: u64,
@@ -60,9 +60,9 @@ pub struct Model {
     pub violations: Vec<String>,
 }
 
-impl Model {
+impl FakeDevice {
     pub fn new(disk_bytes: usize) -> Self {
-        Model {
+        FakeDevice {
             memory: DmaMemory::new(MEMORY_BYTES),
             disk: vec![0; disk_bytes],
             offered: feature::VERSION_1
@@ -398,17 +398,17 @@ impl Model {
 }
 
 #[derive(Clone)]
-pub struct ModelHal(pub Arc<Mutex<Model>>);
+pub struct FakeHal(pub Arc<Mutex<FakeDevice>>);
 
-impl ModelHal {
-    pub fn new(model: Model) -> Self {
-        let mut model = model;
-        let max = model.queue_max;
-        model.queues.iter_mut().for_each(|q| q.max = max);
-        ModelHal(Arc::new(Mutex::new(model)))
+impl FakeHal {
+    pub fn new(fake: FakeDevice) -> Self {
+        let mut fake = fake;
+        let max = fake.queue_max;
+        fake.queues.iter_mut().for_each(|q| q.max = max);
+        FakeHal(Arc::new(Mutex::new(fake)))
     }
 
-    pub fn with<R>(&self, f: impl FnOnce(&mut Model) -> R) -> R {
+    pub fn with<R>(&self, f: impl FnOnce(&mut FakeDevice) -> R) -> R {
         f(&mut self.0.lock().unwrap())
     }
 
@@ -422,7 +422,7 @@ impl ModelHal {
     }
 }
 
-impl Hal for ModelHal {
+impl Hal for FakeHal {
     fn read8(&self, address: u64) -> u8 {
         self.with(|m| m.read(address, 1) as u8)
     }
@@ -446,7 +446,7 @@ impl Hal for ModelHal {
     }
 }
 
-impl iotrack::Dma for ModelHal {
+impl blkdev::Dma for FakeHal {
     fn allocate_dma(&self, pages: usize) -> Option<u64> {
         self.with(|m| m.memory.allocate(pages))
     }

@@ -3,8 +3,8 @@
 //! and a microsecond clock calibrated against the PIT.
 
 use crate::arch::paging::{self, MapError};
-use blkdom_support::acpi::{self, EcamWindow};
 use core::sync::atomic::{AtomicU64, Ordering};
+use machine::acpi::{self, EcamWindow};
 use pci::{ConfigAccess, PciAddress};
 use x86_64::instructions::port::Port;
 use x86_64::structures::paging::PageTableFlags;
@@ -244,7 +244,7 @@ impl nvme::Hal for DeviceHal {
     }
 }
 
-impl iotrack::Dma for DeviceHal {
+impl blkdev::Dma for DeviceHal {
     fn allocate_dma(&self, pages: usize) -> Option<u64> {
         allocate_dma(pages)
     }

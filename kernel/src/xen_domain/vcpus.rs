@@ -7,19 +7,19 @@
 
 use super::{events, get};
 use crate::smp;
-use xen::platform::{start_vcpu, LongModeStart};
+use xen::domain::{start_vcpu, LongModeStart};
 use xen::XenError;
 
 /// Starts vCPUs 1..count; returns how many came online. vCPU n becomes CPU index n.
 /// `apic_ids[n]` is vCPU n's local APIC id (from the MADT, in vCPU order), for the
 /// start-up IPI fallback.
 pub fn start(apic_ids: &[u32]) -> usize {
-    let Some(platform) = get() else { return 0 };
+    let Some(domain) = get() else { return 0 };
     let cr0 = x86_64::registers::control::Cr0::read_raw();
     let cr4 = x86_64::registers::control::Cr4::read_raw();
     let mut started = 0;
     for (vcpu, &apic_id) in apic_ids.iter().enumerate().take(smp::MAX_CPUS).skip(1) {
-        if let Err(e) = platform
+        if let Err(e) = domain
             .register_vcpu_info(vcpu as u32)
             .and_then(|_| events::init_vcpu(vcpu as u32))
         {
@@ -37,7 +37,7 @@ pub fn start(apic_ids: &[u32]) -> usize {
                 cr4,
                 efer: start.efer,
             };
-            match start_vcpu(&platform.hv, vcpu as u32, &context) {
+            match start_vcpu(&domain.hv, vcpu as u32, &context) {
                 Ok(()) => {}
                 Err(XenError::Exist) => {
                     log::info!("cpu: vCPU {vcpu} was initialised by firmware; start-up IPI");

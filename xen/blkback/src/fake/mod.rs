@@ -1,6 +1,6 @@
 //! Host stand-ins for Xen, shared between threads: guest pages, the grant table, event
 //! channels, the frontend's side of the ring, and devices that hold or reorder
-//! completions. The frontend model writes the same pages the backend reads.
+//! completions. The fake frontend writes the same pages the backend reads.
 
 pub mod memory;
 pub mod wire;

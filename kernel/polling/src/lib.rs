@@ -1,0 +1,6 @@
+//! The pollers' timing policy: how long an idle poller may block before it must look at
+//! its ring and device again. Kept out of the image so `cargo test` covers it.
+#![cfg_attr(not(test), no_std)]
+#![deny(unsafe_code)]
+
+pub mod sleep;
