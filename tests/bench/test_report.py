@@ -54,12 +54,19 @@ JOBS = [
     ("fio-randread-1m-qd32-1j", "read", 1 << 20,
      {("linux-dom0", 1): 90, ("linux-dom0", 2): 100, ("blkdom", 1): 120, ("blkdom", 2): 130}),
 ]
-GUESTS = {"linux-dom0": "fio-dom0", "linux-dd": "fio-linuxdd", "blkdom": "fio-blkdom"}
+GUESTS = {"linux-dom0": "fio-dom0", "linux-dd": "fio-linuxdd", "blkdom": "fio-blkdom",
+          "linux-dd-pt": "fio-ddpt", "blkdom-pt": "fio-blkdompt"}
+# The systems without figures in JOBS: (system whose figures they scale, numerator,
+# denominator).
+SCALED = {"linux-dd": ("linux-dom0", 1, 2), "linux-dd-pt": ("linux-dom0", 1, 4),
+          "blkdom-pt": ("blkdom", 3, 4)}
+ALL_SYSTEMS = ("linux-dom0", "linux-dd", "blkdom", "linux-dd-pt", "blkdom-pt")
 
 
 def write_run(root: Path, rounds: int = 2, systems=("linux-dom0", "blkdom")) -> None:
     """A tests/xen/bench result directory with the figures of JOBS. The Linux driver
-    domain (linux-dd) gets half of dom0's IOPS and no counters (they live in its sysfs)."""
+    domains (linux-dd, linux-dd-pt) get a half and a quarter of dom0's IOPS and no
+    counters (they live in their sysfs); blkdom-pt gets 3/4 of blkdom's, and counters."""
     (root / "bench-config.txt").write_text(
         f"repeats={rounds} runtime={RUNTIME} settle={SETTLE} ramp={RAMP}\n"
         f"jobs={','.join(j[0] for j in JOBS)}\n")
@@ -73,8 +80,11 @@ def write_run(root: Path, rounds: int = 2, systems=("linux-dom0", "blkdom")) -> 
             total = {"reads": 0, "writes": 0, "map": 0, "unmap": 0, "notify": 0,
                      "loops": 0, "sleeps": 0, "irqs": 1000}
             for job, rw, block, figures in JOBS:
-                iops = (figures[("linux-dom0", round_no)] // 2 if system == "linux-dd"
-                        else figures[(system, round_no)])
+                if system in SCALED:
+                    source, num, den = SCALED[system]
+                    iops = figures[(source, round_no)] * num // den
+                else:
+                    iops = figures[(system, round_no)]
                 p50 = 1_000_000 // iops * 1000 if "qd1-" in job else 400_000
                 (directory / f"fio-{guest}-{job}.json").write_text(
                     json.dumps(fio_json(iops, rw, block, p50_ns=p50)))
@@ -99,7 +109,7 @@ def write_run(root: Path, rounds: int = 2, systems=("linux-dom0", "blkdom")) -> 
                         counters.append(
                             f"{edge} {job} linux-vbd uptime=50.0 rd_req={values['reads']} "
                             f"wr_req={values['writes']} oo_req=0 f_req=0 ds_req=0")
-                    elif system == "blkdom":
+                    elif system in ("blkdom", "blkdom-pt"):
                         counters.append(
                             f"{edge} {job} blkdom-stats uptime=50.0 queues=1 "
                             f"reads={values['reads']} writes={values['writes']} flushes=0 "
@@ -249,13 +259,111 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(sorted(points), ["blkdom", "linux-dd", "linux-dom0"])
         self.assertEqual(report.svg_plot(points, "t", "s").count("<polyline"), 3)
 
+    def test_five_systems(self):
+        """The passthrough pair beside the RAM-disk systems: its own ratio, its columns."""
+        nested = self.root / "five"
+        nested.mkdir()
+        write_run(nested, systems=ALL_SYSTEMS)
+        data = report.load_nested(nested)
+        self.assertEqual(len(data["runs"]), 2 * 5 * len(JOBS))
+        summary = report.summarise(data["runs"])
+        entry = {e["job"]: e for e in summary}["fio-randread-4k-qd32-1j"]
+        self.assertEqual(sorted(entry["systems"]), sorted(ALL_SYSTEMS))
+        self.assertEqual(sorted(entry["ratios"]),
+                         ["blkdom-pt/linux-dd-pt", "blkdom/linux-dd", "blkdom/linux-dom0"])
+        # linux-dd-pt: 700/4, 800/4; blkdom-pt: 1400 x 3/4, 1800 x 3/4.
+        self.assertEqual(entry["systems"]["linux-dd-pt"]["iops"]["median"], 187.5)
+        self.assertEqual(entry["systems"]["blkdom-pt"]["iops"]["median"], 1200)
+        self.assertAlmostEqual(entry["ratios"]["blkdom-pt/linux-dd-pt"]["iops"], 1200 / 187.5)
+        self.assertAlmostEqual(entry["ratios"]["blkdom/linux-dd"]["iops"], 1600 / 375)
+        self.assertAlmostEqual(entry["ratios"]["blkdom/linux-dom0"]["iops"], 1600 / 750)
+        # blkdom-pt's counters are read as blkdom's; Linux's in a driver domain are absent.
+        self.assertAlmostEqual(
+            entry["systems"]["blkdom-pt"]["hypercalls_per_request"]["median"], 1.0, places=2)
+        self.assertNotIn("hypercalls_per_request", entry["systems"]["linux-dd-pt"])
+        self.assertIn("backend_cpu_percent", entry["systems"]["linux-dd-pt"])
+
+        header, rows = report.main_table(summary)
+        self.assertEqual(header[1:9], ["Linux dom0 IOPS", "Linux dd IOPS", "blkdom IOPS",
+                                       "Linux dd-pt IOPS", "blkdom-pt IOPS",
+                                       "blkdom/Linux dom0", "blkdom/Linux dd",
+                                       "blkdom-pt/Linux dd-pt"])
+        self.assertEqual(header[9:14], [f"{s} MiB/s" for s in (
+            "Linux dom0", "Linux dd", "blkdom", "Linux dd-pt", "blkdom-pt")])
+        self.assertEqual(rows[1][4:9], ["188 (175–200)", "1,200 (1,050–1,350)",
+                                        "2.13x", "4.27x", "6.40x"])
+        self.assertEqual(len(rows[1]), len(header))
+        cost_header, cost_rows = report.cost_table(summary)
+        self.assertEqual(cost_header[1:3], ["blkdom hypercalls/req", "blkdom-pt hypercalls/req"])
+        self.assertIn("guest→blkdom-pt events/s", cost_header)
+        self.assertIn("guest irq/s Linux dd-pt", cost_header)
+        self.assertEqual(cost_rows[1][1:3], ["1.000", "1.000"])
+        self.assertEqual(len(cost_rows[1]), len(cost_header))
+        text = report.render_tables({"nested": {**data, "summary": summary}}, markdown=False)
+        self.assertIn("Linux dom0 Linux dd blkdom Linux dd-pt blkdom-pt in turn", text)
+        self.assertIn("blkdom-pt/Linux dd-pt", text)
+
+        points = report.sweep_points(summary)
+        self.assertEqual(sorted(points), sorted(ALL_SYSTEMS))
+        plot = report.svg_plot(points, "t", "s")
+        self.assertEqual(plot.count("<polyline"), 5)
+        self.assertIn(">Linux HVM dd, passthrough NVMe</text>", plot)
+        self.assertIn(">blkdom HVM, passthrough NVMe</text>", plot)
+        self.assertIn(report.SYSTEM_COLOURS["blkdom-pt"], plot)
+
+        svg = self.root / "five.svg"
+        with redirect_stdout(io.StringIO()):
+            status = report.main(["--nested", str(nested), "--engine", str(self.root / "none"),
+                                  "--out-root", str(self.root / "out5"), "--svg", str(svg)])
+        self.assertEqual(status, 0)
+        saved = json.loads(next((self.root / "out5").glob("*/bench.json")).read_text())
+        saved_entry = {e["job"]: e for e in saved["nested"]["summary"]}["fio-randread-4k-qd32-1j"]
+        self.assertAlmostEqual(saved_entry["ratios"]["blkdom-pt/linux-dd-pt"]["iops"], 6.4)
+
+    def test_three_systems_keep_the_old_ratios(self):
+        nested = self.root / "three"
+        nested.mkdir()
+        write_run(nested, systems=("linux-dom0", "linux-dd", "blkdom"))
+        summary = report.summarise(report.load_nested(nested)["runs"])
+        for entry in summary:
+            self.assertEqual(sorted(entry["ratios"]), ["blkdom/linux-dd", "blkdom/linux-dom0"])
+        header, _ = report.main_table(summary)
+        self.assertFalse([h for h in header if "-pt" in h])
+        cost_header, _ = report.cost_table(summary)
+        self.assertEqual(cost_header[1:6], ["blkdom hypercalls/req", "blkdom→guest notify/s",
+                                            "guest→blkdom events/s", "blkdom sleeps/s",
+                                            "blkdom poll loops/req"])
+        self.assertNotIn("passthrough", report.svg_plot(report.sweep_points(summary), "t", "s"))
+
+    def test_passthrough_pair_alone(self):
+        nested = self.root / "pt"
+        nested.mkdir()
+        write_run(nested, systems=("linux-dd-pt", "blkdom-pt"))
+        summary = report.summarise(report.load_nested(nested)["runs"])
+        entry = {e["job"]: e for e in summary}["fio-randread-4k-qd32-1j"]
+        self.assertEqual(list(entry["ratios"]), ["blkdom-pt/linux-dd-pt"])
+        header, rows = report.main_table(summary)
+        self.assertEqual(header[1:4], ["Linux dd-pt IOPS", "blkdom-pt IOPS",
+                                       "blkdom-pt/Linux dd-pt"])
+        self.assertEqual(rows[1][3], "6.40x")
+        cost_header, _ = report.cost_table(summary)
+        self.assertEqual(cost_header[1], "blkdom-pt hypercalls/req")
+
     def test_real_fio_output(self):
         """The fixture in a bench round (its figures: tests/bench/test_fio_results.py)."""
         directory = self.root / "real" / "round-1" / "blkdom"
         directory.mkdir(parents=True)
         (directory / "fio-fio-blkdom-r1-fio-randread-4k-qd1-1j.json").write_text(
             (HERE / "fixtures" / "fio-qd1.json").read_text())
-        figures = report.load_nested(self.root / "real")["runs"][0]
+        # The passthrough guests' file names (tests/xen/bench: fio-blkdompt-rN).
+        directory = self.root / "real" / "round-1" / "blkdom-pt"
+        directory.mkdir(parents=True)
+        (directory / "fio-fio-blkdompt-r1-fio-randread-4k-qd1-1j.json").write_text(
+            (HERE / "fixtures" / "fio-qd1.json").read_text())
+        runs = report.load_nested(self.root / "real")["runs"]
+        self.assertEqual(sorted(r["system"] for r in runs), ["blkdom", "blkdom-pt"])
+        self.assertEqual({r["job"] for r in runs}, {"fio-randread-4k-qd1-1j"})
+        figures = runs[0]
         self.assertEqual(figures["rw"], "read")
         self.assertGreater(figures["iops"], 0)
         self.assertGreater(figures["p99_us"], figures["p50_us"])

@@ -28,14 +28,21 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
 import fio_results  # noqa: E402  (tools/fio_results.py, the fio JSON reader the demo shares)
 
-# Result folders of tests/xen/bench (round-N/<system>/); blkdom is compared with each
-# Linux system present.
-SYSTEMS = ["linux-dom0", "linux-dd", "blkdom"]
-LINUX_SYSTEMS = ["linux-dom0", "linux-dd"]
+# Result folders of tests/xen/bench (round-N/<system>/), in the scenario's order: three
+# systems on RAM disks, then two HVM driver domains on the passed-through NVMe controller.
+SYSTEMS = ["linux-dom0", "linux-dd", "blkdom", "linux-dd-pt", "blkdom-pt"]
 SYSTEM_LABELS = {"linux-dom0": "Linux dom0 blkback", "linux-dd": "Linux driver domain",
-                 "blkdom": "blkdom"}
-SHORT_LABELS = {"linux-dom0": "Linux dom0", "linux-dd": "Linux dd", "blkdom": "blkdom"}
-SYSTEM_COLOURS = {"linux-dom0": "#1f77b4", "linux-dd": "#2ca02c", "blkdom": "#d62728"}
+                 "blkdom": "blkdom", "linux-dd-pt": "Linux HVM dd, passthrough NVMe",
+                 "blkdom-pt": "blkdom HVM, passthrough NVMe"}
+SHORT_LABELS = {"linux-dom0": "Linux dom0", "linux-dd": "Linux dd", "blkdom": "blkdom",
+                "linux-dd-pt": "Linux dd-pt", "blkdom-pt": "blkdom-pt"}
+SYSTEM_COLOURS = {"linux-dom0": "#1f77b4", "linux-dd": "#2ca02c", "blkdom": "#d62728",
+                  "linux-dd-pt": "#9467bd", "blkdom-pt": "#ff7f0e"}
+# The comparisons, (ours, baseline): blkdom with each Linux system on a RAM disk, and
+# blkdom-pt with Linux on the same passed-through device. Key in bench.json: "ours/baseline".
+RATIOS = [("blkdom", "linux-dom0"), ("blkdom", "linux-dd"), ("blkdom-pt", "linux-dd-pt")]
+# The systems blkdom serves (its counters: the cost table).
+OURS = ["blkdom", "blkdom-pt"]
 # Job names of the guest's generic arm: fio-<rw>-<bs>-qd<depth>-<N>j or ...-fill.
 JOB_RE = re.compile(r"^fio-(randread|randwrite|read|write)-(\d+[kmg]?)-qd(\d+)-(\d+j|fill)$")
 GUEST_FILE_RE = re.compile(r"^(fio|cpu|counters|guest)-(fio-[a-z0-9]+-r\d+)(?:-(.+))?\.(json|txt|log)$")
@@ -280,8 +287,9 @@ def spread(values: list) -> dict:
 
 
 def summarise(runs: list, order=()) -> list:
-    """Median, min and max over the rounds of each (job, system), with blkdom/Linux
-    ratios of the medians; jobs in the given order (the scenario's list), others after."""
+    """Median, min and max over the rounds of each (job, system), with the ratios of the
+    medians of each RATIOS pair present; jobs in the given order (the scenario's list),
+    others after."""
     by_key = {}
     for row in runs:
         by_key.setdefault((row["job"], row["system"]), []).append(row)
@@ -300,12 +308,12 @@ def summarise(runs: list, order=()) -> list:
                     figures[field] = spread(values)
             if figures:
                 entry["systems"][system] = figures
-        ours = entry["systems"].get("blkdom")
         entry["ratios"] = {}
-        for baseline in LINUX_SYSTEMS:
+        for ours_name, baseline in RATIOS:
+            ours = entry["systems"].get(ours_name)
             linux = entry["systems"].get(baseline)
             if linux and ours:
-                entry["ratios"][f"blkdom/{baseline}"] = {
+                entry["ratios"][f"{ours_name}/{baseline}"] = {
                     field: ours[field]["median"] / linux[field]["median"]
                     for field in ("iops", "mib_s", "p50_us", "p99_us")
                     if field in linux and field in ours and linux[field]["median"] > 0}
@@ -333,17 +341,22 @@ def present_systems(summary: list) -> list:
     return [system for system in SYSTEMS if system in found]
 
 
+def present_ratios(systems: list) -> list:
+    """The RATIOS pairs whose two systems are both among systems."""
+    return [(ours, base) for ours, base in RATIOS if ours in systems and base in systems]
+
+
 def median_of(figures: dict, field: str, digits: int) -> str:
     return fmt(figures[field]["median"], digits) if field in figures else "-"
 
 
 def main_table(summary: list) -> tuple:
-    """The comparison: per job, IOPS and MiB/s of each system (median, min–max), blkdom
-    over each Linux system, backend CPU and, for QD1 jobs, latency."""
+    """The comparison: per job, IOPS and MiB/s of each system (median, min–max), the
+    IOPS ratio of each RATIOS pair present, backend CPU and, for QD1 jobs, latency."""
     systems = present_systems(summary)
-    baselines = [s for s in LINUX_SYSTEMS if s in systems and "blkdom" in systems]
+    pairs = present_ratios(systems)
     header = (["job"] + [f"{SHORT_LABELS[s]} IOPS" for s in systems]
-              + [f"blkdom/{SHORT_LABELS[b]}" for b in baselines]
+              + [f"{SHORT_LABELS[o]}/{SHORT_LABELS[b]}" for o, b in pairs]
               + [f"{SHORT_LABELS[s]} MiB/s" for s in systems]
               + ["backend CPU % " + "/".join(SHORT_LABELS[s] for s in systems),
                  "QD1 p50/p99 µs " + ", ".join(SHORT_LABELS[s] for s in systems)])
@@ -351,8 +364,8 @@ def main_table(summary: list) -> tuple:
     for entry in summary:
         figures = [entry["systems"].get(s, {}) for s in systems]
         ratios = []
-        for baseline in baselines:
-            ratio = entry["ratios"].get(f"blkdom/{baseline}", {}).get("iops")
+        for ours, baseline in pairs:
+            ratio = entry["ratios"].get(f"{ours}/{baseline}", {}).get("iops")
             ratios.append(f"{ratio:.2f}x" if ratio else "-")
         latency = ""
         if "-qd1-" in entry["job"]:
@@ -365,23 +378,32 @@ def main_table(summary: list) -> tuple:
     return header, rows
 
 
+# The cost table's columns of each blkdom system: (header with {} for its name, field,
+# digits).
+COST_COLUMNS = [("{} hypercalls/req", "hypercalls_per_request", 3),
+                ("{}→guest notify/s", "notifications_per_s", 0),
+                ("guest→{} events/s", "events_per_s", 0),
+                ("{} sleeps/s", "poller_sleeps_per_s", 0),
+                ("{} poll loops/req", "poller_loops_per_request", 1)]
+
+
 def cost_table(summary: list) -> tuple:
-    """What the numbers cost: blkdom's hypercalls, notifications and poller sleeps, and
-    the interrupts every system's guest took."""
+    """What the numbers cost: blkdom's hypercalls, notifications and poller sleeps (of
+    each blkdom system present, or blkdom's columns empty if none is), and the interrupts
+    every system's guest took."""
     systems = present_systems(summary)
-    header = (["job", "blkdom hypercalls/req", "blkdom→guest notify/s",
-               "guest→blkdom events/s", "blkdom sleeps/s", "blkdom poll loops/req"]
+    ours = [s for s in OURS if s in systems] or ["blkdom"]
+    header = (["job"] + [title.format(SHORT_LABELS[o]) for title, _, _ in COST_COLUMNS
+                         for o in ours]
               + [f"guest irq/s {SHORT_LABELS[s]}" for s in systems]
               + [f"guest irq/IO {SHORT_LABELS[s]}" for s in systems])
     rows = []
     for entry in summary:
-        ours = entry["systems"].get("blkdom", {})
+        ours_figures = [entry["systems"].get(o, {}) for o in ours]
         figures = [entry["systems"].get(s, {}) for s in systems]
-        rows.append([entry["description"], median_of(ours, "hypercalls_per_request", 3),
-                     median_of(ours, "notifications_per_s", 0),
-                     median_of(ours, "events_per_s", 0),
-                     median_of(ours, "poller_sleeps_per_s", 0),
-                     median_of(ours, "poller_loops_per_request", 1)]
+        rows.append([entry["description"]]
+                    + [median_of(f, field, digits) for _, field, digits in COST_COLUMNS
+                       for f in ours_figures]
                     + [median_of(f, "guest_irqs_per_s", 0) for f in figures]
                     + [median_of(f, "guest_irqs_per_io", 3) for f in figures])
     return header, rows
@@ -441,8 +463,12 @@ def log_ticks(low: float, high: float) -> list:
 
 def svg_plot(points: dict, title: str, subtitle: str) -> str:
     """IOPS (log scale) by block size (log2), median per system with min–max whiskers."""
-    width, height = 720, 440
-    left, right, top, bottom = 80, 170, 60, 60
+    # The legend sits right of the plot, 124 px wide: enough for the RAM-disk systems'
+    # labels (20 characters at most); 8 px more per character beyond (12 px sans-serif).
+    longest = max((len(SYSTEM_LABELS[s]) for s in points), default=0)
+    extra = 8 * max(0, longest - 20)
+    width, height = 720 + extra, 440
+    left, right, top, bottom = 80, 170 + extra, 60, 60
     plot_w, plot_h = width - left - right, height - top - bottom
     sizes = sorted({p[0] for values in points.values() for p in values})
     lows = [p[2] for values in points.values() for p in values if p[2] > 0]
