@@ -80,10 +80,16 @@ dump_state() {
   echo "rig: state dumped as $tag: $(xl list | awk 'NR > 1 { printf "%s(%s) ", $1, $5 }')"
 }
 
-# create_domain NAME CONFIG [xl overrides...]: xl create, timed, at most 60 s.
+# create_domain NAME CONFIG [xl overrides...]: xl create, timed, at most 60 s. An earlier
+# domain's console log of the same name is moved into $RESULTS first: xenconsoled appends
+# to guest-NAME.log, and a check reading it (wait_blkdom_up's "blkdom: up") would take
+# the earlier boot's lines for the new one's.
 create_domain() {
   local name=$1 config=$2 start
   shift 2
+  if [ -s "$CONSOLE_DIR/guest-$name.log" ]; then
+    mv "$CONSOLE_DIR/guest-$name.log" "$RESULTS/console-$name-until-$(now).log"
+  fi
   start=$(now)
   if timeout 60 xl create "$config" "$@" > "$RESULTS/xl-create-$name.log" 2>&1; then
     timing "xl-create-$name" "$(seconds_since "$start")"
