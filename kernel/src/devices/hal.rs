@@ -3,6 +3,7 @@
 //! and a microsecond clock calibrated against the PIT.
 
 use crate::arch::paging::{self, MapError};
+use crate::physmem;
 use core::sync::atomic::{AtomicU64, Ordering};
 use machine::acpi::{self, EcamWindow};
 use pci::{ConfigAccess, PciAddress};
@@ -238,9 +239,9 @@ impl nvme::Hal for DeviceHal {
     }
 
     fn read_dma_u32(&self, address: u64) -> u32 {
-        // SAFETY: the driver reads only DMA memory it allocated (identity mapped);
-        // volatile because the device writes it behind the compiler's back.
-        unsafe { core::ptr::read_volatile(address as *const u32) }
+        // SAFETY: the driver reads only DMA memory it allocated, aligned completion
+        // entries.
+        unsafe { physmem::load_u32(address) }
     }
 }
 
@@ -249,10 +250,12 @@ impl blkdev::Dma for DeviceHal {
         allocate_dma(pages)
     }
     fn read_dma(&self, address: u64, out: &mut [u8]) {
-        read_physical(address, out)
+        // SAFETY: the drivers read only DMA memory they allocated.
+        unsafe { physmem::read(address, out) }
     }
     fn write_dma(&self, address: u64, data: &[u8]) {
-        write_physical(address, data)
+        // SAFETY: the drivers write only DMA memory they allocated.
+        unsafe { physmem::write(address, data) }
     }
     fn delay_us(&self, micros: u64) {
         delay_us(micros)
@@ -286,25 +289,7 @@ impl virtio::Hal for DeviceHal {
         unsafe { core::ptr::write_volatile(address as *mut u32, value) }
     }
     fn read_dma_u16(&self, address: u64) -> u16 {
-        // SAFETY: the driver reads only its own identity-mapped DMA memory; volatile
-        // because the device writes it behind the compiler's back.
-        unsafe { core::ptr::read_volatile(address as *const u16) }
+        // SAFETY: the driver reads only DMA memory it allocated, the aligned used index.
+        unsafe { physmem::load_u16(address) }
     }
-}
-
-/// Copies from identity-mapped physical memory the caller owns.
-pub fn read_physical(address: u64, out: &mut [u8]) {
-    assert!(address + out.len() as u64 <= paging::IDENTITY_MAPPED_LIMIT);
-    // SAFETY: below 4 GiB physical memory is identity mapped; drivers pass only DMA
-    // memory they allocated or buffers they were handed for I/O.
-    unsafe { core::ptr::copy_nonoverlapping(address as *const u8, out.as_mut_ptr(), out.len()) };
-    core::sync::atomic::compiler_fence(Ordering::Acquire);
-}
-
-/// Copies into identity-mapped physical memory the caller owns.
-pub fn write_physical(address: u64, data: &[u8]) {
-    assert!(address + data.len() as u64 <= paging::IDENTITY_MAPPED_LIMIT);
-    core::sync::atomic::compiler_fence(Ordering::Release);
-    // SAFETY: as in `read_physical`.
-    unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), address as *mut u8, data.len()) };
 }
