@@ -4,6 +4,7 @@
 
 use crate::arch::paging::{self, MapError};
 use crate::physmem;
+use blkdev::DmaRegion;
 use core::sync::atomic::{AtomicU64, Ordering};
 use machine::acpi::{self, EcamWindow};
 use pci::{ConfigAccess, PciAddress};
@@ -196,8 +197,8 @@ impl PciConfig {
 /// identity-mapped low 4 GiB, so its addresses are physical (bus) addresses. Set-up only:
 /// never freed.
 pub fn allocate_dma(pages: usize) -> Option<u64> {
-    let layout =
-        core::alloc::Layout::from_size_align(pages.max(1) * PAGE as usize, PAGE as usize).ok()?;
+    let bytes = pages.max(1).checked_mul(PAGE as usize)?;
+    let layout = core::alloc::Layout::from_size_align(bytes, PAGE as usize).ok()?;
     // SAFETY: the layout has a non-zero size.
     let memory = unsafe { alloc::alloc::alloc_zeroed(layout) };
     (!memory.is_null()).then_some(memory as u64)
@@ -291,7 +292,10 @@ fn outside_windows(address: u64, size: u64) -> ! {
     panic!("device register of {size} bytes at {address:#x} is outside the mapped windows")
 }
 
-impl nvme::Hal for DeviceHal {
+// SAFETY: register offsets are checked against BAR 0's window (`register`), and the
+// completion words are read through `DmaRegion::span` and an alignment check; the
+// `blkdev::Dma` promises are kept below.
+unsafe impl nvme::Hal for DeviceHal {
     fn read_register(&self, offset: usize) -> u32 {
         let address = self.register(self.windows[0].base.wrapping_add(offset as u64), 4);
         // SAFETY: a register inside the controller's BAR 0 window (checked), which
@@ -305,23 +309,41 @@ impl nvme::Hal for DeviceHal {
         unsafe { core::ptr::write_volatile(address as *mut u32, value) }
     }
 
-    fn read_dma_u32(&self, address: u64) -> u32 {
-        // SAFETY: the driver reads only DMA memory it allocated, aligned completion
-        // entries.
+    fn read_dma_u32(&self, region: DmaRegion, offset: u64) -> u32 {
+        let address = aligned(region.span(offset, 4), 4);
+        // SAFETY: 4 aligned bytes inside `region` (checked), DMA memory `allocate_dma`
+        // handed out and the driver owns.
         unsafe { physmem::load_u32(address) }
     }
 }
 
-impl blkdev::Dma for DeviceHal {
-    fn allocate_dma(&self, pages: usize) -> Option<u64> {
-        allocate_dma(pages)
+/// `address`, which must be a multiple of `size` (for a volatile load of that width).
+#[inline]
+#[track_caller]
+fn aligned(address: u64, size: u64) -> u64 {
+    assert!(address.is_multiple_of(size), "unaligned DMA load");
+    address
+}
+
+// SAFETY: `allocate_dma` hands out fresh zeroed heap pages, contiguous and page-aligned,
+// identity mapped below 4 GiB (so the physical address is the bus address), used by
+// nothing else and never freed; the copies reach only the bytes `DmaRegion::span`
+// allows, through `physmem`, whose fences order them; `delay_us` spins on the TSC.
+unsafe impl blkdev::Dma for DeviceHal {
+    fn allocate_dma(&self, pages: usize) -> Option<DmaRegion> {
+        let address = allocate_dma(pages)?;
+        // SAFETY: `allocate_dma` just allocated these `pages` (see the impl's comment).
+        Some(unsafe { DmaRegion::new(address, pages as u64 * PAGE) })
     }
-    fn read_dma(&self, address: u64, out: &mut [u8]) {
-        // SAFETY: the drivers read only DMA memory they allocated.
+    fn read_dma(&self, region: DmaRegion, offset: u64, out: &mut [u8]) {
+        let address = region.span(offset, out.len() as u64);
+        // SAFETY: the bytes lie inside `region` (checked): DMA memory `allocate_dma`
+        // handed out, which the driver owns; `out` is its own buffer.
         unsafe { physmem::read(address, out) }
     }
-    fn write_dma(&self, address: u64, data: &[u8]) {
-        // SAFETY: the drivers write only DMA memory they allocated.
+    fn write_dma(&self, region: DmaRegion, offset: u64, data: &[u8]) {
+        let address = region.span(offset, data.len() as u64);
+        // SAFETY: as in `read_dma`.
         unsafe { physmem::write(address, data) }
     }
     fn delay_us(&self, micros: u64) {
@@ -329,7 +351,10 @@ impl blkdev::Dma for DeviceHal {
     }
 }
 
-impl virtio::Hal for DeviceHal {
+// SAFETY: register addresses are checked against the capability windows (`register`),
+// and the used index is read through `DmaRegion::span` and an alignment check; the
+// `blkdev::Dma` promises are kept above.
+unsafe impl virtio::Hal for DeviceHal {
     fn read8(&self, address: u64) -> u8 {
         let address = self.register(address, 1);
         // SAFETY: a register inside one of the device's capability windows (checked),
@@ -361,8 +386,10 @@ impl virtio::Hal for DeviceHal {
         // SAFETY: as in `read8`.
         unsafe { core::ptr::write_volatile(address as *mut u32, value) }
     }
-    fn read_dma_u16(&self, address: u64) -> u16 {
-        // SAFETY: the driver reads only DMA memory it allocated, the aligned used index.
+    fn read_dma_u16(&self, region: DmaRegion, offset: u64) -> u16 {
+        let address = aligned(region.span(offset, 2), 2);
+        // SAFETY: 2 aligned bytes inside `region` (checked), DMA memory `allocate_dma`
+        // handed out and the driver owns.
         unsafe { physmem::load_u16(address) }
     }
 }
