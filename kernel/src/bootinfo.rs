@@ -39,13 +39,12 @@ impl core::fmt::Display for BootInfoError {
 
 /// Copies `T` from physical address `paddr` (below 4 GiB, so identity mapped).
 fn read_phys<T: Copy>(paddr: u64) -> Result<T, BootInfoError> {
-    let end = paddr.checked_add(core::mem::size_of::<T>() as u64);
-    if paddr == 0 || end.is_none_or(|end| end > crate::arch::paging::IDENTITY_MAPPED_LIMIT) {
+    if !crate::physmem::in_identity_map(paddr, core::mem::size_of::<T>()) {
         return Err(BootInfoError::NotIdentityMapped(paddr));
     }
-    // SAFETY: the range is inside the identity map set up by `boot`, and `T` is plain
-    // old data (integers only) for which any bit pattern is valid; unaligned is fine.
-    Ok(unsafe { core::ptr::read_unaligned(paddr as *const T) })
+    // SAFETY: the boot loader's structures, which nothing writes; `T` is plain old data
+    // (integers only) for which any bit pattern is valid.
+    Ok(unsafe { crate::physmem::read_value(paddr) })
 }
 
 impl BootInfo {

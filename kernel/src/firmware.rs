@@ -1,7 +1,7 @@
 //! Firmware tables through the boot identity map: the ACPI parsers of
 //! `machine::acpi` read physical memory through `IdentityMemory`.
 
-use crate::arch::paging::IDENTITY_MAPPED_LIMIT;
+use crate::physmem;
 use machine::acpi::{self, AcpiError, Madt, PhysRead, Rsdp};
 
 /// Physical memory below 4 GiB, read through the boot identity map.
@@ -9,14 +9,12 @@ pub struct IdentityMemory;
 
 impl PhysRead for IdentityMemory {
     fn read(&self, paddr: u64, buf: &mut [u8]) -> bool {
-        let Some(end) = paddr.checked_add(buf.len() as u64) else {
-            return false;
-        };
-        if paddr == 0 || end > IDENTITY_MAPPED_LIMIT {
+        if !physmem::in_identity_map(paddr, buf.len()) {
             return false;
         }
-        // SAFETY: the range is identity mapped; firmware tables are plain bytes.
-        unsafe { core::ptr::copy_nonoverlapping(paddr as *const u8, buf.as_mut_ptr(), buf.len()) };
+        // SAFETY: the parsers read where the firmware's own pointers (RSDP, RSDT/XSDT
+        // entries, table lengths) lead: firmware tables in RAM, which nothing writes.
+        unsafe { physmem::read(paddr, buf) };
         true
     }
 }

@@ -18,6 +18,7 @@ mod devices;
 mod firmware;
 mod logger;
 mod mm;
+mod physmem;
 mod power;
 mod selftest;
 mod smp;

@@ -82,10 +82,10 @@ pub fn init(info: &BootInfo) -> Result<MemoryReport, FrameError> {
     reserve(&mut frames, si.modlist_paddr, modlist_len);
     for i in 0..u64::from(si.nr_modules) {
         let entry_paddr = si.modlist_paddr + i * core::mem::size_of::<HvmModlistEntry>() as u64;
-        if entry_paddr + 32 <= IDENTITY_MAPPED_LIMIT {
-            // SAFETY: identity mapped (checked above) and plain integers.
-            let module: HvmModlistEntry =
-                unsafe { core::ptr::read_unaligned(entry_paddr as *const HvmModlistEntry) };
+        if crate::physmem::in_identity_map(entry_paddr, core::mem::size_of::<HvmModlistEntry>()) {
+            // SAFETY: the boot loader's module list, which nothing writes (identity mapped,
+            // checked above); plain integers.
+            let module: HvmModlistEntry = unsafe { crate::physmem::read_value(entry_paddr) };
             reserve(&mut frames, module.paddr, module.size);
             reserve(
                 &mut frames,

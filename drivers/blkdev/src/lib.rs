@@ -14,7 +14,7 @@ pub mod dma;
 mod null;
 mod ram;
 
-pub use dma::Dma;
+pub use dma::{Dma, DmaRegion};
 pub use null::NullDisk;
 pub use ram::{RamDisk, RamDiskQueue};
 

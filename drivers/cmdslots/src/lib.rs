@@ -95,6 +95,28 @@ pub mod fake {
             Some(address)
         }
 
+        /// As `allocate`, as the region a fake HAL's `Dma::allocate_dma` returns.
+        #[allow(unsafe_code, reason = "the fake HALs' allocate_dma makes regions")]
+        pub fn allocate_region(&mut self, pages: usize) -> Option<blkdev::DmaRegion> {
+            let address = self.allocate(pages)?;
+            // SAFETY: fresh pages of this memory's bump allocator, zeroed, handed out
+            // once; a fake device reaches them by the same address (an index into
+            // `bytes`, which every access bounds-checks).
+            Some(unsafe { blkdev::DmaRegion::new(address, pages as u64 * 4096) })
+        }
+
+        /// Copies the bytes at `offset` of `region` into `out` (a fake `read_dma`).
+        pub fn read_region(&self, region: blkdev::DmaRegion, offset: u64, out: &mut [u8]) {
+            let address = region.span(offset, out.len() as u64);
+            out.copy_from_slice(self.slice(address, out.len()));
+        }
+
+        /// Copies `data` to `offset` of `region` (a fake `write_dma`).
+        pub fn write_region(&mut self, region: blkdev::DmaRegion, offset: u64, data: &[u8]) {
+            let address = region.span(offset, data.len() as u64);
+            self.put(address, data);
+        }
+
         pub fn slice(&self, address: u64, len: usize) -> &[u8] {
             &self.bytes[address as usize..address as usize + len]
         }

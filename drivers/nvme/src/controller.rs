@@ -3,6 +3,7 @@
 use crate::command::{CompletionEntry, Opcode, SubmissionEntry, CQ_ENTRY_LEN, SQ_ENTRY_LEN};
 use crate::queue::IoQueue;
 use crate::{CommandStatus, Hal, PAGE_SIZE};
+use blkdev::DmaRegion;
 
 pub(crate) mod reg {
     pub const CAP: usize = 0x00;
@@ -221,8 +222,8 @@ pub(crate) const MAX_PRP_LIST_ENTRIES: usize = (PAGE_SIZE / 8) as usize;
 const POLL_INTERVAL_US: u64 = 10;
 
 struct AdminQueue {
-    sq: u64,
-    cq: u64,
+    sq: DmaRegion,
+    cq: DmaRegion,
     entries: u16,
     tail: u16,
     head: u16,
@@ -239,7 +240,7 @@ pub struct Controller<H: Hal> {
     admin: AdminQueue,
     config: InitConfig,
     /// One page for identify data and the like.
-    scratch: u64,
+    scratch: DmaRegion,
     io_queues_granted: u16,
     next_qid: u16,
 }
@@ -321,8 +322,8 @@ impl<H: Hal> Controller<H> {
         hal.write_register(reg::INTMS, u32::MAX);
         let size = u32::from(entries - 1);
         hal.write_register(reg::AQA, (size << 16) | size);
-        write_u64(&hal, reg::ASQ, sq);
-        write_u64(&hal, reg::ACQ, cq);
+        write_u64(&hal, reg::ASQ, sq.address());
+        write_u64(&hal, reg::ACQ, cq.address());
         // CSS 0 (NVM), MPS 0 (4 KiB), round robin, I/O entry sizes 64/16.
         hal.write_register(
             reg::CC,
@@ -373,13 +374,13 @@ impl<H: Hal> Controller<H> {
     }
 
     fn identify(&mut self, cns: u32, nsid: u32) -> Result<[u8; 4096], NvmeError> {
-        self.hal.write_dma(self.scratch, &[0; 4096]);
+        self.hal.write_dma(self.scratch, 0, &[0; 4096]);
         let entry = SubmissionEntry::new(Opcode::Identify as u8, 0, nsid)
-            .with_prp(self.scratch, 0)
+            .with_prp(self.scratch.address(), 0)
             .with_cdw(10, cns);
         self.admin_command(entry)?;
         let mut page = [0u8; 4096];
-        self.hal.read_dma(self.scratch, &mut page);
+        self.hal.read_dma(self.scratch, 0, &mut page);
         Ok(page)
     }
 
@@ -391,7 +392,8 @@ impl<H: Hal> Controller<H> {
         admin.next_command_id = admin.next_command_id.wrapping_add(1);
         entry.set_command_id(command_id);
         self.hal.write_dma(
-            admin.sq + u64::from(admin.tail) * SQ_ENTRY_LEN as u64,
+            admin.sq,
+            u64::from(admin.tail) * SQ_ENTRY_LEN as u64,
             &entry.bytes,
         );
         admin.tail = (admin.tail + 1) % admin.entries;
@@ -401,12 +403,12 @@ impl<H: Hal> Controller<H> {
 
         let mut waited_us = 0;
         loop {
-            let slot = admin.cq + u64::from(admin.head) * CQ_ENTRY_LEN as u64;
-            let dw3 = self.hal.read_dma_u32(slot + 12);
+            let slot = u64::from(admin.head) * CQ_ENTRY_LEN as u64;
+            let dw3 = self.hal.read_dma_u32(admin.cq, slot + 12);
             if (dw3 & (1 << 16) != 0) == admin.phase {
                 core::sync::atomic::fence(core::sync::atomic::Ordering::Acquire);
                 let mut bytes = [0u8; CQ_ENTRY_LEN];
-                self.hal.read_dma(slot, &mut bytes);
+                self.hal.read_dma(admin.cq, slot, &mut bytes);
                 let completion = CompletionEntry::parse(&bytes);
                 admin.head += 1;
                 if admin.head == admin.entries {
@@ -535,13 +537,13 @@ impl<H: Hal> Controller<H> {
         // interrupts off.
         self.admin_command(
             SubmissionEntry::new(Opcode::CreateIoCq as u8, 0, 0)
-                .with_prp(cq, 0)
+                .with_prp(cq.address(), 0)
                 .with_cdw(10, size | u32::from(qid))
                 .with_cdw(11, 1),
         )?;
         self.admin_command(
             SubmissionEntry::new(Opcode::CreateIoSq as u8, 0, 0)
-                .with_prp(sq, 0)
+                .with_prp(sq.address(), 0)
                 .with_cdw(10, size | u32::from(qid))
                 .with_cdw(11, (u32::from(qid) << 16) | 1),
         )?;

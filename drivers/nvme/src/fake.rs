@@ -5,6 +5,7 @@
 
 use crate::command::{CommandStatus, CQ_ENTRY_LEN, SQ_ENTRY_LEN};
 use crate::Hal;
+use blkdev::DmaRegion;
 use cmdslots::fake::DmaMemory;
 use std::sync::{Arc, Mutex};
 
@@ -533,29 +534,34 @@ impl FakeHal {
     }
 }
 
-impl Hal for FakeHal {
+// SAFETY: the registers are plain Rust state of the `FakeController`, reached by safe code
+// only (a register it does not know is recorded or ignored, a bad index panics); completion words are
+// read through `DmaRegion::span` from the fake's memory, a bounds-checked `Vec`.
+#[allow(unsafe_code, reason = "a test double of the kernel's HAL")]
+unsafe impl Hal for FakeHal {
     fn read_register(&self, offset: usize) -> u32 {
         self.with(|m| m.read_register(offset))
     }
     fn write_register(&self, offset: usize, value: u32) {
         self.with(|m| m.write_register(offset, value))
     }
-    fn read_dma_u32(&self, address: u64) -> u32 {
-        self.with(|m| m.memory.u32_at(address))
+    fn read_dma_u32(&self, region: DmaRegion, offset: u64) -> u32 {
+        self.with(|m| m.memory.u32_at(region.span(offset, 4)))
     }
 }
 
-impl blkdev::Dma for FakeHal {
-    fn allocate_dma(&self, pages: usize) -> Option<u64> {
-        self.with(|m| m.memory.allocate(pages))
+// SAFETY: DMA memory is the fake's `DmaMemory`, whose bump allocator hands out zeroed
+// pages once; copies go through `DmaRegion::span` into that bounds-checked `Vec`.
+#[allow(unsafe_code, reason = "a test double of the kernel's HAL")]
+unsafe impl blkdev::Dma for FakeHal {
+    fn allocate_dma(&self, pages: usize) -> Option<DmaRegion> {
+        self.with(|m| m.memory.allocate_region(pages))
     }
-    fn read_dma(&self, address: u64, out: &mut [u8]) {
-        self.with(|m| out.copy_from_slice(m.memory.slice(address, out.len())))
+    fn read_dma(&self, region: DmaRegion, offset: u64, out: &mut [u8]) {
+        self.with(|m| m.memory.read_region(region, offset, out))
     }
-    fn write_dma(&self, address: u64, data: &[u8]) {
-        self.with(|m| {
-            m.memory[address as usize..address as usize + data.len()].copy_from_slice(data)
-        })
+    fn write_dma(&self, region: DmaRegion, offset: u64, data: &[u8]) {
+        self.with(|m| m.memory.write_region(region, offset, data))
     }
     fn delay_us(&self, micros: u64) {
         self.with(|m| m.delays_us += micros)

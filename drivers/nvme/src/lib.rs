@@ -14,6 +14,8 @@
 
 extern crate alloc;
 
+use blkdev::DmaRegion;
+
 mod command;
 mod controller;
 mod prp;
@@ -29,12 +31,26 @@ pub const PAGE_SIZE: u64 = 4096;
 
 /// What the driver needs from the kernel: DMA memory and time, and the controller's
 /// registers.
-pub trait Hal: blkdev::Dma {
+///
+/// # Safety
+/// Beside the promises of [`blkdev::Dma`]:
+/// - `read_register` and `write_register` access the 32-bit register at byte `offset`
+///   of the controller's register window (BAR 0, as mapped) and nothing else: an
+///   `offset` outside the window or unaligned touches no memory (an implementation
+///   panics).
+/// - `read_dma_u32` reads exactly the 4 bytes `region.span(offset, 4)` names (an
+///   implementation panics when they leave the region or are unaligned), with one load
+///   the compiler may neither merge nor hoist.
+#[allow(
+    unsafe_code,
+    reason = "implementations promise to touch only the device"
+)]
+pub unsafe trait Hal: blkdev::Dma {
     /// Reads the 32-bit controller register at byte `offset` of BAR 0.
     fn read_register(&self, offset: usize) -> u32;
     fn write_register(&self, offset: usize, value: u32);
     /// One 32-bit load the compiler may not merge or hoist (the completion phase word).
-    fn read_dma_u32(&self, address: u64) -> u32;
+    fn read_dma_u32(&self, region: DmaRegion, offset: u64) -> u32;
 }
 
 #[cfg(test)]

@@ -5,8 +5,8 @@
 
 use blkdev::range_fits;
 use blkdev::{
-    BlockDevice, BufferAccess, Completion, DiscardGeometry, DmaSegment, Geometry, IoOp, IoRequest,
-    IoStatus, SubmitError, SECTOR_SIZE,
+    BlockDevice, BufferAccess, Completion, DiscardGeometry, DmaRegion, DmaSegment, Geometry, IoOp,
+    IoRequest, IoStatus, SubmitError, SECTOR_SIZE,
 };
 use cmdslots::{Finished, Tracker};
 use core::sync::atomic::{fence, Ordering};
@@ -58,8 +58,8 @@ pub struct IoQueue<H: Hal> {
     namespace: Namespace,
     block_shift: u32,
     entries: u16,
-    sq: u64,
-    cq: u64,
+    sq: DmaRegion,
+    cq: DmaRegion,
     sq_tail: u16,
     cq_head: u16,
     phase: bool,
@@ -67,9 +67,9 @@ pub struct IoQueue<H: Hal> {
     cq_doorbell: usize,
     slots: Tracker<Prepared>,
     /// One PRP list page per slot.
-    prp_lists: u64,
+    prp_lists: DmaRegion,
     /// One DSM range per slot.
-    dsm_ranges: u64,
+    dsm_ranges: DmaRegion,
     idle_polls: u32,
     dead: bool,
     stats: QueueStats,
@@ -82,8 +82,8 @@ impl<H: Hal> IoQueue<H> {
         namespace: &Namespace,
         qid: u16,
         entries: u16,
-        sq: u64,
-        cq: u64,
+        sq: DmaRegion,
+        cq: DmaRegion,
     ) -> Result<Self, NvmeError> {
         let slot_count = usize::from(entries - 1);
         let prp_lists = hal
@@ -267,15 +267,17 @@ impl<H: Hal> IoQueue<H> {
             return Err(SubmitError::QueueFull);
         }
         let head = self.slots.begin(request.tag, 1);
-        let range_address = self.dsm_ranges + u64::from(head) * DSM_RANGE_LEN;
+        let range_area = self
+            .dsm_ranges
+            .slice(u64::from(head) * DSM_RANGE_LEN, DSM_RANGE_LEN);
         let mut range = [0u8; DSM_RANGE_LEN as usize];
         range[4..8].copy_from_slice(&blocks.to_le_bytes());
         range[8..16].copy_from_slice(&self.lba(request.sector * SECTOR_SIZE).to_le_bytes());
-        self.hal.write_dma(range_address, &range);
+        self.hal.write_dma(range_area, 0, &range);
         // One range (NR is 0-based), attribute "deallocate".
         *self.slots.payload_mut(head) = Prepared {
             entry: SubmissionEntry::new(io_opcode::DATASET_MANAGEMENT, head, self.namespace.nsid)
-                .with_prp(range_address, 0)
+                .with_prp(range_area.address(), 0)
                 .with_cdw(10, 0)
                 .with_cdw(11, 1 << 2)
                 .bytes,
@@ -371,13 +373,15 @@ impl DataCommandBuilder<'_> {
         let slba = queue.lba(self.first_byte + plan.byte_offset);
         let blocks = queue.lba(plan.bytes) as u32;
         let run = &self.segments[plan.first_segment..plan.first_segment + plan.segment_count];
-        let list = queue.prp_lists + u64::from(slot) * PAGE_SIZE;
+        let list = queue
+            .prp_lists
+            .slice(u64::from(slot) * PAGE_SIZE, PAGE_SIZE);
         let hal = &queue.hal;
         let entry = SubmissionEntry::new(self.opcode, slot, queue.namespace.nsid);
         let entry = if self.sgl {
             entry.with_sgl(write_sgl(hal, list, run))
         } else {
-            let (prp1, prp2) = prp_fields(run, list, &mut |pages: &[DmaSegment]| {
+            let (prp1, prp2) = prp_fields(run, list.address(), &mut |pages: &[DmaSegment]| {
                 write_prp_list(hal, list, pages)
             });
             entry.with_prp(prp1, prp2)
@@ -399,14 +403,14 @@ impl DataCommandBuilder<'_> {
 
 /// Writes `entry` at the submission queue tail and advances the tail (the doorbell is
 /// rung separately, once per batch).
-fn append_to_sq<H: Hal>(hal: &H, sq: u64, tail: &mut u16, entries: u16, entry: &[u8]) {
-    hal.write_dma(sq + u64::from(*tail) * SQ_ENTRY_LEN as u64, entry);
+fn append_to_sq<H: Hal>(hal: &H, sq: DmaRegion, tail: &mut u16, entries: u16, entry: &[u8]) {
+    hal.write_dma(sq, u64::from(*tail) * SQ_ENTRY_LEN as u64, entry);
     *tail = (*tail + 1) % entries;
 }
 
 /// The SGL 1 descriptor for `segments`: one data block, or the last (only) segment of
 /// data block descriptors written to the `list` page.
-fn write_sgl<H: Hal>(hal: &H, list: u64, segments: &[DmaSegment]) -> [u8; 16] {
+fn write_sgl<H: Hal>(hal: &H, list: DmaRegion, segments: &[DmaSegment]) -> [u8; 16] {
     if let [only] = segments {
         return sgl_descriptor(segment_address(only), only.len, SGL_DATA_BLOCK);
     }
@@ -416,18 +420,18 @@ fn write_sgl<H: Hal>(hal: &H, list: u64, segments: &[DmaSegment]) -> [u8; 16] {
             let descriptor = sgl_descriptor(segment_address(segment), segment.len, SGL_DATA_BLOCK);
             chunk[i * 16..i * 16 + 16].copy_from_slice(&descriptor);
         }
-        hal.write_dma(list + (n * chunk.len()) as u64, &chunk[..group.len() * 16]);
+        hal.write_dma(list, (n * chunk.len()) as u64, &chunk[..group.len() * 16]);
     }
-    sgl_descriptor(list, segments.len() as u32 * 16, SGL_LAST_SEGMENT)
+    sgl_descriptor(list.address(), segments.len() as u32 * 16, SGL_LAST_SEGMENT)
 }
 
-fn write_prp_list<H: Hal>(hal: &H, list: u64, pages: &[DmaSegment]) {
+fn write_prp_list<H: Hal>(hal: &H, list: DmaRegion, pages: &[DmaSegment]) {
     let mut chunk = [0u8; 512];
     for (n, group) in pages.chunks(chunk.len() / 8).enumerate() {
         for (i, segment) in group.iter().enumerate() {
             chunk[i * 8..i * 8 + 8].copy_from_slice(&segment_address(segment).to_le_bytes());
         }
-        hal.write_dma(list + (n * chunk.len()) as u64, &chunk[..group.len() * 8]);
+        hal.write_dma(list, (n * chunk.len()) as u64, &chunk[..group.len() * 8]);
     }
 }
 
@@ -472,8 +476,8 @@ impl<H: Hal> BlockDevice for IoQueue<H> {
         let mut reported = self.slots.drain_local(sink);
         let mut consumed = 0u32;
         loop {
-            let address = self.cq + u64::from(self.cq_head) * CQ_ENTRY_LEN as u64;
-            let dw3 = self.hal.read_dma_u32(address + 12);
+            let entry = u64::from(self.cq_head) * CQ_ENTRY_LEN as u64;
+            let dw3 = self.hal.read_dma_u32(self.cq, entry + 12);
             if (dw3 & (1 << 16) != 0) != self.phase {
                 break;
             }

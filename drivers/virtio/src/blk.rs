@@ -2,8 +2,8 @@
 
 use blkdev::range_fits;
 use blkdev::{
-    BlockDevice, BufferAccess, Completion, DiscardGeometry, DmaSegment, Geometry, IoOp, IoRequest,
-    IoStatus, SubmitError, SECTOR_SIZE,
+    BlockDevice, BufferAccess, Completion, DiscardGeometry, DmaRegion, DmaSegment, Geometry, IoOp,
+    IoRequest, IoStatus, SubmitError, SECTOR_SIZE,
 };
 use cmdslots::{Finished, SlotState, Tracker};
 
@@ -121,17 +121,20 @@ pub struct VirtioBlk<H: Hal> {
 #[derive(Clone, Copy, Debug)]
 enum Chains {
     /// Slot i: ring descriptor i, pointing at indirect table i.
-    Indirect { tables: u64 },
+    Indirect { tables: DmaRegion },
     /// Slot i: descriptors `i * per_slot ..` of the ring's own table.
-    Direct { desc: u64, per_slot: u16 },
+    Direct { desc: DmaRegion, per_slot: u16 },
 }
 
 impl Chains {
-    /// Address of the slot's first descriptor.
-    fn table(&self, slot: u16) -> u64 {
+    /// The slot's descriptors: its indirect table, or its run of the ring's table.
+    fn table(&self, slot: u16) -> DmaRegion {
         match *self {
-            Chains::Indirect { tables } => tables + u64::from(slot) * TABLE_BYTES,
-            Chains::Direct { desc, per_slot } => desc + u64::from(slot * per_slot) * DESC_LEN,
+            Chains::Indirect { tables } => tables.slice(u64::from(slot) * TABLE_BYTES, TABLE_BYTES),
+            Chains::Direct { desc, per_slot } => desc.slice(
+                u64::from(slot * per_slot) * DESC_LEN,
+                u64::from(per_slot) * DESC_LEN,
+            ),
         }
     }
 
@@ -270,9 +273,9 @@ impl<H: Hal> VirtioBlk<H> {
             .allocate_dma((usize::from(size) * HEADER_AREA as usize).div_ceil(4096))
             .ok_or(VirtioError::OutOfDmaMemory)?;
         common.write16(common::QUEUE_SIZE, size);
-        common.write64(common::QUEUE_DESC, ring.desc);
-        common.write64(common::QUEUE_DRIVER, ring.avail);
-        common.write64(common::QUEUE_DEVICE, ring.used);
+        common.write64(common::QUEUE_DESC, ring.desc.address());
+        common.write64(common::QUEUE_DRIVER, ring.avail.address());
+        common.write64(common::QUEUE_DEVICE, ring.used.address());
         common.write16(common::QUEUE_MSIX_VECTOR, NO_VECTOR);
         let notify_off = common.read16(common::QUEUE_NOTIFY_OFF);
         common.write16(common::QUEUE_ENABLE, 1);
@@ -330,7 +333,7 @@ pub struct BlkQueue<H: Hal> {
     /// Slot i uses chain i (see `Chains`) and header area i.
     slots: Tracker<Part>,
     chains: Chains,
-    headers: u64,
+    headers: DmaRegion,
     max_part_segments: usize,
     geometry: Geometry,
     max_discard_sectors: u64,
@@ -359,19 +362,21 @@ impl<H: Hal> BlkQueue<H> {
         self.dead
     }
 
-    fn header_address(&self, slot: u16) -> u64 {
-        self.headers + u64::from(slot) * HEADER_AREA
+    /// The slot's header area.
+    fn header(&self, slot: u16) -> DmaRegion {
+        self.headers
+            .slice(u64::from(slot) * HEADER_AREA, HEADER_AREA)
     }
 
     /// Writes the header and the descriptor chain of `slot`.
     fn prepare(&mut self, slot: u16, kind: u32, sector: u64, body: Body<'_>) {
-        let header = self.header_address(slot);
+        let header = self.header(slot);
         let mut bytes = [0u8; 16];
         bytes[0..4].copy_from_slice(&kind.to_le_bytes());
         bytes[8..16].copy_from_slice(&sector.to_le_bytes());
-        self.hal.write_dma(header, &bytes);
+        self.hal.write_dma(header, 0, &bytes);
         // A status other than OK until the device writes it.
-        self.hal.write_dma(header + STATUS_OFFSET, &[0xff]);
+        self.hal.write_dma(header, STATUS_OFFSET, &[0xff]);
 
         let table = self.chains.table(slot);
         let first = self.chains.first_index(slot);
@@ -383,15 +388,18 @@ impl<H: Hal> BlkQueue<H> {
             in_chunk += 1;
             written += 1;
             if in_chunk == 32 {
-                hal.write_dma(table + u64::from(written - 32) * DESC_LEN, &chunk);
+                hal.write_dma(table, u64::from(written - 32) * DESC_LEN, &chunk);
                 in_chunk = 0;
             }
         };
-        emit(descriptor(header, 16, DESC_F_NEXT, first + 1), &self.hal);
+        emit(
+            descriptor(header.span(0, 16), 16, DESC_F_NEXT, first + 1),
+            &self.hal,
+        );
         match body {
             Body::None => {}
             Body::Range => emit(
-                descriptor(header + RANGE_OFFSET, 16, DESC_F_NEXT, first + 2),
+                descriptor(header.span(RANGE_OFFSET, 16), 16, DESC_F_NEXT, first + 2),
                 &self.hal,
             ),
             Body::Data {
@@ -409,12 +417,13 @@ impl<H: Hal> BlkQueue<H> {
             }
         }
         emit(
-            descriptor(header + STATUS_OFFSET, 1, DESC_F_WRITE, 0),
+            descriptor(header.span(STATUS_OFFSET, 1), 1, DESC_F_WRITE, 0),
             &self.hal,
         );
         if in_chunk > 0 {
             self.hal.write_dma(
-                table + u64::from(written - in_chunk as u16) * DESC_LEN,
+                table,
+                u64::from(written - in_chunk as u16) * DESC_LEN,
                 &chunk[..in_chunk * 16],
             );
         }
@@ -541,8 +550,7 @@ impl<H: Hal> BlkQueue<H> {
             let mut range = [0u8; 16];
             range[0..8].copy_from_slice(&sector.to_le_bytes());
             range[8..12].copy_from_slice(&(count as u32).to_le_bytes());
-            self.hal
-                .write_dma(self.header_address(slot) + RANGE_OFFSET, &range);
+            self.hal.write_dma(self.header(slot), RANGE_OFFSET, &range);
             self.prepare(slot, REQUEST_DISCARD, 0, Body::Range);
             self.launch(slot);
             sector += count;
@@ -595,7 +603,7 @@ impl<H: Hal> BlockDevice for BlkQueue<H> {
             }
             let mut byte = [0u8; 1];
             self.hal
-                .read_dma(self.header_address(slot) + STATUS_OFFSET, &mut byte);
+                .read_dma(self.header(slot), STATUS_OFFSET, &mut byte);
             let outcome = match byte[0] {
                 STATUS_OK => IoStatus::Ok,
                 STATUS_UNSUPPORTED => IoStatus::Unsupported,

@@ -5,6 +5,7 @@
 
 use crate::feature;
 use crate::Hal;
+use blkdev::DmaRegion;
 use cmdslots::fake::DmaMemory;
 use std::sync::{Arc, Mutex};
 
@@ -422,7 +423,11 @@ impl FakeHal {
     }
 }
 
-impl Hal for FakeHal {
+// SAFETY: the registers are plain Rust state of the `FakeDevice`, reached by safe code
+// only (a register it does not know is recorded or ignored, a bad index panics); the used index is
+// read through `DmaRegion::span` from the fake's memory, a bounds-checked `Vec`.
+#[allow(unsafe_code, reason = "a test double of the kernel's HAL")]
+unsafe impl Hal for FakeHal {
     fn read8(&self, address: u64) -> u8 {
         self.with(|m| m.read(address, 1) as u8)
     }
@@ -441,20 +446,23 @@ impl Hal for FakeHal {
     fn write32(&self, address: u64, value: u32) {
         self.with(|m| m.write(address, 4, u64::from(value)))
     }
-    fn read_dma_u16(&self, address: u64) -> u16 {
-        self.with(|m| m.memory.u16_at(address))
+    fn read_dma_u16(&self, region: DmaRegion, offset: u64) -> u16 {
+        self.with(|m| m.memory.u16_at(region.span(offset, 2)))
     }
 }
 
-impl blkdev::Dma for FakeHal {
-    fn allocate_dma(&self, pages: usize) -> Option<u64> {
-        self.with(|m| m.memory.allocate(pages))
+// SAFETY: DMA memory is the fake's `DmaMemory`, whose bump allocator hands out zeroed
+// pages once; copies go through `DmaRegion::span` into that bounds-checked `Vec`.
+#[allow(unsafe_code, reason = "a test double of the kernel's HAL")]
+unsafe impl blkdev::Dma for FakeHal {
+    fn allocate_dma(&self, pages: usize) -> Option<DmaRegion> {
+        self.with(|m| m.memory.allocate_region(pages))
     }
-    fn read_dma(&self, address: u64, out: &mut [u8]) {
-        self.with(|m| out.copy_from_slice(m.memory.slice(address, out.len())))
+    fn read_dma(&self, region: DmaRegion, offset: u64, out: &mut [u8]) {
+        self.with(|m| m.memory.read_region(region, offset, out))
     }
-    fn write_dma(&self, address: u64, data: &[u8]) {
-        self.with(|m| m.memory.put(address, data))
+    fn write_dma(&self, region: DmaRegion, offset: u64, data: &[u8]) {
+        self.with(|m| m.memory.write_region(region, offset, data))
     }
     fn delay_us(&self, _micros: u64) {}
 }

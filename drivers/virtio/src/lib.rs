@@ -16,6 +16,8 @@
 
 extern crate alloc;
 
+use blkdev::DmaRegion;
+
 mod blk;
 mod transport;
 mod virtqueue;
@@ -25,7 +27,21 @@ pub use transport::PciRegions;
 
 /// What the driver needs from the kernel: DMA memory and time, and MMIO at the
 /// mapped capability windows ([`PciRegions`]).
-pub trait Hal: blkdev::Dma {
+///
+/// # Safety
+/// Beside the promises of [`blkdev::Dma`]:
+/// - the register accessors (`read8` .. `write32`) access the register of their width
+///   at `address` when it lies, naturally aligned, inside one of the device's mapped
+///   capability windows, and nothing else: any other address touches no memory (an
+///   implementation panics).
+/// - `read_dma_u16` reads exactly the 2 bytes `region.span(offset, 2)` names (an
+///   implementation panics when they leave the region or are unaligned), with one load
+///   the compiler may neither merge nor hoist.
+#[allow(
+    unsafe_code,
+    reason = "implementations promise to touch only the device"
+)]
+pub unsafe trait Hal: blkdev::Dma {
     fn read8(&self, address: u64) -> u8;
     fn read16(&self, address: u64) -> u16;
     fn read32(&self, address: u64) -> u32;
@@ -33,7 +49,7 @@ pub trait Hal: blkdev::Dma {
     fn write16(&self, address: u64, value: u16);
     fn write32(&self, address: u64, value: u32);
     /// One 16-bit load the compiler may not merge or hoist (the used index).
-    fn read_dma_u16(&self, address: u64) -> u16;
+    fn read_dma_u16(&self, region: DmaRegion, offset: u64) -> u16;
 }
 
 /// Feature bits the driver understands.

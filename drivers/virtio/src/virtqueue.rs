@@ -3,6 +3,7 @@
 //! the queue size (a power of two).
 
 use crate::Hal;
+use blkdev::DmaRegion;
 use core::sync::atomic::{fence, Ordering};
 
 pub(crate) const DESC_F_NEXT: u16 = 1;
@@ -24,9 +25,9 @@ pub(crate) fn descriptor(address: u64, len: u32, flags: u16, next: u16) -> [u8; 
 }
 
 pub(crate) struct SplitRing {
-    pub desc: u64,
-    pub avail: u64,
-    pub used: u64,
+    pub desc: DmaRegion,
+    pub avail: DmaRegion,
+    pub used: DmaRegion,
     pub size: u16,
     /// Next free available-ring position (not yet visible to the device).
     avail_idx: u16,
@@ -40,7 +41,7 @@ impl SplitRing {
         let avail = hal.allocate_dma((6 + 2 * n).div_ceil(PAGE))?;
         let used = hal.allocate_dma((6 + 8 * n).div_ceil(PAGE))?;
         // Polled: ask the device not to interrupt.
-        hal.write_dma(avail, &AVAIL_F_NO_INTERRUPT.to_le_bytes());
+        hal.write_dma(avail, 0, &AVAIL_F_NO_INTERRUPT.to_le_bytes());
         Some(SplitRing {
             desc,
             avail,
@@ -51,13 +52,14 @@ impl SplitRing {
         })
     }
 
-    /// Puts descriptor `index`, naming the indirect `table` of `entries` descriptors,
-    /// on the available ring (visible after `publish`).
-    pub fn post_indirect<H: Hal>(&mut self, hal: &H, index: u16, table: u64, entries: u16) {
-        let len = u32::from(entries) * DESC_LEN as u32;
+    /// Puts descriptor `index`, naming the first `entries` descriptors of the indirect
+    /// `table`, on the available ring (visible after `publish`).
+    pub fn post_indirect<H: Hal>(&mut self, hal: &H, index: u16, table: DmaRegion, entries: u16) {
+        let len = u64::from(entries) * DESC_LEN;
         hal.write_dma(
-            self.desc + u64::from(index) * DESC_LEN,
-            &descriptor(table, len, DESC_F_INDIRECT, 0),
+            self.desc,
+            u64::from(index) * DESC_LEN,
+            &descriptor(table.span(0, len), len as u32, DESC_F_INDIRECT, 0),
         );
         self.post_chain(hal, index);
     }
@@ -65,7 +67,7 @@ impl SplitRing {
     /// Puts the chain starting at descriptor `index` on the available ring.
     pub fn post_chain<H: Hal>(&mut self, hal: &H, index: u16) {
         let position = u64::from(self.avail_idx % self.size);
-        hal.write_dma(self.avail + 4 + 2 * position, &index.to_le_bytes());
+        hal.write_dma(self.avail, 4 + 2 * position, &index.to_le_bytes());
         self.avail_idx = self.avail_idx.wrapping_add(1);
     }
 
@@ -73,17 +75,17 @@ impl SplitRing {
     pub fn publish<H: Hal>(&self, hal: &H) -> bool {
         // Ring entries before the index that exposes them.
         fence(Ordering::SeqCst);
-        hal.write_dma(self.avail + 2, &self.avail_idx.to_le_bytes());
+        hal.write_dma(self.avail, 2, &self.avail_idx.to_le_bytes());
         // The index before looking at the device's wish not to be notified.
         fence(Ordering::SeqCst);
         let mut flags = [0u8; 2];
-        hal.read_dma(self.used, &mut flags);
+        hal.read_dma(self.used, 0, &mut flags);
         u16::from_le_bytes(flags) & USED_F_NO_NOTIFY == 0
     }
 
     /// The next used element: (descriptor index, bytes written).
     pub fn next_used<H: Hal>(&mut self, hal: &H) -> Option<(u32, u32)> {
-        let used_idx = hal.read_dma_u16(self.used + 2);
+        let used_idx = hal.read_dma_u16(self.used, 2);
         if used_idx == self.last_used {
             return None;
         }
@@ -91,7 +93,7 @@ impl SplitRing {
         fence(Ordering::Acquire);
         let position = u64::from(self.last_used % self.size);
         let mut element = [0u8; 8];
-        hal.read_dma(self.used + 4 + 8 * position, &mut element);
+        hal.read_dma(self.used, 4 + 8 * position, &mut element);
         self.last_used = self.last_used.wrapping_add(1);
         Some((
             u32::from_le_bytes(element[0..4].try_into().expect("4")),

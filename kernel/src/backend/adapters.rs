@@ -127,7 +127,7 @@ impl BufferAccess for FrontendGrants {
         // SAFETY: `buffer` is a page of this ring's map region (checked above), identity
         // mapped, holding a grant the engine mapped; reads of another domain's page are
         // copies, never references.
-        unsafe { core::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), out.len()) };
+        unsafe { crate::physmem::read(addr as u64, out) };
         true
     }
 
@@ -136,7 +136,7 @@ impl BufferAccess for FrontendGrants {
             return false;
         };
         // SAFETY: as in `read_buffer`; the engine maps writable whatever the device writes.
-        unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) };
+        unsafe { crate::physmem::write(addr as u64, data) };
         true
     }
 }

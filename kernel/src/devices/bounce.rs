@@ -8,6 +8,7 @@
 
 use super::hal::allocate_dma;
 use super::open::Queue;
+use crate::physmem;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkdev::{
@@ -121,9 +122,7 @@ impl BlockDevice for BounceQueue {
             if !read {
                 // SAFETY: `page` came off this queue's free list: a page of the pool it
                 // allocated, which no device request uses now; offset + len <= PAGE.
-                let bounce = unsafe {
-                    core::slice::from_raw_parts_mut((address as usize + offset) as *mut u8, len)
-                };
+                let bounce = unsafe { physmem::bytes_mut(address + offset as u64, len) };
                 if !buffers.read_buffer(segment.buffer, offset, bounce) {
                     copied = false;
                     break;
@@ -175,13 +174,7 @@ impl BlockDevice for BounceQueue {
                             // the frontend's page the engine mapped for this request and
                             // keeps mapped until `sink` tells it the request is done; the
                             // engine checked offset + len <= 4096 and submit did again.
-                            unsafe {
-                                core::ptr::copy_nonoverlapping(
-                                    from as *const u8,
-                                    to as *mut u8,
-                                    piece.len as usize,
-                                )
-                            };
+                            unsafe { physmem::copy(from, to, piece.len as usize) };
                             bounced_bytes.fetch_add(u64::from(piece.len), Ordering::Relaxed);
                         }
                         free.push(piece.page);

@@ -12,6 +12,7 @@
 
 use super::hal::{self, now_us};
 use super::open::{self, Queue};
+use crate::physmem;
 use crate::power;
 use alloc::format;
 use alloc::string::String;
@@ -252,6 +253,7 @@ fn check_last_write(queue: &mut Queue, params: Params, region_sectors: u64) -> R
     };
     let bytes = u64::from(last.sectors) * 512;
     let mut buffer = Buffer::new(BUFFER_PAGES)?;
+    let pages = buffer.access();
     let segments = buffer.layout(0, bytes);
     complete(
         queue,
@@ -263,9 +265,10 @@ fn check_last_write(queue: &mut Queue, params: Params, region_sectors: u64) -> R
             preflush: false,
             segments,
         },
+        pages,
     )?;
     let mut data = alloc::vec![0u8; bytes as usize];
-    Buffer::gather(&buffer.segments, &mut data);
+    pages.gather(&buffer.segments, &mut data);
     if let Some(at) = pattern::first_mismatch(params.seed, 0, last.index, last.sector * 512, &data)
     {
         return Err(format!(
@@ -295,24 +298,67 @@ fn worker(cpu: usize) {
     FINISHED.fetch_add(1, Ordering::AcqRel);
 }
 
-/// Buffers named by physical address, for a device that copies with the CPU (the RAM
-/// disk); DMA devices never call it.
-struct IdentityBuffers;
+/// CPU access to the pages of one `Buffer`, for a device that copies with the CPU (the
+/// RAM disk; DMA devices never call it). Any other address is refused, so the copies
+/// touch only DMA memory this test allocated.
+#[derive(Clone, Copy)]
+struct BufferPages {
+    base: u64,
+    pages: usize,
+}
 
-impl BufferAccess for IdentityBuffers {
-    fn read_buffer(&self, buffer: u64, offset: usize, out: &mut [u8]) -> bool {
-        if offset + out.len() > PAGE as usize {
-            return false;
+impl BufferPages {
+    /// No pages: for requests without data.
+    const NONE: BufferPages = BufferPages { base: 0, pages: 0 };
+
+    /// Physical address of `len` bytes at `offset` of page `buffer`, if that is one of
+    /// these pages and the bytes stay inside it.
+    fn address(&self, buffer: u64, offset: usize, len: usize) -> Option<u64> {
+        let page = buffer.checked_sub(self.base)?;
+        let inside = page.is_multiple_of(PAGE) && page / PAGE < self.pages as u64;
+        (inside && offset.checked_add(len)? <= PAGE as usize).then_some(buffer + offset as u64)
+    }
+
+    /// Copies `data` into the pages along `segments` (which name these pages).
+    fn scatter(&self, segments: &[DmaSegment], data: &[u8]) {
+        let mut at = 0;
+        for s in segments {
+            let len = s.len as usize;
+            let copied = self.write_buffer(s.buffer, s.offset as usize, &data[at..at + len]);
+            assert!(copied, "disktest: segment outside its buffer");
+            at += len;
         }
-        hal::read_physical(buffer + offset as u64, out);
+    }
+
+    /// Copies the pages along `segments` (which name these pages) into `data`.
+    fn gather(&self, segments: &[DmaSegment], data: &mut [u8]) {
+        let mut at = 0;
+        for s in segments {
+            let len = s.len as usize;
+            let copied = self.read_buffer(s.buffer, s.offset as usize, &mut data[at..at + len]);
+            assert!(copied, "disktest: segment outside its buffer");
+            at += len;
+        }
+    }
+}
+
+impl BufferAccess for BufferPages {
+    fn read_buffer(&self, buffer: u64, offset: usize, out: &mut [u8]) -> bool {
+        let Some(address) = self.address(buffer, offset, out.len()) else {
+            return false;
+        };
+        // SAFETY: the bytes lie in a page of this test's DMA buffer (checked above), which
+        // it allocated and owns; `out` is the caller's own memory.
+        unsafe { physmem::read(address, out) };
         true
     }
 
     fn write_buffer(&self, buffer: u64, offset: usize, data: &[u8]) -> bool {
-        if offset + data.len() > PAGE as usize {
+        let Some(address) = self.address(buffer, offset, data.len()) else {
             return false;
-        }
-        hal::write_physical(buffer + offset as u64, data);
+        };
+        // SAFETY: as in `read_buffer`.
+        unsafe { physmem::write(address, data) };
         true
     }
 }
@@ -332,6 +378,14 @@ impl Buffer {
             pages,
             segments: Vec::with_capacity(pages),
         })
+    }
+
+    /// CPU access to this buffer's pages.
+    fn access(&self) -> BufferPages {
+        BufferPages {
+            base: self.base,
+            pages: self.pages,
+        }
     }
 
     /// Segments for `bytes` in one of four layouts, one segment per page as the engine
@@ -365,26 +419,6 @@ impl Buffer {
         &self.segments
     }
 
-    /// Copies `data` into the buffer along `segments`.
-    fn scatter(segments: &[DmaSegment], data: &[u8]) {
-        let mut at = 0;
-        for s in segments {
-            let len = s.len as usize;
-            hal::write_physical(s.buffer + u64::from(s.offset), &data[at..at + len]);
-            at += len;
-        }
-    }
-
-    /// Copies the buffer along `segments` into `data`.
-    fn gather(segments: &[DmaSegment], data: &mut [u8]) {
-        let mut at = 0;
-        for s in segments {
-            let len = s.len as usize;
-            hal::read_physical(s.buffer + u64::from(s.offset), &mut data[at..at + len]);
-            at += len;
-        }
-    }
-
     /// Segments for `bytes` starting at page `first_page`: one per page, never merged.
     fn segments(&mut self, first_page: usize, bytes: u64) -> &[DmaSegment] {
         self.segments.clear();
@@ -405,10 +439,14 @@ impl Buffer {
 }
 
 /// Submits `request` (retrying while the queue is full) and waits for its completion.
-fn complete(queue: &mut Queue, request: &IoRequest<'_>) -> Result<(), String> {
+fn complete(
+    queue: &mut Queue,
+    request: &IoRequest<'_>,
+    buffers: BufferPages,
+) -> Result<(), String> {
     let start = now_us();
     loop {
-        match queue.submit(request, &IdentityBuffers) {
+        match queue.submit(request, &buffers) {
             Ok(()) => break,
             Err(SubmitError::QueueFull) => {
                 queue.poll_completions(&mut |_| {});
@@ -461,6 +499,7 @@ fn exercise(job: &mut Job) -> Result<QueueReport, String> {
     let mut report = QueueReport::default();
     let mut write = Buffer::new(BUFFER_PAGES)?;
     let mut read = Buffer::new(BUFFER_PAGES)?;
+    let (write_pages, read_pages) = (write.access(), read.access());
     let params = job.params;
     let mut tag = 0u32;
     let mut data = alloc::vec![0u8; MAX_WRITE_BYTES];
@@ -478,7 +517,7 @@ fn exercise(job: &mut Job) -> Result<QueueReport, String> {
         pattern::fill(params.seed, job.index, w.index, w.sector * 512, data);
         // Shapes vary per write; every fourth write carries a pre-flush.
         let segments = write.layout(w.index, bytes);
-        Buffer::scatter(segments, data);
+        write_pages.scatter(segments, data);
         tag += 1;
         complete(
             &mut job.queue,
@@ -490,6 +529,7 @@ fn exercise(job: &mut Job) -> Result<QueueReport, String> {
                 preflush: geometry.flush && w.index % 4 == 3,
                 segments,
             },
+            write_pages,
         )?;
         tag += 1;
         let segments = read.layout(w.index + 1, bytes);
@@ -503,8 +543,9 @@ fn exercise(job: &mut Job) -> Result<QueueReport, String> {
                 preflush: false,
                 segments,
             },
+            read_pages,
         )?;
-        Buffer::gather(&read.segments, data);
+        read_pages.gather(&read.segments, data);
         if let Some(at) =
             pattern::first_mismatch(params.seed, job.index, w.index, w.sector * 512, data)
         {
@@ -517,7 +558,7 @@ fn exercise(job: &mut Job) -> Result<QueueReport, String> {
     }
     if geometry.flush {
         tag += 1;
-        complete(&mut job.queue, &flush_request(tag))?;
+        complete(&mut job.queue, &flush_request(tag), BufferPages::NONE)?;
     }
     info!(
         "disktest: queue {} verified {} writes ({} KiB){}",
@@ -563,6 +604,7 @@ fn discard_tail(queue: &mut Queue, geometry: &Geometry, tag: &mut u32) -> Result
             preflush: false,
             segments: &[],
         },
+        BufferPages::NONE,
     )?;
     info!("disktest: discarded {sectors} sectors at sector {start}");
     Ok(())
@@ -583,6 +625,7 @@ fn reads_at_depth(
         .min(buffer.pages / pages_each)
         .clamp(1, 16);
     let mut free_slots: Vec<usize> = (0..depth).collect();
+    let pages = buffer.access();
     let first_tag = *tag + 1;
     *tag += depth as u32;
     let mut issued = 0u64;
@@ -601,7 +644,7 @@ fn reads_at_depth(
                 preflush: false,
                 segments,
             };
-            match queue.submit(&request, &IdentityBuffers) {
+            match queue.submit(&request, &pages) {
                 Ok(()) => issued += 1,
                 Err(SubmitError::QueueFull) => {
                     free_slots.push(slot);

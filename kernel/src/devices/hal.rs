@@ -3,6 +3,8 @@
 //! and a microsecond clock calibrated against the PIT.
 
 use crate::arch::paging::{self, MapError};
+use crate::physmem;
+use blkdev::DmaRegion;
 use core::sync::atomic::{AtomicU64, Ordering};
 use machine::acpi::{self, EcamWindow};
 use pci::{ConfigAccess, PciAddress};
@@ -25,16 +27,47 @@ fn mmio_flags() -> PageTableFlags {
     flags
 }
 
+/// Device registers mapped uncached by [`map_mmio`]: `len` bytes at virtual `base`.
+/// Only `map_mmio` makes one, so an access inside a window reaches that device's
+/// registers and nothing else.
+#[derive(Clone, Copy, Debug)]
+pub struct MmioWindow {
+    base: u64,
+    len: u64,
+}
+
+impl MmioWindow {
+    const EMPTY: MmioWindow = MmioWindow { base: 0, len: 0 };
+
+    /// Virtual address of the window's first byte.
+    pub fn address(&self) -> u64 {
+        self.base
+    }
+
+    /// Whether the `size`-byte register at virtual `address` lies inside, naturally
+    /// aligned.
+    fn holds(&self, address: u64, size: u64) -> bool {
+        address.is_multiple_of(size)
+            && address
+                .checked_sub(self.base)
+                .and_then(|offset| offset.checked_add(size))
+                .is_some_and(|end| end <= self.len)
+    }
+}
+
 /// Maps `size` bytes of device registers at physical `phys` uncached; returns the
-/// virtual address of `phys`.
-pub fn map_mmio(phys: u64, size: u64) -> Result<u64, MapError> {
+/// window, which starts at the virtual address of `phys`.
+pub fn map_mmio(phys: u64, size: u64) -> Result<MmioWindow, MapError> {
     let first = phys & !(PAGE - 1);
     let pages = (phys + size.max(1)).div_ceil(PAGE) - first / PAGE;
     let virt = NEXT_BAR_VIRT.fetch_add((pages + 1) * PAGE, Ordering::Relaxed);
     for page in 0..pages {
         paging::map_page(virt + page * PAGE, first + page * PAGE, mmio_flags())?;
     }
-    Ok(virt + (phys - first))
+    Ok(MmioWindow {
+        base: virt + (phys - first),
+        len: size,
+    })
 }
 
 /// Configuration space through ports 0xCF8/0xCFC (the first 256 bytes only).
@@ -164,8 +197,8 @@ impl PciConfig {
 /// identity-mapped low 4 GiB, so its addresses are physical (bus) addresses. Set-up only:
 /// never freed.
 pub fn allocate_dma(pages: usize) -> Option<u64> {
-    let layout =
-        core::alloc::Layout::from_size_align(pages.max(1) * PAGE as usize, PAGE as usize).ok()?;
+    let bytes = pages.max(1).checked_mul(PAGE as usize)?;
+    let layout = core::alloc::Layout::from_size_align(bytes, PAGE as usize).ok()?;
     // SAFETY: the layout has a non-zero size.
     let memory = unsafe { alloc::alloc::alloc_zeroed(layout) };
     (!memory.is_null()).then_some(memory as u64)
@@ -218,93 +251,145 @@ pub fn delay_us(micros: u64) {
     }
 }
 
-/// Register and DMA access for the drivers. NVMe registers are offsets into BAR 0,
-/// mapped at `registers`; virtio names mapped addresses directly.
+/// Register and DMA access for the drivers. Registers are reached only inside the
+/// windows the device was given (checked per access: a register outside them is a
+/// driver bug, and it panics rather than touch whatever lies there).
 #[derive(Clone, Copy)]
 pub struct DeviceHal {
-    pub registers: u64,
+    windows: [MmioWindow; 3],
 }
 
-impl nvme::Hal for DeviceHal {
+impl DeviceHal {
+    /// For an NVMe controller: register offsets count from the start of `registers`
+    /// (BAR 0 from offset 0).
+    pub fn nvme(registers: MmioWindow) -> Self {
+        DeviceHal {
+            windows: [registers, MmioWindow::EMPTY, MmioWindow::EMPTY],
+        }
+    }
+
+    /// For a virtio device: registers are named by address, inside one of its mapped
+    /// capability windows (common, notify, device).
+    pub fn virtio(windows: [MmioWindow; 3]) -> Self {
+        DeviceHal { windows }
+    }
+
+    /// `address` when the `size`-byte register there lies in one of the windows.
+    #[inline]
+    #[track_caller]
+    fn register(&self, address: u64, size: u64) -> u64 {
+        if !self.windows.iter().any(|w| w.holds(address, size)) {
+            outside_windows(address, size);
+        }
+        address
+    }
+}
+
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn outside_windows(address: u64, size: u64) -> ! {
+    panic!("device register of {size} bytes at {address:#x} is outside the mapped windows")
+}
+
+// SAFETY: register offsets are checked against BAR 0's window (`register`), and the
+// completion words are read through `DmaRegion::span` and an alignment check; the
+// `blkdev::Dma` promises are kept below.
+unsafe impl nvme::Hal for DeviceHal {
     fn read_register(&self, offset: usize) -> u32 {
-        // SAFETY: BAR 0 is mapped uncached at `registers` and covers the controller's
-        // registers and doorbells (checked against the BAR size when mapping).
-        unsafe { core::ptr::read_volatile((self.registers + offset as u64) as *const u32) }
+        let address = self.register(self.windows[0].base.wrapping_add(offset as u64), 4);
+        // SAFETY: a register inside the controller's BAR 0 window (checked), which
+        // `map_mmio` mapped uncached: the access reaches the device only.
+        unsafe { core::ptr::read_volatile(address as *const u32) }
     }
 
     fn write_register(&self, offset: usize, value: u32) {
+        let address = self.register(self.windows[0].base.wrapping_add(offset as u64), 4);
         // SAFETY: as in `read_register`.
-        unsafe { core::ptr::write_volatile((self.registers + offset as u64) as *mut u32, value) }
+        unsafe { core::ptr::write_volatile(address as *mut u32, value) }
     }
 
-    fn read_dma_u32(&self, address: u64) -> u32 {
-        // SAFETY: the driver reads only DMA memory it allocated (identity mapped);
-        // volatile because the device writes it behind the compiler's back.
-        unsafe { core::ptr::read_volatile(address as *const u32) }
+    fn read_dma_u32(&self, region: DmaRegion, offset: u64) -> u32 {
+        let address = aligned(region.span(offset, 4), 4);
+        // SAFETY: 4 aligned bytes inside `region` (checked), DMA memory `allocate_dma`
+        // handed out and the driver owns.
+        unsafe { physmem::load_u32(address) }
     }
 }
 
-impl blkdev::Dma for DeviceHal {
-    fn allocate_dma(&self, pages: usize) -> Option<u64> {
-        allocate_dma(pages)
+/// `address`, which must be a multiple of `size` (for a volatile load of that width).
+#[inline]
+#[track_caller]
+fn aligned(address: u64, size: u64) -> u64 {
+    assert!(address.is_multiple_of(size), "unaligned DMA load");
+    address
+}
+
+// SAFETY: `allocate_dma` hands out fresh zeroed heap pages, contiguous and page-aligned,
+// identity mapped below 4 GiB (so the physical address is the bus address), used by
+// nothing else and never freed; the copies reach only the bytes `DmaRegion::span`
+// allows, through `physmem`, whose fences order them; `delay_us` spins on the TSC.
+unsafe impl blkdev::Dma for DeviceHal {
+    fn allocate_dma(&self, pages: usize) -> Option<DmaRegion> {
+        let address = allocate_dma(pages)?;
+        // SAFETY: `allocate_dma` just allocated these `pages` (see the impl's comment).
+        Some(unsafe { DmaRegion::new(address, pages as u64 * PAGE) })
     }
-    fn read_dma(&self, address: u64, out: &mut [u8]) {
-        read_physical(address, out)
+    fn read_dma(&self, region: DmaRegion, offset: u64, out: &mut [u8]) {
+        let address = region.span(offset, out.len() as u64);
+        // SAFETY: the bytes lie inside `region` (checked): DMA memory `allocate_dma`
+        // handed out, which the driver owns; `out` is its own buffer.
+        unsafe { physmem::read(address, out) }
     }
-    fn write_dma(&self, address: u64, data: &[u8]) {
-        write_physical(address, data)
+    fn write_dma(&self, region: DmaRegion, offset: u64, data: &[u8]) {
+        let address = region.span(offset, data.len() as u64);
+        // SAFETY: as in `read_dma`.
+        unsafe { physmem::write(address, data) }
     }
     fn delay_us(&self, micros: u64) {
         delay_us(micros)
     }
 }
 
-impl virtio::Hal for DeviceHal {
+// SAFETY: register addresses are checked against the capability windows (`register`),
+// and the used index is read through `DmaRegion::span` and an alignment check; the
+// `blkdev::Dma` promises are kept above.
+unsafe impl virtio::Hal for DeviceHal {
     fn read8(&self, address: u64) -> u8 {
-        // SAFETY: `address` lies in a virtio capability window the kernel mapped uncached
-        // (see `devices::virtio`), inside the BAR the capability names.
+        let address = self.register(address, 1);
+        // SAFETY: a register inside one of the device's capability windows (checked),
+        // which `map_mmio` mapped uncached: the access reaches the device only.
         unsafe { core::ptr::read_volatile(address as *const u8) }
     }
     fn read16(&self, address: u64) -> u16 {
+        let address = self.register(address, 2);
         // SAFETY: as in `read8`.
         unsafe { core::ptr::read_volatile(address as *const u16) }
     }
     fn read32(&self, address: u64) -> u32 {
+        let address = self.register(address, 4);
         // SAFETY: as in `read8`.
         unsafe { core::ptr::read_volatile(address as *const u32) }
     }
     fn write8(&self, address: u64, value: u8) {
+        let address = self.register(address, 1);
         // SAFETY: as in `read8`.
         unsafe { core::ptr::write_volatile(address as *mut u8, value) }
     }
     fn write16(&self, address: u64, value: u16) {
+        let address = self.register(address, 2);
         // SAFETY: as in `read8`.
         unsafe { core::ptr::write_volatile(address as *mut u16, value) }
     }
     fn write32(&self, address: u64, value: u32) {
+        let address = self.register(address, 4);
         // SAFETY: as in `read8`.
         unsafe { core::ptr::write_volatile(address as *mut u32, value) }
     }
-    fn read_dma_u16(&self, address: u64) -> u16 {
-        // SAFETY: the driver reads only its own identity-mapped DMA memory; volatile
-        // because the device writes it behind the compiler's back.
-        unsafe { core::ptr::read_volatile(address as *const u16) }
+    fn read_dma_u16(&self, region: DmaRegion, offset: u64) -> u16 {
+        let address = aligned(region.span(offset, 2), 2);
+        // SAFETY: 2 aligned bytes inside `region` (checked), DMA memory `allocate_dma`
+        // handed out and the driver owns.
+        unsafe { physmem::load_u16(address) }
     }
-}
-
-/// Copies from identity-mapped physical memory the caller owns.
-pub fn read_physical(address: u64, out: &mut [u8]) {
-    assert!(address + out.len() as u64 <= paging::IDENTITY_MAPPED_LIMIT);
-    // SAFETY: below 4 GiB physical memory is identity mapped; drivers pass only DMA
-    // memory they allocated or buffers they were handed for I/O.
-    unsafe { core::ptr::copy_nonoverlapping(address as *const u8, out.as_mut_ptr(), out.len()) };
-    core::sync::atomic::compiler_fence(Ordering::Acquire);
-}
-
-/// Copies into identity-mapped physical memory the caller owns.
-pub fn write_physical(address: u64, data: &[u8]) {
-    assert!(address + data.len() as u64 <= paging::IDENTITY_MAPPED_LIMIT);
-    core::sync::atomic::compiler_fence(Ordering::Release);
-    // SAFETY: as in `read_physical`.
-    unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), address as *mut u8, data.len()) };
 }

@@ -226,7 +226,7 @@ pub fn map_memory_bar(
     index: u8,
     offset: u64,
     len: u64,
-) -> Result<u64, String> {
+) -> Result<hal::MmioWindow, String> {
     let (address, size) = memory_bar(pci, function, index)?;
     if len == 0 || offset.checked_add(len).is_none_or(|end| end > size) {
         return Err(format!(
@@ -265,7 +265,7 @@ fn bring_up_nvme(
     pci::enable_memory_and_dma(pci.access(), function.address);
     let fail = |what: &str, e: nvme::NvmeError| format!("nvme {}: {what}: {e}", function.address);
     let mut controller =
-        nvme::Controller::init(DeviceHal { registers }, nvme::InitConfig::default())
+        nvme::Controller::init(DeviceHal::nvme(registers), nvme::InitConfig::default())
             .map_err(|e| fail("bring-up", e))?;
     let wanted = (crate::smp::online_count() * NVME_QUEUES_PER_CPU).min(usize::from(u16::MAX - 1));
     controller

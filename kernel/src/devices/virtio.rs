@@ -1,7 +1,7 @@
 //! virtio-blk over the modern PCI transport: find the capability windows, map their
 //! BARs, bring the device up with one virtqueue per CPU (as many as it offers).
 
-use super::hal::{DeviceHal, PciConfig};
+use super::hal::{DeviceHal, MmioWindow, PciConfig};
 use super::open::{map_memory_bar, OpenedDisk, Queue};
 use alloc::boxed::Box;
 use alloc::format;
@@ -33,24 +33,25 @@ pub fn open(
         ));
     };
     // Each window is mapped on its own (map_memory_bar checks it lies in its BAR).
-    let window = |cap: VirtioCap| -> Result<u64, String> {
+    let window = |cap: VirtioCap| -> Result<MmioWindow, String> {
         let offset = u64::from(cap.offset);
         map_memory_bar(pci, &function, cap.bar, offset, u64::from(cap.length))
     };
+    let windows = [window(common)?, window(notify)?, window(device)?];
     let regions = PciRegions {
-        common: window(common)?,
-        notify: window(notify)?,
+        common: windows[0].address(),
+        notify: windows[1].address(),
         notify_multiplier: match notify.kind {
             VirtioCapKind::Notify { multiplier } => multiplier,
             _ => 0,
         },
-        device: window(device)?,
+        device: windows[2].address(),
     };
     pci::enable_memory_and_dma(pci.access(), function.address);
     let fail =
         |what: &str, e: virtio::VirtioError| format!("virtio {}: {what}: {e}", function.address);
     let mut blk =
-        VirtioBlk::init(DeviceHal { registers: 0 }, regions).map_err(|e| fail("bring-up", e))?;
+        VirtioBlk::init(DeviceHal::virtio(windows), regions).map_err(|e| fail("bring-up", e))?;
     let config = *blk.config();
     let count = wanted_queues.min(usize::from(config.num_queues)).max(1);
     let mut queues: Vec<Queue> = Vec::new();

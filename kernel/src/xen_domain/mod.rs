@@ -58,9 +58,8 @@ fn failed(what: &'static str) -> impl FnOnce(XenError) -> InitError {
 /// A zeroed frame, owned by the domain for good.
 fn zeroed_frame() -> Result<u64, InitError> {
     let frame = crate::mm::allocate_frame().map_err(|_| InitError::NoFrame)?;
-    debug_assert!(frame + 4096 <= IDENTITY_MAPPED_LIMIT);
-    // SAFETY: a fresh frame from the allocator, identity mapped, used by nobody else.
-    unsafe { core::ptr::write_bytes(frame as *mut u8, 0, 4096) };
+    // SAFETY: a fresh frame from the allocator, used by nobody else.
+    unsafe { crate::physmem::zero(frame, 4096) };
     Ok(frame)
 }
 
