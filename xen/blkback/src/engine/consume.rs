@@ -4,7 +4,6 @@
 
 use blkdev::BlockDevice;
 
-use super::mapping::{MAP_PENDING, NO_ENTRY};
 use super::slots::{Slot, Work};
 use super::{worth_logging, Engine, EngineState, EventChannel};
 use crate::abi::{self, SEGMENT_SIZE};
@@ -150,22 +149,19 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         self.flush_staged();
         self.mapper
             .reserve_unmaps(pages, &mut self.grants, &mut self.stats);
-        let mut cache_entries = [NO_ENTRY; abi::MAX_INDIRECT_PAGES];
         for (page, &gref) in request.indirect_grefs[..pages].iter().enumerate() {
-            cache_entries[page] = self.mapper.stage_page(page, gref);
+            // Like data pages: blkfront reuses its persistently granted pages for
+            // descriptors too. Transient ones are only read.
+            let index = self.mapper.indirect_page(page);
+            self.mapper.acquire(index, gref, false);
         }
-        let mut transient = [Err(MAP_PENDING); abi::MAX_INDIRECT_PAGES];
-        self.mapper
-            .map_pages(&mut self.grants, &mut self.stats, &mut transient);
+        if self.mapper.has_maps() {
+            self.mapper.map_batch(&mut self.grants, &mut self.stats);
+        }
         let mut outcome = Ok(());
         for page in 0..pages {
-            let entry = cache_entries[page];
-            let mapped = if entry != NO_ENTRY {
-                self.mapper.cached_grant(entry)
-            } else {
-                transient[page]
-            };
-            match mapped {
+            let index = self.mapper.indirect_page(page);
+            match self.mapper.resolve_one(index) {
                 Ok(grant) if outcome.is_ok() => {
                     let first = page * abi::SEGMENTS_PER_INDIRECT_PAGE;
                     let descs = &mut self.slots.descs_mut(slot, total)[first..];
@@ -175,7 +171,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
                 Err(status) => outcome = Err(RequestError::GrantFailed(status)),
             }
             // The copy is all we need: unpin or unmap the page right away.
-            self.mapper.release_page(entry, mapped);
+            self.mapper.release(index..index + 1);
         }
         outcome
     }

@@ -92,7 +92,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             self.mapper.persistent() || self.slots[slot].work == Work::Data(DataOp::Read);
         for i in self.slots.segments(slot) {
             let gref = self.slots.desc(i).gref;
-            self.mapper.stage_segment(i, gref, writable);
+            self.mapper.acquire(i, gref, writable);
         }
         self.submission.staged.push(slot);
     }
@@ -103,7 +103,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         if self.submission.staged.is_empty() {
             return;
         }
-        self.mapper.map_staged(&mut self.grants, &mut self.stats);
+        self.mapper.map_batch(&mut self.grants, &mut self.stats);
         for n in 0..self.submission.staged.len() {
             let slot = self.submission.staged[n];
             match self.mapper.resolve(self.slots.segments(slot)) {
