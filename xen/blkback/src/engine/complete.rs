@@ -1,0 +1,103 @@
+//! Completion: collect what the device finished, give back grants, answer requests, and
+//! publish the responses (after the unmaps queued before them) with a notification when
+//! the frontend asked for one.
+
+use blkdev::{BlockDevice, Completion, IoStatus};
+
+use super::slots::Slot;
+use super::{worth_logging, Engine, EventChannel};
+use crate::abi;
+use crate::grant::GrantOps;
+use crate::parse::RequestError;
+use crate::ring::{Response, RingMemory};
+
+fn status_code(status: IoStatus) -> i16 {
+    match status {
+        IoStatus::Ok => abi::RSP_OKAY,
+        IoStatus::Error => abi::RSP_ERROR,
+        IoStatus::Unsupported => abi::RSP_EOPNOTSUPP,
+    }
+}
+
+impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D, E> {
+    /// Give back a slot's grants: cached ones are unpinned, transient ones queued for
+    /// the unmap batch.
+    fn release_grants(&mut self, slot: u16) {
+        let segments = self.slots.segments(slot);
+        self.mapper
+            .reserve_unmaps(segments.len(), &mut self.grants, &mut self.stats);
+        self.mapper.release(segments);
+        self.slots[slot].nr_segments = 0;
+    }
+
+    /// Answer a slot and free it. The response becomes visible at the next publish,
+    /// after the unmaps queued before it.
+    fn respond(&mut self, slot: u16, status: i16) {
+        let Slot {
+            id, response_op, ..
+        } = self.slots[slot];
+        if status != abi::RSP_OKAY {
+            self.stats.errors += 1;
+        }
+        self.ring.put_response(Response {
+            id,
+            operation: response_op,
+            status,
+        });
+        self.slots.free(slot);
+    }
+
+    /// A request that holds a slot (and maybe grants) failed before reaching the device.
+    pub(super) fn fail(&mut self, slot: u16, error: RequestError) {
+        if worth_logging(self.stats.errors + 1) {
+            let Slot {
+                id, response_op, ..
+            } = self.slots[slot];
+            log::warn!(
+                "blkback: request id {:#x} op {} failed: {:?}",
+                id,
+                response_op,
+                error
+            );
+        }
+        self.release_grants(slot);
+        self.respond(slot, error.status());
+    }
+
+    pub(super) fn reap_completions(&mut self) -> usize {
+        self.completions.clear();
+        let completions = &mut self.completions;
+        let capacity = completions.capacity();
+        self.device.poll_completions(&mut |completion| {
+            if completions.len() < capacity {
+                completions.push(completion);
+            }
+        });
+        let mut finished = 0;
+        for n in 0..self.completions.len() {
+            let Completion { tag, status } = self.completions[n];
+            if !self.slots.is_submitted(tag) {
+                log::error!("blkback: device completed unknown tag {}", tag);
+                continue;
+            }
+            let slot = tag as u16;
+            self.slots[slot].submitted = false;
+            self.submission.in_flight -= 1;
+            self.release_grants(slot);
+            self.respond(slot, status_code(status));
+            finished += 1;
+        }
+        finished
+    }
+
+    /// Unmap first, then make the responses visible, then notify if asked to.
+    pub(super) fn publish_responses(&mut self) -> bool {
+        self.mapper.flush_unmaps(&mut self.grants, &mut self.stats);
+        if self.ring.push_responses() {
+            self.events.notify();
+            self.stats.notifications += 1;
+            return true;
+        }
+        false
+    }
+}

@@ -1,0 +1,241 @@
+//! Taking requests off the ring: copy each slot out once, parse and check it, give it a
+//! slot (copying indirect descriptors out of their granted pages), and stage its grants;
+//! a request that fails a check is answered at once.
+
+use blkdev::BlockDevice;
+
+use super::slots::{Slot, Work};
+use super::{worth_logging, Engine, EngineState, EventChannel};
+use crate::abi::{self, SEGMENT_SIZE};
+use crate::grant::{GrantOps, MappedGrant, GNTST_GENERAL_ERROR};
+use crate::parse::{
+    check_data_access, check_discard, parse_request, DataOp, DirectRequest, DiscardRequest,
+    IndirectRequest, Rejected, Request, RequestError, SegmentDesc,
+};
+use crate::ring::RingMemory;
+
+impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D, E> {
+    pub(super) fn consume(&mut self, budget: usize) -> usize {
+        let req_prod = self.ring.req_prod();
+        if self.ring.prod_overflows(req_prod) {
+            self.stats.ring_overflows += 1;
+            log::error!(
+                "blkback: frontend produced bogus requests (req_prod {} rsp_prod {} ring {}): halting ring",
+                req_prod,
+                self.ring.rsp_prod_pvt(),
+                self.ring.slots()
+            );
+            self.state = EngineState::Halted;
+            return 0;
+        }
+        let mut consumed = 0;
+        while consumed < budget
+            && self.ring.req_cons() != req_prod
+            && !self.ring.cons_overflows()
+            && self.submission.deferred.is_empty()
+        {
+            let raw = self.ring.take_request();
+            consumed += 1;
+            match parse_request(&raw, self.max_indirect_segments) {
+                Err(rejected) => self.refuse(rejected),
+                Ok(Request::Direct(request)) => self.start_direct(&request),
+                Ok(Request::Indirect(request)) => self.start_indirect(&request),
+                Ok(Request::Discard(request)) => self.start_discard(&request),
+            }
+        }
+        self.flush_staged();
+        consumed
+    }
+
+    /// Answer a request that never got a slot.
+    fn refuse(&mut self, rejected: Rejected) {
+        self.stats.bad_requests += 1;
+        self.stats.errors += 1;
+        if worth_logging(self.stats.bad_requests) {
+            log::warn!(
+                "blkback: refusing request id {:#x} op {}: {:?}",
+                rejected.id,
+                rejected.operation,
+                rejected.error
+            );
+        }
+        self.ring.put_response(rejected.response());
+    }
+
+    /// Refuse a request that already holds a slot but no grants.
+    fn refuse_slot(&mut self, slot: u16, error: RequestError) {
+        let Slot {
+            id, response_op, ..
+        } = self.slots[slot];
+        self.slots.free(slot);
+        self.refuse(Rejected {
+            id,
+            operation: response_op,
+            error,
+        });
+    }
+
+    fn count_request(&mut self, work: Work, nr_sectors: u64) {
+        match work {
+            Work::Data(DataOp::Read) => {
+                self.stats.reads += 1;
+                self.stats.sectors_read += nr_sectors;
+            }
+            Work::Data(DataOp::Write) => {
+                self.stats.writes += 1;
+                self.stats.sectors_written += nr_sectors;
+            }
+            Work::Data(DataOp::Flush | DataOp::Barrier) => {
+                self.stats.flushes += 1;
+                self.stats.sectors_written += nr_sectors;
+            }
+            Work::Discard { .. } => self.stats.discards += 1,
+        }
+    }
+
+    /// A slot for a data request, or the request is refused (cannot happen while the
+    /// ring's consumer check holds, but a refusal beats a panic).
+    fn claim_data_slot(&mut self, id: u64, op: DataOp, sector: u64) -> Option<u16> {
+        let slot = self.slots.alloc(id, op.code(), Work::Data(op), sector);
+        if slot.is_none() {
+            self.refuse(Rejected {
+                id,
+                operation: op.code(),
+                error: RequestError::DeviceRefused,
+            });
+        }
+        slot
+    }
+
+    fn start_direct(&mut self, request: &DirectRequest) {
+        let Some(slot) = self.claim_data_slot(request.id, request.op, request.sector) else {
+            return;
+        };
+        let count = usize::from(request.nr_segments);
+        for (desc, segment) in self
+            .slots
+            .descs_mut(slot, count)
+            .iter_mut()
+            .zip(request.segments())
+        {
+            *desc = segment;
+        }
+        self.stage_checked(slot, count);
+    }
+
+    fn start_indirect(&mut self, request: &IndirectRequest) {
+        self.stats.indirect += 1;
+        let Some(slot) = self.claim_data_slot(request.id, request.op, request.sector) else {
+            return;
+        };
+        self.slots.use_indirect_area(slot);
+        let count = usize::from(request.nr_segments);
+        match self.copy_indirect_segments(slot, request) {
+            Ok(()) => self.stage_checked(slot, count),
+            Err(error) => self.refuse_slot(slot, error),
+        }
+    }
+
+    /// Get the indirect pages mapped (from the persistent cache, or one map batch), copy
+    /// each page's descriptors out once, check them, and let go of the pages.
+    fn copy_indirect_segments(
+        &mut self,
+        slot: u16,
+        request: &IndirectRequest,
+    ) -> Result<(), RequestError> {
+        let pages = request.nr_indirect_pages();
+        let total = usize::from(request.nr_segments);
+        // The batch below must not mix with a staged round.
+        self.flush_staged();
+        self.mapper
+            .reserve_unmaps(pages, &mut self.grants, &mut self.stats);
+        for (page, &gref) in request.indirect_grefs[..pages].iter().enumerate() {
+            // Like data pages: blkfront reuses its persistently granted pages for
+            // descriptors too. Transient ones are only read.
+            let index = self.mapper.indirect_page(page);
+            self.mapper.acquire(index, gref, false);
+        }
+        if self.mapper.has_maps() {
+            self.mapper.map_batch(&mut self.grants, &mut self.stats);
+        }
+        let mut outcome = Ok(());
+        for page in 0..pages {
+            let index = self.mapper.indirect_page(page);
+            match self.mapper.resolve_one(index) {
+                Ok(grant) if outcome.is_ok() => {
+                    let first = page * abi::SEGMENTS_PER_INDIRECT_PAGE;
+                    let descs = &mut self.slots.descs_mut(slot, total)[first..];
+                    outcome = copy_descriptors(&self.grants, grant, &mut self.indirect_page, descs);
+                }
+                Ok(_) => {}
+                Err(status) => outcome = Err(RequestError::GrantFailed(status)),
+            }
+            // The copy is all we need: unpin or unmap the page right away.
+            self.mapper.release(index..index + 1);
+        }
+        outcome
+    }
+
+    /// Check a data request's segments against the device, then queue its grants for
+    /// mapping.
+    fn stage_checked(&mut self, slot: u16, count: usize) {
+        let Slot { work, sector, .. } = self.slots[slot];
+        let Work::Data(op) = work else {
+            unreachable!("data request")
+        };
+        match check_data_access(op, sector, self.slots.descs(slot, count), &self.geometry) {
+            Ok(nr_sectors) => {
+                let entry = &mut self.slots[slot];
+                entry.nr_sectors = nr_sectors;
+                entry.nr_segments = count as u16;
+                self.count_request(work, nr_sectors);
+                self.stage(slot);
+            }
+            Err(error) => self.refuse_slot(slot, error),
+        }
+    }
+
+    fn start_discard(&mut self, request: &DiscardRequest) {
+        let work = Work::Discard {
+            secure: request.secure,
+        };
+        self.count_request(work, 0);
+        let rejected = |error| Rejected {
+            id: request.id,
+            operation: abi::OP_DISCARD,
+            error,
+        };
+        if let Err(error) = check_discard(request, &self.geometry) {
+            return self.refuse(rejected(error));
+        }
+        let Some(slot) = self
+            .slots
+            .alloc(request.id, abi::OP_DISCARD, work, request.sector)
+        else {
+            return self.refuse(rejected(RequestError::DeviceRefused));
+        };
+        self.slots[slot].nr_sectors = request.nr_sectors;
+        self.submit_or_defer(slot);
+    }
+}
+
+/// Copy up to one page of descriptors out of a mapped indirect page (one read through
+/// `page`) into `descs`, checking each.
+fn copy_descriptors<G: GrantOps>(
+    grants: &G,
+    grant: MappedGrant,
+    page: &mut [u8],
+    descs: &mut [SegmentDesc],
+) -> Result<(), RequestError> {
+    let count = descs.len().min(abi::SEGMENTS_PER_INDIRECT_PAGE);
+    let bytes = &mut page[..count * SEGMENT_SIZE];
+    if !grants.read_buffer(grant.buffer, 0, bytes) {
+        return Err(RequestError::GrantFailed(GNTST_GENERAL_ERROR));
+    }
+    for (desc, raw) in descs.iter_mut().zip(bytes.chunks_exact(SEGMENT_SIZE)) {
+        let parsed = SegmentDesc::from_bytes(raw);
+        parsed.check()?;
+        *desc = parsed;
+    }
+    Ok(())
+}

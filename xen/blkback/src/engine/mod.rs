@@ -1,0 +1,286 @@
+//! The per-queue engine: one ring of one frontend, driven by the poller of its vCPU.
+//!
+//! `poll(budget)` consumes at most `budget` requests (each copied out of the ring once,
+//! parsed, checked, its grants mapped in one batch per round), collects what the device
+//! finished, unmaps what must be unmapped, and only then publishes responses and
+//! notifies when the ring macros say so. Everything is allocated in `new`.
+//!
+//! The engine's parts, one file each: `slots` (the slot table and the segment area),
+//! `mapping` (the persistent-grant cache, map and unmap batches, each segment's
+//! mapping), `consume` (ring to slot: parse, check, indirect descriptors), `submit` (map
+//! batch to device, in order) and `complete` (device to response).
+
+use alloc::vec::Vec;
+use blkdev::{BlockDevice, Completion, Geometry};
+
+use crate::abi::{self, MAX_SEGMENTS_PER_REQUEST};
+use crate::grant::GrantOps;
+use crate::parse::RequestError;
+use crate::ring::{BackRing, RingError, RingMemory};
+use crate::stats::RingStats;
+
+mod complete;
+mod consume;
+mod mapping;
+mod slots;
+mod submit;
+
+use mapping::GrantMapper;
+use slots::{segment_area, SlotTable};
+use submit::Submission;
+
+/// Sends an event to the frontend (`EVTCHNOP_send`).
+pub trait EventChannel {
+    fn notify(&mut self);
+}
+
+/// Parameters fixed at connect time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub ring_order: u32,
+    /// The frontend agreed to `feature-persistent`.
+    pub persistent_grants: bool,
+    /// What we advertised as `feature-max-indirect-segments`.
+    pub max_indirect_segments: u16,
+    /// Cap on cached grants; `None` means ring slots × segments per request, the most
+    /// in-flight requests can reference.
+    pub persistent_grant_limit: Option<usize>,
+    /// Refuse writes even if the device takes them (toolstack `mode` "r").
+    pub read_only: bool,
+}
+
+impl EngineConfig {
+    pub fn new(ring_order: u32, persistent_grants: bool) -> Self {
+        Self {
+            ring_order,
+            persistent_grants,
+            max_indirect_segments: abi::MAX_INDIRECT_SEGMENTS,
+            persistent_grant_limit: None,
+            read_only: false,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineState {
+    Running,
+    /// The frontend broke the ring protocol; only in-flight requests are finished.
+    Halted,
+    /// Teardown started: no new requests are taken.
+    Draining,
+    /// Nothing in flight, every grant unmapped.
+    Disconnected,
+}
+
+/// What one `poll` did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PollOutcome {
+    pub consumed: usize,
+    pub completed: usize,
+    pub notified: bool,
+}
+
+impl PollOutcome {
+    pub fn did_work(&self) -> bool {
+        self.consumed > 0 || self.completed > 0
+    }
+}
+
+/// Teardown cannot finish yet: the device still owns requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Busy {
+    pub in_flight: usize,
+}
+
+/// Log the first few occurrences of a frontend fault, then only at powers of two, so a
+/// hostile frontend cannot flood the console.
+fn worth_logging(count: u64) -> bool {
+    count <= 16 || count.is_power_of_two()
+}
+
+/// One ring served by one poller.
+pub struct Engine<M, G, D, E> {
+    ring: BackRing<M>,
+    grants: G,
+    device: D,
+    events: E,
+    geometry: Geometry,
+    max_indirect_segments: u16,
+    state: EngineState,
+    slots: SlotTable,
+    mapper: GrantMapper,
+    submission: Submission,
+    completions: Vec<Completion>,
+    /// Where an indirect page's descriptors are copied to.
+    indirect_page: Vec<u8>,
+    /// An event arrived since the last poll.
+    event_pending: bool,
+    stats: RingStats,
+}
+
+impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D, E> {
+    /// Attach to a mapped ring. All per-ring memory is allocated here.
+    pub fn new(
+        memory: M,
+        grants: G,
+        device: D,
+        events: E,
+        config: EngineConfig,
+    ) -> Result<Self, RingError> {
+        let ring = BackRing::new(memory, config.ring_order)?;
+        let slots = ring.slots() as usize;
+        let max_indirect_segments = config
+            .max_indirect_segments
+            .min((abi::SEGMENTS_PER_INDIRECT_PAGE * abi::MAX_INDIRECT_PAGES) as u16);
+        // Segments one request may carry (11, or the advertised indirect count).
+        let max_segments = MAX_SEGMENTS_PER_REQUEST.max(usize::from(max_indirect_segments));
+        let cache_capacity = if config.persistent_grants {
+            config
+                .persistent_grant_limit
+                .unwrap_or(slots * max_segments)
+        } else {
+            0
+        };
+        // A batch always has room for one whole request.
+        let batch = max_segments.max(256);
+        let mut geometry = device.geometry();
+        geometry.read_only |= config.read_only;
+        Ok(Self {
+            ring,
+            grants,
+            geometry,
+            device,
+            events,
+            max_indirect_segments,
+            state: EngineState::Running,
+            slots: SlotTable::new(slots, max_segments),
+            mapper: GrantMapper::new(
+                config.persistent_grants,
+                cache_capacity,
+                segment_area(slots, max_segments),
+                batch,
+            ),
+            submission: Submission::new(slots, max_segments),
+            completions: Vec::with_capacity(slots),
+            indirect_page: alloc::vec![0; abi::PAGE_SIZE],
+            event_pending: false,
+            stats: RingStats::default(),
+        })
+    }
+
+    pub fn state(&self) -> EngineState {
+        self.state
+    }
+
+    pub fn stats(&self) -> RingStats {
+        RingStats {
+            grants_mapped: self.mapper.mapped() as u64,
+            ..self.stats
+        }
+    }
+
+    /// Requests handed to the device and not finished.
+    pub fn in_flight(&self) -> usize {
+        self.submission.in_flight
+    }
+
+    /// Grants held in the persistent cache right now.
+    pub fn cached_grants(&self) -> usize {
+        self.mapper.cached()
+    }
+
+    /// The most grants the cache may hold.
+    pub fn cache_capacity(&self) -> usize {
+        self.mapper.cache_capacity()
+    }
+
+    pub fn ring(&self) -> &BackRing<M> {
+        &self.ring
+    }
+
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    pub fn grants(&self) -> &G {
+        &self.grants
+    }
+
+    /// One pass: take up to `budget` requests, finish completed ones, publish responses.
+    pub fn poll(&mut self, budget: usize) -> PollOutcome {
+        self.stats.polls += 1;
+        let mut consumed = 0;
+        if matches!(self.state, EngineState::Running | EngineState::Halted) {
+            // Requests accepted before a halt still go to the device.
+            self.retry_deferred();
+        }
+        if self.state == EngineState::Running && self.submission.deferred.is_empty() {
+            consumed = self.consume(budget);
+        }
+        let completed = self.reap_completions();
+        let notified = self.publish_responses();
+        if consumed == 0 && completed == 0 {
+            self.stats.empty_polls += 1;
+            if self.event_pending {
+                self.stats.spurious_events += 1;
+            }
+        }
+        self.event_pending = false;
+        PollOutcome {
+            consumed,
+            completed,
+            notified,
+        }
+    }
+
+    /// The ring's event channel fired (call before the next `poll`): a poll that then
+    /// finds nothing counts the event as spurious.
+    pub fn event_received(&mut self) {
+        self.stats.events += 1;
+        self.event_pending = true;
+    }
+
+    /// Before blocking: re-arm `req_event` and look once more
+    /// (`RING_FINAL_CHECK_FOR_REQUESTS`). True means nothing is pending and the poller
+    /// may sleep until the event channel (or the device) wakes it.
+    pub fn prepare_to_sleep(&mut self) -> bool {
+        if self.state != EngineState::Running {
+            return true;
+        }
+        self.submission.deferred.is_empty() && !self.ring.final_check_for_requests()
+    }
+
+    /// Stop taking requests, fail the ones the device never accepted, finish the rest
+    /// and unmap every grant. Returns `Busy` while the device still owns requests: call
+    /// again later (poll the device meanwhile through this call). Idempotent.
+    pub fn disconnect(&mut self) -> Result<(), Busy> {
+        if self.state == EngineState::Disconnected {
+            return Ok(());
+        }
+        self.state = EngineState::Draining;
+        self.flush_staged();
+        while let Some(slot) = self.submission.deferred.pop() {
+            self.fail(slot, RequestError::DeviceRefused);
+        }
+        self.reap_completions();
+        self.publish_responses();
+        if self.submission.in_flight > 0 {
+            return Err(Busy {
+                in_flight: self.submission.in_flight,
+            });
+        }
+        self.mapper.unmap_all(&mut self.grants, &mut self.stats);
+        self.state = EngineState::Disconnected;
+        Ok(())
+    }
+
+    /// Give back the ring memory, grant, device and event handles (after `disconnect`).
+    pub fn into_parts(self) -> (M, G, D, E) {
+        (
+            self.ring.into_memory(),
+            self.grants,
+            self.device,
+            self.events,
+        )
+    }
+}
