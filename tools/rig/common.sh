@@ -84,7 +84,14 @@ scenario_list() {
 # assignable (tests/xen/lib.sh), an NVMe controller with two namespaces and a virtio-blk
 # disk with two queues that goes through the IOMMU (iommu_platform: without it QEMU's
 # virtio would DMA to outer-guest-physical addresses, which are not the driver domain's).
-# passthrough_qemu_args DIR: sets PASSTHROUGH_ARGS, with fresh sparse disk files in DIR.
+# passthrough_qemu_args DIR: sets PASSTHROUGH_ARGS, with fresh sparse disk files in DIR,
+# and PASSTHROUGH_XEN_ARGS for Xen's command line: iommu=no-sharept. Xen shares its p2m
+# with VT-d when it thinks the CPU has EPT ("Intel VT-d Shared EPT tables enabled"), but
+# the TCG CPU runs SVM: the VT-d then walks NPT-format tables and no IOTLB flush follows a
+# p2m change, so once a grant-mapped frame was unmapped and the same guest-physical page
+# mapped to another grant, the device kept DMAing to the old frame (measured: fio verify
+# read other blocks' data, a rebooted guest's kernel was overwritten). Separate VT-d
+# tables are flushed on every map and unmap. Real hardware has EPT with VT-d.
 PASSTHROUGH_DISK_MIB=256
 PASSTHROUGH_NVME_BDF=0000:00:10.0
 PASSTHROUGH_VIRTIO_BDF=0000:00:11.0
@@ -92,6 +99,7 @@ passthrough_qemu_args() {
   local dir=$1
   truncate -s "${PASSTHROUGH_DISK_MIB}M" "$dir/pt-nvme-ns1.img" "$dir/pt-nvme-ns2.img" \
     "$dir/pt-virtio.img"
+  PASSTHROUGH_XEN_ARGS="iommu=no-sharept "
   PASSTHROUGH_ARGS=(
     -device intel-iommu,intremap=on
     -drive "file=$dir/pt-nvme-ns1.img,format=raw,if=none,id=ptns1"

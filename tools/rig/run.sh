@@ -106,6 +106,7 @@ tar -cf "$work/in.img" -C "$work/in" .
 truncate -s 64M "$work/out.img"
 # The passed-through disks start empty (sparse) every run.
 PASSTHROUGH_ARGS=()
+PASSTHROUGH_XEN_ARGS=
 [ "$(scenario_field "$file" devices)" = passthrough ] && passthrough_qemu_args "$work"
 
 serial=$results/serial.log
@@ -119,7 +120,7 @@ timeout --kill-after=10 "$qemu_timeout" "$qemu" "${QEMU_FIRMWARE_ARGS[@]}" \
   "${PASSTHROUGH_ARGS[@]}" \
   -display none -monitor none -serial "file:$serial" -no-reboot \
   -kernel "$images/xen" \
-  -append "console=com1 com1=115200,8n1 ${XEN_EXTRA_ARGS:-}dom0_mem=1024M,max:1024M dom0_max_vcpus=1 dom0_vcpus_pin loglvl=all guest_loglvl=all" \
+  -append "console=com1 com1=115200,8n1 ${PASSTHROUGH_XEN_ARGS}${XEN_EXTRA_ARGS:-}dom0_mem=1024M,max:1024M dom0_max_vcpus=1 dom0_vcpus_pin loglvl=all guest_loglvl=all" \
   -initrd "$images/vmlinuz console=hvc0 earlyprintk=xen loglevel=4 rig.scenario=$scenario rig.timeout=$budget rig.runtime=$runtime ${scenario_args:-},$images/dom0.cpio.zst" \
   -drive "file=$work/in.img,format=raw,if=none,id=rigin,readonly=on" \
   -device virtio-blk-pci,drive=rigin,serial=rig-in \
