@@ -111,9 +111,9 @@ def write_run(root: Path, rounds: int = 2, systems=("linux-dom0", "blkdom")) -> 
                             f"wr_req={values['writes']} oo_req=0 f_req=0 ds_req=0")
                     elif system in ("blkdom", "blkdom-pt"):
                         counters.append(
-                            f"{edge} {job} blkdom-stats uptime=50.0 queues=1 "
-                            f"reads={values['reads']} writes={values['writes']} flushes=0 "
-                            f"grants-mapped=300 map-batches={values['map']} "
+                            f"{edge} {job} blkdom-stats uptime=50.0 queues=1 oo_req=0 "
+                            f"rd_req={values['reads']} wr_req={values['writes']} f_req=0 "
+                            f"ds_req=0 grants-mapped=300 map-batches={values['map']} "
                             f"unmap-batches={values['unmap']} "
                             f"notifications={values['notify']} events={values['notify'] // 2}")
                         counters.append(
@@ -176,10 +176,34 @@ class ReportTest(unittest.TestCase):
         self.assertAlmostEqual(ours["events_per_s"]["median"], 1600 / 4, delta=1)
         self.assertAlmostEqual(ours["poller_loops_per_request"]["median"], 3.0, places=2)
         self.assertAlmostEqual(ours["poller_sleeps_per_s"]["median"], 160, delta=1)
+        # rd_req, wr_req, f_req and ds_req, named as Linux blkback's: the same sum for both.
+        row = next(r for r in report.load_nested(self.nested)["runs"]
+                   if r["system"] == "blkdom" and r["round"] == 1
+                   and r["job"] == "fio-randread-4k-qd32-1j")
+        self.assertEqual(row["backend_requests"], 1400 * (RUNTIME + RAMP))
+        self.assertEqual(row["backend_oo_req"], 0)
         # Guest interrupts: the last "after" line counts; per second over runtime + ramp.
         linux = entry["systems"]["linux-dom0"]
         self.assertAlmostEqual(linux["guest_irqs_per_s"]["median"], 750 / 2, delta=1)
         self.assertAlmostEqual(linux["guest_irqs_per_io"]["median"], 0.5, places=2)
+
+    def test_blkdom_stats_recorded_under_the_old_names_give_the_same_costs(self):
+        renamed = {"oo_req=": "device-busy=", "rd_req=": "reads=", "wr_req=": "writes=",
+                   "f_req=": "flushes=", "ds_req=": "discards="}
+        for path in self.nested.glob("round-*/blkdom/counters-*"):
+            text = path.read_text()
+            for new_name, old_name in renamed.items():
+                text = text.replace(new_name, old_name)
+            self.assertNotIn("rd_req", text)
+            path.write_text(text)
+        ours = self.summary_of("fio-randread-4k-qd32-1j")["systems"]["blkdom"]
+        self.assertAlmostEqual(ours["hypercalls_per_request"]["median"], 1.0, places=2)
+        row = next(r for r in report.load_nested(self.nested)["runs"]
+                   if r["system"] == "blkdom" and r["round"] == 1
+                   and r["job"] == "fio-randread-4k-qd32-1j")
+        self.assertEqual(row["backend_requests"], 1400 * (RUNTIME + RAMP))
+        self.assertIn("rd_req", row["counters_blkdom_stats"])
+        self.assertNotIn("reads", row["counters_blkdom_stats"])
 
     def test_jobs_in_list_order(self):
         data = report.load_nested(self.nested)

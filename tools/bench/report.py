@@ -111,6 +111,15 @@ def parse_key_values(tokens: list) -> dict:
     return values
 
 
+# Linux blkback's per-vbd counters (sysfs statistics/), which blkdom-stats carries under
+# the same names: the requests of each kind, and oo_req (a request had to wait).
+LINUX_REQUESTS = ("rd_req", "wr_req", "f_req", "ds_req")
+# blkdom-stats recorded before it took the Linux names.
+OLD_BLKDOM_NAMES = {"reads": "rd_req", "writes": "wr_req", "flushes": "f_req",
+                    "discards": "ds_req", "sectors-read": "rd_sect",
+                    "sectors-written": "wr_sect", "device-busy": "oo_req"}
+
+
 def read_counters(path: Path) -> dict:
     """counters-<guest>.txt: 'EDGE JOB SOURCE uptime=T key=value...' per line, into
     {(job, edge, source): {key: number}} (the last line wins)."""
@@ -119,7 +128,10 @@ def read_counters(path: Path) -> dict:
         fields = line.split()
         if len(fields) < 3 or fields[0] not in ("begin", "end"):
             continue
-        edges[(fields[1], fields[0], fields[2])] = parse_key_values(fields[3:])
+        values = parse_key_values(fields[3:])
+        if fields[2] == "blkdom-stats":
+            values = {OLD_BLKDOM_NAMES.get(k, k): v for k, v in values.items()}
+        edges[(fields[1], fields[0], fields[2])] = values
     return edges
 
 
@@ -165,15 +177,12 @@ def derive_costs(row: dict, deltas: dict, source: str) -> None:
     Counter windows include fio's ramp-up second, so costs are per backend request and
     scaled to seconds with fio's IOPS."""
     iops = row["iops"]
-    if source == "linux-vbd":
-        requests = sum(deltas.get(k, 0) for k in ("rd_req", "wr_req", "f_req", "ds_req"))
-        row["backend_requests"] = requests
-        if requests > 0:
-            row["backend_oo_req"] = deltas.get("oo_req", 0)
-        return
-    requests = deltas.get("reads", 0) + deltas.get("writes", 0) + deltas.get("flushes", 0)
+    requests = sum(deltas.get(k, 0) for k in LINUX_REQUESTS)
     row["backend_requests"] = requests
     if requests <= 0:
+        return
+    row["backend_oo_req"] = deltas.get("oo_req", 0)
+    if source == "linux-vbd":
         return
     per_request = {k: v / requests for k, v in deltas.items()
                    if not k.startswith("vcpu") and k not in ("queues", "grants-mapped")}

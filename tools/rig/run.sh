@@ -90,7 +90,7 @@ trap 'rm -rf "$work"' EXIT
 # a scenario needs no image rebuild).
 mkdir -p "$work/in/images" "$work/in/tests" "$work/in/tools"
 cp -r "$REPO_DIR/tests/xen" "$work/in/tests/"
-cp -r "$REPO_DIR/tools/xl" "$work/in/tools/"
+cp -r "$REPO_DIR/tools/xl" "$REPO_DIR/tools/blkdom-stat" "$work/in/tools/"
 # dom0.cpio.zst: also the Linux driver domain's initramfs (tools/xl/linux-dd.cfg).
 cp "$images/vmlinuz" "$images/guest.cpio.zst" "$images/dom0.cpio.zst" "$work/in/images/"
 if [ -n "$blkdom_image" ] && [ -f "$blkdom_image" ]; then

@@ -1,4 +1,8 @@
 //! Per-ring counters, updated by the ring's own poller only (no atomics needed).
+//!
+//! The first seven carry the names and meanings of Linux blkback's per-vbd statistics
+//! (sysfs `.../statistics/{oo_req,rd_req,wr_req,f_req,ds_req,rd_sect,wr_sect}`, summed
+//! over the rings like ours), so tools written for Linux read blkdom's `blkdom-stats`.
 
 /// Declares `RingStats` from one list, so the struct, the sum over rings and the names
 /// shown in xenstore and on the console can never disagree.
@@ -26,15 +30,25 @@ macro_rules! ring_stats {
 }
 
 ring_stats! {
-    reads => "reads",
-    writes => "writes",
-    /// Flush and barrier requests.
-    flushes => "flushes",
-    discards => "discards",
+    /// Submissions put off because the device queue was full (Linux's `oo_req`, which
+    /// counts the times its ring had to wait for a free request slot: blkdom has a slot
+    /// for every ring entry, so the device queue is the resource a request can wait for).
+    device_busy => "oo_req",
+    /// Read requests (Linux's `rd_req`).
+    reads => "rd_req",
+    /// Write requests (Linux's `wr_req`).
+    writes => "wr_req",
+    /// Flush and barrier requests (Linux's `f_req`).
+    flushes => "f_req",
+    /// Discard requests (Linux's `ds_req`).
+    discards => "ds_req",
+    /// 512-byte sectors read (Linux's `rd_sect`).
+    sectors_read => "rd_sect",
+    /// 512-byte sectors written, by writes and by flushes that carry data (Linux's
+    /// `wr_sect`, counted the same way).
+    sectors_written => "wr_sect",
     /// Requests that used indirect descriptors (also counted as read or write).
     indirect => "indirect",
-    sectors_read => "sectors-read",
-    sectors_written => "sectors-written",
     /// Responses with a status other than OKAY.
     errors => "errors",
     /// Requests refused by parsing or validation.
@@ -59,8 +73,6 @@ ring_stats! {
     notifications => "notifications",
     /// Times the frontend's producer index overflowed and the ring was halted.
     ring_overflows => "ring-overflows",
-    /// Submissions put off because the device queue was full.
-    device_busy => "device-busy",
 }
 
 #[cfg(test)]
@@ -84,17 +96,47 @@ mod tests {
         assert_eq!(total.grants_mapped, 6);
         assert_eq!(total.device_busy, 8);
         let names: Vec<_> = total.fields().map(|(name, _)| name).collect();
-        assert_eq!(names.first(), Some(&"reads"));
-        assert_eq!(names.last(), Some(&"device-busy"));
+        assert_eq!(names.last(), Some(&"ring-overflows"));
         assert_eq!(names.len(), 20);
         assert_eq!(
-            total.fields().find(|(name, _)| *name == "writes"),
-            Some(("writes", 4))
+            total.fields().find(|(name, _)| *name == "wr_req"),
+            Some(("wr_req", 4))
+        );
+        assert_eq!(
+            total.fields().find(|(name, _)| *name == "oo_req"),
+            Some(("oo_req", 8))
         );
         let mut seen = std::collections::BTreeSet::new();
         assert!(
             names.iter().all(|name| seen.insert(*name)),
             "duplicate names"
+        );
+    }
+
+    #[test]
+    fn linux_blkback_counters_come_first_under_their_sysfs_names() {
+        let stats = RingStats {
+            device_busy: 1,
+            reads: 2,
+            writes: 3,
+            flushes: 4,
+            discards: 5,
+            sectors_read: 6,
+            sectors_written: 7,
+            ..RingStats::default()
+        };
+        let linux: Vec<_> = stats.fields().take(7).collect();
+        assert_eq!(
+            linux,
+            [
+                ("oo_req", 1),
+                ("rd_req", 2),
+                ("wr_req", 3),
+                ("f_req", 4),
+                ("ds_req", 5),
+                ("rd_sect", 6),
+                ("wr_sect", 7),
+            ]
         );
     }
 }

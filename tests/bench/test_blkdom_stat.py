@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Host tests of tools/blkdom-stat (no Xen needed):
+
+    python3 -m unittest discover -s tests/bench -v
+
+The tool runs with fake xenstore-read, xenstore-list, xl and sleep first on PATH. They
+serve a canned xenstore: a blkdom (domain 1) serving two disks, mq's (2 queues, ring order
+2, persistent grants, 128 MiB) and web's (1 queue, 4 GiB of 4 KiB sectors), whose
+blkdom-stats and pollers' line change at known times of a fake clock that only `sleep`
+moves. The tool's table is checked against the known deltas. When busybox is installed
+the tool runs under its sh too (dom0's shell in the rig).
+"""
+
+import shutil
+import subprocess
+import tempfile
+import unittest
+from pathlib import Path
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "blkdom-stat"
+BE = "/local/domain/1/backend/vbd"
+
+# The fakes read $FAKE/store: "TIME<tab>PATH<tab>VALUE" lines; a path's value at clock T
+# is that of its last line with TIME <= T ($FAKE/clock, moved on by the fake sleep).
+FAKES = {
+    "xenstore-read": r"""#!/bin/sh
+awk -F '\t' -v p="$1" -v t="$(cat "$FAKE/clock")" '
+  $2 == p && $1 <= t { v = $3; found = 1 }
+  END { if (!found) { print "could not read path " p > "/dev/stderr"; exit 1 }; print v }
+' "$FAKE/store"
+""",
+    "xenstore-list": r"""#!/bin/sh
+awk -F '\t' -v p="$1/" '
+  index($2, p) == 1 { c = substr($2, length(p) + 1); sub(/\/.*/, "", c)
+                      if (!(c in seen)) print c; seen[c] = 1 }
+  END { if (!length(seen)) { print "could not list " p > "/dev/stderr"; exit 1 } }
+' "$FAKE/store"
+""",
+    "xl": r"""#!/bin/sh
+[ "$1" = domid ] || { echo "fake xl: only domid" >&2; exit 2; }
+awk -F '\t' -v n="$2" '$2 ~ /^\/local\/domain\/[0-9]+\/name$/ && $3 == n {
+  split($2, part, "/"); print part[4]; found = 1 }
+  END { if (!found) { print "Can'"'"'t get domid of domain name " n > "/dev/stderr"; exit 1 } }
+' "$FAKE/store"
+""",
+    "sleep": """#!/bin/sh
+echo $(( $(cat "$FAKE/clock") + $1 )) > "$FAKE/clock"
+""",
+}
+
+
+def disk_keys(fid: int, devid: int, dev: str, params: str, sectors: int, sector_size: int,
+              frontend: dict) -> dict:
+    be = f"{BE}/{fid}/{devid}"
+    fe = f"/local/domain/{fid}/device/vbd/{devid}"
+    keys = {f"{be}/{k}": v for k, v in {
+        "frontend": fe, "frontend-id": fid, "dev": dev, "params": params, "mode": "w",
+        "state": 4, "sectors": sectors, "sector-size": sector_size,
+        "feature-persistent": 1, "multi-queue-max-queues": 4, "max-ring-page-order": 4,
+        "feature-max-indirect-segments": 512}.items()}
+    keys.update({f"{fe}/{k}": v for k, v in {"state": 4, "protocol": "x86_64-abi",
+                                             **frontend}.items()})
+    return keys
+
+
+STATIC = {
+    "/local/domain/0/name": "Domain-0",
+    "/local/domain/1/name": "blkdom",
+    "/local/domain/3/name": "mq",
+    "/local/domain/4/name": "web",
+    **disk_keys(3, 51712, "xvda", "ram:128M", 262144, 512,
+                {"multi-queue-num-queues": 2, "ring-page-order": 2, "feature-persistent": 1}),
+    **disk_keys(4, 51728, "xvdb", "nvme:1", 8388608, 4096, {"feature-persistent": 0}),
+}
+
+# Counters at each time blkdom rewrites them (clock 0, 1, 6, 11): (mq, web) as
+# (rd_req, rd_sect, wr_req, wr_sect), and the pollers' loop count.
+SNAPSHOTS = [
+    (0, (100, 800, 50, 400), (0, 0, 10, 20480), 1000),
+    # 4 KiB reads and writes on mq, 1 MiB writes on web.
+    (1, (1000, 8000, 500, 4000), (0, 0, 20, 40960), 2000),
+    # +5 s: mq +4000 reads (+32000 sectors), +1000 writes (+8000); web +500 writes of 1 MiB.
+    (6, (5000, 40000, 1500, 12000), (0, 0, 520, 1064960), 3000),
+    # +10 s after clock 1: mq +12000 reads (+96000), +2000 writes; web +2000 writes (1 MiB).
+    (11, (13000, 104000, 2500, 20000), (0, 0, 2020, 4136960), 4000),
+]
+
+
+def stats_line(queues: int, counters: tuple) -> str:
+    rd_req, rd_sect, wr_req, wr_sect = counters
+    return (f"queues={queues} oo_req=3 rd_req={rd_req} wr_req={wr_req} f_req=7 ds_req=0 "
+            f"rd_sect={rd_sect} wr_sect={wr_sect} indirect=0 errors=0 bad-requests=0 "
+            f"polls=99 grants-mapped=300 leaked-pages=0 bounced-bytes=0")
+
+
+def store_lines(snapshots=SNAPSHOTS) -> str:
+    lines = [f"0\t{path}\t{value}" for path, value in STATIC.items()]
+    for time, mq, web, loops in snapshots:
+        lines.append(f"{time}\t{BE}/3/51712/blkdom-stats\t{stats_line(2, mq)}")
+        lines.append(f"{time}\t{BE}/4/51728/blkdom-stats\t{stats_line(1, web)}")
+        lines.append(f"{time}\t/local/domain/1/data/blkdom-pollers\tvcpu0: rings=2 "
+                     f"loops={loops} busy=5 sleeps=9; vcpu1: rings=1 loops={loops} busy=1 "
+                     f"sleeps=8; bounced-bytes=0; mapped-pages=1030")
+    return "\n".join(lines) + "\n"
+
+
+SHELLS = [["sh"]] + ([["busybox", "sh"]] if shutil.which("busybox") else [])
+
+
+class BlkdomStatTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.fake = Path(self.tmp.name)
+        for name, text in FAKES.items():
+            (self.fake / name).write_text(text)
+            (self.fake / name).chmod(0o755)
+        (self.fake / "store").write_text(store_lines())
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_tool(self, *args, shell=("sh",)) -> subprocess.CompletedProcess:
+        (self.fake / "clock").write_text("0\n")
+        env = {"PATH": f"{self.fake}:/usr/bin:/bin", "FAKE": str(self.fake)}
+        return subprocess.run([*shell, str(TOOL), *args], env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    def clock(self) -> int:
+        return int((self.fake / "clock").read_text())
+
+    def rows(self, result) -> dict:
+        """Table rows by guest name, split into columns."""
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = result.stdout.splitlines()
+        self.assertTrue(lines[1].startswith("GUEST "), result.stdout)
+        return {line.split()[0]: line.split() for line in lines[2:-1]}
+
+    def test_table_and_rates_over_five_seconds(self):
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                result = self.run_tool(shell=shell)
+                rows = self.rows(result)
+                lines = result.stdout.splitlines()
+                self.assertEqual(lines[0], "blkdom (domain 1): 2 disk(s), rates over 5 s")
+                self.assertEqual(lines[1].split(), [
+                    "GUEST", "DOMID", "DEVICE", "STATE", "SIZE", "QUEUES", "ORDER",
+                    "PERSIST", "INDIRECT", "R-IOPS", "R-MiB/s", "W-IOPS", "W-MiB/s",
+                    "BACKING"])
+                # 4000 reads and 1000 writes of 4 KiB in 5 s; 500 writes of 1 MiB.
+                self.assertEqual(rows["mq"], ["mq", "3", "xvda", "connected", "128M", "2", "2",
+                                              "yes", "512", "800", "3.1", "200", "0.8",
+                                              "ram:128M"])
+                # sectors are 512-byte units whatever sector-size says: 4 GiB.
+                self.assertEqual(rows["web"], ["web", "4", "xvdb", "connected", "4G", "1", "0",
+                                               "no", "512", "0", "0.0", "100", "100.0",
+                                               "nvme:1"])
+                self.assertEqual(lines[-1], "pollers: rings vcpu0=2 vcpu1=1; "
+                                            "bounced-bytes=0; mapped-pages=1030")
+                # Synchronised on the rewrite at 1, then the one at 6.
+                self.assertEqual(self.clock(), 6)
+
+    def test_longer_interval(self):
+        result = self.run_tool("-i", "10")
+        self.assertIn("rates over 10 s", result.stdout)
+        rows = self.rows(result)
+        self.assertEqual(rows["mq"][9:13], ["1200", "4.7", "200", "0.8"])
+        self.assertEqual(rows["web"][11:13], ["200", "200.0"])
+        self.assertEqual(self.clock(), 11)
+        # Rounded up to blkdom's 5 s period.
+        self.assertIn("rates over 10 s", self.run_tool("-i", "7").stdout)
+
+    def test_one_snapshot(self):
+        result = self.run_tool("-1", "-d", "1")
+        rows = self.rows(result)
+        self.assertEqual(result.stdout.splitlines()[0], "blkdom (domain 1): 2 disk(s)")
+        self.assertEqual(rows["mq"], ["mq", "3", "xvda", "connected", "128M", "2", "2", "yes",
+                                      "512", "ram:128M"])
+        self.assertEqual(self.clock(), 0)
+
+    def test_idle_counters_give_zero_rates_in_bounded_time(self):
+        (self.fake / "store").write_text(store_lines(SNAPSHOTS[:1]))
+        rows = self.rows(self.run_tool())
+        self.assertEqual(rows["mq"][9:13], ["0", "0.0", "0", "0.0"])
+        self.assertEqual(self.clock(), 6 + 4 + 6)
+
+    def test_missing_domain_or_statistics(self):
+        for args, message in ((["-d", "nosuch"], "no domain named 'nosuch'"),
+                              (["-d", "9"], "no domain with id 9"),
+                              (["-d", "Domain-0"], "publishes no blkdom statistics"),
+                              (["-i", "x"], "-i wants whole seconds")):
+            with self.subTest(args=args):
+                result = self.run_tool(*args)
+                self.assertEqual(result.returncode, 1)
+                self.assertIn(message, result.stderr)
+                self.assertEqual(result.stdout, "")
+
+
+if __name__ == "__main__":
+    unittest.main()
