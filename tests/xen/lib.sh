@@ -135,16 +135,17 @@ record_negotiation() {
     sed 's/^/rig: negotiated /'
 }
 
-# watch_domain NAME SECONDS PID FILE: kills PID when domain NAME is gone (two checks in a
-# row) or SECONDS have passed, writing the reason to FILE. Checks every 10 s: each xl call
-# costs dom0 (the baseline's backend) real CPU under TCG.
+# watch_domain NAME SECONDS PID FILE: kills PID when domain NAME is gone (four checks in a
+# row: a guest that reboots is absent while xl re-creates it, which took over 20 s on a
+# loaded machine) or SECONDS have passed, writing the reason to FILE. Checks every 10 s:
+# each xl call costs dom0 (the baseline's backend) real CPU under TCG.
 watch_domain() {
   local name=$1 limit=$2 pid=$3 reason=$4 waited=0 missing=0
   while [ "$waited" -lt "$limit" ]; do
     sleep 10
     waited=$((waited + 10))
     if domid_of "$name" > /dev/null; then missing=0; else missing=$((missing + 1)); fi
-    [ "$missing" -ge 2 ] && { echo "powered off before finishing" > "$reason"; break; }
+    [ "$missing" -ge 4 ] && { echo "powered off before finishing" > "$reason"; break; }
   done
   [ -s "$reason" ] || echo "did not finish within ${limit}s" > "$reason"
   sleep 2   # the console log may still hold the last lines
