@@ -4,6 +4,7 @@
 mod bounce;
 mod disktest;
 mod hal;
+mod nvme;
 pub mod open;
 mod virtio;
 

@@ -1,6 +1,6 @@
 //! From a backing-store name to ready device queues.
 
-use super::hal::{self, DeviceHal, PciConfig};
+use super::hal::{self, PciConfig};
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
@@ -21,11 +21,6 @@ pub struct OpenedDisk {
     /// the guests' pages), summed over its queues; shown in `blkdom-stats`.
     pub bounced_bytes: Arc<AtomicU64>,
 }
-
-/// Bytes of NVMe BAR 0 mapped.
-const NVME_REGISTER_WINDOW: u64 = 64 * 1024;
-/// NVMe submission/completion queue depth per CPU.
-const NVME_QUEUE_ENTRIES: u16 = 256;
 
 /// Choices a caller may make when opening a disk.
 #[derive(Clone, Copy, Debug, Default)]
@@ -66,7 +61,7 @@ pub fn open(
                 .ok_or_else(|| String::from("no NVMe controller on the PCI bus"))?;
             let bounce = options.bounce || emulated_under_xen(&function, &options);
             with_bounce(
-                open_nvme(&pci, function, nsid, wanted_queues, &options)?,
+                super::nvme::open(&pci, function, nsid, wanted_queues, &options)?,
                 bounce,
             )
         }
@@ -202,7 +197,11 @@ pub fn memory_bars(rsdp_paddr: u64) -> Vec<(u64, u64)> {
 }
 
 /// Physical address and size of memory BAR `index` of `function`.
-fn memory_bar(pci: &PciConfig, function: &Function, index: u8) -> Result<(u64, u64), String> {
+pub(super) fn memory_bar(
+    pci: &PciConfig,
+    function: &Function,
+    index: u8,
+) -> Result<(u64, u64), String> {
     let bar = pci::read_bar(pci.access(), function.address, index)
         .map_err(|e| format!("{}: BAR {index}: {e:?}", function.address))?;
     match bar {
@@ -238,97 +237,5 @@ pub fn map_memory_bar(
         .map_err(|e| format!("{}: mapping BAR {index}: {e:?}", function.address))
 }
 
-/// Controllers brought up so far: a controller is reset once, then every disk on it
-/// (each namespace, each open) takes I/O queues from the pool it granted.
-static NVME_CONTROLLERS: spin::Mutex<Vec<(PciAddress, nvme::Controller<DeviceHal>)>> =
-    spin::Mutex::new(Vec::new());
 /// Virtio devices in use: one disk each (opening one again would reset it).
 static VIRTIO_IN_USE: spin::Mutex<Vec<PciAddress>> = spin::Mutex::new(Vec::new());
-/// I/O queue pairs asked of each NVMe controller: room for several disks per CPU.
-const NVME_QUEUES_PER_CPU: usize = 4;
-
-fn bring_up_nvme(
-    pci: &PciConfig,
-    function: &Function,
-) -> Result<nvme::Controller<DeviceHal>, String> {
-    let (_, size) = memory_bar(pci, function, 0)?;
-    if size < 0x2000 {
-        return Err(format!(
-            "{}: BAR 0 of {size} bytes is too small",
-            function.address
-        ));
-    }
-    // Registers and doorbells: 64 KiB holds the doorbells of 8192 queues at the
-    // smallest stride, far more than we ask for.
-    let window = size.min(NVME_REGISTER_WINDOW);
-    let registers = map_memory_bar(pci, function, 0, 0, window)?;
-    pci::enable_memory_and_dma(pci.access(), function.address);
-    let fail = |what: &str, e: nvme::NvmeError| format!("nvme {}: {what}: {e}", function.address);
-    let mut controller =
-        nvme::Controller::init(DeviceHal { registers }, nvme::InitConfig::default())
-            .map_err(|e| fail("bring-up", e))?;
-    let wanted = (crate::smp::online_count() * NVME_QUEUES_PER_CPU).min(usize::from(u16::MAX - 1));
-    controller
-        .request_io_queues(wanted as u16)
-        .map_err(|e| fail("number of queues", e))?;
-    Ok(controller)
-}
-
-fn open_nvme(
-    pci: &PciConfig,
-    function: Function,
-    nsid: u32,
-    wanted_queues: usize,
-    options: &OpenOptions<'_>,
-) -> Result<OpenedDisk, String> {
-    let mut controllers = NVME_CONTROLLERS.lock();
-    let index = match controllers.iter().position(|(a, _)| *a == function.address) {
-        Some(index) => index,
-        None => {
-            let controller = bring_up_nvme(pci, &function)?;
-            controllers.push((function.address, controller));
-            controllers.len() - 1
-        }
-    };
-    let controller = &mut controllers[index].1;
-    let fail = |what: &str, e: nvme::NvmeError| format!("nvme {}: {what}: {e}", function.address);
-    let mut namespace = controller
-        .namespace(nsid)
-        .map_err(|e| fail("namespace", e))?;
-    namespace.sgl &= !options.nvme_prp_only;
-    let count = wanted_queues.min(usize::from(controller.io_queues_left()));
-    if count == 0 {
-        return Err(format!(
-            "nvme {}: every I/O queue the controller granted is in use",
-            function.address
-        ));
-    }
-    let mut queues: Vec<Queue> = Vec::new();
-    for _ in 0..count {
-        let queue = controller
-            .create_io_queue(&namespace, NVME_QUEUE_ENTRIES)
-            .map_err(|e| fail("I/O queue", e))?;
-        queues.push(Box::new(queue));
-    }
-    let granted = count;
-    let identity = controller.identity();
-    let version = controller.version();
-    Ok(OpenedDisk {
-        description: format!(
-            "nvme {} \"{}\" (NVMe {}.{}, serial \"{}\") namespace {}: {} blocks of {} B, {} queue(s) of {}, data by {}",
-            function.address,
-            identity.model_str(),
-            version.major,
-            version.minor,
-            identity.serial_str(),
-            nsid,
-            namespace.blocks,
-            namespace.block_size,
-            granted,
-            NVME_QUEUE_ENTRIES - 1,
-            if namespace.sgl { "PRP and SGL" } else { "PRP only" },
-        ),
-        queues,
-        bounced_bytes: Arc::default(),
-    })
-}
