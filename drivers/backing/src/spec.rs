@@ -93,6 +93,8 @@ impl core::fmt::Display for SpecError<'_> {
     }
 }
 
+impl core::error::Error for SpecError<'_> {}
+
 fn number<'a>(kind: &'static str, text: &'a str) -> Result<u64, SpecError<'a>> {
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return Err(SpecError::BadNumber(kind, text));

@@ -101,6 +101,15 @@ pub trait ConnectionHooks {
     fn disconnect(&mut self) -> Result<(), Busy>;
 }
 
+// `Busy` lives with the engine; it is an error here, where teardown answers it.
+impl core::fmt::Display for Busy {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{} requests in flight", self.in_flight)
+    }
+}
+
+impl core::error::Error for Busy {}
+
 /// What `step` did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StepOutcome {
@@ -123,6 +132,17 @@ pub enum NegotiationError {
     /// A frontend key is missing or invalid.
     Frontend(String),
 }
+
+impl core::fmt::Display for NegotiationError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            NegotiationError::Store(e) => write!(f, "xenstore: {e}"),
+            NegotiationError::Frontend(reason) => f.write_str(reason),
+        }
+    }
+}
+
+impl core::error::Error for NegotiationError {}
 
 impl From<StoreError> for NegotiationError {
     fn from(error: StoreError) -> Self {
