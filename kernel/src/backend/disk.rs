@@ -5,6 +5,7 @@
 //! and the engine and pollers stay one type whatever the device (an enum would have to
 //! name the drivers' queue types, which live behind `devices`).
 
+use super::error::ConnectError;
 use crate::devices::open::{self as device_open, OpenOptions};
 use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
@@ -248,14 +249,11 @@ impl Disk {
     }
 
     /// A queue for a ring of `depth` slots.
-    pub fn take_queue(&mut self, depth: usize) -> Result<DeviceQueue, String> {
+    pub fn take_queue(&mut self, depth: usize) -> Result<DeviceQueue, ConnectError> {
         match self {
             Disk::Ram(disk) => Ok(DeviceQueue(Box::new(disk.queue(depth)))),
-            Disk::Device(device) => device.idle.pop().ok_or_else(|| {
-                format!(
-                    "all {} queues of the device are serving rings",
-                    device.opened
-                )
+            Disk::Device(device) => device.idle.pop().ok_or(ConnectError::AllQueuesServing {
+                opened: device.opened,
             }),
         }
     }

@@ -9,6 +9,7 @@
 pub mod adapters;
 mod control;
 pub mod disk;
+mod error;
 pub mod poller;
 pub mod space;
 mod vbd;

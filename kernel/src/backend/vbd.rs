@@ -5,9 +5,9 @@
 
 use super::adapters::{self, FrontendGrants, Notify, SharedRing};
 use super::disk::Disk;
+use super::error::ConnectError;
 use super::poller::{self, QueueControl, RingMapping, ServedQueue};
 use super::space;
-use alloc::format;
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -41,8 +41,8 @@ fn map_ring(
     frontend: DomId,
     refs: &[u32],
     region: &space::MapRegion,
-) -> Result<RingMapping, String> {
-    let xen = xen_domain::get().ok_or("no Xen platform")?;
+) -> Result<RingMapping, ConnectError> {
+    let xen = xen_domain::get().ok_or(ConnectError::NoXen)?;
     let mut ops: Vec<_> = refs
         .iter()
         .enumerate()
@@ -51,8 +51,10 @@ fn map_ring(
         })
         .collect();
     // All-or-nothing: on failure the pages that did map are unmapped again.
-    xen::grant::map_batch(&xen.hv, &mut ops)
-        .map_err(|e| format!("mapping ring grants {refs:?}: {e:?}"))?;
+    xen::grant::map_batch(&xen.hv, &mut ops).map_err(|error| ConnectError::MapRing {
+        refs: refs.to_vec(),
+        error,
+    })?;
     adapters::count_mapped_pages(ops.len() as i64);
     Ok(RingMapping {
         ops: ops.iter().map(xen::grant::unmap_request).collect(),
@@ -65,10 +67,10 @@ impl VbdHooks {
         connection: &FrontendConnection,
         q: usize,
         cpu: usize,
-    ) -> Result<(), String> {
-        let xen = xen_domain::get().ok_or("no Xen platform")?;
+    ) -> Result<(), ConnectError> {
+        let xen = xen_domain::get().ok_or(ConnectError::NoXen)?;
         let ring = &connection.queues[q];
-        let region = space::alloc().ok_or("no guest-physical map space left for another ring")?;
+        let region = space::alloc().ok_or(ConnectError::NoMapSpace)?;
         let mapping = match map_ring(connection.frontend_id, &ring.ring_refs, &region) {
             Ok(mapping) => mapping,
             Err(e) => {
@@ -87,12 +89,12 @@ impl VbdHooks {
             ring.event_channel,
         ) {
             Ok(port) => port,
-            Err(e) => {
+            Err(error) => {
                 undo(mapping);
-                return Err(format!(
-                    "binding event channel {}: {e:?}",
-                    ring.event_channel
-                ));
+                return Err(ConnectError::BindEventChannel {
+                    port: ring.event_channel,
+                    error,
+                });
             }
         };
         xen.shared.mask(port);
@@ -131,7 +133,7 @@ impl VbdHooks {
             Err(e) => {
                 let _ = xen::evtchn::close(&xen.hv, port);
                 undo(mapping);
-                return Err(format!("ring: {e:?}"));
+                return Err(ConnectError::Ring(e));
             }
         };
         let control = Arc::new(QueueControl::default());
@@ -151,7 +153,9 @@ impl VbdHooks {
 }
 
 impl ConnectionHooks for VbdHooks {
-    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), String> {
+    type Error = ConnectError;
+
+    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), ConnectError> {
         let cpus = crate::smp::online_count().max(1);
         // Devices start on the least loaded poller (single-queue frontends would
         // otherwise all share one vCPU).

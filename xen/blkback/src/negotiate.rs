@@ -93,8 +93,11 @@ pub struct FrontendConnection {
 
 /// What the kernel does when the handshake says so.
 pub trait ConnectionHooks {
+    /// Why a connection failed; its text goes to the backend's `error` node, after
+    /// "connecting rings: ".
+    type Error: core::error::Error;
     /// Map every ring, bind every event channel, start the engines.
-    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), String>;
+    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), Self::Error>;
     /// Stop and free everything of the current connection; `Busy` while requests are in
     /// flight (then it is called again). Must be idempotent: also called with nothing
     /// connected.
@@ -263,10 +266,10 @@ impl BlkifBackend {
     }
 
     /// React to the current frontend state (and to removal of our directory).
-    pub fn step(
+    pub fn step<H: ConnectionHooks + ?Sized>(
         &mut self,
         store: &mut dyn XenStore,
-        hooks: &mut dyn ConnectionHooks,
+        hooks: &mut H,
     ) -> Result<StepOutcome, NegotiationError> {
         if self.removed {
             return Ok(StepOutcome::Removed);
@@ -371,10 +374,10 @@ impl BlkifBackend {
         Ok(StepOutcome::Removed)
     }
 
-    fn connect(
+    fn connect<H: ConnectionHooks + ?Sized>(
         &mut self,
         store: &mut dyn XenStore,
-        hooks: &mut dyn ConnectionHooks,
+        hooks: &mut H,
     ) -> Result<StepOutcome, NegotiationError> {
         let connection = match self.read_frontend(store) {
             Ok(connection) => connection,
