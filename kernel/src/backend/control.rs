@@ -4,12 +4,13 @@
 
 use super::adapters::{self, Store};
 use super::disk::{self, Disk};
+use super::error::AttachError;
 use super::poller;
 use super::space;
 use super::vbd::{backend_params, Vbd, VbdHooks};
 use alloc::collections::BTreeMap;
 use alloc::format;
-use alloc::string::String;
+use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use blkback::negotiate::{BlkifBackend, StepOutcome};
 use blkback::xenstore::{XenStore, NO_TRANSACTION};
@@ -38,7 +39,7 @@ pub struct Control {
     domid: u32,
     vbds: BTreeMap<String, Vbd>,
     /// Devices whose configuration failed (kept so they are not retried on every event).
-    failed: BTreeMap<String, String>,
+    failed: BTreeMap<String, AttachError>,
     store_port: Option<EvtchnPort>,
     next_stats: u64,
     /// A negotiation waits for in-flight requests: step again soon.
@@ -95,11 +96,11 @@ impl Control {
     }
 
     /// Makes the backing store a device asks for, or says why not.
-    fn open_backing(&self, store: &mut Store<'_>, path: &str) -> Result<Disk, String> {
+    fn open_backing(&self, store: &mut Store<'_>, path: &str) -> Result<Disk, AttachError> {
         let params = store
             .read(NO_TRANSACTION, &format!("{path}/params"))
-            .map_err(|e| format!("no params: {e:?}"))?;
-        Disk::open(params.trim(), &self.passed_through(store))
+            .map_err(AttachError::NoParams)?;
+        Disk::open(params.trim(), &self.passed_through(store)).map_err(AttachError::Disk)
     }
 
     /// The PCI devices the toolstack passed through to this domain, where they sit on our
@@ -133,8 +134,9 @@ impl Control {
             Ok(disk) => disk,
             Err(reason) => {
                 log::error!("blkback: {path}: {reason}");
-                let _ = store.write(NO_TRANSACTION, &format!("{path}/hotplug-error"), &reason);
-                let _ = store.write(NO_TRANSACTION, &format!("{path}/error"), &reason);
+                let text = reason.to_string();
+                let _ = store.write(NO_TRANSACTION, &format!("{path}/hotplug-error"), &text);
+                let _ = store.write(NO_TRANSACTION, &format!("{path}/error"), &text);
                 let _ = store.write(NO_TRANSACTION, &format!("{path}/hotplug-status"), "error");
                 self.failed.insert(path, reason);
                 return;
@@ -170,7 +172,7 @@ impl Control {
             }
             Err(e) => {
                 log::error!("blkback: {path}: probe failed: {e:?}");
-                self.failed.insert(path, format!("{e:?}"));
+                self.failed.insert(path, AttachError::Probe(e));
             }
         }
     }

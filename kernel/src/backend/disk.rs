@@ -5,12 +5,12 @@
 //! and the engine and pollers stay one type whatever the device (an enum would have to
 //! name the drivers' queue types, which live behind `devices`).
 
-use super::error::ConnectError;
+use super::error::{ConnectError, DiskError};
 use crate::devices::open::{self as device_open, OpenOptions};
 use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
 use alloc::format;
-use alloc::string::String;
+use alloc::string::{String, ToString};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use backing::{parse_backing, Backing, RamName};
@@ -58,29 +58,28 @@ pub fn set_rsdp(paddr: u64) {
 static NAMED_RAM_DISKS: spin::Mutex<BTreeMap<RamName, RamDisk>> = spin::Mutex::new(BTreeMap::new());
 
 /// A new RAM disk, or the named one again if it exists and no other disk uses it.
-fn open_ram(bytes: u64, name: Option<RamName>) -> Result<RamDisk, String> {
+fn open_ram(bytes: u64, name: Option<RamName>) -> Result<RamDisk, DiskError> {
     let mut named = NAMED_RAM_DISKS.lock();
     if let Some((name, disk)) = name.and_then(|name| Some((name, named.get(&name)?))) {
         let have = disk.geometry().sectors * blkdev::SECTOR_SIZE;
         if have != bytes {
-            return Err(format!(
-                "RAM disk {name} exists with {} KiB, not {} KiB",
-                have >> 10,
-                bytes >> 10
-            ));
+            return Err(DiskError::RamSizeMismatch {
+                name,
+                have_bytes: have,
+                want_bytes: bytes,
+            });
         }
         if disk.handles() > 1 {
-            return Err(format!("RAM disk {name} is in use by another disk"));
+            return Err(DiskError::RamInUse(name));
         }
         return Ok(disk.clone());
     }
     let room = crate::mm::heap_free() as u64;
     if bytes + RAM_DISK_HEADROOM > room {
-        return Err(format!(
-            "ram:{} MiB does not fit: {} MiB of memory free",
-            bytes >> 20,
-            room >> 20
-        ));
+        return Err(DiskError::RamDoesNotFit {
+            bytes,
+            free_bytes: room,
+        });
     }
     let disk = RamDisk::new(bytes / blkdev::SECTOR_SIZE);
     if let Some(name) = name {
@@ -176,15 +175,18 @@ impl Disk {
     /// Makes the backing store `params` names, or says why not (the reason goes to the
     /// vbd's `hotplug-error` node and the console). `passed_through`: the PCI devices the
     /// toolstack gave this domain (the rest are emulated and need bounce buffers).
-    pub fn open(params: &str, passed_through: &[PciAddress]) -> Result<Disk, String> {
+    pub fn open(params: &str, passed_through: &[PciAddress]) -> Result<Disk, DiskError> {
         // xl passes a `target=` spec through unchanged; older toolstacks prefix "phy:".
         let spec = params.strip_prefix("phy:").unwrap_or(params);
-        let backing = parse_backing(spec).map_err(|e| format!("params {params:?}: {e}"))?;
+        let backing = parse_backing(spec).map_err(|e| DiskError::Params {
+            params: params.into(),
+            reason: e.to_string(),
+        })?;
         if let Backing::Ram { bytes, name } = backing {
             return open_ram(bytes, name).map(Disk::Ram);
         }
         if SERVING.lock().contains(&backing) {
-            return Err(format!("{spec} is already serving another disk"));
+            return Err(DiskError::AlreadyServing { spec: spec.into() });
         }
         let device = Self::open_device(spec, backing, passed_through)?;
         SERVING.lock().push(backing);
@@ -196,7 +198,7 @@ impl Disk {
         spec: &str,
         backing: Backing,
         passed_through: &[PciAddress],
-    ) -> Result<OpenDevice, String> {
+    ) -> Result<OpenDevice, DiskError> {
         if let Some(device) = unpark(backing) {
             // The description goes last: log lines are cut at a fixed length.
             log::info!(
@@ -216,13 +218,16 @@ impl Disk {
                 ..OpenOptions::default()
             },
         )
-        .map_err(|e| format!("{spec}: {e}"))?;
+        .map_err(|error| DiskError::Device {
+            spec: spec.into(),
+            error,
+        })?;
         BOUNCE_COUNTERS.lock().push(opened.bounced_bytes.clone());
         let geometry = opened
             .queues
             .first()
             .map(|q| q.geometry())
-            .ok_or_else(|| format!("{spec}: the device gave no queue"))?;
+            .ok_or_else(|| DiskError::NoQueue { spec: spec.into() })?;
         Ok(OpenDevice {
             backing,
             description: opened.description,

@@ -1,11 +1,11 @@
 //! NVMe: bring a controller up once (reset, admin queue, the I/O queue pairs it grants),
 //! then give every disk on it (each namespace, each open) I/O queues from that pool.
 
+use super::error::OpenError;
 use super::hal::{DeviceHal, PciConfig};
 use super::open::{map_memory_bar, memory_bar, OpenOptions, OpenedDisk, Queue};
 use alloc::boxed::Box;
 use alloc::format;
-use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use pci::{Function, PciAddress};
@@ -23,20 +23,27 @@ static NVME_CONTROLLERS: spin::Mutex<Vec<(PciAddress, nvme::Controller<DeviceHal
     spin::Mutex::new(Vec::new());
 
 /// Resets the controller at `function` and asks it for I/O queue pairs.
-fn bring_up(pci: &PciConfig, function: &Function) -> Result<nvme::Controller<DeviceHal>, String> {
+fn bring_up(
+    pci: &PciConfig,
+    function: &Function,
+) -> Result<nvme::Controller<DeviceHal>, OpenError> {
     let (_, size) = memory_bar(pci, function, 0)?;
     if size < 0x2000 {
-        return Err(format!(
-            "{}: BAR 0 of {size} bytes is too small",
-            function.address
-        ));
+        return Err(OpenError::NvmeBarTooSmall {
+            device: function.address,
+            size,
+        });
     }
     // Registers and doorbells: 64 KiB holds the doorbells of 8192 queues at the
     // smallest stride, far more than we ask for.
     let window = size.min(NVME_REGISTER_WINDOW);
     let registers = map_memory_bar(pci, function, 0, 0, window)?;
     pci::enable_memory_and_dma(pci.access(), function.address);
-    let fail = |what: &str, e: nvme::NvmeError| format!("nvme {}: {what}: {e}", function.address);
+    let fail = |step, error| OpenError::Nvme {
+        device: function.address,
+        step,
+        error,
+    };
     let mut controller =
         nvme::Controller::init(DeviceHal { registers }, nvme::InitConfig::default())
             .map_err(|e| fail("bring-up", e))?;
@@ -55,7 +62,7 @@ pub fn open(
     nsid: u32,
     wanted_queues: usize,
     options: &OpenOptions<'_>,
-) -> Result<OpenedDisk, String> {
+) -> Result<OpenedDisk, OpenError> {
     let mut controllers = NVME_CONTROLLERS.lock();
     let index = match controllers.iter().position(|(a, _)| *a == function.address) {
         Some(index) => index,
@@ -66,17 +73,18 @@ pub fn open(
         }
     };
     let controller = &mut controllers[index].1;
-    let fail = |what: &str, e: nvme::NvmeError| format!("nvme {}: {what}: {e}", function.address);
+    let fail = |step, error| OpenError::Nvme {
+        device: function.address,
+        step,
+        error,
+    };
     let mut namespace = controller
         .namespace(nsid)
         .map_err(|e| fail("namespace", e))?;
     namespace.sgl &= !options.nvme_prp_only;
     let count = wanted_queues.min(usize::from(controller.io_queues_left()));
     if count == 0 {
-        return Err(format!(
-            "nvme {}: every I/O queue the controller granted is in use",
-            function.address
-        ));
+        return Err(OpenError::NvmeQueuesInUse(function.address));
     }
     let mut queues: Vec<Queue> = Vec::new();
     for _ in 0..count {

@@ -1,5 +1,6 @@
 //! From a backing-store name to ready device queues.
 
+use super::error::OpenError;
 use super::hal::{self, PciConfig};
 use alloc::boxed::Box;
 use alloc::format;
@@ -42,7 +43,7 @@ pub fn open(
     rsdp_paddr: u64,
     wanted_queues: usize,
     options: OpenOptions<'_>,
-) -> Result<OpenedDisk, String> {
+) -> Result<OpenedDisk, OpenError> {
     let wanted_queues = wanted_queues.max(1);
     match backing {
         Backing::Ram { bytes, .. } => {
@@ -57,8 +58,7 @@ pub fn open(
         }
         Backing::Nvme { nsid } => {
             let pci = PciConfig::find(rsdp_paddr);
-            let function = find(&pci, Function::is_nvme, 0)
-                .ok_or_else(|| String::from("no NVMe controller on the PCI bus"))?;
+            let function = find(&pci, Function::is_nvme, 0).ok_or(OpenError::NoNvme)?;
             let bounce = options.bounce || emulated_under_xen(&function, &options);
             with_bounce(
                 super::nvme::open(&pci, function, nsid, wanted_queues, &options)?,
@@ -68,11 +68,11 @@ pub fn open(
         Backing::Virtio { index } => {
             let pci = PciConfig::find(rsdp_paddr);
             let function = find(&pci, Function::is_virtio_blk, index as usize)
-                .ok_or_else(|| format!("no virtio-blk device number {index} on the PCI bus"))?;
+                .ok_or(OpenError::NoVirtio { index })?;
             let bounce = options.bounce || emulated_under_xen(&function, &options);
             let mut in_use = VIRTIO_IN_USE.lock();
             if in_use.contains(&function.address) {
-                return Err(format!("virtio-blk {} is already in use", function.address));
+                return Err(OpenError::VirtioInUse(function.address));
             }
             let disk = super::virtio::open(&pci, function, wanted_queues)?;
             in_use.push(function.address);
@@ -113,7 +113,7 @@ fn emulated_under_xen(function: &Function, options: &OpenOptions<'_>) -> bool {
 }
 
 /// Puts every queue of `disk` behind bounce buffers when `bounce` says so.
-fn with_bounce(disk: OpenedDisk, bounce: bool) -> Result<OpenedDisk, String> {
+fn with_bounce(disk: OpenedDisk, bounce: bool) -> Result<OpenedDisk, OpenError> {
     if !bounce {
         return Ok(disk);
     }
@@ -124,7 +124,7 @@ fn with_bounce(disk: OpenedDisk, bounce: bool) -> Result<OpenedDisk, String> {
         .map(|queue| {
             super::bounce::BounceQueue::new(queue, bounced_bytes.clone())
                 .map(|q| Box::new(q) as Queue)
-                .ok_or_else(|| String::from("no memory for bounce buffers"))
+                .ok_or(OpenError::NoBounceMemory)
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(OpenedDisk {
@@ -201,18 +201,24 @@ pub(super) fn memory_bar(
     pci: &PciConfig,
     function: &Function,
     index: u8,
-) -> Result<(u64, u64), String> {
-    let bar = pci::read_bar(pci.access(), function.address, index)
-        .map_err(|e| format!("{}: BAR {index}: {e:?}", function.address))?;
+) -> Result<(u64, u64), OpenError> {
+    let device = function.address;
+    let bar =
+        pci::read_bar(pci.access(), device, index).map_err(|error| OpenError::BarUnreadable {
+            device,
+            bar: index,
+            error,
+        })?;
     match bar {
         Some(Bar::Memory { address: 0, .. }) => {
-            Err(format!("{}: BAR {index} is unassigned", function.address))
+            Err(OpenError::BarUnassigned { device, bar: index })
         }
         Some(Bar::Memory { address, size, .. }) => Ok((address, size)),
-        other => Err(format!(
-            "{}: BAR {index} is not a memory BAR ({other:?})",
-            function.address
-        )),
+        found => Err(OpenError::BarNotMemory {
+            device,
+            bar: index,
+            found,
+        }),
     }
 }
 
@@ -225,16 +231,23 @@ pub fn map_memory_bar(
     index: u8,
     offset: u64,
     len: u64,
-) -> Result<u64, String> {
+) -> Result<u64, OpenError> {
+    let device = function.address;
     let (address, size) = memory_bar(pci, function, index)?;
     if len == 0 || offset.checked_add(len).is_none_or(|end| end > size) {
-        return Err(format!(
-            "{}: {len:#x} bytes at {offset:#x} do not fit BAR {index} ({size:#x} bytes)",
-            function.address
-        ));
+        return Err(OpenError::WindowOutsideBar {
+            device,
+            bar: index,
+            offset,
+            len,
+            size,
+        });
     }
-    hal::map_mmio(address + offset, len)
-        .map_err(|e| format!("{}: mapping BAR {index}: {e:?}", function.address))
+    hal::map_mmio(address + offset, len).map_err(|error| OpenError::BarNotMapped {
+        device,
+        bar: index,
+        error,
+    })
 }
 
 /// Virtio devices in use: one disk each (opening one again would reset it).
