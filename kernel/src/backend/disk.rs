@@ -7,6 +7,7 @@
 
 use super::error::{ConnectError, DiskError};
 use crate::devices::open::{self as device_open, OpenOptions};
+use crate::firmware::Firmware;
 use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
 use alloc::format;
@@ -46,11 +47,11 @@ impl BlockDevice for DeviceQueue {
 /// Room kept free next to a RAM disk for rings and engines (tens of MiB at most).
 const RAM_DISK_HEADROOM: u64 = 32 << 20;
 
-/// Where firmware's ACPI tables start (PCI config access is found through them).
-static RSDP_PADDR: AtomicU64 = AtomicU64::new(0);
+/// What firmware's ACPI tables say (PCI config access is found through them).
+static FIRMWARE: spin::Once<Firmware> = spin::Once::new();
 
-pub fn set_rsdp(paddr: u64) {
-    RSDP_PADDR.store(paddr, Ordering::Relaxed);
+pub fn set_firmware(firmware: Firmware) {
+    FIRMWARE.call_once(|| firmware);
 }
 
 /// Named RAM disks (`ram:<size>:<name>`), kept until blkdom stops. Only the control path
@@ -211,7 +212,7 @@ impl Disk {
         let cpus = crate::smp::online_count().max(1);
         let opened = device_open::open(
             backing,
-            RSDP_PADDR.load(Ordering::Relaxed),
+            FIRMWARE.get().expect("set before serving"),
             cpus,
             OpenOptions {
                 passed_through,

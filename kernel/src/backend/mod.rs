@@ -19,8 +19,8 @@ use control::Control;
 use crate::xen_domain;
 
 /// Starts a poller on every other vCPU and runs vCPU 0's (with the control path).
-pub fn serve(hole: machine::frames::PhysRange, rsdp_paddr: u64) -> ! {
-    disk::set_rsdp(rsdp_paddr);
+pub fn serve(hole: machine::frames::PhysRange, firmware: crate::firmware::Firmware) -> ! {
+    disk::set_firmware(firmware);
     let rings = space::init(hole);
     log::info!(
         "blkback: map space {:#x}-{:#x} ({} MiB, {} rings)",

@@ -13,6 +13,7 @@
 use super::error::OpenError;
 use super::hal::{self, now_us};
 use super::open::{self, Queue};
+use crate::firmware::Firmware;
 use crate::power;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
@@ -70,8 +71,8 @@ static RESULTS: spin::Once<Vec<QueueResult>> = spin::Once::new();
 static FINISHED: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs the disk test on `spec` and powers off with its verdict.
-pub fn disk_test(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> ! {
-    let verdict = match run(spec, cmdline, rsdp_paddr) {
+pub fn disk_test(spec: &str, cmdline: &Cmdline, firmware: Firmware) -> ! {
+    let verdict = match run(spec, cmdline, &firmware) {
         Ok(()) => {
             info!("disktest: PASS");
             power::Verdict::Pass
@@ -99,7 +100,7 @@ fn number<T: core::str::FromStr>(
     }
 }
 
-fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), DiskTestError> {
+fn run(spec: &str, cmdline: &Cmdline, firmware: &Firmware) -> Result<(), DiskTestError> {
     let backing = backing::parse_backing(spec).map_err(|e| DiskTestError::Spec {
         spec: spec.into(),
         reason: e.to_string(),
@@ -126,7 +127,7 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), DiskTestErr
         bounce: cmdline.has("disktest.bounce"),
         ..Default::default()
     };
-    let disk = open::open(backing, rsdp_paddr, wanted, options)?;
+    let disk = open::open(backing, firmware, wanted, options)?;
     let geometry = disk.queues[0].geometry();
     let queues = disk.queues.len();
     info!(
@@ -160,14 +161,14 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), DiskTestErr
     let mut second = match backing {
         Backing::Nvme { .. } => {
             let again =
-                open::open(backing, rsdp_paddr, 1, options).map_err(DiskTestError::SecondOpen)?;
+                open::open(backing, firmware, 1, options).map_err(DiskTestError::SecondOpen)?;
             info!(
                 "disktest: a second open got {} more queue(s)",
                 again.queues.len()
             );
             again.queues.into_iter().next()
         }
-        Backing::Virtio { .. } => match open::open(backing, rsdp_paddr, 1, options) {
+        Backing::Virtio { .. } => match open::open(backing, firmware, 1, options) {
             Ok(_) => return Err(DiskTestError::SecondVirtioOpenAccepted),
             Err(why) => {
                 info!("disktest: a second open is refused: {why}");

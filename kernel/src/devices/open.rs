@@ -2,6 +2,7 @@
 
 use super::error::OpenError;
 use super::hal::{self, PciConfig};
+use crate::firmware::Firmware;
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
@@ -40,7 +41,7 @@ pub struct OpenOptions<'a> {
 /// Opens `backing` with up to `wanted_queues` queues.
 pub fn open(
     backing: Backing,
-    rsdp_paddr: u64,
+    firmware: &Firmware,
     wanted_queues: usize,
     options: OpenOptions<'_>,
 ) -> Result<OpenedDisk, OpenError> {
@@ -57,7 +58,7 @@ pub fn open(
             })
         }
         Backing::Nvme { nsid } => {
-            let pci = PciConfig::find(rsdp_paddr);
+            let pci = PciConfig::from_mcfg(firmware.ecam);
             let function = find(&pci, Function::is_nvme, 0).ok_or(OpenError::NoNvme)?;
             let bounce = options.bounce || emulated_under_xen(&function, &options);
             with_bounce(
@@ -66,7 +67,7 @@ pub fn open(
             )
         }
         Backing::Virtio { index } => {
-            let pci = PciConfig::find(rsdp_paddr);
+            let pci = PciConfig::from_mcfg(firmware.ecam);
             let function = find(&pci, Function::is_virtio_blk, index as usize)
                 .ok_or(OpenError::NoVirtio { index })?;
             let bounce = options.bounce || emulated_under_xen(&function, &options);
@@ -165,8 +166,8 @@ fn find(pci: &PciConfig, wanted: fn(&Function) -> bool, index: usize) -> Option<
 /// Every assigned memory BAR of every device (physical address, size): the MMIO that
 /// guest-physical space chosen for other uses (grant mappings) must stay clear of. An
 /// HVM domain has the device model's devices here; a PVH domain has no PCI bus at all.
-pub fn memory_bars(rsdp_paddr: u64) -> Vec<(u64, u64)> {
-    let pci = PciConfig::find(rsdp_paddr);
+pub fn memory_bars(firmware: &Firmware) -> Vec<(u64, u64)> {
+    let pci = PciConfig::from_mcfg(firmware.ecam);
     let mut functions = Vec::new();
     pci::enumerate_tree(pci.access(), pci.first_bus(), &mut |function| {
         if function.header_type == 0 {
