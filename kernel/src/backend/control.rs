@@ -3,9 +3,10 @@
 //! published to xenstore every few seconds, and the report an operator asks for.
 
 use super::adapters::{self, Store};
-use super::disk::{self, Disk};
+use super::disk::Disk;
 use super::error::AttachError;
 use super::poller;
+use super::registry::Registry;
 use super::space;
 use super::vbd::{backend_params, Vbd, VbdHooks};
 use alloc::collections::BTreeMap;
@@ -18,6 +19,7 @@ use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
 use xen::xenstore::Transaction;
 
+use crate::firmware::Firmware;
 use crate::xen_domain;
 
 const VBD_WATCH_TOKEN: &str = "vbd";
@@ -45,10 +47,12 @@ pub struct Control {
     /// A negotiation waits for in-flight requests: step again soon.
     pending_retry: bool,
     first_round: bool,
+    /// Every disk and device opened, and what stays of them between vbds.
+    registry: Registry,
 }
 
 impl Control {
-    pub fn new() -> Option<Control> {
+    pub fn new(firmware: Firmware) -> Option<Control> {
         let xen = xen_domain::get()?;
         let store_port = xen::domain::store_params(&xen.hv).ok().map(|p| p.evtchn);
         let domid =
@@ -77,6 +81,7 @@ impl Control {
             next_stats: 0,
             pending_retry: false,
             first_round: true,
+            registry: Registry::new(firmware),
         })
     }
 
@@ -96,11 +101,14 @@ impl Control {
     }
 
     /// Makes the backing store a device asks for, or says why not.
-    fn open_backing(&self, store: &mut Store<'_>, path: &str) -> Result<Disk, AttachError> {
+    fn open_backing(&mut self, store: &mut Store<'_>, path: &str) -> Result<Disk, AttachError> {
         let params = store
             .read(NO_TRANSACTION, &format!("{path}/params"))
             .map_err(AttachError::NoParams)?;
-        Disk::open(params.trim(), &self.passed_through(store)).map_err(AttachError::Disk)
+        let passed_through = self.passed_through(store);
+        self.registry
+            .open(params.trim(), &passed_through)
+            .map_err(AttachError::Disk)
     }
 
     /// The PCI devices the toolstack passed through to this domain, where they sit on our
@@ -173,6 +181,7 @@ impl Control {
             Err(e) => {
                 log::error!("blkback: {path}: probe failed: {e:?}");
                 self.failed.insert(path, AttachError::Probe(e));
+                self.registry.release(disk);
             }
         }
     }
@@ -210,6 +219,7 @@ impl Control {
                     let _ = store.0.unwatch(&watched, &path);
                 }
                 log::info!("blkback: {path} removed; its backing store is released");
+                self.registry.release(vbd.hooks.disk);
             }
         }
         retry
@@ -252,7 +262,7 @@ impl Control {
             format!(
                 "{}; bounced-bytes={}; mapped-pages={}",
                 pollers.join("; "),
-                disk::bounced_bytes_total(),
+                self.registry.bounced_bytes_total(),
                 adapters::mapped_pages()
             ),
         ));

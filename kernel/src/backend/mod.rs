@@ -11,6 +11,7 @@ mod control;
 pub mod disk;
 mod error;
 pub mod poller;
+mod registry;
 pub mod space;
 mod vbd;
 
@@ -20,7 +21,6 @@ use crate::xen_domain;
 
 /// Starts a poller on every other vCPU and runs vCPU 0's (with the control path).
 pub fn serve(hole: machine::frames::PhysRange, firmware: crate::firmware::Firmware) -> ! {
-    disk::set_firmware(firmware);
     let rings = space::init(hole);
     log::info!(
         "blkback: map space {:#x}-{:#x} ({} MiB, {} rings)",
@@ -35,7 +35,7 @@ pub fn serve(hole: machine::frames::PhysRange, firmware: crate::firmware::Firmwa
         }
     }
     xen_domain::control::listen();
-    let mut control = Control::new();
+    let mut control = Control::new(firmware);
     if control.is_none() {
         log::error!("blkback: no xenstore control path: serving nothing");
     }

@@ -127,7 +127,9 @@ fn run(spec: &str, cmdline: &Cmdline, firmware: &Firmware) -> Result<(), DiskTes
         bounce: cmdline.has("disktest.bounce"),
         ..Default::default()
     };
-    let disk = open::open(backing, firmware, wanted, options)?;
+    // Both opens below go through one `Devices`, as the control path's do.
+    let mut devices = open::Devices::new(*firmware);
+    let disk = devices.open(backing, wanted, options)?;
     let geometry = disk.queues[0].geometry();
     let queues = disk.queues.len();
     info!(
@@ -160,15 +162,16 @@ fn run(spec: &str, cmdline: &Cmdline, firmware: &Firmware) -> Result<(), DiskTes
     // one), a virtio device is refused as in use.
     let mut second = match backing {
         Backing::Nvme { .. } => {
-            let again =
-                open::open(backing, firmware, 1, options).map_err(DiskTestError::SecondOpen)?;
+            let again = devices
+                .open(backing, 1, options)
+                .map_err(DiskTestError::SecondOpen)?;
             info!(
                 "disktest: a second open got {} more queue(s)",
                 again.queues.len()
             );
             again.queues.into_iter().next()
         }
-        Backing::Virtio { .. } => match open::open(backing, firmware, 1, options) {
+        Backing::Virtio { .. } => match devices.open(backing, 1, options) {
             Ok(_) => return Err(DiskTestError::SecondVirtioOpenAccepted),
             Err(why) => {
                 info!("disktest: a second open is refused: {why}");

@@ -19,8 +19,8 @@ const NVME_QUEUES_PER_CPU: usize = 4;
 
 /// Controllers brought up so far: a controller is reset once, then every disk on it
 /// (each namespace, each open) takes I/O queues from the pool it granted.
-static NVME_CONTROLLERS: spin::Mutex<Vec<(PciAddress, nvme::Controller<DeviceHal>)>> =
-    spin::Mutex::new(Vec::new());
+#[derive(Default)]
+pub struct NvmeControllers(Vec<(PciAddress, nvme::Controller<DeviceHal>)>);
 
 /// Resets the controller at `function` and asks it for I/O queue pairs.
 fn bring_up(
@@ -54,64 +54,66 @@ fn bring_up(
     Ok(controller)
 }
 
-/// Namespace `nsid` of the controller at `function` (brought up on its first open),
-/// with up to `wanted_queues` I/O queues.
-pub fn open(
-    pci: &PciConfig,
-    function: Function,
-    nsid: u32,
-    wanted_queues: usize,
-    options: &OpenOptions<'_>,
-) -> Result<OpenedDisk, OpenError> {
-    let mut controllers = NVME_CONTROLLERS.lock();
-    let index = match controllers.iter().position(|(a, _)| *a == function.address) {
-        Some(index) => index,
-        None => {
-            let controller = bring_up(pci, &function)?;
-            controllers.push((function.address, controller));
-            controllers.len() - 1
+impl NvmeControllers {
+    /// Namespace `nsid` of the controller at `function` (brought up on its first open),
+    /// with up to `wanted_queues` I/O queues.
+    pub fn open(
+        &mut self,
+        pci: &PciConfig,
+        function: Function,
+        nsid: u32,
+        wanted_queues: usize,
+        options: &OpenOptions<'_>,
+    ) -> Result<OpenedDisk, OpenError> {
+        let index = match self.0.iter().position(|(a, _)| *a == function.address) {
+            Some(index) => index,
+            None => {
+                let controller = bring_up(pci, &function)?;
+                self.0.push((function.address, controller));
+                self.0.len() - 1
+            }
+        };
+        let controller = &mut self.0[index].1;
+        let fail = |step, error| OpenError::Nvme {
+            device: function.address,
+            step,
+            error,
+        };
+        let mut namespace = controller
+            .namespace(nsid)
+            .map_err(|e| fail("namespace", e))?;
+        namespace.sgl &= !options.nvme_prp_only;
+        let count = wanted_queues.min(usize::from(controller.io_queues_left()));
+        if count == 0 {
+            return Err(OpenError::NvmeQueuesInUse(function.address));
         }
-    };
-    let controller = &mut controllers[index].1;
-    let fail = |step, error| OpenError::Nvme {
-        device: function.address,
-        step,
-        error,
-    };
-    let mut namespace = controller
-        .namespace(nsid)
-        .map_err(|e| fail("namespace", e))?;
-    namespace.sgl &= !options.nvme_prp_only;
-    let count = wanted_queues.min(usize::from(controller.io_queues_left()));
-    if count == 0 {
-        return Err(OpenError::NvmeQueuesInUse(function.address));
+        let mut queues: Vec<Queue> = Vec::new();
+        for _ in 0..count {
+            let queue = controller
+                .create_io_queue(&namespace, NVME_QUEUE_ENTRIES)
+                .map_err(|e| fail("I/O queue", e))?;
+            queues.push(Box::new(queue));
+        }
+        let granted = count;
+        let identity = controller.identity();
+        let version = controller.version();
+        Ok(OpenedDisk {
+            description: format!(
+                "nvme {} \"{}\" (NVMe {}.{}, serial \"{}\") namespace {}: {} blocks of {} B, {} queue(s) of {}, data by {}",
+                function.address,
+                identity.model_str(),
+                version.major,
+                version.minor,
+                identity.serial_str(),
+                nsid,
+                namespace.blocks,
+                namespace.block_size,
+                granted,
+                NVME_QUEUE_ENTRIES - 1,
+                if namespace.sgl { "PRP and SGL" } else { "PRP only" },
+            ),
+            queues,
+            bounced_bytes: Arc::default(),
+        })
     }
-    let mut queues: Vec<Queue> = Vec::new();
-    for _ in 0..count {
-        let queue = controller
-            .create_io_queue(&namespace, NVME_QUEUE_ENTRIES)
-            .map_err(|e| fail("I/O queue", e))?;
-        queues.push(Box::new(queue));
-    }
-    let granted = count;
-    let identity = controller.identity();
-    let version = controller.version();
-    Ok(OpenedDisk {
-        description: format!(
-            "nvme {} \"{}\" (NVMe {}.{}, serial \"{}\") namespace {}: {} blocks of {} B, {} queue(s) of {}, data by {}",
-            function.address,
-            identity.model_str(),
-            version.major,
-            version.minor,
-            identity.serial_str(),
-            nsid,
-            namespace.blocks,
-            namespace.block_size,
-            granted,
-            NVME_QUEUE_ENTRIES - 1,
-            if namespace.sgl { "PRP and SGL" } else { "PRP only" },
-        ),
-        queues,
-        bounced_bytes: Arc::default(),
-    })
 }

@@ -2,6 +2,7 @@
 
 use super::error::OpenError;
 use super::hal::{self, PciConfig};
+use super::nvme::NvmeControllers;
 use crate::firmware::Firmware;
 use alloc::boxed::Box;
 use alloc::format;
@@ -38,46 +39,66 @@ pub struct OpenOptions<'a> {
     pub passed_through: &'a [PciAddress],
 }
 
-/// Opens `backing` with up to `wanted_queues` queues.
-pub fn open(
-    backing: Backing,
-    firmware: &Firmware,
-    wanted_queues: usize,
-    options: OpenOptions<'_>,
-) -> Result<OpenedDisk, OpenError> {
-    let wanted_queues = wanted_queues.max(1);
-    match backing {
-        Backing::Ram { bytes, .. } => {
-            let disk = blkdev::RamDisk::new(bytes / blkdev::SECTOR_SIZE);
-            Ok(OpenedDisk {
-                description: format!("RAM disk of {} KiB", bytes / 1024),
-                queues: (0..wanted_queues)
-                    .map(|_| Box::new(disk.queue(32)) as Queue)
-                    .collect(),
-                bounced_bytes: Arc::default(),
-            })
+/// The PCI devices opened so far, owned by whoever opens disks (the control path's
+/// device registry, or the disk test): what must be done once per device is done once.
+pub struct Devices {
+    /// Where PCI configuration space is (the MCFG's ECAM window).
+    firmware: Firmware,
+    /// Brought up once, then shared by every disk on them.
+    nvme: NvmeControllers,
+    /// Virtio devices in use: one disk each (opening one again would reset it).
+    virtio_in_use: Vec<PciAddress>,
+}
+
+impl Devices {
+    pub fn new(firmware: Firmware) -> Devices {
+        Devices {
+            firmware,
+            nvme: NvmeControllers::default(),
+            virtio_in_use: Vec::new(),
         }
-        Backing::Nvme { nsid } => {
-            let pci = PciConfig::from_mcfg(firmware.ecam);
-            let function = find(&pci, Function::is_nvme, 0).ok_or(OpenError::NoNvme)?;
-            let bounce = options.bounce || emulated_under_xen(&function, &options);
-            with_bounce(
-                super::nvme::open(&pci, function, nsid, wanted_queues, &options)?,
-                bounce,
-            )
-        }
-        Backing::Virtio { index } => {
-            let pci = PciConfig::from_mcfg(firmware.ecam);
-            let function = find(&pci, Function::is_virtio_blk, index as usize)
-                .ok_or(OpenError::NoVirtio { index })?;
-            let bounce = options.bounce || emulated_under_xen(&function, &options);
-            let mut in_use = VIRTIO_IN_USE.lock();
-            if in_use.contains(&function.address) {
-                return Err(OpenError::VirtioInUse(function.address));
+    }
+
+    /// Opens `backing` with up to `wanted_queues` queues.
+    pub fn open(
+        &mut self,
+        backing: Backing,
+        wanted_queues: usize,
+        options: OpenOptions<'_>,
+    ) -> Result<OpenedDisk, OpenError> {
+        let wanted_queues = wanted_queues.max(1);
+        match backing {
+            Backing::Ram { bytes, .. } => {
+                let disk = blkdev::RamDisk::new(bytes / blkdev::SECTOR_SIZE);
+                Ok(OpenedDisk {
+                    description: format!("RAM disk of {} KiB", bytes / 1024),
+                    queues: (0..wanted_queues)
+                        .map(|_| Box::new(disk.queue(32)) as Queue)
+                        .collect(),
+                    bounced_bytes: Arc::default(),
+                })
             }
-            let disk = super::virtio::open(&pci, function, wanted_queues)?;
-            in_use.push(function.address);
-            with_bounce(disk, bounce)
+            Backing::Nvme { nsid } => {
+                let pci = PciConfig::from_mcfg(self.firmware.ecam);
+                let function = find(&pci, Function::is_nvme, 0).ok_or(OpenError::NoNvme)?;
+                let bounce = options.bounce || emulated_under_xen(&function, &options);
+                let disk = self
+                    .nvme
+                    .open(&pci, function, nsid, wanted_queues, &options)?;
+                with_bounce(disk, bounce)
+            }
+            Backing::Virtio { index } => {
+                let pci = PciConfig::from_mcfg(self.firmware.ecam);
+                let function = find(&pci, Function::is_virtio_blk, index as usize)
+                    .ok_or(OpenError::NoVirtio { index })?;
+                let bounce = options.bounce || emulated_under_xen(&function, &options);
+                if self.virtio_in_use.contains(&function.address) {
+                    return Err(OpenError::VirtioInUse(function.address));
+                }
+                let disk = super::virtio::open(&pci, function, wanted_queues)?;
+                self.virtio_in_use.push(function.address);
+                with_bounce(disk, bounce)
+            }
         }
     }
 }
@@ -250,6 +271,3 @@ pub fn map_memory_bar(
         error,
     })
 }
-
-/// Virtio devices in use: one disk each (opening one again would reset it).
-static VIRTIO_IN_USE: spin::Mutex<Vec<PciAddress>> = spin::Mutex::new(Vec::new());
