@@ -247,7 +247,7 @@ impl Control {
         }
         let pollers: Vec<String> = (0..crate::smp::online_count())
             .map(|cpu| {
-                let c = &poller::COUNTERS[cpu];
+                let c = &poller::POLLERS[cpu].counters;
                 format!(
                     "vcpu{cpu}: rings={} loops={} busy={} sleeps={}",
                     c.rings.load(Ordering::Relaxed),

@@ -14,11 +14,12 @@ use super::disk::DeviceQueue;
 use super::space::{self, MapRegion};
 use crate::smp::MAX_CPUS;
 use crate::xen_domain;
+use alloc::boxed::Box;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkback::engine::Engine;
 use blkback::stats::RingStats;
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use polling::sleep::{sleep_deadline, MAX_SLEEP_NS};
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::grant_table::GnttabUnmapGrantRef;
@@ -80,7 +81,7 @@ pub struct ServedQueue {
     pub control: Arc<QueueControl>,
 }
 
-#[derive(Default)]
+/// What a poller counts, for `data/blkdom-pollers`.
 pub struct PollerCounters {
     pub loops: AtomicU64,
     pub busy_loops: AtomicU64,
@@ -88,42 +89,72 @@ pub struct PollerCounters {
     pub rings: AtomicU32,
 }
 
-static INBOX: [spin::Mutex<Vec<ServedQueue>>; MAX_CPUS] =
-    [const { spin::Mutex::new(Vec::new()) }; MAX_CPUS];
-static INBOX_PENDING: [AtomicBool; MAX_CPUS] = [const { AtomicBool::new(false) }; MAX_CPUS];
-/// Sending end of each poller's doorbell (0: no poller yet).
-static DOORBELL: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
-pub static COUNTERS: [PollerCounters; MAX_CPUS] = [const {
-    PollerCounters {
-        loops: AtomicU64::new(0),
-        busy_loops: AtomicU64::new(0),
-        sleeps: AtomicU64::new(0),
-        rings: AtomicU32::new(0),
-    }
-}; MAX_CPUS];
+/// One vCPU's poller as the others reach it: its inbox (filled by the control path), its
+/// doorbell, its counters. Each slot has cache lines of its own: every poller writes its
+/// counters on every loop, and neighbours must not make each other's lines bounce.
+#[repr(align(64))]
+pub struct PollerSlot {
+    /// Rings handed over by the control path, not yet taken; `inbox_pending` says there
+    /// are some (the poller looks at the flag every loop, at the lock only when it is set).
+    /// `None` until the first (boxed: `None` is then all zeroes, and so is the whole
+    /// slot, which keeps the array in .bss instead of the image).
+    #[allow(clippy::box_collection)]
+    inbox: spin::Mutex<Option<Box<Vec<ServedQueue>>>>,
+    inbox_pending: AtomicBool,
+    /// Sending end of the poller's doorbell (0: no poller yet).
+    doorbell: AtomicU32,
+    /// Rings assigned to this poller (counted at attach, so placement never lags).
+    assigned: AtomicU32,
+    /// Foreign pages (ring and data grants) this vCPU mapped and has not unmapped (can
+    /// go negative: a ring's pages are mapped on vCPU 0 and unmapped by its poller).
+    pub mapped_pages: AtomicI64,
+    pub counters: PollerCounters,
+}
 
-/// Rings assigned to each poller (counted at attach, so placement never lags).
-static ASSIGNED: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
+impl PollerSlot {
+    const fn new() -> PollerSlot {
+        PollerSlot {
+            inbox: spin::Mutex::new(None),
+            inbox_pending: AtomicBool::new(false),
+            doorbell: AtomicU32::new(0),
+            assigned: AtomicU32::new(0),
+            mapped_pages: AtomicI64::new(0),
+            counters: PollerCounters {
+                loops: AtomicU64::new(0),
+                busy_loops: AtomicU64::new(0),
+                sleeps: AtomicU64::new(0),
+                rings: AtomicU32::new(0),
+            },
+        }
+    }
+}
+
+/// Every vCPU's poller slot, by vCPU index.
+pub static POLLERS: [PollerSlot; MAX_CPUS] = [const { PollerSlot::new() }; MAX_CPUS];
 
 /// The poller with the fewest rings; vCPU 0 (which also runs the control path) only
 /// when it has strictly fewer than every other.
 pub fn least_loaded(cpus: usize) -> usize {
     (0..cpus.max(1))
-        .min_by_key(|&cpu| (ASSIGNED[cpu].load(Ordering::Relaxed), cpu == 0))
+        .min_by_key(|&cpu| (POLLERS[cpu].assigned.load(Ordering::Relaxed), cpu == 0))
         .unwrap_or(0)
 }
 
 /// Hands a connected ring to the poller of `cpu`.
 pub fn attach(cpu: usize, queue: ServedQueue) {
-    ASSIGNED[cpu].fetch_add(1, Ordering::Relaxed);
-    INBOX[cpu].lock().push(queue);
-    INBOX_PENDING[cpu].store(true, Ordering::Release);
+    let slot = &POLLERS[cpu];
+    slot.assigned.fetch_add(1, Ordering::Relaxed);
+    slot.inbox
+        .lock()
+        .get_or_insert_with(Box::default)
+        .push(queue);
+    slot.inbox_pending.store(true, Ordering::Release);
     ring_doorbell(cpu);
 }
 
 /// Wakes the poller of `cpu` if it sleeps.
 pub fn ring_doorbell(cpu: usize) {
-    let port = DOORBELL[cpu].load(Ordering::Acquire);
+    let port = POLLERS[cpu].doorbell.load(Ordering::Acquire);
     if let (Some(xen), true) = (xen_domain::get(), port != 0) {
         let _ = xen::evtchn::send(&xen.hv, port);
     }
@@ -132,7 +163,7 @@ pub fn ring_doorbell(cpu: usize) {
 /// Unmaps a ring's pages, closes its port and frees its map region (after the engine
 /// has disconnected: no request in flight, every data grant unmapped).
 fn release(cpu: usize, queue: ServedQueue) {
-    ASSIGNED[cpu].fetch_sub(1, Ordering::Relaxed);
+    POLLERS[cpu].assigned.fetch_sub(1, Ordering::Relaxed);
     let Some(xen) = xen_domain::get() else { return };
     let ServedQueue {
         engine,
@@ -183,9 +214,10 @@ pub trait ControlWork {
 /// The poll loop of this vCPU; never returns.
 pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
     let xen = xen_domain::get().expect("pollers run under Xen");
-    let counters = &COUNTERS[cpu];
+    let slot = &POLLERS[cpu];
+    let counters = &slot.counters;
     let (sender, doorbell) = doorbell_pair().expect("doorbell event channel");
-    DOORBELL[cpu].store(sender, Ordering::Release);
+    slot.doorbell.store(sender, Ordering::Release);
     let mut served: Vec<ServedQueue> = Vec::with_capacity(64);
     let mut ports: Vec<EvtchnPort> = Vec::with_capacity(128);
     let rebuild_ports = |served: &Vec<ServedQueue>,
@@ -218,8 +250,13 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
     );
     loop {
         counters.loops.fetch_add(1, Ordering::Relaxed);
-        if INBOX_PENDING[cpu].swap(false, Ordering::AcqRel) {
-            for queue in INBOX[cpu].lock().drain(..) {
+        if slot.inbox_pending.swap(false, Ordering::AcqRel) {
+            for queue in slot
+                .inbox
+                .lock()
+                .iter_mut()
+                .flat_map(|inbox| inbox.drain(..))
+            {
                 xen.shared.mask(queue.port);
                 served.push(queue);
             }
@@ -290,7 +327,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
         let quiet = served
             .iter_mut()
             .fold(true, |quiet, q| q.engine.prepare_to_sleep() & quiet);
-        if !quiet || INBOX_PENDING[cpu].load(Ordering::Acquire) {
+        if !quiet || slot.inbox_pending.load(Ordering::Acquire) {
             idle_since = None;
             continue;
         }
