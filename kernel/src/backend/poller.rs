@@ -4,8 +4,8 @@
 //! taken only when the flag is set), and a doorbell event channel wakes a sleeping
 //! poller.
 //!
-//! Adaptive idle: the poller spins while requests keep coming; after an idle spell it
-//! re-arms every ring (`prepare_to_sleep`, the final check) and blocks in
+//! Adaptive idle: the poller spins while requests keep coming; after an idle spell (its
+//! length adapts to the gaps between bursts of work: `polling::spin`) it re-arms every ring (`prepare_to_sleep`, the final check) and blocks in
 //! `SCHEDOP_poll` on its rings' event channels (kept masked: no upcalls, the pending bit
 //! is the wake-up), so an idle blkdom leaves its pCPUs to the guests.
 
@@ -21,6 +21,7 @@ use blkback::engine::Engine;
 use blkback::stats::RingStats;
 use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use polling::sleep::{sleep_deadline, MAX_SLEEP_NS};
+use polling::spin::{Decision, SpinPolicy, MAX_SPELL_NS, MIN_SPELL_NS};
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::grant_table::GnttabUnmapGrantRef;
 use xen::abi::DOMID_SELF;
@@ -29,18 +30,9 @@ pub type BlkEngine = Engine<SharedRing, FrontendGrants, DeviceQueue, Notify>;
 
 /// Requests taken from a ring per pass (bounded work per poll, XSA-332).
 const POLL_BUDGET: usize = 64;
-/// How long a poller keeps spinning after its last work before it sleeps adapts to the
-/// gaps it sees between bursts of work: twice their running average, within these
-/// bounds. A wake-up from `SCHEDOP_poll` costs a hypercall (~125 us under the nested
-/// rig) plus a cross-pCPU wake; a spin costs the pCPU it runs on. Measured in the rig
-/// (tests/xen/spin-sweep, 4 KiB random reads, RDTSC not trapped): QD32 285 IOPS with
-/// 20-100 us, 438 with 200-5000 us, 467 with 1000-20000 us; QD1 119, 364 and 397 IOPS. Only
-/// work found while spinning lengthens the spell, so an idle poller spins 200 us per
-/// wake-up (about one a second). `poll.spin-us=` overrides the bounds.
-const MIN_SPELL_NS: u64 = 200_000;
-const MAX_SPELL_NS: u64 = 5_000_000;
-/// The spin window in use: the defaults above, or `poll.spin-us=` from the command line
-/// (set before any poller starts).
+/// The spin window in use (how long a poller spins after its last work adapts within
+/// it: `polling::spin::SpinPolicy`): the defaults, or `poll.spin-us=` from the command
+/// line (set before any poller starts).
 static SPELL_BOUNDS_NS: [AtomicU64; 2] =
     [AtomicU64::new(MIN_SPELL_NS), AtomicU64::new(MAX_SPELL_NS)];
 
@@ -236,13 +228,9 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
     rebuild_ports(&served, &mut ports, &control);
     let min_spell_ns = SPELL_BOUNDS_NS[0].load(Ordering::Relaxed);
     let max_spell_ns = SPELL_BOUNDS_NS[1].load(Ordering::Relaxed);
-    let mut idle_since: Option<u64> = None;
+    let mut spin = SpinPolicy::new(min_spell_ns, max_spell_ns);
     let mut control_due = 0u64;
     let mut next_ring_stats = 0u64;
-    // Running average (1/8 weight) of the gap from the end of one burst of work to the
-    // next work found while spinning.
-    let mut average_gap_ns = min_spell_ns;
-    let mut woke_for_work = false;
     log::info!(
         "poller: vCPU {cpu} serving (doorbell port {doorbell}, spin {}-{} us)",
         min_spell_ns / 1000,
@@ -307,19 +295,10 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
         }
         if work {
             counters.busy_loops.fetch_add(1, Ordering::Relaxed);
-            if let Some(since) = idle_since.take() {
-                let gap = now.saturating_sub(since).min(max_spell_ns);
-                average_gap_ns = (average_gap_ns * 7 + gap) / 8;
-            } else if woke_for_work {
-                // Work right after a sleep: a longer spell might have caught it.
-                average_gap_ns = (average_gap_ns * 7 + max_spell_ns) / 8;
-            }
-            woke_for_work = false;
+            spin.on_work(now);
             continue;
         }
-        let since = *idle_since.get_or_insert(now);
-        let spell = (average_gap_ns * 2).clamp(min_spell_ns, max_spell_ns);
-        if now.saturating_sub(since) < spell {
+        if spin.on_idle(now) == Decision::Spin {
             core::hint::spin_loop();
             continue;
         }
@@ -328,7 +307,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
             .iter_mut()
             .fold(true, |quiet, q| q.engine.prepare_to_sleep() & quiet);
         if !quiet || slot.inbox_pending.load(Ordering::Acquire) {
-            idle_since = None;
+            spin.on_sleep_abandoned();
             continue;
         }
         counters.sleeps.fetch_add(1, Ordering::Relaxed);
@@ -338,8 +317,6 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
         // Returns when one of the ports is pending, at the deadline, or on an interrupt.
         let _ = xen::evtchn::poll(&xen.hv, &ports, deadline);
         xen.shared.clear_pending(doorbell);
-        // The time asleep is no gap a spin could have bridged: measure anew.
-        idle_since = None;
-        woke_for_work = true;
+        spin.on_wake();
     }
 }
