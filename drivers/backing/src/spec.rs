@@ -206,6 +206,24 @@ mod tests {
             .contains("A-Z a-z 0-9"));
     }
 
+    /// The texts reach a vbd's `hotplug-error` node and the disk test's verdict line.
+    #[test]
+    fn errors_display_their_cause() {
+        let text = |e: &dyn core::error::Error| e.to_string();
+        assert_eq!(
+            text(&SpecError::UnknownKind("scsi")),
+            "unknown backing store \"scsi\"; use nvme:<nsid>, virtio:<index> or ram:<size>[K|M|G][:<name>]"
+        );
+        assert_eq!(
+            text(&SpecError::BadNumber("virtio", "x")),
+            "virtio: \"x\" is not a number"
+        );
+        assert_eq!(
+            text(&SpecError::ZeroNamespace),
+            "nvme: namespace ids start at 1"
+        );
+    }
+
     #[test]
     fn parses_the_three_kinds() {
         assert_eq!(parse_backing("nvme:1"), Ok(Backing::Nvme { nsid: 1 }));
