@@ -5,9 +5,10 @@
 //! poller.
 //!
 //! Adaptive idle: the poller spins while requests keep coming; after an idle spell (its
-//! length adapts to the gaps between bursts of work: `polling::spin`) it re-arms every ring (`prepare_to_sleep`, the final check) and blocks in
-//! `SCHEDOP_poll` on its rings' event channels (kept masked: no upcalls, the pending bit
-//! is the wake-up), so an idle blkdom leaves its pCPUs to the guests.
+//! length adapts to the gaps between bursts of work: `polling::spin`) it re-arms every
+//! ring (`prepare_to_sleep`, the final check) and blocks in `SCHEDOP_poll` on its rings'
+//! event channels (kept masked: no upcalls, the pending bit is the wake-up), so an idle
+//! blkdom leaves its pCPUs to the guests.
 
 use super::adapters::{FrontendGrants, Notify, SharedRing};
 use super::disk::DeviceQueue;
