@@ -35,7 +35,9 @@ struct Hooks {
 }
 
 impl ConnectionHooks for Hooks {
-    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), String> {
+    type Error = core::convert::Infallible;
+
+    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), Self::Error> {
         assert!(!self.connected, "connect without disconnect");
         assert!((1..=2).contains(&connection.queues.len()));
         assert!(connection.ring_order <= 4);

@@ -37,6 +37,8 @@ impl core::fmt::Display for BootInfoError {
     }
 }
 
+impl core::error::Error for BootInfoError {}
+
 /// Copies `T` from physical address `paddr` (below 4 GiB, so identity mapped).
 fn read_phys<T: Copy>(paddr: u64) -> Result<T, BootInfoError> {
     if !crate::physmem::in_identity_map(paddr, core::mem::size_of::<T>()) {

@@ -1,8 +1,35 @@
 //! Firmware tables through the boot identity map: the ACPI parsers of
-//! `machine::acpi` read physical memory through `IdentityMemory`.
+//! `machine::acpi` read physical memory through `IdentityMemory`. The tables do not
+//! change: `Firmware` reads what blkdom needs once, at boot.
 
 use crate::physmem;
-use machine::acpi::{self, AcpiError, Madt, PhysRead, Rsdp};
+use machine::acpi::{self, AcpiError, EcamWindow, Madt, PhysRead, Rsdp};
+
+/// What the firmware's ACPI tables describe, read once at boot from the RSDP that
+/// `hvm_start_info` names.
+#[derive(Clone, Copy, Debug)]
+pub struct Firmware {
+    /// The root of the tables, or why it cannot be read.
+    pub rsdp: Result<Rsdp, AcpiError>,
+    /// PCI segment 0's ECAM window from the MCFG, or why there is none (configuration
+    /// space is then reached through ports 0xCF8/0xCFC).
+    pub ecam: Result<EcamWindow, AcpiError>,
+}
+
+impl Firmware {
+    pub fn read(rsdp_paddr: u64) -> Firmware {
+        let rsdp = rsdp(rsdp_paddr);
+        let ecam = rsdp
+            .and_then(|rsdp| find_table(&rsdp, b"MCFG"))
+            .and_then(|table| acpi::parse_mcfg(&IdentityMemory, table));
+        Firmware { rsdp, ecam }
+    }
+
+    /// Physical address of the table with `signature`.
+    pub fn table(&self, signature: &[u8; 4]) -> Result<u64, AcpiError> {
+        find_table(&self.rsdp?, signature)
+    }
+}
 
 /// Physical memory below 4 GiB, read through the boot identity map.
 pub struct IdentityMemory;
@@ -19,7 +46,7 @@ impl PhysRead for IdentityMemory {
     }
 }
 
-pub fn rsdp(paddr: u64) -> Result<Rsdp, AcpiError> {
+fn rsdp(paddr: u64) -> Result<Rsdp, AcpiError> {
     acpi::parse_rsdp(&IdentityMemory, paddr)
 }
 

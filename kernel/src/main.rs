@@ -99,7 +99,8 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     );
 
     let selftest = cmdline.has("selftest");
-    match power::init(info.start_info.rsdp_paddr) {
+    let firmware = firmware::Firmware::read(info.start_info.rsdp_paddr);
+    match power::init(&firmware) {
         Ok(power) => info!("acpi: PM1a control at port {:#x}", power.pm1a_control_port),
         Err(e) => info!("acpi: no power-off register ({e:?})"),
     }
@@ -125,13 +126,13 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
             Err(e) => error!("xen: no xenstore: {e}"),
         }
     }
-    start_cpus(&hypervisor, info.start_info.rsdp_paddr);
+    start_cpus(&hypervisor, &firmware);
 
     if let Some(what) = cmdline.value("crashtest") {
         crash_test(what);
     }
     if let Some(spec) = cmdline.value("disktest") {
-        devices::disk_test(spec, &cmdline, info.start_info.rsdp_paddr);
+        devices::disk_test(spec, &cmdline, firmware);
     }
     if selftest {
         let expected_cpus = cmdline
@@ -152,7 +153,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     }
 
     if hypervisor.is_xen() && xen_domain::get().is_some() {
-        match grant_map_hole(&info) {
+        match grant_map_hole(&info, &firmware) {
             Some(hole) => {
                 match cmdline.spin_window_us() {
                     Ok(Some((min, max))) => backend::poller::set_spin_window(min * 1000, max * 1000),
@@ -162,7 +163,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
                         machine::cmdline::MAX_SPIN_US
                     ),
                 }
-                backend::serve(hole, info.start_info.rsdp_paddr)
+                backend::serve(hole, firmware)
             }
             None => error!("blkback: no hole in the memory map for grant mappings"),
         }
@@ -179,7 +180,10 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
 
 /// Where foreign grants get mapped: the largest stretch below 4 GiB (identity mapped)
 /// that the memory map does not use, at or above 1 GiB so RAM growth cannot meet it.
-fn grant_map_hole(info: &bootinfo::BootInfo) -> Option<machine::frames::PhysRange> {
+fn grant_map_hole(
+    info: &bootinfo::BootInfo,
+    firmware: &firmware::Firmware,
+) -> Option<machine::frames::PhysRange> {
     use machine::frames::{largest_hole, PhysRange};
     let used: alloc::vec::Vec<PhysRange> = info
         .memmap()
@@ -196,7 +200,7 @@ fn grant_map_hole(info: &bootinfo::BootInfo) -> Option<machine::frames::PhysRang
     // Stay clear of the 0xF0000000+ area where Xen and firmware put special pages, and,
     // booted as HVM, of the PCI hole: the memory map leaves it out, so only the BARs
     // show where it starts (hvmloader lowers it from 0xF0000000 when BARs need room).
-    let bars = devices::open::memory_bars(info.start_info.rsdp_paddr);
+    let bars = devices::open::memory_bars(firmware);
     let lowest_bar = bars
         .iter()
         .map(|&(address, _)| address)
@@ -214,9 +218,10 @@ fn grant_map_hole(info: &bootinfo::BootInfo) -> Option<machine::frames::PhysRang
 }
 
 /// Brings up every CPU the MADT lists as enabled.
-fn start_cpus(hypervisor: &Hypervisor, rsdp_paddr: u64) {
-    let madt =
-        firmware::rsdp(rsdp_paddr).and_then(|rsdp| firmware::madt::<{ smp::MAX_CPUS }>(&rsdp));
+fn start_cpus(hypervisor: &Hypervisor, firmware: &firmware::Firmware) {
+    let madt = firmware
+        .rsdp
+        .and_then(|rsdp| firmware::madt::<{ smp::MAX_CPUS }>(&rsdp));
     let madt = match madt {
         Ok(madt) => madt,
         Err(e) => {

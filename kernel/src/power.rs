@@ -20,13 +20,11 @@ pub enum Verdict {
 static POWER: spin::Once<Option<PowerControl>> = spin::Once::new();
 static UNDER_XEN: AtomicBool = AtomicBool::new(false);
 
-/// Finds the ACPI power-off register. `rsdp_paddr` comes from `hvm_start_info`.
-pub fn init(rsdp_paddr: u64) -> Result<PowerControl, acpi::AcpiError> {
-    let found = (|| {
-        let rsdp = crate::firmware::rsdp(rsdp_paddr)?;
-        let fadt = crate::firmware::find_table(&rsdp, b"FACP")?;
-        acpi::parse_fadt(&crate::firmware::IdentityMemory, fadt)
-    })();
+/// Finds the ACPI power-off register in the FADT.
+pub fn init(firmware: &crate::firmware::Firmware) -> Result<PowerControl, acpi::AcpiError> {
+    let found = firmware
+        .table(b"FACP")
+        .and_then(|fadt| acpi::parse_fadt(&crate::firmware::IdentityMemory, fadt));
     POWER.call_once(|| found.ok());
     found
 }

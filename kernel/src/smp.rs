@@ -235,6 +235,18 @@ pub enum RunError {
     Timeout,
 }
 
+impl core::fmt::Display for RunError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            RunError::NoSuchCpu => "no such CPU online",
+            RunError::Busy => "the CPU is busy",
+            RunError::Timeout => "the CPU did not finish in time",
+        })
+    }
+}
+
+impl core::error::Error for RunError {}
+
 /// Runs `work(cpu_index)` on CPU `index` and waits (up to `timeout_ms`) for it to finish.
 pub fn run_on(index: usize, work: fn(usize), timeout_ms: u64) -> Result<(), RunError> {
     let cpu = cpu(index).ok_or(RunError::NoSuchCpu)?;

@@ -15,6 +15,17 @@ pub enum RingError {
     Timeout,
 }
 
+impl core::fmt::Display for RingError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            RingError::Corrupt => "ring indices are corrupt",
+            RingError::Timeout => "the peer made no progress in time",
+        })
+    }
+}
+
+impl core::error::Error for RingError {}
+
 /// Where one ring lives inside its page (byte offsets).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ByteRing {

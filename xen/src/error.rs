@@ -106,9 +106,53 @@ impl fmt::Display for XenError {
     }
 }
 
+impl core::error::Error for XenError {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every error type of the crate says what went wrong and is a `core::error::Error`.
+    #[test]
+    fn errors_display_their_cause() {
+        use crate::byte_ring::RingError;
+        use crate::grant::{BatchError, BatchFault, FreeError, GrantError, GrantStatus, MapError};
+        use crate::xenstore::wire::{XsErrno, XsError};
+        fn text(error: &dyn core::error::Error) -> String {
+            error.to_string()
+        }
+        assert_eq!(text(&XenError::Inval), "Xen error Inval (-22)");
+        assert_eq!(
+            text(&XsError::Xenstored(XsErrno::Eacces)),
+            "xenstored: EACCES"
+        );
+        assert_eq!(text(&XsError::TooBig), "xenstore: TooBig");
+        assert_eq!(text(&RingError::Corrupt), "ring indices are corrupt");
+        assert_eq!(
+            text(&RingError::Timeout),
+            "the peer made no progress in time"
+        );
+        assert_eq!(text(&FreeError::NotAllocated), "index not allocated");
+        assert_eq!(text(&GrantError::Exhausted), "no free grant reference");
+        assert_eq!(
+            text(&MapError {
+                fault: BatchFault::Entry {
+                    index: 2,
+                    status: GrantStatus::BadGntref
+                },
+                failed: 3,
+                leaked: 0
+            }),
+            "grant map failed (entry 2: BadGntref): 3 entries not mapped, 0 left mapped"
+        );
+        assert_eq!(
+            text(&BatchError {
+                fault: BatchFault::Hypercall(XenError::Fault),
+                failed: 4
+            }),
+            "grant batch failed (hypercall failed: Xen error Fault (-14)): 4 entries"
+        );
+    }
 
     #[test]
     fn errno_round_trip() {

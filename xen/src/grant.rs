@@ -29,6 +29,17 @@ pub enum FreeError {
     NotAllocated,
 }
 
+impl core::fmt::Display for FreeError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            FreeError::OutOfRange => "index outside the list",
+            FreeError::NotAllocated => "index not allocated",
+        })
+    }
+}
+
+impl core::error::Error for FreeError {}
+
 impl IndexFreeList {
     pub fn new(first: u32, end: u32) -> Self {
         let end = end.max(first);
@@ -91,6 +102,19 @@ pub enum GrantError {
     InUse,
     NotAllocated,
 }
+
+impl core::fmt::Display for GrantError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            GrantError::Exhausted => "no free grant reference",
+            GrantError::FrameTooLarge => "frame number does not fit a v1 grant entry",
+            GrantError::InUse => "the grantee still has the frame mapped",
+            GrantError::NotAllocated => "grant reference not allocated",
+        })
+    }
+}
+
+impl core::error::Error for GrantError {}
 
 const FLAGS: usize = offset_of!(GrantEntryV1, flags);
 const DOMID: usize = offset_of!(GrantEntryV1, domid);
@@ -260,6 +284,15 @@ pub enum BatchFault {
     Entry { index: usize, status: GrantStatus },
 }
 
+impl core::fmt::Display for BatchFault {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            BatchFault::Hypercall(e) => write!(f, "hypercall failed: {e}"),
+            BatchFault::Entry { index, status } => write!(f, "entry {index}: {status:?}"),
+        }
+    }
+}
+
 /// A failed [`map_batch`]: nothing stays mapped, except `leaked` entries whose unwinding
 /// unmap failed too (they keep their handle; their guest-physical pages must not be
 /// reused).
@@ -270,6 +303,18 @@ pub struct MapError {
     pub failed: usize,
     pub leaked: usize,
 }
+
+impl core::fmt::Display for MapError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "grant map failed ({}): {} entries not mapped, {} left mapped",
+            self.fault, self.failed, self.leaked
+        )
+    }
+}
+
+impl core::error::Error for MapError {}
 
 /// A handle that Xen never returns, for entries that are not mapped.
 pub const INVALID_HANDLE: GrantHandle = u32::MAX;
@@ -390,6 +435,18 @@ pub struct BatchError {
     pub fault: BatchFault,
     pub failed: usize,
 }
+
+impl core::fmt::Display for BatchError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "grant batch failed ({}): {} entries",
+            self.fault, self.failed
+        )
+    }
+}
+
+impl core::error::Error for BatchError {}
 
 fn batch_result(
     call: Result<(), XenError>,

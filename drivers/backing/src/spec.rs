@@ -93,6 +93,8 @@ impl core::fmt::Display for SpecError<'_> {
     }
 }
 
+impl core::error::Error for SpecError<'_> {}
+
 fn number<'a>(kind: &'static str, text: &'a str) -> Result<u64, SpecError<'a>> {
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return Err(SpecError::BadNumber(kind, text));
@@ -202,6 +204,24 @@ mod tests {
         assert!(SpecError::BadName("a b")
             .to_string()
             .contains("A-Z a-z 0-9"));
+    }
+
+    /// The texts reach a vbd's `hotplug-error` node and the disk test's verdict line.
+    #[test]
+    fn errors_display_their_cause() {
+        let text = |e: &dyn core::error::Error| e.to_string();
+        assert_eq!(
+            text(&SpecError::UnknownKind("scsi")),
+            "unknown backing store \"scsi\"; use nvme:<nsid>, virtio:<index> or ram:<size>[K|M|G][:<name>]"
+        );
+        assert_eq!(
+            text(&SpecError::BadNumber("virtio", "x")),
+            "virtio: \"x\" is not a number"
+        );
+        assert_eq!(
+            text(&SpecError::ZeroNamespace),
+            "nvme: namespace ids start at 1"
+        );
     }
 
     #[test]

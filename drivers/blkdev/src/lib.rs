@@ -116,6 +116,17 @@ pub enum SubmitError {
     Invalid,
 }
 
+impl core::fmt::Display for SubmitError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            SubmitError::QueueFull => "the device queue is full",
+            SubmitError::Invalid => "the request is invalid for this device",
+        })
+    }
+}
+
+impl core::error::Error for SubmitError {}
+
 /// CPU access to the pages that segments name; a DMA device never calls it.
 pub trait BufferAccess {
     /// Copy `out.len()` bytes from `buffer` at `offset`. False if the buffer is unknown
@@ -203,4 +214,19 @@ pub fn range_fits(sector: u64, nr_sectors: u64, capacity: u64) -> bool {
     sector
         .checked_add(nr_sectors)
         .is_some_and(|end| end <= capacity)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SubmitError;
+
+    #[test]
+    fn submit_errors_display_their_cause() {
+        let text = |e: &dyn core::error::Error| e.to_string();
+        assert_eq!(text(&SubmitError::QueueFull), "the device queue is full");
+        assert_eq!(
+            text(&SubmitError::Invalid),
+            "the request is invalid for this device"
+        );
+    }
 }

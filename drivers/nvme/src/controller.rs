@@ -84,6 +84,8 @@ impl core::fmt::Display for NvmeError {
     }
 }
 
+impl core::error::Error for NvmeError {}
+
 /// The parts of CAP the driver uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Capabilities {

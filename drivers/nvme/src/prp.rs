@@ -29,6 +29,20 @@ pub enum PlanError {
     NoSegments,
 }
 
+impl core::fmt::Display for PlanError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            PlanError::BadSegment(index) => write!(f, "segment {index} cannot be described"),
+            PlanError::NotBlockMultiple => {
+                f.write_str("a command's share is not whole logical blocks")
+            }
+            PlanError::NoSegments => f.write_str("no segments"),
+        }
+    }
+}
+
+impl core::error::Error for PlanError {}
+
 pub(crate) fn segment_address(segment: &DmaSegment) -> u64 {
     segment.buffer.wrapping_add(u64::from(segment.offset))
 }

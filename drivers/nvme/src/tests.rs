@@ -721,3 +721,17 @@ fn a_write_protected_namespace_refuses_writes_and_discards() {
     );
     assert_eq!(hal.with(|m| m.executed.len()), 1);
 }
+
+#[test]
+fn errors_display_their_cause() {
+    let text = |e: &dyn core::error::Error| e.to_string();
+    assert_eq!(
+        text(&NvmeError::NoSuchNamespace(9)),
+        "no active namespace 9"
+    );
+    assert_eq!(
+        text(&PlanError::BadSegment(3)),
+        "segment 3 cannot be described"
+    );
+    assert_eq!(text(&PlanError::NoSegments), "no segments");
+}

@@ -37,6 +37,18 @@ pub enum BarError {
     NotADevice,
 }
 
+impl core::fmt::Display for BarError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            BarError::NoSuchBar(index) => write!(f, "no BAR {index}"),
+            BarError::ReservedType(index) => write!(f, "BAR {index} has the reserved memory type"),
+            BarError::NotADevice => f.write_str("not a type-0 (device) header"),
+        }
+    }
+}
+
+impl core::error::Error for BarError {}
+
 const BAR0: u16 = 0x10;
 const BAR_IO: u32 = 1;
 const BAR_MEM_TYPE_MASK: u32 = 0b110;

@@ -251,3 +251,10 @@ fn passed_through_devices_are_found_by_the_devfn_libxl_writes() {
     );
     assert_eq!(PciAddress::from_xen_vdevfn("zz"), None);
 }
+
+#[test]
+fn bar_errors_display_their_cause() {
+    let text = |e: &dyn core::error::Error| e.to_string();
+    assert_eq!(text(&BarError::NoSuchBar(6)), "no BAR 6");
+    assert_eq!(text(&BarError::NotADevice), "not a type-0 (device) header");
+}

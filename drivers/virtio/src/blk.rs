@@ -57,6 +57,8 @@ impl core::fmt::Display for VirtioError {
     }
 }
 
+impl core::error::Error for VirtioError {}
+
 /// The block device configuration, as negotiated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlkConfig {

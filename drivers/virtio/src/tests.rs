@@ -432,3 +432,12 @@ fn without_indirect_descriptors_each_slot_owns_a_fixed_chain() {
     assert_eq!(memory_of(&hal, &read), expected);
     no_violations(&hal);
 }
+
+#[test]
+fn errors_display_their_cause() {
+    let text = |e: &dyn core::error::Error| e.to_string();
+    assert_eq!(
+        text(&VirtioError::QueueUnavailable(2)),
+        "queue 2 is not available"
+    );
+}

@@ -20,6 +20,24 @@ pub enum AcpiError {
     NotFound([u8; 4]),
 }
 
+impl core::fmt::Display for AcpiError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            AcpiError::Unreadable(paddr) => write!(f, "ACPI: {paddr:#x} is not readable"),
+            AcpiError::BadSignature(paddr) => write!(f, "ACPI: bad signature at {paddr:#x}"),
+            AcpiError::BadChecksum(paddr) => write!(f, "ACPI: bad checksum at {paddr:#x}"),
+            AcpiError::BadLength(paddr) => write!(f, "ACPI: bad length at {paddr:#x}"),
+            AcpiError::NotFound(signature) => write!(
+                f,
+                "ACPI: no {} table",
+                core::str::from_utf8(signature).unwrap_or("????")
+            ),
+        }
+    }
+}
+
+impl core::error::Error for AcpiError {}
+
 pub const SDT_HEADER_LEN: usize = 36;
 const RSDP_V1_LEN: usize = 20;
 const RSDP_V2_LEN: usize = 36;
@@ -370,6 +388,20 @@ pub mod fake {
 mod tests {
     use super::fake::*;
     use super::*;
+
+    #[test]
+    fn errors_display_their_cause() {
+        let text = |e: &dyn core::error::Error| e.to_string();
+        assert_eq!(
+            text(&AcpiError::Unreadable(0x1000)),
+            "ACPI: 0x1000 is not readable"
+        );
+        assert_eq!(
+            text(&AcpiError::BadChecksum(0xe0000)),
+            "ACPI: bad checksum at 0xe0000"
+        );
+        assert_eq!(text(&AcpiError::NotFound(*b"MCFG")), "ACPI: no MCFG table");
+    }
 
     fn fadt_body(pm1a: u32) -> Vec<u8> {
         let mut body = vec![0u8; 244 - SDT_HEADER_LEN];

@@ -58,6 +58,18 @@ pub enum FrameError {
     BadFree,
 }
 
+impl core::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            FrameError::OutOfMemory => "out of memory",
+            FrameError::TableFull => "the free-range table is full",
+            FrameError::BadFree => "freed frames that are unaligned or already free",
+        })
+    }
+}
+
+impl core::error::Error for FrameError {}
+
 pub struct FrameAllocator {
     ranges: [PhysRange; MAX_RANGES],
     count: usize,
@@ -224,6 +236,13 @@ impl FrameAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_display_their_cause() {
+        let text = |e: &dyn core::error::Error| e.to_string();
+        assert_eq!(text(&FrameError::OutOfMemory), "out of memory");
+        assert_eq!(text(&FrameError::TableFull), "the free-range table is full");
+    }
 
     const MIB: u64 = 1 << 20;
 

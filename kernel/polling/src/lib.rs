@@ -1,6 +1,8 @@
-//! The pollers' timing policy: how long an idle poller may block before it must look at
-//! its ring and device again. Kept out of the image so `cargo test` covers it.
+//! The pollers' timing policy: how long an idle poller spins before it sleeps, and how
+//! long it may block before it must look at its ring and device again. Kept out of the
+//! image so `cargo test` covers it.
 #![cfg_attr(not(test), no_std)]
 #![deny(unsafe_code)]
 
 pub mod sleep;
+pub mod spin;

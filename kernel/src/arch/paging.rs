@@ -46,6 +46,19 @@ pub enum MapError {
     NotMapped,
 }
 
+impl core::fmt::Display for MapError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            MapError::AlreadyMapped => "the page is already mapped",
+            MapError::InsideHugePage => "the page lies inside a huge page",
+            MapError::OutOfFrames => "no frame left for a page table",
+            MapError::NotMapped => "the page is not mapped",
+        })
+    }
+}
+
+impl core::error::Error for MapError {}
+
 /// Maps the 4 KiB page at `virt` to the frame at `phys`.
 pub fn map_page(virt: u64, phys: u64, flags: PageTableFlags) -> Result<(), MapError> {
     let page = Page::<Size4KiB>::containing_address(VirtAddr::new(virt));

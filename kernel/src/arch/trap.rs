@@ -181,6 +181,18 @@ pub struct CaughtFault {
     pub address: u64,
 }
 
+impl core::fmt::Display for CaughtFault {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "fault {} (error code {:#x}, address {:#x})",
+            self.vector, self.error_code, self.address
+        )
+    }
+}
+
+impl core::error::Error for CaughtFault {}
+
 fn take_caught() -> Option<CaughtFault> {
     let vector = CAUGHT_VECTOR.swap(u64::MAX, Ordering::AcqRel);
     (vector != u64::MAX).then(|| CaughtFault {

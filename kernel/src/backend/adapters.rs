@@ -2,6 +2,7 @@
 //! mapped at guest-physical addresses of our map space, `EVTCHNOP_send`, and the
 //! xenstore client.
 
+use super::poller::POLLERS;
 use super::space::MapRegion;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -10,7 +11,7 @@ use blkback::grant::{GrantOps, GrantStatus, MapRequest, MappedGrant, GNTST_GENER
 use blkback::ring::RingMemory;
 use blkback::xenstore::{StoreError, TxId, XenStore};
 use blkdev::BufferAccess;
-use core::sync::atomic::{AtomicI64, Ordering};
+use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::grant_table::{GnttabMapGrantRef, GnttabUnmapGrantRef, GNTST_NO_SPACE, GNTST_OKAY};
 use xen::abi::DomId;
@@ -22,25 +23,23 @@ use xen::{Hypercall, Hypervisor, SharedMem};
 
 pub const PAGE_SIZE: usize = 4096;
 
-/// Foreign pages (ring and data grants) this domain has mapped right now, counted per
-/// vCPU: a ring's pages are mapped and unmapped by the vCPU that serves it, so each counter
-/// stays in its own cache line; the atomics keep the sum right whichever vCPU counts.
-#[repr(align(64))]
-struct PageCount(AtomicI64);
-static MAPPED_PAGES: [PageCount; crate::smp::MAX_CPUS] =
-    [const { PageCount(AtomicI64::new(0)) }; crate::smp::MAX_CPUS];
-
-/// Records `delta` pages mapped (positive) or unmapped (negative) by this vCPU.
+/// Records `delta` foreign pages (ring and data grants) mapped (positive) or unmapped
+/// (negative) by this vCPU. Counted per vCPU, in its poller slot: data grants are mapped
+/// and unmapped by the vCPU that serves the ring, so each counter stays in its own cache
+/// line; only the sum means anything.
 pub fn count_mapped_pages(delta: i64) {
     let cpu = crate::smp::current().index.load(Ordering::Relaxed) as usize;
-    MAPPED_PAGES[cpu].0.fetch_add(delta, Ordering::Relaxed);
+    POLLERS[cpu]
+        .mapped_pages
+        .fetch_add(delta, Ordering::Relaxed);
 }
 
-/// Every foreign page mapped right now (0 when no frontend holds anything of ours).
+/// Every foreign page this domain has mapped right now (0 when no frontend holds
+/// anything of ours).
 pub fn mapped_pages() -> i64 {
-    MAPPED_PAGES
+    POLLERS
         .iter()
-        .map(|c| c.0.load(Ordering::Relaxed))
+        .map(|slot| slot.mapped_pages.load(Ordering::Relaxed))
         .sum()
 }
 

@@ -4,22 +4,25 @@
 //! taken only when the flag is set), and a doorbell event channel wakes a sleeping
 //! poller.
 //!
-//! Adaptive idle: the poller spins while requests keep coming; after an idle spell it
-//! re-arms every ring (`prepare_to_sleep`, the final check) and blocks in
-//! `SCHEDOP_poll` on its rings' event channels (kept masked: no upcalls, the pending bit
-//! is the wake-up), so an idle blkdom leaves its pCPUs to the guests.
+//! Adaptive idle: the poller spins while requests keep coming; after an idle spell (its
+//! length adapts to the gaps between bursts of work: `polling::spin`) it re-arms every
+//! ring (`prepare_to_sleep`, the final check) and blocks in `SCHEDOP_poll` on its rings'
+//! event channels (kept masked: no upcalls, the pending bit is the wake-up), so an idle
+//! blkdom leaves its pCPUs to the guests.
 
 use super::adapters::{FrontendGrants, Notify, SharedRing};
 use super::disk::DeviceQueue;
 use super::space::{self, MapRegion};
 use crate::smp::MAX_CPUS;
 use crate::xen_domain;
+use alloc::boxed::Box;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkback::engine::Engine;
 use blkback::stats::RingStats;
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use polling::sleep::{sleep_deadline, MAX_SLEEP_NS};
+use polling::spin::{Decision, SpinPolicy, MAX_SPELL_NS, MIN_SPELL_NS};
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::grant_table::GnttabUnmapGrantRef;
 use xen::abi::DOMID_SELF;
@@ -28,18 +31,9 @@ pub type BlkEngine = Engine<SharedRing, FrontendGrants, DeviceQueue, Notify>;
 
 /// Requests taken from a ring per pass (bounded work per poll, XSA-332).
 const POLL_BUDGET: usize = 64;
-/// How long a poller keeps spinning after its last work before it sleeps adapts to the
-/// gaps it sees between bursts of work: twice their running average, within these
-/// bounds. A wake-up from `SCHEDOP_poll` costs a hypercall (~125 us under the nested
-/// rig) plus a cross-pCPU wake; a spin costs the pCPU it runs on. Measured in the rig
-/// (tests/xen/spin-sweep, 4 KiB random reads, RDTSC not trapped): QD32 285 IOPS with
-/// 20-100 us, 438 with 200-5000 us, 467 with 1000-20000 us; QD1 119, 364 and 397 IOPS. Only
-/// work found while spinning lengthens the spell, so an idle poller spins 200 us per
-/// wake-up (about one a second). `poll.spin-us=` overrides the bounds.
-const MIN_SPELL_NS: u64 = 200_000;
-const MAX_SPELL_NS: u64 = 5_000_000;
-/// The spin window in use: the defaults above, or `poll.spin-us=` from the command line
-/// (set before any poller starts).
+/// The spin window in use (how long a poller spins after its last work adapts within
+/// it: `polling::spin::SpinPolicy`): the defaults, or `poll.spin-us=` from the command
+/// line (set before any poller starts).
 static SPELL_BOUNDS_NS: [AtomicU64; 2] =
     [AtomicU64::new(MIN_SPELL_NS), AtomicU64::new(MAX_SPELL_NS)];
 
@@ -80,7 +74,7 @@ pub struct ServedQueue {
     pub control: Arc<QueueControl>,
 }
 
-#[derive(Default)]
+/// What a poller counts, for `data/blkdom-pollers`.
 pub struct PollerCounters {
     pub loops: AtomicU64,
     pub busy_loops: AtomicU64,
@@ -88,42 +82,72 @@ pub struct PollerCounters {
     pub rings: AtomicU32,
 }
 
-static INBOX: [spin::Mutex<Vec<ServedQueue>>; MAX_CPUS] =
-    [const { spin::Mutex::new(Vec::new()) }; MAX_CPUS];
-static INBOX_PENDING: [AtomicBool; MAX_CPUS] = [const { AtomicBool::new(false) }; MAX_CPUS];
-/// Sending end of each poller's doorbell (0: no poller yet).
-static DOORBELL: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
-pub static COUNTERS: [PollerCounters; MAX_CPUS] = [const {
-    PollerCounters {
-        loops: AtomicU64::new(0),
-        busy_loops: AtomicU64::new(0),
-        sleeps: AtomicU64::new(0),
-        rings: AtomicU32::new(0),
-    }
-}; MAX_CPUS];
+/// One vCPU's poller as the others reach it: its inbox (filled by the control path), its
+/// doorbell, its counters. Each slot has cache lines of its own: every poller writes its
+/// counters on every loop, and neighbours must not make each other's lines bounce.
+#[repr(align(64))]
+pub struct PollerSlot {
+    /// Rings handed over by the control path, not yet taken; `inbox_pending` says there
+    /// are some (the poller looks at the flag every loop, at the lock only when it is set).
+    /// `None` until the first (boxed: `None` is then all zeroes, and so is the whole
+    /// slot, which keeps the array in .bss instead of the image).
+    #[allow(clippy::box_collection)]
+    inbox: spin::Mutex<Option<Box<Vec<ServedQueue>>>>,
+    inbox_pending: AtomicBool,
+    /// Sending end of the poller's doorbell (0: no poller yet).
+    doorbell: AtomicU32,
+    /// Rings assigned to this poller (counted at attach, so placement never lags).
+    assigned: AtomicU32,
+    /// Foreign pages (ring and data grants) this vCPU mapped and has not unmapped (can
+    /// go negative: a ring's pages are mapped on vCPU 0 and unmapped by its poller).
+    pub mapped_pages: AtomicI64,
+    pub counters: PollerCounters,
+}
 
-/// Rings assigned to each poller (counted at attach, so placement never lags).
-static ASSIGNED: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
+impl PollerSlot {
+    const fn new() -> PollerSlot {
+        PollerSlot {
+            inbox: spin::Mutex::new(None),
+            inbox_pending: AtomicBool::new(false),
+            doorbell: AtomicU32::new(0),
+            assigned: AtomicU32::new(0),
+            mapped_pages: AtomicI64::new(0),
+            counters: PollerCounters {
+                loops: AtomicU64::new(0),
+                busy_loops: AtomicU64::new(0),
+                sleeps: AtomicU64::new(0),
+                rings: AtomicU32::new(0),
+            },
+        }
+    }
+}
+
+/// Every vCPU's poller slot, by vCPU index.
+pub static POLLERS: [PollerSlot; MAX_CPUS] = [const { PollerSlot::new() }; MAX_CPUS];
 
 /// The poller with the fewest rings; vCPU 0 (which also runs the control path) only
 /// when it has strictly fewer than every other.
 pub fn least_loaded(cpus: usize) -> usize {
     (0..cpus.max(1))
-        .min_by_key(|&cpu| (ASSIGNED[cpu].load(Ordering::Relaxed), cpu == 0))
+        .min_by_key(|&cpu| (POLLERS[cpu].assigned.load(Ordering::Relaxed), cpu == 0))
         .unwrap_or(0)
 }
 
 /// Hands a connected ring to the poller of `cpu`.
 pub fn attach(cpu: usize, queue: ServedQueue) {
-    ASSIGNED[cpu].fetch_add(1, Ordering::Relaxed);
-    INBOX[cpu].lock().push(queue);
-    INBOX_PENDING[cpu].store(true, Ordering::Release);
+    let slot = &POLLERS[cpu];
+    slot.assigned.fetch_add(1, Ordering::Relaxed);
+    slot.inbox
+        .lock()
+        .get_or_insert_with(Box::default)
+        .push(queue);
+    slot.inbox_pending.store(true, Ordering::Release);
     ring_doorbell(cpu);
 }
 
 /// Wakes the poller of `cpu` if it sleeps.
 pub fn ring_doorbell(cpu: usize) {
-    let port = DOORBELL[cpu].load(Ordering::Acquire);
+    let port = POLLERS[cpu].doorbell.load(Ordering::Acquire);
     if let (Some(xen), true) = (xen_domain::get(), port != 0) {
         let _ = xen::evtchn::send(&xen.hv, port);
     }
@@ -132,7 +156,7 @@ pub fn ring_doorbell(cpu: usize) {
 /// Unmaps a ring's pages, closes its port and frees its map region (after the engine
 /// has disconnected: no request in flight, every data grant unmapped).
 fn release(cpu: usize, queue: ServedQueue) {
-    ASSIGNED[cpu].fetch_sub(1, Ordering::Relaxed);
+    POLLERS[cpu].assigned.fetch_sub(1, Ordering::Relaxed);
     let Some(xen) = xen_domain::get() else { return };
     let ServedQueue {
         engine,
@@ -183,9 +207,10 @@ pub trait ControlWork {
 /// The poll loop of this vCPU; never returns.
 pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
     let xen = xen_domain::get().expect("pollers run under Xen");
-    let counters = &COUNTERS[cpu];
+    let slot = &POLLERS[cpu];
+    let counters = &slot.counters;
     let (sender, doorbell) = doorbell_pair().expect("doorbell event channel");
-    DOORBELL[cpu].store(sender, Ordering::Release);
+    slot.doorbell.store(sender, Ordering::Release);
     let mut served: Vec<ServedQueue> = Vec::with_capacity(64);
     let mut ports: Vec<EvtchnPort> = Vec::with_capacity(128);
     let rebuild_ports = |served: &Vec<ServedQueue>,
@@ -204,13 +229,9 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
     rebuild_ports(&served, &mut ports, &control);
     let min_spell_ns = SPELL_BOUNDS_NS[0].load(Ordering::Relaxed);
     let max_spell_ns = SPELL_BOUNDS_NS[1].load(Ordering::Relaxed);
-    let mut idle_since: Option<u64> = None;
+    let mut spin = SpinPolicy::new(min_spell_ns, max_spell_ns);
     let mut control_due = 0u64;
     let mut next_ring_stats = 0u64;
-    // Running average (1/8 weight) of the gap from the end of one burst of work to the
-    // next work found while spinning.
-    let mut average_gap_ns = min_spell_ns;
-    let mut woke_for_work = false;
     log::info!(
         "poller: vCPU {cpu} serving (doorbell port {doorbell}, spin {}-{} us)",
         min_spell_ns / 1000,
@@ -218,8 +239,13 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
     );
     loop {
         counters.loops.fetch_add(1, Ordering::Relaxed);
-        if INBOX_PENDING[cpu].swap(false, Ordering::AcqRel) {
-            for queue in INBOX[cpu].lock().drain(..) {
+        if slot.inbox_pending.swap(false, Ordering::AcqRel) {
+            for queue in slot
+                .inbox
+                .lock()
+                .iter_mut()
+                .flat_map(|inbox| inbox.drain(..))
+            {
                 xen.shared.mask(queue.port);
                 served.push(queue);
             }
@@ -270,19 +296,10 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
         }
         if work {
             counters.busy_loops.fetch_add(1, Ordering::Relaxed);
-            if let Some(since) = idle_since.take() {
-                let gap = now.saturating_sub(since).min(max_spell_ns);
-                average_gap_ns = (average_gap_ns * 7 + gap) / 8;
-            } else if woke_for_work {
-                // Work right after a sleep: a longer spell might have caught it.
-                average_gap_ns = (average_gap_ns * 7 + max_spell_ns) / 8;
-            }
-            woke_for_work = false;
+            spin.on_work(now);
             continue;
         }
-        let since = *idle_since.get_or_insert(now);
-        let spell = (average_gap_ns * 2).clamp(min_spell_ns, max_spell_ns);
-        if now.saturating_sub(since) < spell {
+        if spin.on_idle(now) == Decision::Spin {
             core::hint::spin_loop();
             continue;
         }
@@ -290,8 +307,8 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
         let quiet = served
             .iter_mut()
             .fold(true, |quiet, q| q.engine.prepare_to_sleep() & quiet);
-        if !quiet || INBOX_PENDING[cpu].load(Ordering::Acquire) {
-            idle_since = None;
+        if !quiet || slot.inbox_pending.load(Ordering::Acquire) {
+            spin.on_sleep_abandoned();
             continue;
         }
         counters.sleeps.fetch_add(1, Ordering::Relaxed);
@@ -301,8 +318,6 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
         // Returns when one of the ports is pending, at the deadline, or on an interrupt.
         let _ = xen::evtchn::poll(&xen.hv, &ports, deadline);
         xen.shared.clear_pending(doorbell);
-        // The time asleep is no gap a spin could have bridged: measure anew.
-        idle_since = None;
-        woke_for_work = true;
+        spin.on_wake();
     }
 }

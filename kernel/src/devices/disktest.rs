@@ -10,16 +10,18 @@
 //! `disktest.nvme-prp-only`, `disktest.bounce` (through bounce buffers, as an emulated
 //! device under Xen).
 
+use super::error::OpenError;
 use super::hal::{self, now_us};
 use super::open::{self, Queue};
+use crate::firmware::Firmware;
 use crate::physmem;
 use crate::power;
-use alloc::format;
-use alloc::string::String;
+use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use backing::pattern::{self, Plan};
 use backing::Backing;
 use blkdev::{BufferAccess, DmaSegment, Geometry, IoOp, IoRequest, IoStatus, SubmitError};
+use core::fmt;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use log::{error, info};
 use machine::cmdline::Cmdline;
@@ -65,13 +67,13 @@ struct Job {
 
 static JOBS: spin::Once<Vec<spin::Mutex<Option<Job>>>> = spin::Once::new();
 /// Each queue's outcome, filled by the CPU that drove it.
-type QueueResult = spin::Mutex<Option<Result<QueueReport, String>>>;
+type QueueResult = spin::Mutex<Option<Result<QueueReport, DiskTestError>>>;
 static RESULTS: spin::Once<Vec<QueueResult>> = spin::Once::new();
 static FINISHED: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs the disk test on `spec` and powers off with its verdict.
-pub fn disk_test(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> ! {
-    let verdict = match run(spec, cmdline, rsdp_paddr) {
+pub fn disk_test(spec: &str, cmdline: &Cmdline, firmware: Firmware) -> ! {
+    let verdict = match run(spec, cmdline, &firmware) {
         Ok(()) => {
             info!("disktest: PASS");
             power::Verdict::Pass
@@ -85,17 +87,25 @@ pub fn disk_test(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> ! {
     power::power_off()
 }
 
-fn number<T: core::str::FromStr>(cmdline: &Cmdline, key: &str, default: T) -> Result<T, String> {
+fn number<T: core::str::FromStr>(
+    cmdline: &Cmdline,
+    key: &'static str,
+    default: T,
+) -> Result<T, DiskTestError> {
     match cmdline.value(key) {
         None => Ok(default),
-        Some(text) => text
-            .parse()
-            .map_err(|_| format!("{key}={text} is not a number")),
+        Some(text) => text.parse().map_err(|_| DiskTestError::NotANumber {
+            key,
+            text: text.into(),
+        }),
     }
 }
 
-fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
-    let backing = backing::parse_backing(spec).map_err(|e| format!("disktest={spec}: {e}"))?;
+fn run(spec: &str, cmdline: &Cmdline, firmware: &Firmware) -> Result<(), DiskTestError> {
+    let backing = backing::parse_backing(spec).map_err(|e| DiskTestError::Spec {
+        spec: spec.into(),
+        reason: e.to_string(),
+    })?;
     let params = Params {
         seed: number(cmdline, "disktest.seed", 1)?,
         writes: number(cmdline, "disktest.writes", 24)?,
@@ -105,9 +115,7 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
     let cpus = crate::smp::online_count();
     let wanted: usize = number(cmdline, "disktest.queues", cpus)?;
     if wanted == 0 || wanted > cpus {
-        return Err(format!(
-            "disktest.queues={wanted}: between 1 and the {cpus} online CPUs"
-        ));
+        return Err(DiskTestError::QueueCount { wanted, cpus });
     }
     let tsc_per_us = hal::calibrate_clock();
     info!(
@@ -120,7 +128,9 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
         bounce: cmdline.has("disktest.bounce"),
         ..Default::default()
     };
-    let disk = open::open(backing, rsdp_paddr, wanted, options)?;
+    // Both opens below go through one `Devices`, as the control path's do.
+    let mut devices = open::Devices::new(*firmware);
+    let disk = devices.open(backing, wanted, options)?;
     let geometry = disk.queues[0].geometry();
     let queues = disk.queues.len();
     info!(
@@ -138,7 +148,9 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
         info!("disktest: the device gave {queues} of {wanted} queues");
     }
     if geometry.sectors <= TAIL_SECTORS + 2 * u64::from(MAX_WRITE_SECTORS) * queues as u64 {
-        return Err(format!("disk of {} sectors is too small", geometry.sectors));
+        return Err(DiskTestError::TooSmall {
+            sectors: geometry.sectors,
+        });
     }
     let region_sectors = (geometry.sectors - TAIL_SECTORS) / queues as u64;
     info!(
@@ -151,20 +163,17 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
     // one), a virtio device is refused as in use.
     let mut second = match backing {
         Backing::Nvme { .. } => {
-            let again = open::open(backing, rsdp_paddr, 1, options)
-                .map_err(|why| format!("second open: {why}"))?;
+            let again = devices
+                .open(backing, 1, options)
+                .map_err(DiskTestError::SecondOpen)?;
             info!(
                 "disktest: a second open got {} more queue(s)",
                 again.queues.len()
             );
             again.queues.into_iter().next()
         }
-        Backing::Virtio { .. } => match open::open(backing, rsdp_paddr, 1, options) {
-            Ok(_) => {
-                return Err(String::from(
-                    "a second open of the virtio device was not refused",
-                ))
-            }
+        Backing::Virtio { .. } => match devices.open(backing, 1, options) {
+            Ok(_) => return Err(DiskTestError::SecondVirtioOpenAccepted),
             Err(why) => {
                 info!("disktest: a second open is refused: {why}");
                 None
@@ -195,15 +204,15 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
     // CPUs 1.. get their queue through their mailbox (not waited for); the boot CPU
     // drives queue 0 meanwhile.
     for cpu in 1..queues {
-        if let Err(e) = crate::smp::start_on(cpu, worker) {
-            return Err(format!("cannot start queue {cpu} on cpu {cpu}: {e:?}"));
+        if let Err(error) = crate::smp::start_on(cpu, worker) {
+            return Err(DiskTestError::StartCpu { cpu, error });
         }
     }
     worker(0);
     let deadline = now_us() + 600_000_000;
     while FINISHED.load(Ordering::Acquire) < queues {
         if now_us() > deadline {
-            return Err(String::from("a queue's CPU did not finish within 600 s"));
+            return Err(DiskTestError::Unfinished);
         }
         core::hint::spin_loop();
     }
@@ -220,12 +229,12 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
                 total.sequential_bytes += report.sequential_bytes;
                 total.sequential_us = total.sequential_us.max(report.sequential_us);
             }
-            Some(Err(why)) => failures.push(format!("queue {index}: {why}")),
-            None => failures.push(format!("queue {index}: no result")),
+            Some(Err(why)) => failures.push((index, Some(why))),
+            None => failures.push((index, None)),
         }
     }
     if !failures.is_empty() {
-        return Err(failures.join("; "));
+        return Err(DiskTestError::Queues(failures));
     }
     if let Some(queue) = second.as_mut() {
         check_last_write(queue, params, region_sectors)?;
@@ -239,7 +248,11 @@ fn run(spec: &str, cmdline: &Cmdline, rsdp_paddr: u64) -> Result<(), String> {
 }
 
 /// Reads queue 0's last write (nothing overwrites it) through `queue` and checks it.
-fn check_last_write(queue: &mut Queue, params: Params, region_sectors: u64) -> Result<(), String> {
+fn check_last_write(
+    queue: &mut Queue,
+    params: Params,
+    region_sectors: u64,
+) -> Result<(), DiskTestError> {
     let Some(last) = Plan::new(
         params.seed,
         0,
@@ -271,10 +284,10 @@ fn check_last_write(queue: &mut Queue, params: Params, region_sectors: u64) -> R
     pages.gather(&buffer.segments, &mut data);
     if let Some(at) = pattern::first_mismatch(params.seed, 0, last.index, last.sector * 512, &data)
     {
-        return Err(format!(
-            "the second open reads write {} wrong at byte {at}",
-            last.index
-        ));
+        return Err(DiskTestError::SecondOpenReadsWrong {
+            write: last.index,
+            at,
+        });
     }
     info!("disktest: the second open reads queue 0's last write back intact");
     Ok(())
@@ -290,7 +303,7 @@ fn worker(cpu: usize) {
             error!("disktest: queue {} on cpu {cpu}: {why}", job.index);
             why
         }),
-        None => Err(format!("no queue for cpu {cpu}")),
+        None => Err(DiskTestError::NoQueueForCpu(cpu)),
     };
     if let Some(slot) = RESULTS.get().and_then(|r| r.get(cpu)) {
         *slot.lock() = Some(result);
@@ -371,8 +384,8 @@ struct Buffer {
 }
 
 impl Buffer {
-    fn new(pages: usize) -> Result<Self, String> {
-        let base = hal::allocate_dma(pages).ok_or("out of memory for DMA buffers")?;
+    fn new(pages: usize) -> Result<Self, DiskTestError> {
+        let base = hal::allocate_dma(pages).ok_or(DiskTestError::NoDmaMemory)?;
         Ok(Buffer {
             base,
             pages,
@@ -443,7 +456,7 @@ fn complete(
     queue: &mut Queue,
     request: &IoRequest<'_>,
     buffers: BufferPages,
-) -> Result<(), String> {
+) -> Result<(), DiskTestError> {
     let start = now_us();
     loop {
         match queue.submit(request, &buffers) {
@@ -452,17 +465,17 @@ fn complete(
                 queue.poll_completions(&mut |_| {});
             }
             Err(SubmitError::Invalid) => {
-                return Err(format!(
-                    "{:?} at sector {} refused as invalid",
-                    request.op, request.sector
-                ))
+                return Err(DiskTestError::Refused {
+                    op: request.op,
+                    sector: request.sector,
+                })
             }
         }
         if now_us() - start > REQUEST_TIMEOUT_US {
-            return Err(format!(
-                "{:?} at sector {}: queue stayed full",
-                request.op, request.sector
-            ));
+            return Err(DiskTestError::QueueStayedFull {
+                op: request.op,
+                sector: request.sector,
+            });
         }
     }
     let status = loop {
@@ -476,25 +489,25 @@ fn complete(
             break status;
         }
         if now_us() - start > REQUEST_TIMEOUT_US {
-            return Err(format!(
-                "{:?} of {} sectors at sector {}: no completion within {} s",
-                request.op,
-                request.nr_sectors,
-                request.sector,
-                REQUEST_TIMEOUT_US / 1_000_000
-            ));
+            return Err(DiskTestError::NoCompletion {
+                op: request.op,
+                sectors: request.nr_sectors,
+                sector: request.sector,
+            });
         }
     };
     if status == IoStatus::Ok {
         return Ok(());
     }
-    Err(format!(
-        "{:?} of {} sectors at sector {}: the device answered {status:?}",
-        request.op, request.nr_sectors, request.sector
-    ))
+    Err(DiskTestError::DeviceAnswered {
+        op: request.op,
+        sectors: request.nr_sectors,
+        sector: request.sector,
+        status,
+    })
 }
 
-fn exercise(job: &mut Job) -> Result<QueueReport, String> {
+fn exercise(job: &mut Job) -> Result<QueueReport, DiskTestError> {
     let geometry = job.queue.geometry();
     let mut report = QueueReport::default();
     let mut write = Buffer::new(BUFFER_PAGES)?;
@@ -549,10 +562,12 @@ fn exercise(job: &mut Job) -> Result<QueueReport, String> {
         if let Some(at) =
             pattern::first_mismatch(params.seed, job.index, w.index, w.sector * 512, data)
         {
-            return Err(format!(
-                "write {} ({} sectors at sector {}): read back differs at byte {at}",
-                w.index, w.sectors, w.sector
-            ));
+            return Err(DiskTestError::ReadBackDiffers {
+                write: w.index,
+                sectors: w.sectors,
+                sector: w.sector,
+                at,
+            });
         }
         report.written_bytes += bytes;
     }
@@ -586,7 +601,11 @@ fn flush_request(tag: u32) -> IoRequest<'static> {
 }
 
 /// Discards the tail (outside every write region) when the device offers discard.
-fn discard_tail(queue: &mut Queue, geometry: &Geometry, tag: &mut u32) -> Result<(), String> {
+fn discard_tail(
+    queue: &mut Queue,
+    geometry: &Geometry,
+    tag: &mut u32,
+) -> Result<(), DiskTestError> {
     let Some(discard) = geometry.discard else {
         return Ok(());
     };
@@ -618,7 +637,7 @@ fn reads_at_depth(
     count: u64,
     tag: &mut u32,
     next_sector: &mut dyn FnMut() -> u64,
-) -> Result<u64, String> {
+) -> Result<u64, DiskTestError> {
     let pages_each = (bytes / PAGE) as usize;
     let depth = queue
         .queue_depth()
@@ -651,7 +670,9 @@ fn reads_at_depth(
                     break;
                 }
                 Err(SubmitError::Invalid) => {
-                    return Err(format!("read at sector {} refused", request.sector))
+                    return Err(DiskTestError::ReadRefused {
+                        sector: request.sector,
+                    })
                 }
             }
         }
@@ -666,14 +687,16 @@ fn reads_at_depth(
             }
         });
         if let Some(status) = failed {
-            return Err(format!("read failed with {status:?}"));
+            return Err(DiskTestError::ReadFailed(status));
         }
         done += finished as u64;
         let now = now_us();
         if finished > 0 {
             last_progress = now;
         } else if now - last_progress > REQUEST_TIMEOUT_US {
-            return Err(format!("reads stalled with {} in flight", issued - done));
+            return Err(DiskTestError::ReadsStalled {
+                in_flight: issued - done,
+            });
         }
     }
     Ok(now_us() - start)
@@ -684,7 +707,7 @@ fn throughput(
     buffer: &mut Buffer,
     report: &mut QueueReport,
     tag: &mut u32,
-) -> Result<(), String> {
+) -> Result<(), DiskTestError> {
     let params = job.params;
     let region_start = job.region_start;
     let pages = job.region_sectors / 8;
@@ -725,3 +748,156 @@ fn throughput(
     );
     Ok(())
 }
+
+/// Why the disk test failed (printed after "disktest: FAIL: ", which the tier-2 runner
+/// reads).
+#[derive(Debug)]
+enum DiskTestError {
+    Spec {
+        spec: String,
+        reason: String,
+    },
+    NotANumber {
+        key: &'static str,
+        text: String,
+    },
+    QueueCount {
+        wanted: usize,
+        cpus: usize,
+    },
+    Open(OpenError),
+    TooSmall {
+        sectors: u64,
+    },
+    SecondOpen(OpenError),
+    SecondVirtioOpenAccepted,
+    StartCpu {
+        cpu: usize,
+        error: crate::smp::RunError,
+    },
+    Unfinished,
+    /// The queues that failed: (index, why; `None`: no result).
+    Queues(Vec<(usize, Option<DiskTestError>)>),
+    SecondOpenReadsWrong {
+        write: u32,
+        at: usize,
+    },
+    NoQueueForCpu(usize),
+    NoDmaMemory,
+    Refused {
+        op: IoOp,
+        sector: u64,
+    },
+    QueueStayedFull {
+        op: IoOp,
+        sector: u64,
+    },
+    NoCompletion {
+        op: IoOp,
+        sectors: u64,
+        sector: u64,
+    },
+    DeviceAnswered {
+        op: IoOp,
+        sectors: u64,
+        sector: u64,
+        status: IoStatus,
+    },
+    ReadBackDiffers {
+        write: u32,
+        sectors: u32,
+        sector: u64,
+        at: usize,
+    },
+    ReadRefused {
+        sector: u64,
+    },
+    ReadFailed(IoStatus),
+    ReadsStalled {
+        in_flight: u64,
+    },
+}
+
+impl From<OpenError> for DiskTestError {
+    fn from(error: OpenError) -> Self {
+        DiskTestError::Open(error)
+    }
+}
+
+impl fmt::Display for DiskTestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DiskTestError::Spec { spec, reason } => write!(f, "disktest={spec}: {reason}"),
+            DiskTestError::NotANumber { key, text } => write!(f, "{key}={text} is not a number"),
+            DiskTestError::QueueCount { wanted, cpus } => write!(
+                f,
+                "disktest.queues={wanted}: between 1 and the {cpus} online CPUs"
+            ),
+            DiskTestError::Open(error) => write!(f, "{error}"),
+            DiskTestError::TooSmall { sectors } => {
+                write!(f, "disk of {sectors} sectors is too small")
+            }
+            DiskTestError::SecondOpen(error) => write!(f, "second open: {error}"),
+            DiskTestError::SecondVirtioOpenAccepted => {
+                f.write_str("a second open of the virtio device was not refused")
+            }
+            DiskTestError::StartCpu { cpu, error } => {
+                write!(f, "cannot start queue {cpu} on cpu {cpu}: {error:?}")
+            }
+            DiskTestError::Unfinished => f.write_str("a queue's CPU did not finish within 600 s"),
+            DiskTestError::Queues(failures) => {
+                for (n, (index, why)) in failures.iter().enumerate() {
+                    if n > 0 {
+                        f.write_str("; ")?;
+                    }
+                    match why {
+                        Some(why) => write!(f, "queue {index}: {why}")?,
+                        None => write!(f, "queue {index}: no result")?,
+                    }
+                }
+                Ok(())
+            }
+            DiskTestError::SecondOpenReadsWrong { write, at } => {
+                write!(f, "the second open reads write {write} wrong at byte {at}")
+            }
+            DiskTestError::NoQueueForCpu(cpu) => write!(f, "no queue for cpu {cpu}"),
+            DiskTestError::NoDmaMemory => f.write_str("out of memory for DMA buffers"),
+            DiskTestError::Refused { op, sector } => {
+                write!(f, "{op:?} at sector {sector} refused as invalid")
+            }
+            DiskTestError::QueueStayedFull { op, sector } => {
+                write!(f, "{op:?} at sector {sector}: queue stayed full")
+            }
+            DiskTestError::NoCompletion { op, sectors, sector } => write!(
+                f,
+                "{op:?} of {sectors} sectors at sector {sector}: no completion within {} s",
+                REQUEST_TIMEOUT_US / 1_000_000
+            ),
+            DiskTestError::DeviceAnswered {
+                op,
+                sectors,
+                sector,
+                status,
+            } => write!(
+                f,
+                "{op:?} of {sectors} sectors at sector {sector}: the device answered {status:?}"
+            ),
+            DiskTestError::ReadBackDiffers {
+                write,
+                sectors,
+                sector,
+                at,
+            } => write!(
+                f,
+                "write {write} ({sectors} sectors at sector {sector}): read back differs at byte {at}"
+            ),
+            DiskTestError::ReadRefused { sector } => write!(f, "read at sector {sector} refused"),
+            DiskTestError::ReadFailed(status) => write!(f, "read failed with {status:?}"),
+            DiskTestError::ReadsStalled { in_flight } => {
+                write!(f, "reads stalled with {in_flight} in flight")
+            }
+        }
+    }
+}
+
+impl core::error::Error for DiskTestError {}

@@ -157,10 +157,8 @@ pub enum PciConfig {
 }
 
 impl PciConfig {
-    pub fn find(rsdp_paddr: u64) -> Self {
-        let mcfg = crate::firmware::rsdp(rsdp_paddr)
-            .and_then(|rsdp| crate::firmware::find_table(&rsdp, b"MCFG"))
-            .and_then(|table| acpi::parse_mcfg(&crate::firmware::IdentityMemory, table));
+    /// Through the window the MCFG gave (`Firmware::ecam`), or ports without one.
+    pub fn from_mcfg(mcfg: Result<EcamWindow, acpi::AcpiError>) -> Self {
         match mcfg {
             Ok(window) => {
                 log::info!(

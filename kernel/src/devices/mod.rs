@@ -3,8 +3,11 @@
 
 mod bounce;
 mod disktest;
+mod error;
 mod hal;
+mod nvme;
 pub mod open;
 mod virtio;
 
 pub use disktest::disk_test;
+pub use error::OpenError;

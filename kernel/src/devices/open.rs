@@ -1,6 +1,9 @@
 //! From a backing-store name to ready device queues.
 
-use super::hal::{self, DeviceHal, PciConfig};
+use super::error::OpenError;
+use super::hal::{self, PciConfig};
+use super::nvme::NvmeControllers;
+use crate::firmware::Firmware;
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
@@ -22,11 +25,6 @@ pub struct OpenedDisk {
     pub bounced_bytes: Arc<AtomicU64>,
 }
 
-/// Bytes of NVMe BAR 0 mapped.
-const NVME_REGISTER_WINDOW: u64 = 64 * 1024;
-/// NVMe submission/completion queue depth per CPU.
-const NVME_QUEUE_ENTRIES: u16 = 256;
-
 /// Choices a caller may make when opening a disk.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OpenOptions<'a> {
@@ -41,47 +39,66 @@ pub struct OpenOptions<'a> {
     pub passed_through: &'a [PciAddress],
 }
 
-/// Opens `backing` with up to `wanted_queues` queues.
-pub fn open(
-    backing: Backing,
-    rsdp_paddr: u64,
-    wanted_queues: usize,
-    options: OpenOptions<'_>,
-) -> Result<OpenedDisk, String> {
-    let wanted_queues = wanted_queues.max(1);
-    match backing {
-        Backing::Ram { bytes, .. } => {
-            let disk = blkdev::RamDisk::new(bytes / blkdev::SECTOR_SIZE);
-            Ok(OpenedDisk {
-                description: format!("RAM disk of {} KiB", bytes / 1024),
-                queues: (0..wanted_queues)
-                    .map(|_| Box::new(disk.queue(32)) as Queue)
-                    .collect(),
-                bounced_bytes: Arc::default(),
-            })
+/// The PCI devices opened so far, owned by whoever opens disks (the control path's
+/// device registry, or the disk test): what must be done once per device is done once.
+pub struct Devices {
+    /// Where PCI configuration space is (the MCFG's ECAM window).
+    firmware: Firmware,
+    /// Brought up once, then shared by every disk on them.
+    nvme: NvmeControllers,
+    /// Virtio devices in use: one disk each (opening one again would reset it).
+    virtio_in_use: Vec<PciAddress>,
+}
+
+impl Devices {
+    pub fn new(firmware: Firmware) -> Devices {
+        Devices {
+            firmware,
+            nvme: NvmeControllers::default(),
+            virtio_in_use: Vec::new(),
         }
-        Backing::Nvme { nsid } => {
-            let pci = PciConfig::find(rsdp_paddr);
-            let function = find(&pci, Function::is_nvme, 0)
-                .ok_or_else(|| String::from("no NVMe controller on the PCI bus"))?;
-            let bounce = options.bounce || emulated_under_xen(&function, &options);
-            with_bounce(
-                open_nvme(&pci, function, nsid, wanted_queues, &options)?,
-                bounce,
-            )
-        }
-        Backing::Virtio { index } => {
-            let pci = PciConfig::find(rsdp_paddr);
-            let function = find(&pci, Function::is_virtio_blk, index as usize)
-                .ok_or_else(|| format!("no virtio-blk device number {index} on the PCI bus"))?;
-            let bounce = options.bounce || emulated_under_xen(&function, &options);
-            let mut in_use = VIRTIO_IN_USE.lock();
-            if in_use.contains(&function.address) {
-                return Err(format!("virtio-blk {} is already in use", function.address));
+    }
+
+    /// Opens `backing` with up to `wanted_queues` queues.
+    pub fn open(
+        &mut self,
+        backing: Backing,
+        wanted_queues: usize,
+        options: OpenOptions<'_>,
+    ) -> Result<OpenedDisk, OpenError> {
+        let wanted_queues = wanted_queues.max(1);
+        match backing {
+            Backing::Ram { bytes, .. } => {
+                let disk = blkdev::RamDisk::new(bytes / blkdev::SECTOR_SIZE);
+                Ok(OpenedDisk {
+                    description: format!("RAM disk of {} KiB", bytes / 1024),
+                    queues: (0..wanted_queues)
+                        .map(|_| Box::new(disk.queue(32)) as Queue)
+                        .collect(),
+                    bounced_bytes: Arc::default(),
+                })
             }
-            let disk = super::virtio::open(&pci, function, wanted_queues)?;
-            in_use.push(function.address);
-            with_bounce(disk, bounce)
+            Backing::Nvme { nsid } => {
+                let pci = PciConfig::from_mcfg(self.firmware.ecam);
+                let function = find(&pci, Function::is_nvme, 0).ok_or(OpenError::NoNvme)?;
+                let bounce = options.bounce || emulated_under_xen(&function, &options);
+                let disk = self
+                    .nvme
+                    .open(&pci, function, nsid, wanted_queues, &options)?;
+                with_bounce(disk, bounce)
+            }
+            Backing::Virtio { index } => {
+                let pci = PciConfig::from_mcfg(self.firmware.ecam);
+                let function = find(&pci, Function::is_virtio_blk, index as usize)
+                    .ok_or(OpenError::NoVirtio { index })?;
+                let bounce = options.bounce || emulated_under_xen(&function, &options);
+                if self.virtio_in_use.contains(&function.address) {
+                    return Err(OpenError::VirtioInUse(function.address));
+                }
+                let disk = super::virtio::open(&pci, function, wanted_queues)?;
+                self.virtio_in_use.push(function.address);
+                with_bounce(disk, bounce)
+            }
         }
     }
 }
@@ -118,7 +135,7 @@ fn emulated_under_xen(function: &Function, options: &OpenOptions<'_>) -> bool {
 }
 
 /// Puts every queue of `disk` behind bounce buffers when `bounce` says so.
-fn with_bounce(disk: OpenedDisk, bounce: bool) -> Result<OpenedDisk, String> {
+fn with_bounce(disk: OpenedDisk, bounce: bool) -> Result<OpenedDisk, OpenError> {
     if !bounce {
         return Ok(disk);
     }
@@ -129,7 +146,7 @@ fn with_bounce(disk: OpenedDisk, bounce: bool) -> Result<OpenedDisk, String> {
         .map(|queue| {
             super::bounce::BounceQueue::new(queue, bounced_bytes.clone())
                 .map(|q| Box::new(q) as Queue)
-                .ok_or_else(|| String::from("no memory for bounce buffers"))
+                .ok_or(OpenError::NoBounceMemory)
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(OpenedDisk {
@@ -170,8 +187,8 @@ fn find(pci: &PciConfig, wanted: fn(&Function) -> bool, index: usize) -> Option<
 /// Every assigned memory BAR of every device (physical address, size): the MMIO that
 /// guest-physical space chosen for other uses (grant mappings) must stay clear of. An
 /// HVM domain has the device model's devices here; a PVH domain has no PCI bus at all.
-pub fn memory_bars(rsdp_paddr: u64) -> Vec<(u64, u64)> {
-    let pci = PciConfig::find(rsdp_paddr);
+pub fn memory_bars(firmware: &Firmware) -> Vec<(u64, u64)> {
+    let pci = PciConfig::from_mcfg(firmware.ecam);
     let mut functions = Vec::new();
     pci::enumerate_tree(pci.access(), pci.first_bus(), &mut |function| {
         if function.header_type == 0 {
@@ -202,18 +219,28 @@ pub fn memory_bars(rsdp_paddr: u64) -> Vec<(u64, u64)> {
 }
 
 /// Physical address and size of memory BAR `index` of `function`.
-fn memory_bar(pci: &PciConfig, function: &Function, index: u8) -> Result<(u64, u64), String> {
-    let bar = pci::read_bar(pci.access(), function.address, index)
-        .map_err(|e| format!("{}: BAR {index}: {e:?}", function.address))?;
+pub(super) fn memory_bar(
+    pci: &PciConfig,
+    function: &Function,
+    index: u8,
+) -> Result<(u64, u64), OpenError> {
+    let device = function.address;
+    let bar =
+        pci::read_bar(pci.access(), device, index).map_err(|error| OpenError::BarUnreadable {
+            device,
+            bar: index,
+            error,
+        })?;
     match bar {
         Some(Bar::Memory { address: 0, .. }) => {
-            Err(format!("{}: BAR {index} is unassigned", function.address))
+            Err(OpenError::BarUnassigned { device, bar: index })
         }
         Some(Bar::Memory { address, size, .. }) => Ok((address, size)),
-        other => Err(format!(
-            "{}: BAR {index} is not a memory BAR ({other:?})",
-            function.address
-        )),
+        found => Err(OpenError::BarNotMemory {
+            device,
+            bar: index,
+            found,
+        }),
     }
 }
 
@@ -226,109 +253,21 @@ pub fn map_memory_bar(
     index: u8,
     offset: u64,
     len: u64,
-) -> Result<hal::MmioWindow, String> {
+) -> Result<hal::MmioWindow, OpenError> {
+    let device = function.address;
     let (address, size) = memory_bar(pci, function, index)?;
     if len == 0 || offset.checked_add(len).is_none_or(|end| end > size) {
-        return Err(format!(
-            "{}: {len:#x} bytes at {offset:#x} do not fit BAR {index} ({size:#x} bytes)",
-            function.address
-        ));
+        return Err(OpenError::WindowOutsideBar {
+            device,
+            bar: index,
+            offset,
+            len,
+            size,
+        });
     }
-    hal::map_mmio(address + offset, len)
-        .map_err(|e| format!("{}: mapping BAR {index}: {e:?}", function.address))
-}
-
-/// Controllers brought up so far: a controller is reset once, then every disk on it
-/// (each namespace, each open) takes I/O queues from the pool it granted.
-static NVME_CONTROLLERS: spin::Mutex<Vec<(PciAddress, nvme::Controller<DeviceHal>)>> =
-    spin::Mutex::new(Vec::new());
-/// Virtio devices in use: one disk each (opening one again would reset it).
-static VIRTIO_IN_USE: spin::Mutex<Vec<PciAddress>> = spin::Mutex::new(Vec::new());
-/// I/O queue pairs asked of each NVMe controller: room for several disks per CPU.
-const NVME_QUEUES_PER_CPU: usize = 4;
-
-fn bring_up_nvme(
-    pci: &PciConfig,
-    function: &Function,
-) -> Result<nvme::Controller<DeviceHal>, String> {
-    let (_, size) = memory_bar(pci, function, 0)?;
-    if size < 0x2000 {
-        return Err(format!(
-            "{}: BAR 0 of {size} bytes is too small",
-            function.address
-        ));
-    }
-    // Registers and doorbells: 64 KiB holds the doorbells of 8192 queues at the
-    // smallest stride, far more than we ask for.
-    let window = size.min(NVME_REGISTER_WINDOW);
-    let registers = map_memory_bar(pci, function, 0, 0, window)?;
-    pci::enable_memory_and_dma(pci.access(), function.address);
-    let fail = |what: &str, e: nvme::NvmeError| format!("nvme {}: {what}: {e}", function.address);
-    let mut controller =
-        nvme::Controller::init(DeviceHal::nvme(registers), nvme::InitConfig::default())
-            .map_err(|e| fail("bring-up", e))?;
-    let wanted = (crate::smp::online_count() * NVME_QUEUES_PER_CPU).min(usize::from(u16::MAX - 1));
-    controller
-        .request_io_queues(wanted as u16)
-        .map_err(|e| fail("number of queues", e))?;
-    Ok(controller)
-}
-
-fn open_nvme(
-    pci: &PciConfig,
-    function: Function,
-    nsid: u32,
-    wanted_queues: usize,
-    options: &OpenOptions<'_>,
-) -> Result<OpenedDisk, String> {
-    let mut controllers = NVME_CONTROLLERS.lock();
-    let index = match controllers.iter().position(|(a, _)| *a == function.address) {
-        Some(index) => index,
-        None => {
-            let controller = bring_up_nvme(pci, &function)?;
-            controllers.push((function.address, controller));
-            controllers.len() - 1
-        }
-    };
-    let controller = &mut controllers[index].1;
-    let fail = |what: &str, e: nvme::NvmeError| format!("nvme {}: {what}: {e}", function.address);
-    let mut namespace = controller
-        .namespace(nsid)
-        .map_err(|e| fail("namespace", e))?;
-    namespace.sgl &= !options.nvme_prp_only;
-    let count = wanted_queues.min(usize::from(controller.io_queues_left()));
-    if count == 0 {
-        return Err(format!(
-            "nvme {}: every I/O queue the controller granted is in use",
-            function.address
-        ));
-    }
-    let mut queues: Vec<Queue> = Vec::new();
-    for _ in 0..count {
-        let queue = controller
-            .create_io_queue(&namespace, NVME_QUEUE_ENTRIES)
-            .map_err(|e| fail("I/O queue", e))?;
-        queues.push(Box::new(queue));
-    }
-    let granted = count;
-    let identity = controller.identity();
-    let version = controller.version();
-    Ok(OpenedDisk {
-        description: format!(
-            "nvme {} \"{}\" (NVMe {}.{}, serial \"{}\") namespace {}: {} blocks of {} B, {} queue(s) of {}, data by {}",
-            function.address,
-            identity.model_str(),
-            version.major,
-            version.minor,
-            identity.serial_str(),
-            nsid,
-            namespace.blocks,
-            namespace.block_size,
-            granted,
-            NVME_QUEUE_ENTRIES - 1,
-            if namespace.sgl { "PRP and SGL" } else { "PRP only" },
-        ),
-        queues,
-        bounced_bytes: Arc::default(),
+    hal::map_mmio(address + offset, len).map_err(|error| OpenError::BarNotMapped {
+        device,
+        bar: index,
+        error,
     })
 }

@@ -1,11 +1,11 @@
 //! virtio-blk over the modern PCI transport: find the capability windows, map their
 //! BARs, bring the device up with one virtqueue per CPU (as many as it offers).
 
+use super::error::OpenError;
 use super::hal::{DeviceHal, MmioWindow, PciConfig};
 use super::open::{map_memory_bar, OpenedDisk, Queue};
 use alloc::boxed::Box;
 use alloc::format;
-use alloc::string::String;
 use alloc::vec::Vec;
 use pci::{Function, VirtioCap, VirtioCapKind};
 use virtio::{PciRegions, VirtioBlk};
@@ -19,7 +19,7 @@ pub fn open(
     pci: &PciConfig,
     function: Function,
     wanted_queues: usize,
-) -> Result<OpenedDisk, String> {
+) -> Result<OpenedDisk, OpenError> {
     let caps: Vec<VirtioCap> = pci::virtio_capabilities(pci.access(), function.address).collect();
     let first = |wanted: fn(&VirtioCapKind) -> bool| caps.iter().find(|c| wanted(&c.kind)).copied();
     let (Some(common), Some(notify), Some(device)) = (
@@ -27,13 +27,10 @@ pub fn open(
         first(|k| matches!(k, VirtioCapKind::Notify { .. })),
         first(|k| matches!(k, VirtioCapKind::Device)),
     ) else {
-        return Err(format!(
-            "virtio {}: no modern (virtio 1.x) PCI capabilities; legacy devices are not supported",
-            function.address
-        ));
+        return Err(OpenError::VirtioLegacy(function.address));
     };
     // Each window is mapped on its own (map_memory_bar checks it lies in its BAR).
-    let window = |cap: VirtioCap| -> Result<MmioWindow, String> {
+    let window = |cap: VirtioCap| -> Result<MmioWindow, OpenError> {
         let offset = u64::from(cap.offset);
         map_memory_bar(pci, &function, cap.bar, offset, u64::from(cap.length))
     };
@@ -48,8 +45,11 @@ pub fn open(
         device: windows[2].address(),
     };
     pci::enable_memory_and_dma(pci.access(), function.address);
-    let fail =
-        |what: &str, e: virtio::VirtioError| format!("virtio {}: {what}: {e}", function.address);
+    let fail = |step, error| OpenError::Virtio {
+        device: function.address,
+        step,
+        error,
+    };
     let mut blk =
         VirtioBlk::init(DeviceHal::virtio(windows), regions).map_err(|e| fail("bring-up", e))?;
     let config = *blk.config();

@@ -15,10 +15,24 @@ use xen::XenError;
 /// The vector Xen raises for event channels on every vCPU.
 pub const UPCALL_VECTOR: u8 = 0xf3;
 
-static TABLES: [spin::Mutex<Option<HandlerTable>>; MAX_CPUS] =
-    [const { spin::Mutex::new(None) }; MAX_CPUS];
-static UPCALLS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
-static DISPATCHED: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+/// One vCPU's event delivery: its handler table and what its upcalls did. Each slot has
+/// cache lines of its own (every upcall writes its vCPU's counters).
+#[repr(align(64))]
+struct EventSlot {
+    table: spin::Mutex<Option<HandlerTable>>,
+    /// Upcalls taken.
+    upcalls: AtomicU64,
+    /// Handlers run.
+    dispatched: AtomicU64,
+}
+
+static EVENTS: [EventSlot; MAX_CPUS] = [const {
+    EventSlot {
+        table: spin::Mutex::new(None),
+        upcalls: AtomicU64::new(0),
+        dispatched: AtomicU64::new(0),
+    }
+}; MAX_CPUS];
 
 /// Routes `vcpu`'s event upcalls to `UPCALL_VECTOR` (any vCPU, up or not yet).
 pub fn init_vcpu(vcpu: u32) -> Result<(), InitError> {
@@ -35,7 +49,8 @@ pub fn init_vcpu(vcpu: u32) -> Result<(), InitError> {
 
 fn on_upcall(_frame: &mut trap::TrapFrame) {
     let cpu = smp::current().index.load(Ordering::Relaxed) as usize;
-    UPCALLS[cpu].fetch_add(1, Ordering::Relaxed);
+    let slot = &EVENTS[cpu];
+    slot.upcalls.fetch_add(1, Ordering::Relaxed);
     let Some(domain) = get() else { return };
     if domain.upcall_mode.get() == Some(&UpcallMode::PerVcpuVector) {
         // The per-vCPU vector comes through the local APIC and needs its EOI.
@@ -52,11 +67,11 @@ fn on_upcall(_frame: &mut trap::TrapFrame) {
     // we go round, instead of losing it.
     loop {
         vcpu_info.clear_upcall_pending();
-        let mut table = TABLES[cpu].lock();
+        let mut table = slot.table.lock();
         match table.as_mut() {
             Some(table) => {
                 let n = table.dispatch_pending(&events);
-                DISPATCHED[cpu].fetch_add(n as u64, Ordering::Relaxed);
+                slot.dispatched.fetch_add(n as u64, Ordering::Relaxed);
             }
             // Nothing registered here: drop the selector so it cannot pile up.
             None => drop(vcpu_info.take_selector()),
@@ -76,7 +91,7 @@ pub fn register(
     context: usize,
 ) -> Result<(), XenError> {
     let domain = get().ok_or(XenError::NoSys)?;
-    let slot = TABLES.get(vcpu as usize).ok_or(XenError::Inval)?;
+    let slot = &EVENTS.get(vcpu as usize).ok_or(XenError::Inval)?.table;
     // Masked while it moves: EVTCHNOP_unmask then re-delivers an event that is already
     // pending (binding an interdomain channel marks it pending) to the new vCPU. Xen's
     // unmask only does that for a port whose mask bit was set.
@@ -92,9 +107,9 @@ pub fn register(
 
 /// Removes `port`'s handler (the port itself is closed by its owner).
 pub fn unregister(port: EvtchnPort, vcpu: u32) {
-    if let Some(slot) = TABLES.get(vcpu as usize) {
+    if let Some(slot) = EVENTS.get(vcpu as usize) {
         x86_64::instructions::interrupts::without_interrupts(|| {
-            if let Some(table) = slot.lock().as_mut() {
+            if let Some(table) = slot.table.lock().as_mut() {
                 table.unregister(port);
             }
         });
@@ -103,8 +118,9 @@ pub fn unregister(port: EvtchnPort, vcpu: u32) {
 
 /// (upcalls taken, handlers dispatched) on `vcpu`.
 pub fn counters(vcpu: usize) -> (u64, u64) {
+    let slot = &EVENTS[vcpu];
     (
-        UPCALLS[vcpu].load(Ordering::Relaxed),
-        DISPATCHED[vcpu].load(Ordering::Relaxed),
+        slot.upcalls.load(Ordering::Relaxed),
+        slot.dispatched.load(Ordering::Relaxed),
     )
 }

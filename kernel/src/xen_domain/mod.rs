@@ -51,6 +51,8 @@ impl core::fmt::Display for InitError {
     }
 }
 
+impl core::error::Error for InitError {}
+
 fn failed(what: &'static str) -> impl FnOnce(XenError) -> InitError {
     move |e| InitError::Hypercall(what, e)
 }

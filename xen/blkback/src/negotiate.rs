@@ -93,13 +93,25 @@ pub struct FrontendConnection {
 
 /// What the kernel does when the handshake says so.
 pub trait ConnectionHooks {
+    /// Why a connection failed; its text goes to the backend's `error` node, after
+    /// "connecting rings: ".
+    type Error: core::error::Error;
     /// Map every ring, bind every event channel, start the engines.
-    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), String>;
+    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), Self::Error>;
     /// Stop and free everything of the current connection; `Busy` while requests are in
     /// flight (then it is called again). Must be idempotent: also called with nothing
     /// connected.
     fn disconnect(&mut self) -> Result<(), Busy>;
 }
+
+// `Busy` lives with the engine; it is an error here, where teardown answers it.
+impl core::fmt::Display for Busy {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{} requests in flight", self.in_flight)
+    }
+}
+
+impl core::error::Error for Busy {}
 
 /// What `step` did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,6 +135,17 @@ pub enum NegotiationError {
     /// A frontend key is missing or invalid.
     Frontend(String),
 }
+
+impl core::fmt::Display for NegotiationError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            NegotiationError::Store(e) => write!(f, "xenstore: {e}"),
+            NegotiationError::Frontend(reason) => f.write_str(reason),
+        }
+    }
+}
+
+impl core::error::Error for NegotiationError {}
 
 impl From<StoreError> for NegotiationError {
     fn from(error: StoreError) -> Self {
@@ -243,10 +266,10 @@ impl BlkifBackend {
     }
 
     /// React to the current frontend state (and to removal of our directory).
-    pub fn step(
+    pub fn step<H: ConnectionHooks + ?Sized>(
         &mut self,
         store: &mut dyn XenStore,
-        hooks: &mut dyn ConnectionHooks,
+        hooks: &mut H,
     ) -> Result<StepOutcome, NegotiationError> {
         if self.removed {
             return Ok(StepOutcome::Removed);
@@ -351,10 +374,10 @@ impl BlkifBackend {
         Ok(StepOutcome::Removed)
     }
 
-    fn connect(
+    fn connect<H: ConnectionHooks + ?Sized>(
         &mut self,
         store: &mut dyn XenStore,
-        hooks: &mut dyn ConnectionHooks,
+        hooks: &mut H,
     ) -> Result<StepOutcome, NegotiationError> {
         let connection = match self.read_frontend(store) {
             Ok(connection) => connection,

@@ -165,6 +165,32 @@ pub enum RequestError {
     DeviceError,
 }
 
+impl core::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RequestError::UnsupportedOperation => f.write_str("unsupported operation"),
+            RequestError::BadIndirectOperation => {
+                f.write_str("indirect request with an operation other than read or write")
+            }
+            RequestError::BadSegmentCount(n) => write!(f, "bad segment count {n}"),
+            RequestError::BadSegment {
+                first_sect,
+                last_sect,
+            } => write!(f, "bad segment: sectors {first_sect}..={last_sect}"),
+            RequestError::Misaligned => f.write_str("not aligned to the logical block size"),
+            RequestError::SectorOverflow => f.write_str("sector range overflows"),
+            RequestError::OutOfRange => f.write_str("sector range ends past the device"),
+            RequestError::ReadOnly => f.write_str("write to a read-only device"),
+            RequestError::DiscardUnsupported => f.write_str("discard is not offered"),
+            RequestError::GrantFailed(status) => write!(f, "grant operation failed ({status})"),
+            RequestError::DeviceRefused => f.write_str("the device refused the request"),
+            RequestError::DeviceError => f.write_str("the device failed the request"),
+        }
+    }
+}
+
+impl core::error::Error for RequestError {}
+
 impl RequestError {
     /// The status sent back for this error.
     pub fn status(self) -> i16 {
@@ -183,6 +209,18 @@ pub struct Rejected {
     pub operation: u8,
     pub error: RequestError,
 }
+
+impl core::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "request {:#x} (operation {}): {}",
+            self.id, self.operation, self.error
+        )
+    }
+}
+
+impl core::error::Error for Rejected {}
 
 impl Rejected {
     pub fn response(&self) -> Response {

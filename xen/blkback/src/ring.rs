@@ -52,6 +52,19 @@ pub enum RingError {
     TooSmall { needed: usize, mapped: usize },
 }
 
+impl core::fmt::Display for RingError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RingError::BadOrder(order) => write!(f, "ring order {order} is above the maximum"),
+            RingError::TooSmall { needed, mapped } => {
+                write!(f, "the ring needs {needed} bytes, {mapped} are mapped")
+            }
+        }
+    }
+}
+
+impl core::error::Error for RingError {}
+
 /// Backend-private ring state plus the shared memory.
 #[derive(Debug)]
 pub struct BackRing<M> {

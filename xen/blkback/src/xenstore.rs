@@ -18,6 +18,18 @@ pub enum StoreError {
     Failed(String),
 }
 
+impl core::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            StoreError::NotFound => f.write_str("no such node"),
+            StoreError::Again => f.write_str("transaction conflict (EAGAIN)"),
+            StoreError::Failed(what) => f.write_str(what),
+        }
+    }
+}
+
+impl core::error::Error for StoreError {}
+
 pub trait XenStore {
     fn read(&mut self, tx: TxId, path: &str) -> Result<String, StoreError>;
     fn write(&mut self, tx: TxId, path: &str, value: &str) -> Result<(), StoreError>;

@@ -162,6 +162,8 @@ impl fmt::Display for XsError {
     }
 }
 
+impl core::error::Error for XsError {}
+
 /// Encodes a request: header plus the concatenated payload parts.
 pub fn encode(msg_type: u32, req_id: u32, tx_id: u32, parts: &[&[u8]]) -> Result<Vec<u8>, XsError> {
     let len: usize = parts.iter().map(|p| p.len()).sum();

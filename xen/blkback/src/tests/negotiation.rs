@@ -12,11 +12,12 @@ use crate::fake::{
     CountingEvents, FrontRing, GrantTable, GuestMemory, MemStore, RingView, ShufflingDevice,
     XenGrants,
 };
-use crate::grant::{GrantOps, MapRequest, MappedGrant};
+use crate::grant::{GrantOps, GrantStatus, MapRequest, MappedGrant};
 use crate::negotiate::{
     BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection, QueueRing, StepOutcome,
     XenbusState,
 };
+use crate::ring::RingError;
 use crate::xenstore::{XenStore, NO_TRANSACTION};
 
 const BE: &str = "/local/domain/1/backend/vbd/5/51712";
@@ -31,11 +32,25 @@ struct RecordingHooks {
     refuse_connect: bool,
 }
 
+/// What `RecordingHooks` answers a connect it refuses.
+#[derive(Debug)]
+struct GrantMapFailed;
+
+impl core::fmt::Display for GrantMapFailed {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("grant map failed")
+    }
+}
+
+impl core::error::Error for GrantMapFailed {}
+
 impl ConnectionHooks for RecordingHooks {
-    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), String> {
+    type Error = GrantMapFailed;
+
+    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), GrantMapFailed> {
         self.connects.push(connection.clone());
         if self.refuse_connect {
-            return Err("grant map failed".into());
+            return Err(GrantMapFailed);
         }
         Ok(())
     }
@@ -434,8 +449,29 @@ struct EngineHooks {
     hold_device: bool,
 }
 
+/// Why `EngineHooks` could not connect.
+#[derive(Debug)]
+enum EngineHooksError {
+    /// A ring page the fake grant table would not map (its status).
+    RingMap(GrantStatus),
+    Ring(RingError),
+}
+
+impl core::fmt::Display for EngineHooksError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            EngineHooksError::RingMap(status) => write!(f, "ring map {status}"),
+            EngineHooksError::Ring(e) => write!(f, "{e:?}"),
+        }
+    }
+}
+
+impl core::error::Error for EngineHooksError {}
+
 impl ConnectionHooks for EngineHooks {
-    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), String> {
+    type Error = EngineHooksError;
+
+    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), EngineHooksError> {
         for queue in &connection.queues {
             let mut grants = XenGrants(self.table.clone());
             let requests: Vec<MapRequest> = queue
@@ -451,7 +487,7 @@ impl ConnectionHooks for EngineHooks {
             let mapped: Vec<MappedGrant> = results
                 .into_iter()
                 .collect::<Result<_, _>>()
-                .map_err(|s| format!("ring map {s}"))?;
+                .map_err(EngineHooksError::RingMap)?;
             let pages = mapped
                 .iter()
                 .map(|g| self.table.page_of_mapping(g).unwrap())
@@ -465,7 +501,7 @@ impl ConnectionHooks for EngineHooks {
             };
             let view = RingView::new(self.table.memory().clone(), pages);
             let engine = Engine::new(view, grants, device, CountingEvents::default(), config)
-                .map_err(|e| format!("{e:?}"))?;
+                .map_err(EngineHooksError::Ring)?;
             self.engines.push((engine, mapped));
         }
         Ok(())

@@ -1,0 +1,358 @@
+//! The control path (on vCPU 0, between polls): discovery of the devices the toolstack
+//! creates under our `backend/vbd` directory, their watch events, the statistics
+//! published to xenstore every few seconds, and the report an operator asks for.
+
+use super::adapters::{self, Store};
+use super::disk::Disk;
+use super::error::AttachError;
+use super::poller;
+use super::registry::Registry;
+use super::space;
+use super::vbd::{backend_params, Vbd, VbdHooks};
+use alloc::collections::BTreeMap;
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use blkback::negotiate::{BlkifBackend, StepOutcome};
+use blkback::xenstore::{XenStore, NO_TRANSACTION};
+use core::sync::atomic::Ordering;
+use xen::abi::event_channel::EvtchnPort;
+use xen::xenstore::Transaction;
+
+use crate::firmware::Firmware;
+use crate::xen_domain;
+
+const VBD_WATCH_TOKEN: &str = "vbd";
+/// How often the control path publishes statistics to xenstore.
+const STATS_PERIOD_NS: u64 = 5_000_000_000;
+/// The node statistics go to, under each backend path (its own writes are not news).
+const STATS_NODE: &str = "blkdom-stats";
+/// Each poller's loops, busy loops and sleeps, under our own domain's `data/`.
+const POLLERS_NODE: &str = "data/blkdom-pollers";
+/// Writing anything non-empty here (`xenstore-write /local/domain/<id>/data/blkdom-report
+/// 1` in dom0) prints the statistics on blkdom's console.
+const REPORT_NODE: &str = "data/blkdom-report";
+const REPORT_TOKEN: &str = "report";
+/// How soon a negotiation that waits for in-flight requests is retried.
+const RETRY_NS: u64 = 5_000_000;
+
+/// The control path: discovery, negotiation, statistics.
+pub struct Control {
+    domid: u32,
+    vbds: BTreeMap<String, Vbd>,
+    /// Devices whose configuration failed (kept so they are not retried on every event).
+    failed: BTreeMap<String, AttachError>,
+    store_port: Option<EvtchnPort>,
+    next_stats: u64,
+    /// A negotiation waits for in-flight requests: step again soon.
+    pending_retry: bool,
+    first_round: bool,
+    /// Every disk and device opened, and what stays of them between vbds.
+    registry: Registry,
+}
+
+impl Control {
+    pub fn new(firmware: Firmware) -> Option<Control> {
+        let xen = xen_domain::get()?;
+        let store_port = xen::domain::store_params(&xen.hv).ok().map(|p| p.evtchn);
+        let domid =
+            xen_domain::store::with(|xs| xs.read_u64(Transaction::NONE, "domid"))?.ok()? as u32;
+        let watched = xen_domain::store::with(|xs| xs.watch("backend/vbd", VBD_WATCH_TOKEN))?;
+        if let Err(e) = watched {
+            log::error!("blkback: cannot watch backend/vbd: {e:?}");
+            return None;
+        }
+        // Under data/, which the toolstack lets a domain write (control/ only has the
+        // nodes libxl made); created empty, and an operator's write fires the watch.
+        let reportable = xen_domain::store::with(|xs| {
+            xs.write(Transaction::NONE, REPORT_NODE, b"")?;
+            xs.watch(REPORT_NODE, REPORT_TOKEN)
+        });
+        if let Some(Err(e)) = reportable {
+            log::warn!("blkback: no statistics on request ({REPORT_NODE}): {e:?}");
+        }
+        let regions = space::available();
+        log::info!("blkback: domain {domid} serving vbds; map space for {regions} rings");
+        Some(Control {
+            domid,
+            vbds: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            store_port,
+            next_stats: 0,
+            pending_retry: false,
+            first_round: true,
+            registry: Registry::new(firmware),
+        })
+    }
+
+    /// Devices under backend/vbd/<frontend>/<devid>.
+    fn scan(&mut self, store: &mut Store<'_>) -> Vec<String> {
+        let base = format!("/local/domain/{}/backend/vbd", self.domid);
+        let mut found = Vec::new();
+        for frontend in store.directory(NO_TRANSACTION, &base).unwrap_or_default() {
+            for dev in store
+                .directory(NO_TRANSACTION, &format!("{base}/{frontend}"))
+                .unwrap_or_default()
+            {
+                found.push(format!("{base}/{frontend}/{dev}"));
+            }
+        }
+        found
+    }
+
+    /// Makes the backing store a device asks for, or says why not.
+    fn open_backing(&mut self, store: &mut Store<'_>, path: &str) -> Result<Disk, AttachError> {
+        let params = store
+            .read(NO_TRANSACTION, &format!("{path}/params"))
+            .map_err(AttachError::NoParams)?;
+        let passed_through = self.passed_through(store);
+        self.registry
+            .open(params.trim(), &passed_through)
+            .map_err(AttachError::Disk)
+    }
+
+    /// The PCI devices the toolstack passed through to this domain, where they sit on our
+    /// bus: libxl lists them under dom0's pci backend for us (readable by this domain),
+    /// each with the devfn the device model gave it. Empty for a PVH domain or when the
+    /// nodes cannot be read (every device is then treated as emulated: bounced, slower,
+    /// still correct; `bounced-bytes` in blkdom-stats shows it).
+    fn passed_through(&self, store: &mut Store<'_>) -> Vec<pci::PciAddress> {
+        let base = format!("/local/domain/0/backend/pci/{}/0", self.domid);
+        let Ok(count) = store.read(NO_TRANSACTION, &format!("{base}/num_devs")) else {
+            return Vec::new();
+        };
+        let count: u32 = count.trim().parse().unwrap_or(0);
+        (0..count.min(256))
+            .filter_map(|n| {
+                let devfn = store.read(NO_TRANSACTION, &format!("{base}/vdevfn-{n}"));
+                let found = devfn
+                    .as_deref()
+                    .ok()
+                    .and_then(pci::PciAddress::from_xen_vdevfn);
+                if found.is_none() {
+                    log::warn!("blkback: {base}/vdevfn-{n}: {devfn:?}: not a devfn");
+                }
+                found
+            })
+            .collect()
+    }
+
+    fn add(&mut self, store: &mut Store<'_>, path: String) {
+        let disk = match self.open_backing(store, &path) {
+            Ok(disk) => disk,
+            Err(reason) => {
+                log::error!("blkback: {path}: {reason}");
+                let text = reason.to_string();
+                let _ = store.write(NO_TRANSACTION, &format!("{path}/hotplug-error"), &text);
+                let _ = store.write(NO_TRANSACTION, &format!("{path}/error"), &text);
+                let _ = store.write(NO_TRANSACTION, &format!("{path}/hotplug-status"), "error");
+                self.failed.insert(path, reason);
+                return;
+            }
+        };
+        match BlkifBackend::probe(store, &path, backend_params(&disk)) {
+            Ok(backend) => {
+                for watched in backend.watched_paths() {
+                    if let Err(e) = store.0.watch(&watched, &path) {
+                        log::error!("blkback: {path}: watch {watched}: {e:?}");
+                    }
+                }
+                log::info!(
+                    "blkback: {path}: {}, frontend {}, InitWait",
+                    disk.describe(),
+                    backend.frontend_path()
+                );
+                let name = path.rsplit('/').take(2).collect::<Vec<_>>().join("/");
+                let hooks = VbdHooks {
+                    name,
+                    disk,
+                    queues: Vec::new(),
+                    leaked_pages: 0,
+                };
+                self.vbds.insert(
+                    path,
+                    Vbd {
+                        backend,
+                        hooks,
+                        retry: false,
+                    },
+                );
+            }
+            Err(e) => {
+                log::error!("blkback: {path}: probe failed: {e:?}");
+                self.failed.insert(path, AttachError::Probe(e));
+                self.registry.release(disk);
+            }
+        }
+    }
+
+    /// One round: new and vanished devices, then every negotiation steps.
+    fn reconcile(&mut self, store: &mut Store<'_>) -> bool {
+        let present = self.scan(store);
+        for path in &present {
+            if !self.vbds.contains_key(path) && !self.failed.contains_key(path) {
+                self.add(store, path.clone());
+            }
+        }
+        self.failed.retain(|path, _| present.contains(path));
+        let mut retry = false;
+        let mut removed = Vec::new();
+        for (path, vbd) in self.vbds.iter_mut() {
+            match vbd.backend.step(store, &mut vbd.hooks) {
+                Ok(StepOutcome::Retry) => {
+                    vbd.retry = true;
+                    retry = true;
+                }
+                Ok(StepOutcome::Removed) => removed.push(path.clone()),
+                Ok(outcome) => {
+                    vbd.retry = false;
+                    if outcome != StepOutcome::Idle {
+                        log::info!("blkback: {}: {outcome:?}", vbd.hooks.name);
+                    }
+                }
+                Err(e) => log::error!("blkback: {}: {e:?}", vbd.hooks.name),
+            }
+        }
+        for path in removed {
+            if let Some(vbd) = self.vbds.remove(&path) {
+                for watched in vbd.backend.watched_paths() {
+                    let _ = store.0.unwatch(&watched, &path);
+                }
+                log::info!("blkback: {path} removed; its backing store is released");
+                self.registry.release(vbd.hooks.disk);
+            }
+        }
+        retry
+    }
+
+    /// One line per device (its backend path and every counter summed over its queues),
+    /// then one line for the pollers.
+    fn stats_lines(&self) -> Vec<(Option<&str>, String)> {
+        let mut lines = Vec::with_capacity(self.vbds.len() + 1);
+        for (path, vbd) in &self.vbds {
+            let mut total = blkback::stats::RingStats::default();
+            for (_, control) in &vbd.hooks.queues {
+                total += &*control.stats.lock();
+            }
+            let mut line = format!("queues={}", vbd.hooks.queues.len());
+            for (name, value) in total.fields() {
+                line.push_str(&format!(" {name}={value}"));
+            }
+            line.push_str(&format!(" leaked-pages={}", vbd.hooks.leaked_pages));
+            line.push_str(&format!(
+                " bounced-bytes={}",
+                vbd.hooks.disk.bounced_bytes()
+            ));
+            lines.push((Some(path.as_str()), line));
+        }
+        let pollers: Vec<String> = (0..crate::smp::online_count())
+            .map(|cpu| {
+                let c = &poller::POLLERS[cpu].counters;
+                format!(
+                    "vcpu{cpu}: rings={} loops={} busy={} sleeps={}",
+                    c.rings.load(Ordering::Relaxed),
+                    c.loops.load(Ordering::Relaxed),
+                    c.busy_loops.load(Ordering::Relaxed),
+                    c.sleeps.load(Ordering::Relaxed)
+                )
+            })
+            .collect();
+        lines.push((
+            None,
+            format!(
+                "{}; bounced-bytes={}; mapped-pages={}",
+                pollers.join("; "),
+                self.registry.bounced_bytes_total(),
+                adapters::mapped_pages()
+            ),
+        ));
+        lines
+    }
+
+    fn publish_stats(&mut self, store: &mut Store<'_>) {
+        for (path, line) in self.stats_lines() {
+            let node = match path {
+                Some(path) => format!("{path}/{STATS_NODE}"),
+                None => String::from(POLLERS_NODE),
+            };
+            let _ = store.write(NO_TRANSACTION, &node, &line);
+        }
+    }
+
+    /// An operator wrote `data/blkdom-report`: the statistics go to the console (what
+    /// `xl console` and the console log show); the node is emptied as the acknowledgement.
+    fn report_if_asked(&mut self, store: &mut Store<'_>) {
+        let asked = store
+            .0
+            .read_string(Transaction::NONE, REPORT_NODE)
+            .is_ok_and(|value| !value.trim().is_empty());
+        if !asked {
+            return;
+        }
+        log::info!(
+            "blkdom: report: {} devices, {} failed, heap free {} KiB",
+            self.vbds.len(),
+            self.failed.len(),
+            crate::mm::heap_free() >> 10
+        );
+        for (path, line) in self.stats_lines() {
+            log::info!("blkdom: report: {}: {line}", path.unwrap_or("pollers"));
+        }
+        for (path, reason) in &self.failed {
+            log::info!("blkdom: report: {path}: failed: {reason}");
+        }
+        let _ = store.0.write(Transaction::NONE, REPORT_NODE, b"");
+    }
+}
+
+impl poller::ControlWork for Control {
+    fn port(&self) -> Option<EvtchnPort> {
+        self.store_port
+    }
+
+    fn run(&mut self) -> Option<u64> {
+        let result = xen_domain::store::with(|xs| {
+            // Drain what arrived (the client queued events while waiting for replies too);
+            // only events about something other than our own statistics need a round.
+            let mut news = self.pending_retry || self.first_round;
+            let mut control_request = false;
+            let mut report_request = false;
+            while let Ok(Some(event)) = xs.take_watch_event() {
+                control_request |= event.token == xen_domain::control::SHUTDOWN_TOKEN;
+                report_request |= event.token == REPORT_TOKEN;
+                news |= event.token != REPORT_TOKEN && !event.path.ends_with(STATS_NODE);
+            }
+            if control_request {
+                return None;
+            }
+            self.first_round = false;
+            let mut store = Store(xs);
+            if news {
+                self.pending_retry = self.reconcile(&mut store);
+            }
+            let retry = self.pending_retry;
+            let now = xen_domain::get().map_or(0, |p| p.now_ns());
+            if now >= self.next_stats {
+                self.publish_stats(&mut store);
+                self.next_stats = now + STATS_PERIOD_NS;
+            }
+            if report_request {
+                self.report_if_asked(&mut store);
+            }
+            Some(retry)
+        })
+        .flatten();
+        if result.is_none() {
+            // A control request arrived (or xenstore is gone): look at it outside the lock.
+            if let Some(reason) = xen_domain::control::take_request() {
+                xen_domain::control::obey(reason);
+            }
+            return Some(RETRY_NS);
+        }
+        Some(if result == Some(true) {
+            RETRY_NS
+        } else {
+            STATS_PERIOD_NS
+        })
+    }
+}

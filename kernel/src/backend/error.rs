@@ -1,0 +1,144 @@
+//! Why a vbd could not be set up or connected. Their texts go to the vbd's xenstore
+//! `hotplug-error`/`error` nodes and to the console, which operators and the tests
+//! read: each `Display` keeps the wording it had as a formatted string.
+
+use crate::devices::OpenError;
+use alloc::string::String;
+use alloc::vec::Vec;
+use backing::RamName;
+use blkback::negotiate::NegotiationError;
+use blkback::xenstore::StoreError;
+use core::fmt;
+use xen::XenError;
+
+/// Why connecting a frontend's rings failed (after "connecting rings: " in `error`).
+#[derive(Debug)]
+pub enum ConnectError {
+    /// Not running under Xen (no hypercalls).
+    NoXen,
+    /// Every map region is serving a ring.
+    NoMapSpace,
+    /// The ring's grants did not map (none stays mapped).
+    MapRing {
+        refs: Vec<u32>,
+        error: xen::grant::MapError,
+    },
+    BindEventChannel {
+        port: u32,
+        error: XenError,
+    },
+    /// A real disk's queues are all taken by rings already.
+    AllQueuesServing {
+        opened: usize,
+    },
+    /// The mapped ring does not fit what the frontend negotiated.
+    Ring(blkback::ring::RingError),
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnectError::NoXen => f.write_str("no Xen platform"),
+            ConnectError::NoMapSpace => {
+                f.write_str("no guest-physical map space left for another ring")
+            }
+            ConnectError::MapRing { refs, error } => {
+                write!(f, "mapping ring grants {refs:?}: {error:?}")
+            }
+            ConnectError::BindEventChannel { port, error } => {
+                write!(f, "binding event channel {port}: {error:?}")
+            }
+            ConnectError::AllQueuesServing { opened } => {
+                write!(f, "all {opened} queues of the device are serving rings")
+            }
+            ConnectError::Ring(error) => write!(f, "ring: {error:?}"),
+        }
+    }
+}
+
+impl core::error::Error for ConnectError {}
+
+/// Why the backing store a vbd's `params` names could not be made.
+#[derive(Debug)]
+pub enum DiskError {
+    /// `params` names no backing store (`reason`: the parser's words).
+    Params {
+        params: String,
+        reason: String,
+    },
+    RamSizeMismatch {
+        name: RamName,
+        have_bytes: u64,
+        want_bytes: u64,
+    },
+    RamInUse(RamName),
+    RamDoesNotFit {
+        bytes: u64,
+        free_bytes: u64,
+    },
+    /// The namespace or virtio device serves another disk now.
+    AlreadyServing {
+        spec: String,
+    },
+    Device {
+        spec: String,
+        error: OpenError,
+    },
+    NoQueue {
+        spec: String,
+    },
+}
+
+impl fmt::Display for DiskError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DiskError::Params { params, reason } => write!(f, "params {params:?}: {reason}"),
+            DiskError::RamSizeMismatch {
+                name,
+                have_bytes,
+                want_bytes,
+            } => write!(
+                f,
+                "RAM disk {name} exists with {} KiB, not {} KiB",
+                have_bytes >> 10,
+                want_bytes >> 10
+            ),
+            DiskError::RamInUse(name) => write!(f, "RAM disk {name} is in use by another disk"),
+            DiskError::RamDoesNotFit { bytes, free_bytes } => write!(
+                f,
+                "ram:{} MiB does not fit: {} MiB of memory free",
+                bytes >> 20,
+                free_bytes >> 20
+            ),
+            DiskError::AlreadyServing { spec } => {
+                write!(f, "{spec} is already serving another disk")
+            }
+            DiskError::Device { spec, error } => write!(f, "{spec}: {error}"),
+            DiskError::NoQueue { spec } => write!(f, "{spec}: the device gave no queue"),
+        }
+    }
+}
+
+impl core::error::Error for DiskError {}
+
+/// Why a vbd the toolstack created is not served (kept, and shown in the report).
+#[derive(Debug)]
+pub enum AttachError {
+    /// Its `params` node could not be read.
+    NoParams(StoreError),
+    Disk(DiskError),
+    /// The blkif negotiation could not start.
+    Probe(NegotiationError),
+}
+
+impl fmt::Display for AttachError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttachError::NoParams(error) => write!(f, "no params: {error:?}"),
+            AttachError::Disk(error) => write!(f, "{error}"),
+            AttachError::Probe(error) => write!(f, "{error:?}"),
+        }
+    }
+}
+
+impl core::error::Error for AttachError {}

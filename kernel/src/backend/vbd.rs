@@ -1,0 +1,204 @@
+//! One vbd's lifecycle: its blkif negotiation and what its connection holds. On connect
+//! each queue's ring is mapped, its event channel bound, and its engine handed to the
+//! poller of a vCPU; on disconnect the pollers drain and release them, and the device
+//! queues come back to the disk.
+
+use super::adapters::{self, FrontendGrants, Notify, SharedRing};
+use super::disk::Disk;
+use super::error::ConnectError;
+use super::poller::{self, QueueControl, RingMapping, ServedQueue};
+use super::space;
+use alloc::string::String;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use blkback::engine::{Busy, Engine, EngineConfig};
+use blkback::negotiate::{BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection};
+use core::sync::atomic::Ordering;
+use xen::abi::event_channel::EvtchnPort;
+use xen::abi::DomId;
+
+use crate::xen_domain;
+
+/// One device: its negotiation and what its connection holds.
+pub(super) struct Vbd {
+    pub(super) backend: BlkifBackend,
+    pub(super) hooks: VbdHooks,
+    /// The last step asked to be retried (requests still in flight).
+    pub(super) retry: bool,
+}
+
+pub(super) struct VbdHooks {
+    /// `<frontend>/<devid>`, for log lines.
+    pub(super) name: String,
+    pub(super) disk: Disk,
+    /// Each connected queue's control block, with the vCPU that serves it.
+    pub(super) queues: Vec<(usize, Arc<QueueControl>)>,
+    /// Leaked pages of earlier connections (unmap failures), for the stats.
+    pub(super) leaked_pages: u64,
+}
+
+fn map_ring(
+    frontend: DomId,
+    refs: &[u32],
+    region: &space::MapRegion,
+) -> Result<RingMapping, ConnectError> {
+    let xen = xen_domain::get().ok_or(ConnectError::NoXen)?;
+    let mut ops: Vec<_> = refs
+        .iter()
+        .enumerate()
+        .map(|(i, &gref)| {
+            xen::grant::map_request(region.ring_base + i as u64 * 4096, frontend, gref, false)
+        })
+        .collect();
+    // All-or-nothing: on failure the pages that did map are unmapped again.
+    xen::grant::map_batch(&xen.hv, &mut ops).map_err(|error| ConnectError::MapRing {
+        refs: refs.to_vec(),
+        error,
+    })?;
+    adapters::count_mapped_pages(ops.len() as i64);
+    Ok(RingMapping {
+        ops: ops.iter().map(xen::grant::unmap_request).collect(),
+    })
+}
+
+impl VbdHooks {
+    fn connect_queue(
+        &mut self,
+        connection: &FrontendConnection,
+        q: usize,
+        cpu: usize,
+    ) -> Result<(), ConnectError> {
+        let xen = xen_domain::get().ok_or(ConnectError::NoXen)?;
+        let ring = &connection.queues[q];
+        let region = space::alloc().ok_or(ConnectError::NoMapSpace)?;
+        let mapping = match map_ring(connection.frontend_id, &ring.ring_refs, &region) {
+            Ok(mapping) => mapping,
+            Err(e) => {
+                space::free(region);
+                return Err(e);
+            }
+        };
+        let undo = |mut mapping: RingMapping| {
+            if xen::grant::unmap_batch(&xen.hv, &mut mapping.ops).is_ok() {
+                space::free(region);
+            }
+        };
+        let port: EvtchnPort = match xen::evtchn::bind_interdomain(
+            &xen.hv,
+            connection.frontend_id,
+            ring.event_channel,
+        ) {
+            Ok(port) => port,
+            Err(error) => {
+                undo(mapping);
+                return Err(ConnectError::BindEventChannel {
+                    port: ring.event_channel,
+                    error,
+                });
+            }
+        };
+        xen.shared.mask(port);
+        if let Err(e) = xen::evtchn::bind_vcpu(&xen.hv, port, cpu as u32) {
+            log::warn!(
+                "blkback: {}: event channel {port} stays on vCPU 0: {e:?}",
+                self.name
+            );
+        }
+        let ring_bytes = ring.ring_refs.len() * adapters::PAGE_SIZE;
+        // SAFETY: the ring pages were just mapped at region.ring_base.. (consecutive,
+        // identity mapped); only this engine reaches them, through SharedMem.
+        let mem = unsafe { xen::SharedMem::new(region.ring_base as *mut u8, ring_bytes) };
+        let mut config = EngineConfig::new(connection.ring_order, connection.persistent_grants);
+        config.max_indirect_segments = connection.max_indirect_segments;
+        config.persistent_grant_limit = Some(region.grant_pages as usize);
+        config.read_only = connection.read_only;
+        let depth = 1usize << (5 + connection.ring_order);
+        let device = match self.disk.take_queue(depth) {
+            Ok(device) => device,
+            Err(e) => {
+                let _ = xen::evtchn::close(&xen.hv, port);
+                undo(mapping);
+                return Err(e);
+            }
+        };
+        let engine = Engine::new(
+            SharedRing { mem },
+            FrontendGrants::new(xen.hv, connection.frontend_id, &region),
+            device,
+            Notify { hv: xen.hv, port },
+            config,
+        );
+        let engine = match engine {
+            Ok(engine) => engine,
+            Err(e) => {
+                let _ = xen::evtchn::close(&xen.hv, port);
+                undo(mapping);
+                return Err(ConnectError::Ring(e));
+            }
+        };
+        let control = Arc::new(QueueControl::default());
+        self.queues.push((cpu, control.clone()));
+        poller::attach(
+            cpu,
+            ServedQueue {
+                engine,
+                port,
+                ring: mapping,
+                region,
+                control,
+            },
+        );
+        Ok(())
+    }
+}
+
+impl ConnectionHooks for VbdHooks {
+    type Error = ConnectError;
+
+    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), ConnectError> {
+        let cpus = crate::smp::online_count().max(1);
+        // Devices start on the least loaded poller (single-queue frontends would
+        // otherwise all share one vCPU).
+        let first = poller::least_loaded(cpus);
+        for q in 0..connection.queues.len() {
+            self.connect_queue(connection, q, serving_cpu(first, q, cpus))?;
+        }
+        Ok(())
+    }
+
+    fn disconnect(&mut self) -> Result<(), Busy> {
+        for (cpu, control) in &self.queues {
+            if !control.detach.swap(true, Ordering::AcqRel) {
+                poller::ring_doorbell(*cpu);
+            }
+        }
+        if self
+            .queues
+            .iter()
+            .any(|(_, c)| !c.detached.load(Ordering::Acquire))
+        {
+            return Err(Busy {
+                in_flight: self.queues.len(),
+            });
+        }
+        for (_, control) in self.queues.drain(..) {
+            self.leaked_pages += control.leaked_pages.load(Ordering::Acquire);
+            if let Some(device) = control.device.lock().take() {
+                self.disk.give_back(device);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The vCPU that serves queue `q` of a device whose first queue went to `first`:
+/// consecutive vCPUs from there, so a device's queues spread over the pollers.
+fn serving_cpu(first: usize, q: usize, cpus: usize) -> usize {
+    (first + q) % cpus
+}
+
+/// What the backend offers a frontend for `disk`.
+pub(super) fn backend_params(disk: &Disk) -> BackendParams {
+    let queues = disk.max_queues(crate::smp::online_count().max(1));
+    BackendParams::new(queues as u32, disk.geometry())
+}

@@ -1,0 +1,119 @@
+//! NVMe: bring a controller up once (reset, admin queue, the I/O queue pairs it grants),
+//! then give every disk on it (each namespace, each open) I/O queues from that pool.
+
+use super::error::OpenError;
+use super::hal::{DeviceHal, PciConfig};
+use super::open::{map_memory_bar, memory_bar, OpenOptions, OpenedDisk, Queue};
+use alloc::boxed::Box;
+use alloc::format;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use pci::{Function, PciAddress};
+
+/// Bytes of NVMe BAR 0 mapped.
+const NVME_REGISTER_WINDOW: u64 = 64 * 1024;
+/// NVMe submission/completion queue depth per CPU.
+const NVME_QUEUE_ENTRIES: u16 = 256;
+/// I/O queue pairs asked of each NVMe controller: room for several disks per CPU.
+const NVME_QUEUES_PER_CPU: usize = 4;
+
+/// Controllers brought up so far: a controller is reset once, then every disk on it
+/// (each namespace, each open) takes I/O queues from the pool it granted.
+#[derive(Default)]
+pub struct NvmeControllers(Vec<(PciAddress, nvme::Controller<DeviceHal>)>);
+
+/// Resets the controller at `function` and asks it for I/O queue pairs.
+fn bring_up(
+    pci: &PciConfig,
+    function: &Function,
+) -> Result<nvme::Controller<DeviceHal>, OpenError> {
+    let (_, size) = memory_bar(pci, function, 0)?;
+    if size < 0x2000 {
+        return Err(OpenError::NvmeBarTooSmall {
+            device: function.address,
+            size,
+        });
+    }
+    // Registers and doorbells: 64 KiB holds the doorbells of 8192 queues at the
+    // smallest stride, far more than we ask for.
+    let window = size.min(NVME_REGISTER_WINDOW);
+    let registers = map_memory_bar(pci, function, 0, 0, window)?;
+    pci::enable_memory_and_dma(pci.access(), function.address);
+    let fail = |step, error| OpenError::Nvme {
+        device: function.address,
+        step,
+        error,
+    };
+    let mut controller =
+        nvme::Controller::init(DeviceHal::nvme(registers), nvme::InitConfig::default())
+            .map_err(|e| fail("bring-up", e))?;
+    let wanted = (crate::smp::online_count() * NVME_QUEUES_PER_CPU).min(usize::from(u16::MAX - 1));
+    controller
+        .request_io_queues(wanted as u16)
+        .map_err(|e| fail("number of queues", e))?;
+    Ok(controller)
+}
+
+impl NvmeControllers {
+    /// Namespace `nsid` of the controller at `function` (brought up on its first open),
+    /// with up to `wanted_queues` I/O queues.
+    pub fn open(
+        &mut self,
+        pci: &PciConfig,
+        function: Function,
+        nsid: u32,
+        wanted_queues: usize,
+        options: &OpenOptions<'_>,
+    ) -> Result<OpenedDisk, OpenError> {
+        let index = match self.0.iter().position(|(a, _)| *a == function.address) {
+            Some(index) => index,
+            None => {
+                let controller = bring_up(pci, &function)?;
+                self.0.push((function.address, controller));
+                self.0.len() - 1
+            }
+        };
+        let controller = &mut self.0[index].1;
+        let fail = |step, error| OpenError::Nvme {
+            device: function.address,
+            step,
+            error,
+        };
+        let mut namespace = controller
+            .namespace(nsid)
+            .map_err(|e| fail("namespace", e))?;
+        namespace.sgl &= !options.nvme_prp_only;
+        let count = wanted_queues.min(usize::from(controller.io_queues_left()));
+        if count == 0 {
+            return Err(OpenError::NvmeQueuesInUse(function.address));
+        }
+        let mut queues: Vec<Queue> = Vec::new();
+        for _ in 0..count {
+            let queue = controller
+                .create_io_queue(&namespace, NVME_QUEUE_ENTRIES)
+                .map_err(|e| fail("I/O queue", e))?;
+            queues.push(Box::new(queue));
+        }
+        let granted = count;
+        let identity = controller.identity();
+        let version = controller.version();
+        Ok(OpenedDisk {
+            description: format!(
+                "nvme {} \"{}\" (NVMe {}.{}, serial \"{}\") namespace {}: {} blocks of {} B, {} queue(s) of {}, data by {}",
+                function.address,
+                identity.model_str(),
+                version.major,
+                version.minor,
+                identity.serial_str(),
+                nsid,
+                namespace.blocks,
+                namespace.block_size,
+                granted,
+                NVME_QUEUE_ENTRIES - 1,
+                if namespace.sgl { "PRP and SGL" } else { "PRP only" },
+            ),
+            queues,
+            bounced_bytes: Arc::default(),
+        })
+    }
+}

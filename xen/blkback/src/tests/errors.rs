@@ -1,0 +1,60 @@
+//! What the crate's errors say (they reach the log and xenstore `error` nodes).
+
+use crate::engine::Busy;
+use crate::negotiate::NegotiationError;
+use crate::parse::{Rejected, RequestError};
+use crate::ring::RingError;
+use crate::xenstore::StoreError;
+
+fn text(error: &dyn core::error::Error) -> String {
+    error.to_string()
+}
+
+#[test]
+fn store_and_negotiation_errors() {
+    assert_eq!(text(&StoreError::NotFound), "no such node");
+    assert_eq!(text(&StoreError::Again), "transaction conflict (EAGAIN)");
+    assert_eq!(
+        text(&StoreError::Failed("read a/b: Broken".into())),
+        "read a/b: Broken"
+    );
+    assert_eq!(
+        text(&NegotiationError::Store(StoreError::NotFound)),
+        "xenstore: no such node"
+    );
+    assert_eq!(
+        text(&NegotiationError::Frontend("ring-ref missing".into())),
+        "ring-ref missing"
+    );
+}
+
+#[test]
+fn ring_request_and_teardown_errors() {
+    assert_eq!(
+        text(&RingError::BadOrder(5)),
+        "ring order 5 is above the maximum"
+    );
+    assert_eq!(
+        text(&RingError::TooSmall {
+            needed: 8192,
+            mapped: 4096
+        }),
+        "the ring needs 8192 bytes, 4096 are mapped"
+    );
+    assert_eq!(
+        text(&RequestError::BadSegment {
+            first_sect: 7,
+            last_sect: 3
+        }),
+        "bad segment: sectors 7..=3"
+    );
+    assert_eq!(
+        text(&Rejected {
+            id: 0x2a,
+            operation: 1,
+            error: RequestError::ReadOnly
+        }),
+        "request 0x2a (operation 1): write to a read-only device"
+    );
+    assert_eq!(text(&Busy { in_flight: 3 }), "3 requests in flight");
+}
