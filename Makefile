@@ -44,7 +44,7 @@ fuzz:
 bench-engine:
 	tools/bench-engine.sh
 
-# Issue 8 (BENCHMARKS.md): the engine on the host, then the nested comparison
+# make bench (BENCHMARKS.md): the engine on the host, then the nested comparison
 # (tests/xen/bench: Linux dom0 blkback, a Linux driver domain and blkdom on RAM disks,
 # then a Linux HVM driver domain and blkdom as HVM on a passed-through NVMe controller,
 # alternating A B C D E A B C D E, BENCH_REPEATS rounds, BENCH_RUNTIME s per job,
@@ -66,7 +66,7 @@ lint:
 	$(CARGO) clippy --workspace --exclude blkdom --all-targets -- -D warnings
 	$(CARGO) clippy -p blkdom --target $(TARGET) -- -D warnings
 
-# --- nested Xen rig (issue 3) ---
+# --- nested Xen rig (tools/rig/README.md) ---
 # Xen 4.17 + a Linux dom0 under QEMU TCG; see tools/rig/README.md. Everything built or
 # downloaded is cached in ~/.cache/blkdom/rig (BLKDOM_CACHE), results go to results/xen/.
 #   make rig        build the patched QEMU, a static fio, the dom0 and guest initramfs

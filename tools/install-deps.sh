@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing blkdom needs, idempotently.
 #   tools/install-deps.sh          tier 1 + 2 (Rust target, QEMU from bookworm-backports)
-#   tools/install-deps.sh --xen    also what the nested Xen rig needs (issue 3)
+#   tools/install-deps.sh --xen    also what the nested Xen rig needs (tools/rig/)
 #
 # Why bookworm-backports: this machine carries qemu-utils 10.0.2 from backports, which
 # Breaks: qemu-system-common (< 1:8.0), so bookworm's own qemu-system-x86 7.2 cannot be

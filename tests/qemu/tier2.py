@@ -15,7 +15,7 @@ import sys
 import disk_pattern
 import qemu_runner as q
 
-BOOT_BUDGET_SECONDS = 10  # issue 2: boot to Rust and log the essentials within 10 s
+BOOT_BUDGET_SECONDS = 10  # boot to Rust and log the essentials within 10 s
 TIMEOUT = 60
 
 

@@ -2,7 +2,7 @@
 //! device, as pure logic over small traits (ring memory, grants, event channel,
 //! xenstore, block device) so that it is tested on the host against a fake Xen (`fake`).
 //!
-//! Rules from Xen's advisories that shape the code (see `shared/design.md` §4): each
+//! Rules from Xen's advisories that shape the code (see docs/design.md §6): each
 //! request and indirect page is copied out of shared memory once and only the copy is
 //! used; responses are written whole with zeroed padding; every grant gets its own DMA
 //! segment; work per poll is bounded; every grant status is checked and failures unwind;
