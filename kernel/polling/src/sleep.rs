@@ -2,9 +2,9 @@
 //!
 //! A ring's requests wake the poller through its event channel, but a device's
 //! completions do not: NVMe and virtio queues are polled, with no interrupt behind them.
-//! A poller whose device still holds requests must come back on its own, soon; measured
-//! in the nested rig on an emulated NVMe before this rule: QD1 4 KiB reads at 5 IOPS
-//! with p99 1.04 s (the poller slept its full second with the read done).
+//! A poller whose device still holds requests must come back on its own, soon: without
+//! this rule it slept its full second with a read done (BENCHMARKS.md, the emulated-NVMe
+//! section).
 
 /// Longest sleep with nothing in flight; control work (vCPU 0) may ask for less.
 pub const MAX_SLEEP_NS: u64 = 1_000_000_000;

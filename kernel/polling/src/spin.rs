@@ -8,9 +8,9 @@
 //! moves the average: an idle poller spins the spell it had per wake-up (about one a
 //! second), a fresh one twice the shortest bound.
 //!
-//! Measured in the rig (tests/xen/spin-sweep, 4 KiB random reads, RDTSC not trapped):
-//! QD32 285 IOPS with 20-100 us, 438 with 200-5000 us, 467 with 1000-20000 us; QD1 119,
-//! 364 and 397 IOPS. `poll.spin-us=` overrides the default bounds.
+//! The default bounds come from tests/xen/spin-sweep (BENCHMARKS.md, "What the numbers
+//! are made of"): shorter spells lost a third of the QD32 and two thirds of the QD1
+//! IOPS, longer ones gained little. `poll.spin-us=` overrides them.
 
 /// The shortest spell by default.
 pub const MIN_SPELL_NS: u64 = 200_000;
