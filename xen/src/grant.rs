@@ -703,6 +703,16 @@ impl ForeignGrants {
         self.leaked
     }
 
+    /// The address of the `len` bytes at `offset` of `buffer`, if `buffer` is a page of
+    /// the area that holds a mapping now (mapped by this object and not unmapped since)
+    /// and the bytes stay inside that page; `None` otherwise. Every CPU access to a
+    /// mapped grant goes through this check: an address anywhere else (another ring's
+    /// region, our own memory, a page of the area with nothing mapped) is refused.
+    pub fn buffer_address(&self, buffer: u64, offset: usize, len: usize) -> Option<u64> {
+        let end = offset.checked_add(len)?;
+        (end <= PAGE_SIZE && self.area.is_allocated(buffer)).then(|| buffer + offset as u64)
+    }
+
     /// Free pages of the area.
     pub fn available(&self) -> usize {
         self.area.available()
@@ -742,6 +752,14 @@ impl GrantMapArea {
 
     pub fn available(&self) -> usize {
         self.pages.available()
+    }
+
+    /// Whether `gpa` is the address of a page of the area that is handed out now.
+    pub fn is_allocated(&self, gpa: u64) -> bool {
+        let gfn = gpa / PAGE_SIZE as u64;
+        gpa.is_multiple_of(PAGE_SIZE as u64)
+            && gfn >= self.base_gfn
+            && u32::try_from(gfn - self.base_gfn).is_ok_and(|index| self.pages.is_allocated(index))
     }
 }
 
@@ -1189,6 +1207,42 @@ mod tests {
         xen.with(|s| assert_eq!(s.mapped.len(), 2));
         let again = map_foreign(&xen, &mut grants, 3);
         assert_eq!(again[2], Err(GNTST_NO_SPACE), "leaked pages are not reused");
+    }
+
+    #[test]
+    fn foreign_grants_resolve_only_bytes_of_pages_mapped_now() {
+        let xen = FakeXen::new();
+        let mut grants = ForeignGrants::new(7, GrantMapArea::new(0x100000, 4));
+        let base = 0x1_0000_0000u64;
+        let mapped: Vec<ForeignMapping> = map_foreign(&xen, &mut grants, 2)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let (a, b) = (mapped[0].gpa, mapped[1].gpa);
+        assert_eq!((a, b), (base, base + 0x1000));
+        assert_eq!(grants.buffer_address(a, 0, 4096), Some(a));
+        assert_eq!(grants.buffer_address(b, 512, 1024), Some(b + 512));
+        assert_eq!(grants.buffer_address(b, 4096, 0), Some(b + 4096));
+        for (buffer, offset, len) in [
+            (a, 4000, 200),        // leaves the page
+            (a, usize::MAX, 2),    // overflows
+            (a + 8, 0, 8),         // not a page address
+            (base + 0x2000, 0, 8), // a page of the area with nothing mapped
+            (base + 0x4000, 0, 8), // just past the area
+            (base - 0x1000, 0, 8), // just before it
+            (0x10_0000, 0, 8),     // our own memory
+            (!0xfffu64, 0, 8),     // the last page of all
+        ] {
+            assert_eq!(
+                grants.buffer_address(buffer, offset, len),
+                None,
+                "{buffer:#x}+{offset}/{len}"
+            );
+        }
+        // Once unmapped, a page is refused too.
+        grants.unmap(&xen, 1, |_| mapped[0], |_, r| assert_eq!(r, Ok(())));
+        assert_eq!(grants.buffer_address(a, 0, 8), None);
+        assert_eq!(grants.buffer_address(b, 0, 8), Some(b));
     }
 
     #[test]

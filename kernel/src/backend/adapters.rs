@@ -78,8 +78,6 @@ impl RingMemory for SharedRing {
 pub struct FrontendGrants {
     hv: NativeHypervisor,
     grants: ForeignGrants,
-    /// Guest-physical range the area covers (buffers outside it are refused).
-    range: (u64, u64),
 }
 
 impl FrontendGrants {
@@ -90,10 +88,6 @@ impl FrontendGrants {
                 frontend,
                 GrantMapArea::new(region.grant_base >> 12, region.grant_pages),
             ),
-            range: (
-                region.grant_base,
-                region.grant_base + u64::from(region.grant_pages) * PAGE_SIZE as u64,
-            ),
         }
     }
 
@@ -101,34 +95,34 @@ impl FrontendGrants {
     pub fn leaked_pages(&self) -> u64 {
         self.grants.leaked_pages()
     }
-
-    fn page(&self, buffer: u64, offset: usize, len: usize) -> Option<usize> {
-        let inside = buffer >= self.range.0
-            && buffer < self.range.1
-            && buffer.is_multiple_of(PAGE_SIZE as u64);
-        (inside && offset.checked_add(len)? <= PAGE_SIZE).then_some(buffer as usize + offset)
-    }
 }
 
+/// Every CPU access to a data grant (the engine's, a RAM disk's, the bounce path's)
+/// goes through `ForeignGrants::buffer_address`: a page of this ring's map region that
+/// holds a grant mapped now, and bytes inside that page.
 impl BufferAccess for FrontendGrants {
     fn read_buffer(&self, buffer: u64, offset: usize, out: &mut [u8]) -> bool {
-        let Some(addr) = self.page(buffer, offset, out.len()) else {
+        let Some(addr) = self.grants.buffer_address(buffer, offset, out.len()) else {
             return false;
         };
-        // SAFETY: `buffer` is a page of this ring's map region (checked above), identity
-        // mapped, holding a grant the engine mapped; reads of another domain's page are
-        // copies, never references.
-        unsafe { crate::physmem::read(addr as u64, out) };
+        // SAFETY: the bytes lie in a page of this ring's map region holding a grant the
+        // engine mapped (checked above), identity mapped; reads of another domain's page
+        // are copies, never references.
+        unsafe { crate::physmem::read(addr, out) };
         true
     }
 
     fn write_buffer(&self, buffer: u64, offset: usize, data: &[u8]) -> bool {
-        let Some(addr) = self.page(buffer, offset, data.len()) else {
+        let Some(addr) = self.grants.buffer_address(buffer, offset, data.len()) else {
             return false;
         };
         // SAFETY: as in `read_buffer`; the engine maps writable whatever the device writes.
-        unsafe { crate::physmem::write(addr as u64, data) };
+        unsafe { crate::physmem::write(addr, data) };
         true
+    }
+
+    fn cpu_address(&self, buffer: u64, offset: usize, len: usize) -> Option<u64> {
+        self.grants.buffer_address(buffer, offset, len)
     }
 }
 
