@@ -191,6 +191,11 @@ impl CompletionQueue {
         self.len == self.entries.len()
     }
 
+    /// Completions held, not yet drained.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     pub(crate) fn push(&mut self, completion: Completion) -> Result<(), SubmitError> {
         if self.is_full() {
             return Err(SubmitError::QueueFull);
