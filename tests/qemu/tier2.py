@@ -193,10 +193,12 @@ def test_disks_through_bounce_buffers(suite):
     # segment copied through the queue's own pages, on the way in and on the way out.
     run_disk_test(suite, "disk.nvme-through-bounce-buffers", "nvme:1",
                   ["-device", "nvme,drive=disk0,serial=blkdom-nvme"], smp=2, expect_queues=2,
-                  options="disktest.bounce", expect_in_log=["through bounce buffers"])
+                  options="disktest.bounce",
+                  expect_in_log=["through bounce buffers", "outside its buffers is refused"])
     run_disk_test(suite, "disk.virtio-blk-through-bounce-buffers", "virtio:0",
                   ["-device", "virtio-blk-pci,drive=disk0,num-queues=2"], smp=2, expect_queues=2,
-                  options="disktest.bounce", expect_in_log=["through bounce buffers"])
+                  options="disktest.bounce",
+                  expect_in_log=["through bounce buffers", "outside its buffers is refused"])
 
 
 def test_virtio_disk_two_queues(suite):

@@ -33,8 +33,10 @@
 //!    [`evtchn::HandlerTable`], [`evtchn::unmask`]. The poller calls
 //!    `dispatch_pending(&VcpuEvents { .. })` and sleeps with [`evtchn::idle_wait`].
 //! 10. Grants: [`grant::map_batch`]/[`grant::unmap_batch`]/[`grant::copy_batch`] at
-//!     guest-physical pages from a [`grant::GrantMapArea`] (a hole in the memory map);
-//!     our own grants through [`grant::map_own_table`] + [`grant::GrantTable`].
+//!     guest-physical pages from a [`grant::GrantMapArea`] (a hole in the memory map),
+//!     or [`grant::ForeignGrants`] for per-entry results over such an area (data
+//!     grants: one failed entry fails only its own request); our own grants through
+//!     [`grant::map_own_table`] + [`grant::GrantTable`].
 //! 11. [`domain::shutdown`] with `Poweroff` (control/shutdown = "poweroff") or `Crash`
 //!     (panic), so `xl` reports the right reason.
 #![cfg_attr(not(test), no_std)]

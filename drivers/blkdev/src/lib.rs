@@ -134,6 +134,17 @@ pub trait BufferAccess {
     fn read_buffer(&self, buffer: u64, offset: usize, out: &mut [u8]) -> bool;
     /// Copy `data` into `buffer` at `offset`. False as for `read_buffer`.
     fn write_buffer(&self, buffer: u64, offset: usize, data: &[u8]) -> bool;
+    /// Where the CPU reaches the `len` bytes at `offset` of `buffer` (a physical,
+    /// identity-mapped address), after the same check as `read_buffer` and
+    /// `write_buffer`: for a device that copies into the buffer after `submit` returned,
+    /// when this access is no longer at hand (bounce buffers copy a read's data out on
+    /// completion). The address stays valid until the request completes. `None` if the
+    /// buffer is unknown, the range leaves the page, or buffers have no address here
+    /// (the default).
+    fn cpu_address(&self, buffer: u64, offset: usize, len: usize) -> Option<u64> {
+        let _ = (buffer, offset, len);
+        None
+    }
 }
 
 /// One queue of a block device.
@@ -178,6 +189,11 @@ impl CompletionQueue {
 
     pub(crate) fn is_full(&self) -> bool {
         self.len == self.entries.len()
+    }
+
+    /// Completions held, not yet drained.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 
     pub(crate) fn push(&mut self, completion: Completion) -> Result<(), SubmitError> {

@@ -1,6 +1,13 @@
 //! A RAM disk: the backing store for PVH mode and for tests. Queues are separate handles
 //! over one shared store; each keeps its own completion FIFO.
+//!
+//! Reads and writes are copied during `submit` (the pages they name are reachable only
+//! then); the engine bounds one request at 2 MiB (512 segments of 4 KiB). Discards have
+//! no such bound (Linux's blkfront sends one discard for the whole disk at mkfs), so a
+//! queue zeroes them a bounded piece per `poll_completions` and completes each once all
+//! of it is zeroed: one discard never stalls the other rings of its poller.
 
+use alloc::collections::VecDeque;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use spin::Mutex;
@@ -14,6 +21,14 @@ use crate::{
 /// only for the pieces they copy, so they meet only on the same 64 KiB; a stripe holds
 /// whole sectors, so no sector is ever half written.
 const STRIPE_BYTES: usize = 64 * 1024;
+
+/// Bytes of discards a queue zeroes per `poll_completions`, at most. 1 MiB takes tens of
+/// microseconds to zero (memset runs at several GB/s, slower nested), about what the
+/// largest read or write (2 MiB) costs to copy, so a discard delays the other rings of
+/// its poller no more than one large request does, and far less than the 1 ms a poller
+/// with requests on its device may sleep; a whole 4 GiB disk still finishes in 4096
+/// polls. Smaller pieces would only add polls, larger ones lengthen the stall.
+pub const DISCARD_BYTES_PER_POLL: usize = 1 << 20;
 
 /// The store shared by all queues of one RAM disk, in independently locked stripes (no
 /// lock over the whole disk on the I/O path).
@@ -62,9 +77,11 @@ impl RamDisk {
 
     /// A handle for one device queue holding up to `depth` requests.
     pub fn queue(&self, depth: usize) -> RamDiskQueue {
+        let completions = CompletionQueue::with_capacity(depth);
         RamDiskQueue {
             disk: self.clone(),
-            completions: CompletionQueue::with_capacity(depth),
+            discards: VecDeque::with_capacity(completions.capacity()),
+            completions,
         }
     }
 
@@ -107,24 +124,14 @@ impl RamDisk {
         });
     }
 
-    /// Carry out one request on the store; the result is the completion status.
+    /// Carry out a read, write or flush on the store; the result is the completion
+    /// status. (Discards are zeroed by the queue, piece by piece.)
     fn execute(&self, request: &IoRequest<'_>, buffers: &dyn BufferAccess) -> IoStatus {
         // In range: `submit` checked sector + nr_sectors against the capacity (for
         // everything but a flush, which has no range).
         let start = (request.sector.wrapping_mul(SECTOR_SIZE)) as usize;
         match request.op {
-            IoOp::Flush => IoStatus::Ok,
-            IoOp::Discard { secure } => {
-                if self.geometry.discard.is_none_or(|d| secure && !d.secure) {
-                    return IoStatus::Unsupported;
-                }
-                let len = (request.nr_sectors * SECTOR_SIZE) as usize;
-                self.visit(start, len, |piece, _| {
-                    piece.fill(0);
-                    true
-                });
-                IoStatus::Ok
-            }
+            IoOp::Flush | IoOp::Discard { .. } => IoStatus::Ok,
             IoOp::Read | IoOp::Write => {
                 let mut cursor = start;
                 for segment in request.segments {
@@ -148,12 +155,53 @@ impl RamDisk {
     }
 }
 
-/// One queue of a [`RamDisk`]. Requests finish during `submit`; their completions are
-/// reported by the next `poll_completions`, as a real device would.
+/// A discard accepted and not yet zeroed to its end: bytes `[next, end)` of the store.
+#[derive(Clone, Copy, Debug)]
+struct PendingDiscard {
+    tag: u32,
+    next: usize,
+    end: usize,
+}
+
+/// One queue of a [`RamDisk`]. Reads, writes and flushes finish during `submit`;
+/// discards are zeroed at most [`DISCARD_BYTES_PER_POLL`] per `poll_completions`, oldest
+/// first. Completions are reported by `poll_completions`, as a real device would.
 #[derive(Debug)]
 pub struct RamDiskQueue {
     disk: RamDisk,
     completions: CompletionQueue,
+    /// Discards not finished yet (each holds a place of the queue depth, so its
+    /// completion always finds room).
+    discards: VecDeque<PendingDiscard>,
+}
+
+impl RamDiskQueue {
+    /// Zeroes at most [`DISCARD_BYTES_PER_POLL`] bytes of the pending discards and
+    /// queues the completion of each one finished.
+    fn advance_discards(&mut self) {
+        let mut budget = DISCARD_BYTES_PER_POLL;
+        while budget > 0 {
+            let Some(discard) = self.discards.front_mut() else {
+                break;
+            };
+            let take = (discard.end - discard.next).min(budget);
+            self.disk.visit(discard.next, take, |piece, _| {
+                piece.fill(0);
+                true
+            });
+            discard.next += take;
+            budget -= take;
+            if discard.next == discard.end {
+                let tag = discard.tag;
+                self.discards.pop_front();
+                // Cannot fail: submit kept a place for it.
+                let _ = self.completions.push(Completion {
+                    tag,
+                    status: IoStatus::Ok,
+                });
+            }
+        }
+    }
 }
 
 impl BlockDevice for RamDiskQueue {
@@ -170,7 +218,7 @@ impl BlockDevice for RamDiskQueue {
         request: &IoRequest<'_>,
         buffers: &dyn BufferAccess,
     ) -> Result<(), SubmitError> {
-        if self.completions.is_full() {
+        if self.completions.len() + self.discards.len() >= self.completions.capacity() {
             return Err(SubmitError::QueueFull);
         }
         let data_bytes: u64 = request.segments.iter().map(|s| u64::from(s.len)).sum();
@@ -192,7 +240,30 @@ impl BlockDevice for RamDiskQueue {
         if request.op == IoOp::Write && self.disk.geometry.read_only {
             return Err(SubmitError::Invalid);
         }
-        let status = self.disk.execute(request, buffers);
+        let status = match request.op {
+            IoOp::Discard { secure } => {
+                if self
+                    .disk
+                    .geometry
+                    .discard
+                    .is_none_or(|d| secure && !d.secure)
+                {
+                    IoStatus::Unsupported
+                } else if nr_sectors == 0 {
+                    IoStatus::Ok
+                } else {
+                    // In range (checked above): zeroed by the polls to come.
+                    let start = (request.sector * SECTOR_SIZE) as usize;
+                    self.discards.push_back(PendingDiscard {
+                        tag: request.tag,
+                        next: start,
+                        end: start + (nr_sectors * SECTOR_SIZE) as usize,
+                    });
+                    return Ok(());
+                }
+            }
+            _ => self.disk.execute(request, buffers),
+        };
         self.completions.push(Completion {
             tag: request.tag,
             status,
@@ -200,6 +271,7 @@ impl BlockDevice for RamDiskQueue {
     }
 
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        self.advance_discards();
         self.completions.drain(sink)
     }
 }
@@ -294,6 +366,143 @@ mod tests {
         assert_eq!(statuses, [IoStatus::Ok; 3]);
         disk.read_at(first as usize * 512, &mut on_disk);
         assert!(on_disk.iter().all(|&b| b == 0));
+    }
+
+    /// Zero bytes on the whole disk.
+    fn zero_bytes(disk: &RamDisk) -> usize {
+        let mut bytes = vec![0; disk.geometry().sectors as usize * 512];
+        disk.read_at(0, &mut bytes);
+        bytes.iter().filter(|&&b| b == 0).count()
+    }
+
+    #[test]
+    fn a_whole_disk_discard_is_zeroed_a_bounded_piece_per_poll() {
+        // 8 MiB and one page: 9 pieces, the last one short.
+        let bytes = 8 * DISCARD_BYTES_PER_POLL + 4096;
+        let disk = RamDisk::new((bytes / 512) as u64);
+        disk.write_at(0, &vec![0xA5; bytes]);
+        let (mut first, mut second) = (disk.queue(4), disk.queue(4));
+        let pages = Pages::default();
+        let discard = IoRequest {
+            tag: 1,
+            op: IoOp::Discard { secure: false },
+            sector: 0,
+            nr_sectors: (bytes / 512) as u64,
+            preflush: false,
+            segments: &[],
+        };
+        first.submit(&discard, &pages).unwrap();
+        assert_eq!(zero_bytes(&disk), 0, "submit zeroes nothing");
+        let mut polls = 0;
+        let mut zeroed = 0;
+        loop {
+            let completions = collect(&mut first);
+            polls += 1;
+            let now = zero_bytes(&disk);
+            assert!(
+                now > zeroed && now - zeroed <= DISCARD_BYTES_PER_POLL,
+                "poll {polls} zeroed {} bytes",
+                now - zeroed
+            );
+            zeroed = now;
+            if polls == 1 {
+                // A read on another queue of the disk, submitted meanwhile, completes
+                // while the discard is still going.
+                pages.0.borrow_mut().insert(9, vec![0; 4096]);
+                let segments = [DmaSegment {
+                    buffer: 9,
+                    offset: 0,
+                    len: 4096,
+                }];
+                let read = IoRequest {
+                    tag: 2,
+                    op: IoOp::Read,
+                    sector: (bytes / 512 - 8) as u64,
+                    nr_sectors: 8,
+                    preflush: false,
+                    segments: &segments,
+                };
+                second.submit(&read, &pages).unwrap();
+                assert_eq!(
+                    collect(&mut second),
+                    [Completion {
+                        tag: 2,
+                        status: IoStatus::Ok
+                    }]
+                );
+                assert!(completions.is_empty(), "the discard is not done yet");
+                assert_eq!(pages.0.borrow()[&9], vec![0xA5; 4096]);
+            }
+            if !completions.is_empty() {
+                assert_eq!(
+                    completions,
+                    [Completion {
+                        tag: 1,
+                        status: IoStatus::Ok
+                    }]
+                );
+                break;
+            }
+        }
+        assert_eq!(polls, 9);
+        assert_eq!(zeroed, bytes);
+    }
+
+    #[test]
+    fn pending_discards_hold_their_place_in_the_queue() {
+        let disk = RamDisk::new((4 * DISCARD_BYTES_PER_POLL / 512) as u64);
+        let mut queue = disk.queue(2);
+        let pages = Pages::default();
+        let discard = |tag, sector| IoRequest {
+            tag,
+            op: IoOp::Discard { secure: true },
+            sector,
+            nr_sectors: (DISCARD_BYTES_PER_POLL / 512 + 1) as u64,
+            preflush: false,
+            segments: &[],
+        };
+        queue.submit(&discard(1, 0), &pages).unwrap();
+        let second = (2 * DISCARD_BYTES_PER_POLL / 512) as u64;
+        queue.submit(&discard(2, second), &pages).unwrap();
+        assert_eq!(
+            queue.submit(&flush_at(3), &pages),
+            Err(SubmitError::QueueFull)
+        );
+        // One piece per poll across both, oldest first.
+        assert!(collect(&mut queue).is_empty());
+        let tags = |c: Vec<Completion>| c.iter().map(|c| c.tag).collect::<Vec<_>>();
+        assert_eq!(tags(collect(&mut queue)), [1]);
+        // The place discard 1 held is free again; the flush finishes at once.
+        queue.submit(&flush_at(3), &pages).unwrap();
+        assert_eq!(tags(collect(&mut queue)), [3, 2]);
+        // Unsupported and empty discards answer at once.
+        let plain = RamDisk::with_geometry(Geometry {
+            discard: None,
+            ..disk.geometry()
+        });
+        let mut queue = plain.queue(2);
+        queue.submit(&discard(4, 0), &pages).unwrap();
+        let statuses: Vec<_> = collect(&mut queue).iter().map(|c| c.status).collect();
+        assert_eq!(statuses, [IoStatus::Unsupported]);
+        let mut queue = disk.queue(2);
+        let empty = IoRequest {
+            nr_sectors: 0,
+            ..discard(5, 0)
+        };
+        queue.submit(&empty, &pages).unwrap();
+        let statuses: Vec<_> = collect(&mut queue).iter().map(|c| c.status).collect();
+        assert_eq!(statuses, [IoStatus::Ok]);
+    }
+
+    fn flush_at(tag: u32) -> IoRequest<'static> {
+        IoRequest {
+            tag,
+            op: IoOp::Flush,
+            sector: 0,
+            nr_sectors: 0,
+            preflush: false,
+            segments: &[],
+        }
     }
 
     #[test]

@@ -7,19 +7,17 @@ use super::space::MapRegion;
 use alloc::string::String;
 use alloc::vec::Vec;
 use blkback::engine::EventChannel;
-use blkback::grant::{GrantOps, GrantStatus, MapRequest, MappedGrant, GNTST_GENERAL_ERROR};
+use blkback::grant::{GrantOps, GrantStatus, MapRequest, MappedGrant};
 use blkback::ring::RingMemory;
 use blkback::xenstore::{StoreError, TxId, XenStore};
 use blkdev::BufferAccess;
 use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
-use xen::abi::grant_table::{GnttabMapGrantRef, GnttabUnmapGrantRef, GNTST_NO_SPACE, GNTST_OKAY};
 use xen::abi::DomId;
-use xen::grant::{map_request, unmap_request, GrantMapArea};
-use xen::hypercall::GnttabOp;
+use xen::grant::{ForeignGrants, ForeignMapping, GrantMapArea};
 use xen::raw::hypercall::NativeHypervisor;
 use xen::xenstore::{Transaction, XsErrno, XsError};
-use xen::{Hypercall, Hypervisor, SharedMem};
+use xen::SharedMem;
 
 pub const PAGE_SIZE: usize = 4096;
 
@@ -74,150 +72,89 @@ impl RingMemory for SharedRing {
     }
 }
 
-/// Entries per map or unmap hypercall; the scratch arrays are allocated once, at connect.
-const BATCH: usize = 64;
-
-/// Batched maps and unmaps of one frontend's grants into one ring's map region. Owned by
-/// the vCPU that serves the ring: no lock.
+/// One frontend's grants mapped into one ring's map region: a thin layer over
+/// `xen::grant::ForeignGrants` (per-entry statuses, what mapped is never lost, even when
+/// a whole hypercall fails). Owned by the vCPU that serves the ring: no lock.
 pub struct FrontendGrants {
     hv: NativeHypervisor,
-    frontend: DomId,
-    area: GrantMapArea,
-    /// Guest-physical range the area covers (buffers outside it are refused).
-    range: (u64, u64),
-    map_ops: Vec<GnttabMapGrantRef>,
-    /// Which request each entry of `map_ops` belongs to.
-    map_index: Vec<usize>,
-    unmap_ops: Vec<GnttabUnmapGrantRef>,
-    /// Pages whose unmap failed: never handed out again.
-    pub leaked_pages: u64,
+    grants: ForeignGrants,
 }
 
 impl FrontendGrants {
     pub fn new(hv: NativeHypervisor, frontend: DomId, region: &MapRegion) -> Self {
         FrontendGrants {
             hv,
-            frontend,
-            area: GrantMapArea::new(region.grant_base >> 12, region.grant_pages),
-            range: (
-                region.grant_base,
-                region.grant_base + u64::from(region.grant_pages) * PAGE_SIZE as u64,
+            grants: ForeignGrants::new(
+                frontend,
+                GrantMapArea::new(region.grant_base >> 12, region.grant_pages),
             ),
-            map_ops: Vec::with_capacity(BATCH),
-            map_index: Vec::with_capacity(BATCH),
-            unmap_ops: Vec::with_capacity(BATCH),
-            leaked_pages: 0,
         }
     }
 
-    fn page(&self, buffer: u64, offset: usize, len: usize) -> Option<usize> {
-        let inside = buffer >= self.range.0
-            && buffer < self.range.1
-            && buffer.is_multiple_of(PAGE_SIZE as u64);
-        (inside && offset.checked_add(len)? <= PAGE_SIZE).then_some(buffer as usize + offset)
+    /// Pages whose unmap failed: still mapped, never handed out again.
+    pub fn leaked_pages(&self) -> u64 {
+        self.grants.leaked_pages()
     }
 }
 
+/// Every CPU access to a data grant (the engine's, a RAM disk's, the bounce path's)
+/// goes through `ForeignGrants::buffer_address`: a page of this ring's map region that
+/// holds a grant mapped now, and bytes inside that page.
 impl BufferAccess for FrontendGrants {
     fn read_buffer(&self, buffer: u64, offset: usize, out: &mut [u8]) -> bool {
-        let Some(addr) = self.page(buffer, offset, out.len()) else {
+        let Some(addr) = self.grants.buffer_address(buffer, offset, out.len()) else {
             return false;
         };
-        // SAFETY: `buffer` is a page of this ring's map region (checked above), identity
-        // mapped, holding a grant the engine mapped; reads of another domain's page are
-        // copies, never references.
-        unsafe { crate::physmem::read(addr as u64, out) };
+        // SAFETY: the bytes lie in a page of this ring's map region holding a grant the
+        // engine mapped (checked above), identity mapped; reads of another domain's page
+        // are copies, never references.
+        unsafe { crate::physmem::read(addr, out) };
         true
     }
 
     fn write_buffer(&self, buffer: u64, offset: usize, data: &[u8]) -> bool {
-        let Some(addr) = self.page(buffer, offset, data.len()) else {
+        let Some(addr) = self.grants.buffer_address(buffer, offset, data.len()) else {
             return false;
         };
         // SAFETY: as in `read_buffer`; the engine maps writable whatever the device writes.
-        unsafe { crate::physmem::write(addr as u64, data) };
+        unsafe { crate::physmem::write(addr, data) };
         true
+    }
+
+    fn cpu_address(&self, buffer: u64, offset: usize, len: usize) -> Option<u64> {
+        self.grants.buffer_address(buffer, offset, len)
     }
 }
 
 impl GrantOps for FrontendGrants {
     fn map(&mut self, requests: &[MapRequest], results: &mut [Result<MappedGrant, GrantStatus>]) {
-        for (requests, results) in requests.chunks(BATCH).zip(results.chunks_mut(BATCH)) {
-            self.map_ops.clear();
-            self.map_index.clear();
-            for (i, (request, result)) in requests.iter().zip(results.iter_mut()).enumerate() {
-                match self.area.alloc() {
-                    Some(gpa) => {
-                        self.map_ops.push(map_request(
-                            gpa,
-                            self.frontend,
-                            request.gref,
-                            !request.writable,
-                        ));
-                        self.map_index.push(i);
-                    }
-                    // Out of map space: this entry fails, the others go on.
-                    None => *result = Err(GNTST_NO_SPACE),
-                }
-            }
-            if self.map_ops.is_empty() {
-                continue;
-            }
-            let call = self
-                .hv
-                .hypercall(Hypercall::Gnttab(GnttabOp::MapGrantRef(&mut self.map_ops)));
-            let mut mapped = 0;
-            for (op, &i) in self.map_ops.iter().zip(self.map_index.iter()) {
-                if call >= 0 && op.status == GNTST_OKAY {
-                    mapped += 1;
-                    results[i] = Ok(MappedGrant {
-                        handle: op.handle,
-                        buffer: op.host_addr,
-                    });
-                } else {
-                    results[i] = Err(if call >= 0 {
-                        op.status
-                    } else {
-                        GNTST_GENERAL_ERROR
-                    });
-                    let _ = self.area.free(op.host_addr);
-                }
-            }
-            count_mapped_pages(mapped);
-        }
+        let count = requests.len().min(results.len());
+        let mapped = self.grants.map(
+            &self.hv,
+            count,
+            |i| (requests[i].gref, !requests[i].writable),
+            |i, result| {
+                results[i] = result.map(|m| MappedGrant {
+                    handle: m.handle,
+                    buffer: m.gpa,
+                })
+            },
+        );
+        count_mapped_pages(mapped as i64);
     }
 
     fn unmap(&mut self, grants: &[MappedGrant], results: &mut [Result<(), GrantStatus>]) {
-        for (grants, results) in grants.chunks(BATCH).zip(results.chunks_mut(BATCH)) {
-            self.unmap_ops.clear();
-            for grant in grants {
-                let mapped = GnttabMapGrantRef {
-                    host_addr: grant.buffer,
-                    handle: grant.handle,
-                    ..map_request(0, 0, 0, true)
-                };
-                self.unmap_ops.push(unmap_request(&mapped));
-            }
-            let call = self.hv.hypercall(Hypercall::Gnttab(GnttabOp::UnmapGrantRef(
-                &mut self.unmap_ops,
-            )));
-            let mut unmapped = 0;
-            for (op, result) in self.unmap_ops.iter().zip(results.iter_mut()) {
-                if call >= 0 && op.status == GNTST_OKAY {
-                    unmapped += 1;
-                    *result = Ok(());
-                    let _ = self.area.free(op.host_addr);
-                } else {
-                    *result = Err(if call >= 0 {
-                        op.status
-                    } else {
-                        GNTST_GENERAL_ERROR
-                    });
-                    self.leaked_pages += 1;
-                }
-            }
-            count_mapped_pages(-unmapped);
-        }
+        let count = grants.len().min(results.len());
+        let unmapped = self.grants.unmap(
+            &self.hv,
+            count,
+            |i| ForeignMapping {
+                handle: grants[i].handle,
+                gpa: grants[i].buffer,
+            },
+            |i, result| results[i] = result,
+        );
+        count_mapped_pages(-(unmapped as i64));
     }
 }
 

@@ -9,11 +9,12 @@ use super::poller;
 use super::registry::Registry;
 use super::space;
 use super::vbd::{backend_params, Vbd, VbdHooks};
-use alloc::collections::BTreeMap;
+use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use blkback::negotiate::{BlkifBackend, StepOutcome};
+use blkback::watch::{WatchRouter, WatchWork};
 use blkback::xenstore::{XenStore, NO_TRANSACTION};
 use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
@@ -22,6 +23,8 @@ use xen::xenstore::Transaction;
 use crate::firmware::Firmware;
 use crate::xen_domain;
 
+/// The device directory, relative to our home, and the token of its watch.
+const VBD_DIRECTORY: &str = "backend/vbd";
 const VBD_WATCH_TOKEN: &str = "vbd";
 /// How often the control path publishes statistics to xenstore.
 const STATS_PERIOD_NS: u64 = 5_000_000_000;
@@ -44,8 +47,8 @@ pub struct Control {
     failed: BTreeMap<String, AttachError>,
     store_port: Option<EvtchnPort>,
     next_stats: u64,
-    /// A negotiation waits for in-flight requests: step again soon.
-    pending_retry: bool,
+    /// Devices whose negotiation waits for in-flight requests: stepped again soon.
+    retrying: BTreeSet<String>,
     first_round: bool,
     /// Every disk and device opened, and what stays of them between vbds.
     registry: Registry,
@@ -57,7 +60,7 @@ impl Control {
         let store_port = xen::domain::store_params(&xen.hv).ok().map(|p| p.evtchn);
         let domid =
             xen_domain::store::with(|xs| xs.read_u64(Transaction::NONE, "domid"))?.ok()? as u32;
-        let watched = xen_domain::store::with(|xs| xs.watch("backend/vbd", VBD_WATCH_TOKEN))?;
+        let watched = xen_domain::store::with(|xs| xs.watch(VBD_DIRECTORY, VBD_WATCH_TOKEN))?;
         if let Err(e) = watched {
             log::error!("blkback: cannot watch backend/vbd: {e:?}");
             return None;
@@ -79,7 +82,7 @@ impl Control {
             failed: BTreeMap::new(),
             store_port,
             next_stats: 0,
-            pending_retry: false,
+            retrying: BTreeSet::new(),
             first_round: true,
             registry: Registry::new(firmware),
         })
@@ -87,7 +90,7 @@ impl Control {
 
     /// Devices under backend/vbd/<frontend>/<devid>.
     fn scan(&mut self, store: &mut Store<'_>) -> Vec<String> {
-        let base = format!("/local/domain/{}/backend/vbd", self.domid);
+        let base = format!("/local/domain/{}/{VBD_DIRECTORY}", self.domid);
         let mut found = Vec::new();
         for frontend in store.directory(NO_TRANSACTION, &base).unwrap_or_default() {
             for dev in store
@@ -169,14 +172,7 @@ impl Control {
                     queues: Vec::new(),
                     leaked_pages: 0,
                 };
-                self.vbds.insert(
-                    path,
-                    Vbd {
-                        backend,
-                        hooks,
-                        retry: false,
-                    },
-                );
+                self.vbds.insert(path, Vbd { backend, hooks });
             }
             Err(e) => {
                 log::error!("blkback: {path}: probe failed: {e:?}");
@@ -187,7 +183,7 @@ impl Control {
     }
 
     /// One round: new and vanished devices, then every negotiation steps.
-    fn reconcile(&mut self, store: &mut Store<'_>) -> bool {
+    fn reconcile(&mut self, store: &mut Store<'_>) {
         let present = self.scan(store);
         for path in &present {
             if !self.vbds.contains_key(path) && !self.failed.contains_key(path) {
@@ -195,34 +191,44 @@ impl Control {
             }
         }
         self.failed.retain(|path, _| present.contains(path));
+        let paths: Vec<String> = self.vbds.keys().cloned().collect();
+        for path in &paths {
+            self.step(store, path);
+        }
+    }
+
+    /// Steps the negotiation of the device at `path` (if it is still there): notes
+    /// whether it waits for requests, and forgets it once it is removed.
+    fn step(&mut self, store: &mut Store<'_>, path: &str) {
+        let Some(vbd) = self.vbds.get_mut(path) else {
+            self.retrying.remove(path);
+            return;
+        };
         let mut retry = false;
-        let mut removed = Vec::new();
-        for (path, vbd) in self.vbds.iter_mut() {
-            match vbd.backend.step(store, &mut vbd.hooks) {
-                Ok(StepOutcome::Retry) => {
-                    vbd.retry = true;
-                    retry = true;
-                }
-                Ok(StepOutcome::Removed) => removed.push(path.clone()),
-                Ok(outcome) => {
-                    vbd.retry = false;
-                    if outcome != StepOutcome::Idle {
-                        log::info!("blkback: {}: {outcome:?}", vbd.hooks.name);
+        match vbd.backend.step(store, &mut vbd.hooks) {
+            Ok(StepOutcome::Retry) => retry = true,
+            Ok(StepOutcome::Removed) => {
+                self.retrying.remove(path);
+                if let Some(vbd) = self.vbds.remove(path) {
+                    for watched in vbd.backend.watched_paths() {
+                        let _ = store.0.unwatch(&watched, path);
                     }
+                    log::info!("blkback: {path} removed; its backing store is released");
+                    self.registry.release(vbd.hooks.disk);
                 }
-                Err(e) => log::error!("blkback: {}: {e:?}", vbd.hooks.name),
+                return;
             }
+            Ok(StepOutcome::Idle) => {}
+            Ok(outcome) => log::info!("blkback: {}: {outcome:?}", vbd.hooks.name),
+            Err(e) => log::error!("blkback: {}: {e:?}", vbd.hooks.name),
         }
-        for path in removed {
-            if let Some(vbd) = self.vbds.remove(&path) {
-                for watched in vbd.backend.watched_paths() {
-                    let _ = store.0.unwatch(&watched, &path);
-                }
-                log::info!("blkback: {path} removed; its backing store is released");
-                self.registry.release(vbd.hooks.disk);
+        if retry {
+            if !self.retrying.contains(path) {
+                self.retrying.insert(String::from(path));
             }
+        } else {
+            self.retrying.remove(path);
         }
-        retry
     }
 
     /// One line per device (its backend path and every counter summed over its queues),
@@ -311,26 +317,51 @@ impl poller::ControlWork for Control {
     }
 
     fn run(&mut self) -> Option<u64> {
+        let home = format!("/local/domain/{}", self.domid);
+        let router = WatchRouter {
+            home: &home,
+            directory: VBD_DIRECTORY,
+            directory_token: VBD_WATCH_TOKEN,
+            ignored_node: STATS_NODE,
+        };
         let result = xen_domain::store::with(|xs| {
-            // Drain what arrived (the client queued events while waiting for replies too);
-            // only events about something other than our own statistics need a round.
-            let mut news = self.pending_retry || self.first_round;
+            // Drain what arrived (the client queued events while waiting for replies too)
+            // and note which devices it names: an event about one device steps that
+            // device alone (a frontend rewriting its state in a loop costs one step of
+            // its own device per event); only the device directory changing above the
+            // devices we hold rescans it.
+            let mut work = WatchWork {
+                rescan: self.first_round,
+                ..WatchWork::default()
+            };
             let mut control_request = false;
             let mut report_request = false;
             while let Ok(Some(event)) = xs.take_watch_event() {
-                control_request |= event.token == xen_domain::control::SHUTDOWN_TOKEN;
-                report_request |= event.token == REPORT_TOKEN;
-                news |= event.token != REPORT_TOKEN && !event.path.ends_with(STATS_NODE);
+                if event.token == xen_domain::control::SHUTDOWN_TOKEN {
+                    control_request = true;
+                } else if event.token == REPORT_TOKEN {
+                    report_request = true;
+                } else {
+                    router.route(&mut work, &event.token, &event.path, |path| {
+                        self.vbds.contains_key(path)
+                    });
+                }
             }
             if control_request {
                 return None;
             }
             self.first_round = false;
             let mut store = Store(xs);
-            if news {
-                self.pending_retry = self.reconcile(&mut store);
+            if work.rescan {
+                self.reconcile(&mut store);
+            } else {
+                // Negotiations waiting for in-flight requests are stepped again too.
+                work.devices.extend(self.retrying.iter().cloned());
+                for path in &work.devices {
+                    self.step(&mut store, path);
+                }
             }
-            let retry = self.pending_retry;
+            let retry = !self.retrying.is_empty();
             let now = xen_domain::get().map_or(0, |p| p.now_ns());
             if now >= self.next_stats {
                 self.publish_stats(&mut store);

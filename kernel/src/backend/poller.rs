@@ -174,7 +174,7 @@ fn release(cpu: usize, queue: ServedQueue) {
         log::error!("blkback: unmapping ring pages: {e:?} ({ring_leaked} pages stay mapped)");
     }
     let _ = xen::evtchn::close(&xen.hv, port);
-    let leaked = grants.leaked_pages + ring_leaked;
+    let leaked = grants.leaked_pages() + ring_leaked;
     control.leaked_pages.store(leaked, Ordering::Release);
     if leaked == 0 {
         space::free(region);

@@ -23,8 +23,6 @@ use crate::xen_domain;
 pub(super) struct Vbd {
     pub(super) backend: BlkifBackend,
     pub(super) hooks: VbdHooks,
-    /// The last step asked to be retried (requests still in flight).
-    pub(super) retry: bool,
 }
 
 pub(super) struct VbdHooks {

@@ -21,11 +21,14 @@ const PAGE: usize = 4096;
 /// Pages per queue: room for the largest request (512 indirect segments) twice over.
 pub const POOL_PAGES: usize = 1024;
 
-/// One segment of a request in flight: its bounce page and where it came from.
+/// One segment of a request in flight: its bounce page and, for a read, where its data
+/// goes on completion.
 #[derive(Clone, Copy)]
 struct Piece {
     page: u16,
-    grant: u64,
+    /// A read's destination: the frontend's bytes as `BufferAccess::cpu_address`
+    /// checked them at submit (0 for a write, which copies nothing out).
+    target: u64,
     offset: u32,
     len: u32,
 }
@@ -109,13 +112,20 @@ impl BlockDevice for BounceQueue {
                 break;
             };
             let address = page_address(self.pool, page);
+            // A read's data is copied out on completion, when `buffers` is gone: its
+            // destination is checked now, by the same check as every other access.
+            let target = if read {
+                buffers.cpu_address(segment.buffer, offset, len)
+            } else {
+                Some(0)
+            };
             pieces.push(Piece {
                 page,
-                grant: segment.buffer,
+                target: target.unwrap_or(0),
                 offset: segment.offset,
                 len: segment.len,
             });
-            if offset + len > PAGE {
+            if offset + len > PAGE || target.is_none() {
                 copied = false;
                 break;
             }
@@ -168,13 +178,13 @@ impl BlockDevice for BounceQueue {
                     for piece in &entry.pieces {
                         if entry.read && completion.status == IoStatus::Ok {
                             let from = page_address(pool, piece.page) + piece.offset as u64;
-                            let to = piece.grant + piece.offset as u64;
                             // SAFETY: `from` is inside this queue's pool page, which the
-                            // device has finished with (its completion is here); `to` is
-                            // the frontend's page the engine mapped for this request and
-                            // keeps mapped until `sink` tells it the request is done; the
-                            // engine checked offset + len <= 4096 and submit did again.
-                            unsafe { physmem::copy(from, to, piece.len as usize) };
+                            // device has finished with (its completion is here); `target`
+                            // is what `BufferAccess::cpu_address` gave at submit for
+                            // these `len` bytes (inside a page holding a grant mapped for
+                            // this request), which stays mapped until `sink` tells the
+                            // engine the request is done.
+                            unsafe { physmem::copy(from, piece.target, piece.len as usize) };
                             bounced_bytes.fetch_add(u64::from(piece.len), Ordering::Relaxed);
                         }
                         free.push(piece.page);

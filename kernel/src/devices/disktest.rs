@@ -44,6 +44,8 @@ struct Params {
     writes: u32,
     random_reads: u32,
     sequential_bytes: u64,
+    /// The queues go through bounce buffers (`disktest.bounce`).
+    bounce: bool,
 }
 
 /// What one queue measured.
@@ -111,6 +113,7 @@ fn run(spec: &str, cmdline: &Cmdline, firmware: &Firmware) -> Result<(), DiskTes
         writes: number(cmdline, "disktest.writes", 24)?,
         random_reads: number(cmdline, "disktest.random-reads", 2000)?,
         sequential_bytes: number::<u64>(cmdline, "disktest.sequential-mib", 16)? << 20,
+        bounce: cmdline.has("disktest.bounce"),
     };
     let cpus = crate::smp::online_count();
     let wanted: usize = number(cmdline, "disktest.queues", cpus)?;
@@ -125,7 +128,7 @@ fn run(spec: &str, cmdline: &Cmdline, firmware: &Firmware) -> Result<(), DiskTes
 
     let options = open::OpenOptions {
         nvme_prp_only: cmdline.has("disktest.nvme-prp-only"),
-        bounce: cmdline.has("disktest.bounce"),
+        bounce: params.bounce,
         ..Default::default()
     };
     // Both opens below go through one `Devices`, as the control path's do.
@@ -374,6 +377,10 @@ impl BufferAccess for BufferPages {
         unsafe { physmem::write(address, data) };
         true
     }
+
+    fn cpu_address(&self, buffer: u64, offset: usize, len: usize) -> Option<u64> {
+        self.address(buffer, offset, len)
+    }
 }
 
 /// A DMA buffer of whole pages and the scratch list of its segments.
@@ -585,6 +592,10 @@ fn exercise(job: &mut Job) -> Result<QueueReport, DiskTestError> {
     if job.discard_tail {
         discard_tail(&mut job.queue, &geometry, &mut tag)?;
     }
+    if params.bounce {
+        tag += 1;
+        bounce_refuses_foreign_buffers(job, read_pages, tag)?;
+    }
     throughput(job, &mut read, &mut report, &mut tag)?;
     Ok(report)
 }
@@ -598,6 +609,38 @@ fn flush_request(tag: u32) -> IoRequest<'static> {
         preflush: false,
         segments: &[],
     }
+}
+
+/// Through bounce buffers a read's data is copied out by the CPU on completion: a read
+/// into a page that is not one of the request's buffers (the page just past `pages`)
+/// must be refused at submit, never copied to. (Only through bounce buffers: a DMA
+/// device takes buffer addresses as they are.)
+fn bounce_refuses_foreign_buffers(
+    job: &mut Job,
+    pages: BufferPages,
+    tag: u32,
+) -> Result<(), DiskTestError> {
+    let outside = [DmaSegment {
+        buffer: pages.base + pages.pages as u64 * PAGE,
+        offset: 0,
+        len: PAGE as u32,
+    }];
+    let request = IoRequest {
+        tag,
+        op: IoOp::Read,
+        sector: job.region_start,
+        nr_sectors: PAGE / 512,
+        preflush: false,
+        segments: &outside,
+    };
+    if job.queue.submit(&request, &pages) != Err(SubmitError::Invalid) {
+        return Err(DiskTestError::BounceAcceptedForeignBuffer);
+    }
+    info!(
+        "disktest: queue {}: a read into a page outside its buffers is refused",
+        job.index
+    );
+    Ok(())
 }
 
 /// Discards the tail (outside every write region) when the device offers discard.
@@ -816,6 +859,7 @@ enum DiskTestError {
     ReadsStalled {
         in_flight: u64,
     },
+    BounceAcceptedForeignBuffer,
 }
 
 impl From<OpenError> for DiskTestError {
@@ -893,6 +937,9 @@ impl fmt::Display for DiskTestError {
             ),
             DiskTestError::ReadRefused { sector } => write!(f, "read at sector {sector} refused"),
             DiskTestError::ReadFailed(status) => write!(f, "read failed with {status:?}"),
+            DiskTestError::BounceAcceptedForeignBuffer => {
+                f.write_str("the bounce path accepted a read into a page outside the buffers")
+            }
             DiskTestError::ReadsStalled { in_flight } => {
                 write!(f, "reads stalled with {in_flight} in flight")
             }

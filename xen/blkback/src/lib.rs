@@ -37,6 +37,7 @@ pub mod negotiate;
 pub mod parse;
 pub mod ring;
 pub mod stats;
+pub mod watch;
 pub mod xenstore;
 
 #[cfg(any(test, feature = "fake"))]

@@ -166,6 +166,11 @@ pub struct BlkifBackend {
     read_only: bool,
     state: XenbusState,
     removed: bool,
+    /// The frontend closed (or vanished) while requests were in flight: the connection
+    /// is being torn down. Meanwhile the backend says Closing, never Connected; once the
+    /// hooks report the teardown done it says Closed and reacts to whatever state the
+    /// frontend is in by then (it may already be reconnecting).
+    tearing_down: bool,
 }
 
 fn read_u32(store: &mut dyn XenStore, path: &str) -> Result<Option<u32>, NegotiationError> {
@@ -210,6 +215,7 @@ impl BlkifBackend {
             read_only,
             state: XenbusState::Initialising,
             removed: false,
+            tearing_down: false,
         };
         let early = [
             (
@@ -296,6 +302,27 @@ impl BlkifBackend {
                 Err(StoreError::NotFound | StoreError::Failed(_)) => XenbusState::Unknown,
                 Err(error) => return Err(error.into()),
             };
+        if self.tearing_down {
+            if hooks.disconnect().is_err() {
+                return Ok(StepOutcome::Retry);
+            }
+            self.tearing_down = false;
+            self.switch(store, XenbusState::Closed)?;
+            return Ok(match self.react(store, hooks, frontend_state)? {
+                StepOutcome::Idle => StepOutcome::Switched(XenbusState::Closed),
+                outcome => outcome,
+            });
+        }
+        self.react(store, hooks, frontend_state)
+    }
+
+    /// The step for `frontend_state`, with no teardown pending.
+    fn react<H: ConnectionHooks + ?Sized>(
+        &mut self,
+        store: &mut dyn XenStore,
+        hooks: &mut H,
+        frontend_state: XenbusState,
+    ) -> Result<StepOutcome, NegotiationError> {
         match frontend_state {
             XenbusState::Initialising if self.state == XenbusState::Closed => {
                 // 6 -> 1: the frontend reconnects.
@@ -303,12 +330,21 @@ impl BlkifBackend {
                 Ok(StepOutcome::Switched(XenbusState::InitWait))
             }
             XenbusState::Initialised | XenbusState::Connected => {
-                // Two watches in quick succession can both land here: connect once.
-                if matches!(
-                    self.state,
-                    XenbusState::Connected | XenbusState::Closing | XenbusState::Closed
-                ) {
-                    return Ok(StepOutcome::Idle);
+                match self.state {
+                    // Two watches in quick succession can both land here: connect once.
+                    // (Connected always means the rings are connected: a close that
+                    // has to wait for requests leaves it at once, see `tearing_down`.)
+                    XenbusState::Connected => return Ok(StepOutcome::Idle),
+                    // A failed negotiation, or a frontend that said Closing: it closes
+                    // before it connects again.
+                    XenbusState::Closing => return Ok(StepOutcome::Idle),
+                    // Closed and the frontend is back without our having seen it
+                    // Initialising (its writes came as one watch event): connect, unless
+                    // the toolstack detached the device.
+                    XenbusState::Closed if self.detached_by_toolstack(store) => {
+                        return self.remove_own_directory(store)
+                    }
+                    _ => {}
                 }
                 // Whatever a previous connection left must be gone before mapping anew.
                 if hooks.disconnect().is_err() {
@@ -324,6 +360,12 @@ impl BlkifBackend {
             }
             XenbusState::Closed | XenbusState::Unknown if self.state != XenbusState::Closed => {
                 if hooks.disconnect().is_err() {
+                    // The rings go away as soon as the requests drain: the backend stops
+                    // saying Connected now, not once the drain is over.
+                    self.tearing_down = true;
+                    if self.state != XenbusState::Closing {
+                        self.switch(store, XenbusState::Closing)?;
+                    }
                     return Ok(StepOutcome::Retry);
                 }
                 self.switch(store, XenbusState::Closed)?;

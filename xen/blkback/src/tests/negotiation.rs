@@ -409,6 +409,107 @@ fn close_waits_for_in_flight_requests_then_reconnects() {
     assert_eq!(hooks.connects.len(), 2);
 }
 
+/// Values written to the backend's `state` node since write number `from`.
+fn states_written(store: &MemStore, from: usize) -> Vec<&str> {
+    store.writes[from..]
+        .iter()
+        .filter(|(key, _)| *key == format!("{BE}/state"))
+        .map(|(_, value)| value.as_str())
+        .collect()
+}
+
+#[test]
+fn close_while_busy_then_reinitialise_reconnects_and_never_shows_a_stale_connected() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks::default();
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Connected))
+    );
+    let written = store.writes.len();
+    // Connected -> Closed with requests in flight: the rings drain...
+    store.set(&format!("{FE}/state"), "6");
+    hooks.busy_replies = 3;
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(state(&store), "5", "not Connected while the rings go away");
+    // ... and the frontend is back at once with a new ring (Initialising and Initialised
+    // in one watch event).
+    store.set(&format!("{FE}/ring-ref"), "18");
+    store.set(&format!("{FE}/state"), "3");
+    for _ in 0..2 {
+        assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+        assert_eq!(state(&store), "5", "still draining: not Connected");
+    }
+    assert_eq!(
+        hooks.connects.len(),
+        1,
+        "no new rings before the old ones are gone"
+    );
+    // Drained: Closed, then the new rings, then Connected.
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Connected))
+    );
+    assert_eq!(hooks.connects.len(), 2);
+    assert_eq!(hooks.connects[1].queues[0].ring_refs, [18]);
+    assert_eq!(states_written(&store, written), ["5", "6", "4"]);
+    assert_eq!(backend.state(), XenbusState::Connected);
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Idle));
+    assert_eq!(hooks.connects.len(), 2);
+}
+
+#[test]
+fn close_while_busy_then_initialising_waits_for_the_drain_then_inits() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks::default();
+    backend.step(&mut store, &mut hooks).unwrap();
+    store.set(&format!("{FE}/state"), "6");
+    hooks.busy_replies = 2;
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    store.set(&format!("{FE}/state"), "1");
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(state(&store), "5");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::InitWait))
+    );
+    assert_eq!(state(&store), "2");
+    // The frontend that went away entirely is closed the same way.
+    store.set(&format!("{FE}/state"), "3");
+    backend.step(&mut store, &mut hooks).unwrap();
+    assert_eq!(state(&store), "4");
+    store.unreadable.push(format!("{FE}/state"));
+    hooks.busy_replies = 1;
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(state(&store), "5");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    );
+    assert_eq!(state(&store), "6");
+}
+
+#[test]
+fn detached_device_is_not_reconnected_after_a_busy_close() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{BE}/online"), "1");
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks::default();
+    backend.step(&mut store, &mut hooks).unwrap();
+    store.set(&format!("{FE}/state"), "6");
+    hooks.busy_replies = 1;
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    store.set(&format!("{BE}/online"), "0");
+    store.set(&format!("{FE}/state"), "3");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Removed)
+    );
+    assert_eq!(hooks.connects.len(), 1);
+}
+
 #[test]
 fn backend_directory_removal_tears_down_once_idle() {
     let (mut store, mut backend) = probed_single_ring();
