@@ -302,7 +302,7 @@ boot_linux_dd() {
   start=$(now)
   create_domain linux-dd "$XL_DIR/$config" "$@" || return 1
   id=$(domid_of linux-dd)
-  for i in $(seq 180); do
+  for i in $(seq 300); do
     if [ "$(xenstore-read "/local/domain/$id/data/rig-driver-domain" 2>/dev/null)" = ready ]; then
       timing linux-dd-ready-after-create "$(seconds_since "$start")"
       pass "Linux driver domain up (blkback, its disk, xl devd)"
@@ -311,8 +311,8 @@ boot_linux_dd() {
     domid_of linux-dd > /dev/null || break
     sleep 1
   done
-  fail "Linux driver domain up within 180 s"
-  xl dmesg | grep "(d$id)" | tail -n 20 | sed 's/^/rig: linux-dd: /'
+  fail "Linux driver domain up within 300 s"
+  xl dmesg | grep "(d$id)" | tail -n 40 | sed 's/^/rig: linux-dd: /'
   tail -n 20 "$CONSOLE_DIR/guest-linux-dd.log" 2>/dev/null | sed 's/^/rig: linux-dd: /'
   dump_state linux-dd
   return 1
@@ -387,9 +387,10 @@ assign_passthrough_disks() {
   local kind bdf
   for kind in nvme virtio; do
     bdf=$(passthrough_bdf "$kind") || { fail "dom0 sees the outer $kind disk for passthrough"; return 1; }
-    if xl pci-assignable-list | grep -qi "$bdf" ||
-       xl pci-assignable-add "$bdf" > "$RESULTS/assignable-$kind.log" 2>&1 &&
-       xl pci-assignable-list | grep -qi "$bdf"; then
+    # A domain that had the device gives it back to pciback when it is destroyed, which
+    # takes a moment (until then pci-assignable-add says it is already assigned).
+    listed() { xl pci-assignable-list | grep -qi "$bdf"; }
+    if listed || { xl pci-assignable-add "$bdf" > "$RESULTS/assignable-$kind.log" 2>&1; wait_for 30 listed; }; then
       pass "$kind disk $bdf assignable"
     else
       fail "$kind disk $bdf assignable ($(tail -n 2 "$RESULTS/assignable-$kind.log" | tr '\n' ' '))"
@@ -440,7 +441,7 @@ compare_on_passthrough_nvme() {
   local jobs=$1 runtime=$2
   assign_passthrough_disks || return 1
   if boot_linux_dd linux-hvm-dd.cfg 'device_model_args_hvm=[]' "pci=[\"$PT_NVME\"]" \
-       'extra="console=hvc0 loglevel=4 rig.role=driver-domain rig.dd_disk=nvme0n1"'; then
+       'extra="console=hvc0 earlyprintk=xen loglevel=4 rig.role=driver-domain rig.dd_disk=nvme0n1"'; then
     run_fio_guest fio-ddpt fio-guest-linuxdd.cfg linux-dd "$jobs" "$runtime" \
       'name="fio-ddpt"' 'disk=["backend=linux-dd,vdev=xvda,access=rw,target=/dev/nvme0n1"]'
     cp /var/log/xen/qemu-dm-linux-dd.log "$RESULTS/qemu-dm-linux-dd-pt.log" 2>/dev/null
