@@ -12,9 +12,9 @@ use crate::abi::MAX_INDIRECT_PAGES;
 use crate::grant::{CacheSlot, GrantCache, GrantOps, GrantStatus, MapRequest, MappedGrant};
 use crate::stats::RingStats;
 
-pub(super) const NO_ENTRY: u32 = u32::MAX;
+const NO_ENTRY: u32 = u32::MAX;
 /// Status of a transient segment whose map has not been issued yet.
-pub(super) const MAP_PENDING: GrantStatus = i16::MIN;
+const MAP_PENDING: GrantStatus = i16::MIN;
 
 /// How one segment's (or indirect page's) page is mapped.
 #[derive(Clone, Copy, Debug, Default)]
