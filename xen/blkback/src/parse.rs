@@ -2,13 +2,16 @@
 //! an indirect page): nothing here reads shared memory, so nothing can change under it.
 
 use blkdev::Geometry;
+use zerocopy::transmute_ref;
 
 use crate::abi::{
-    self, discard, indirect, request, segment, DISCARD_SECURE, MAX_INDIRECT_PAGES,
-    MAX_SEGMENTS_PER_REQUEST, REQUEST_SIZE, RSP_EOPNOTSUPP, RSP_ERROR, SECTORS_PER_PAGE,
-    SECTOR_SHIFT, SEGMENT_SIZE,
+    self, wire, DISCARD_SECURE, MAX_INDIRECT_PAGES, MAX_SEGMENTS_PER_REQUEST, REQUEST_SIZE,
+    RSP_EOPNOTSUPP, RSP_ERROR, SECTORS_PER_PAGE, SECTOR_SHIFT,
 };
 use crate::ring::Response;
+// The tests build slots by offset.
+#[cfg(test)]
+use crate::abi::request;
 
 /// One segment descriptor: a granted page and the 512-byte sectors used inside it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -19,11 +22,11 @@ pub struct SegmentDesc {
 }
 
 impl SegmentDesc {
-    pub fn from_bytes(bytes: &[u8]) -> Self {
+    pub fn from_wire(seg: &wire::Segment) -> Self {
         Self {
-            gref: read_u32(bytes, segment::GREF),
-            first_sect: bytes[segment::FIRST_SECT],
-            last_sect: bytes[segment::LAST_SECT],
+            gref: seg.gref.get(),
+            first_sect: seg.first_sect,
+            last_sect: seg.last_sect,
         }
     }
 
@@ -89,15 +92,13 @@ pub struct DirectRequest<'a> {
     pub handle: u16,
     pub sector: u64,
     pub nr_segments: u8,
-    segment_bytes: &'a [u8],
+    segments: &'a [wire::Segment],
 }
 
 impl DirectRequest<'_> {
     /// The `nr_segments` descriptors, in order.
     pub fn segments(&self) -> impl Iterator<Item = SegmentDesc> + '_ {
-        self.segment_bytes
-            .chunks_exact(SEGMENT_SIZE)
-            .map(SegmentDesc::from_bytes)
+        self.segments.iter().map(SegmentDesc::from_wire)
     }
 }
 
@@ -232,31 +233,16 @@ impl Rejected {
     }
 }
 
-fn read_u16(bytes: &[u8], offset: usize) -> u16 {
-    u16::from_le_bytes([bytes[offset], bytes[offset + 1]])
-}
-
-fn read_u32(bytes: &[u8], offset: usize) -> u32 {
-    let mut word = [0u8; 4];
-    word.copy_from_slice(&bytes[offset..offset + 4]);
-    u32::from_le_bytes(word)
-}
-
-fn read_u64(bytes: &[u8], offset: usize) -> u64 {
-    let mut word = [0u8; 8];
-    word.copy_from_slice(&bytes[offset..offset + 8]);
-    u64::from_le_bytes(word)
-}
-
 /// Decode a copied slot. `max_indirect_segments` is what we advertised.
 pub fn parse_request(
     raw: &[u8; REQUEST_SIZE],
     max_indirect_segments: u16,
 ) -> Result<Request<'_>, Rejected> {
-    let operation = raw[request::OPERATION];
+    let rw: &wire::RwRequest = transmute_ref!(raw);
+    let operation = rw.operation;
     // Every request type keeps `id` at the same offset, so even garbage can be answered.
-    let id = read_u64(raw, request::ID);
-    let sector = read_u64(raw, request::SECTOR);
+    let id = rw.id.get();
+    let sector = rw.sector.get();
     let reject = |operation, error| Rejected {
         id,
         operation,
@@ -268,43 +254,41 @@ pub fn parse_request(
         abi::OP_WRITE_BARRIER => DataOp::Barrier,
         abi::OP_FLUSH_DISKCACHE => DataOp::Flush,
         abi::OP_DISCARD => {
+            let discard: &wire::DiscardRequest = transmute_ref!(raw);
             return Ok(Request::Discard(DiscardRequest {
                 id,
-                handle: read_u16(raw, request::HANDLE),
+                handle: discard.handle.get(),
                 sector,
-                nr_sectors: read_u64(raw, discard::NR_SECTORS),
-                secure: raw[discard::FLAG] & DISCARD_SECURE != 0,
-            }))
+                nr_sectors: discard.nr_sectors.get(),
+                secure: discard.flag & DISCARD_SECURE != 0,
+            }));
         }
         abi::OP_INDIRECT => {
-            let inner = raw[indirect::INDIRECT_OP];
+            let indirect: &wire::IndirectRequest = transmute_ref!(raw);
+            let inner = indirect.indirect_op;
             let op = match inner {
                 abi::OP_READ => DataOp::Read,
                 abi::OP_WRITE => DataOp::Write,
                 _ => return Err(reject(inner, RequestError::BadIndirectOperation)),
             };
-            let nr_segments = read_u16(raw, indirect::NR_SEGMENTS);
+            let nr_segments = indirect.nr_segments.get();
             let limit = max_indirect_segments
                 .min((abi::SEGMENTS_PER_INDIRECT_PAGE * MAX_INDIRECT_PAGES) as u16);
             if nr_segments == 0 || nr_segments > limit {
                 return Err(reject(inner, RequestError::BadSegmentCount(nr_segments)));
             }
-            let mut indirect_grefs = [0u32; MAX_INDIRECT_PAGES];
-            for (i, gref) in indirect_grefs.iter_mut().enumerate() {
-                *gref = read_u32(raw, indirect::INDIRECT_GREFS + 4 * i);
-            }
             return Ok(Request::Indirect(IndirectRequest {
                 op,
                 id,
-                handle: read_u16(raw, indirect::HANDLE),
+                handle: indirect.handle.get(),
                 sector,
                 nr_segments,
-                indirect_grefs,
+                indirect_grefs: indirect.indirect_grefs.map(|gref| gref.get()),
             }));
         }
         _ => return Err(reject(operation, RequestError::UnsupportedOperation)),
     };
-    let nr_segments = raw[request::NR_SEGMENTS];
+    let nr_segments = rw.nr_segments;
     let flush_only = matches!(data_op, DataOp::Barrier | DataOp::Flush);
     if (nr_segments == 0 && !flush_only) || usize::from(nr_segments) > MAX_SEGMENTS_PER_REQUEST {
         return Err(reject(
@@ -312,20 +296,19 @@ pub fn parse_request(
             RequestError::BadSegmentCount(nr_segments.into()),
         ));
     }
-    let end = request::SEGMENTS + usize::from(nr_segments) * SEGMENT_SIZE;
-    let segment_bytes = &raw[request::SEGMENTS..end];
-    for raw_segment in segment_bytes.chunks_exact(SEGMENT_SIZE) {
-        SegmentDesc::from_bytes(raw_segment)
+    let segments = &rw.seg[..usize::from(nr_segments)];
+    for segment in segments {
+        SegmentDesc::from_wire(segment)
             .check()
             .map_err(|error| reject(operation, error))?;
     }
     Ok(Request::Direct(DirectRequest {
         op: data_op,
         id,
-        handle: read_u16(raw, request::HANDLE),
+        handle: rw.handle.get(),
         sector,
         nr_segments,
-        segment_bytes,
+        segments,
     }))
 }
 

@@ -35,12 +35,13 @@ pub struct Response {
 impl Response {
     /// The 16 wire bytes, padding zeroed (XSA-216).
     pub fn to_bytes(self) -> [u8; RESPONSE_SIZE] {
-        let mut bytes = [0u8; RESPONSE_SIZE];
-        bytes[abi::response::ID..abi::response::ID + 8].copy_from_slice(&self.id.to_le_bytes());
-        bytes[abi::response::OPERATION] = self.operation;
-        bytes[abi::response::STATUS..abi::response::STATUS + 2]
-            .copy_from_slice(&self.status.to_le_bytes());
-        bytes
+        zerocopy::transmute!(abi::wire::Response {
+            id: self.id.into(),
+            operation: self.operation,
+            _pad: 0,
+            status: self.status.into(),
+            _pad2: [0; 4],
+        })
     }
 }
 

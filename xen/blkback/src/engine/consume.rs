@@ -6,13 +6,14 @@ use blkdev::BlockDevice;
 
 use super::slots::{Slot, Work};
 use super::{worth_logging, Engine, EngineState, EventChannel};
-use crate::abi::{self, SEGMENT_SIZE};
+use crate::abi::{self, wire};
 use crate::grant::{GrantOps, MappedGrant, GNTST_GENERAL_ERROR};
 use crate::parse::{
     check_data_access, check_discard, parse_request, DataOp, DirectRequest, DiscardRequest,
     IndirectRequest, Rejected, Request, RequestError, SegmentDesc,
 };
 use crate::ring::RingMemory;
+use zerocopy::IntoBytes;
 
 impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D, E> {
     pub(super) fn consume(&mut self, budget: usize) -> usize {
@@ -219,21 +220,21 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     }
 }
 
-/// Copy up to one page of descriptors out of a mapped indirect page (one read through
+/// Copy up to one page of descriptors out of a mapped indirect page (one read into
 /// `page`) into `descs`, checking each.
 fn copy_descriptors<G: GrantOps>(
     grants: &G,
     grant: MappedGrant,
-    page: &mut [u8],
+    page: &mut [wire::Segment],
     descs: &mut [SegmentDesc],
 ) -> Result<(), RequestError> {
     let count = descs.len().min(abi::SEGMENTS_PER_INDIRECT_PAGE);
-    let bytes = &mut page[..count * SEGMENT_SIZE];
-    if !grants.read_buffer(grant.buffer, 0, bytes) {
+    let segments = &mut page[..count];
+    if !grants.read_buffer(grant.buffer, 0, segments.as_mut_bytes()) {
         return Err(RequestError::GrantFailed(GNTST_GENERAL_ERROR));
     }
-    for (desc, raw) in descs.iter_mut().zip(bytes.chunks_exact(SEGMENT_SIZE)) {
-        let parsed = SegmentDesc::from_bytes(raw);
+    for (desc, segment) in descs.iter_mut().zip(segments.iter()) {
+        let parsed = SegmentDesc::from_wire(segment);
         parsed.check()?;
         *desc = parsed;
     }

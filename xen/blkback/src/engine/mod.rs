@@ -13,11 +13,12 @@
 use alloc::vec::Vec;
 use blkdev::{BlockDevice, Completion, Geometry};
 
-use crate::abi::{self, MAX_SEGMENTS_PER_REQUEST};
+use crate::abi::{self, wire, MAX_SEGMENTS_PER_REQUEST};
 use crate::grant::GrantOps;
 use crate::parse::RequestError;
 use crate::ring::{BackRing, RingError, RingMemory};
 use crate::stats::RingStats;
+use zerocopy::FromZeros;
 
 mod complete;
 mod consume;
@@ -112,7 +113,7 @@ pub struct Engine<M, G, D, E> {
     submission: Submission,
     completions: Vec<Completion>,
     /// Where an indirect page's descriptors are copied to.
-    indirect_page: Vec<u8>,
+    indirect_page: Vec<wire::Segment>,
     /// An event arrived since the last poll.
     event_pending: bool,
     stats: RingStats,
@@ -162,7 +163,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             ),
             submission: Submission::new(slots, max_segments),
             completions: Vec::with_capacity(slots),
-            indirect_page: alloc::vec![0; abi::PAGE_SIZE],
+            indirect_page: alloc::vec![wire::Segment::new_zeroed(); abi::SEGMENTS_PER_INDIRECT_PAGE],
             event_pending: false,
             stats: RingStats::default(),
         })
