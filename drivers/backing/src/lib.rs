@@ -8,4 +8,6 @@
 pub mod pattern;
 pub mod spec;
 
-pub use spec::{parse_backing, Backing, RamName, SpecError};
+pub use spec::{
+    parse_backing, Backing, DeviceId, PartName, RamName, Region, SpecError, SLICE_ALIGN,
+};

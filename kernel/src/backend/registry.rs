@@ -22,7 +22,7 @@ use alloc::collections::BTreeMap;
 use alloc::string::ToString;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use backing::{parse_backing, Backing, RamName};
+use backing::{parse_backing, Backing, RamName, Region};
 use blkdev::RamDisk;
 use core::sync::atomic::{AtomicU64, Ordering};
 use pci::PciAddress;
@@ -66,6 +66,15 @@ impl Registry {
         })?;
         if let Backing::Ram { bytes, name } = backing {
             return self.open_ram(bytes, name).map(Disk::Ram);
+        }
+        if backing
+            .device()
+            .is_some_and(|(_, region)| region != Region::Whole)
+        {
+            return Err(DiskError::Params {
+                params: params.into(),
+                reason: "slices of a device are not served yet".into(),
+            });
         }
         if self.serving.contains(&backing) {
             return Err(DiskError::AlreadyServing { spec: spec.into() });

@@ -106,6 +106,15 @@ fn run(spec: &str, cmdline: &Cmdline, firmware: &Firmware) -> Result<(), DiskTes
         spec: spec.into(),
         reason: e.to_string(),
     })?;
+    if backing
+        .device()
+        .is_some_and(|(_, region)| region != backing::Region::Whole)
+    {
+        return Err(DiskTestError::Spec {
+            spec: spec.into(),
+            reason: "slices of a device are not tested yet".into(),
+        });
+    }
     let params = Params {
         seed: number(cmdline, "disktest.seed", 1)?,
         writes: number(cmdline, "disktest.writes", 24)?,

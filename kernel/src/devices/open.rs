@@ -78,7 +78,7 @@ impl Devices {
                     bounced_bytes: Arc::default(),
                 })
             }
-            Backing::Nvme { nsid } => {
+            Backing::Nvme { nsid, .. } => {
                 let pci = PciConfig::from_mcfg(self.firmware.ecam);
                 let function = find(&pci, Function::is_nvme, 0).ok_or(OpenError::NoNvme)?;
                 let bounce = options.bounce || emulated_under_xen(&function, &options);
@@ -87,7 +87,7 @@ impl Devices {
                     .open(&pci, function, nsid, wanted_queues, &options)?;
                 with_bounce(disk, bounce)
             }
-            Backing::Virtio { index } => {
+            Backing::Virtio { index, .. } => {
                 let pci = PciConfig::from_mcfg(self.firmware.ecam);
                 let function = find(&pci, Function::is_virtio_blk, index as usize)
                     .ok_or(OpenError::NoVirtio { index })?;
