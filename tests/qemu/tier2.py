@@ -329,6 +329,59 @@ def test_bad_slices_fail_precisely(suite):
                      + (failed_lines[0].split("disktest: ", 1)[1] if failed_lines else "no FAIL line"), r)
 
 
+def test_registry_slices(suite):
+    # The device registry without Xen (registrytest=): slices of one NVMe namespace and of
+    # one virtio disk (4 virtqueues, 2 CPUs), overlaps refused naming both ranges, queues
+    # reused after a release, virtqueues running out, bad slices refused.
+    gpt = gpt_image(TIER2_PARTITIONS)
+    nvme_image = disk_image(suite, "registry-nvme", gpt)
+    virtio_image = disk_image(suite, "registry-virtio", gpt)
+    whole = "the whole device, bytes 0..67108864 (64M at 0)"
+    part_1 = "bytes 1048576..9437184 (8M at 1M)"
+    steps = [
+        ("+nvme:1:part=1", f": 2 queue(s), 16384 sectors: {part_1} of nvme"),
+        ("+nvme:1:offset=8M,size=4M", ": refused: nvme:1:offset=8M,size=4M overlaps nvme:1:part=1, which serves "
+         f"another disk: bytes 8388608..12582912 (4M at 8M) against {part_1}"),
+        ("+nvme:1:part=name:blkdom-b", ": 2 queue(s), 49152 sectors: bytes 9437184..34603008 (24M at 9M) of nvme"),
+        ("+nvme:1", f": refused: nvme:1 overlaps nvme:1:part=1, which serves another disk: {whole} against {part_1}"),
+        ("+nvme:1:offset=33M,size=31M", ": 2 queue(s), 63488 sectors: bytes 34603008..67108864 (31M at 33M) of nvme"),
+        ("-0", ": released"),
+        ("+nvme:1:offset=1M,size=8M", f": 2 queue(s), 16384 sectors: {part_1} of nvme"),
+        ("+nvme:1:part=3", ": refused: nvme:1:part=3: GPT: partition 3 is unused"),
+        ("+virtio:0:part=2", ": 2 queue(s), 49152 sectors: bytes 9437184..34603008 (24M at 9M) of virtio-blk"),
+        ("+virtio:0:part=name:blkdom-a", f": 2 queue(s), 16384 sectors: {part_1} of virtio-blk"),
+        ("+virtio:0:offset=40M,size=4M", ": refused: virtio:0:offset=40M,size=4M: all 4 virtqueues of the device "
+         "serve other disks"),
+        ("-7", ": released"),
+        ("+virtio:0:offset=40M,size=4M", ": 2 queue(s), 8192 sectors: bytes 41943040..46137344 (4M at 40M) of virtio-blk"),
+        ("+virtio:0", ": refused: virtio:0 overlaps virtio:0:"),
+        ("+nvme:1:offset=1000,size=1M", ': refused: params "nvme:1:offset=1000,size=1M": nvme: offset="1000" must be '
+         "a multiple of 4096 bytes"),
+        ("+nvme:1:offset=60M,size=8M", ": refused: nvme:1:offset=60M,size=8M: the slice (bytes 62914560..71303168 "
+         "(8M at 60M)) ends beyond the device (67108864 bytes, 64M)"),
+    ]
+    extra = ["-drive", f"file={nvme_image},format=raw,if=none,id=disk0", "-device", "nvme,drive=disk0,serial=x",
+             "-drive", f"file={virtio_image},format=raw,if=none,id=disk1",
+             "-device", "virtio-blk-pci,drive=disk1,num-queues=4"]
+    r = suite.boot("registry.slices", "registrytest=" + ";".join(step for step, _ in steps) + " loglevel=info",
+                   timeout=60, smp=2, extra=extra)
+    seen = [l.split("registrytest: ")[-1] for l in r.lines() if "registrytest: " in l]
+    problems = []
+    for (step, expected), line in zip(steps, seen):
+        if not line.startswith(step + expected):
+            problems.append(f"{step}: {line!r}, expected {step + expected!r}")
+    if len(seen) != len(steps) + 1 or seen[-1:] != ["done"]:
+        problems.append(f"{len(seen)} registrytest lines for {len(steps)} steps")
+    for needle in ["blkback: nvme:1:offset=1M,size=8M: 2 idle queue(s) of 6 made",
+                   "blkback: virtio:0:offset=40M,size=4M: 2 idle queue(s) of 4 made"]:
+        if needle not in r.log:
+            problems.append(f"log lacks {needle!r}")
+    if r.verdict != "pass":
+        problems.append(f"verdict {r.verdict}")
+    suite.record("registry.slices-overlaps-and-queues", not problems,
+                 "; ".join(problems[:3]) or f"{len(steps)} steps as expected in {r.seconds:.1f} s", r)
+
+
 def test_ram_disk(suite):
     # The same test through the RAM disk's CPU-copy path (no backing file to check).
     r = suite.boot("disk.ram", f"disktest=ram:32M disktest.seed={suite.seed} loglevel=info", timeout=DISK_TIMEOUT, smp=2)
@@ -381,6 +434,7 @@ def main():
                  test_virtio_disk_two_queues,
                  test_virtio_disk_direct_descriptors, test_virtio_disk_single_queue, test_ram_disk,
                  test_nvme_slice, test_virtio_gpt_partition, test_bad_slices_fail_precisely,
+                 test_registry_slices,
                  test_missing_or_failing_disk_fails_cleanly]:
         try:
             test(suite)
