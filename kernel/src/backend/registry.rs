@@ -274,7 +274,9 @@ impl Registry {
             .pools
             .iter()
             .find(|p| p.device == device)
-            .map_or(0, |p| p.geometry.sectors * blkdev::SECTOR_SIZE);
+            .map_or(0, |p| {
+                p.geometry.sectors.saturating_mul(blkdev::SECTOR_SIZE)
+            });
         let whole = |e: Extent| e.start() == 0 && e.len() == device_bytes;
         Err(DiskError::Overlaps {
             spec: spec.into(),

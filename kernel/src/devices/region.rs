@@ -74,7 +74,7 @@ impl core::error::Error for RegionError {}
 /// whole device, or an explicit extent (checked against the device). None for a
 /// partition.
 pub fn without_table(region: Region, geometry: &Geometry) -> Option<Result<Extent, RegionError>> {
-    let device_bytes = geometry.sectors * blkdev::SECTOR_SIZE;
+    let device_bytes = geometry.sectors.saturating_mul(blkdev::SECTOR_SIZE);
     match region {
         Region::Whole => Extent::new(0, device_bytes).map(Ok),
         Region::Extent { offset, size } => Some(
@@ -119,7 +119,7 @@ impl TableReader {
                     .unwrap_or(Err(RegionError::Slice(SliceError::Empty)));
             }
         };
-        let device_bytes = geometry.sectors * blkdev::SECTOR_SIZE;
+        let device_bytes = geometry.sectors.saturating_mul(blkdev::SECTOR_SIZE);
         let block_size = geometry.logical_block_size;
         let result = (|| {
             let (at, len) =
