@@ -134,6 +134,9 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     if let Some(spec) = cmdline.value("disktest") {
         devices::disk_test(spec, &cmdline, firmware);
     }
+    if let Some(steps) = cmdline.value("registrytest") {
+        backend::registry_test(steps, firmware);
+    }
     if selftest {
         let expected_cpus = cmdline
             .value("selftest.expect-cpus")

@@ -55,9 +55,10 @@ def data(seed, queue, index, byte_offset, length):
     return struct.pack("<%dQ" % len(words), *words)
 
 
-def expected_image(size, seed, queues, count, max_sectors=2048):
-    """The bytes a disk of `size` bytes (initially zero) holds after the test's writes."""
-    image = bytearray(size)
+def expected_image(size, seed, queues, count, max_sectors=2048, initial=None):
+    """The bytes a disk of `size` bytes (initially zero, or `initial`) holds after the
+    test's writes."""
+    image = bytearray(size) if initial is None else bytearray(initial[:size])
     sectors = size // 512
     region = sectors // queues
     for q in range(queues):

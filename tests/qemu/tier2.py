@@ -10,7 +10,9 @@ import argparse
 import os
 import random
 import re
+import struct
 import sys
+import zlib
 
 import disk_pattern
 import qemu_runner as q
@@ -122,32 +124,84 @@ DISK_TAIL_SECTORS = 2048  # kept out of the write regions (the discard check use
 DISK_TIMEOUT = 180
 
 
-def disk_image(suite, name):
-    """A fresh zero-filled backing file for one test."""
+SLICE_FILL = 0xA5  # what a slice test's backing file holds outside the slice
+
+
+def disk_image(suite, name, initial=None):
+    """A fresh backing file for one test: zero-filled, or `initial`'s bytes."""
     path = os.path.join(os.path.dirname(suite.log_dir.rstrip("/")) or ".", f"{name}.img")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "wb") as f:
-        f.truncate(DISK_BYTES)
+        if initial is None:
+            f.truncate(DISK_BYTES)
+        else:
+            f.write(initial)
     return path
 
 
-def check_backing_file(path, seed, queues):
-    """Compares the file with the writes recomputed from the seed: (ok, detail)."""
+def gpt_image(partitions, size=DISK_BYTES, block=512):
+    """A disk of `size` bytes holding SLICE_FILL, with a protective MBR and a primary and
+    backup GPT (128 entries of 128 bytes, as sgdisk writes them) listing `partitions`:
+    (number, first LBA, last LBA, name). Independent of drivers/backing/src/gpt.rs."""
+    blocks = size // block
+    entries = bytearray(128 * 128)
+    linux_data = bytes.fromhex("af3dc60f838472478e793d69d8477de4")
+    for number, first, last, name in partitions:
+        entry = (linux_data + bytes([number]) * 16 + struct.pack("<QQQ", first, last, 0)
+                 + name.encode("utf-16-le").ljust(72, b"\0"))
+        entries[(number - 1) * 128:number * 128] = entry
+    entries = bytes(entries)
+
+    def header(my_lba, alternate_lba, entries_lba):
+        fields = struct.pack("<8sIIIIQQQQ16sQIII", b"EFI PART", 0x10000, 92, 0, 0, my_lba,
+                             alternate_lba, 34, blocks - 34, b"blkdom-tier2-gpt", entries_lba,
+                             128, 128, zlib.crc32(entries))
+        fields = fields[:16] + struct.pack("<I", zlib.crc32(fields)) + fields[20:]
+        return fields.ljust(block, b"\0")
+
+    image = bytearray([SLICE_FILL]) * size
+    mbr = bytearray(block)
+    mbr[446:462] = struct.pack("<B3sB3sII", 0, b"\0\2\0", 0xEE, b"\xff\xff\xff", 1,
+                               min(blocks - 1, 0xFFFFFFFF))
+    mbr[510:512] = b"\x55\xaa"
+    image[0:block] = mbr
+    image[block:2 * block] = header(1, blocks - 1, 2)
+    image[2 * block:2 * block + len(entries)] = entries
+    image[(blocks - 33) * block:(blocks - 33) * block + len(entries)] = entries
+    image[(blocks - 1) * block:] = header(blocks - 1, 1, blocks - 33)
+    return bytes(image)
+
+
+def check_backing_file(path, seed, queues, initial=None, slice_at=None):
+    """Compares the file with the writes recomputed from the seed (inside the slice
+    `slice_at` = (offset, size) if given, the rest unchanged from `initial`): (ok, detail)."""
     with open(path, "rb") as f:
         actual = f.read()
-    checked = DISK_BYTES - DISK_TAIL_SECTORS * 512
-    expected = disk_pattern.expected_image(checked, seed, queues, DISK_WRITES)
+    offset, size = slice_at or (0, DISK_BYTES)
+    checked = size - DISK_TAIL_SECTORS * 512
+    before = None if initial is None else initial[offset:offset + checked]
+    expected = disk_pattern.expected_image(checked, seed, queues, DISK_WRITES, initial=before)
     if len(actual) != DISK_BYTES:
         return False, f"backing file is {len(actual)} bytes"
-    if actual[:checked] != expected:
-        first = next(i for i in range(checked) if actual[i] != expected[i])
-        return False, f"backing file differs from the seeded writes at byte {first} (sector {first // 512})"
-    return True, f"{checked >> 20} MiB of the backing file match the seeded writes"
+    inside = actual[offset:offset + checked]
+    if inside != expected:
+        first = next(i for i in range(checked) if inside[i] != expected[i])
+        return False, (f"backing file differs from the seeded writes at byte {offset + first} "
+                       f"(sector {first // 512} of the disk tested)")
+    detail = f"{checked >> 20} MiB of the backing file match the seeded writes"
+    if slice_at:
+        for start, end in [(0, offset), (offset + size, DISK_BYTES)]:
+            if actual[start:end] != initial[start:end]:
+                first = next(i for i in range(start, end) if actual[i] != initial[i])
+                return False, f"byte {first}, outside the slice, changed"
+        detail += f" at byte {offset}; the {(DISK_BYTES - size) >> 20} MiB outside the slice are unchanged"
+    return True, detail
 
 
-def run_disk_test(suite, name, spec, device_args, smp, expect_queues, options="", expect_in_log=()):
+def run_disk_test(suite, name, spec, device_args, smp, expect_queues, options="", expect_in_log=(),
+                  initial=None, slice_at=None):
     seed = suite.seed
-    image = disk_image(suite, name)
+    image = disk_image(suite, name, initial)
     extra = ["-drive", f"file={image},format=raw,if=none,id=disk0,cache=writeback", *device_args]
     r = suite.boot(name, f"disktest={spec} disktest.seed={seed} disktest.writes={DISK_WRITES} {options} loglevel=info",
                    timeout=DISK_TIMEOUT, smp=smp, extra=extra)
@@ -164,10 +218,12 @@ def run_disk_test(suite, name, spec, device_args, smp, expect_queues, options=""
         problems.append(f"{verified} queues verified their writes")
     throughput = re.search(r"random 4 KiB reads (\d+) IOPS, sequential 256 KiB reads ([\d.]+) MB/s", r.log)
     if not problems:
-        ok, detail = check_backing_file(image, seed, queues)
+        ok, host_detail = check_backing_file(image, seed, queues, initial, slice_at)
         if not ok:
-            problems.append(detail)
+            problems.append(host_detail)
     detail = f"seed {seed}, {expect_queues} queue(s), host check of the backing file passed"
+    if slice_at and not problems:
+        detail += f" ({host_detail})"
     if throughput:
         detail += f"; {throughput.group(1)} IOPS 4 KiB random read, {throughput.group(2)} MB/s 256 KiB sequential read"
     suite.record(name, not problems, "; ".join(problems) or detail, r)
@@ -218,6 +274,114 @@ def test_virtio_disk_single_queue(suite):
     # A device offering one queue on a two-CPU machine: one queue is driven.
     run_disk_test(suite, "disk.virtio-blk-single-queue-device", "virtio:0",
                   ["-device", "virtio-blk-pci,drive=disk0,num-queues=1"], smp=2, expect_queues=1)
+
+
+def test_nvme_slice(suite):
+    # An explicit extent: the test runs inside it, and the 40 MiB around it stay as they were.
+    offset, size = 4 << 20, 24 << 20
+    run_disk_test(suite, "disk.nvme-slice-verified-on-host", "nvme:1:offset=4M,size=24M",
+                  ["-device", "nvme,drive=disk0,serial=blkdom-nvme"], smp=2, expect_queues=2,
+                  expect_in_log=[f"the slice is bytes {offset}..{offset + size} (24M at 4M) of the device",
+                                 f"a read at sector {size // 512}, past the slice's end, is refused",
+                                 "the second open reads queue 0's last write back intact"],
+                  initial=bytes([SLICE_FILL]) * DISK_BYTES, slice_at=(offset, size))
+
+
+# Two partitions on the 64 MiB disk: 1 MiB to 9 MiB and 9 MiB to 33 MiB.
+TIER2_PARTITIONS = [(1, 2048, 18431, "blkdom-a"), (2, 18432, 67583, "blkdom-b")]
+
+
+def test_virtio_gpt_partition(suite):
+    # A GPT partition by name: found through the device, and the table (primary and
+    # backup) and the other partition are untouched.
+    offset, size = 18432 * 512, (67583 - 18432 + 1) * 512
+    run_disk_test(suite, "disk.virtio-gpt-partition-verified-on-host", "virtio:0:part=name:blkdom-b",
+                  ["-device", "virtio-blk-pci,drive=disk0,num-queues=2"], smp=2, expect_queues=2,
+                  expect_in_log=[f"the slice is bytes {offset}..{offset + size} (24M at 9M) of the device",
+                                 "past the slice's end, is refused"],
+                  initial=gpt_image(TIER2_PARTITIONS), slice_at=(offset, size))
+
+
+def test_bad_slices_fail_precisely(suite):
+    gpt = disk_image(suite, "slices-gpt", gpt_image(TIER2_PARTITIONS))
+    blank = disk_image(suite, "slices-blank")
+    nvme = lambda image: ["-drive", f"file={image},format=raw,if=none,id=disk0",
+                          "-device", "nvme,drive=disk0,serial=x"]
+    virtio = lambda image: ["-drive", f"file={image},format=raw,if=none,id=disk0",
+                            "-device", "virtio-blk-pci,drive=disk0"]
+    cases = [
+        ("disk.slice-misaligned-offset-fails", "disktest=nvme:1:offset=1000,size=8M", nvme(blank),
+         'nvme: offset="1000" must be a multiple of 4096 bytes'),
+        ("disk.slice-zero-partition-fails", "disktest=virtio:0:part=0", virtio(blank),
+         "virtio: part=0: partitions are numbered from 1"),
+        ("disk.slice-beyond-device-fails", "disktest=nvme:1:offset=60M,size=8M", nvme(blank),
+         "the slice (bytes 62914560..71303168 (8M at 60M)) ends beyond the device (67108864 bytes, 64M)"),
+        ("disk.slice-unused-partition-fails", "disktest=nvme:1:part=3", nvme(gpt),
+         "GPT: partition 3 is unused"),
+        ("disk.slice-unknown-partition-name-fails", "disktest=virtio:0:part=name:blkdom-c", virtio(gpt),
+         'GPT: no partition is named "blkdom-c"'),
+        ("disk.slice-without-partition-table-fails", "disktest=virtio:0:part=1", virtio(blank),
+         'GPT: no partition table: LBA 1 starts with "\\0\\0\\0\\0\\0\\0\\0\\0", not "EFI PART"'),
+    ]
+    for name, append, extra, needle in cases:
+        r = suite.boot(name, append + " loglevel=info", timeout=60, extra=extra)
+        failed_lines = [l for l in r.lines() if "disktest: FAIL" in l]
+        ok = r.verdict == "fail" and bool(failed_lines) and needle in failed_lines[0]
+        suite.record(name, ok, f"verdict {r.verdict} in {r.seconds:.1f} s: "
+                     + (failed_lines[0].split("disktest: ", 1)[1] if failed_lines else "no FAIL line"), r)
+
+
+def test_registry_slices(suite):
+    # The device registry without Xen (registrytest=): slices of one NVMe namespace and of
+    # one virtio disk (4 virtqueues, 2 CPUs), overlaps refused naming both ranges, queues
+    # reused after a release, virtqueues running out, bad slices refused.
+    gpt = gpt_image(TIER2_PARTITIONS)
+    nvme_image = disk_image(suite, "registry-nvme", gpt)
+    virtio_image = disk_image(suite, "registry-virtio", gpt)
+    whole = "the whole device, bytes 0..67108864 (64M at 0)"
+    part_1 = "bytes 1048576..9437184 (8M at 1M)"
+    steps = [
+        ("+nvme:1:part=1", f": 2 queue(s), 16384 sectors: {part_1} of nvme"),
+        ("+nvme:1:offset=8M,size=4M", ": refused: nvme:1:offset=8M,size=4M overlaps nvme:1:part=1, which serves "
+         f"another disk: bytes 8388608..12582912 (4M at 8M) against {part_1}"),
+        ("+nvme:1:part=name:blkdom-b", ": 2 queue(s), 49152 sectors: bytes 9437184..34603008 (24M at 9M) of nvme"),
+        ("+nvme:1", f": refused: nvme:1 overlaps nvme:1:part=1, which serves another disk: {whole} against {part_1}"),
+        ("+nvme:1:offset=33M,size=31M", ": 2 queue(s), 63488 sectors: bytes 34603008..67108864 (31M at 33M) of nvme"),
+        ("-0", ": released"),
+        ("+nvme:1:offset=1M,size=8M", f": 2 queue(s), 16384 sectors: {part_1} of nvme"),
+        ("+nvme:1:part=3", ": refused: nvme:1:part=3: GPT: partition 3 is unused"),
+        ("+virtio:0:part=2", ": 2 queue(s), 49152 sectors: bytes 9437184..34603008 (24M at 9M) of virtio-blk"),
+        ("+virtio:0:part=name:blkdom-a", f": 2 queue(s), 16384 sectors: {part_1} of virtio-blk"),
+        ("+virtio:0:offset=40M,size=4M", ": refused: virtio:0:offset=40M,size=4M: all 4 virtqueues of the device "
+         "serve other disks"),
+        ("-7", ": released"),
+        ("+virtio:0:offset=40M,size=4M", ": 2 queue(s), 8192 sectors: bytes 41943040..46137344 (4M at 40M) of virtio-blk"),
+        ("+virtio:0", ": refused: virtio:0 overlaps virtio:0:"),
+        ("+nvme:1:offset=1000,size=1M", ': refused: params "nvme:1:offset=1000,size=1M": nvme: offset="1000" must be '
+         "a multiple of 4096 bytes"),
+        ("+nvme:1:offset=60M,size=8M", ": refused: nvme:1:offset=60M,size=8M: the slice (bytes 62914560..71303168 "
+         "(8M at 60M)) ends beyond the device (67108864 bytes, 64M)"),
+    ]
+    extra = ["-drive", f"file={nvme_image},format=raw,if=none,id=disk0", "-device", "nvme,drive=disk0,serial=x",
+             "-drive", f"file={virtio_image},format=raw,if=none,id=disk1",
+             "-device", "virtio-blk-pci,drive=disk1,num-queues=4"]
+    r = suite.boot("registry.slices", "registrytest=" + ";".join(step for step, _ in steps) + " loglevel=info",
+                   timeout=60, smp=2, extra=extra)
+    seen = [l.split("registrytest: ")[-1] for l in r.lines() if "registrytest: " in l]
+    problems = []
+    for (step, expected), line in zip(steps, seen):
+        if not line.startswith(step + expected):
+            problems.append(f"{step}: {line!r}, expected {step + expected!r}")
+    if len(seen) != len(steps) + 1 or seen[-1:] != ["done"]:
+        problems.append(f"{len(seen)} registrytest lines for {len(steps)} steps")
+    for needle in ["blkback: nvme:1:offset=1M,size=8M: 2 idle queue(s) of 6 made",
+                   "blkback: virtio:0:offset=40M,size=4M: 2 idle queue(s) of 4 made"]:
+        if needle not in r.log:
+            problems.append(f"log lacks {needle!r}")
+    if r.verdict != "pass":
+        problems.append(f"verdict {r.verdict}")
+    suite.record("registry.slices-overlaps-and-queues", not problems,
+                 "; ".join(problems[:3]) or f"{len(steps)} steps as expected in {r.seconds:.1f} s", r)
 
 
 def test_ram_disk(suite):
@@ -271,6 +435,8 @@ def main():
                  test_nvme_disk_two_queues, test_nvme_disk_prp_only, test_disks_through_bounce_buffers,
                  test_virtio_disk_two_queues,
                  test_virtio_disk_direct_descriptors, test_virtio_disk_single_queue, test_ram_disk,
+                 test_nvme_slice, test_virtio_gpt_partition, test_bad_slices_fail_precisely,
+                 test_registry_slices,
                  test_missing_or_failing_disk_fails_cleanly]:
         try:
             test(suite)

@@ -1,11 +1,20 @@
 //! What backs a disk, chosen by a string, and the seeded write patterns of the disk test.
 //!
 //! Both are pure functions so the kernel and the host (the tier-2 runner recomputes the
-//! patterns in Python, `tests/qemu/disk_pattern.py`) agree on them.
+//! patterns in Python, `tests/qemu/disk_pattern.py`) agree on them. A disk can be a slice
+//! of a device: `extent` checks that it fits and keeps the slices of a device apart,
+//! `gpt` finds a partition in a GUID partition table.
 #![cfg_attr(not(test), no_std)]
 #![deny(unsafe_code)]
 
+extern crate alloc;
+
+pub mod extent;
+pub mod gpt;
 pub mod pattern;
 pub mod spec;
 
-pub use spec::{parse_backing, Backing, RamName, SpecError};
+pub use extent::{check_slice, Extent, Ranges, SliceError};
+pub use spec::{
+    parse_backing, Backing, DeviceId, PartName, RamName, Region, SpecError, SLICE_ALIGN,
+};

@@ -1,16 +1,125 @@
-//! `nvme:<nsid>`, `virtio:<index>`, `ram:<size>[:<name>]`.
+//! `nvme:<nsid>[:<slice>]`, `virtio:<index>[:<slice>]`, `ram:<size>[:<name>]`.
+//!
+//! A slice is one range of the device: `part=<n>` (GPT partition number, from 1),
+//! `part=name:<label>` (the GPT partition of that name) or `offset=<size>,size=<size>`
+//! (an explicit byte range). Without one the disk is the whole device.
+
+use core::fmt;
+
+/// Slices start at a multiple of this many bytes: a guest's 4 KiB I/O then stays aligned
+/// on the device (and on a 4 KiB-block NVMe namespace anything else cannot be addressed).
+pub const SLICE_ALIGN: u64 = 4096;
 
 /// A backing store named by a disk's `params`/`target` string.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backing {
-    /// Namespace `nsid` (1-based) of the first NVMe controller.
-    Nvme { nsid: u32 },
-    /// The `index`-th virtio-blk device (0-based, in PCI enumeration order).
-    Virtio { index: u32 },
+    /// Namespace `nsid` (1-based) of the first NVMe controller, or a slice of it.
+    Nvme { nsid: u32, region: Region },
+    /// The `index`-th virtio-blk device (0-based, in PCI enumeration order), or a slice
+    /// of it.
+    Virtio { index: u32, region: Region },
     /// A RAM disk of `bytes` bytes (a multiple of 512). Unnamed, it lives as long as the
     /// disk that asked for it; named, it outlives it (a guest that reboots, or a disk
     /// detached and attached again, finds its data).
     Ram { bytes: u64, name: Option<RamName> },
+}
+
+/// A device several disks can share, each on its own region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DeviceId {
+    Nvme { nsid: u32 },
+    Virtio { index: u32 },
+}
+
+/// Which part of a device a disk serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Region {
+    /// All of it.
+    Whole,
+    /// GPT partition number `n` (1-based, the entry's index in the partition array).
+    Partition(u32),
+    /// The GPT partition with this name.
+    PartitionNamed(PartName),
+    /// `size` bytes at byte `offset`: `offset` a multiple of [`SLICE_ALIGN`], `size` a
+    /// non-zero multiple of 512, and `offset + size` within 64 bits (checked by the
+    /// parser; whether it fits the device is checked when the device is open).
+    Extent { offset: u64, size: u64 },
+}
+
+impl Backing {
+    /// The device and region, for the kinds that have them (not RAM disks).
+    pub fn device(&self) -> Option<(DeviceId, Region)> {
+        match *self {
+            Backing::Nvme { nsid, region } => Some((DeviceId::Nvme { nsid }, region)),
+            Backing::Virtio { index, region } => Some((DeviceId::Virtio { index }, region)),
+            Backing::Ram { .. } => None,
+        }
+    }
+}
+
+impl Region {
+    /// Whether the region is known only after reading the device's partition table.
+    pub fn needs_partition_table(&self) -> bool {
+        matches!(self, Region::Partition(_) | Region::PartitionNamed(_))
+    }
+}
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceId::Nvme { nsid } => write!(f, "nvme:{nsid}"),
+            DeviceId::Virtio { index } => write!(f, "virtio:{index}"),
+        }
+    }
+}
+
+/// A byte count the way the grammar writes it: with the largest suffix that divides it.
+pub(crate) struct Bytes(pub(crate) u64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0;
+        match n {
+            0 => f.write_str("0"),
+            _ if n.is_multiple_of(1 << 30) => write!(f, "{}G", n >> 30),
+            _ if n.is_multiple_of(1 << 20) => write!(f, "{}M", n >> 20),
+            _ if n.is_multiple_of(1 << 10) => write!(f, "{}K", n >> 10),
+            _ => write!(f, "{n}"),
+        }
+    }
+}
+
+/// The region as it is written after the device (`:part=2`; nothing for the whole
+/// device).
+impl fmt::Display for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Region::Whole => Ok(()),
+            Region::Partition(n) => write!(f, ":part={n}"),
+            Region::PartitionNamed(name) => write!(f, ":part=name:{name}"),
+            Region::Extent { offset, size } => {
+                write!(f, ":offset={},size={}", Bytes(*offset), Bytes(*size))
+            }
+        }
+    }
+}
+
+/// The backing store in the grammar's words (sizes with the largest suffix that divides
+/// them): `parse_backing` reads it back as the same value.
+impl fmt::Display for Backing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Backing::Nvme { nsid, region } => write!(f, "nvme:{nsid}{region}"),
+            Backing::Virtio { index, region } => write!(f, "virtio:{index}{region}"),
+            Backing::Ram { bytes, name } => {
+                write!(f, "ram:{}", Bytes(*bytes))?;
+                match name {
+                    Some(name) => write!(f, ":{name}"),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
 }
 
 /// The name of a RAM disk: 1 to 32 of `A-Z a-z 0-9 - _ .` (stored inline, so `Backing`
@@ -43,14 +152,63 @@ impl RamName {
     }
 }
 
-impl core::fmt::Debug for RamName {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+impl fmt::Debug for RamName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:?}", self.as_str())
     }
 }
 
-impl core::fmt::Display for RamName {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+impl fmt::Display for RamName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A GPT partition name as `part=name:<label>` gives it: 1 to 36 printable ASCII
+/// characters (space to `~`) other than `,`, which separates options. GPT stores names as
+/// up to 36 UTF-16 code units; a name matches when its units are these characters, one
+/// each, case and all. Stored inline, as [`RamName`].
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PartName {
+    bytes: [u8; PartName::MAX_LEN],
+    len: u8,
+}
+
+impl PartName {
+    /// GPT's limit: 72 bytes of UTF-16.
+    pub const MAX_LEN: usize = 36;
+
+    pub fn new(text: &str) -> Option<PartName> {
+        let valid = |b: u8| (b' '..=b'~').contains(&b) && b != b',';
+        if text.is_empty() || text.len() > Self::MAX_LEN || !text.bytes().all(valid) {
+            return None;
+        }
+        let mut bytes = [0; Self::MAX_LEN];
+        bytes[..text.len()].copy_from_slice(text.as_bytes());
+        Some(PartName {
+            bytes,
+            len: text.len() as u8,
+        })
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII went in (checked by `new`).
+        core::str::from_utf8(self.as_bytes()).unwrap_or("")
+    }
+}
+
+impl fmt::Debug for PartName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
+
+impl fmt::Display for PartName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
@@ -69,11 +227,39 @@ pub enum SpecError<'a> {
     BadSize(&'a str),
     /// A RAM disk name that is empty, too long, or has other characters.
     BadName(&'a str),
+    /// `nvme:1:` with nothing after the second colon.
+    NoSlice(&'static str),
+    /// An empty option: two commas in a row, or a comma at either end.
+    EmptyOption(&'static str),
+    /// An option other than part, offset and size.
+    UnknownOption(&'static str, &'a str),
+    /// `part`, `offset` or `size` without `=<value>`, or with an empty one.
+    MissingValue(&'static str, &'static str),
+    /// The same option twice.
+    DuplicateOption(&'static str, &'static str),
+    /// `part=0`: partitions are numbered from 1.
+    ZeroPartition(&'static str),
+    /// `part=` neither a number (1 to 2^32-1) nor `name:<label>`.
+    BadPartition(&'static str, &'a str),
+    /// A partition name that is empty, too long, or has other characters.
+    BadPartitionName(&'static str, &'a str),
+    /// `part=` together with `offset=` or `size=`.
+    PartitionWithExtent(&'static str),
+    /// `offset=` without `size=`, or the other way round (the missing one).
+    MissingOption(&'static str, &'static str),
+    /// `offset=` not a size, or not a multiple of [`SLICE_ALIGN`].
+    BadOffset(&'static str, &'a str),
+    /// `size=` not a size, zero, or not a multiple of 512.
+    BadSliceSize(&'static str, &'a str),
+    /// `offset + size` does not fit 64 bits.
+    SliceOverflows(&'static str),
 }
 
-impl core::fmt::Display for SpecError<'_> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        const FORMS: &str = "use nvme:<nsid>, virtio:<index> or ram:<size>[K|M|G][:<name>]";
+impl fmt::Display for SpecError<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const FORMS: &str =
+            "use nvme:<nsid>[:<slice>], virtio:<index>[:<slice>] or ram:<size>[K|M|G][:<name>]";
+        const SLICES: &str = "part=<n>, part=name:<label> or offset=<size>,size=<size>";
         match self {
             SpecError::Empty => write!(f, "empty backing store name; {FORMS}"),
             SpecError::UnknownKind(kind) => write!(f, "unknown backing store {kind:?}; {FORMS}"),
@@ -89,6 +275,48 @@ impl core::fmt::Display for SpecError<'_> {
                 "ram: name {text:?} must be 1 to {} of A-Z a-z 0-9 - _ .",
                 RamName::MAX_LEN
             ),
+            SpecError::NoSlice(kind) => {
+                write!(f, "{kind}: nothing after the second ':'; a slice is {SLICES}")
+            }
+            SpecError::EmptyOption(kind) => write!(
+                f,
+                "{kind}: an empty option (a ',' at an end or two in a row); a slice is {SLICES}"
+            ),
+            SpecError::UnknownOption(kind, option) => {
+                write!(f, "{kind}: unknown option {option:?}; a slice is {SLICES}")
+            }
+            SpecError::MissingValue(kind, key) => write!(f, "{kind}: {key}= needs a value"),
+            SpecError::DuplicateOption(kind, key) => write!(f, "{kind}: {key}= given twice"),
+            SpecError::ZeroPartition(kind) => {
+                write!(f, "{kind}: part=0: partitions are numbered from 1")
+            }
+            SpecError::BadPartition(kind, text) => write!(
+                f,
+                "{kind}: part={text:?} is neither a partition number (from 1) nor name:<label>"
+            ),
+            SpecError::BadPartitionName(kind, text) => write!(
+                f,
+                "{kind}: partition name {text:?} must be 1 to {} printable ASCII characters other than ','",
+                PartName::MAX_LEN
+            ),
+            SpecError::PartitionWithExtent(kind) => write!(
+                f,
+                "{kind}: part= names the slice alone; it cannot go with offset= or size="
+            ),
+            SpecError::MissingOption(kind, key) => {
+                write!(f, "{kind}: offset= and size= go together; {key}= is missing")
+            }
+            SpecError::BadOffset(kind, text) => write!(
+                f,
+                "{kind}: offset={text:?} must be a multiple of {SLICE_ALIGN} bytes (suffix K, M or G)"
+            ),
+            SpecError::BadSliceSize(kind, text) => write!(
+                f,
+                "{kind}: size={text:?} must be a non-zero multiple of 512 bytes (suffix K, M or G)"
+            ),
+            SpecError::SliceOverflows(kind) => {
+                write!(f, "{kind}: offset= plus size= is beyond 2^64 bytes")
+            }
         }
     }
 }
@@ -102,21 +330,105 @@ fn number<'a>(kind: &'static str, text: &'a str) -> Result<u64, SpecError<'a>> {
     text.parse().map_err(|_| SpecError::BadNumber(kind, text))
 }
 
-fn size(text: &str) -> Result<u64, SpecError<'_>> {
+/// `<digits>[K|M|G]` in bytes, if it is one and fits 64 bits.
+fn bytes(text: &str) -> Option<u64> {
     let (digits, shift) = match text.as_bytes().last() {
         Some(b'K' | b'k') => (&text[..text.len() - 1], 10),
         Some(b'M' | b'm') => (&text[..text.len() - 1], 20),
         Some(b'G' | b'g') => (&text[..text.len() - 1], 30),
         _ => (text, 0),
     };
-    let value = number("ram", digits).map_err(|_| SpecError::BadSize(text))?;
-    let bytes = value
-        .checked_mul(1 << shift)
-        .ok_or(SpecError::BadSize(text))?;
-    if bytes == 0 || !bytes.is_multiple_of(512) {
-        return Err(SpecError::BadSize(text));
+    let value = number("", digits).ok()?;
+    value.checked_mul(1 << shift)
+}
+
+fn size(text: &str) -> Result<u64, SpecError<'_>> {
+    match bytes(text) {
+        Some(bytes) if bytes != 0 && bytes.is_multiple_of(512) => Ok(bytes),
+        _ => Err(SpecError::BadSize(text)),
     }
-    Ok(bytes)
+}
+
+/// The slice options after `<kind>:<id>:`.
+fn region<'a>(kind: &'static str, options: &'a str) -> Result<Region, SpecError<'a>> {
+    if options.is_empty() {
+        return Err(SpecError::NoSlice(kind));
+    }
+    let (mut part, mut offset, mut size) = (None, None, None);
+    for option in options.split(',') {
+        if option.is_empty() {
+            return Err(SpecError::EmptyOption(kind));
+        }
+        let (key, value) = match option.split_once('=') {
+            Some((key, value)) => (key, value),
+            None => (option, ""),
+        };
+        let (key, slot) = match key {
+            "part" => ("part", &mut part),
+            "offset" => ("offset", &mut offset),
+            "size" => ("size", &mut size),
+            _ => return Err(SpecError::UnknownOption(kind, option)),
+        };
+        if slot.is_some() {
+            return Err(SpecError::DuplicateOption(kind, key));
+        }
+        if value.is_empty() {
+            return Err(SpecError::MissingValue(kind, key));
+        }
+        *slot = Some(value);
+    }
+    match (part, offset, size) {
+        (Some(part), None, None) => partition(kind, part),
+        (Some(_), _, _) => Err(SpecError::PartitionWithExtent(kind)),
+        (None, Some(_), None) => Err(SpecError::MissingOption(kind, "size")),
+        (None, None, Some(_)) => Err(SpecError::MissingOption(kind, "offset")),
+        (None, Some(offset), Some(size)) => {
+            let offset = bytes(offset)
+                .filter(|o| o.is_multiple_of(SLICE_ALIGN))
+                .ok_or(SpecError::BadOffset(kind, offset))?;
+            let size = bytes(size)
+                .filter(|s| *s != 0 && s.is_multiple_of(512))
+                .ok_or(SpecError::BadSliceSize(kind, size))?;
+            offset
+                .checked_add(size)
+                .ok_or(SpecError::SliceOverflows(kind))?;
+            Ok(Region::Extent { offset, size })
+        }
+        (None, None, None) => Err(SpecError::NoSlice(kind)),
+    }
+}
+
+/// `part=<n>` or `part=name:<label>`.
+fn partition<'a>(kind: &'static str, text: &'a str) -> Result<Region, SpecError<'a>> {
+    if let Some(label) = text.strip_prefix("name:") {
+        return PartName::new(label)
+            .map(Region::PartitionNamed)
+            .ok_or(SpecError::BadPartitionName(kind, label));
+    }
+    let n = number(kind, text)
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or(SpecError::BadPartition(kind, text))?;
+    if n == 0 {
+        return Err(SpecError::ZeroPartition(kind));
+    }
+    Ok(Region::Partition(n))
+}
+
+/// `<id>[:<slice>]` of a device kind: the id and the region.
+fn device<'a>(kind: &'static str, argument: &'a str) -> Result<(u64, Region), SpecError<'a>> {
+    let (id, options) = match argument.split_once(':') {
+        Some((id, options)) => (id, Some(options)),
+        None => (argument, None),
+    };
+    let id_text = id;
+    let id = number(kind, id_text)?;
+    u32::try_from(id).map_err(|_| SpecError::BadNumber(kind, id_text))?;
+    let region = match options {
+        Some(options) => region(kind, options)?,
+        None => Region::Whole,
+    };
+    Ok((id, region))
 }
 
 /// Parses a backing store name. Surrounding whitespace is not accepted: names come from
@@ -132,19 +444,22 @@ pub fn parse_backing(text: &str) -> Result<Backing, SpecError<'_>> {
     match kind {
         "nvme" => {
             let argument = argument.ok_or(SpecError::MissingArgument("nvme"))?;
-            let nsid = number("nvme", argument)?;
-            let nsid = u32::try_from(nsid).map_err(|_| SpecError::BadNumber("nvme", argument))?;
+            let (nsid, region) = device("nvme", argument)?;
             if nsid == 0 {
                 return Err(SpecError::ZeroNamespace);
             }
-            Ok(Backing::Nvme { nsid })
+            Ok(Backing::Nvme {
+                nsid: nsid as u32,
+                region,
+            })
         }
         "virtio" => {
             let argument = argument.ok_or(SpecError::MissingArgument("virtio"))?;
-            let index = number("virtio", argument)?;
-            let index =
-                u32::try_from(index).map_err(|_| SpecError::BadNumber("virtio", argument))?;
-            Ok(Backing::Virtio { index })
+            let (index, region) = device("virtio", argument)?;
+            Ok(Backing::Virtio {
+                index: index as u32,
+                region,
+            })
         }
         "ram" => {
             let argument = argument.ok_or(SpecError::MissingArgument("ram"))?;
@@ -212,7 +527,7 @@ mod tests {
         let text = |e: &dyn core::error::Error| e.to_string();
         assert_eq!(
             text(&SpecError::UnknownKind("scsi")),
-            "unknown backing store \"scsi\"; use nvme:<nsid>, virtio:<index> or ram:<size>[K|M|G][:<name>]"
+            "unknown backing store \"scsi\"; use nvme:<nsid>[:<slice>], virtio:<index>[:<slice>] or ram:<size>[K|M|G][:<name>]"
         );
         assert_eq!(
             text(&SpecError::BadNumber("virtio", "x")),
@@ -226,13 +541,34 @@ mod tests {
 
     #[test]
     fn parses_the_three_kinds() {
-        assert_eq!(parse_backing("nvme:1"), Ok(Backing::Nvme { nsid: 1 }));
+        assert_eq!(
+            parse_backing("nvme:1"),
+            Ok(Backing::Nvme {
+                nsid: 1,
+                region: Region::Whole
+            })
+        );
         assert_eq!(
             parse_backing("nvme:4294967295"),
-            Ok(Backing::Nvme { nsid: u32::MAX })
+            Ok(Backing::Nvme {
+                nsid: u32::MAX,
+                region: Region::Whole
+            })
         );
-        assert_eq!(parse_backing("virtio:0"), Ok(Backing::Virtio { index: 0 }));
-        assert_eq!(parse_backing("virtio:3"), Ok(Backing::Virtio { index: 3 }));
+        assert_eq!(
+            parse_backing("virtio:0"),
+            Ok(Backing::Virtio {
+                index: 0,
+                region: Region::Whole
+            })
+        );
+        assert_eq!(
+            parse_backing("virtio:3"),
+            Ok(Backing::Virtio {
+                index: 3,
+                region: Region::Whole
+            })
+        );
         assert_eq!(
             parse_backing("ram:64M"),
             Ok(Backing::Ram {
@@ -300,5 +636,268 @@ mod tests {
         );
         let message = format!("{}", parse_backing("disk:1").unwrap_err());
         assert!(message.contains("nvme:<nsid>"), "{message}");
+    }
+
+    fn region(text: &str) -> Result<Region, SpecError<'_>> {
+        parse_backing(text).map(|b| b.device().expect("a device").1)
+    }
+
+    fn named(label: &str) -> Region {
+        Region::PartitionNamed(PartName::new(label).unwrap())
+    }
+
+    #[test]
+    fn parses_every_slice_form_on_both_device_kinds() {
+        assert_eq!(
+            parse_backing("nvme:1:part=2"),
+            Ok(Backing::Nvme {
+                nsid: 1,
+                region: Region::Partition(2)
+            })
+        );
+        assert_eq!(
+            parse_backing("virtio:0:part=4294967295"),
+            Ok(Backing::Virtio {
+                index: 0,
+                region: Region::Partition(u32::MAX)
+            })
+        );
+        assert_eq!(region("nvme:2:part=name:root"), Ok(named("root")));
+        assert_eq!(region("virtio:1:part=name:root"), Ok(named("root")));
+        // The label is the rest of the option: spaces, ':' and '=' included.
+        assert_eq!(
+            region("nvme:1:part=name:Linux filesystem"),
+            Ok(named("Linux filesystem"))
+        );
+        assert_eq!(region("nvme:1:part=name:a:b=c"), Ok(named("a:b=c")));
+        let longest = "x".repeat(PartName::MAX_LEN);
+        assert_eq!(
+            region(&format!("nvme:1:part=name:{longest}")),
+            Ok(named(&longest))
+        );
+        assert_eq!(
+            parse_backing("nvme:1:offset=1M,size=8M"),
+            Ok(Backing::Nvme {
+                nsid: 1,
+                region: Region::Extent {
+                    offset: 1 << 20,
+                    size: 8 << 20
+                }
+            })
+        );
+        // Either order, any suffix, offset 0, sizes in whole sectors.
+        assert_eq!(
+            region("virtio:0:size=1536,offset=0"),
+            Ok(Region::Extent {
+                offset: 0,
+                size: 1536
+            })
+        );
+        assert_eq!(
+            region("nvme:1:offset=4k,size=2g"),
+            Ok(Region::Extent {
+                offset: 4096,
+                size: 2 << 30
+            })
+        );
+        assert_eq!(
+            region("nvme:1:offset=8192,size=512"),
+            Ok(Region::Extent {
+                offset: 8192,
+                size: 512
+            })
+        );
+        // Near the top of 64 bits: the end still fits.
+        let top = u64::MAX / 4096 * 4096 - 4096;
+        assert_eq!(
+            region(&format!("nvme:1:offset={top},size=4096")),
+            Ok(Region::Extent {
+                offset: top,
+                size: 4096
+            })
+        );
+        // The whole-device forms are unchanged.
+        assert_eq!(region("nvme:7"), Ok(Region::Whole));
+        assert_eq!(region("virtio:0"), Ok(Region::Whole));
+    }
+
+    #[test]
+    fn every_bad_slice_says_what_is_wrong() {
+        use SpecError::*;
+        let cases: &[(&str, SpecError<'_>)] = &[
+            ("nvme:1:", NoSlice("nvme")),
+            ("virtio:0:", NoSlice("virtio")),
+            ("nvme:1:,", EmptyOption("nvme")),
+            ("nvme:1:part=1,", EmptyOption("nvme")),
+            ("nvme:1:offset=0,,size=1M", EmptyOption("nvme")),
+            (",nvme:1", UnknownKind(",nvme")),
+            ("nvme:1:partition=1", UnknownOption("nvme", "partition=1")),
+            ("nvme:1:Part=1", UnknownOption("nvme", "Part=1")),
+            (
+                "virtio:0:start=0,size=1M",
+                UnknownOption("virtio", "start=0"),
+            ),
+            ("nvme:1:ro", UnknownOption("nvme", "ro")),
+            ("nvme:1:part", MissingValue("nvme", "part")),
+            ("nvme:1:part=", MissingValue("nvme", "part")),
+            ("nvme:1:offset=,size=1M", MissingValue("nvme", "offset")),
+            ("virtio:0:offset=0,size", MissingValue("virtio", "size")),
+            ("nvme:1:part=1,part=2", DuplicateOption("nvme", "part")),
+            (
+                "nvme:1:offset=0,offset=4K",
+                DuplicateOption("nvme", "offset"),
+            ),
+            (
+                "nvme:1:size=1M,offset=0,size=2M",
+                DuplicateOption("nvme", "size"),
+            ),
+            ("nvme:1:part=0", ZeroPartition("nvme")),
+            ("virtio:0:part=0", ZeroPartition("virtio")),
+            ("nvme:1:part=-1", BadPartition("nvme", "-1")),
+            ("nvme:1:part=+1", BadPartition("nvme", "+1")),
+            ("nvme:1:part=two", BadPartition("nvme", "two")),
+            ("nvme:1:part=4294967296", BadPartition("nvme", "4294967296")),
+            ("nvme:1:part=name", BadPartition("nvme", "name")),
+            ("nvme:1:part=name:", BadPartitionName("nvme", "")),
+            (
+                "nvme:1:part=name:caf\u{e9}",
+                BadPartitionName("nvme", "caf\u{e9}"),
+            ),
+            ("nvme:1:part=name:a\tb", BadPartitionName("nvme", "a\tb")),
+            ("nvme:1:part=name:a,b", UnknownOption("nvme", "b")),
+            ("nvme:1:part=1,offset=0", PartitionWithExtent("nvme")),
+            ("nvme:1:size=1M,part=name:x", PartitionWithExtent("nvme")),
+            ("nvme:1:offset=1M", MissingOption("nvme", "size")),
+            ("virtio:0:size=1M", MissingOption("virtio", "offset")),
+            ("nvme:1:offset=-4K,size=1M", BadOffset("nvme", "-4K")),
+            ("nvme:1:offset=1000,size=1M", BadOffset("nvme", "1000")),
+            ("nvme:1:offset=512,size=1M", BadOffset("nvme", "512")),
+            ("nvme:1:offset=1T,size=1M", BadOffset("nvme", "1T")),
+            ("nvme:1:offset=K,size=1M", BadOffset("nvme", "K")),
+            (
+                "nvme:1:offset=18446744073709551616,size=1M",
+                BadOffset("nvme", "18446744073709551616"),
+            ),
+            (
+                "nvme:1:offset=17179869184G,size=1M",
+                BadOffset("nvme", "17179869184G"),
+            ),
+            ("nvme:1:offset=0,size=0", BadSliceSize("nvme", "0")),
+            ("nvme:1:offset=0,size=0M", BadSliceSize("nvme", "0M")),
+            ("nvme:1:offset=0,size=-1M", BadSliceSize("nvme", "-1M")),
+            ("nvme:1:offset=0,size=100", BadSliceSize("nvme", "100")),
+            ("virtio:0:offset=0,size= 1M", BadSliceSize("virtio", " 1M")),
+            (
+                "nvme:1:offset=0,size=17179869184G",
+                BadSliceSize("nvme", "17179869184G"),
+            ),
+            ("nvme:1:offset=17179869180G,size=4G", SliceOverflows("nvme")),
+            ("nvme:0:part=1", ZeroNamespace),
+            ("nvme:x:part=1", BadNumber("nvme", "x")),
+            ("nvme::part=1", BadNumber("nvme", "")),
+            (
+                "virtio:4294967296:part=1",
+                BadNumber("virtio", "4294967296"),
+            ),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(parse_backing(text), Err(*expected), "{text}");
+        }
+    }
+
+    #[test]
+    fn slice_errors_name_the_option_and_the_rule() {
+        let text = |spec: &str| parse_backing(spec).unwrap_err().to_string();
+        assert_eq!(
+            text("nvme:1:offset=1000,size=1M"),
+            "nvme: offset=\"1000\" must be a multiple of 4096 bytes (suffix K, M or G)"
+        );
+        assert_eq!(
+            text("virtio:0:offset=0,size=0"),
+            "virtio: size=\"0\" must be a non-zero multiple of 512 bytes (suffix K, M or G)"
+        );
+        assert_eq!(
+            text("nvme:1:part=0"),
+            "nvme: part=0: partitions are numbered from 1"
+        );
+        assert_eq!(
+            text("nvme:1:colour=blue"),
+            "nvme: unknown option \"colour=blue\"; a slice is part=<n>, part=name:<label> or offset=<size>,size=<size>"
+        );
+        assert_eq!(text("nvme:1:part=1,part=1"), "nvme: part= given twice");
+        assert_eq!(text("nvme:1:size="), "nvme: size= needs a value");
+        assert_eq!(
+            text("nvme:1:offset=4K"),
+            "nvme: offset= and size= go together; size= is missing"
+        );
+        assert_eq!(
+            text("nvme:1:part=2,size=1M"),
+            "nvme: part= names the slice alone; it cannot go with offset= or size="
+        );
+        assert!(text("nvme:1:part=name:").contains("1 to 36 printable ASCII"));
+        assert!(text("nvme:1:").contains("nothing after the second ':'"));
+        assert!(text("nvme:1:offset=17179869180G,size=4G").contains("beyond 2^64 bytes"));
+    }
+
+    #[test]
+    fn backings_print_as_they_parse() {
+        for text in [
+            "nvme:1",
+            "virtio:0",
+            "nvme:1:part=2",
+            "virtio:3:part=name:Linux filesystem",
+            "nvme:2:offset=1M,size=8M",
+            "nvme:2:offset=0,size=1536",
+            "virtio:0:offset=12K,size=3G",
+            "ram:64M",
+            "ram:1536:disk-1",
+        ] {
+            let backing = parse_backing(text).unwrap();
+            assert_eq!(backing.to_string(), text);
+            assert_eq!(parse_backing(&backing.to_string()), Ok(backing));
+        }
+        assert_eq!(
+            parse_backing("nvme:1:size=1024K,offset=4096")
+                .unwrap()
+                .to_string(),
+            "nvme:1:offset=4K,size=1M"
+        );
+    }
+
+    #[test]
+    fn devices_and_regions() {
+        let (device, region) = parse_backing("virtio:2:part=3").unwrap().device().unwrap();
+        assert_eq!(device, DeviceId::Virtio { index: 2 });
+        assert_eq!(device.to_string(), "virtio:2");
+        assert!(region.needs_partition_table());
+        assert!(named("x").needs_partition_table());
+        assert!(!Region::Whole.needs_partition_table());
+        assert!(!Region::Extent {
+            offset: 0,
+            size: 512
+        }
+        .needs_partition_table());
+        assert_eq!(parse_backing("ram:1M").unwrap().device(), None);
+        assert_ne!(DeviceId::Nvme { nsid: 1 }, DeviceId::Virtio { index: 1 });
+    }
+
+    #[test]
+    fn partition_names_are_checked() {
+        assert_eq!(PartName::new("EFI system").unwrap().as_str(), "EFI system");
+        assert_eq!(PartName::new("a").unwrap().as_bytes(), b"a");
+        assert!(PartName::new("").is_none());
+        assert!(PartName::new(&"x".repeat(PartName::MAX_LEN + 1)).is_none());
+        assert!(PartName::new("a,b").is_none());
+        assert!(PartName::new("\u{7f}").is_none());
+        assert!(PartName::new("~ !").is_some());
+        assert_eq!(format!("{:?}", PartName::new("a b").unwrap()), "\"a b\"");
+    }
+
+    /// `Backing` stays a small value the registry copies freely.
+    #[test]
+    fn backing_stays_small_and_copy() {
+        fn copy<T: Copy>() {}
+        copy::<Backing>();
+        assert!(core::mem::size_of::<Backing>() <= 64);
     }
 }

@@ -1,4 +1,5 @@
-//! The block-device interface the blkif engine drives, plus two in-memory devices.
+//! The block-device interface the blkif engine drives, two in-memory devices, and a
+//! slice of a device as a device of its own.
 //!
 //! A device is used through per-queue handles: each poller owns the handle of its own
 //! device queue, so submitting and polling completions needs no lock shared between
@@ -13,10 +14,12 @@ extern crate alloc;
 pub mod dma;
 mod null;
 mod ram;
+mod slice;
 
 pub use dma::{Dma, DmaRegion};
 pub use null::NullDisk;
 pub use ram::{RamDisk, RamDiskQueue};
+pub use slice::{Slice, SliceError};
 
 /// Bytes in the sector unit used for all addressing (`sector` fields, capacities).
 pub const SECTOR_SIZE: u64 = 512;
@@ -160,6 +163,30 @@ pub trait BlockDevice {
     ) -> Result<(), SubmitError>;
     /// Report finished requests to `sink`; returns how many.
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize;
+}
+
+/// A boxed queue is a queue (the kernel holds its device queues as
+/// `Box<dyn BlockDevice + Send>`, and wraps them, e.g. in a [`Slice`]).
+impl<T: BlockDevice + ?Sized> BlockDevice for alloc::boxed::Box<T> {
+    fn geometry(&self) -> Geometry {
+        (**self).geometry()
+    }
+
+    fn queue_depth(&self) -> usize {
+        (**self).queue_depth()
+    }
+
+    fn submit(
+        &mut self,
+        request: &IoRequest<'_>,
+        buffers: &dyn BufferAccess,
+    ) -> Result<(), SubmitError> {
+        (**self).submit(request, buffers)
+    }
+
+    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        (**self).poll_completions(sink)
+    }
 }
 
 /// Fixed-capacity FIFO of completions, allocated once.

@@ -1,30 +1,73 @@
 //! The backing store of one vbd, as its `params` (xl's `target=`) names it: a RAM disk,
-//! an NVMe namespace or a virtio-blk device. Every ring's engine drives its own device
-//! queue through `DeviceQueue`, a boxed `BlockDevice`: one indirect call per submit or
-//! poll (nothing next to a device round trip), no allocation and no lock per request,
-//! and the engine and pollers stay one type whatever the device (an enum would have to
-//! name the drivers' queue types, which live behind `devices`).
+//! an NVMe namespace or a virtio-blk device, whole or a slice of it. Every ring's engine
+//! drives its own device queue through `DeviceQueue`, a boxed `BlockDevice` (a slice's
+//! wrapped in `blkdev::Slice`): one indirect call per submit or poll (nothing next to a
+//! device round trip), no allocation and no lock per request, and the engine and pollers
+//! stay one type whatever the device (an enum of every device would have to name the
+//! drivers' queue types, which live behind `devices`).
 
 use super::error::ConnectError;
+use crate::devices::open::Queue;
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use backing::Backing;
-use blkdev::{BlockDevice, BufferAccess, Completion, Geometry, IoRequest, RamDisk, SubmitError};
+use backing::{DeviceId, Extent};
+use blkdev::{
+    BlockDevice, BufferAccess, Completion, Geometry, IoRequest, RamDisk, Slice, SliceError,
+    SubmitError,
+};
 use core::sync::atomic::{AtomicU64, Ordering};
 
-/// One device queue, owned by the poller that serves the ring.
-pub struct DeviceQueue(pub(super) Box<dyn BlockDevice + Send>);
+/// One device queue, owned by the poller that serves the ring: the device's own, or
+/// wrapped as a slice of it (`blkdev::Slice`: requests checked against the slice and
+/// moved by its start).
+pub struct DeviceQueue(Inner);
+
+enum Inner {
+    Whole(Queue),
+    Slice(Slice<Queue>),
+}
+
+impl DeviceQueue {
+    /// `queue` as it is (a whole device or a RAM disk).
+    pub(super) fn whole(queue: Queue) -> DeviceQueue {
+        DeviceQueue(Inner::Whole(queue))
+    }
+
+    /// `queue` as the slice `(start, sectors)` of its device, in sectors; on error the
+    /// queue comes back.
+    pub(super) fn slice(
+        queue: Queue,
+        start: u64,
+        sectors: u64,
+    ) -> Result<Self, (Queue, SliceError)> {
+        Slice::new(queue, start, sectors).map(|slice| DeviceQueue(Inner::Slice(slice)))
+    }
+
+    /// The device's queue again, for any next disk on the device.
+    pub(super) fn into_device(self) -> Queue {
+        match self.0 {
+            Inner::Whole(queue) => queue,
+            Inner::Slice(slice) => slice.into_inner(),
+        }
+    }
+}
 
 impl BlockDevice for DeviceQueue {
     fn geometry(&self) -> Geometry {
-        self.0.geometry()
+        match &self.0 {
+            Inner::Whole(queue) => queue.geometry(),
+            Inner::Slice(slice) => slice.geometry(),
+        }
     }
 
     fn queue_depth(&self) -> usize {
-        self.0.queue_depth()
+        match &self.0 {
+            Inner::Whole(queue) => queue.queue_depth(),
+            Inner::Slice(slice) => slice.queue_depth(),
+        }
     }
 
     fn submit(
@@ -32,11 +75,17 @@ impl BlockDevice for DeviceQueue {
         request: &IoRequest<'_>,
         buffers: &dyn BufferAccess,
     ) -> Result<(), SubmitError> {
-        self.0.submit(request, buffers)
+        match &mut self.0 {
+            Inner::Whole(queue) => queue.submit(request, buffers),
+            Inner::Slice(slice) => slice.submit(request, buffers),
+        }
     }
 
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
-        self.0.poll_completions(sink)
+        match &mut self.0 {
+            Inner::Whole(queue) => queue.poll_completions(sink),
+            Inner::Slice(slice) => slice.poll_completions(sink),
+        }
     }
 }
 
@@ -49,19 +98,23 @@ pub enum Disk {
     Device(OpenDevice),
 }
 
-/// A real disk's queues, opened once (one per vCPU at most): a ring takes one at
-/// connect and gives it back when its poller releases it. While no vbd uses the device
-/// they wait in the device registry for the next disk that names it (opening it again
-/// would reset a controller whose queues are still live, or find a virtio device marked
-/// in use).
+/// A real disk's queues (one per vCPU at most), taken from its device's in the
+/// registry: a ring takes one at connect and gives it back when its poller releases it.
+/// When the vbd goes they go back to the registry for the next disk on the device, any
+/// part of it (opening it again would reset a controller whose queues are still live, or
+/// find a virtio device marked in use).
 pub struct OpenDevice {
-    pub(super) backing: Backing,
+    pub(super) device: DeviceId,
+    /// The bytes of the device this disk serves (all of them for a whole device).
+    pub(super) extent: Extent,
     pub(super) description: String,
+    /// The disk's (a slice's is its own).
     pub(super) geometry: Geometry,
     pub(super) idle: Vec<DeviceQueue>,
-    /// Queues opened (idle or serving).
+    /// Queues this disk holds (idle or serving).
     pub(super) opened: usize,
-    /// Bytes its queues copied through bounce buffers (devices/bounce.rs).
+    /// Bytes its device's queues copied through bounce buffers (devices/bounce.rs; all
+    /// the disks on the device together).
     pub(super) bounced_bytes: Arc<AtomicU64>,
 }
 
@@ -98,7 +151,7 @@ impl Disk {
     /// A queue for a ring of `depth` slots.
     pub fn take_queue(&mut self, depth: usize) -> Result<DeviceQueue, ConnectError> {
         match self {
-            Disk::Ram(disk) => Ok(DeviceQueue(Box::new(disk.queue(depth)))),
+            Disk::Ram(disk) => Ok(DeviceQueue::whole(Box::new(disk.queue(depth)))),
             Disk::Device(device) => device.idle.pop().ok_or(ConnectError::AllQueuesServing {
                 opened: device.opened,
             }),

@@ -2,10 +2,11 @@
 //! `hotplug-error`/`error` nodes and to the console, which operators and the tests
 //! read: each `Display` keeps the wording it had as a formatted string.
 
+use crate::devices::region::RegionError;
 use crate::devices::OpenError;
 use alloc::string::String;
 use alloc::vec::Vec;
-use backing::RamName;
+use backing::{Extent, RamName};
 use blkback::negotiate::NegotiationError;
 use blkback::xenstore::StoreError;
 use core::fmt;
@@ -76,9 +77,32 @@ pub enum DiskError {
         bytes: u64,
         free_bytes: u64,
     },
-    /// The namespace or virtio device serves another disk now.
-    AlreadyServing {
+    /// Bytes of the device serve another disk now (the whole device, or an overlapping
+    /// slice).
+    Overlaps {
         spec: String,
+        extent: Extent,
+        /// `extent` is the whole device.
+        whole: bool,
+        /// The spec of the disk serving, and its range.
+        serving: String,
+        serving_extent: Extent,
+        serving_whole: bool,
+    },
+    /// Every virtqueue of the virtio device serves another disk.
+    NoQueueLeft {
+        spec: String,
+        made: usize,
+    },
+    /// The disk's region does not fit the device, or its partition was not found.
+    Region {
+        spec: String,
+        error: RegionError,
+    },
+    /// A queue could not be made a slice of its device.
+    Slice {
+        spec: String,
+        error: blkdev::SliceError,
     },
     Device {
         spec: String,
@@ -110,9 +134,28 @@ impl fmt::Display for DiskError {
                 bytes >> 20,
                 free_bytes >> 20
             ),
-            DiskError::AlreadyServing { spec } => {
-                write!(f, "{spec} is already serving another disk")
+            DiskError::Overlaps {
+                spec,
+                extent,
+                whole,
+                serving,
+                serving_extent,
+                serving_whole,
+            } => {
+                let part = |whole: bool| if whole { "the whole device, " } else { "" };
+                write!(
+                    f,
+                    "{spec} overlaps {serving}, which serves another disk: {}{extent} against {}{serving_extent}",
+                    part(*whole),
+                    part(*serving_whole)
+                )
             }
+            DiskError::NoQueueLeft { spec, made } => write!(
+                f,
+                "{spec}: all {made} virtqueues of the device serve other disks (each disk takes up to one per vCPU; a device with more queues serves more disks)"
+            ),
+            DiskError::Region { spec, error } => write!(f, "{spec}: {error}"),
+            DiskError::Slice { spec, error } => write!(f, "{spec}: {error}"),
             DiskError::Device { spec, error } => write!(f, "{spec}: {error}"),
             DiskError::NoQueue { spec } => write!(f, "{spec}: the device gave no queue"),
         }

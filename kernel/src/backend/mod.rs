@@ -12,10 +12,12 @@ pub mod disk;
 mod error;
 pub mod poller;
 mod registry;
+mod registrytest;
 pub mod space;
 mod vbd;
 
 use control::Control;
+pub use registrytest::registry_test;
 
 use crate::xen_domain;
 

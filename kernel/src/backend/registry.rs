@@ -4,53 +4,78 @@
 //!
 //! - Named RAM disks (`ram:<size>:<name>`) outlive their vbd: the next vbd naming one
 //!   gets the same data.
-//! - A removed vbd's device queues are parked, and the next disk on the same device
-//!   takes them (opening it again would reset a controller whose queues are still live,
-//!   or find a virtio device in use).
-//! - A device serving one disk refuses a second (two guests would write the same blocks;
-//!   Linux's block hotplug script likewise refuses a device another domain has open for
-//!   writing).
+//! - Every NVMe namespace and virtio device opened has a pool of the queues no disk
+//!   holds: a removed vbd's queues go back to it, and the next disk on the device, any
+//!   part of it, takes them (opening it again would reset a controller whose queues are
+//!   still live, or find a virtio device in use).
+//! - Several disks can share a device, each on its own range (a slice: a GPT partition or
+//!   an explicit extent); ranges on one device must not overlap (two guests would write
+//!   the same blocks; Linux's block hotplug script likewise refuses a device another
+//!   domain has open for writing), and a whole-device disk overlaps every slice.
+//! - Queues: a disk takes up to one per vCPU. An NVMe disk whose pool is empty gets new
+//!   queue pairs from its controller (which grants 4 per vCPU, shared by all its
+//!   namespaces); a virtio device makes all its virtqueues (up to 4 per vCPU) at its one
+//!   open, so it serves disks until they are all taken.
 //! - Each device's bounce counter is kept: their sum is the domain's `bounced-bytes`.
 //! - The PCI devices themselves (`devices::open::Devices`): an NVMe controller is
 //!   brought up once and then shared by its namespaces, a virtio device opened once.
 
 use super::disk::{DeviceQueue, Disk, OpenDevice};
 use super::error::DiskError;
-use crate::devices::open::{Devices, OpenOptions};
+use crate::devices::open::{Devices, OpenOptions, Queue};
+use crate::devices::region::{self, TableReader};
 use crate::firmware::Firmware;
 use alloc::collections::BTreeMap;
-use alloc::string::ToString;
+use alloc::format;
+use alloc::string::{String, ToString};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use backing::{parse_backing, Backing, RamName};
-use blkdev::RamDisk;
+use backing::{parse_backing, Backing, DeviceId, Extent, RamName, Ranges, Region};
+use blkdev::{BlockDevice, Geometry, RamDisk};
 use core::sync::atomic::{AtomicU64, Ordering};
 use pci::PciAddress;
 
 /// Room kept free next to a RAM disk for rings and engines (tens of MiB at most).
 const RAM_DISK_HEADROOM: u64 = 32 << 20;
+/// Virtqueues asked of a virtio device at its one open, per vCPU: room for several disks
+/// on it (each takes up to one per vCPU), as an NVMe controller's pool.
+const VIRTIO_QUEUES_PER_CPU: usize = 4;
+
+/// A device's queues that no disk holds, and what is known of it.
+struct Pool {
+    device: DeviceId,
+    description: String,
+    /// The whole device's.
+    geometry: Geometry,
+    idle: Vec<Queue>,
+    /// Queues made for it so far.
+    made: usize,
+    bounced_bytes: Arc<AtomicU64>,
+}
 
 pub struct Registry {
     /// Named RAM disks, kept until blkdom stops.
     ram_disks: BTreeMap<RamName, RamDisk>,
-    /// Devices no vbd uses, with their queues.
-    parked: Vec<OpenDevice>,
-    /// Devices serving a disk now.
-    serving: Vec<Backing>,
+    /// Every device opened so far, with its idle queues.
+    pools: Vec<Pool>,
+    /// The ranges of devices serving a disk now, with the spec that asked for each.
+    serving: Ranges<DeviceId, String>,
     /// The bounce counter of every device opened so far (one each, shared by its
     /// queues).
     bounce_counters: Vec<Arc<AtomicU64>>,
     devices: Devices,
+    tables: TableReader,
 }
 
 impl Registry {
     pub fn new(firmware: Firmware) -> Registry {
         Registry {
             ram_disks: BTreeMap::new(),
-            parked: Vec::new(),
-            serving: Vec::new(),
+            pools: Vec::new(),
+            serving: Ranges::new(),
             bounce_counters: Vec::new(),
             devices: Devices::new(firmware),
+            tables: TableReader::default(),
         }
     }
 
@@ -64,36 +89,34 @@ impl Registry {
             params: params.into(),
             reason: e.to_string(),
         })?;
-        if let Backing::Ram { bytes, name } = backing {
-            return self.open_ram(bytes, name).map(Disk::Ram);
-        }
-        if self.serving.contains(&backing) {
-            return Err(DiskError::AlreadyServing { spec: spec.into() });
-        }
-        let device = self.open_device(spec, backing, passed_through)?;
-        self.serving.push(backing);
-        Ok(Disk::Device(device))
+        let (device, region) = match backing {
+            Backing::Ram { bytes, name } => return self.open_ram(bytes, name).map(Disk::Ram),
+            Backing::Nvme { nsid, region } => (DeviceId::Nvme { nsid }, region),
+            Backing::Virtio { index, region } => (DeviceId::Virtio { index }, region),
+        };
+        self.open_on_device(spec, backing, device, region, passed_through)
+            .map(Disk::Device)
     }
 
-    /// Takes back the disk of a vbd that is gone. A device's queues (all given back by
-    /// then: rings drain before their release) wait for the next disk on the same
-    /// device.
+    /// Takes back the disk of a vbd that is gone: its range is free again, and its
+    /// device's queues (all given back by then: rings drain before their release) wait
+    /// for the next disk on the device.
     pub fn release(&mut self, disk: Disk) {
-        let Disk::Device(mut device) = disk else {
+        let Disk::Device(mut disk) = disk else {
             return;
         };
-        let (idle, opened) = (device.idle.len(), device.opened);
+        let (idle, opened) = (disk.idle.len(), disk.opened);
         if idle < opened {
             log::warn!(
                 "blkback: {}: {} of {opened} queues were not given back",
-                device.description,
+                disk.description,
                 opened - idle
             );
         }
-        self.serving.retain(|serving| *serving != device.backing);
-        if idle > 0 {
-            device.opened = idle;
-            self.parked.push(device);
+        self.serving.release(&disk.device, disk.extent);
+        if let Some(pool) = self.pools.iter_mut().find(|p| p.device == disk.device) {
+            pool.idle
+                .extend(disk.idle.drain(..).map(DeviceQueue::into_device));
         }
     }
 
@@ -139,29 +162,214 @@ impl Registry {
         Ok(disk)
     }
 
-    /// The device `backing` names: parked by an earlier disk, or opened now.
-    fn open_device(
+    /// A disk on `region` of `device`: its range checked against the ranges serving
+    /// (before any queue moves where no partition table has to be read), its queues
+    /// from the device's pool.
+    fn open_on_device(
         &mut self,
         spec: &str,
         backing: Backing,
+        device: DeviceId,
+        region: Region,
         passed_through: &[PciAddress],
     ) -> Result<OpenDevice, DiskError> {
-        if let Some(at) = self.parked.iter().position(|p| p.backing == backing) {
-            let device = self.parked.swap_remove(at);
-            // The description goes last: log lines are cut at a fixed length.
-            log::info!(
-                "blkback: {spec} reused ({} queues opened before): {}",
-                device.opened,
-                device.description
-            );
-            return Ok(device);
+        let (at, fresh) = self.pool(spec, backing, device, passed_through)?;
+        let geometry = self.pools[at].geometry;
+        let known = match region::without_table(region, &geometry) {
+            Some(Ok(extent)) => Some(extent),
+            Some(Err(error)) => {
+                return Err(DiskError::Region {
+                    spec: spec.into(),
+                    error,
+                })
+            }
+            None => None,
+        };
+        if let Some(extent) = known {
+            self.check_free(spec, device, extent)?;
+        }
+        let mut queues = self.take_queues(at, fresh, spec, backing, passed_through)?;
+        let placed = match known {
+            Some(extent) => Ok(extent),
+            None => self
+                .tables
+                .locate(region, &mut queues)
+                .map_err(|error| DiskError::Region {
+                    spec: spec.into(),
+                    error,
+                })
+                .and_then(|extent| self.check_free(spec, device, extent).map(|()| extent)),
+        };
+        let extent = match placed {
+            Ok(extent) => extent,
+            Err(error) => {
+                self.pools[at].idle.append(&mut queues);
+                return Err(error);
+            }
+        };
+        let pool = &mut self.pools[at];
+        let window = match region {
+            Region::Whole => None,
+            // check_slice put it on whole blocks (whole sectors, then).
+            _ => extent.sectors(),
+        };
+        let mut idle = Vec::with_capacity(queues.len());
+        for queue in queues {
+            let queue = match window {
+                None => Ok(DeviceQueue::whole(queue)),
+                Some((start, sectors)) => DeviceQueue::slice(queue, start, sectors),
+            };
+            match queue {
+                Ok(queue) => idle.push(queue),
+                Err((queue, error)) => {
+                    pool.idle.push(queue);
+                    pool.idle
+                        .extend(idle.into_iter().map(DeviceQueue::into_device));
+                    return Err(DiskError::Slice {
+                        spec: spec.into(),
+                        error,
+                    });
+                }
+            }
+        }
+        let description = match region {
+            Region::Whole => pool.description.clone(),
+            _ => format!("{extent} of {}", pool.description),
+        };
+        let bounced_bytes = pool.bounced_bytes.clone();
+        let geometry = idle.first().map_or(geometry, |q| q.geometry());
+        if let Err(error) = self.claim(spec, device, extent) {
+            self.pools[at]
+                .idle
+                .extend(idle.into_iter().map(DeviceQueue::into_device));
+            return Err(error);
+        }
+        Ok(OpenDevice {
+            device,
+            extent,
+            description,
+            geometry,
+            opened: idle.len(),
+            idle,
+            bounced_bytes,
+        })
+    }
+
+    /// Claims `extent` of `device` for the disk `spec` names, unless a disk serves bytes
+    /// of it.
+    fn claim(&mut self, spec: &str, device: DeviceId, extent: Extent) -> Result<(), DiskError> {
+        self.check_free(spec, device, extent)?;
+        // Nothing overlaps it (checked just now): the claim holds.
+        let claimed = self.serving.claim(device, extent, spec.into()).is_ok();
+        debug_assert!(claimed);
+        Ok(())
+    }
+
+    /// Refuses `extent` of `device` if a disk serves bytes of it.
+    fn check_free(&self, spec: &str, device: DeviceId, extent: Extent) -> Result<(), DiskError> {
+        let Some(serving) = self.serving.overlap(&device, extent) else {
+            return Ok(());
+        };
+        let device_bytes = self
+            .pools
+            .iter()
+            .find(|p| p.device == device)
+            .map_or(0, |p| {
+                p.geometry.sectors.saturating_mul(blkdev::SECTOR_SIZE)
+            });
+        let whole = |e: Extent| e.start() == 0 && e.len() == device_bytes;
+        Err(DiskError::Overlaps {
+            spec: spec.into(),
+            extent,
+            whole: whole(extent),
+            serving: serving.owner.clone(),
+            serving_extent: serving.extent,
+            serving_whole: whole(serving.extent),
+        })
+    }
+
+    /// The pool of `device`, which is opened now if it never was (then `true`).
+    fn pool(
+        &mut self,
+        spec: &str,
+        backing: Backing,
+        device: DeviceId,
+        passed_through: &[PciAddress],
+    ) -> Result<(usize, bool), DiskError> {
+        if let Some(at) = self.pools.iter().position(|p| p.device == device) {
+            return Ok((at, false));
         }
         let cpus = crate::smp::online_count().max(1);
+        let wanted = match device {
+            DeviceId::Nvme { .. } => cpus,
+            DeviceId::Virtio { .. } => cpus * VIRTIO_QUEUES_PER_CPU,
+        };
+        let opened = self.open_queues(spec, backing, wanted, passed_through)?;
+        let geometry = opened
+            .queues
+            .first()
+            .map(|q| q.geometry())
+            .ok_or_else(|| DiskError::NoQueue { spec: spec.into() })?;
+        self.pools.push(Pool {
+            device,
+            description: opened.description,
+            geometry,
+            made: opened.queues.len(),
+            idle: opened.queues,
+            bounced_bytes: opened.bounced_bytes,
+        });
+        Ok((self.pools.len() - 1, true))
+    }
+
+    /// Up to one queue per vCPU of pool `at`: idle ones (`fresh`: just made), or new
+    /// ones from an NVMe controller when there are none.
+    fn take_queues(
+        &mut self,
+        at: usize,
+        fresh: bool,
+        spec: &str,
+        backing: Backing,
+        passed_through: &[PciAddress],
+    ) -> Result<Vec<Queue>, DiskError> {
+        let cpus = crate::smp::online_count().max(1);
+        let pool = &self.pools[at];
+        if pool.idle.is_empty() {
+            if let DeviceId::Virtio { .. } = pool.device {
+                return Err(DiskError::NoQueueLeft {
+                    spec: spec.into(),
+                    made: pool.made,
+                });
+            }
+            let opened = self.open_queues(spec, backing, cpus, passed_through)?;
+            let pool = &mut self.pools[at];
+            pool.made += opened.queues.len();
+            pool.idle.extend(opened.queues);
+        } else if !fresh {
+            // The description goes last: log lines are cut at a fixed length.
+            log::info!(
+                "blkback: {spec}: {} idle queue(s) of {} made: {}",
+                pool.idle.len(),
+                pool.made,
+                pool.description
+            );
+        }
+        let idle = &mut self.pools[at].idle;
+        Ok(idle.split_off(idle.len() - cpus.min(idle.len())))
+    }
+
+    /// `wanted` queues of the device `backing` names, opened now.
+    fn open_queues(
+        &mut self,
+        spec: &str,
+        backing: Backing,
+        wanted: usize,
+        passed_through: &[PciAddress],
+    ) -> Result<crate::devices::open::OpenedDisk, DiskError> {
         let opened = self
             .devices
             .open(
                 backing,
-                cpus,
+                wanted,
                 OpenOptions {
                     passed_through,
                     ..OpenOptions::default()
@@ -171,19 +379,13 @@ impl Registry {
                 spec: spec.into(),
                 error,
             })?;
-        self.bounce_counters.push(opened.bounced_bytes.clone());
-        let geometry = opened
-            .queues
-            .first()
-            .map(|q| q.geometry())
-            .ok_or_else(|| DiskError::NoQueue { spec: spec.into() })?;
-        Ok(OpenDevice {
-            backing,
-            description: opened.description,
-            geometry,
-            opened: opened.queues.len(),
-            idle: opened.queues.into_iter().map(DeviceQueue).collect(),
-            bounced_bytes: opened.bounced_bytes,
-        })
+        if !self
+            .bounce_counters
+            .iter()
+            .any(|c| Arc::ptr_eq(c, &opened.bounced_bytes))
+        {
+            self.bounce_counters.push(opened.bounced_bytes.clone());
+        }
+        Ok(opened)
     }
 }

@@ -5,7 +5,9 @@
 //! of `backing::pattern` (1 sector to 1 MiB each), each read back and compared, then a
 //! flush; then throughput: random 4 KiB reads and sequential 256 KiB reads at queue
 //! depth. The tier-2 runner recomputes the writes from the seed and compares the backing
-//! file after QEMU has exited. Options: `disktest.seed=`, `disktest.writes=`,
+//! file after QEMU has exited. A slice (`nvme:1:offset=1M,size=8M`, `virtio:0:part=2`) is
+//! tested as a disk of its own, wrapped as the registry wraps it; a read just past its
+//! end must be refused. Options: `disktest.seed=`, `disktest.writes=`,
 //! `disktest.queues=`, `disktest.random-reads=`, `disktest.sequential-mib=`,
 //! `disktest.nvme-prp-only`, `disktest.bounce` (through bounce buffers, as an emulated
 //! device under Xen).
@@ -13,13 +15,15 @@
 use super::error::OpenError;
 use super::hal::{self, now_us};
 use super::open::{self, Queue};
+use super::region::{RegionError, TableReader};
 use crate::firmware::Firmware;
 use crate::physmem;
 use crate::power;
+use alloc::boxed::Box;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use backing::pattern::{self, Plan};
-use backing::Backing;
+use backing::{Backing, Region};
 use blkdev::{BufferAccess, DmaSegment, Geometry, IoOp, IoRequest, IoStatus, SubmitError};
 use core::fmt;
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -133,7 +137,29 @@ fn run(spec: &str, cmdline: &Cmdline, firmware: &Firmware) -> Result<(), DiskTes
     };
     // Both opens below go through one `Devices`, as the control path's do.
     let mut devices = open::Devices::new(*firmware);
-    let disk = devices.open(backing, wanted, options)?;
+    let mut disk = devices.open(backing, wanted, options)?;
+    // A slice: its queues are wrapped as the registry's are, and the test runs inside it.
+    let region = backing.device().map_or(Region::Whole, |(_, region)| region);
+    let window = match region {
+        Region::Whole => None,
+        _ => {
+            let extent = TableReader::default()
+                .locate(region, &mut disk.queues)
+                .map_err(|error| DiskTestError::Region {
+                    spec: spec.into(),
+                    error,
+                })?;
+            info!("disktest: the slice is {extent} of the device");
+            extent.sectors()
+        }
+    };
+    if let Some((start, sectors)) = window {
+        disk.queues = disk
+            .queues
+            .into_iter()
+            .map(|queue| slice(queue, start, sectors))
+            .collect::<Result<_, _>>()?;
+    }
     let geometry = disk.queues[0].geometry();
     let queues = disk.queues.len();
     info!(
@@ -173,7 +199,10 @@ fn run(spec: &str, cmdline: &Cmdline, firmware: &Firmware) -> Result<(), DiskTes
                 "disktest: a second open got {} more queue(s)",
                 again.queues.len()
             );
-            again.queues.into_iter().next()
+            match (again.queues.into_iter().next(), window) {
+                (Some(queue), Some((start, sectors))) => Some(slice(queue, start, sectors)?),
+                (queue, _) => queue,
+            }
         }
         Backing::Virtio { .. } => match devices.open(backing, 1, options) {
             Ok(_) => return Err(DiskTestError::SecondVirtioOpenAccepted),
@@ -185,6 +214,10 @@ fn run(spec: &str, cmdline: &Cmdline, firmware: &Firmware) -> Result<(), DiskTes
         // A second RAM disk would be another disk.
         Backing::Ram { .. } => None,
     };
+
+    if let Some((_, sectors)) = window {
+        refuses_past_the_end(&mut disk.queues[0], sectors)?;
+    }
 
     let jobs = JOBS.call_once(|| {
         disk.queues
@@ -248,6 +281,35 @@ fn run(spec: &str, cmdline: &Cmdline, firmware: &Firmware) -> Result<(), DiskTes
         "disktest: throughput ({queues} queue(s) at once): random 4 KiB reads {iops} IOPS, sequential 256 KiB reads {mb_per_s:.1} MB/s"
     );
     Ok(())
+}
+
+/// `queue` as the slice of `sectors` sectors from sector `start` of its device.
+fn slice(queue: Queue, start: u64, sectors: u64) -> Result<Queue, DiskTestError> {
+    blkdev::Slice::new(queue, start, sectors)
+        .map(|slice| Box::new(slice) as Queue)
+        .map_err(|(_, error)| DiskTestError::Slice(error))
+}
+
+/// A read of the sector after a slice of `sectors` sectors is refused before it reaches
+/// the device (the host check of the backing file then shows nothing outside changed).
+fn refuses_past_the_end(queue: &mut Queue, sectors: u64) -> Result<(), DiskTestError> {
+    let mut buffer = Buffer::new(1)?;
+    let pages = buffer.access();
+    let request = IoRequest {
+        tag: 1,
+        op: IoOp::Read,
+        sector: sectors,
+        nr_sectors: 1,
+        preflush: false,
+        segments: buffer.segments(0, 512),
+    };
+    match queue.submit(&request, &pages) {
+        Err(SubmitError::Invalid) => {
+            info!("disktest: a read at sector {sectors}, past the slice's end, is refused");
+            Ok(())
+        }
+        _ => Err(DiskTestError::SliceEndNotRefused { sector: sectors }),
+    }
 }
 
 /// Reads queue 0's last write (nothing overwrites it) through `queue` and checks it.
@@ -814,6 +876,14 @@ enum DiskTestError {
     },
     SecondOpen(OpenError),
     SecondVirtioOpenAccepted,
+    Region {
+        spec: String,
+        error: RegionError,
+    },
+    Slice(blkdev::SliceError),
+    SliceEndNotRefused {
+        sector: u64,
+    },
     StartCpu {
         cpu: usize,
         error: crate::smp::RunError,
@@ -885,6 +955,12 @@ impl fmt::Display for DiskTestError {
             DiskTestError::SecondVirtioOpenAccepted => {
                 f.write_str("a second open of the virtio device was not refused")
             }
+            DiskTestError::Region { spec, error } => write!(f, "disktest={spec}: {error}"),
+            DiskTestError::Slice(error) => write!(f, "{error}"),
+            DiskTestError::SliceEndNotRefused { sector } => write!(
+                f,
+                "a read at sector {sector}, past the slice's end, was not refused"
+            ),
             DiskTestError::StartCpu { cpu, error } => {
                 write!(f, "cannot start queue {cpu} on cpu {cpu}: {error:?}")
             }

@@ -237,6 +237,12 @@ pub fn calibrate_clock() -> u64 {
     per_us
 }
 
+/// TSC ticks since an arbitrary start (for timeouts before `calibrate_clock`, or without
+/// it: the control path under Xen never calibrates).
+pub fn ticks() -> u64 {
+    rdtsc()
+}
+
 /// Microseconds since an arbitrary start (after `calibrate_clock`).
 pub fn now_us() -> u64 {
     rdtsc() / TSC_PER_US.load(Ordering::Relaxed).max(1)

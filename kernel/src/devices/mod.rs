@@ -7,6 +7,7 @@ mod error;
 mod hal;
 mod nvme;
 pub mod open;
+pub mod region;
 mod virtio;
 
 pub use disktest::disk_test;

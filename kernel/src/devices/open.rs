@@ -20,8 +20,9 @@ pub type Queue = Box<dyn BlockDevice + Send>;
 pub struct OpenedDisk {
     pub description: String,
     pub queues: Vec<Queue>,
-    /// Bytes its queues copied through bounce buffers (0 for a disk that DMAs straight to
-    /// the guests' pages), summed over its queues; shown in `blkdom-stats`.
+    /// Bytes its device's queues copied through bounce buffers (0 for a device that DMAs
+    /// straight to the guests' pages), summed over every open of the device; shown in
+    /// `blkdom-stats`.
     pub bounced_bytes: Arc<AtomicU64>,
 }
 
@@ -48,6 +49,9 @@ pub struct Devices {
     nvme: NvmeControllers,
     /// Virtio devices in use: one disk each (opening one again would reset it).
     virtio_in_use: Vec<PciAddress>,
+    /// Each device's bounce counter, shared by every open of it (an NVMe controller is
+    /// opened once per disk on it).
+    bounce_counters: Vec<(PciAddress, Arc<AtomicU64>)>,
 }
 
 impl Devices {
@@ -56,7 +60,18 @@ impl Devices {
             firmware,
             nvme: NvmeControllers::default(),
             virtio_in_use: Vec::new(),
+            bounce_counters: Vec::new(),
         }
+    }
+
+    /// The bounce counter of the device at `address`.
+    fn bounce_counter(&mut self, address: PciAddress) -> Arc<AtomicU64> {
+        if let Some((_, counter)) = self.bounce_counters.iter().find(|(a, _)| *a == address) {
+            return counter.clone();
+        }
+        let counter = Arc::<AtomicU64>::default();
+        self.bounce_counters.push((address, counter.clone()));
+        counter
     }
 
     /// Opens `backing` with up to `wanted_queues` queues.
@@ -78,16 +93,17 @@ impl Devices {
                     bounced_bytes: Arc::default(),
                 })
             }
-            Backing::Nvme { nsid } => {
+            Backing::Nvme { nsid, .. } => {
                 let pci = PciConfig::from_mcfg(self.firmware.ecam);
                 let function = find(&pci, Function::is_nvme, 0).ok_or(OpenError::NoNvme)?;
                 let bounce = options.bounce || emulated_under_xen(&function, &options);
-                let disk = self
+                let mut disk = self
                     .nvme
                     .open(&pci, function, nsid, wanted_queues, &options)?;
+                disk.bounced_bytes = self.bounce_counter(function.address);
                 with_bounce(disk, bounce)
             }
-            Backing::Virtio { index } => {
+            Backing::Virtio { index, .. } => {
                 let pci = PciConfig::from_mcfg(self.firmware.ecam);
                 let function = find(&pci, Function::is_virtio_blk, index as usize)
                     .ok_or(OpenError::NoVirtio { index })?;
@@ -95,8 +111,9 @@ impl Devices {
                 if self.virtio_in_use.contains(&function.address) {
                     return Err(OpenError::VirtioInUse(function.address));
                 }
-                let disk = super::virtio::open(&pci, function, wanted_queues)?;
+                let mut disk = super::virtio::open(&pci, function, wanted_queues)?;
                 self.virtio_in_use.push(function.address);
+                disk.bounced_bytes = self.bounce_counter(function.address);
                 with_bounce(disk, bounce)
             }
         }

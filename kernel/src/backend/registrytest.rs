@@ -1,0 +1,55 @@
+//! `registrytest=<step>;<step>;...`: the device registry's decisions, under plain QEMU
+//! (tier 2), without Xen. A step `+<spec>` opens a disk as a vbd's `params` would and
+//! keeps it; `-<n>` releases the disk of step `n` (counting the `+` steps from 0). Each
+//! outcome is logged (`registrytest: +<spec>: <queues> queue(s), <sectors> sectors:
+//! <description>` or `registrytest: +<spec>: refused: <reason>`), then
+//! `registrytest: done`, and the domain powers off.
+
+use super::disk::Disk;
+use super::registry::Registry;
+use crate::firmware::Firmware;
+use crate::power;
+use alloc::vec::Vec;
+use log::{error, info};
+
+pub fn registry_test(steps: &str, firmware: Firmware) -> ! {
+    let mut registry = Registry::new(firmware);
+    let mut disks: Vec<Option<Disk>> = Vec::new();
+    let mut verdict = power::Verdict::Pass;
+    for step in steps.split(';') {
+        if let Some(spec) = step.strip_prefix('+') {
+            match registry.open(spec, &[]) {
+                Ok(disk) => {
+                    info!(
+                        "registrytest: +{spec}: {} queue(s), {} sectors: {}",
+                        disk.max_queues(usize::MAX),
+                        disk.geometry().sectors,
+                        disk.describe()
+                    );
+                    disks.push(Some(disk));
+                }
+                Err(reason) => {
+                    info!("registrytest: +{spec}: refused: {reason}");
+                    disks.push(None);
+                }
+            }
+        } else if let Some(n) = step.strip_prefix('-').and_then(|n| n.parse::<usize>().ok()) {
+            match disks.get_mut(n).and_then(Option::take) {
+                Some(disk) => {
+                    registry.release(disk);
+                    info!("registrytest: -{n}: released");
+                }
+                None => info!("registrytest: -{n}: no disk to release"),
+            }
+        } else {
+            error!("registrytest: step {step:?} is neither +<spec> nor -<n>");
+            verdict = power::Verdict::Fail;
+        }
+    }
+    for disk in disks.into_iter().flatten() {
+        registry.release(disk);
+    }
+    info!("registrytest: done");
+    power::report_verdict(verdict);
+    power::power_off()
+}
