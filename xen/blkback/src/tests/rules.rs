@@ -766,3 +766,77 @@ fn barrier_waits_for_earlier_requests_and_holds_back_later_ones() {
     assert_eq!(rest.len(), 2);
     assert!(rest.contains(&ok(3, abi::OP_WRITE_BARRIER)) && rest.contains(&ok(4, abi::OP_READ)));
 }
+
+/// Holds completions until told, then reports `spurious` completions of tags the engine
+/// never gave it before the real ones, all in one poll: more than the ring has slots.
+struct FloodingDevice {
+    inner: blkdev::RamDiskQueue,
+    held: Vec<Completion>,
+    release: Arc<std::sync::atomic::AtomicBool>,
+    spurious: u32,
+}
+
+impl BlockDevice for FloodingDevice {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    fn queue_depth(&self) -> usize {
+        self.inner.queue_depth()
+    }
+    fn submit(
+        &mut self,
+        request: &IoRequest<'_>,
+        buffers: &dyn BufferAccess,
+    ) -> Result<(), SubmitError> {
+        self.inner.submit(request, buffers)
+    }
+    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        let held = &mut self.held;
+        self.inner.poll_completions(&mut |c| held.push(c));
+        if !self.release.load(Ordering::SeqCst) {
+            return 0;
+        }
+        for n in 0..self.spurious {
+            sink(Completion {
+                tag: 0x8000_0000 + n,
+                status: blkdev::IoStatus::Ok,
+            });
+        }
+        let real = self.held.len();
+        for c in self.held.drain(..) {
+            sink(c);
+        }
+        self.spurious as usize + real
+    }
+}
+
+#[test]
+fn no_completion_is_lost_when_a_device_reports_more_than_the_ring_holds() {
+    let disk = RamDisk::new(DISK_SECTORS);
+    let device = FloodingDevice {
+        inner: disk.queue(64),
+        held: Vec::new(),
+        release: Arc::default(),
+        spurious: 100,
+    };
+    let release = device.release.clone();
+    let mut rig = Rig::new(EngineConfig::new(0, false), device);
+    let slots = u64::from(rig.engine.ring().slots());
+    let (_, gref) = rig.data_page(1);
+    for id in 0..slots {
+        rig.front
+            .put_request(&encode_direct(abi::OP_READ, id, 0, &[whole_page(gref)]));
+    }
+    rig.front.push_requests();
+    rig.engine.poll(usize::MAX);
+    assert_eq!(rig.engine.in_flight(), slots as usize);
+    // One poll brings 100 unknown tags, then every real completion.
+    release.store(true, Ordering::SeqCst);
+    let outcome = rig.engine.poll(usize::MAX);
+    assert_eq!(outcome.completed, slots as usize);
+    assert_eq!(rig.engine.in_flight(), 0);
+    let mut answered: Vec<u64> = rig.responses().iter().map(|r| r.id).collect();
+    answered.sort();
+    assert_eq!(answered, (0..slots).collect::<Vec<_>>());
+    assert_eq!(rig.engine.disconnect(), Ok(()));
+}
