@@ -1,6 +1,6 @@
 //! One test per rule of design.md §4 (and the ring-protocol checks around them).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use blkdev::{BlockDevice, BufferAccess, Completion, Geometry, IoRequest, RamDisk, SubmitError};
@@ -98,40 +98,109 @@ fn double_fetch_each_slot_is_read_once_and_only_the_copy_is_used() {
     assert_eq!(sector8, [0; 512]);
 }
 
-/// Grants that rewrite an indirect page after its first read.
+/// Refuses submissions while `busy` is set (the engine defers them), records the
+/// segments of every accepted request, and holds completions while `hold` is set.
+struct HoldingRecorder {
+    inner: blkdev::RamDiskQueue,
+    busy: Arc<AtomicBool>,
+    hold: Arc<AtomicBool>,
+    held: Vec<Completion>,
+    submitted: Vec<Vec<blkdev::DmaSegment>>,
+}
+
+impl BlockDevice for HoldingRecorder {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    fn queue_depth(&self) -> usize {
+        self.inner.queue_depth()
+    }
+    fn submit(
+        &mut self,
+        request: &IoRequest<'_>,
+        buffers: &dyn BufferAccess,
+    ) -> Result<(), SubmitError> {
+        if self.busy.load(Ordering::SeqCst) {
+            return Err(SubmitError::QueueFull);
+        }
+        self.submitted.push(request.segments.to_vec());
+        self.inner.submit(request, buffers)
+    }
+    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        let held = &mut self.held;
+        self.inner.poll_completions(&mut |c| held.push(c));
+        if self.hold.load(Ordering::SeqCst) {
+            return 0;
+        }
+        let n = self.held.len();
+        self.held.drain(..).for_each(&mut *sink);
+        n
+    }
+}
+
+/// The indirect page is mapped and copied out once, when the request is taken; the
+/// frontend rewriting it afterwards changes nothing. The device first refuses the
+/// request (the engine defers it to the next poll), then holds it: an engine that
+/// fetched the descriptors again at submission or completion would see the rewritten
+/// page, and the device would receive other pages.
 #[test]
 fn double_fetch_indirect_pages_are_copied_once() {
     let disk = RamDisk::new(DISK_SECTORS);
-    let mut rig = Rig::ram_on(&disk, EngineConfig::new(0, false));
+    let busy = Arc::new(AtomicBool::new(true));
+    let hold = Arc::new(AtomicBool::new(true));
+    let device = HoldingRecorder {
+        inner: disk.queue(64),
+        busy: busy.clone(),
+        hold: hold.clone(),
+        held: Vec::new(),
+        submitted: Vec::new(),
+    };
+    let mut rig = Rig::new(EngineConfig::new(0, false), device);
     let data: Vec<(usize, u32)> = (0..20).map(|i| rig.data_page(i as u8 + 1)).collect();
-    let (indirect_page, indirect_gref) = rig.data_page(0);
+    // Other granted pages the rewritten descriptors point at.
+    let decoys: Vec<(usize, u32)> = (0..20).map(|_| rig.data_page(0xEE)).collect();
+    let (indirect_page, _) = rig.data_page(0);
     for (i, &(_, gref)) in data.iter().enumerate() {
         rig.memory
             .write(indirect_page, i * 8, &encode_segment(&whole_page(gref)));
     }
     rig.table.grant(1000, indirect_page, true);
-    let _ = indirect_gref;
     rig.send(&encode_indirect(abi::OP_WRITE, 77, 16, 20, &[1000]));
-    // The frontend rewrites the indirect page while the backend works: the backend must
-    // already hold its copy, so the write lands exactly as first described.
-    let tamper = {
-        let memory = rig.memory.clone();
-        move || {
-            for i in 0..20 {
-                memory.write(
-                    indirect_page,
-                    i * 8,
-                    &encode_segment(&SegmentDesc {
-                        gref: 9999,
-                        first_sect: 0,
-                        last_sect: 7,
-                    }),
-                );
-            }
+    let tamper = |memory: &crate::fake::GuestMemory| {
+        for (i, &(_, gref)) in decoys.iter().enumerate() {
+            memory.write(indirect_page, i * 8, &encode_segment(&whole_page(gref)));
         }
     };
+    // Taken and copied, but the device is busy: the request waits in the engine.
+    assert_eq!(rig.engine.poll(1).consumed, 1);
+    assert_eq!(rig.engine.in_flight(), 0);
+    // Copied out: the indirect page is already let go.
+    assert_eq!(rig.table.maps_of(1000), 0);
+    tamper(&rig.memory);
+    busy.store(false, Ordering::SeqCst);
     rig.engine.poll(1);
-    tamper();
+    assert_eq!(rig.engine.in_flight(), 1);
+    // The device got the pages first described, each mapped for this request.
+    let seen = rig.engine.device().submitted.clone();
+    assert_eq!(seen.len(), 1);
+    let pages: Vec<Option<usize>> = seen[0]
+        .iter()
+        .map(|s| {
+            rig.table.page_of_mapping(&crate::grant::MappedGrant {
+                handle: s.buffer as u32,
+                buffer: s.buffer,
+            })
+        })
+        .collect();
+    assert_eq!(
+        pages,
+        data.iter().map(|&(page, _)| Some(page)).collect::<Vec<_>>()
+    );
+    assert!(decoys.iter().all(|&(_, gref)| rig.table.maps_of(gref) == 0));
+    // Rewritten again while the device holds the request: completion must give back
+    // exactly what was mapped.
+    tamper(&rig.memory);
+    hold.store(false, Ordering::SeqCst);
     rig.engine.poll(1);
     assert_eq!(rig.responses(), [ok(77, abi::OP_WRITE)]);
     for i in 0..20u64 {
@@ -140,6 +209,7 @@ fn double_fetch_indirect_pages_are_copied_once() {
         assert_eq!(sector, [i as u8 + 1; 4096], "segment {i}");
     }
     assert_eq!(rig.table.live_mappings().0, 0);
+    assert!(data.iter().all(|&(_, gref)| rig.table.end_access(gref)));
     assert_eq!(rig.engine.stats().indirect, 1);
 }
 
