@@ -243,6 +243,43 @@ fn producer_overflow_halts_only_that_ring() {
     assert_eq!(good.responses(), [ok(5, abi::OP_READ)]);
 }
 
+/// A producer index moving backwards (behind what the backend already consumed, yet not
+/// behind its responses, so the overflow check alone does not see it) is a protocol
+/// error: without its check the backend would run on from its consumer index over the
+/// stale slots until the ring is full.
+#[test]
+fn producer_index_moving_backwards_halts_the_ring() {
+    let disk = RamDisk::new(DISK_SECTORS);
+    let device = ShufflingDevice::new(disk.queue(64), 3, 100);
+    device.hold.store(true, Ordering::SeqCst);
+    let hold = device.hold.clone();
+    let mut rig = Rig::new(EngineConfig::new(0, true), device);
+    let (_, gref) = rig.data_page(0);
+    for id in 0..32 {
+        rig.front.put_request_at(
+            id,
+            &encode_direct(abi::OP_READ, id.into(), 0, &[whole_page(gref)]),
+        );
+    }
+    rig.front.set_req_prod(10);
+    assert_eq!(rig.engine.poll(100).consumed, 10);
+    assert_eq!(rig.engine.in_flight(), 10);
+    // 10 consumed and unanswered; the frontend now claims only 5 were ever produced.
+    rig.front.set_req_prod(5);
+    assert_eq!(rig.engine.poll(100).consumed, 0);
+    assert_eq!(rig.engine.state(), EngineState::Halted);
+    assert_eq!(rig.engine.stats().ring_overflows, 1);
+    hold.store(false, Ordering::SeqCst);
+    rig.engine.poll(100);
+    let mut ids: Vec<u64> = rig.responses().iter().map(|r| r.id).collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        (0..10).collect::<Vec<_>>(),
+        "only the 10 taken are answered"
+    );
+}
+
 #[test]
 fn consumer_never_runs_more_than_a_ring_ahead_of_responses() {
     // The device holds every completion: the backend may consume 32 requests, then must
