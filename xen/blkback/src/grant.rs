@@ -99,8 +99,20 @@ pub struct GrantCache {
 
 impl GrantCache {
     pub fn new(capacity: usize) -> Self {
+        Self::try_new(capacity).expect("grant cache allocation")
+    }
+
+    /// Bytes a cache of `capacity` entries allocates.
+    pub fn memory_needed(capacity: usize) -> usize {
         let capacity = capacity.max(1);
-        let mut entries = Vec::with_capacity(capacity);
+        capacity * core::mem::size_of::<Entry>()
+            + (capacity * 2).next_power_of_two() * core::mem::size_of::<u32>()
+    }
+
+    /// Like `new`, failing instead of aborting when the memory is not there.
+    pub fn try_new(capacity: usize) -> Result<Self, alloc::collections::TryReserveError> {
+        let capacity = capacity.max(1);
+        let mut entries = crate::fallible::with_capacity(capacity)?;
         for i in 0..capacity {
             let next = if i + 1 < capacity { i as u32 + 1 } else { NIL };
             entries.push(Entry {
@@ -111,9 +123,9 @@ impl GrantCache {
                 older: next,
             });
         }
-        Self {
+        Ok(Self {
             entries,
-            buckets: alloc::vec![0; (capacity * 2).next_power_of_two()],
+            buckets: crate::fallible::vec(0, (capacity * 2).next_power_of_two())?,
             free_head: 0,
             newest: NIL,
             oldest: NIL,
@@ -122,7 +134,7 @@ impl GrantCache {
             pinned: 0,
             #[cfg(test)]
             eviction_visits: 0,
-        }
+        })
     }
 
     pub fn capacity(&self) -> usize {

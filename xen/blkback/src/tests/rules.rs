@@ -947,3 +947,51 @@ fn no_completion_is_lost_when_a_device_reports_more_than_the_ring_holds() {
     assert_eq!(answered, (0..slots).collect::<Vec<_>>());
     assert_eq!(rig.engine.disconnect(), Ok(()));
 }
+
+/// A frontend chooses how big a ring is (order 4, 512 indirect segments, persistent
+/// grants: several MiB of engine memory). The engine says what it needs and refuses,
+/// with an error, when that is more than there is; it never aborts the domain.
+#[test]
+fn ring_memory_is_checked_before_it_is_taken() {
+    use crate::engine::{Engine, EngineError};
+    use crate::fake::{CountingEvents, GrantTable, GuestMemory, XenGrants};
+    let config = EngineConfig {
+        max_indirect_segments: 512,
+        ..EngineConfig::new(4, true)
+    };
+    let needed = config.memory_needed();
+    assert_eq!(
+        needed,
+        Engine::<RingView, XenGrants, blkdev::RamDiskQueue, CountingEvents>::memory_needed(&config)
+    );
+    assert!(
+        needed > 4 << 20,
+        "order 4 with 512 segments needs {needed} bytes"
+    );
+    let build = |budget: usize| {
+        let memory = GuestMemory::new(16);
+        let table = GrantTable::new(memory.clone());
+        let disk = RamDisk::new(DISK_SECTORS);
+        Engine::new_within(
+            RingView::new(memory, (0..16).collect()),
+            XenGrants(table),
+            disk.queue(512),
+            CountingEvents::default(),
+            config,
+            budget,
+        )
+    };
+    let Err(error) = build(needed - 1) else {
+        panic!("an engine beyond its budget was built")
+    };
+    assert_eq!(error, EngineError::OutOfMemory { slots: 512, needed });
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "not enough memory for a ring of 512 slots: needs {} KiB",
+            needed.div_ceil(1024)
+        )
+    );
+    let engine = build(needed).expect("fits its budget");
+    assert_eq!(engine.cache_capacity(), 512 * 512);
+}
