@@ -32,8 +32,9 @@ pub enum ConnectError {
     AllQueuesServing {
         opened: usize,
     },
-    /// The mapped ring does not fit what the frontend negotiated.
-    Ring(blkback::ring::RingError),
+    /// The mapped ring does not fit what the frontend negotiated, or the ring's engine
+    /// does not fit in the heap (`blkback::engine::EngineError` says which).
+    Engine(blkback::engine::EngineError),
 }
 
 impl fmt::Display for ConnectError {
@@ -52,7 +53,10 @@ impl fmt::Display for ConnectError {
             ConnectError::AllQueuesServing { opened } => {
                 write!(f, "all {opened} queues of the device are serving rings")
             }
-            ConnectError::Ring(error) => write!(f, "ring: {error:?}"),
+            ConnectError::Engine(blkback::engine::EngineError::Ring(error)) => {
+                write!(f, "ring: {error:?}")
+            }
+            ConnectError::Engine(error) => write!(f, "{error}"),
         }
     }
 }

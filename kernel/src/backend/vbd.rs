@@ -11,7 +11,7 @@ use super::space;
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use blkback::engine::{Busy, Engine, EngineConfig};
+use blkback::engine::{Busy, Engine, EngineConfig, EngineError};
 use blkback::negotiate::{BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection};
 use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
@@ -68,6 +68,19 @@ impl VbdHooks {
     ) -> Result<(), ConnectError> {
         let xen = xen_domain::get().ok_or(ConnectError::NoXen)?;
         let ring = &connection.queues[q];
+        let mut config = EngineConfig::new(connection.ring_order, connection.persistent_grants);
+        config.max_indirect_segments = connection.max_indirect_segments;
+        config.persistent_grant_limit = Some(space::GRANT_PAGES_PER_RING as usize);
+        config.read_only = connection.read_only;
+        // The frontend chose the ring's size: refuse it before taking anything if its
+        // engine would not fit in the heap (an allocation failure would abort).
+        let needed = config.memory_needed();
+        if needed > crate::mm::heap_free() {
+            return Err(ConnectError::Engine(EngineError::OutOfMemory {
+                slots: blkback::abi::ring_slots(connection.ring_order) as usize,
+                needed,
+            }));
+        }
         let region = space::alloc().ok_or(ConnectError::NoMapSpace)?;
         let mapping = match map_ring(connection.frontend_id, &ring.ring_refs, &region) {
             Ok(mapping) => mapping,
@@ -106,10 +119,7 @@ impl VbdHooks {
         // SAFETY: the ring pages were just mapped at region.ring_base.. (consecutive,
         // identity mapped); only this engine reaches them, through SharedMem.
         let mem = unsafe { xen::SharedMem::new(region.ring_base as *mut u8, ring_bytes) };
-        let mut config = EngineConfig::new(connection.ring_order, connection.persistent_grants);
-        config.max_indirect_segments = connection.max_indirect_segments;
-        config.persistent_grant_limit = Some(region.grant_pages as usize);
-        config.read_only = connection.read_only;
+        debug_assert_eq!(region.grant_pages, space::GRANT_PAGES_PER_RING);
         let depth = 1usize << (5 + connection.ring_order);
         let device = match self.disk.take_queue(depth) {
             Ok(device) => device,
@@ -119,19 +129,20 @@ impl VbdHooks {
                 return Err(e);
             }
         };
-        let engine = Engine::new(
+        let engine = Engine::new_within(
             SharedRing { mem },
             FrontendGrants::new(xen.hv, connection.frontend_id, &region),
             device,
             Notify { hv: xen.hv, port },
             config,
+            crate::mm::heap_free(),
         );
         let engine = match engine {
             Ok(engine) => engine,
             Err(e) => {
                 let _ = xen::evtchn::close(&xen.hv, port);
                 undo(mapping);
-                return Err(ConnectError::Ring(e));
+                return Err(ConnectError::Engine(e));
             }
         };
         let control = Arc::new(QueueControl::default());

@@ -56,8 +56,8 @@ struct Entry {
     gref: u32,
     state: EntryState,
     pins: u32,
-    /// LRU neighbours (towards most / least recently used); `older` doubles as the
-    /// free-list link.
+    /// Neighbours on the LRU list of unpinned entries (towards most / least recently
+    /// released); `older` doubles as the free-list link. A pinned entry is on no list.
     newer: u32,
     older: u32,
 }
@@ -76,6 +76,11 @@ pub enum CacheSlot {
 /// Persistently mapped grants of one ring: a fixed-size hash table (linear probing)
 /// plus an LRU list, all allocated at creation. At most `capacity` grants are ever held;
 /// an entry pinned by an in-flight request is never evicted.
+///
+/// The LRU list (intrusive, doubly linked by slot index) holds only unpinned, mapped
+/// entries: an entry leaves it when pinned and goes back as the newest when its last
+/// pin is dropped. The victim of an eviction is therefore always the list's oldest
+/// entry, O(1) however many entries in-flight requests pin.
 #[derive(Debug)]
 pub struct GrantCache {
     entries: Vec<Entry>,
@@ -86,12 +91,28 @@ pub struct GrantCache {
     oldest: u32,
     len: usize,
     mapped: usize,
+    pinned: usize,
+    /// Entries looked at while choosing eviction victims (tests bound it).
+    #[cfg(test)]
+    eviction_visits: u64,
 }
 
 impl GrantCache {
     pub fn new(capacity: usize) -> Self {
+        Self::try_new(capacity).expect("grant cache allocation")
+    }
+
+    /// Bytes a cache of `capacity` entries allocates.
+    pub fn memory_needed(capacity: usize) -> usize {
         let capacity = capacity.max(1);
-        let mut entries = Vec::with_capacity(capacity);
+        capacity * core::mem::size_of::<Entry>()
+            + (capacity * 2).next_power_of_two() * core::mem::size_of::<u32>()
+    }
+
+    /// Like `new`, failing instead of aborting when the memory is not there.
+    pub fn try_new(capacity: usize) -> Result<Self, alloc::collections::TryReserveError> {
+        let capacity = capacity.max(1);
+        let mut entries = crate::fallible::with_capacity(capacity)?;
         for i in 0..capacity {
             let next = if i + 1 < capacity { i as u32 + 1 } else { NIL };
             entries.push(Entry {
@@ -102,15 +123,18 @@ impl GrantCache {
                 older: next,
             });
         }
-        Self {
+        Ok(Self {
             entries,
-            buckets: alloc::vec![0; (capacity * 2).next_power_of_two()],
+            buckets: crate::fallible::vec(0, (capacity * 2).next_power_of_two())?,
             free_head: 0,
             newest: NIL,
             oldest: NIL,
             len: 0,
             mapped: 0,
-        }
+            pinned: 0,
+            #[cfg(test)]
+            eviction_visits: 0,
+        })
     }
 
     pub fn capacity(&self) -> usize {
@@ -186,9 +210,14 @@ impl GrantCache {
             next = (next + 1) & mask;
         }
         self.buckets[hole] = 0;
-        self.unlink(index);
+        if self.entries[index as usize].pins == 0 {
+            self.unlink(index);
+        } else {
+            self.pinned -= 1;
+        }
         let entry = &mut self.entries[index as usize];
         let state = core::mem::replace(&mut entry.state, EntryState::Free);
+        entry.pins = 0;
         entry.older = self.free_head;
         self.free_head = index;
         self.len -= 1;
@@ -207,21 +236,22 @@ impl GrantCache {
         if let Some(bucket) = self.find(gref) {
             let index = self.buckets[bucket] - 1;
             if !matches!(self.entries[index as usize].state, EntryState::Failed(_)) {
-                self.entries[index as usize].pins += 1;
-                self.unlink(index);
-                self.push_newest(index);
+                self.pin(index);
                 return CacheSlot::Hit(index);
             }
             return CacheSlot::Full;
         }
         if self.free_head == NIL {
-            let mut victim = self.oldest;
-            while victim != NIL && self.entries[victim as usize].pins != 0 {
-                victim = self.entries[victim as usize].newer;
+            // The oldest unpinned entry: pinned ones are not on the list.
+            let victim = self.oldest;
+            #[cfg(test)]
+            {
+                self.eviction_visits += 1;
             }
             if victim == NIL {
                 return CacheSlot::Full;
             }
+            debug_assert_eq!(self.entries[victim as usize].pins, 0);
             if let Some(grant) = self.remove(victim) {
                 evicted(grant);
             }
@@ -235,15 +265,24 @@ impl GrantCache {
             newer: NIL,
             older: NIL,
         };
+        self.pinned += 1;
         let mask = self.buckets.len() - 1;
         let mut b = self.bucket_of(gref);
         while self.buckets[b] != 0 {
             b = (b + 1) & mask;
         }
         self.buckets[b] = index + 1;
-        self.push_newest(index);
         self.len += 1;
         CacheSlot::Inserted(index)
+    }
+
+    /// Pin a held entry, taking it off the LRU list if it was unpinned.
+    fn pin(&mut self, index: u32) {
+        if self.entries[index as usize].pins == 0 {
+            self.unlink(index);
+            self.pinned += 1;
+        }
+        self.entries[index as usize].pins += 1;
     }
 
     /// Record the outcome of mapping an inserted entry.
@@ -268,29 +307,50 @@ impl GrantCache {
         }
     }
 
-    /// Drop one pin; an entry whose map failed goes away with its last pin.
+    /// Drop one pin; an entry whose map failed goes away with its last pin, a mapped
+    /// one becomes the newest unpinned entry.
     pub fn release(&mut self, index: u32) {
         let entry = &mut self.entries[index as usize];
         debug_assert!(entry.pins > 0);
         entry.pins -= 1;
-        if entry.pins == 0 && matches!(entry.state, EntryState::Failed(_)) {
-            self.remove(index);
+        if entry.pins != 0 {
+            return;
+        }
+        match entry.state {
+            EntryState::Failed(_) => {
+                // Still counted as pinned until `remove` takes it out.
+                entry.pins = 1;
+                self.remove(index);
+            }
+            _ => {
+                self.pinned -= 1;
+                self.push_newest(index);
+            }
         }
     }
 
     /// Entries pinned by in-flight requests.
     pub fn pinned(&self) -> usize {
-        self.entries.iter().filter(|e| e.pins > 0).count()
+        self.pinned
     }
 
     /// Remove up to `max` entries, oldest first, handing their mappings to `unmapped`
-    /// (teardown). Pinned entries go too: call only with nothing in flight.
+    /// (teardown). Pinned entries go too (after the unpinned ones): call only with
+    /// nothing in flight.
     pub fn drain_oldest(&mut self, max: usize, unmapped: &mut dyn FnMut(MappedGrant)) {
+        let mut next_pinned = 0;
         for _ in 0..max {
-            if self.oldest == NIL {
+            let index = if self.oldest != NIL {
+                self.oldest
+            } else if self.pinned > 0 {
+                while self.entries[next_pinned].pins == 0 {
+                    next_pinned += 1;
+                }
+                next_pinned as u32
+            } else {
                 return;
-            }
-            if let Some(grant) = self.remove(self.oldest) {
+            };
+            if let Some(grant) = self.remove(index) {
                 unmapped(grant);
             }
         }
@@ -371,6 +431,45 @@ mod tests {
         unmapped.sort();
         assert_eq!(unmapped, (0..8).map(|g| g * 1024).collect::<Vec<_>>());
         assert_eq!((cache.len(), cache.mapped()), (0, 0));
+    }
+
+    /// A frontend that keeps most of a full cache pinned (large in-flight requests)
+    /// must not make every miss walk the pinned entries: eviction looks at one entry.
+    #[test]
+    fn eviction_is_constant_time_when_most_entries_are_pinned() {
+        const CAPACITY: u32 = 32768;
+        let mut cache = GrantCache::new(CAPACITY as usize);
+        let mut evicted = Vec::new();
+        // Oldest first: 32000 pinned entries, then 768 unpinned ones.
+        for gref in 0..CAPACITY {
+            let i = acquire_mapped(&mut cache, gref, &mut evicted);
+            if gref >= 32000 {
+                cache.release(i);
+            }
+        }
+        assert_eq!((cache.len(), cache.pinned()), (32768, 32000));
+        assert!(evicted.is_empty());
+        // 512 misses, as one 512-segment indirect request brings.
+        for gref in CAPACITY..CAPACITY + 512 {
+            acquire_mapped(&mut cache, gref, &mut evicted);
+        }
+        assert_eq!(evicted, (32000..32512).map(grant).collect::<Vec<_>>());
+        assert_eq!(
+            cache.eviction_visits, 512,
+            "one entry looked at per eviction"
+        );
+        // With every entry pinned a miss is refused without a walk as well.
+        for gref in 32512..CAPACITY {
+            acquire_mapped(&mut cache, gref, &mut evicted);
+        }
+        let before = cache.eviction_visits;
+        assert_eq!(cache.acquire(u32::MAX - 1, &mut |_| ()), CacheSlot::Full);
+        assert!(cache.eviction_visits - before <= 1);
+        assert_eq!(cache.pinned(), CAPACITY as usize);
+        // Teardown still finds the pinned entries.
+        let mut unmapped = 0;
+        cache.drain_oldest(usize::MAX, &mut |_| unmapped += 1);
+        assert_eq!((unmapped, cache.len(), cache.pinned()), (32768, 0, 0));
     }
 
     #[test]

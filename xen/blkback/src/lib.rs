@@ -40,6 +40,28 @@ pub mod stats;
 pub mod watch;
 pub mod xenstore;
 
+/// Allocation that reports failure instead of aborting (per-ring memory is taken at
+/// connect time, where a frontend chooses how much).
+pub(crate) mod fallible {
+    use alloc::collections::TryReserveError;
+    use alloc::vec::Vec;
+
+    /// `vec![value; len]`.
+    pub fn vec<T: Clone>(value: T, len: usize) -> Result<Vec<T>, TryReserveError> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(len)?;
+        v.resize(len, value);
+        Ok(v)
+    }
+
+    /// An empty vector with room for exactly `capacity` items.
+    pub fn with_capacity<T>(capacity: usize) -> Result<Vec<T>, TryReserveError> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(capacity)?;
+        Ok(v)
+    }
+}
+
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 

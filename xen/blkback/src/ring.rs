@@ -123,9 +123,11 @@ impl<M: RingMemory> BackRing<M> {
     }
 
     /// `RING_REQUEST_PROD_OVERFLOW`: the frontend claims more requests than it can have
-    /// outstanding. Such a ring must not be processed further.
+    /// outstanding, or moved its producer index back behind what was already consumed.
+    /// Such a ring must not be processed further.
     pub fn prod_overflows(&self, req_prod: u32) -> bool {
-        req_prod.wrapping_sub(self.rsp_prod_pvt) > self.slots
+        let produced = req_prod.wrapping_sub(self.rsp_prod_pvt);
+        produced > self.slots || produced < self.outstanding()
     }
 
     /// `RING_REQUEST_CONS_OVERFLOW`: consuming another request would leave no slot for

@@ -64,28 +64,31 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         self.respond(slot, error.status());
     }
 
+    /// Collect what the device finished and answer it. Each completion is checked as
+    /// the device reports it: only one naming a slot the device owns is kept, and that
+    /// slot is marked returned at once, so at most one completion per slot is kept and
+    /// `completions` (one entry per slot) always has room. A device that reports more
+    /// (unknown tags, repeats) cannot push a real completion out.
     pub(super) fn reap_completions(&mut self) -> usize {
         self.completions.clear();
         let completions = &mut self.completions;
-        let capacity = completions.capacity();
+        let slots = &mut self.slots;
         self.device.poll_completions(&mut |completion| {
-            if completions.len() < capacity {
-                completions.push(completion);
+            if !slots.is_submitted(completion.tag) {
+                log::error!("blkback: device completed unknown tag {}", completion.tag);
+                return;
             }
+            slots[completion.tag as u16].submitted = false;
+            debug_assert!(completions.len() < completions.capacity());
+            completions.push(completion);
         });
-        let mut finished = 0;
-        for n in 0..self.completions.len() {
+        let finished = self.completions.len();
+        for n in 0..finished {
             let Completion { tag, status } = self.completions[n];
-            if !self.slots.is_submitted(tag) {
-                log::error!("blkback: device completed unknown tag {}", tag);
-                continue;
-            }
             let slot = tag as u16;
-            self.slots[slot].submitted = false;
             self.submission.in_flight -= 1;
             self.release_grants(slot);
             self.respond(slot, status_code(status));
-            finished += 1;
         }
         finished
     }

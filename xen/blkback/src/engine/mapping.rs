@@ -5,10 +5,13 @@
 //! stay mapped, pinned while a request uses them; the rest are mapped for one request
 //! and unmapped when it finishes.
 
+use alloc::collections::TryReserveError;
 use alloc::vec::Vec;
+use core::mem::size_of;
 use core::ops::Range;
 
 use crate::abi::MAX_INDIRECT_PAGES;
+use crate::fallible;
 use crate::grant::{CacheSlot, GrantCache, GrantOps, GrantStatus, MapRequest, MappedGrant};
 use crate::stats::RingStats;
 
@@ -68,19 +71,36 @@ pub(super) struct GrantMapper {
 
 impl GrantMapper {
     /// `segments` is the size of the segment area; a batch holds up to `batch` maps.
-    pub fn new(persistent: bool, cache_capacity: usize, segments: usize, batch: usize) -> Self {
-        Self {
+    pub fn new(
+        persistent: bool,
+        cache_capacity: usize,
+        segments: usize,
+        batch: usize,
+    ) -> Result<Self, TryReserveError> {
+        Ok(Self {
             persistent,
-            cache: GrantCache::new(cache_capacity),
-            maps: alloc::vec![SegmentMap::default(); segments + MAX_INDIRECT_PAGES],
+            cache: GrantCache::try_new(cache_capacity)?,
+            maps: fallible::vec(SegmentMap::default(), segments + MAX_INDIRECT_PAGES)?,
             indirect_pages: segments,
-            requests: Vec::with_capacity(batch),
-            targets: Vec::with_capacity(batch),
-            results: Vec::with_capacity(batch),
-            unmaps: Vec::with_capacity(batch),
-            unmap_results: Vec::with_capacity(batch),
+            requests: fallible::with_capacity(batch)?,
+            targets: fallible::with_capacity(batch)?,
+            results: fallible::with_capacity(batch)?,
+            unmaps: fallible::with_capacity(batch)?,
+            unmap_results: fallible::with_capacity(batch)?,
             transient_mapped: 0,
-        }
+        })
+    }
+
+    /// Bytes `new` allocates.
+    pub fn memory_needed(cache_capacity: usize, segments: usize, batch: usize) -> usize {
+        GrantCache::memory_needed(cache_capacity)
+            + (segments + MAX_INDIRECT_PAGES) * size_of::<SegmentMap>()
+            + batch
+                * (size_of::<MapRequest>()
+                    + size_of::<MapTarget>()
+                    + size_of::<Result<MappedGrant, GrantStatus>>()
+                    + size_of::<MappedGrant>()
+                    + size_of::<Result<(), GrantStatus>>())
     }
 
     pub fn persistent(&self) -> bool {

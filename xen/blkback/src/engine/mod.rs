@@ -14,6 +14,7 @@ use alloc::vec::Vec;
 use blkdev::{BlockDevice, Completion, Geometry};
 
 use crate::abi::{self, wire, MAX_SEGMENTS_PER_REQUEST};
+use crate::fallible;
 use crate::grant::GrantOps;
 use crate::parse::RequestError;
 use crate::ring::{BackRing, RingError, RingMemory};
@@ -60,6 +61,12 @@ impl EngineConfig {
             read_only: false,
         }
     }
+
+    /// Bytes of heap an engine with this configuration allocates
+    /// ([`Engine::memory_needed`]).
+    pub fn memory_needed(&self) -> usize {
+        Sizing::new(self).memory_needed()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +91,84 @@ pub struct PollOutcome {
 impl PollOutcome {
     pub fn did_work(&self) -> bool {
         self.consumed > 0 || self.completed > 0
+    }
+}
+
+/// Why an engine could not be created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineError {
+    /// The ring does not fit what was negotiated.
+    Ring(RingError),
+    /// The ring's working set (slots, segment area, grant cache, batches) does not fit
+    /// in the memory there is.
+    OutOfMemory { slots: usize, needed: usize },
+}
+
+impl From<RingError> for EngineError {
+    fn from(error: RingError) -> Self {
+        EngineError::Ring(error)
+    }
+}
+
+impl core::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            EngineError::Ring(error) => write!(f, "ring: {error}"),
+            EngineError::OutOfMemory { slots, needed } => write!(
+                f,
+                "not enough memory for a ring of {slots} slots: needs {} KiB",
+                needed.div_ceil(1024)
+            ),
+        }
+    }
+}
+
+impl core::error::Error for EngineError {}
+
+/// The sizes an engine's memory follows from.
+struct Sizing {
+    slots: usize,
+    max_indirect_segments: u16,
+    /// Segments one request may carry (11, or the advertised indirect count).
+    max_segments: usize,
+    cache_capacity: usize,
+    /// Map and unmap batch size: always room for one whole request.
+    batch: usize,
+}
+
+impl Sizing {
+    fn new(config: &EngineConfig) -> Self {
+        let slots = abi::ring_slots(config.ring_order.min(abi::MAX_RING_PAGE_ORDER)) as usize;
+        let max_indirect_segments = config
+            .max_indirect_segments
+            .min((abi::SEGMENTS_PER_INDIRECT_PAGE * abi::MAX_INDIRECT_PAGES) as u16);
+        let max_segments = MAX_SEGMENTS_PER_REQUEST.max(usize::from(max_indirect_segments));
+        let cache_capacity = if config.persistent_grants {
+            config
+                .persistent_grant_limit
+                .unwrap_or(slots * max_segments)
+        } else {
+            0
+        };
+        Self {
+            slots,
+            max_indirect_segments,
+            max_segments,
+            cache_capacity,
+            batch: max_segments.max(256),
+        }
+    }
+
+    fn memory_needed(&self) -> usize {
+        SlotTable::memory_needed(self.slots, self.max_segments)
+            + GrantMapper::memory_needed(
+                self.cache_capacity,
+                segment_area(self.slots, self.max_segments),
+                self.batch,
+            )
+            + Submission::memory_needed(self.slots, self.max_segments)
+            + self.slots * core::mem::size_of::<Completion>()
+            + abi::PAGE_SIZE
     }
 }
 
@@ -120,30 +205,52 @@ pub struct Engine<M, G, D, E> {
 }
 
 impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D, E> {
-    /// Attach to a mapped ring. All per-ring memory is allocated here.
+    /// Bytes of heap an engine for `config` allocates (its whole working set: slot
+    /// table and segment area, grant mappings and cache, batches). Check it against the
+    /// free heap before connecting a ring.
+    pub fn memory_needed(config: &EngineConfig) -> usize {
+        Sizing::new(config).memory_needed()
+    }
+
+    /// Attach to a mapped ring. All per-ring memory is allocated here, fallibly: a
+    /// failed allocation is `EngineError::OutOfMemory`, never an abort.
     pub fn new(
         memory: M,
         grants: G,
         device: D,
         events: E,
         config: EngineConfig,
-    ) -> Result<Self, RingError> {
+    ) -> Result<Self, EngineError> {
+        Self::new_within(memory, grants, device, events, config, usize::MAX)
+    }
+
+    /// Like `new`, refusing up front when the engine would need more than `budget`
+    /// bytes (the free heap, say).
+    pub fn new_within(
+        memory: M,
+        grants: G,
+        device: D,
+        events: E,
+        config: EngineConfig,
+        budget: usize,
+    ) -> Result<Self, EngineError> {
         let ring = BackRing::new(memory, config.ring_order)?;
-        let slots = ring.slots() as usize;
-        let max_indirect_segments = config
-            .max_indirect_segments
-            .min((abi::SEGMENTS_PER_INDIRECT_PAGE * abi::MAX_INDIRECT_PAGES) as u16);
-        // Segments one request may carry (11, or the advertised indirect count).
-        let max_segments = MAX_SEGMENTS_PER_REQUEST.max(usize::from(max_indirect_segments));
-        let cache_capacity = if config.persistent_grants {
-            config
-                .persistent_grant_limit
-                .unwrap_or(slots * max_segments)
-        } else {
-            0
+        let sizing = Sizing::new(&config);
+        debug_assert_eq!(sizing.slots, ring.slots() as usize);
+        let Sizing {
+            slots,
+            max_indirect_segments,
+            max_segments,
+            cache_capacity,
+            batch,
+        } = sizing;
+        let out_of_memory = EngineError::OutOfMemory {
+            slots,
+            needed: sizing.memory_needed(),
         };
-        // A batch always has room for one whole request.
-        let batch = max_segments.max(256);
+        if sizing.memory_needed() > budget {
+            return Err(out_of_memory);
+        }
         let mut geometry = device.geometry();
         geometry.read_only |= config.read_only;
         Ok(Self {
@@ -154,16 +261,21 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             events,
             max_indirect_segments,
             state: EngineState::Running,
-            slots: SlotTable::new(slots, max_segments),
+            slots: SlotTable::new(slots, max_segments).map_err(|_| out_of_memory)?,
             mapper: GrantMapper::new(
                 config.persistent_grants,
                 cache_capacity,
                 segment_area(slots, max_segments),
                 batch,
-            ),
-            submission: Submission::new(slots, max_segments),
-            completions: Vec::with_capacity(slots),
-            indirect_page: alloc::vec![wire::Segment::new_zeroed(); abi::SEGMENTS_PER_INDIRECT_PAGE],
+            )
+            .map_err(|_| out_of_memory)?,
+            submission: Submission::new(slots, max_segments).map_err(|_| out_of_memory)?,
+            completions: fallible::with_capacity(slots).map_err(|_| out_of_memory)?,
+            indirect_page: fallible::vec(
+                wire::Segment::new_zeroed(),
+                abi::SEGMENTS_PER_INDIRECT_PAGE,
+            )
+            .map_err(|_| out_of_memory)?,
             event_pending: false,
             stats: RingStats::default(),
         })

@@ -1,10 +1,13 @@
 //! The slot table: one slot per request between taking it off the ring and answering
 //! it, the free list, and the segment area where each slot's descriptors live.
 
+use alloc::collections::TryReserveError;
 use alloc::vec::Vec;
+use core::mem::size_of;
 use core::ops::{Index, IndexMut, Range};
 
 use crate::abi::MAX_SEGMENTS_PER_REQUEST;
+use crate::fallible;
 use crate::parse::{DataOp, SegmentDesc};
 
 /// What a slot's request does.
@@ -60,13 +63,21 @@ pub(super) struct SlotTable {
 }
 
 impl SlotTable {
-    pub fn new(slots: usize, max_segments: usize) -> Self {
-        Self {
-            slots: alloc::vec![Slot::IDLE; slots],
-            free: (0..slots as u16).rev().collect(),
-            descs: alloc::vec![SegmentDesc::default(); segment_area(slots, max_segments)],
+    pub fn new(slots: usize, max_segments: usize) -> Result<Self, TryReserveError> {
+        let mut free = fallible::with_capacity(slots)?;
+        free.extend((0..slots as u16).rev());
+        Ok(Self {
+            slots: fallible::vec(Slot::IDLE, slots)?,
+            free,
+            descs: fallible::vec(SegmentDesc::default(), segment_area(slots, max_segments))?,
             max_segments,
-        }
+        })
+    }
+
+    /// Bytes `new` allocates.
+    pub fn memory_needed(slots: usize, max_segments: usize) -> usize {
+        slots * (size_of::<Slot>() + size_of::<u16>())
+            + segment_area(slots, max_segments) * size_of::<SegmentDesc>()
     }
 
     /// Take a free slot for a new request, its segments in the dense direct area.

@@ -2,11 +2,13 @@
 //! mapped with one call, and the requests go to the device in order (deferred while the
 //! device is full or a barrier waits for what came before it).
 
+use alloc::collections::TryReserveError;
 use alloc::vec::Vec;
 use blkdev::{BlockDevice, DmaSegment, IoOp, IoRequest, SubmitError};
 
 use super::slots::Work;
 use super::{Engine, EventChannel};
+use crate::fallible;
 use crate::grant::GrantOps;
 use crate::parse::{DataOp, RequestError};
 use crate::ring::RingMemory;
@@ -20,12 +22,12 @@ pub(super) struct SlotFifo {
 }
 
 impl SlotFifo {
-    fn new(capacity: usize) -> Self {
-        Self {
-            items: alloc::vec![0; capacity],
+    fn new(capacity: usize) -> Result<Self, TryReserveError> {
+        Ok(Self {
+            items: fallible::vec(0, capacity)?,
             head: 0,
             len: 0,
-        }
+        })
     }
     fn push(&mut self, slot: u16) {
         debug_assert!(self.len < self.items.len());
@@ -67,13 +69,18 @@ pub(super) struct Submission {
 }
 
 impl Submission {
-    pub fn new(slots: usize, max_segments: usize) -> Self {
-        Self {
-            staged: Vec::with_capacity(slots),
-            deferred: SlotFifo::new(slots),
-            dma: Vec::with_capacity(max_segments),
+    pub fn new(slots: usize, max_segments: usize) -> Result<Self, TryReserveError> {
+        Ok(Self {
+            staged: fallible::with_capacity(slots)?,
+            deferred: SlotFifo::new(slots)?,
+            dma: fallible::with_capacity(max_segments)?,
             in_flight: 0,
-        }
+        })
+    }
+
+    /// Bytes `new` allocates.
+    pub fn memory_needed(slots: usize, max_segments: usize) -> usize {
+        2 * slots * core::mem::size_of::<u16>() + max_segments * core::mem::size_of::<DmaSegment>()
     }
 }
 

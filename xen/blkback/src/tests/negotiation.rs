@@ -17,7 +17,6 @@ use crate::negotiate::{
     BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection, QueueRing, StepOutcome,
     XenbusState,
 };
-use crate::ring::RingError;
 use crate::xenstore::{XenStore, NO_TRANSACTION};
 
 const BE: &str = "/local/domain/1/backend/vbd/5/51712";
@@ -555,7 +554,7 @@ struct EngineHooks {
 enum EngineHooksError {
     /// A ring page the fake grant table would not map (its status).
     RingMap(GrantStatus),
-    Ring(RingError),
+    Ring(crate::engine::EngineError),
 }
 
 impl core::fmt::Display for EngineHooksError {

@@ -1,6 +1,6 @@
 //! One test per rule of design.md §4 (and the ring-protocol checks around them).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use blkdev::{BlockDevice, BufferAccess, Completion, Geometry, IoRequest, RamDisk, SubmitError};
@@ -98,40 +98,109 @@ fn double_fetch_each_slot_is_read_once_and_only_the_copy_is_used() {
     assert_eq!(sector8, [0; 512]);
 }
 
-/// Grants that rewrite an indirect page after its first read.
+/// Refuses submissions while `busy` is set (the engine defers them), records the
+/// segments of every accepted request, and holds completions while `hold` is set.
+struct HoldingRecorder {
+    inner: blkdev::RamDiskQueue,
+    busy: Arc<AtomicBool>,
+    hold: Arc<AtomicBool>,
+    held: Vec<Completion>,
+    submitted: Vec<Vec<blkdev::DmaSegment>>,
+}
+
+impl BlockDevice for HoldingRecorder {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    fn queue_depth(&self) -> usize {
+        self.inner.queue_depth()
+    }
+    fn submit(
+        &mut self,
+        request: &IoRequest<'_>,
+        buffers: &dyn BufferAccess,
+    ) -> Result<(), SubmitError> {
+        if self.busy.load(Ordering::SeqCst) {
+            return Err(SubmitError::QueueFull);
+        }
+        self.submitted.push(request.segments.to_vec());
+        self.inner.submit(request, buffers)
+    }
+    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        let held = &mut self.held;
+        self.inner.poll_completions(&mut |c| held.push(c));
+        if self.hold.load(Ordering::SeqCst) {
+            return 0;
+        }
+        let n = self.held.len();
+        self.held.drain(..).for_each(&mut *sink);
+        n
+    }
+}
+
+/// The indirect page is mapped and copied out once, when the request is taken; the
+/// frontend rewriting it afterwards changes nothing. The device first refuses the
+/// request (the engine defers it to the next poll), then holds it: an engine that
+/// fetched the descriptors again at submission or completion would see the rewritten
+/// page, and the device would receive other pages.
 #[test]
 fn double_fetch_indirect_pages_are_copied_once() {
     let disk = RamDisk::new(DISK_SECTORS);
-    let mut rig = Rig::ram_on(&disk, EngineConfig::new(0, false));
+    let busy = Arc::new(AtomicBool::new(true));
+    let hold = Arc::new(AtomicBool::new(true));
+    let device = HoldingRecorder {
+        inner: disk.queue(64),
+        busy: busy.clone(),
+        hold: hold.clone(),
+        held: Vec::new(),
+        submitted: Vec::new(),
+    };
+    let mut rig = Rig::new(EngineConfig::new(0, false), device);
     let data: Vec<(usize, u32)> = (0..20).map(|i| rig.data_page(i as u8 + 1)).collect();
-    let (indirect_page, indirect_gref) = rig.data_page(0);
+    // Other granted pages the rewritten descriptors point at.
+    let decoys: Vec<(usize, u32)> = (0..20).map(|_| rig.data_page(0xEE)).collect();
+    let (indirect_page, _) = rig.data_page(0);
     for (i, &(_, gref)) in data.iter().enumerate() {
         rig.memory
             .write(indirect_page, i * 8, &encode_segment(&whole_page(gref)));
     }
     rig.table.grant(1000, indirect_page, true);
-    let _ = indirect_gref;
     rig.send(&encode_indirect(abi::OP_WRITE, 77, 16, 20, &[1000]));
-    // The frontend rewrites the indirect page while the backend works: the backend must
-    // already hold its copy, so the write lands exactly as first described.
-    let tamper = {
-        let memory = rig.memory.clone();
-        move || {
-            for i in 0..20 {
-                memory.write(
-                    indirect_page,
-                    i * 8,
-                    &encode_segment(&SegmentDesc {
-                        gref: 9999,
-                        first_sect: 0,
-                        last_sect: 7,
-                    }),
-                );
-            }
+    let tamper = |memory: &crate::fake::GuestMemory| {
+        for (i, &(_, gref)) in decoys.iter().enumerate() {
+            memory.write(indirect_page, i * 8, &encode_segment(&whole_page(gref)));
         }
     };
+    // Taken and copied, but the device is busy: the request waits in the engine.
+    assert_eq!(rig.engine.poll(1).consumed, 1);
+    assert_eq!(rig.engine.in_flight(), 0);
+    // Copied out: the indirect page is already let go.
+    assert_eq!(rig.table.maps_of(1000), 0);
+    tamper(&rig.memory);
+    busy.store(false, Ordering::SeqCst);
     rig.engine.poll(1);
-    tamper();
+    assert_eq!(rig.engine.in_flight(), 1);
+    // The device got the pages first described, each mapped for this request.
+    let seen = rig.engine.device().submitted.clone();
+    assert_eq!(seen.len(), 1);
+    let pages: Vec<Option<usize>> = seen[0]
+        .iter()
+        .map(|s| {
+            rig.table.page_of_mapping(&crate::grant::MappedGrant {
+                handle: s.buffer as u32,
+                buffer: s.buffer,
+            })
+        })
+        .collect();
+    assert_eq!(
+        pages,
+        data.iter().map(|&(page, _)| Some(page)).collect::<Vec<_>>()
+    );
+    assert!(decoys.iter().all(|&(_, gref)| rig.table.maps_of(gref) == 0));
+    // Rewritten again while the device holds the request: completion must give back
+    // exactly what was mapped.
+    tamper(&rig.memory);
+    hold.store(false, Ordering::SeqCst);
     rig.engine.poll(1);
     assert_eq!(rig.responses(), [ok(77, abi::OP_WRITE)]);
     for i in 0..20u64 {
@@ -140,6 +209,7 @@ fn double_fetch_indirect_pages_are_copied_once() {
         assert_eq!(sector, [i as u8 + 1; 4096], "segment {i}");
     }
     assert_eq!(rig.table.live_mappings().0, 0);
+    assert!(data.iter().all(|&(_, gref)| rig.table.end_access(gref)));
     assert_eq!(rig.engine.stats().indirect, 1);
 }
 
@@ -171,6 +241,43 @@ fn producer_overflow_halts_only_that_ring() {
     good.send(&encode_direct(abi::OP_READ, 5, 0, &[whole_page(gref)]));
     assert_eq!(good.engine.poll(64).consumed, 1);
     assert_eq!(good.responses(), [ok(5, abi::OP_READ)]);
+}
+
+/// A producer index moving backwards (behind what the backend already consumed, yet not
+/// behind its responses, so the overflow check alone does not see it) is a protocol
+/// error: without its check the backend would run on from its consumer index over the
+/// stale slots until the ring is full.
+#[test]
+fn producer_index_moving_backwards_halts_the_ring() {
+    let disk = RamDisk::new(DISK_SECTORS);
+    let device = ShufflingDevice::new(disk.queue(64), 3, 100);
+    device.hold.store(true, Ordering::SeqCst);
+    let hold = device.hold.clone();
+    let mut rig = Rig::new(EngineConfig::new(0, true), device);
+    let (_, gref) = rig.data_page(0);
+    for id in 0..32 {
+        rig.front.put_request_at(
+            id,
+            &encode_direct(abi::OP_READ, id.into(), 0, &[whole_page(gref)]),
+        );
+    }
+    rig.front.set_req_prod(10);
+    assert_eq!(rig.engine.poll(100).consumed, 10);
+    assert_eq!(rig.engine.in_flight(), 10);
+    // 10 consumed and unanswered; the frontend now claims only 5 were ever produced.
+    rig.front.set_req_prod(5);
+    assert_eq!(rig.engine.poll(100).consumed, 0);
+    assert_eq!(rig.engine.state(), EngineState::Halted);
+    assert_eq!(rig.engine.stats().ring_overflows, 1);
+    hold.store(false, Ordering::SeqCst);
+    rig.engine.poll(100);
+    let mut ids: Vec<u64> = rig.responses().iter().map(|r| r.id).collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        (0..10).collect::<Vec<_>>(),
+        "only the 10 taken are answered"
+    );
 }
 
 #[test]
@@ -765,4 +872,126 @@ fn barrier_waits_for_earlier_requests_and_holds_back_later_ones() {
     let rest: Vec<Response> = rig.responses();
     assert_eq!(rest.len(), 2);
     assert!(rest.contains(&ok(3, abi::OP_WRITE_BARRIER)) && rest.contains(&ok(4, abi::OP_READ)));
+}
+
+/// Holds completions until told, then reports `spurious` completions of tags the engine
+/// never gave it before the real ones, all in one poll: more than the ring has slots.
+struct FloodingDevice {
+    inner: blkdev::RamDiskQueue,
+    held: Vec<Completion>,
+    release: Arc<std::sync::atomic::AtomicBool>,
+    spurious: u32,
+}
+
+impl BlockDevice for FloodingDevice {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    fn queue_depth(&self) -> usize {
+        self.inner.queue_depth()
+    }
+    fn submit(
+        &mut self,
+        request: &IoRequest<'_>,
+        buffers: &dyn BufferAccess,
+    ) -> Result<(), SubmitError> {
+        self.inner.submit(request, buffers)
+    }
+    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        let held = &mut self.held;
+        self.inner.poll_completions(&mut |c| held.push(c));
+        if !self.release.load(Ordering::SeqCst) {
+            return 0;
+        }
+        for n in 0..self.spurious {
+            sink(Completion {
+                tag: 0x8000_0000 + n,
+                status: blkdev::IoStatus::Ok,
+            });
+        }
+        let real = self.held.len();
+        for c in self.held.drain(..) {
+            sink(c);
+        }
+        self.spurious as usize + real
+    }
+}
+
+#[test]
+fn no_completion_is_lost_when_a_device_reports_more_than_the_ring_holds() {
+    let disk = RamDisk::new(DISK_SECTORS);
+    let device = FloodingDevice {
+        inner: disk.queue(64),
+        held: Vec::new(),
+        release: Arc::default(),
+        spurious: 100,
+    };
+    let release = device.release.clone();
+    let mut rig = Rig::new(EngineConfig::new(0, false), device);
+    let slots = u64::from(rig.engine.ring().slots());
+    let (_, gref) = rig.data_page(1);
+    for id in 0..slots {
+        rig.front
+            .put_request(&encode_direct(abi::OP_READ, id, 0, &[whole_page(gref)]));
+    }
+    rig.front.push_requests();
+    rig.engine.poll(usize::MAX);
+    assert_eq!(rig.engine.in_flight(), slots as usize);
+    // One poll brings 100 unknown tags, then every real completion.
+    release.store(true, Ordering::SeqCst);
+    let outcome = rig.engine.poll(usize::MAX);
+    assert_eq!(outcome.completed, slots as usize);
+    assert_eq!(rig.engine.in_flight(), 0);
+    let mut answered: Vec<u64> = rig.responses().iter().map(|r| r.id).collect();
+    answered.sort();
+    assert_eq!(answered, (0..slots).collect::<Vec<_>>());
+    assert_eq!(rig.engine.disconnect(), Ok(()));
+}
+
+/// A frontend chooses how big a ring is (order 4, 512 indirect segments, persistent
+/// grants: several MiB of engine memory). The engine says what it needs and refuses,
+/// with an error, when that is more than there is; it never aborts the domain.
+#[test]
+fn ring_memory_is_checked_before_it_is_taken() {
+    use crate::engine::{Engine, EngineError};
+    use crate::fake::{CountingEvents, GrantTable, GuestMemory, XenGrants};
+    let config = EngineConfig {
+        max_indirect_segments: 512,
+        ..EngineConfig::new(4, true)
+    };
+    let needed = config.memory_needed();
+    assert_eq!(
+        needed,
+        Engine::<RingView, XenGrants, blkdev::RamDiskQueue, CountingEvents>::memory_needed(&config)
+    );
+    assert!(
+        needed > 4 << 20,
+        "order 4 with 512 segments needs {needed} bytes"
+    );
+    let build = |budget: usize| {
+        let memory = GuestMemory::new(16);
+        let table = GrantTable::new(memory.clone());
+        let disk = RamDisk::new(DISK_SECTORS);
+        Engine::new_within(
+            RingView::new(memory, (0..16).collect()),
+            XenGrants(table),
+            disk.queue(512),
+            CountingEvents::default(),
+            config,
+            budget,
+        )
+    };
+    let Err(error) = build(needed - 1) else {
+        panic!("an engine beyond its budget was built")
+    };
+    assert_eq!(error, EngineError::OutOfMemory { slots: 512, needed });
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "not enough memory for a ring of 512 slots: needs {} KiB",
+            needed.div_ceil(1024)
+        )
+    );
+    let engine = build(needed).expect("fits its budget");
+    assert_eq!(engine.cache_capacity(), 512 * 512);
 }
