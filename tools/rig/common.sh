@@ -101,7 +101,7 @@ passthrough_qemu_args() {
     "$dir/pt-virtio.img"
   PASSTHROUGH_XEN_ARGS="iommu=no-sharept "
   PASSTHROUGH_ARGS=(
-    -device intel-iommu,intremap=on,snoop-control=on
+    -device intel-iommu,intremap=on
     -drive "file=$dir/pt-nvme-ns1.img,format=raw,if=none,id=ptns1"
     -drive "file=$dir/pt-nvme-ns2.img,format=raw,if=none,id=ptns2"
     -device "nvme,id=ptnvme,serial=pt-nvme-0,addr=${PASSTHROUGH_NVME_BDF:8:2}.0"
