@@ -12,19 +12,19 @@
 //! `disktest.nvme-prp-only`, `disktest.bounce` (through bounce buffers, as an emulated
 //! device under Xen).
 
+use super::dma_pages::DmaPages;
 use super::error::OpenError;
 use super::hal::{self, now_us};
 use super::open::{self, Queue};
 use super::region::{RegionError, TableReader};
 use crate::firmware::Firmware;
-use crate::physmem;
 use crate::power;
 use alloc::boxed::Box;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use backing::pattern::{self, Plan};
 use backing::{Backing, Region};
-use blkdev::{BufferAccess, DmaSegment, Geometry, IoOp, IoRequest, IoStatus, SubmitError};
+use blkdev::{DmaSegment, Geometry, IoOp, IoRequest, IoStatus, SubmitError};
 use core::fmt;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use log::{error, info};
@@ -376,75 +376,6 @@ fn worker(cpu: usize) {
     FINISHED.fetch_add(1, Ordering::AcqRel);
 }
 
-/// CPU access to the pages of one `Buffer`, for a device that copies with the CPU (the
-/// RAM disk; DMA devices never call it). Any other address is refused, so the copies
-/// touch only DMA memory this test allocated.
-#[derive(Clone, Copy)]
-struct BufferPages {
-    base: u64,
-    pages: usize,
-}
-
-impl BufferPages {
-    /// No pages: for requests without data.
-    const NONE: BufferPages = BufferPages { base: 0, pages: 0 };
-
-    /// Physical address of `len` bytes at `offset` of page `buffer`, if that is one of
-    /// these pages and the bytes stay inside it.
-    fn address(&self, buffer: u64, offset: usize, len: usize) -> Option<u64> {
-        let page = buffer.checked_sub(self.base)?;
-        let inside = page.is_multiple_of(PAGE) && page / PAGE < self.pages as u64;
-        (inside && offset.checked_add(len)? <= PAGE as usize).then_some(buffer + offset as u64)
-    }
-
-    /// Copies `data` into the pages along `segments` (which name these pages).
-    fn scatter(&self, segments: &[DmaSegment], data: &[u8]) {
-        let mut at = 0;
-        for s in segments {
-            let len = s.len as usize;
-            let copied = self.write_buffer(s.buffer, s.offset as usize, &data[at..at + len]);
-            assert!(copied, "disktest: segment outside its buffer");
-            at += len;
-        }
-    }
-
-    /// Copies the pages along `segments` (which name these pages) into `data`.
-    fn gather(&self, segments: &[DmaSegment], data: &mut [u8]) {
-        let mut at = 0;
-        for s in segments {
-            let len = s.len as usize;
-            let copied = self.read_buffer(s.buffer, s.offset as usize, &mut data[at..at + len]);
-            assert!(copied, "disktest: segment outside its buffer");
-            at += len;
-        }
-    }
-}
-
-impl BufferAccess for BufferPages {
-    fn read_buffer(&self, buffer: u64, offset: usize, out: &mut [u8]) -> bool {
-        let Some(address) = self.address(buffer, offset, out.len()) else {
-            return false;
-        };
-        // SAFETY: the bytes lie in a page of this test's DMA buffer (checked above), which
-        // it allocated and owns; `out` is the caller's own memory.
-        unsafe { physmem::read(address, out) };
-        true
-    }
-
-    fn write_buffer(&self, buffer: u64, offset: usize, data: &[u8]) -> bool {
-        let Some(address) = self.address(buffer, offset, data.len()) else {
-            return false;
-        };
-        // SAFETY: as in `read_buffer`.
-        unsafe { physmem::write(address, data) };
-        true
-    }
-
-    fn cpu_address(&self, buffer: u64, offset: usize, len: usize) -> Option<u64> {
-        self.address(buffer, offset, len)
-    }
-}
-
 /// A DMA buffer of whole pages and the scratch list of its segments.
 struct Buffer {
     base: u64,
@@ -463,8 +394,8 @@ impl Buffer {
     }
 
     /// CPU access to this buffer's pages.
-    fn access(&self) -> BufferPages {
-        BufferPages {
+    fn access(&self) -> DmaPages {
+        DmaPages {
             base: self.base,
             pages: self.pages,
         }
@@ -524,7 +455,7 @@ impl Buffer {
 fn complete(
     queue: &mut Queue,
     request: &IoRequest<'_>,
-    buffers: BufferPages,
+    buffers: DmaPages,
 ) -> Result<(), DiskTestError> {
     let start = now_us();
     loop {
@@ -642,7 +573,7 @@ fn exercise(job: &mut Job) -> Result<QueueReport, DiskTestError> {
     }
     if geometry.flush {
         tag += 1;
-        complete(&mut job.queue, &flush_request(tag), BufferPages::NONE)?;
+        complete(&mut job.queue, &flush_request(tag), DmaPages::NONE)?;
     }
     info!(
         "disktest: queue {} verified {} writes ({} KiB){}",
@@ -679,7 +610,7 @@ fn flush_request(tag: u32) -> IoRequest<'static> {
 /// device takes buffer addresses as they are.)
 fn bounce_refuses_foreign_buffers(
     job: &mut Job,
-    pages: BufferPages,
+    pages: DmaPages,
     tag: u32,
 ) -> Result<(), DiskTestError> {
     let outside = [DmaSegment {
@@ -728,7 +659,7 @@ fn discard_tail(
             preflush: false,
             segments: &[],
         },
-        BufferPages::NONE,
+        DmaPages::NONE,
     )?;
     info!("disktest: discarded {sectors} sectors at sector {start}");
     Ok(())

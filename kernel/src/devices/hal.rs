@@ -15,7 +15,7 @@ use x86_64::structures::paging::PageTableFlags;
 const ECAM_VIRT: u64 = 0x0000_5000_0000_0000;
 const BAR_VIRT: u64 = 0x0000_5001_0000_0000;
 static NEXT_BAR_VIRT: AtomicU64 = AtomicU64::new(BAR_VIRT);
-const PAGE: u64 = 4096;
+pub const PAGE: u64 = 4096;
 
 fn mmio_flags() -> PageTableFlags {
     let mut flags =

@@ -3,6 +3,7 @@
 
 mod bounce;
 mod disktest;
+mod dma_pages;
 mod error;
 mod hal;
 mod nvme;

@@ -3,13 +3,14 @@
 //! them. The checks are `backing::check_slice` and `backing::gpt` (host-tested); this is
 //! the reading.
 
+use super::dma_pages::DmaPages;
 use super::hal::{allocate_dma, ticks};
 use super::open::Queue;
 use crate::physmem;
 use alloc::vec::Vec;
 use backing::gpt::{self, GptError, Wanted};
 use backing::{check_slice, Extent, Region, SliceError};
-use blkdev::{BufferAccess, DmaSegment, Geometry, IoOp, IoRequest, IoStatus, SubmitError};
+use blkdev::{DmaSegment, Geometry, IoOp, IoRequest, IoStatus, SubmitError};
 use core::fmt;
 
 const PAGE: usize = 4096;
@@ -186,7 +187,10 @@ impl TableReader {
                 preflush: false,
                 segments: &segments,
             };
-            let pages = Pages { base };
+            let pages = DmaPages {
+                base,
+                pages: READ_PAGES,
+            };
             queue
                 .submit(&request, &pages)
                 .map_err(|e| fail(ReadError::Refused(e)))?;
@@ -217,39 +221,5 @@ impl TableReader {
             done += chunk;
         }
         Ok(out)
-    }
-}
-
-/// CPU access to the reader's pages, for a queue that copies with the CPU (bounce
-/// buffers); any other address is refused.
-struct Pages {
-    base: u64,
-}
-
-impl Pages {
-    fn address(&self, buffer: u64, offset: usize, len: usize) -> Option<u64> {
-        let page = buffer.checked_sub(self.base)?;
-        let inside = page.is_multiple_of(PAGE as u64) && page < (READ_PAGES * PAGE) as u64;
-        (inside && offset.checked_add(len)? <= PAGE).then_some(buffer + offset as u64)
-    }
-}
-
-impl BufferAccess for Pages {
-    fn read_buffer(&self, buffer: u64, offset: usize, out: &mut [u8]) -> bool {
-        let Some(address) = self.address(buffer, offset, out.len()) else {
-            return false;
-        };
-        // SAFETY: inside one of the reader's DMA pages (checked above), which it owns.
-        unsafe { physmem::read(address, out) };
-        true
-    }
-
-    fn write_buffer(&self, buffer: u64, offset: usize, data: &[u8]) -> bool {
-        let Some(address) = self.address(buffer, offset, data.len()) else {
-            return false;
-        };
-        // SAFETY: as in `read_buffer`.
-        unsafe { physmem::write(address, data) };
-        true
     }
 }
