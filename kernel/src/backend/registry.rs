@@ -347,7 +347,7 @@ impl Registry {
         } else if !fresh {
             // The description goes last: log lines are cut at a fixed length.
             log::info!(
-                "blkback: {spec}: {} idle queue(s) of {} made: {}",
+                "blkback: {spec} reused ({} idle queue(s) of {} made): {}",
                 pool.idle.len(),
                 pool.made,
                 pool.description
