@@ -87,6 +87,8 @@ pub struct FrontendConnection {
     pub persistent_grants: bool,
     /// The toolstack's `mode` is "r" or the device is read-only.
     pub read_only: bool,
+    /// Discards are served if the device can: the toolstack's `discard-enable` is not 0.
+    pub discard: bool,
     pub max_indirect_segments: u16,
     pub queues: Vec<QueueRing>,
 }
@@ -164,6 +166,8 @@ pub struct BlkifBackend {
     frontend_id: u16,
     params: BackendParams,
     read_only: bool,
+    /// The toolstack's `discard-enable` is not 0 (xl's `no-discard` writes 0).
+    discard: bool,
     state: XenbusState,
     removed: bool,
     /// The frontend closed (or vanished) while requests were in flight: the connection
@@ -207,12 +211,18 @@ impl BlkifBackend {
             .ok();
         let read_only =
             params.geometry.read_only || mode.as_deref().is_some_and(|m| m.trim() == "r");
+        // As Linux's `xenbus_read_unsigned(.., "discard-enable", 1)`: only a number 0
+        // turns discard off; absent or unreadable leaves it on.
+        let discard = store
+            .read(NO_TRANSACTION, &format!("{backend_path}/discard-enable"))
+            .map_or(true, |value| value.trim().parse::<u32>() != Ok(0));
         let mut backend = Self {
             backend_path: backend_path.to_string(),
             frontend_path: frontend_path.trim().to_string(),
             frontend_id,
             params,
             read_only,
+            discard,
             state: XenbusState::Initialising,
             removed: false,
             tearing_down: false,
@@ -517,6 +527,7 @@ impl BlkifBackend {
             ring_order,
             persistent_grants: persistent,
             read_only: self.read_only,
+            discard: self.discard,
             max_indirect_segments: self.params.max_indirect_segments,
             queues,
         })
@@ -529,6 +540,9 @@ impl BlkifBackend {
         persistent: bool,
     ) -> Result<(), NegotiationError> {
         let g = self.params.geometry;
+        // Discard is offered when the device has it, the disk is writable and the
+        // toolstack did not turn it off.
+        let discard = g.discard.filter(|_| self.discard && !self.read_only);
         let flag = |on: bool| if on { "1" } else { "0" }.to_string();
         let mut keys = alloc::vec![
             ("feature-flush-cache", flag(g.flush)),
@@ -542,12 +556,9 @@ impl BlkifBackend {
             ),
             ("sector-size", g.logical_block_size.to_string()),
             ("physical-sector-size", g.physical_block_size.to_string()),
-            (
-                "feature-discard",
-                flag(g.discard.is_some() && !self.read_only)
-            ),
+            ("feature-discard", flag(discard.is_some())),
         ];
-        if let (Some(discard), false) = (g.discard, self.read_only) {
+        if let Some(discard) = discard {
             keys.push(("discard-granularity", discard.granularity.to_string()));
             keys.push(("discard-alignment", discard.alignment.to_string()));
             keys.push(("discard-secure", flag(discard.secure)));

@@ -5,9 +5,9 @@ use std::sync::atomic::Ordering;
 use blkdev::{RamDisk, RamDiskQueue};
 
 use super::whole_page;
-use crate::abi::{self, RSP_OKAY};
+use crate::abi::{self, RSP_EOPNOTSUPP, RSP_OKAY};
 use crate::engine::{Busy, Engine, EngineConfig};
-use crate::fake::wire::encode_direct;
+use crate::fake::wire::{encode_direct, encode_discard};
 use crate::fake::{
     CountingEvents, FrontRing, GrantTable, GuestMemory, MemStore, RingView, ShufflingDevice,
     XenGrants,
@@ -163,6 +163,7 @@ fn handshake_publishes_features_then_connects_two_multi_page_queues() {
             ring_order: 1,
             persistent_grants: true,
             read_only: false,
+            discard: true,
             max_indirect_segments: 512,
             queues: vec![
                 QueueRing {
@@ -596,6 +597,7 @@ impl ConnectionHooks for EngineHooks {
             device.hold.store(self.hold_device, Ordering::SeqCst);
             let config = EngineConfig {
                 read_only: connection.read_only,
+                discard: connection.discard,
                 max_indirect_segments: connection.max_indirect_segments,
                 ..EngineConfig::new(connection.ring_order, connection.persistent_grants)
             };
@@ -690,5 +692,96 @@ fn end_to_end_connect_io_close_with_in_flight_and_reconnect() {
             backend.step(&mut store, &mut hooks),
             Ok(StepOutcome::Switched(XenbusState::InitWait))
         );
+    }
+}
+
+/// A backend whose toolstack also wrote `backend_keys`, connected through engines to a
+/// frontend on a one-page ring (grant 500, page 0) with data pages granted as 510
+/// (page 10, writable by the backend); the device's requests complete at once.
+struct ConnectedEngine {
+    store: MemStore,
+    hooks: EngineHooks,
+    front: FrontRing,
+}
+
+impl ConnectedEngine {
+    fn new(backend_keys: &[(&str, &str)]) -> Self {
+        let memory = GuestMemory::new(16);
+        let table = GrantTable::new(memory.clone());
+        let mut store = MemStore::new();
+        toolstack(&mut store);
+        for (key, value) in backend_keys {
+            store.set(&format!("{BE}/{key}"), value);
+        }
+        let mut backend = BlkifBackend::probe(&mut store, BE, params()).unwrap();
+        let mut hooks = EngineHooks {
+            table: table.clone(),
+            disk: RamDisk::new(4096),
+            engines: Vec::new(),
+            hold_device: false,
+        };
+        table.grant(500, 0, false);
+        table.grant(510, 10, false);
+        store.set(&format!("{FE}/ring-ref"), "500");
+        store.set(&format!("{FE}/event-channel"), "7");
+        let front = FrontRing::new(RingView::new(memory, vec![0]), 0);
+        store.set(&format!("{FE}/state"), "4");
+        assert_eq!(
+            backend.step(&mut store, &mut hooks),
+            Ok(StepOutcome::Switched(XenbusState::Connected))
+        );
+        Self {
+            store,
+            hooks,
+            front,
+        }
+    }
+
+    fn key(&self, key: &str) -> Option<&str> {
+        self.store.get(&format!("{BE}/{key}"))
+    }
+
+    /// Sends one request and returns its response's (id, status).
+    fn answer(&mut self, raw: &[u8; abi::REQUEST_SIZE]) -> (u64, i16) {
+        self.front.put_request(raw);
+        self.front.push_requests();
+        let engine = &mut self.hooks.engines[0].0;
+        for _ in 0..100 {
+            engine.poll(8);
+            if engine.in_flight() == 0 {
+                break;
+            }
+        }
+        let mut responses = Vec::new();
+        self.front
+            .take_responses(|r| responses.push((r.id, r.status)));
+        assert_eq!(responses.len(), 1, "one response per request");
+        responses[0]
+    }
+}
+
+#[test]
+fn discard_enable_0_offers_no_discard_and_refuses_one_sent_anyway() {
+    let mut rig = ConnectedEngine::new(&[("discard-enable", "0")]);
+    assert_eq!(rig.key("feature-discard"), Some("0"));
+    for key in ["discard-granularity", "discard-alignment", "discard-secure"] {
+        assert_eq!(rig.key(key), None, "{key}");
+    }
+    assert!(!rig.hooks.engines.is_empty());
+    let discard = encode_discard(3, 0, 8, false);
+    assert_eq!(rig.answer(&discard), (3, RSP_EOPNOTSUPP));
+    // Reads and writes still work.
+    let write = encode_direct(abi::OP_WRITE, 4, 0, &[whole_page(510)]);
+    assert_eq!(rig.answer(&write), (4, RSP_OKAY));
+}
+
+#[test]
+fn discard_enable_1_or_absent_offers_the_devices_discard() {
+    for keys in [&[("discard-enable", "1")][..], &[]] {
+        let mut rig = ConnectedEngine::new(keys);
+        assert_eq!(rig.key("feature-discard"), Some("1"), "{keys:?}");
+        assert_eq!(rig.key("discard-granularity"), Some("512"), "{keys:?}");
+        let discard = encode_discard(3, 0, 8, false);
+        assert_eq!(rig.answer(&discard), (3, RSP_OKAY), "{keys:?}");
     }
 }
