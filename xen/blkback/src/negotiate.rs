@@ -45,6 +45,7 @@ impl XenbusState {
 }
 
 /// `info` bits (`VDISK_*` in blkif.h).
+pub const VDISK_CDROM: u32 = 1;
 pub const VDISK_READONLY: u32 = 4;
 
 /// What this backend offers.
@@ -85,7 +86,8 @@ pub struct FrontendConnection {
     pub frontend_id: u16,
     pub ring_order: u32,
     pub persistent_grants: bool,
-    /// The toolstack's `mode` is "r" or the device is read-only.
+    /// The device is read-only, or the toolstack's `mode` has no `w`, or its
+    /// `device-type` is "cdrom".
     pub read_only: bool,
     /// Discards are served if the device can: the toolstack's `discard-enable` is not 0.
     pub discard: bool,
@@ -168,6 +170,8 @@ pub struct BlkifBackend {
     read_only: bool,
     /// The toolstack's `discard-enable` is not 0 (xl's `no-discard` writes 0).
     discard: bool,
+    /// `device-type` is "cdrom": `info` says `VDISK_CDROM` (and the disk is read-only).
+    cdrom: bool,
     state: XenbusState,
     removed: bool,
     /// The frontend closed (or vanished) while requests were in flight: the connection
@@ -209,8 +213,19 @@ impl BlkifBackend {
         let mode = store
             .read(NO_TRANSACTION, &format!("{backend_path}/mode"))
             .ok();
-        let read_only =
-            params.geometry.read_only || mode.as_deref().is_some_and(|m| m.trim() == "r");
+        // Linux's rule (`!strchr(mode, 'w')`): writable when `mode` has a `w` ("w", or
+        // "w!" for a disk shared writable by force); "r", or anything else, is read-only.
+        // Absent, the disk is writable (as the device allows).
+        let mode_read_only = mode.as_deref().is_some_and(|m| !m.contains('w'));
+        // xl's `devtype=cdrom` writes `device-type` = "cdrom" in both directories; Linux
+        // reads the frontend's. Either makes a CD-ROM, served read-only whatever `mode`
+        // says (a CD is not written; xl makes them read-only too).
+        let cdrom = [backend_path, frontend_path.trim()].iter().any(|dir| {
+            store
+                .read(NO_TRANSACTION, &format!("{dir}/device-type"))
+                .is_ok_and(|kind| kind.trim() == "cdrom")
+        });
+        let read_only = params.geometry.read_only || mode_read_only || cdrom;
         // As Linux's `xenbus_read_unsigned(.., "discard-enable", 1)`: only a number 0
         // turns discard off; absent or unreadable leaves it on.
         let discard = store
@@ -223,6 +238,7 @@ impl BlkifBackend {
             params,
             read_only,
             discard,
+            cdrom,
             state: XenbusState::Initialising,
             removed: false,
             tearing_down: false,
@@ -533,6 +549,14 @@ impl BlkifBackend {
         })
     }
 
+    /// The `info` bits. No `VDISK_REMOVABLE`: Linux sets it only for a device with
+    /// removable media, which none of ours has (not for `device-type` "cdrom").
+    fn info(&self) -> u32 {
+        let cdrom = if self.cdrom { VDISK_CDROM } else { 0 };
+        let read_only = if self.read_only { VDISK_READONLY } else { 0 };
+        cdrom | read_only
+    }
+
     /// Publish the device in one transaction (redone on `EAGAIN`).
     fn publish_device(
         &self,
@@ -550,10 +574,7 @@ impl BlkifBackend {
             ("feature-barrier", flag(g.flush)),
             ("feature-persistent", flag(persistent)),
             ("sectors", g.sectors.to_string()),
-            (
-                "info",
-                (if self.read_only { VDISK_READONLY } else { 0 }).to_string()
-            ),
+            ("info", self.info().to_string()),
             ("sector-size", g.logical_block_size.to_string()),
             ("physical-sector-size", g.physical_block_size.to_string()),
             ("feature-discard", flag(discard.is_some())),

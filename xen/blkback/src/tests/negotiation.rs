@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use blkdev::{RamDisk, RamDiskQueue};
 
 use super::whole_page;
-use crate::abi::{self, RSP_EOPNOTSUPP, RSP_OKAY};
+use crate::abi::{self, RSP_EOPNOTSUPP, RSP_ERROR, RSP_OKAY};
 use crate::engine::{Busy, Engine, EngineConfig};
 use crate::fake::wire::{encode_direct, encode_discard};
 use crate::fake::{
@@ -695,7 +695,7 @@ fn end_to_end_connect_io_close_with_in_flight_and_reconnect() {
     }
 }
 
-/// A backend whose toolstack also wrote `backend_keys`, connected through engines to a
+/// A backend whose toolstack also wrote `backend_keys` (in its directory), connected through engines to a
 /// frontend on a one-page ring (grant 500, page 0) with data pages granted as 510
 /// (page 10, writable by the backend); the device's requests complete at once.
 struct ConnectedEngine {
@@ -706,13 +706,20 @@ struct ConnectedEngine {
 
 impl ConnectedEngine {
     fn new(backend_keys: &[(&str, &str)]) -> Self {
+        Self::with(|store| {
+            for (key, value) in backend_keys {
+                store.set(&format!("{BE}/{key}"), value);
+            }
+        })
+    }
+
+    /// As `new`, with the toolstack's keys written by `toolstack_keys`.
+    fn with(toolstack_keys: impl FnOnce(&mut MemStore)) -> Self {
         let memory = GuestMemory::new(16);
         let table = GrantTable::new(memory.clone());
         let mut store = MemStore::new();
         toolstack(&mut store);
-        for (key, value) in backend_keys {
-            store.set(&format!("{BE}/{key}"), value);
-        }
+        toolstack_keys(&mut store);
         let mut backend = BlkifBackend::probe(&mut store, BE, params()).unwrap();
         let mut hooks = EngineHooks {
             table: table.clone(),
@@ -783,5 +790,50 @@ fn discard_enable_1_or_absent_offers_the_devices_discard() {
         assert_eq!(rig.key("discard-granularity"), Some("512"), "{keys:?}");
         let discard = encode_discard(3, 0, 8, false);
         assert_eq!(rig.answer(&discard), (3, RSP_OKAY), "{keys:?}");
+    }
+}
+
+#[test]
+fn device_type_cdrom_is_a_read_only_cdrom_whatever_the_mode() {
+    // xl's devtype=cdrom writes device-type in the backend directory (and the
+    // frontend's, which Linux reads): either says so.
+    for (dir, path) in [("backend", BE), ("frontend", FE)] {
+        let mut rig = ConnectedEngine::with(|store| {
+            store.set(&format!("{BE}/mode"), "w");
+            store.set(&format!("{path}/device-type"), "cdrom");
+        });
+        assert_eq!(
+            rig.key("info"),
+            Some("5"),
+            "VDISK_CDROM | VDISK_READONLY ({dir})"
+        );
+        assert_eq!(rig.key("feature-discard"), Some("0"), "{dir}");
+        let write = encode_direct(abi::OP_WRITE, 1, 0, &[whole_page(510)]);
+        assert_eq!(rig.answer(&write), (1, RSP_ERROR), "writes refused ({dir})");
+        let read = encode_direct(abi::OP_READ, 2, 0, &[whole_page(510)]);
+        assert_eq!(rig.answer(&read), (2, RSP_OKAY), "reads served ({dir})");
+    }
+    let mut disk = ConnectedEngine::new(&[("device-type", "disk")]);
+    assert_eq!(disk.key("info"), Some("0"));
+    let write = encode_direct(abi::OP_WRITE, 1, 0, &[whole_page(510)]);
+    assert_eq!(disk.answer(&write), (1, RSP_OKAY));
+}
+
+#[test]
+fn mode_with_a_w_is_writable_anything_else_read_only() {
+    // "w!" is xl's writable disk shared by force; an unknown mode fails closed, as in
+    // Linux (writable only if the mode has a 'w').
+    for (mode, info, write_status) in [
+        ("w", "0", RSP_OKAY),
+        ("w!", "0", RSP_OKAY),
+        ("r", "4", RSP_ERROR),
+        ("x", "4", RSP_ERROR),
+    ] {
+        let mut rig = ConnectedEngine::new(&[("mode", mode)]);
+        assert_eq!(rig.key("info"), Some(info), "mode {mode}");
+        let write = encode_direct(abi::OP_WRITE, 1, 0, &[whole_page(510)]);
+        assert_eq!(rig.answer(&write), (1, write_status), "mode {mode}");
+        let read = encode_direct(abi::OP_READ, 2, 0, &[whole_page(510)]);
+        assert_eq!(rig.answer(&read), (2, RSP_OKAY), "mode {mode}");
     }
 }
