@@ -11,6 +11,7 @@ use blkdev::Geometry;
 
 use crate::abi::{MAX_INDIRECT_SEGMENTS, MAX_RING_PAGE_ORDER};
 use crate::engine::Busy;
+use crate::xenbus_error::{self, errno, Errno};
 use crate::xenstore::{StoreError, XenStore, NO_TRANSACTION};
 
 /// `enum xenbus_state`.
@@ -98,8 +99,8 @@ pub struct FrontendConnection {
 /// What the kernel does when the handshake says so.
 pub trait ConnectionHooks {
     /// Why a connection failed; its text goes to the backend's `error` node, after
-    /// "connecting rings: ".
-    type Error: core::error::Error;
+    /// "connecting rings: ", and with its errno to Linux's error node.
+    type Error: core::error::Error + Errno;
     /// Map every ring, bind every event channel, start the engines.
     fn connect(&mut self, connection: &FrontendConnection) -> Result<(), Self::Error>;
     /// Stop and free everything of the current connection; `Busy` while requests are in
@@ -315,6 +316,7 @@ impl BlkifBackend {
                 return Ok(StepOutcome::Retry);
             }
             self.removed = true;
+            self.remove_error_directory(store);
             // No node left to write it to, but the device is closed.
             self.state = XenbusState::Closed;
             return Ok(StepOutcome::Removed);
@@ -434,12 +436,21 @@ impl BlkifBackend {
                 let _ = store.rm(NO_TRANSACTION, parent);
             }
         }
+        self.remove_error_directory(store);
         self.removed = true;
         log::info!(
             "blkback: {} detached by the toolstack; removed",
             self.backend_path
         );
         Ok(StepOutcome::Removed)
+    }
+
+    /// The device is gone: so is what Linux's error node said about it (the toolstack
+    /// removes the backend directory, not this one).
+    fn remove_error_directory(&self, store: &mut dyn XenStore) {
+        if let Some(directory) = xenbus_error::error_directory(&self.backend_path) {
+            let _ = store.rm(NO_TRANSACTION, &directory);
+        }
     }
 
     fn connect<H: ConnectionHooks + ?Sized>(
@@ -449,12 +460,14 @@ impl BlkifBackend {
     ) -> Result<StepOutcome, NegotiationError> {
         let connection = match self.read_frontend(store) {
             Ok(connection) => connection,
-            Err(NegotiationError::Frontend(reason)) => return self.fail(store, reason),
+            Err(NegotiationError::Frontend(reason)) => {
+                return self.fail(store, errno::EINVAL, reason)
+            }
             Err(error) => return Err(error),
         };
         if let Err(reason) = hooks.connect(&connection) {
             let _ = hooks.disconnect();
-            return self.fail(store, format!("connecting rings: {reason}"));
+            return self.fail(store, reason.errno(), format!("connecting rings: {reason}"));
         }
         self.publish_device(store, connection.persistent_grants)?;
         self.switch(store, XenbusState::Connected)?;
@@ -468,14 +481,23 @@ impl BlkifBackend {
         Ok(StepOutcome::Switched(XenbusState::Connected))
     }
 
-    /// `xenbus_dev_fatal`: leave the reason in `error` and close.
+    /// `xenbus_dev_fatal`: leave the reason in `error` (and, with its errno, where Linux
+    /// leaves it) and close.
     fn fail(
         &mut self,
         store: &mut dyn XenStore,
+        errno: u32,
         reason: String,
     ) -> Result<StepOutcome, NegotiationError> {
         log::error!("blkback: {}: {}", self.backend_path, reason);
         store.write(NO_TRANSACTION, &self.key("error"), &reason)?;
+        if let Some(node) = xenbus_error::error_node(&self.backend_path) {
+            store.write(
+                NO_TRANSACTION,
+                &node,
+                &xenbus_error::error_text(errno, &reason),
+            )?;
+        }
         self.switch(store, XenbusState::Closing)?;
         Ok(StepOutcome::Failed(reason))
     }

@@ -17,6 +17,7 @@ use crate::negotiate::{
     BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection, QueueRing, StepOutcome,
     XenbusState,
 };
+use crate::xenbus_error::{errno, Errno};
 use crate::xenstore::{XenStore, NO_TRANSACTION};
 
 const BE: &str = "/local/domain/1/backend/vbd/5/51712";
@@ -42,6 +43,12 @@ impl core::fmt::Display for GrantMapFailed {
 }
 
 impl core::error::Error for GrantMapFailed {}
+
+impl Errno for GrantMapFailed {
+    fn errno(&self) -> u32 {
+        errno::EIO
+    }
+}
 
 impl ConnectionHooks for RecordingHooks {
     type Error = GrantMapFailed;
@@ -569,6 +576,12 @@ impl core::fmt::Display for EngineHooksError {
 
 impl core::error::Error for EngineHooksError {}
 
+impl Errno for EngineHooksError {
+    fn errno(&self) -> u32 {
+        errno::EINVAL
+    }
+}
+
 impl ConnectionHooks for EngineHooks {
     type Error = EngineHooksError;
 
@@ -836,4 +849,64 @@ fn mode_with_a_w_is_writable_anything_else_read_only() {
         let read = encode_direct(abi::OP_READ, 2, 0, &[whole_page(510)]);
         assert_eq!(rig.answer(&read), (2, RSP_OKAY), "mode {mode}");
     }
+}
+
+/// Where Linux's `xenbus_dev_fatal` leaves the error of the device at `BE`.
+const LINUX_ERROR: &str = "/local/domain/1/error/backend/vbd/5/51712/error";
+
+#[test]
+fn failures_are_also_written_where_linux_writes_them_with_an_errno() {
+    // A bad frontend key: EINVAL.
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/ring-page-order"), "5");
+    store.set(&format!("{FE}/state"), "3");
+    let outcome = backend.step(&mut store, &mut RecordingHooks::default());
+    assert_eq!(
+        outcome,
+        Ok(StepOutcome::Failed("ring-page-order 5 > max 4".into()))
+    );
+    assert_eq!(store.get(LINUX_ERROR), Some("22 ring-page-order 5 > max 4"));
+    // The hooks' error brings its own errno.
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "3");
+    let mut hooks = RecordingHooks {
+        refuse_connect: true,
+        ..Default::default()
+    };
+    backend.step(&mut store, &mut hooks).unwrap();
+    assert_eq!(
+        store.get(LINUX_ERROR),
+        Some("5 connecting rings: grant map failed")
+    );
+}
+
+#[test]
+fn the_linux_error_node_goes_with_the_device() {
+    // The toolstack removes the backend directory.
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/ring-page-order"), "5");
+    store.set(&format!("{FE}/state"), "3");
+    let mut hooks = RecordingHooks::default();
+    backend.step(&mut store, &mut hooks).unwrap();
+    assert!(store.get(LINUX_ERROR).is_some());
+    store.remove_tree(BE);
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Removed)
+    );
+    assert_eq!(store.get(LINUX_ERROR), None);
+    // The toolstack detaches it and blkdom removes its own directory.
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/ring-page-order"), "5");
+    store.set(&format!("{FE}/state"), "3");
+    backend.step(&mut store, &mut hooks).unwrap();
+    assert!(store.get(LINUX_ERROR).is_some());
+    store.set(&format!("{BE}/online"), "0");
+    store.set(&format!("{FE}/state"), "6");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Removed)
+    );
+    assert_eq!(store.get(LINUX_ERROR), None);
+    assert_eq!(store.get(&format!("{BE}/state")), None);
 }
