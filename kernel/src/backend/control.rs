@@ -15,6 +15,7 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use blkback::negotiate::{BlkifBackend, StepOutcome};
 use blkback::watch::{WatchRouter, WatchWork};
+use blkback::xenbus_error::{self, Errno};
 use blkback::xenstore::{XenStore, NO_TRANSACTION};
 use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
@@ -143,15 +144,7 @@ impl Control {
     fn add(&mut self, store: &mut Store<'_>, path: String) {
         let disk = match self.open_backing(store, &path) {
             Ok(disk) => disk,
-            Err(reason) => {
-                log::error!("blkback: {path}: {reason}");
-                let text = reason.to_string();
-                let _ = store.write(NO_TRANSACTION, &format!("{path}/hotplug-error"), &text);
-                let _ = store.write(NO_TRANSACTION, &format!("{path}/error"), &text);
-                let _ = store.write(NO_TRANSACTION, &format!("{path}/hotplug-status"), "error");
-                self.failed.insert(path, reason);
-                return;
-            }
+            Err(reason) => return self.fail(store, path, reason),
         };
         match BlkifBackend::probe(store, &path, backend_params(&disk)) {
             Ok(backend) => {
@@ -175,11 +168,26 @@ impl Control {
                 self.vbds.insert(path, Vbd { backend, hooks });
             }
             Err(e) => {
-                log::error!("blkback: {path}: probe failed: {e:?}");
-                self.failed.insert(path, AttachError::Probe(e));
                 self.registry.release(disk);
+                self.fail(store, path, AttachError::Probe(e));
             }
         }
+    }
+
+    /// The device at `path` is not served: the reason goes to its `hotplug-error` and
+    /// `error` nodes, with its errno to where Linux's `xenbus_dev_fatal` writes it
+    /// (`blkback::xenbus_error`), and to the console; the device is kept as failed.
+    fn fail(&mut self, store: &mut Store<'_>, path: String, reason: AttachError) {
+        log::error!("blkback: {path}: {reason}");
+        let text = reason.to_string();
+        let _ = store.write(NO_TRANSACTION, &format!("{path}/hotplug-error"), &text);
+        let _ = store.write(NO_TRANSACTION, &format!("{path}/error"), &text);
+        if let Some(node) = xenbus_error::error_node(&path) {
+            let linux = xenbus_error::error_text(reason.errno(), &text);
+            let _ = store.write(NO_TRANSACTION, &node, &linux);
+        }
+        let _ = store.write(NO_TRANSACTION, &format!("{path}/hotplug-status"), "error");
+        self.failed.insert(path, reason);
     }
 
     /// One round: new and vanished devices, then every negotiation steps.
@@ -190,7 +198,17 @@ impl Control {
                 self.add(store, path.clone());
             }
         }
-        self.failed.retain(|path, _| present.contains(path));
+        // A failed device the toolstack removed: its error node under our home goes too
+        // (a served device's goes when its negotiation sees it removed).
+        self.failed.retain(|path, _| {
+            let keep = present.contains(path);
+            if !keep {
+                if let Some(directory) = xenbus_error::error_directory(path) {
+                    let _ = store.rm(NO_TRANSACTION, &directory);
+                }
+            }
+            keep
+        });
         let paths: Vec<String> = self.vbds.keys().cloned().collect();
         for path in &paths {
             self.step(store, path);

@@ -6,8 +6,10 @@ use crate::devices::region::RegionError;
 use crate::devices::OpenError;
 use alloc::string::String;
 use alloc::vec::Vec;
+use backing::gpt::GptError;
 use backing::{Extent, RamName};
 use blkback::negotiate::NegotiationError;
+use blkback::xenbus_error::{errno, Errno};
 use blkback::xenstore::StoreError;
 use core::fmt;
 use xen::XenError;
@@ -189,3 +191,59 @@ impl fmt::Display for AttachError {
 }
 
 impl core::error::Error for AttachError {}
+
+/// The errno before each message in Linux's error node
+/// (`blkback::xenbus_error`): EINVAL for configuration that cannot work, ENODEV for a
+/// device or partition that is not there, EBUSY for one that serves another disk,
+/// ENOMEM/ENOSPC for memory or map space, EIO for the rest.
+impl Errno for AttachError {
+    fn errno(&self) -> u32 {
+        match self {
+            AttachError::NoParams(error) => error.errno(),
+            AttachError::Disk(error) => error.errno(),
+            AttachError::Probe(error) => error.errno(),
+        }
+    }
+}
+
+impl Errno for DiskError {
+    fn errno(&self) -> u32 {
+        match self {
+            DiskError::Params { .. } | DiskError::RamSizeMismatch { .. } => errno::EINVAL,
+            DiskError::Slice { .. } => errno::EINVAL,
+            DiskError::RamInUse(_) | DiskError::Overlaps { .. } => errno::EBUSY,
+            DiskError::NoQueueLeft { .. } | DiskError::NoQueue { .. } => errno::EBUSY,
+            DiskError::RamDoesNotFit { .. } => errno::ENOMEM,
+            DiskError::Region { error, .. } => match error {
+                RegionError::Gpt(
+                    GptError::NoSuchEntry { .. }
+                    | GptError::Unused { .. }
+                    | GptError::NoName { .. },
+                ) => errno::ENODEV,
+                RegionError::Gpt(_) | RegionError::Slice(_) => errno::EINVAL,
+                RegionError::NoQueue => errno::EBUSY,
+                RegionError::Read { .. } => errno::EIO,
+            },
+            DiskError::Device { error, .. } => match error {
+                OpenError::NoNvme | OpenError::NoVirtio { .. } => errno::ENODEV,
+                OpenError::VirtioInUse(_) | OpenError::NvmeQueuesInUse(_) => errno::EBUSY,
+                OpenError::NoBounceMemory => errno::ENOMEM,
+                _ => errno::EIO,
+            },
+        }
+    }
+}
+
+impl Errno for ConnectError {
+    fn errno(&self) -> u32 {
+        match self {
+            ConnectError::NoXen => errno::ENODEV,
+            ConnectError::NoMapSpace => errno::ENOSPC,
+            // The frontend's grants or event channel: what it wrote does not work.
+            ConnectError::MapRing { .. } | ConnectError::BindEventChannel { .. } => errno::EINVAL,
+            ConnectError::AllQueuesServing { .. } => errno::EBUSY,
+            ConnectError::Engine(blkback::engine::EngineError::OutOfMemory { .. }) => errno::ENOMEM,
+            ConnectError::Engine(blkback::engine::EngineError::Ring(_)) => errno::EINVAL,
+        }
+    }
+}

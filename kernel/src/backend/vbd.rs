@@ -72,6 +72,7 @@ impl VbdHooks {
         config.max_indirect_segments = connection.max_indirect_segments;
         config.persistent_grant_limit = Some(space::GRANT_PAGES_PER_RING as usize);
         config.read_only = connection.read_only;
+        config.discard = connection.discard;
         // The frontend chose the ring's size: refuse it before taking anything if its
         // engine would not fit in the heap (an allocation failure would abort).
         let needed = config.memory_needed();

@@ -38,6 +38,7 @@ pub mod parse;
 pub mod ring;
 pub mod stats;
 pub mod watch;
+pub mod xenbus_error;
 pub mod xenstore;
 
 /// Allocation that reports failure instead of aborting (per-ring memory is taken at

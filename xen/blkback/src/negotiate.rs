@@ -11,6 +11,7 @@ use blkdev::Geometry;
 
 use crate::abi::{MAX_INDIRECT_SEGMENTS, MAX_RING_PAGE_ORDER};
 use crate::engine::Busy;
+use crate::xenbus_error::{self, errno, Errno};
 use crate::xenstore::{StoreError, XenStore, NO_TRANSACTION};
 
 /// `enum xenbus_state`.
@@ -45,6 +46,7 @@ impl XenbusState {
 }
 
 /// `info` bits (`VDISK_*` in blkif.h).
+pub const VDISK_CDROM: u32 = 1;
 pub const VDISK_READONLY: u32 = 4;
 
 /// What this backend offers.
@@ -85,8 +87,11 @@ pub struct FrontendConnection {
     pub frontend_id: u16,
     pub ring_order: u32,
     pub persistent_grants: bool,
-    /// The toolstack's `mode` is "r" or the device is read-only.
+    /// The device is read-only, or the toolstack's `mode` has no `w`, or its
+    /// `device-type` is "cdrom".
     pub read_only: bool,
+    /// Discards are served if the device can: the toolstack's `discard-enable` is not 0.
+    pub discard: bool,
     pub max_indirect_segments: u16,
     pub queues: Vec<QueueRing>,
 }
@@ -94,8 +99,8 @@ pub struct FrontendConnection {
 /// What the kernel does when the handshake says so.
 pub trait ConnectionHooks {
     /// Why a connection failed; its text goes to the backend's `error` node, after
-    /// "connecting rings: ".
-    type Error: core::error::Error;
+    /// "connecting rings: ", and with its errno to Linux's error node.
+    type Error: core::error::Error + Errno;
     /// Map every ring, bind every event channel, start the engines.
     fn connect(&mut self, connection: &FrontendConnection) -> Result<(), Self::Error>;
     /// Stop and free everything of the current connection; `Busy` while requests are in
@@ -164,6 +169,10 @@ pub struct BlkifBackend {
     frontend_id: u16,
     params: BackendParams,
     read_only: bool,
+    /// The toolstack's `discard-enable` is not 0 (xl's `no-discard` writes 0).
+    discard: bool,
+    /// `device-type` is "cdrom": `info` says `VDISK_CDROM` (and the disk is read-only).
+    cdrom: bool,
     state: XenbusState,
     removed: bool,
     /// The frontend closed (or vanished) while requests were in flight: the connection
@@ -205,14 +214,32 @@ impl BlkifBackend {
         let mode = store
             .read(NO_TRANSACTION, &format!("{backend_path}/mode"))
             .ok();
-        let read_only =
-            params.geometry.read_only || mode.as_deref().is_some_and(|m| m.trim() == "r");
+        // Linux's rule (`!strchr(mode, 'w')`): writable when `mode` has a `w` ("w", or
+        // "w!" for a disk shared writable by force); "r", or anything else, is read-only.
+        // Absent, the disk is writable (as the device allows).
+        let mode_read_only = mode.as_deref().is_some_and(|m| !m.contains('w'));
+        // xl's `devtype=cdrom` writes `device-type` = "cdrom" in both directories; Linux
+        // reads the frontend's. Either makes a CD-ROM, served read-only whatever `mode`
+        // says (a CD is not written; xl makes them read-only too).
+        let cdrom = [backend_path, frontend_path.trim()].iter().any(|dir| {
+            store
+                .read(NO_TRANSACTION, &format!("{dir}/device-type"))
+                .is_ok_and(|kind| kind.trim() == "cdrom")
+        });
+        let read_only = params.geometry.read_only || mode_read_only || cdrom;
+        // As Linux's `xenbus_read_unsigned(.., "discard-enable", 1)`: only a number 0
+        // turns discard off; absent or unreadable leaves it on.
+        let discard = store
+            .read(NO_TRANSACTION, &format!("{backend_path}/discard-enable"))
+            .map_or(true, |value| value.trim().parse::<u32>() != Ok(0));
         let mut backend = Self {
             backend_path: backend_path.to_string(),
             frontend_path: frontend_path.trim().to_string(),
             frontend_id,
             params,
             read_only,
+            discard,
+            cdrom,
             state: XenbusState::Initialising,
             removed: false,
             tearing_down: false,
@@ -289,6 +316,7 @@ impl BlkifBackend {
                 return Ok(StepOutcome::Retry);
             }
             self.removed = true;
+            self.remove_error_directory(store);
             // No node left to write it to, but the device is closed.
             self.state = XenbusState::Closed;
             return Ok(StepOutcome::Removed);
@@ -408,12 +436,21 @@ impl BlkifBackend {
                 let _ = store.rm(NO_TRANSACTION, parent);
             }
         }
+        self.remove_error_directory(store);
         self.removed = true;
         log::info!(
             "blkback: {} detached by the toolstack; removed",
             self.backend_path
         );
         Ok(StepOutcome::Removed)
+    }
+
+    /// The device is gone: so is what Linux's error node said about it (the toolstack
+    /// removes the backend directory, not this one).
+    fn remove_error_directory(&self, store: &mut dyn XenStore) {
+        if let Some(directory) = xenbus_error::error_directory(&self.backend_path) {
+            let _ = store.rm(NO_TRANSACTION, &directory);
+        }
     }
 
     fn connect<H: ConnectionHooks + ?Sized>(
@@ -423,12 +460,14 @@ impl BlkifBackend {
     ) -> Result<StepOutcome, NegotiationError> {
         let connection = match self.read_frontend(store) {
             Ok(connection) => connection,
-            Err(NegotiationError::Frontend(reason)) => return self.fail(store, reason),
+            Err(NegotiationError::Frontend(reason)) => {
+                return self.fail(store, errno::EINVAL, reason)
+            }
             Err(error) => return Err(error),
         };
         if let Err(reason) = hooks.connect(&connection) {
             let _ = hooks.disconnect();
-            return self.fail(store, format!("connecting rings: {reason}"));
+            return self.fail(store, reason.errno(), format!("connecting rings: {reason}"));
         }
         self.publish_device(store, connection.persistent_grants)?;
         self.switch(store, XenbusState::Connected)?;
@@ -442,14 +481,23 @@ impl BlkifBackend {
         Ok(StepOutcome::Switched(XenbusState::Connected))
     }
 
-    /// `xenbus_dev_fatal`: leave the reason in `error` and close.
+    /// `xenbus_dev_fatal`: leave the reason in `error` (and, with its errno, where Linux
+    /// leaves it) and close.
     fn fail(
         &mut self,
         store: &mut dyn XenStore,
+        errno: u32,
         reason: String,
     ) -> Result<StepOutcome, NegotiationError> {
         log::error!("blkback: {}: {}", self.backend_path, reason);
         store.write(NO_TRANSACTION, &self.key("error"), &reason)?;
+        if let Some(node) = xenbus_error::error_node(&self.backend_path) {
+            store.write(
+                NO_TRANSACTION,
+                &node,
+                &xenbus_error::error_text(errno, &reason),
+            )?;
+        }
         self.switch(store, XenbusState::Closing)?;
         Ok(StepOutcome::Failed(reason))
     }
@@ -517,9 +565,18 @@ impl BlkifBackend {
             ring_order,
             persistent_grants: persistent,
             read_only: self.read_only,
+            discard: self.discard,
             max_indirect_segments: self.params.max_indirect_segments,
             queues,
         })
+    }
+
+    /// The `info` bits. No `VDISK_REMOVABLE`: Linux sets it only for a device with
+    /// removable media, which none of ours has (not for `device-type` "cdrom").
+    fn info(&self) -> u32 {
+        let cdrom = if self.cdrom { VDISK_CDROM } else { 0 };
+        let read_only = if self.read_only { VDISK_READONLY } else { 0 };
+        cdrom | read_only
     }
 
     /// Publish the device in one transaction (redone on `EAGAIN`).
@@ -529,6 +586,9 @@ impl BlkifBackend {
         persistent: bool,
     ) -> Result<(), NegotiationError> {
         let g = self.params.geometry;
+        // Discard is offered when the device has it, the disk is writable and the
+        // toolstack did not turn it off.
+        let discard = g.discard.filter(|_| self.discard && !self.read_only);
         let flag = |on: bool| if on { "1" } else { "0" }.to_string();
         let mut keys = alloc::vec![
             ("feature-flush-cache", flag(g.flush)),
@@ -536,18 +596,12 @@ impl BlkifBackend {
             ("feature-barrier", flag(g.flush)),
             ("feature-persistent", flag(persistent)),
             ("sectors", g.sectors.to_string()),
-            (
-                "info",
-                (if self.read_only { VDISK_READONLY } else { 0 }).to_string()
-            ),
+            ("info", self.info().to_string()),
             ("sector-size", g.logical_block_size.to_string()),
             ("physical-sector-size", g.physical_block_size.to_string()),
-            (
-                "feature-discard",
-                flag(g.discard.is_some() && !self.read_only)
-            ),
+            ("feature-discard", flag(discard.is_some())),
         ];
-        if let (Some(discard), false) = (g.discard, self.read_only) {
+        if let Some(discard) = discard {
             keys.push(("discard-granularity", discard.granularity.to_string()));
             keys.push(("discard-alignment", discard.alignment.to_string()));
             keys.push(("discard-secure", flag(discard.secure)));

@@ -49,6 +49,9 @@ pub struct EngineConfig {
     pub persistent_grant_limit: Option<usize>,
     /// Refuse writes even if the device takes them (toolstack `mode` "r").
     pub read_only: bool,
+    /// Serve discards if the device can (`false`: the toolstack's `discard-enable` is 0,
+    /// and every discard is answered `EOPNOTSUPP` as if the device had none).
+    pub discard: bool,
 }
 
 impl EngineConfig {
@@ -59,6 +62,7 @@ impl EngineConfig {
             max_indirect_segments: abi::MAX_INDIRECT_SEGMENTS,
             persistent_grant_limit: None,
             read_only: false,
+            discard: true,
         }
     }
 
@@ -253,6 +257,9 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         }
         let mut geometry = device.geometry();
         geometry.read_only |= config.read_only;
+        if !config.discard {
+            geometry.discard = None;
+        }
         Ok(Self {
             ring,
             grants,

@@ -5,9 +5,9 @@ use std::sync::atomic::Ordering;
 use blkdev::{RamDisk, RamDiskQueue};
 
 use super::whole_page;
-use crate::abi::{self, RSP_OKAY};
+use crate::abi::{self, RSP_EOPNOTSUPP, RSP_ERROR, RSP_OKAY};
 use crate::engine::{Busy, Engine, EngineConfig};
-use crate::fake::wire::encode_direct;
+use crate::fake::wire::{encode_direct, encode_discard};
 use crate::fake::{
     CountingEvents, FrontRing, GrantTable, GuestMemory, MemStore, RingView, ShufflingDevice,
     XenGrants,
@@ -17,6 +17,7 @@ use crate::negotiate::{
     BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection, QueueRing, StepOutcome,
     XenbusState,
 };
+use crate::xenbus_error::{errno, Errno};
 use crate::xenstore::{XenStore, NO_TRANSACTION};
 
 const BE: &str = "/local/domain/1/backend/vbd/5/51712";
@@ -42,6 +43,12 @@ impl core::fmt::Display for GrantMapFailed {
 }
 
 impl core::error::Error for GrantMapFailed {}
+
+impl Errno for GrantMapFailed {
+    fn errno(&self) -> u32 {
+        errno::EIO
+    }
+}
 
 impl ConnectionHooks for RecordingHooks {
     type Error = GrantMapFailed;
@@ -163,6 +170,7 @@ fn handshake_publishes_features_then_connects_two_multi_page_queues() {
             ring_order: 1,
             persistent_grants: true,
             read_only: false,
+            discard: true,
             max_indirect_segments: 512,
             queues: vec![
                 QueueRing {
@@ -568,6 +576,12 @@ impl core::fmt::Display for EngineHooksError {
 
 impl core::error::Error for EngineHooksError {}
 
+impl Errno for EngineHooksError {
+    fn errno(&self) -> u32 {
+        errno::EINVAL
+    }
+}
+
 impl ConnectionHooks for EngineHooks {
     type Error = EngineHooksError;
 
@@ -596,6 +610,7 @@ impl ConnectionHooks for EngineHooks {
             device.hold.store(self.hold_device, Ordering::SeqCst);
             let config = EngineConfig {
                 read_only: connection.read_only,
+                discard: connection.discard,
                 max_indirect_segments: connection.max_indirect_segments,
                 ..EngineConfig::new(connection.ring_order, connection.persistent_grants)
             };
@@ -691,4 +706,207 @@ fn end_to_end_connect_io_close_with_in_flight_and_reconnect() {
             Ok(StepOutcome::Switched(XenbusState::InitWait))
         );
     }
+}
+
+/// A backend whose toolstack also wrote `backend_keys` (in its directory), connected through engines to a
+/// frontend on a one-page ring (grant 500, page 0) with data pages granted as 510
+/// (page 10, writable by the backend); the device's requests complete at once.
+struct ConnectedEngine {
+    store: MemStore,
+    hooks: EngineHooks,
+    front: FrontRing,
+}
+
+impl ConnectedEngine {
+    fn new(backend_keys: &[(&str, &str)]) -> Self {
+        Self::with(|store| {
+            for (key, value) in backend_keys {
+                store.set(&format!("{BE}/{key}"), value);
+            }
+        })
+    }
+
+    /// As `new`, with the toolstack's keys written by `toolstack_keys`.
+    fn with(toolstack_keys: impl FnOnce(&mut MemStore)) -> Self {
+        let memory = GuestMemory::new(16);
+        let table = GrantTable::new(memory.clone());
+        let mut store = MemStore::new();
+        toolstack(&mut store);
+        toolstack_keys(&mut store);
+        let mut backend = BlkifBackend::probe(&mut store, BE, params()).unwrap();
+        let mut hooks = EngineHooks {
+            table: table.clone(),
+            disk: RamDisk::new(4096),
+            engines: Vec::new(),
+            hold_device: false,
+        };
+        table.grant(500, 0, false);
+        table.grant(510, 10, false);
+        store.set(&format!("{FE}/ring-ref"), "500");
+        store.set(&format!("{FE}/event-channel"), "7");
+        let front = FrontRing::new(RingView::new(memory, vec![0]), 0);
+        store.set(&format!("{FE}/state"), "4");
+        assert_eq!(
+            backend.step(&mut store, &mut hooks),
+            Ok(StepOutcome::Switched(XenbusState::Connected))
+        );
+        Self {
+            store,
+            hooks,
+            front,
+        }
+    }
+
+    fn key(&self, key: &str) -> Option<&str> {
+        self.store.get(&format!("{BE}/{key}"))
+    }
+
+    /// Sends one request and returns its response's (id, status).
+    fn answer(&mut self, raw: &[u8; abi::REQUEST_SIZE]) -> (u64, i16) {
+        self.front.put_request(raw);
+        self.front.push_requests();
+        let engine = &mut self.hooks.engines[0].0;
+        for _ in 0..100 {
+            engine.poll(8);
+            if engine.in_flight() == 0 {
+                break;
+            }
+        }
+        let mut responses = Vec::new();
+        self.front
+            .take_responses(|r| responses.push((r.id, r.status)));
+        assert_eq!(responses.len(), 1, "one response per request");
+        responses[0]
+    }
+}
+
+#[test]
+fn discard_enable_0_offers_no_discard_and_refuses_one_sent_anyway() {
+    let mut rig = ConnectedEngine::new(&[("discard-enable", "0")]);
+    assert_eq!(rig.key("feature-discard"), Some("0"));
+    for key in ["discard-granularity", "discard-alignment", "discard-secure"] {
+        assert_eq!(rig.key(key), None, "{key}");
+    }
+    assert!(!rig.hooks.engines.is_empty());
+    let discard = encode_discard(3, 0, 8, false);
+    assert_eq!(rig.answer(&discard), (3, RSP_EOPNOTSUPP));
+    // Reads and writes still work.
+    let write = encode_direct(abi::OP_WRITE, 4, 0, &[whole_page(510)]);
+    assert_eq!(rig.answer(&write), (4, RSP_OKAY));
+}
+
+#[test]
+fn discard_enable_1_or_absent_offers_the_devices_discard() {
+    for keys in [&[("discard-enable", "1")][..], &[]] {
+        let mut rig = ConnectedEngine::new(keys);
+        assert_eq!(rig.key("feature-discard"), Some("1"), "{keys:?}");
+        assert_eq!(rig.key("discard-granularity"), Some("512"), "{keys:?}");
+        let discard = encode_discard(3, 0, 8, false);
+        assert_eq!(rig.answer(&discard), (3, RSP_OKAY), "{keys:?}");
+    }
+}
+
+#[test]
+fn device_type_cdrom_is_a_read_only_cdrom_whatever_the_mode() {
+    // xl's devtype=cdrom writes device-type in the backend directory (and the
+    // frontend's, which Linux reads): either says so.
+    for (dir, path) in [("backend", BE), ("frontend", FE)] {
+        let mut rig = ConnectedEngine::with(|store| {
+            store.set(&format!("{BE}/mode"), "w");
+            store.set(&format!("{path}/device-type"), "cdrom");
+        });
+        assert_eq!(
+            rig.key("info"),
+            Some("5"),
+            "VDISK_CDROM | VDISK_READONLY ({dir})"
+        );
+        assert_eq!(rig.key("feature-discard"), Some("0"), "{dir}");
+        let write = encode_direct(abi::OP_WRITE, 1, 0, &[whole_page(510)]);
+        assert_eq!(rig.answer(&write), (1, RSP_ERROR), "writes refused ({dir})");
+        let read = encode_direct(abi::OP_READ, 2, 0, &[whole_page(510)]);
+        assert_eq!(rig.answer(&read), (2, RSP_OKAY), "reads served ({dir})");
+    }
+    let mut disk = ConnectedEngine::new(&[("device-type", "disk")]);
+    assert_eq!(disk.key("info"), Some("0"));
+    let write = encode_direct(abi::OP_WRITE, 1, 0, &[whole_page(510)]);
+    assert_eq!(disk.answer(&write), (1, RSP_OKAY));
+}
+
+#[test]
+fn mode_with_a_w_is_writable_anything_else_read_only() {
+    // "w!" is xl's writable disk shared by force; an unknown mode fails closed, as in
+    // Linux (writable only if the mode has a 'w').
+    for (mode, info, write_status) in [
+        ("w", "0", RSP_OKAY),
+        ("w!", "0", RSP_OKAY),
+        ("r", "4", RSP_ERROR),
+        ("x", "4", RSP_ERROR),
+    ] {
+        let mut rig = ConnectedEngine::new(&[("mode", mode)]);
+        assert_eq!(rig.key("info"), Some(info), "mode {mode}");
+        let write = encode_direct(abi::OP_WRITE, 1, 0, &[whole_page(510)]);
+        assert_eq!(rig.answer(&write), (1, write_status), "mode {mode}");
+        let read = encode_direct(abi::OP_READ, 2, 0, &[whole_page(510)]);
+        assert_eq!(rig.answer(&read), (2, RSP_OKAY), "mode {mode}");
+    }
+}
+
+/// Where Linux's `xenbus_dev_fatal` leaves the error of the device at `BE`.
+const LINUX_ERROR: &str = "/local/domain/1/error/backend/vbd/5/51712/error";
+
+#[test]
+fn failures_are_also_written_where_linux_writes_them_with_an_errno() {
+    // A bad frontend key: EINVAL.
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/ring-page-order"), "5");
+    store.set(&format!("{FE}/state"), "3");
+    let outcome = backend.step(&mut store, &mut RecordingHooks::default());
+    assert_eq!(
+        outcome,
+        Ok(StepOutcome::Failed("ring-page-order 5 > max 4".into()))
+    );
+    assert_eq!(store.get(LINUX_ERROR), Some("22 ring-page-order 5 > max 4"));
+    // The hooks' error brings its own errno.
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "3");
+    let mut hooks = RecordingHooks {
+        refuse_connect: true,
+        ..Default::default()
+    };
+    backend.step(&mut store, &mut hooks).unwrap();
+    assert_eq!(
+        store.get(LINUX_ERROR),
+        Some("5 connecting rings: grant map failed")
+    );
+}
+
+#[test]
+fn the_linux_error_node_goes_with_the_device() {
+    // The toolstack removes the backend directory.
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/ring-page-order"), "5");
+    store.set(&format!("{FE}/state"), "3");
+    let mut hooks = RecordingHooks::default();
+    backend.step(&mut store, &mut hooks).unwrap();
+    assert!(store.get(LINUX_ERROR).is_some());
+    store.remove_tree(BE);
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Removed)
+    );
+    assert_eq!(store.get(LINUX_ERROR), None);
+    // The toolstack detaches it and blkdom removes its own directory.
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/ring-page-order"), "5");
+    store.set(&format!("{FE}/state"), "3");
+    backend.step(&mut store, &mut hooks).unwrap();
+    assert!(store.get(LINUX_ERROR).is_some());
+    store.set(&format!("{BE}/online"), "0");
+    store.set(&format!("{FE}/state"), "6");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Removed)
+    );
+    assert_eq!(store.get(LINUX_ERROR), None);
+    assert_eq!(store.get(&format!("{BE}/state")), None);
 }
