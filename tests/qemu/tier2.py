@@ -374,8 +374,8 @@ def test_registry_slices(suite):
             problems.append(f"{step}: {line!r}, expected {step + expected!r}")
     if len(seen) != len(steps) + 1 or seen[-1:] != ["done"]:
         problems.append(f"{len(seen)} registrytest lines for {len(steps)} steps")
-    for needle in ["blkback: nvme:1:offset=1M,size=8M: 2 idle queue(s) of 6 made",
-                   "blkback: virtio:0:offset=40M,size=4M: 2 idle queue(s) of 4 made"]:
+    for needle in ["blkback: nvme:1:offset=1M,size=8M reused (2 idle queue(s) of 6 made)",
+                   "blkback: virtio:0:offset=40M,size=4M reused (2 idle queue(s) of 4 made)"]:
         if needle not in r.log:
             problems.append(f"log lacks {needle!r}")
     if r.verdict != "pass":
