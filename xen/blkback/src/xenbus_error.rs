@@ -27,6 +27,13 @@ pub trait Errno {
     fn errno(&self) -> u32;
 }
 
+/// Hooks that cannot fail (tests, the negotiation fuzz target).
+impl Errno for core::convert::Infallible {
+    fn errno(&self) -> u32 {
+        match *self {}
+    }
+}
+
 impl Errno for StoreError {
     fn errno(&self) -> u32 {
         match self {
