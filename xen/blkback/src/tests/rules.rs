@@ -108,6 +108,19 @@ struct HoldingRecorder {
     submitted: Vec<Vec<blkdev::DmaSegment>>,
 }
 
+impl HoldingRecorder {
+    /// Never busy, never holding: only records what it is given.
+    fn recording(inner: blkdev::RamDiskQueue) -> HoldingRecorder {
+        HoldingRecorder {
+            inner,
+            busy: Arc::default(),
+            hold: Arc::default(),
+            held: Vec::new(),
+            submitted: Vec::new(),
+        }
+    }
+}
+
 impl BlockDevice for HoldingRecorder {
     fn geometry(&self) -> Geometry {
         self.inner.geometry()
@@ -727,39 +740,10 @@ fn response_padding_is_zeroed() {
     assert_eq!(&slot[12..], &[0; 4], "tail padding");
 }
 
-/// Records the segments of every submission.
-struct RecordingDevice {
-    inner: blkdev::RamDiskQueue,
-    segments: Vec<Vec<blkdev::DmaSegment>>,
-}
-
-impl BlockDevice for RecordingDevice {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn queue_depth(&self) -> usize {
-        self.inner.queue_depth()
-    }
-    fn submit(
-        &mut self,
-        request: &IoRequest<'_>,
-        buffers: &dyn BufferAccess,
-    ) -> Result<(), SubmitError> {
-        self.segments.push(request.segments.to_vec());
-        self.inner.submit(request, buffers)
-    }
-    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
-        self.inner.poll_completions(sink)
-    }
-}
-
 #[test]
 fn one_dma_segment_per_grant_never_merged() {
     let disk = RamDisk::new(DISK_SECTORS);
-    let device = RecordingDevice {
-        inner: disk.queue(8),
-        segments: Vec::new(),
-    };
+    let device = HoldingRecorder::recording(disk.queue(8));
     let mut rig = Rig::new(EngineConfig::new(0, false), device);
     // Eleven consecutive pages, each fully used: contiguous in the guest, still eleven
     // segments for the device.
@@ -768,7 +752,7 @@ fn one_dma_segment_per_grant_never_merged() {
     rig.send(&encode_direct(abi::OP_WRITE, 1, 0, &segments));
     rig.engine.poll(4);
     assert_eq!(rig.responses(), [ok(1, abi::OP_WRITE)]);
-    let seen = &rig.engine.device().segments;
+    let seen = &rig.engine.device().submitted;
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].len(), 11);
     assert!(seen[0].iter().all(|s| s.offset == 0 && s.len == 4096));
