@@ -85,13 +85,22 @@ scenario_list() {
 # disk with two queues that goes through the IOMMU (iommu_platform: without it QEMU's
 # virtio would DMA to outer-guest-physical addresses, which are not the driver domain's).
 # passthrough_qemu_args DIR: sets PASSTHROUGH_ARGS, with fresh sparse disk files in DIR,
-# and PASSTHROUGH_XEN_ARGS for Xen's command line: iommu=no-sharept. Xen shares its p2m
+# and PASSTHROUGH_XEN_ARGS for Xen's command line: iommu=no-sharept,no-intremap.
+# no-sharept: Xen shares its p2m
 # with VT-d when it thinks the CPU has EPT ("Intel VT-d Shared EPT tables enabled"), but
 # the TCG CPU runs SVM: the VT-d then walks NPT-format tables and no IOTLB flush follows a
 # p2m change, so once a grant-mapped frame was unmapped and the same guest-physical page
 # mapped to another grant, the device kept DMAing to the old frame (measured: fio verify
 # read other blocks' data, a rebooted guest's kernel was overwritten). Separate VT-d
 # tables are flushed on every map and unmap. Real hardware has EPT with VT-d.
+# no-intremap: with interrupt remapping on, Xen runs its APICs in x2APIC mode, and every
+# interrupt of a passed-through device (MSI-X and INTx alike) reached pCPU 0 whatever
+# CPU Xen had routed it to ("CPU0: No irq handler for vector 49", hundreds of thousands
+# of times for a level-triggered INTx: the machine stalls). blkdom polls its devices and
+# never noticed; a Linux driver domain hung in its NVMe probe waiting for the first
+# admin completion (tests/xen/pt-linux-probe). With remapping off it boots and serves.
+# Real hardware keeps interrupt remapping on: it is what stops a device from injecting
+# interrupts into other domains.
 PASSTHROUGH_DISK_MIB=256
 PASSTHROUGH_NVME_BDF=0000:00:10.0
 PASSTHROUGH_VIRTIO_BDF=0000:00:11.0
@@ -99,7 +108,7 @@ passthrough_qemu_args() {
   local dir=$1
   truncate -s "${PASSTHROUGH_DISK_MIB}M" "$dir/pt-nvme-ns1.img" "$dir/pt-nvme-ns2.img" \
     "$dir/pt-virtio.img"
-  PASSTHROUGH_XEN_ARGS="iommu=no-sharept "
+  PASSTHROUGH_XEN_ARGS="iommu=no-sharept,no-intremap "
   PASSTHROUGH_ARGS=(
     -device intel-iommu,intremap=on
     -drive "file=$dir/pt-nvme-ns1.img,format=raw,if=none,id=ptns1"
