@@ -255,7 +255,7 @@ impl Control {
         let mut lines = Vec::with_capacity(self.vbds.len() + 1);
         for (path, vbd) in &self.vbds {
             let mut total = blkback::stats::RingStats::default();
-            for (_, control) in &vbd.hooks.queues {
+            for (_, control, _) in &vbd.hooks.queues {
                 total += &*control.stats.lock();
             }
             let mut line = format!("queues={}", vbd.hooks.queues.len());
@@ -281,13 +281,20 @@ impl Control {
                 )
             })
             .collect();
+        let (limits, grant_rings, grant_share) = super::grants::summary();
         lines.push((
             None,
             format!(
-                "{}; bounced-bytes={}; mapped-pages={}",
+                "{}; bounced-bytes={}; mapped-pages={}; grant-budget={} grant-max-per-ring={} \
+                 grant-idle-s={} grant-rings={} grant-share={}",
                 pollers.join("; "),
                 self.registry.bounced_bytes_total(),
-                adapters::mapped_pages()
+                adapters::mapped_pages(),
+                limits.max_total,
+                limits.max_per_ring,
+                limits.idle_secs,
+                grant_rings,
+                grant_share
             ),
         ));
         lines

@@ -189,7 +189,7 @@ pub struct GrantBudget {
 }
 
 impl GrantBudget {
-    pub fn new(limits: GrantLimits) -> Self {
+    pub const fn new(limits: GrantLimits) -> Self {
         GrantBudget {
             limits,
             rings: Vec::new(),
@@ -198,6 +198,12 @@ impl GrantBudget {
 
     pub fn limits(&self) -> GrantLimits {
         self.limits
+    }
+
+    /// New limits (before any ring joins: the rings' caches were sized by the old ones).
+    pub fn set_limits(&mut self, limits: GrantLimits) {
+        self.limits = limits;
+        self.rebalance();
     }
 
     /// Rings that cache grants now.

@@ -207,7 +207,12 @@ fn io_beyond_the_cap_completes_with_per_request_maps_and_the_right_data() {
     let targets = grant_pages(&mut rig, 44);
     for (n, chunk) in targets.chunks(11).enumerate() {
         let segments: Vec<SegmentDesc> = chunk.iter().map(|&(_, g)| whole_page(g)).collect();
-        rig.send(&encode_direct(abi::OP_READ, 100 + n as u64, n as u64 * 88, &segments));
+        rig.send(&encode_direct(
+            abi::OP_READ,
+            100 + n as u64,
+            n as u64 * 88,
+            &segments,
+        ));
         rig.engine.poll(8);
     }
     assert!(rig.responses().iter().all(|r| r.status == RSP_OKAY));
