@@ -147,14 +147,24 @@ impl GrantMapper {
         core::mem::take(&mut self.capped)
     }
 
-    /// Room left in the unmap batch.
-    fn unmap_room(&self) -> usize {
-        self.unmaps.capacity() - self.unmaps.len()
+    /// Unmap with one call what `take` removes from the cache, given the room left in
+    /// the unmap batch and where each mapping goes; returns how many it removed.
+    fn unmap_from_cache<G: GrantOps>(
+        &mut self,
+        grants: &mut G,
+        stats: &mut RingStats,
+        take: impl FnOnce(&mut GrantCache, usize, &mut dyn FnMut(MappedGrant)) -> usize,
+    ) -> usize {
+        self.flush_unmaps(grants, stats);
+        let room = self.unmaps.capacity() - self.unmaps.len();
+        let unmaps = &mut self.unmaps;
+        let taken = take(&mut self.cache, room, &mut |grant| unmaps.push(grant));
+        self.flush_unmaps(grants, stats);
+        taken
     }
 
-    /// Queue the unmap of up to one unmap batch of unpinned cached grants, least
-    /// recently used first, while the cache holds more than its limit, and unmap them.
-    /// Returns how many went.
+    /// Unmap up to one unmap batch of unpinned cached grants, least recently used
+    /// first, while the cache holds more than its limit. Returns how many went.
     pub fn evict_over_limit<G: GrantOps>(
         &mut self,
         grants: &mut G,
@@ -163,14 +173,9 @@ impl GrantMapper {
         if self.cache.over_limit() == 0 {
             return 0;
         }
-        self.flush_unmaps(grants, stats);
-        let room = self.unmap_room();
-        let unmaps = &mut self.unmaps;
-        let evicted = self
-            .cache
-            .evict_over_limit(room, &mut |grant| unmaps.push(grant));
-        self.flush_unmaps(grants, stats);
-        evicted
+        self.unmap_from_cache(grants, stats, |cache, room, unmapped| {
+            cache.evict_over_limit(room, unmapped)
+        })
     }
 
     /// Stamp grants unpinned from now on with `now` (ns); with `idle` > 0, unmap up to
@@ -186,14 +191,9 @@ impl GrantMapper {
         if idle == 0 || self.cache.is_empty() {
             return 0;
         }
-        self.flush_unmaps(grants, stats);
-        let room = self.unmap_room();
-        let unmaps = &mut self.unmaps;
-        let released = self
-            .cache
-            .release_idle(now, idle, room, &mut |grant| unmaps.push(grant));
-        self.flush_unmaps(grants, stats);
-        released
+        self.unmap_from_cache(grants, stats, |cache, room, unmapped| {
+            cache.release_idle(now, idle, room, unmapped)
+        })
     }
 
     /// The most grants the cache may hold.

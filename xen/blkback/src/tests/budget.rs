@@ -20,6 +20,14 @@ fn persistent_ring(disk: &RamDisk, config: EngineConfig) -> Rig<RamDiskQueue> {
     Rig::new(config, disk.queue(1024))
 }
 
+/// Persistent grants at ring order 0, unmapped after 10 s unused.
+fn idle_after_10_s() -> EngineConfig {
+    EngineConfig {
+        idle_release_ns: 10 * SECOND,
+        ..EngineConfig::new(0, true)
+    }
+}
+
 fn patterned_disk() -> RamDisk {
     let disk = RamDisk::new(DISK_SECTORS);
     for block in 0..DISK_SECTORS / 8 {
@@ -234,10 +242,7 @@ fn io_beyond_the_cap_completes_with_per_request_maps_and_the_right_data() {
 #[test]
 fn idle_grants_are_unmapped_after_the_timeout_and_not_before() {
     let disk = patterned_disk();
-    let config = EngineConfig {
-        idle_release_ns: 10 * SECOND,
-        ..EngineConfig::new(0, true)
-    };
+    let config = idle_after_10_s();
     let mut rig = persistent_ring(&disk, config);
     let pages = grant_pages(&mut rig, 22);
     let t0 = 1_000 * SECOND;
@@ -280,10 +285,7 @@ fn idle_grants_are_unmapped_after_the_timeout_and_not_before() {
 #[test]
 fn a_grant_pinned_by_a_request_in_flight_is_never_released() {
     let disk = patterned_disk();
-    let config = EngineConfig {
-        idle_release_ns: 10 * SECOND,
-        ..EngineConfig::new(0, true)
-    };
+    let config = idle_after_10_s();
     let device = ShufflingDevice::new(disk.queue(64), 7, 100);
     let hold = device.hold.clone();
     let mut rig = Rig::new(config, device);
