@@ -72,6 +72,33 @@ fn grant_pages(rig: &mut Rig<RamDiskQueue>, count: usize) -> Vec<(usize, u32)> {
     (0..count).map(|_| rig.data_page(0)).collect()
 }
 
+/// Ring order 4, requests of 11 segments at most: unmap batches of 256.
+fn order_4_direct_only(idle_release_ns: u64) -> EngineConfig {
+    EngineConfig {
+        max_indirect_segments: 11,
+        idle_release_ns,
+        ..EngineConfig::new(4, true)
+    }
+}
+
+/// Cache `count` (257..=512) grants in `rig` (ring order 4): 256 pages, then the rest
+/// again under second grefs (two grefs may name one page). Oldest first.
+fn cache_many(rig: &mut Rig<RamDiskQueue>, count: usize) -> Vec<(usize, u32)> {
+    let mut pages = grant_pages(rig, 256);
+    for i in 0..count - 256 {
+        let page = pages[i].0;
+        let gref = 10_000 + i as u32;
+        rig.table.grant(gref, page, false);
+        pages.push((page, gref));
+    }
+    let mut id = 0;
+    // Blocks 0..255, then 0.. again through the second grefs.
+    read_blocks(rig, &pages[..256], &mut id);
+    read_blocks(rig, &pages[256..], &mut id);
+    assert_eq!(rig.engine.cached_grants(), count);
+    pages
+}
+
 #[test]
 fn the_budget_caps_every_ring_and_all_rings_together() {
     let disk = patterned_disk();
@@ -126,30 +153,13 @@ fn the_budget_caps_every_ring_and_all_rings_together() {
 #[test]
 fn a_ring_whose_share_shrinks_evicts_down_to_it_in_bounded_batches() {
     let disk = patterned_disk();
-    // 11 segments at most: unmap batches of 256.
-    let config = EngineConfig {
-        max_indirect_segments: 11,
-        ..EngineConfig::new(4, true)
-    };
-    let mut rig = persistent_ring(&disk, config);
+    let mut rig = persistent_ring(&disk, order_4_direct_only(0));
     let mut budget = GrantBudget::new(GrantLimits {
         max_total: 400,
         ..GrantLimits::default()
     });
     rig.engine.set_grant_share(budget.join());
-    // 400 grants over the ring's 256 data pages (two grefs may name one page).
-    let mut pages = grant_pages(&mut rig, 256);
-    for i in 0..144 {
-        let page = pages[i].0;
-        let gref = 10_000 + i as u32;
-        rig.table.grant(gref, page, false);
-        pages.push((page, gref));
-    }
-    let mut id = 0;
-    // Blocks 0..255, then 0..143 again through the second grefs.
-    read_blocks(&mut rig, &pages[..256], &mut id);
-    read_blocks(&mut rig, &pages[256..], &mut id);
-    assert_eq!(rig.engine.cached_grants(), 400);
+    let pages = cache_many(&mut rig, 400);
     // Three more rings join: the share drops to 100. Nothing moves before the poll.
     let others: Vec<GrantShare> = (0..3).map(|_| budget.join()).collect();
     assert_eq!(others[0].cap(), 100);
@@ -268,6 +278,16 @@ fn idle_grants_are_unmapped_after_the_timeout_and_not_before() {
     // The frontend's grants all come back; using them again maps them again.
     read_blocks(&mut rig, &pages[..11], &mut id);
     assert_eq!(rig.engine.cached_grants(), 11);
+
+    // Many idle at once: one unmap batch per tick.
+    let mut rig = persistent_ring(&disk, order_4_direct_only(10 * SECOND));
+    rig.engine.tick(t0);
+    cache_many(&mut rig, 300);
+    let unmap_calls = rig.table.calls().1;
+    assert_eq!(rig.engine.tick(t0 + 10 * SECOND), 256);
+    assert_eq!(rig.engine.tick(t0 + 10 * SECOND), 44);
+    assert_eq!(rig.table.calls().1, unmap_calls + 2);
+    assert_eq!(rig.table.live_mappings().0, 0);
 
     // With the timeout 0 nothing is ever released.
     let config = EngineConfig {
