@@ -87,13 +87,13 @@ SNAPSHOTS = [
 
 
 # A blkdom with the grant budget adds these: per disk (mq caches, web has no persistent
-# grants), and the domain's limits at the end of the pollers' line.
+# grants), and the domain's limits in the pollers' line, after the vCPUs.
 GRANTS = {"mq": " persistent-grants=300 grant-cap=4096 capped-requests=12 idle-released=40 "
                 "cap-evicted=0",
           "web": " persistent-grants=0 grant-cap=0 capped-requests=0 idle-released=0 "
                  "cap-evicted=0"}
-GRANT_BUDGET = ("; grant-budget=65536 grant-max-per-ring=8448 grant-idle-s=60 grant-rings=2 "
-                "grant-share=8448")
+GRANT_BUDGET = (" grant-budget=65536 grant-max-per-ring=8448 grant-idle-s=60 grant-rings=2 "
+                "grant-share=8448;")
 
 
 def stats_line(queues: int, counters: tuple, grants: str = "") -> str:
@@ -112,7 +112,7 @@ def store_lines(snapshots=SNAPSHOTS, budget=False) -> str:
         lines.append(f"{time}\t{BE}/4/51728/blkdom-stats\t{stats_line(1, web, web_grants)}")
         lines.append(f"{time}\t/local/domain/1/data/blkdom-pollers\tvcpu0: rings=2 "
                      f"loops={loops} busy=5 sleeps=9; vcpu1: rings=1 loops={loops} busy=1 "
-                     f"sleeps=8; bounced-bytes=0; mapped-pages=1030{tail}")
+                     f"sleeps=8;{tail} bounced-bytes=0; mapped-pages=1030")
     return "\n".join(lines) + "\n"
 
 

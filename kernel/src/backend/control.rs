@@ -282,19 +282,20 @@ impl Control {
             })
             .collect();
         let (limits, grant_rings, grant_share) = super::grants::summary();
+        // mapped-pages stays last (the rig's checks anchor on it).
         lines.push((
             None,
             format!(
-                "{}; bounced-bytes={}; mapped-pages={}; grant-budget={} grant-max-per-ring={} \
-                 grant-idle-s={} grant-rings={} grant-share={}",
+                "{}; grant-budget={} grant-max-per-ring={} grant-idle-s={} grant-rings={} \
+                 grant-share={}; bounced-bytes={}; mapped-pages={}",
                 pollers.join("; "),
-                self.registry.bounced_bytes_total(),
-                adapters::mapped_pages(),
                 limits.max_total,
                 limits.max_per_ring,
                 limits.idle_secs,
                 grant_rings,
-                grant_share
+                grant_share,
+                self.registry.bounced_bytes_total(),
+                adapters::mapped_pages()
             ),
         ));
         lines
