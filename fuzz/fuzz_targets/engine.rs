@@ -1,5 +1,6 @@
 //! The whole engine against a hostile frontend: the input is a script of ring writes,
-//! producer-index games, indirect-page and grant tampering, device stalls and polls.
+//! producer-index games, indirect-page and grant tampering, device stalls, polls, and
+//! the ring's grant cap moving while time passes (idle release).
 //! The engine must not panic, must keep the ring invariants, must respect the grant
 //! bound, and must end with nothing mapped after a disconnect.
 #![no_main]
@@ -7,6 +8,7 @@
 use std::sync::atomic::Ordering;
 
 use blkback::abi::{self, sring, REQUEST_SIZE};
+use blkback::budget::GrantShare;
 use blkback::engine::{Engine, EngineConfig};
 use blkback::fake::{
     CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, ShufflingDevice, XenGrants,
@@ -65,6 +67,7 @@ fuzz_target!(|data: &[u8]| {
     let config = EngineConfig {
         max_indirect_segments: 64,
         persistent_grant_limit: limit,
+        idle_release_ns: 1_000_000_000,
         ..EngineConfig::new(order, persistent)
     };
     let mut engine = Engine::new(
@@ -76,6 +79,7 @@ fuzz_target!(|data: &[u8]| {
     )
     .expect("engine");
     let slots = abi::ring_slots(order);
+    let mut now = 0u64;
 
     while let Some(action) = script.byte() {
         match action % 8 {
@@ -113,6 +117,15 @@ fuzz_target!(|data: &[u8]| {
             5 => {
                 let Some(value) = script.u32() else { break };
                 front.set_rsp_event(value);
+            }
+            // The cap moves (as other rings come and go), time passes.
+            7 => {
+                let Some(step) = script.byte() else { break };
+                if step & 1 == 1 {
+                    engine.set_grant_share(GrantShare::fixed(u32::from(step >> 1) % 12));
+                }
+                now += u64::from(step) * 50_000_000;
+                engine.tick(now);
             }
             _ => {
                 let budget = usize::from(script.byte().unwrap_or(1) % 40);

@@ -97,6 +97,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         memory.heap_start,
         mm::free_frame_bytes() >> 20
     );
+    backend::grants::configure(grant_limits(&cmdline));
 
     let selftest = cmdline.has("selftest");
     let firmware = firmware::Firmware::read(info.start_info.rsdp_paddr);
@@ -179,6 +180,29 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         }
     }
     power::power_off();
+}
+
+/// The grant limits (`grants.max-total=`, `grants.max-per-ring=`, `grants.idle-s=`): each
+/// bad value is reported and its default kept; the others still apply.
+fn grant_limits(cmdline: &Cmdline<'_>) -> blkback::budget::GrantLimits {
+    use blkback::budget::{GrantKey, GrantLimits};
+    let mut limits = GrantLimits::default();
+    for key in GrantKey::ALL {
+        if let Some(text) = cmdline.value(key.name()) {
+            if let Err(bad) = limits.set(key, text) {
+                error!("{bad}");
+            }
+        }
+    }
+    info!(
+        "grants: at most {} persistent grants mapped by all rings together, {} by one ring",
+        limits.max_total, limits.max_per_ring
+    );
+    match limits.idle_secs {
+        0 => info!("grants: unused persistent grants stay mapped (grants.idle-s=0)"),
+        secs => info!("grants: persistent grants unused for {secs} s are unmapped"),
+    }
+    limits
 }
 
 /// Where foreign grants get mapped: the largest stretch below 4 GiB (identity mapped)

@@ -86,21 +86,33 @@ SNAPSHOTS = [
 ]
 
 
-def stats_line(queues: int, counters: tuple) -> str:
+# A blkdom with the grant budget adds these: per disk (mq caches, web has no persistent
+# grants), and the domain's limits in the pollers' line, after the vCPUs.
+GRANTS = {"mq": " persistent-grants=300 grant-cap=4096 capped-requests=12 idle-released=40 "
+                "cap-evicted=0",
+          "web": " persistent-grants=0 grant-cap=0 capped-requests=0 idle-released=0 "
+                 "cap-evicted=0"}
+GRANT_BUDGET = (" grant-budget=65536 grant-max-per-ring=8448 grant-idle-s=60 grant-rings=2 "
+                "grant-share=8448;")
+
+
+def stats_line(queues: int, counters: tuple, grants: str = "") -> str:
     rd_req, rd_sect, wr_req, wr_sect = counters
     return (f"queues={queues} oo_req=3 rd_req={rd_req} wr_req={wr_req} f_req=7 ds_req=0 "
             f"rd_sect={rd_sect} wr_sect={wr_sect} indirect=0 errors=0 bad-requests=0 "
-            f"polls=99 grants-mapped=300 leaked-pages=0 bounced-bytes=0")
+            f"polls=99 grants-mapped=300{grants} leaked-pages=0 bounced-bytes=0")
 
 
-def store_lines(snapshots=SNAPSHOTS) -> str:
+def store_lines(snapshots=SNAPSHOTS, budget=False) -> str:
     lines = [f"0\t{path}\t{value}" for path, value in STATIC.items()]
     for time, mq, web, loops in snapshots:
-        lines.append(f"{time}\t{BE}/3/51712/blkdom-stats\t{stats_line(2, mq)}")
-        lines.append(f"{time}\t{BE}/4/51728/blkdom-stats\t{stats_line(1, web)}")
+        mq_grants, web_grants, tail = ((GRANTS["mq"], GRANTS["web"], GRANT_BUDGET) if budget
+                                       else ("", "", ""))
+        lines.append(f"{time}\t{BE}/3/51712/blkdom-stats\t{stats_line(2, mq, mq_grants)}")
+        lines.append(f"{time}\t{BE}/4/51728/blkdom-stats\t{stats_line(1, web, web_grants)}")
         lines.append(f"{time}\t/local/domain/1/data/blkdom-pollers\tvcpu0: rings=2 "
                      f"loops={loops} busy=5 sleeps=9; vcpu1: rings=1 loops={loops} busy=1 "
-                     f"sleeps=8; bounced-bytes=0; mapped-pages=1030")
+                     f"sleeps=8;{tail} bounced-bytes=0; mapped-pages=1030")
     return "\n".join(lines) + "\n"
 
 
@@ -133,7 +145,8 @@ class BlkdomStatTest(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         lines = result.stdout.splitlines()
         self.assertTrue(lines[1].startswith("GUEST "), result.stdout)
-        return {line.split()[0]: line.split() for line in lines[2:-1]}
+        return {line.split()[0]: line.split() for line in lines[2:]
+                if not line.startswith(("pollers:", "grants:"))}
 
     def test_table_and_rates_over_five_seconds(self):
         for shell in SHELLS:
@@ -158,6 +171,22 @@ class BlkdomStatTest(unittest.TestCase):
                                             "bounced-bytes=0; mapped-pages=1030")
                 # Synchronised on the rewrite at 1, then the one at 6.
                 self.assertEqual(self.clock(), 6)
+
+    def test_grants_against_the_budget(self):
+        (self.fake / "store").write_text(store_lines(budget=True))
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                result = self.run_tool("-1", shell=shell)
+                lines = result.stdout.splitlines()
+                self.assertEqual(lines[-2], "pollers: rings vcpu0=2 vcpu1=1; "
+                                            "bounced-bytes=0; mapped-pages=1030")
+                self.assertEqual(lines[-1], "grants: persistent=300 of budget 65536 (2 rings, "
+                                            "8448 each, idle release 60s); idle-released=40 "
+                                            "capped-requests=12")
+                self.assertEqual(len(self.rows(result)), 2)
+        # Without a budget in blkdom's statistics, no grants line.
+        (self.fake / "store").write_text(store_lines())
+        self.assertFalse(self.run_tool("-1").stdout.splitlines()[-1].startswith("grants:"))
 
     def test_longer_interval(self):
         result = self.run_tool("-i", "10")

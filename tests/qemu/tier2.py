@@ -68,9 +68,18 @@ def test_log_level_from_cmdline(suite):
     suite.record("boot.loglevel-error-silences-info", ok,
                  f"verdict {r.verdict}, {len(info_lines)} INFO lines", r)
 
-    r = suite.boot("loglevel-bad", "loglevel=loud")
+    # The same boot carries a bad grant limit next to a good one: the bad one is named
+    # with its range and its default kept, the good one applies, the boot goes on.
+    r = suite.boot("loglevel-bad", "loglevel=loud grants.max-total=lots grants.idle-s=5")
     ok = r.verdict == "poweroff" and "loglevel=loud not understood" in r.log and q.READY_MARKER in r.log
     suite.record("boot.bad-loglevel-warns-and-boots", ok, f"verdict {r.verdict}", r)
+    needles = ["grants.max-total=lots: want a whole number 0..=4194304",
+               "at most 65536 persistent grants mapped by all rings together, 8448 by one ring",
+               "persistent grants unused for 5 s are unmapped"]
+    missing = [n for n in needles if n not in r.log]
+    suite.record("boot.bad-grant-limit-reported-default-kept",
+                 r.verdict == "poweroff" and not missing and q.READY_MARKER in r.log,
+                 f"verdict {r.verdict}" + "".join(f"; log lacks {n!r}" for n in missing), r)
 
 
 def test_selftests(suite):

@@ -61,7 +61,8 @@ wait_for() {
 }
 
 # blkdom_pollers DOMID: blkdom's poller line (data/blkdom-pollers, refreshed every 5 s):
-# "vcpu0: rings=.. loops=.. busy=.. sleeps=..; vcpu1: ...; mapped-pages=N".
+# "vcpu0: rings=.. loops=.. busy=.. sleeps=..; vcpu1: ...; grant-budget=.. ...;
+# bounced-bytes=N; mapped-pages=N" (mapped-pages last).
 blkdom_pollers() { xenstore-read "/local/domain/$1/data/blkdom-pollers" 2>/dev/null; }
 # blkdom_holds_nothing DOMID: no ring on either poller and no foreign page mapped.
 blkdom_holds_nothing() {
@@ -269,13 +270,15 @@ wait_blkdom_up() {
 }
 
 # boot_blkdom: creates the blkdom driver domain (tools/xl/blkdom.cfg) from the image
-# `make image` built, waits for "blkdom: up", and checks it is still running 3 s later.
+# `make image` built (with BLKDOM_CMDLINE as its kernel command line, if set), waits for
+# "blkdom: up", and checks it is still running 3 s later.
 boot_blkdom() {
   if [ ! -f "$RIG/images/blkdom" ]; then
     fail "blkdom image present (run make image)"
     return 1
   fi
-  create_domain blkdom "$XL_DIR/blkdom.cfg" || return 1
+  create_domain blkdom "$XL_DIR/blkdom.cfg" ${BLKDOM_CMDLINE:+"cmdline=\"$BLKDOM_CMDLINE\""} ||
+    return 1
   wait_blkdom_up blkdom 60 || return 1
   still_running_after_up blkdom-died
 }

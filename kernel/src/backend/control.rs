@@ -255,7 +255,7 @@ impl Control {
         let mut lines = Vec::with_capacity(self.vbds.len() + 1);
         for (path, vbd) in &self.vbds {
             let mut total = blkback::stats::RingStats::default();
-            for (_, control) in &vbd.hooks.queues {
+            for (_, control, _) in &vbd.hooks.queues {
                 total += &*control.stats.lock();
             }
             let mut line = format!("queues={}", vbd.hooks.queues.len());
@@ -281,11 +281,19 @@ impl Control {
                 )
             })
             .collect();
+        let (limits, grant_rings, grant_share) = super::grants::summary();
+        // mapped-pages stays last (the rig's checks anchor on it).
         lines.push((
             None,
             format!(
-                "{}; bounced-bytes={}; mapped-pages={}",
+                "{}; grant-budget={} grant-max-per-ring={} grant-idle-s={} grant-rings={} \
+                 grant-share={}; bounced-bytes={}; mapped-pages={}",
                 pollers.join("; "),
+                limits.max_total,
+                limits.max_per_ring,
+                limits.idle_secs,
+                grant_rings,
+                grant_share,
                 self.registry.bounced_bytes_total(),
                 adapters::mapped_pages()
             ),

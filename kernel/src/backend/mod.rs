@@ -10,6 +10,7 @@ pub mod adapters;
 mod control;
 pub mod disk;
 mod error;
+pub mod grants;
 pub mod poller;
 mod registry;
 mod registrytest;

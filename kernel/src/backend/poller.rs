@@ -145,6 +145,13 @@ pub fn attach(cpu: usize, queue: ServedQueue) {
     ring_doorbell(cpu);
 }
 
+/// Wakes every poller that sleeps (after the rings' grant caps changed).
+pub fn ring_all_doorbells() {
+    for cpu in 0..crate::smp::online_count() {
+        ring_doorbell(cpu);
+    }
+}
+
 /// Wakes the poller of `cpu` if it sleeps.
 pub fn ring_doorbell(cpu: usize) {
     let port = POLLERS[cpu].doorbell.load(Ordering::Acquire);
@@ -276,6 +283,11 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
             i += 1;
         }
         let now = xen.now_ns();
+        // The rings' clock: grants unpinned from now on are stamped with it, and cached
+        // grants idle for the timeout are unmapped (a bounded batch; cheap otherwise).
+        for queue in &mut served {
+            queue.engine.tick(now);
+        }
         if now >= next_ring_stats {
             next_ring_stats = now.saturating_add(RING_STATS_PERIOD_NS);
             for queue in &served {
@@ -319,5 +331,11 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
         let _ = xen::evtchn::poll(&xen.hv, &ports, deadline);
         xen.shared.clear_pending(doorbell);
         spin.on_wake();
+        // Up to a second asleep: the grants the next polls unpin must not carry the
+        // time before the sleep (they would look idle for that much longer).
+        let woke = xen.now_ns();
+        for queue in &mut served {
+            queue.engine.tick(woke);
+        }
     }
 }

@@ -7,7 +7,9 @@
 use machine::frames::PhysRange;
 
 pub const RING_PAGES: u32 = 16;
-/// Grants one ring may have mapped at once (128 MiB of the frontend's pages).
+/// Grants one ring may have mapped at once (128 MiB of the frontend's pages): its
+/// persistent ones (at most `grants.max-per-ring`, itself at most half of this) and
+/// those of its requests in flight.
 pub const GRANT_PAGES_PER_RING: u32 = 32 * 1024;
 const REGION_BYTES: u64 = (RING_PAGES + GRANT_PAGES_PER_RING) as u64 * 4096;
 

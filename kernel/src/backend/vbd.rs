@@ -6,11 +6,13 @@
 use super::adapters::{self, FrontendGrants, Notify, SharedRing};
 use super::disk::Disk;
 use super::error::ConnectError;
+use super::grants;
 use super::poller::{self, QueueControl, RingMapping, ServedQueue};
 use super::space;
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use blkback::budget::GrantShare;
 use blkback::engine::{Busy, Engine, EngineConfig, EngineError};
 use blkback::negotiate::{BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection};
 use core::sync::atomic::Ordering;
@@ -29,11 +31,17 @@ pub(super) struct VbdHooks {
     /// `<frontend>/<devid>`, for log lines.
     pub(super) name: String,
     pub(super) disk: Disk,
-    /// Each connected queue's control block, with the vCPU that serves it.
-    pub(super) queues: Vec<(usize, Arc<QueueControl>)>,
+    /// Each connected queue's control block, with the vCPU that serves it and its
+    /// share of the domain's grant budget (with persistent grants).
+    pub(super) queues: Vec<(usize, Arc<QueueControl>, Option<GrantShare>)>,
     /// Leaked pages of earlier connections (unmap failures), for the stats.
     pub(super) leaked_pages: u64,
 }
+
+// A ring's cache never fills more than half of its map region: the other half stays for
+// the grants of requests in flight, mapped per request.
+const _: () =
+    assert!(2 * blkback::budget::GrantLimits::MAX_PER_RING_LIMIT <= space::GRANT_PAGES_PER_RING);
 
 fn map_ring(
     frontend: DomId,
@@ -70,7 +78,11 @@ impl VbdHooks {
         let ring = &connection.queues[q];
         let mut config = EngineConfig::new(connection.ring_order, connection.persistent_grants);
         config.max_indirect_segments = connection.max_indirect_segments;
-        config.persistent_grant_limit = Some(space::GRANT_PAGES_PER_RING as usize);
+        // The cache is sized for the most one ring may hold; the ring's share of the
+        // domain's budget caps it further while it runs.
+        let limits = grants::limits();
+        config.persistent_grant_limit = Some(limits.max_per_ring as usize);
+        config.idle_release_ns = limits.idle_ns();
         config.read_only = connection.read_only;
         config.discard = connection.discard;
         // The frontend chose the ring's size: refuse it before taking anything if its
@@ -138,7 +150,7 @@ impl VbdHooks {
             config,
             crate::mm::heap_free(),
         );
-        let engine = match engine {
+        let mut engine = match engine {
             Ok(engine) => engine,
             Err(e) => {
                 let _ = xen::evtchn::close(&xen.hv, port);
@@ -146,8 +158,13 @@ impl VbdHooks {
                 return Err(ConnectError::Engine(e));
             }
         };
+        let share = connection.persistent_grants.then(|| {
+            let share = grants::join();
+            engine.set_grant_share(share.clone());
+            share
+        });
         let control = Arc::new(QueueControl::default());
-        self.queues.push((cpu, control.clone()));
+        self.queues.push((cpu, control.clone(), share));
         poller::attach(
             cpu,
             ServedQueue {
@@ -177,7 +194,7 @@ impl ConnectionHooks for VbdHooks {
     }
 
     fn disconnect(&mut self) -> Result<(), Busy> {
-        for (cpu, control) in &self.queues {
+        for (cpu, control, _) in &self.queues {
             if !control.detach.swap(true, Ordering::AcqRel) {
                 poller::ring_doorbell(*cpu);
             }
@@ -185,13 +202,17 @@ impl ConnectionHooks for VbdHooks {
         if self
             .queues
             .iter()
-            .any(|(_, c)| !c.detached.load(Ordering::Acquire))
+            .any(|(_, c, _)| !c.detached.load(Ordering::Acquire))
         {
             return Err(Busy {
                 in_flight: self.queues.len(),
             });
         }
-        for (_, control) in self.queues.drain(..) {
+        for (_, control, share) in self.queues.drain(..) {
+            // Its grants are unmapped: the other rings may cache more.
+            if let Some(share) = share {
+                grants::leave(&share);
+            }
             self.leaked_pages += control.leaked_pages.load(Ordering::Acquire);
             if let Some(device) = control.device.lock().take() {
                 self.disk.give_back(device);

@@ -31,6 +31,7 @@
 extern crate alloc;
 
 pub mod abi;
+pub mod budget;
 pub mod engine;
 pub mod grant;
 pub mod negotiate;

@@ -8,7 +8,8 @@
 /// shown in xenstore and on the console can never disagree.
 macro_rules! ring_stats {
     ($($(#[doc = $doc:literal])* $field:ident => $name:literal,)*) => {
-        /// Counters of one ring. `grants_mapped` is a level, the rest only grow.
+        /// Counters of one ring. `grants_mapped`, `persistent_grants` and `grant_cap`
+        /// are levels, the rest only grow.
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
         pub struct RingStats {
             $($(#[doc = $doc])* pub $field: u64,)*
@@ -63,6 +64,18 @@ ring_stats! {
     spurious_events => "spurious-events",
     /// Grants mapped right now (cached plus in-flight transient ones).
     grants_mapped => "grants-mapped",
+    /// Persistent grants mapped right now (the ring's cache; bounded by its cap).
+    persistent_grants => "persistent-grants",
+    /// The most persistent grants the ring may keep mapped now: its share of the
+    /// domain's budget (0 without persistent grants).
+    grant_cap => "grant-cap",
+    /// Requests that had grants mapped for them alone because the ring's cache was at
+    /// its cap (served as if the frontend had no persistent grants).
+    capped_requests => "capped-requests",
+    /// Persistent grants unmapped after going unused for the idle timeout.
+    idle_released => "idle-released",
+    /// Persistent grants unmapped because the ring's cap dropped below what it held.
+    cap_evicted => "cap-evicted",
     /// GNTTABOP_map_grant_ref hypercalls (each maps a batch).
     map_batches => "map-batches",
     /// GNTTABOP_unmap_grant_ref hypercalls.
@@ -97,7 +110,7 @@ mod tests {
         assert_eq!(total.device_busy, 8);
         let names: Vec<_> = total.fields().map(|(name, _)| name).collect();
         assert_eq!(names.last(), Some(&"ring-overflows"));
-        assert_eq!(names.len(), 20);
+        assert_eq!(names.len(), 25);
         assert_eq!(
             total.fields().find(|(name, _)| *name == "wr_req"),
             Some(("wr_req", 4))

@@ -1,11 +1,13 @@
 //! The hot path allocates nothing: after set-up, polling a busy ring (persistent and
-//! transient grants, direct and indirect requests, errors, completions, notifications)
-//! makes no heap allocation on the polling thread.
+//! transient grants, direct and indirect requests, errors, completions, notifications,
+//! a cap that moves, idle grants released) makes no heap allocation on the polling
+//! thread.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use blkback::abi;
+use blkback::budget::{GrantBudget, GrantLimits};
 use blkback::engine::{Engine, EngineConfig};
 use blkback::fake::wire::{encode_direct, encode_indirect, encode_segment};
 use blkback::fake::{CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
@@ -59,6 +61,7 @@ fn polling_allocates_nothing() {
         let mut front = FrontRing::new(RingView::new(memory.clone(), vec![0, 1]), order);
         let config = EngineConfig {
             persistent_grant_limit: Some(24),
+            idle_release_ns: 1_000,
             ..EngineConfig::new(order, persistent)
         };
         let mut engine = Engine::new(
@@ -69,6 +72,11 @@ fn polling_allocates_nothing() {
             config,
         )
         .unwrap();
+        let mut budget = GrantBudget::new(GrantLimits {
+            max_total: 40,
+            ..GrantLimits::default()
+        });
+        engine.set_grant_share(budget.join());
         // Descriptors of an indirect request in the page of gref 50.
         for i in 0..20u32 {
             let seg = SegmentDesc {
@@ -110,8 +118,24 @@ fn polling_allocates_nothing() {
         }
         let mut answered = 0;
         let mut next = 0;
+        let mut now = 0;
+        let mut other = None;
+        let mut loops = 0u32;
         let before = allocations();
         while answered < requests.len() {
+            // Another ring joins and leaves now and then (on the test thread: the
+            // control path's allocation is not the poller's, but counted here).
+            loops += 1;
+            if loops.is_multiple_of(5) {
+                let after_control = allocations();
+                match other.take() {
+                    None => other = Some(budget.join()),
+                    Some(share) => budget.leave(&share),
+                }
+                ALLOCATIONS.with(|count| count.set(after_control));
+            }
+            now += 600;
+            engine.tick(now);
             while next < requests.len() && front.free_slots() > 0 {
                 front.put_request(&requests[next]);
                 next += 1;
@@ -126,6 +150,13 @@ fn polling_allocates_nothing() {
             during, 0,
             "persistent={persistent}: {during} allocations while polling"
         );
-        assert!(engine.stats().map_batches > 0 && engine.stats().errors > 0);
+        let stats = engine.stats();
+        assert!(stats.map_batches > 0 && stats.errors > 0);
+        if persistent {
+            assert!(
+                stats.idle_released > 0 && stats.cap_evicted > 0,
+                "{stats:?}"
+            );
+        }
     }
 }

@@ -65,6 +65,8 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
 
     /// Refuse a request that already holds a slot but no grants.
     fn refuse_slot(&mut self, slot: u16, error: RequestError) {
+        // Its indirect pages may have met the cache's cap: not a request served.
+        self.mapper.take_capped();
         let Slot {
             id, response_op, ..
         } = self.slots[slot];

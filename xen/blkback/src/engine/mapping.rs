@@ -67,6 +67,9 @@ pub(super) struct GrantMapper {
     unmap_results: Vec<Result<(), GrantStatus>>,
     /// Transient mappings held by requests.
     transient_mapped: usize,
+    /// A grant was mapped for its request alone because the cache was at its limit
+    /// since the engine last looked (`take_capped`).
+    capped: bool,
 }
 
 impl GrantMapper {
@@ -88,6 +91,7 @@ impl GrantMapper {
             unmaps: fallible::with_capacity(batch)?,
             unmap_results: fallible::with_capacity(batch)?,
             transient_mapped: 0,
+            capped: false,
         })
     }
 
@@ -115,6 +119,81 @@ impl GrantMapper {
     /// Grants held in the persistent cache.
     pub fn cached(&self) -> usize {
         self.cache.len()
+    }
+
+    /// Grants mapped through the persistent cache.
+    pub fn persistent_mapped(&self) -> usize {
+        self.cache.mapped()
+    }
+
+    /// The most grants the cache takes now (the ring's share of the domain's budget).
+    pub fn cache_limit(&self) -> usize {
+        if self.persistent {
+            self.cache.limit()
+        } else {
+            0
+        }
+    }
+
+    /// Cache at most `limit` grants from now on; what is held beyond it goes with
+    /// `evict_over_limit`.
+    pub fn set_cache_limit(&mut self, limit: usize) {
+        self.cache.set_limit(limit);
+    }
+
+    /// Whether a grant was mapped for its request alone because of the cache's limit
+    /// since the last call.
+    pub fn take_capped(&mut self) -> bool {
+        core::mem::take(&mut self.capped)
+    }
+
+    /// Unmap with one call what `take` removes from the cache, given the room left in
+    /// the unmap batch and where each mapping goes; returns how many it removed.
+    fn unmap_from_cache<G: GrantOps>(
+        &mut self,
+        grants: &mut G,
+        stats: &mut RingStats,
+        take: impl FnOnce(&mut GrantCache, usize, &mut dyn FnMut(MappedGrant)) -> usize,
+    ) -> usize {
+        self.flush_unmaps(grants, stats);
+        let room = self.unmaps.capacity() - self.unmaps.len();
+        let unmaps = &mut self.unmaps;
+        let taken = take(&mut self.cache, room, &mut |grant| unmaps.push(grant));
+        self.flush_unmaps(grants, stats);
+        taken
+    }
+
+    /// Unmap up to one unmap batch of unpinned cached grants, least recently used
+    /// first, while the cache holds more than its limit. Returns how many went.
+    pub fn evict_over_limit<G: GrantOps>(
+        &mut self,
+        grants: &mut G,
+        stats: &mut RingStats,
+    ) -> usize {
+        if self.cache.over_limit() == 0 {
+            return 0;
+        }
+        self.unmap_from_cache(grants, stats, |cache, room, unmapped| {
+            cache.evict_over_limit(room, unmapped)
+        })
+    }
+
+    /// Stamp grants unpinned from now on with `now` (ns); with `idle` > 0, unmap up to
+    /// one unmap batch of cached grants unused for `idle` ns. Returns how many went.
+    pub fn release_idle<G: GrantOps>(
+        &mut self,
+        now: u64,
+        idle: u64,
+        grants: &mut G,
+        stats: &mut RingStats,
+    ) -> usize {
+        self.cache.set_clock(now);
+        if idle == 0 || self.cache.is_empty() {
+            return 0;
+        }
+        self.unmap_from_cache(grants, stats, |cache, room, unmapped| {
+            cache.release_idle(now, idle, room, unmapped)
+        })
     }
 
     /// The most grants the cache may hold.
@@ -174,10 +253,10 @@ impl GrantMapper {
 
     /// `gref`'s entry in the persistent cache, pinned: a hit (usually mapped already),
     /// or a new entry whose read-write map is queued (persistent grants are reused for
-    /// both directions). `None` when the cache is full of pinned entries.
+    /// both directions). `None` when the cache is at its limit (noted for
+    /// `take_capped`) or the grant's last map failed: map it for this request alone.
     fn acquire_cached(&mut self, gref: u32) -> Option<SegmentMap> {
-        let unmaps = &mut self.unmaps;
-        match self.cache.acquire(gref, &mut |grant| unmaps.push(grant)) {
+        match self.cache.acquire(gref) {
             CacheSlot::Hit(entry) => Some(match self.cache.grant(entry) {
                 // No second look-up at resolve time.
                 Ok(grant) => SegmentMap {
@@ -195,7 +274,11 @@ impl GrantMapper {
                 self.targets.push(MapTarget::Cache(entry));
                 Some(SegmentMap::pending(entry))
             }
-            CacheSlot::Full => None,
+            CacheSlot::AtLimit => {
+                self.capped = true;
+                None
+            }
+            CacheSlot::Failed => None,
         }
     }
 
@@ -222,9 +305,8 @@ impl GrantMapper {
         self.requests.clear();
     }
 
-    /// Unmap what is queued (evictions included, so the number of mapped grants never
-    /// exceeds the bound), then map the batch with one call and record each transient
-    /// mapping.
+    /// Unmap what is queued (so the number of mapped grants never exceeds the bound),
+    /// then map the batch with one call and record each transient mapping.
     pub fn map_batch<G: GrantOps>(&mut self, grants: &mut G, stats: &mut RingStats) {
         self.flush_unmaps(grants, stats);
         if self.requests.is_empty() {

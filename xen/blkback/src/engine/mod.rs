@@ -14,6 +14,7 @@ use alloc::vec::Vec;
 use blkdev::{BlockDevice, Completion, Geometry};
 
 use crate::abi::{self, wire, MAX_SEGMENTS_PER_REQUEST};
+use crate::budget::{GrantLimits, GrantShare};
 use crate::fallible;
 use crate::grant::GrantOps;
 use crate::parse::RequestError;
@@ -44,9 +45,14 @@ pub struct EngineConfig {
     pub persistent_grants: bool,
     /// What we advertised as `feature-max-indirect-segments`.
     pub max_indirect_segments: u16,
-    /// Cap on cached grants; `None` means ring slots × segments per request, the most
-    /// in-flight requests can reference.
+    /// The most grants the cache is sized for (`grants.max-per-ring`); never more than
+    /// ring slots × segments per request, the most in-flight requests can reference,
+    /// which is also the size with `None`. The ring's share of the domain's budget
+    /// (`Engine::set_grant_share`) caps it further while the ring runs.
     pub persistent_grant_limit: Option<usize>,
+    /// Unmap a cached grant unused this long (ns; 0: never). Time comes from
+    /// `Engine::tick`.
+    pub idle_release_ns: u64,
     /// Refuse writes even if the device takes them (toolstack `mode` "r").
     pub read_only: bool,
     /// Serve discards if the device can (`false`: the toolstack's `discard-enable` is 0,
@@ -61,6 +67,7 @@ impl EngineConfig {
             persistent_grants,
             max_indirect_segments: abi::MAX_INDIRECT_SEGMENTS,
             persistent_grant_limit: None,
+            idle_release_ns: GrantLimits::DEFAULT.idle_ns(),
             read_only: false,
             discard: true,
         }
@@ -148,9 +155,10 @@ impl Sizing {
             .min((abi::SEGMENTS_PER_INDIRECT_PAGE * abi::MAX_INDIRECT_PAGES) as u16);
         let max_segments = MAX_SEGMENTS_PER_REQUEST.max(usize::from(max_indirect_segments));
         let cache_capacity = if config.persistent_grants {
+            let referenced = slots * max_segments;
             config
                 .persistent_grant_limit
-                .unwrap_or(slots * max_segments)
+                .map_or(referenced, |limit| limit.min(referenced))
         } else {
             0
         };
@@ -205,6 +213,10 @@ pub struct Engine<M, G, D, E> {
     indirect_page: Vec<wire::Segment>,
     /// An event arrived since the last poll.
     event_pending: bool,
+    /// The ring's share of the domain's grant budget, read at every poll.
+    share: Option<GrantShare>,
+    /// `EngineConfig::idle_release_ns`.
+    idle_release_ns: u64,
     stats: RingStats,
 }
 
@@ -284,8 +296,45 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             )
             .map_err(|_| out_of_memory)?,
             event_pending: false,
+            share: None,
+            idle_release_ns: config.idle_release_ns,
             stats: RingStats::default(),
         })
+    }
+
+    /// Cap the persistent-grant cache by `share` from now on: each poll reads it, and a
+    /// ring holding more than its cap unmaps unpinned grants down to it (at most one
+    /// unmap batch per poll); at the cap, further grants are mapped per request.
+    pub fn set_grant_share(&mut self, share: GrantShare) {
+        self.share = Some(share);
+        self.apply_grant_share();
+    }
+
+    /// Follow the share's cap, and evict one bounded batch if the cache is above it.
+    fn apply_grant_share(&mut self) {
+        let Some(share) = &self.share else { return };
+        let cap = share.cap();
+        if cap != self.mapper.cache_limit() {
+            self.mapper.set_cache_limit(cap);
+        }
+        self.stats.cap_evicted +=
+            self.mapper
+                .evict_over_limit(&mut self.grants, &mut self.stats) as u64;
+    }
+
+    /// The poller's clock (ns, monotonic): grants unpinned from now on are stamped with
+    /// it, and cached grants unused for the idle timeout are unmapped, at most one unmap
+    /// batch per call. Grants pinned by requests in flight are never released. Returns
+    /// how many were unmapped. Allocates nothing; cheap when nothing is due.
+    pub fn tick(&mut self, now: u64) -> usize {
+        if !self.mapper.persistent() {
+            return 0;
+        }
+        let released =
+            self.mapper
+                .release_idle(now, self.idle_release_ns, &mut self.grants, &mut self.stats);
+        self.stats.idle_released += released as u64;
+        released
     }
 
     pub fn state(&self) -> EngineState {
@@ -295,6 +344,8 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     pub fn stats(&self) -> RingStats {
         RingStats {
             grants_mapped: self.mapper.mapped() as u64,
+            persistent_grants: self.mapper.persistent_mapped() as u64,
+            grant_cap: self.mapper.cache_limit() as u64,
             ..self.stats
         }
     }
@@ -309,9 +360,14 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         self.mapper.cached()
     }
 
-    /// The most grants the cache may hold.
+    /// The most grants the cache was sized for.
     pub fn cache_capacity(&self) -> usize {
         self.mapper.cache_capacity()
+    }
+
+    /// The most grants the cache takes now (its share of the budget).
+    pub fn cache_limit(&self) -> usize {
+        self.mapper.cache_limit()
     }
 
     pub fn ring(&self) -> &BackRing<M> {
@@ -329,6 +385,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     /// One pass: take up to `budget` requests, finish completed ones, publish responses.
     pub fn poll(&mut self, budget: usize) -> PollOutcome {
         self.stats.polls += 1;
+        self.apply_grant_share();
         let mut consumed = 0;
         if matches!(self.state, EngineState::Running | EngineState::Halted) {
             // Requests accepted before a halt still go to the device.

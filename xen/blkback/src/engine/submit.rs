@@ -101,6 +101,10 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             let gref = self.slots.desc(i).gref;
             self.mapper.acquire(i, gref, writable);
         }
+        // Its indirect pages count too (they were acquired just before).
+        if self.mapper.take_capped() {
+            self.stats.capped_requests += 1;
+        }
         self.submission.staged.push(slot);
     }
 

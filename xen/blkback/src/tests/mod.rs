@@ -1,6 +1,7 @@
 //! Engine tests over the fake Xen: one named test per rule of design.md §4, and the
 //! threaded fake blkfront against a reference disk.
 
+mod budget;
 mod errors;
 mod fake_frontend;
 mod negotiation;
