@@ -13,6 +13,7 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkback::engine::{Busy, Engine, EngineConfig, EngineError};
 use blkback::negotiate::{BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection};
+use blkback::stats::Refusals;
 use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::DomId;
@@ -33,6 +34,8 @@ pub(super) struct VbdHooks {
     pub(super) queues: Vec<(usize, Arc<QueueControl>)>,
     /// Leaked pages of earlier connections (unmap failures), for the stats.
     pub(super) leaked_pages: u64,
+    /// What the rings of earlier connections refused (a ring's counters go with it).
+    pub(super) refusals: Refusals,
 }
 
 fn map_ring(
@@ -193,6 +196,7 @@ impl ConnectionHooks for VbdHooks {
         }
         for (_, control) in self.queues.drain(..) {
             self.leaked_pages += control.leaked_pages.load(Ordering::Acquire);
+            self.refusals.add_ring(&control.stats.lock());
             if let Some(device) = control.device.lock().take() {
                 self.disk.give_back(device);
             }
