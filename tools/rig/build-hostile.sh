@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds tools/hostile (the hostile frontend the guest of tests/xen/hostile runs) as a
 # static Linux x86_64 program (glibc linked in: the guest has no libraries), stripped,
-# into $BLKDOM_CACHE/rig/hostile/hostile; prints that path. Cargo rebuilds only what
-# changed; build-images.sh keys the guest image on the binary's bytes.
+# into $BLKDOM_CACHE/rig/hostile-<hash>/hostile; prints that path. Cargo rebuilds only
+# what changed; build-images.sh keys the guest image on the binary's bytes.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
@@ -17,8 +17,14 @@ built=$target_dir/$target/release/hostile
 if readelf -l "$built" | grep -q 'program interpreter'; then
   rig_die "$built is not statically linked"
 fi
-out=$RIG_CACHE/hostile
+# Kept under its own hash: a build from another tree (make rig) cannot swap the file
+# under a build-images.sh that already hashed it.
+tmp=$(mktemp "$RIG_CACHE/hostile.XXXXXX")
+strip -o "$tmp" "$built"
+chmod 755 "$tmp"
+out=$RIG_CACHE/hostile-$(sha256sum "$tmp" | cut -c1-16)
 mkdir -p "$out"
-strip -o "$out/hostile.tmp" "$built"
-mv "$out/hostile.tmp" "$out/hostile"
+mv "$tmp" "$out/hostile"
+# Earlier builds (1-2 MB each), once a day old.
+find "$RIG_CACHE" -maxdepth 1 -name 'hostile-*' ! -path "$out" -mmin +1440 -exec rm -rf {} +
 echo "$out/hostile"
