@@ -217,8 +217,10 @@ pub fn keys(offer: Offer, refs: &[Vec<u32>], ports: &[u32]) -> Keys {
 }
 
 impl Guest {
-    /// Connects `vbd` as `offer` says (the backend must be in InitWait).
+    /// Connects `vbd` as `offer` says; on failure the device is left ready for the next
+    /// attempt.
     pub fn connect(&mut self, vbd: &Vbd, offer: Offer) -> Result<Session, String> {
+        self.reset(vbd)?;
         let mut queues = Vec::new();
         for _ in 0..offer.queues {
             let (grants, mem) = self
@@ -239,6 +241,7 @@ impl Guest {
         let refs: Vec<Vec<u32>> = queues.iter().map(|q| q.grants.refs.clone()).collect();
         let ports: Vec<u32> = queues.iter().map(|q| q.port).collect();
         if let Err(e) = self.offer(vbd, &keys(offer, &refs, &ports)) {
+            let _ = self.reset(vbd);
             for port in ports {
                 self.evtchn.unbind(port);
             }
