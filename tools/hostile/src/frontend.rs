@@ -102,7 +102,7 @@ impl Guest {
             if start.elapsed() > STATE_TIMEOUT {
                 return Err(state);
             }
-            sleep(Duration::from_millis(10));
+            sleep(Duration::from_millis(20));
         }
     }
 
