@@ -4,8 +4,9 @@
 #   vmlinuz        Linux 6.1 (dom0 kernel and the PV guests' kernel)
 #   dom0.cpio.zst  dom0's initramfs: busybox, bash, the Xen tools and their libraries,
 #                  hotplug scripts, a few modules, and initramfs/dom0-init as /init
-#   guest.cpio.zst a PV guest's initramfs: busybox, a static fio, xen-blkfront, and
-#                  initramfs/guest-init as /init
+#   guest.cpio.zst a PV guest's initramfs: busybox, a static fio, the hostile frontend
+#                  (tools/hostile), xen-blkfront (and gntalloc/evtchn for the hostile
+#                  guest), and initramfs/guest-init as /init
 # Output: $BLKDOM_CACHE/rig/images-<hash>/ (hash of package versions and these scripts);
 # prints that directory. Packages are downloaded and unpacked, never installed.
 set -euo pipefail
@@ -17,7 +18,9 @@ DOM0_MODULES=(xen-evtchn xen-gntdev xen-gntalloc xen-privcmd xenfs xen-blkback b
   virtio_pci virtio_blk nvme xen-pciback)
 # crc32c_generic before ext4: ext4's checksums ask the crypto API for crc32c, which would
 # need modprobe (the guest has none) to load it on demand.
-GUEST_MODULES=(xen-blkfront crc32c_generic ext4)
+# xen-evtchn, xen-gntalloc: the hostile guest (tests/xen/hostile) is a blkfront in user
+# space, through /dev/xen/evtchn and /dev/xen/gntalloc (/dev/xen/xenbus is built in).
+GUEST_MODULES=(xen-blkfront crc32c_generic ext4 xen-evtchn xen-gntalloc)
 XEN_BIN=/usr/lib/xen-4.17/bin
 DOM0_XEN_TOOLS=(xl xenstored xenconsoled xen-init-dom0 libxl-save-helper xenstore-control)
 
@@ -38,8 +41,9 @@ dm_version=$(candidate_version qemu-system-xen)
 pinned+=("qemu-system-data=${dm_version%+b[0-9]*}")
 
 fio_bin=$("$RIG_DIR/build-fio.sh")
+hostile_bin=$("$RIG_DIR/build-hostile.sh")
 key=$(rig_hash "$RIG_DIR/build-images.sh" "$RIG_DIR/common.sh" "$RIG_DIR"/initramfs/* \
-  "$fio_bin" "${pinned[*]}")
+  "$fio_bin" "$hostile_bin" "${pinned[*]}")
 out=$RIG_CACHE/images-$key
 exec 9>"$RIG_CACHE/images.lock"
 flock 9
@@ -211,6 +215,7 @@ guest=$work/guest
 new_root "$guest"
 install_busybox "$guest"
 cp "$fio_bin" "$guest/usr/bin/fio"
+cp "$hostile_bin" "$guest/usr/bin/hostile"
 # e2fsprogs from the host (the same Debian release): the guest's mkfs/fsck checks.
 install_prog "$guest" /usr/sbin/mke2fs /usr/sbin/mke2fs
 install_prog "$guest" /usr/sbin/e2fsck /usr/sbin/e2fsck

@@ -164,6 +164,7 @@ impl Control {
                     disk,
                     queues: Vec::new(),
                     leaked_pages: 0,
+                    refusals: Default::default(),
                 };
                 self.vbds.insert(path, Vbd { backend, hooks });
             }
@@ -249,8 +250,8 @@ impl Control {
         }
     }
 
-    /// One line per device (its backend path and every counter summed over its queues),
-    /// then one line for the pollers.
+    /// One line per device (its backend path, every counter summed over its queues, then
+    /// what it refused over all its connections), then one line for the pollers.
     fn stats_lines(&self) -> Vec<(Option<&str>, String)> {
         let mut lines = Vec::with_capacity(self.vbds.len() + 1);
         for (path, vbd) in &self.vbds {
@@ -258,6 +259,9 @@ impl Control {
             for (_, control, _) in &vbd.hooks.queues {
                 total += &*control.stats.lock();
             }
+            let mut refusals = vbd.hooks.refusals;
+            refusals.add_ring(&total);
+            refusals.connections = vbd.backend.refused_connections();
             let mut line = format!("queues={}", vbd.hooks.queues.len());
             for (name, value) in total.fields() {
                 line.push_str(&format!(" {name}={value}"));
@@ -267,6 +271,9 @@ impl Control {
                 " bounced-bytes={}",
                 vbd.hooks.disk.bounced_bytes()
             ));
+            for (name, value) in refusals.fields() {
+                line.push_str(&format!(" {name}={value}"));
+            }
             lines.push((Some(path.as_str()), line));
         }
         let pollers: Vec<String> = (0..crate::smp::online_count())

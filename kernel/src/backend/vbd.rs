@@ -15,6 +15,7 @@ use alloc::vec::Vec;
 use blkback::budget::GrantShare;
 use blkback::engine::{Busy, Engine, EngineConfig, EngineError};
 use blkback::negotiate::{BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection};
+use blkback::stats::Refusals;
 use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::DomId;
@@ -36,6 +37,8 @@ pub(super) struct VbdHooks {
     pub(super) queues: Vec<(usize, Arc<QueueControl>, Option<GrantShare>)>,
     /// Leaked pages of earlier connections (unmap failures), for the stats.
     pub(super) leaked_pages: u64,
+    /// What the rings of earlier connections refused (a ring's counters go with it).
+    pub(super) refusals: Refusals,
 }
 
 // A ring's cache never fills more than half of its map region: the other half stays for
@@ -214,6 +217,7 @@ impl ConnectionHooks for VbdHooks {
                 grants::leave(&share);
             }
             self.leaked_pages += control.leaked_pages.load(Ordering::Acquire);
+            self.refusals.add_ring(&control.stats.lock());
             if let Some(device) = control.device.lock().take() {
                 self.disk.give_back(device);
             }

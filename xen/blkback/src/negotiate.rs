@@ -180,6 +180,9 @@ pub struct BlkifBackend {
     /// hooks report the teardown done it says Closed and reacts to whatever state the
     /// frontend is in by then (it may already be reconnecting).
     tearing_down: bool,
+    /// Connections refused so far (each `Failed`): a frontend retrying bad keys shows
+    /// here, not only in the last `error`.
+    refused_connections: u64,
 }
 
 fn read_u32(store: &mut dyn XenStore, path: &str) -> Result<Option<u32>, NegotiationError> {
@@ -243,6 +246,7 @@ impl BlkifBackend {
             state: XenbusState::Initialising,
             removed: false,
             tearing_down: false,
+            refused_connections: 0,
         };
         let early = [
             (
@@ -266,6 +270,12 @@ impl BlkifBackend {
 
     pub fn state(&self) -> XenbusState {
         self.state
+    }
+
+    /// Connections refused since the probe (negotiation failures: bad frontend keys, or
+    /// rings that could not be connected).
+    pub fn refused_connections(&self) -> u64 {
+        self.refused_connections
     }
 
     pub fn frontend_path(&self) -> &str {
@@ -490,6 +500,7 @@ impl BlkifBackend {
         reason: String,
     ) -> Result<StepOutcome, NegotiationError> {
         log::error!("blkback: {}: {}", self.backend_path, reason);
+        self.refused_connections += 1;
         store.write(NO_TRANSACTION, &self.key("error"), &reason)?;
         if let Some(node) = xenbus_error::error_node(&self.backend_path) {
             store.write(

@@ -88,6 +88,43 @@ ring_stats! {
     ring_overflows => "ring-overflows",
 }
 
+/// What a device refused over its whole life. A ring's own counters start again with each
+/// connection (a frontend that reconnects, or one that breaks its ring and is connected
+/// anew, would wipe its record); these add up every ring the device had, and the
+/// connections its negotiation refused. Published after the ring counters in
+/// `blkdom-stats`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Refusals {
+    /// Requests refused by parsing or validation (`bad-requests` of every ring).
+    pub requests: u64,
+    /// Responses with a status other than OKAY (`errors` of every ring).
+    pub error_responses: u64,
+    /// Rings halted for a broken producer index (`ring-overflows` of every ring).
+    pub halted_rings: u64,
+    /// Connections refused at negotiation: bad frontend keys, or rings that could not be
+    /// mapped or bound.
+    pub connections: u64,
+}
+
+impl Refusals {
+    /// Adds what one ring refused (a ring that went away, or a live one when publishing).
+    pub fn add_ring(&mut self, ring: &RingStats) {
+        self.requests += ring.bad_requests;
+        self.error_responses += ring.errors;
+        self.halted_rings += ring.ring_overflows;
+    }
+
+    /// Every counter as (name, value).
+    pub fn fields(&self) -> [(&'static str, u64); 4] {
+        [
+            ("refused-requests", self.requests),
+            ("error-responses", self.error_responses),
+            ("halted-rings", self.halted_rings),
+            ("refused-connections", self.connections),
+        ]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,5 +188,41 @@ mod tests {
                 ("wr_sect", 7),
             ]
         );
+    }
+
+    #[test]
+    fn refusals_add_up_the_refusal_counters_of_every_ring() {
+        let ring = RingStats {
+            bad_requests: 3,
+            errors: 5,
+            ring_overflows: 1,
+            reads: 100,
+            grant_failures: 2,
+            ..RingStats::default()
+        };
+        let mut refusals = Refusals {
+            connections: 7,
+            ..Refusals::default()
+        };
+        refusals.add_ring(&ring);
+        refusals.add_ring(&RingStats {
+            bad_requests: 1,
+            ..RingStats::default()
+        });
+        assert_eq!(
+            refusals.fields(),
+            [
+                ("refused-requests", 4),
+                ("error-responses", 5),
+                ("halted-rings", 1),
+                ("refused-connections", 7),
+            ]
+        );
+        // Names of their own: a line carries both sets.
+        let ring_names: Vec<_> = ring.fields().map(|(name, _)| name).collect();
+        assert!(refusals
+            .fields()
+            .iter()
+            .all(|(name, _)| !ring_names.contains(name)));
     }
 }

@@ -45,49 +45,59 @@ impl GuestMemory {
     /// Copy bytes out of one page. Panics if the range leaves the page.
     pub fn read(&self, page: usize, offset: usize, out: &mut [u8]) {
         assert!(offset + out.len() <= PAGE_SIZE, "read leaves the page");
-        let words = &self.pages[page];
-        let mut at = offset;
-        for chunk in out.chunks_mut(4) {
-            let bytes = words[at / 4].load(Ordering::Relaxed).to_le_bytes();
-            if at.is_multiple_of(4) && chunk.len() == 4 {
-                chunk.copy_from_slice(&bytes);
-                at += 4;
-            } else {
-                // Unaligned head or tail: byte by byte.
-                for byte in chunk.iter_mut() {
-                    *byte = words[at / 4].load(Ordering::Relaxed).to_le_bytes()[at % 4];
-                    at += 1;
-                }
-            }
-        }
+        read_words(&self.pages[page], offset, out);
     }
 
     /// Copy bytes into one page. Panics if the range leaves the page.
     pub fn write(&self, page: usize, offset: usize, data: &[u8]) {
         assert!(offset + data.len() <= PAGE_SIZE, "write leaves the page");
-        let words = &self.pages[page];
-        let mut at = offset;
-        let mut rest = data;
-        while !rest.is_empty() {
-            let in_word = at % 4;
-            let take = (4 - in_word).min(rest.len());
-            if take == 4 {
-                let value = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
-                words[at / 4].store(value, Ordering::Relaxed);
-            } else {
-                let _ = words[at / 4].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                    let mut bytes = old.to_le_bytes();
-                    bytes[in_word..in_word + take].copy_from_slice(&rest[..take]);
-                    Some(u32::from_le_bytes(bytes))
-                });
-            }
-            at += take;
-            rest = &rest[take..];
-        }
+        write_words(&self.pages[page], offset, data);
     }
 
     pub fn fill(&self, page: usize, byte: u8) {
         self.write(page, 0, &[byte; PAGE_SIZE]);
+    }
+}
+
+/// Copy bytes out of memory seen as little-endian words (shared memory: each word is
+/// loaded once, relaxed). Panics if the range leaves `words`.
+pub fn read_words(words: &[AtomicU32], offset: usize, out: &mut [u8]) {
+    let mut at = offset;
+    for chunk in out.chunks_mut(4) {
+        let bytes = words[at / 4].load(Ordering::Relaxed).to_le_bytes();
+        if at.is_multiple_of(4) && chunk.len() == 4 {
+            chunk.copy_from_slice(&bytes);
+            at += 4;
+        } else {
+            // Unaligned head or tail: byte by byte.
+            for byte in chunk.iter_mut() {
+                *byte = words[at / 4].load(Ordering::Relaxed).to_le_bytes()[at % 4];
+                at += 1;
+            }
+        }
+    }
+}
+
+/// Copy bytes into memory seen as little-endian words (whole words stored, partial ones
+/// merged atomically). Panics if the range leaves `words`.
+pub fn write_words(words: &[AtomicU32], offset: usize, data: &[u8]) {
+    let mut at = offset;
+    let mut rest = data;
+    while !rest.is_empty() {
+        let in_word = at % 4;
+        let take = (4 - in_word).min(rest.len());
+        if take == 4 {
+            let value = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+            words[at / 4].store(value, Ordering::Relaxed);
+        } else {
+            let _ = words[at / 4].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                let mut bytes = old.to_le_bytes();
+                bytes[in_word..in_word + take].copy_from_slice(&rest[..take]);
+                Some(u32::from_le_bytes(bytes))
+            });
+        }
+        at += take;
+        rest = &rest[take..];
     }
 }
 
@@ -363,18 +373,19 @@ impl BufferAccess for XenGrants {
     }
 }
 
-/// The frontend's side of a ring (`FRONT_RING_*` macros), over the same pages.
+/// The frontend's side of a ring (`FRONT_RING_*` macros), over the same pages (or, for
+/// `tools/hostile`, over a real ring page shared with gntalloc).
 #[derive(Debug)]
-pub struct FrontRing {
-    view: RingView,
+pub struct FrontRing<V = RingView> {
+    view: V,
     slots: u32,
     req_prod_pvt: u32,
     rsp_cons: u32,
 }
 
-impl FrontRing {
+impl<V: RingMemory> FrontRing<V> {
     /// `SHARED_RING_INIT` + `FRONT_RING_INIT`: zero the header, events at 1.
-    pub fn new(view: RingView, order: u32) -> Self {
+    pub fn new(view: V, order: u32) -> Self {
         view.write_bytes(0, &[0; sring::HEADER_SIZE]);
         view.store_u32(sring::REQ_EVENT, 1);
         view.store_u32(sring::RSP_EVENT, 1);
@@ -386,7 +397,7 @@ impl FrontRing {
         }
     }
 
-    pub fn view(&self) -> &RingView {
+    pub fn view(&self) -> &V {
         &self.view
     }
 

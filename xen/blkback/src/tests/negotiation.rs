@@ -301,6 +301,49 @@ fn bad_frontend_keys_fail_with_a_reason_and_close() {
 }
 
 #[test]
+fn refused_connections_are_counted_across_reconnects() {
+    let (mut store, mut backend) = probed_single_ring();
+    let mut hooks = RecordingHooks::default();
+    let mut refuse = |store: &mut MemStore, backend: &mut BlkifBackend, key: &str, value| {
+        store.set(&format!("{FE}/{key}"), value);
+        store.set(&format!("{FE}/state"), "3");
+        let outcome = backend.step(store, &mut hooks).unwrap();
+        assert!(matches!(outcome, StepOutcome::Failed(_)), "{outcome:?}");
+        // The frontend gives up on that attempt and starts again.
+        store.remove_tree(&format!("{FE}/{key}"));
+        store.set(&format!("{FE}/state"), "6");
+        backend.step(store, &mut hooks).unwrap();
+        store.set(&format!("{FE}/state"), "1");
+        backend.step(store, &mut hooks).unwrap();
+        assert_eq!(state(store), "2");
+    };
+    assert_eq!(backend.refused_connections(), 0);
+    refuse(&mut store, &mut backend, "ring-page-order", "30");
+    refuse(&mut store, &mut backend, "multi-queue-num-queues", "1000");
+    assert_eq!(backend.refused_connections(), 2);
+    // A refusal of the hooks counts too.
+    let mut refusing = RecordingHooks {
+        refuse_connect: true,
+        ..Default::default()
+    };
+    store.set(&format!("{FE}/state"), "3");
+    let outcome = backend.step(&mut store, &mut refusing).unwrap();
+    assert!(matches!(outcome, StepOutcome::Failed(_)));
+    assert_eq!(backend.refused_connections(), 3);
+    // A good connection after that leaves the count alone.
+    store.set(&format!("{FE}/state"), "6");
+    backend.step(&mut store, &mut hooks).unwrap();
+    store.set(&format!("{FE}/state"), "1");
+    backend.step(&mut store, &mut hooks).unwrap();
+    store.set(&format!("{FE}/state"), "3");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Connected))
+    );
+    assert_eq!(backend.refused_connections(), 3);
+}
+
+#[test]
 fn toolstack_detach_closes_then_removes_the_backend_directory() {
     let (mut store, mut backend) = probed_single_ring();
     store.set(&format!("{BE}/online"), "1");
