@@ -351,15 +351,17 @@ pub fn check_range(sector: u64, nr_sectors: u64, geometry: &Geometry) -> Result<
     Ok(())
 }
 
-/// Checks of a discard against the device.
+/// Checks of a discard against the device. A read-only disk refuses it as a write (an
+/// error, as Linux blkback answers) before asking whether discard is offered: a read-only
+/// disk offers none, and "not supported" would invite the frontend to just stop trying.
 pub fn check_discard(request: &DiscardRequest, geometry: &Geometry) -> Result<(), RequestError> {
+    if geometry.read_only {
+        return Err(RequestError::ReadOnly);
+    }
     match geometry.discard {
         None => return Err(RequestError::DiscardUnsupported),
         Some(d) if request.secure && !d.secure => return Err(RequestError::DiscardUnsupported),
         Some(_) => {}
-    }
-    if geometry.read_only {
-        return Err(RequestError::ReadOnly);
     }
     check_range(request.sector, request.nr_sectors, geometry)
 }
@@ -554,6 +556,10 @@ mod tests {
             secure: false,
         };
         assert_eq!(check_discard(&discard, &g), Err(RequestError::ReadOnly));
+        // A read-only disk offers no discard (the kernel publishes none): still an error,
+        // as a write, not "not supported" (tests/xen/hostile saw -2 before).
+        let offers_none = Geometry { discard: None, ..g };
+        assert_eq!(check_discard(&discard, &offers_none), Err(RequestError::ReadOnly));
     }
 
     #[test]
