@@ -88,6 +88,7 @@ impl VbdHooks {
         config.idle_release_ns = limits.idle_ns();
         config.read_only = connection.read_only;
         config.discard = connection.discard;
+        config.protocol = connection.protocol;
         // The frontend chose the ring's size: refuse it before taking anything if its
         // engine would not fit in the heap (an allocation failure would abort).
         let needed = config.memory_needed();

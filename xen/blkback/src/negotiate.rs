@@ -9,7 +9,7 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use blkdev::Geometry;
 
-use crate::abi::{MAX_INDIRECT_SEGMENTS, MAX_RING_PAGE_ORDER};
+use crate::abi::{Protocol, MAX_INDIRECT_SEGMENTS, MAX_RING_PAGE_ORDER};
 use crate::engine::Busy;
 use crate::xenbus_error::{self, errno, Errno};
 use crate::xenstore::{StoreError, XenStore, NO_TRANSACTION};
@@ -93,6 +93,8 @@ pub struct FrontendConnection {
     /// Discards are served if the device can: the toolstack's `discard-enable` is not 0.
     pub discard: bool,
     pub max_indirect_segments: u16,
+    /// The frontend's ABI (`protocol`: x86_64, or x86_32 translated).
+    pub protocol: Protocol,
     pub queues: Vec<QueueRing>,
 }
 
@@ -482,11 +484,12 @@ impl BlkifBackend {
         self.publish_device(store, connection.persistent_grants)?;
         self.switch(store, XenbusState::Connected)?;
         log::info!(
-            "blkback: {} connected: {} queue(s), ring order {}, persistent grants {}",
+            "blkback: {} connected: {} queue(s), ring order {}, persistent grants {}, {}",
             self.backend_path,
             connection.queues.len(),
             connection.ring_order,
-            connection.persistent_grants
+            connection.persistent_grants,
+            connection.protocol.name()
         );
         Ok(StepOutcome::Switched(XenbusState::Connected))
     }
@@ -534,17 +537,19 @@ impl BlkifBackend {
                 self.params.max_queues
             ));
         }
-        match store.read(NO_TRANSACTION, &format!("{fe}/protocol")) {
-            Err(StoreError::NotFound) => {}
-            Ok(protocol) if protocol.trim() == "x86_64-abi" => {}
-            Ok(protocol) if protocol.trim() == "x86_32-abi" => {
-                return bad(
-                    "protocol x86_32-abi is not supported: use a 64-bit frontend".to_string(),
-                )
-            }
-            Ok(protocol) => return bad(format!("unknown protocol {protocol:?}")),
+        // Absent: x86_64 (every 64-bit frontend writes it; Linux would assume x86_32).
+        let protocol = match store.read(NO_TRANSACTION, &format!("{fe}/protocol")) {
+            Err(StoreError::NotFound) => Protocol::X86_64,
+            Ok(value) => match Protocol::parse(&value) {
+                Some(protocol) => protocol,
+                None => {
+                    return bad(format!(
+                        "unknown protocol {value:?}: x86_64-abi and x86_32-abi are served"
+                    ))
+                }
+            },
             Err(error) => return Err(error.into()),
-        }
+        };
         let persistent = self.params.persistent_grants
             && read_u32(store, &format!("{fe}/feature-persistent"))?.unwrap_or(0) == 1;
         let mut queues = Vec::with_capacity(queue_count as usize);
@@ -578,6 +583,7 @@ impl BlkifBackend {
             read_only: self.read_only,
             discard: self.discard,
             max_indirect_segments: self.params.max_indirect_segments,
+            protocol,
             queues,
         })
     }

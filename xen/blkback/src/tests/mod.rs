@@ -6,6 +6,7 @@ mod errors;
 mod fake_frontend;
 mod negotiation;
 mod rules;
+mod x86_32;
 
 use std::sync::Arc;
 
@@ -53,9 +54,10 @@ impl<D: BlockDevice, M: RingMemory> Rig<D, M> {
         let memory = GuestMemory::new(ring_pages + 512);
         let table = GrantTable::new(memory.clone());
         let pages: Vec<usize> = (0..ring_pages).collect();
-        let front = FrontRing::new(
+        let front = FrontRing::with_protocol(
             RingView::new(memory.clone(), pages.clone()),
             config.ring_order,
+            config.protocol,
         );
         let events = CountingEvents::default();
         let view = wrap(RingView::new(memory.clone(), pages));
