@@ -163,6 +163,10 @@ impl From<StoreError> for NegotiationError {
 /// Transactions are redone at most this often on `EAGAIN`.
 const TRANSACTION_ATTEMPTS: usize = 16;
 
+/// The backend node where blkdom says how the last resize went: "<sectors> sectors", or
+/// "refused: <reason>".
+pub const RESIZE_NODE: &str = "blkdom-resize";
+
 /// The backend of one vbd (`/local/domain/<us>/backend/vbd/<fe>/<dev>`).
 #[derive(Debug)]
 pub struct BlkifBackend {
@@ -494,6 +498,62 @@ impl BlkifBackend {
         Ok(StepOutcome::Switched(XenbusState::Connected))
     }
 
+    /// The disk now has `sectors` sectors (an operator resized it, and every ring's
+    /// engine already checks requests against the new size). As Linux's
+    /// `xen_vbd_resize`: `sectors` and, while connected, `state` again, in one
+    /// transaction (redone on `EAGAIN`), so a connected blkfront re-reads the size; a
+    /// later connection publishes it too. [`RESIZE_NODE`] says so, and an error node
+    /// left by an earlier refused resize goes.
+    pub fn resized(
+        &mut self,
+        store: &mut dyn XenStore,
+        sectors: u64,
+    ) -> Result<(), NegotiationError> {
+        self.params.geometry.sectors = sectors;
+        let mut keys = alloc::vec![
+            ("sectors", sectors.to_string()),
+            (RESIZE_NODE, format!("{sectors} sectors")),
+        ];
+        if self.state == XenbusState::Connected {
+            keys.push(("state", (self.state as u32).to_string()));
+        }
+        self.write_in_transaction(store, &keys)?;
+        self.remove_error_directory(store);
+        log::info!(
+            "blkback: {}: resized to {sectors} sectors",
+            self.backend_path
+        );
+        Ok(())
+    }
+
+    /// An operator's resize is refused: the disk keeps its size and `params` is written
+    /// back as `served` (what the disk is), the reason goes to [`RESIZE_NODE`] and, with
+    /// its errno, where Linux's `xenbus_dev_error` leaves it; the disk keeps serving.
+    pub fn refuse_resize(
+        &self,
+        store: &mut dyn XenStore,
+        served: &str,
+        errno: u32,
+        reason: &str,
+    ) -> Result<(), NegotiationError> {
+        log::error!("blkback: {}: resize refused: {reason}", self.backend_path);
+        store.write(
+            NO_TRANSACTION,
+            &self.key(RESIZE_NODE),
+            &format!("refused: {reason}"),
+        )?;
+        if let Some(node) = xenbus_error::error_node(&self.backend_path) {
+            let text = format!("resize refused: {reason}");
+            store.write(
+                NO_TRANSACTION,
+                &node,
+                &xenbus_error::error_text(errno, &text),
+            )?;
+        }
+        store.write(NO_TRANSACTION, &self.key("params"), served)?;
+        Ok(())
+    }
+
     /// `xenbus_dev_fatal`: leave the reason in `error` (and, with its errno, where Linux
     /// leaves it) and close.
     fn fail(
@@ -623,6 +683,15 @@ impl BlkifBackend {
             keys.push(("discard-alignment", discard.alignment.to_string()));
             keys.push(("discard-secure", flag(discard.secure)));
         }
+        self.write_in_transaction(store, &keys)
+    }
+
+    /// Writes `keys` under the backend directory in one transaction (redone on `EAGAIN`).
+    fn write_in_transaction(
+        &self,
+        store: &mut dyn XenStore,
+        keys: &[(&str, String)],
+    ) -> Result<(), NegotiationError> {
         for _ in 0..TRANSACTION_ATTEMPTS {
             let tx = store.transaction_start()?;
             let written: Result<(), StoreError> = keys

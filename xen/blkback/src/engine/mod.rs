@@ -388,6 +388,19 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         &self.grants
     }
 
+    /// The device's capacity changed (a disk resized while it serves): requests are
+    /// checked against the new one from now on. The caller publishes the new size only
+    /// after every engine of the disk did this, so no frontend sends a request for a
+    /// sector its engine does not know yet; a shrink lowers the device's capacity first.
+    pub fn refresh_capacity(&mut self) {
+        self.geometry.sectors = self.device.geometry().sectors;
+    }
+
+    /// Sectors requests are checked against.
+    pub fn capacity(&self) -> u64 {
+        self.geometry.sectors
+    }
+
     /// One pass: take up to `budget` requests, finish completed ones, publish responses.
     pub fn poll(&mut self, budget: usize) -> PollOutcome {
         self.stats.polls += 1;

@@ -25,7 +25,7 @@ const FE: &str = "/local/domain/5/device/vbd/51712";
 
 /// Records calls; answers `Busy` to the first `busy_replies` disconnects.
 #[derive(Default)]
-struct RecordingHooks {
+pub(super) struct RecordingHooks {
     connects: Vec<FrontendConnection>,
     disconnects: usize,
     busy_replies: usize,
@@ -34,7 +34,7 @@ struct RecordingHooks {
 
 /// What `RecordingHooks` answers a connect it refuses.
 #[derive(Debug)]
-struct GrantMapFailed;
+pub(super) struct GrantMapFailed;
 
 impl core::fmt::Display for GrantMapFailed {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
