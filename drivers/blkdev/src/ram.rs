@@ -193,20 +193,23 @@ impl Stripe {
         Ok(memory)
     }
 
-    /// Discards `range`: the whole stripe (`whole`) is marked zero, a part is zeroed.
-    /// True if the stripe now has memory to give back.
-    fn discard(&mut self, range: Range<usize>, whole: bool) -> bool {
+    /// Discards `range`: the whole stripe (`whole`) is marked zero, a part is zeroed (a
+    /// secure discard zeroes the whole stripe's bytes too: none of the old data stays in
+    /// memory). True if the stripe now has memory to give back.
+    fn discard(&mut self, range: Range<usize>, whole: bool, secure: bool) -> bool {
         if self.zero || self.memory.is_none() {
             return false;
+        }
+        if let Some(memory) = self.memory.as_deref_mut() {
+            if !whole || secure {
+                memory[range].fill(0);
+            }
         }
         if whole {
             self.zero = true;
             return true;
         }
-        if let Some(memory) = self.memory.as_deref_mut() {
-            memory[range].fill(0);
-            self.trimmed = true;
-        }
+        self.trimmed = true;
         false
     }
 
@@ -638,6 +641,7 @@ struct PendingDiscard {
     tag: u32,
     next: usize,
     end: usize,
+    secure: bool,
 }
 
 /// One queue of a [`RamDisk`]. Reads, writes and flushes finish during `submit`;
@@ -668,16 +672,18 @@ impl RamDiskQueue {
             let within = at % STRIPE_BYTES;
             let take = (STRIPE_BYTES - within).min(discard.end - at);
             let whole = within == 0 && (take == STRIPE_BYTES || at + take >= capacity);
+            let secure = discard.secure;
             let mut marked = false;
             let _ = store.visit(at, take, |stripe, range, _| {
-                marked = stripe.discard(range, whole);
+                marked = stripe.discard(range, whole, secure);
                 Ok(())
             });
             if marked || !whole {
                 store.dirty.store(true, Ordering::Release);
             }
             discard.next += take;
-            budget = budget.saturating_sub(if whole { MARK_COST } else { take });
+            let cost = if whole && !secure { MARK_COST } else { take };
+            budget = budget.saturating_sub(cost);
             if discard.next == discard.end {
                 let tag = discard.tag;
                 self.discards.pop_front();
@@ -766,6 +772,7 @@ impl BlockDevice for RamDiskQueue {
                         tag: request.tag,
                         next: start,
                         end: start + (nr_sectors * SECTOR_SIZE) as usize,
+                        secure,
                     });
                     return Ok(());
                 }
@@ -995,6 +1002,47 @@ mod tests {
         assert_eq!(zero_bytes(&disk), 40 * 60 * 1024);
     }
 
+    impl RamDisk {
+        /// What stripe `index`'s memory holds, whatever the stripe reads as.
+        fn raw_stripe(&self, index: usize) -> Option<Vec<u8>> {
+            let stripe = self.store.stripe(index)?.lock();
+            stripe.memory.as_deref().map(<[u8]>::to_vec)
+        }
+    }
+
+    #[test]
+    fn a_secure_discard_leaves_none_of_the_data_in_memory() {
+        let disk = RamDisk::new(8 * STRIPE_SECTORS);
+        disk.write_at(0, &vec![0x77; 8 * STRIPE_BYTES]);
+        let mut queue = disk.queue(4);
+        let discard = |sector, secure| IoRequest {
+            tag: 1,
+            op: IoOp::Discard { secure },
+            sector,
+            nr_sectors: STRIPE_SECTORS,
+            preflush: false,
+            segments: &[],
+        };
+        queue
+            .submit(&discard(3 * STRIPE_SECTORS, true), &Pages::default())
+            .unwrap();
+        queue
+            .submit(&discard(4 * STRIPE_SECTORS, false), &Pages::default())
+            .unwrap();
+        while collect(&mut queue).len() < 2 {}
+        let mut bytes = vec![0xff; 2 * STRIPE_BYTES];
+        disk.read_at(3 * STRIPE_BYTES, &mut bytes);
+        assert!(bytes.iter().all(|&b| b == 0), "both read as zeroes");
+        assert!(
+            disk.raw_stripe(3).unwrap().iter().all(|&b| b == 0),
+            "secure: wiped"
+        );
+        assert!(
+            disk.raw_stripe(4).unwrap().iter().all(|&b| b == 0x77),
+            "plain: only marked (freed by maintain)"
+        );
+    }
+
     /// A 4 KiB write of `fill` at `sector` through `queue`.
     fn write_page(
         queue: &mut RamDiskQueue,
@@ -1219,7 +1267,7 @@ mod tests {
         let pages = Pages::default();
         let discard = |tag, sector| IoRequest {
             tag,
-            op: IoOp::Discard { secure: true },
+            op: IoOp::Discard { secure: false },
             sector,
             nr_sectors: 256 * STRIPE_SECTORS + 1,
             preflush: false,
