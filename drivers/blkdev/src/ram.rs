@@ -618,11 +618,25 @@ impl RamDisk {
             }
         }
         if store.wants_memory.load(Ordering::Acquire) {
+            // Allocated without the spare lock held (writers take it).
+            let room = {
+                let spare = store.spare.lock();
+                spare.capacity() - spare.len()
+            };
+            let mut fresh: [Option<Box<[u8]>>; SPARE_STRIPES] = Default::default();
+            for slot in fresh.iter_mut().take(room) {
+                *slot = stripe_memory();
+                if slot.is_none() {
+                    break;
+                }
+            }
             let mut spare = store.spare.lock();
-            while spare.len() < spare.capacity() {
-                let Some(memory) = stripe_memory() else { break };
-                spare.push(memory);
-                done.allocated += STRIPE_BYTES as u64;
+            for memory in fresh.into_iter().flatten() {
+                // Writers only take, and this runs one at a time: the room is there.
+                if spare.len() < spare.capacity() {
+                    spare.push(memory);
+                    done.allocated += STRIPE_BYTES as u64;
+                }
             }
             store.resident.fetch_add(done.allocated, Ordering::Relaxed);
             store
