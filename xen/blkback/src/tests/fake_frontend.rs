@@ -568,9 +568,9 @@ fn fake_blkfront_direct_requests_transient_grants_one_queue() {
     });
 }
 
-#[test]
-fn fake_blkfront_indirect_persistent_three_queues_two_pollers() {
-    run_fake_frontend(FakeFrontendConfig {
+/// Indirect requests and persistent grants on three queues of two-page rings.
+fn indirect_persistent_three_queues() -> FakeFrontendConfig {
+    FakeFrontendConfig {
         queues: 3,
         pollers: 2,
         ring_order: 1,
@@ -580,7 +580,12 @@ fn fake_blkfront_indirect_persistent_three_queues_two_pollers() {
         ops_divisor: 1,
         seed: 3,
         protocol: Protocol::X86_64,
-    });
+    }
+}
+
+#[test]
+fn fake_blkfront_indirect_persistent_three_queues_two_pollers() {
+    run_fake_frontend(indirect_persistent_three_queues());
 }
 
 #[test]
@@ -619,13 +624,8 @@ fn fake_32_bit_blkfront_direct_and_indirect_two_queues() {
     // copy; data, ids and statuses checked as for the others.
     run_fake_frontend(FakeFrontendConfig {
         queues: 2,
-        pollers: 2,
-        ring_order: 1,
-        persistent: true,
-        max_segments: 32,
-        depth: 24,
-        ops_divisor: 1,
         seed: 6,
         protocol: Protocol::X86_32,
+        ..indirect_persistent_three_queues()
     });
 }
