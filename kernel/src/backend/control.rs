@@ -175,6 +175,7 @@ impl Control {
                     params,
                     resize_epoch: 0,
                     pending_resize: None,
+                    refused_params: None,
                 };
                 self.vbds.insert(path, Vbd { backend, hooks });
             }
@@ -282,6 +283,11 @@ impl Control {
         };
         let asked = asked.trim();
         if asked == vbd.hooks.params {
+            // Written back after a refusal (or never changed): the next change counts.
+            vbd.hooks.refused_params = None;
+            return false;
+        }
+        if vbd.hooks.refused_params.as_deref() == Some(asked) {
             return false;
         }
         match resize(&mut self.registry, &mut vbd.hooks, asked) {
@@ -301,6 +307,7 @@ impl Control {
                 return true;
             }
             Err(refusal) => {
+                vbd.hooks.refused_params = Some(asked.into());
                 let served = vbd.hooks.params.clone();
                 let text = refusal.to_string();
                 if let Err(e) = vbd

@@ -46,6 +46,9 @@ pub(super) struct VbdHooks {
     pub(super) resize_epoch: u64,
     /// A resize done on the disk, published (sectors) once every queue acknowledged it.
     pub(super) pending_resize: Option<u64>,
+    /// The last `params` refused (not refused again while it stays: each refusal
+    /// writes nodes whose watch events would bring it back).
+    pub(super) refused_params: Option<String>,
 }
 
 // A ring's cache never fills more than half of its map region: the other half stays for

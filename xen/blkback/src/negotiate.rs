@@ -537,6 +537,7 @@ impl BlkifBackend {
         reason: &str,
     ) -> Result<(), NegotiationError> {
         log::error!("blkback: {}: resize refused: {reason}", self.backend_path);
+        store.write(NO_TRANSACTION, &self.key("params"), served)?;
         store.write(
             NO_TRANSACTION,
             &self.key(RESIZE_NODE),
@@ -550,7 +551,6 @@ impl BlkifBackend {
                 &xenbus_error::error_text(errno, &text),
             )?;
         }
-        store.write(NO_TRANSACTION, &self.key("params"), served)?;
         Ok(())
     }
 
