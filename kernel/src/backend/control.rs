@@ -367,11 +367,11 @@ impl Control {
                 " bounced-bytes={}",
                 vbd.hooks.disk.bounced_bytes()
             ));
-            for (name, value) in refusals.fields() {
-                line.push_str(&format!(" {name}={value}"));
-            }
             if let Some((resident, freed)) = vbd.hooks.disk.ram_memory() {
                 line.push_str(&format!(" resident-bytes={resident} freed-bytes={freed}"));
+            }
+            for (name, value) in refusals.fields() {
+                line.push_str(&format!(" {name}={value}"));
             }
             lines.push((Some(path.as_str()), line));
         }
