@@ -216,9 +216,11 @@ new_root "$guest"
 install_busybox "$guest"
 cp "$fio_bin" "$guest/usr/bin/fio"
 cp "$hostile_bin" "$guest/usr/bin/hostile"
-# e2fsprogs from the host (the same Debian release): the guest's mkfs/fsck checks.
+# e2fsprogs from the host (the same Debian release): the guest's mkfs/fsck checks, and
+# resize2fs for the online resize (tests/xen/blkdom-lifecycle).
 install_prog "$guest" /usr/sbin/mke2fs /usr/sbin/mke2fs
 install_prog "$guest" /usr/sbin/e2fsck /usr/sbin/e2fsck
+install_prog "$guest" /usr/sbin/resize2fs /usr/sbin/resize2fs
 ln -s mke2fs "$guest/usr/sbin/mkfs.ext4"
 ln -s e2fsck "$guest/usr/sbin/fsck.ext4"
 cp /etc/mke2fs.conf "$guest/etc/"

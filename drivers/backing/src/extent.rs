@@ -190,6 +190,29 @@ impl<K: PartialEq, T> Ranges<K, T> {
         Some(self.claims.swap_remove(at).owner)
     }
 
+    /// Moves the claim of exactly `old` on `device` to `new` (a disk that grows or
+    /// shrinks), unless `new` shares a byte with another claim on the device: then that
+    /// claim. `Ok(false)` if no claim of `old` is held.
+    pub fn resize(&mut self, device: &K, old: Extent, new: Extent) -> Result<bool, &Claim<K, T>> {
+        let Some(at) = self
+            .claims
+            .iter()
+            .position(|c| c.device == *device && c.extent == old)
+        else {
+            return Ok(false);
+        };
+        let overlapping = self
+            .claims
+            .iter()
+            .enumerate()
+            .position(|(i, c)| i != at && c.device == *device && c.extent.overlaps(&new));
+        if let Some(other) = overlapping {
+            return Err(&self.claims[other]);
+        }
+        self.claims[at].extent = new;
+        Ok(true)
+    }
+
     /// The claims on `device`.
     pub fn on<'a>(&'a self, device: &'a K) -> impl Iterator<Item = &'a Claim<K, T>> + 'a {
         self.claims.iter().filter(move |c| c.device == *device)
@@ -323,5 +346,27 @@ mod tests {
         assert_eq!(ranges.len(), 3);
         assert_eq!(ranges.release(&2, e(0, 1 << 30)), Some("whole 2"));
         assert_eq!(ranges.on(&2).count(), 0);
+    }
+
+    #[test]
+    fn a_claim_grows_up_to_its_neighbour_only() {
+        let mut ranges: Ranges<u32, &str> = Ranges::new();
+        ranges.claim(1, e(0, 4096), "a").unwrap();
+        ranges.claim(1, e(16384, 4096), "b").unwrap();
+        ranges.claim(2, e(4096, 4096), "other device").unwrap();
+        // Up to b's first byte: fine (the other device's claim is no neighbour).
+        assert_eq!(ranges.resize(&1, e(0, 4096), e(0, 16384)), Ok(true));
+        assert_eq!(ranges.overlap(&1, e(8192, 1)).unwrap().owner, "a");
+        // One byte into b: refused, naming b; a keeps its range.
+        let refused = ranges.resize(&1, e(0, 16384), e(0, 16385)).unwrap_err();
+        assert_eq!((refused.owner, refused.extent), ("b", e(16384, 4096)));
+        assert!(ranges
+            .overlap(&1, e(0, 16384))
+            .is_some_and(|c| c.owner == "a"));
+        assert_eq!(ranges.release(&1, e(0, 16384)), Some("a"));
+        // A claim not held is not resized.
+        assert_eq!(ranges.resize(&1, e(0, 16384), e(0, 4096)), Ok(false));
+        // Shrinking never meets anyone.
+        assert_eq!(ranges.resize(&1, e(16384, 4096), e(16384, 512)), Ok(true));
     }
 }

@@ -12,9 +12,11 @@ extern crate alloc;
 pub mod extent;
 pub mod gpt;
 pub mod pattern;
+pub mod resize;
 pub mod spec;
 
 pub use extent::{check_slice, Extent, Ranges, SliceError};
+pub use resize::{new_size, ResizeRefused};
 pub use spec::{
     parse_backing, Backing, DeviceId, PartName, RamName, Region, SpecError, SLICE_ALIGN,
 };

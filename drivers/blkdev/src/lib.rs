@@ -18,8 +18,8 @@ mod slice;
 
 pub use dma::{Dma, DmaRegion};
 pub use null::NullDisk;
-pub use ram::{RamDisk, RamDiskQueue};
-pub use slice::{Slice, SliceError};
+pub use ram::{Maintenance, OutOfMemory, RamDisk, RamDiskQueue, ResizeError};
+pub use slice::{SharedCapacity, Slice, SliceError};
 
 /// Bytes in the sector unit used for all addressing (`sector` fields, capacities).
 pub const SECTOR_SIZE: u64 = 512;

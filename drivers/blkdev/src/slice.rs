@@ -2,11 +2,38 @@
 //! device are sectors `[0, sectors)` of the slice. Every request is checked against the
 //! slice before it is moved by `start` and handed on, so nothing one slice's guest sends
 //! reaches a byte outside it, whatever the layers above checked.
+//!
+//! The slice's length can be shared by several queues ([`SharedCapacity`]: the queues of
+//! one disk, each on its poller) and grown while they serve: each request reads it once.
+//! Whoever grows it checks first that the longer slice still fits the device and meets no
+//! other slice (the kernel's device registry does); the device checks its own end anyway.
+
+use alloc::sync::Arc;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{
     range_fits, BlockDevice, BufferAccess, Completion, Geometry, IoOp, IoRequest, SubmitError,
     SECTOR_SIZE,
 };
+
+/// A slice's length in sectors, shared by the queues of one disk (cloning shares it).
+#[derive(Clone, Debug)]
+pub struct SharedCapacity(Arc<AtomicU64>);
+
+impl SharedCapacity {
+    pub fn new(sectors: u64) -> Self {
+        SharedCapacity(Arc::new(AtomicU64::new(sectors)))
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// The new length, seen by every queue's next request (the caller checked it).
+    pub fn set(&self, sectors: u64) {
+        self.0.store(sectors, Ordering::Release);
+    }
+}
 
 /// Why a slice cannot be made of a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,7 +75,8 @@ impl core::error::Error for SliceError {}
 pub struct Slice<D> {
     inner: D,
     start: u64,
-    sectors: u64,
+    sectors: SharedCapacity,
+    /// Everything but the length, which is `sectors`.
     geometry: Geometry,
 }
 
@@ -56,6 +84,17 @@ impl<D: BlockDevice> Slice<D> {
     /// The slice of `inner` from sector `start`, `sectors` long: non-empty, whole
     /// logical blocks, inside the device. On error the device comes back with why.
     pub fn new(inner: D, start: u64, sectors: u64) -> Result<Self, (D, SliceError)> {
+        Self::shared(inner, start, &SharedCapacity::new(sectors))
+    }
+
+    /// Like `new`, with a length shared with other queues of the same disk (checked as
+    /// it is now).
+    pub fn shared(
+        inner: D,
+        start: u64,
+        capacity: &SharedCapacity,
+    ) -> Result<Self, (D, SliceError)> {
+        let sectors = capacity.get();
         let device = inner.geometry();
         let block = (u64::from(device.logical_block_size) / SECTOR_SIZE).max(1);
         let error = if sectors == 0 {
@@ -93,7 +132,7 @@ impl<D: BlockDevice> Slice<D> {
         Ok(Slice {
             inner,
             start,
-            sectors,
+            sectors: capacity.clone(),
             geometry,
         })
     }
@@ -103,9 +142,9 @@ impl<D: BlockDevice> Slice<D> {
         self.start
     }
 
-    /// The slice's length in sectors.
+    /// The slice's length in sectors, now.
     pub fn sectors(&self) -> u64 {
-        self.sectors
+        self.sectors.get()
     }
 
     pub fn inner(&self) -> &D {
@@ -135,7 +174,7 @@ impl<D: BlockDevice> Slice<D> {
             }
             IoOp::Discard { .. } => {}
         }
-        range_fits(request.sector, request.nr_sectors, self.sectors).then(|| IoRequest {
+        range_fits(request.sector, request.nr_sectors, self.sectors.get()).then(|| IoRequest {
             // Inside the slice, and the slice inside the device: no overflow.
             sector: request.sector + self.start,
             ..*request
@@ -145,7 +184,10 @@ impl<D: BlockDevice> Slice<D> {
 
 impl<D: BlockDevice> BlockDevice for Slice<D> {
     fn geometry(&self) -> Geometry {
-        self.geometry
+        Geometry {
+            sectors: self.sectors.get(),
+            ..self.geometry
+        }
     }
 
     fn queue_depth(&self) -> usize {
@@ -488,5 +530,30 @@ mod tests {
         assert!(all[..8 * 512].iter().all(|b| *b == 0xa5));
         assert!(all[8 * 512..24 * 512].iter().all(|b| *b == 0));
         assert!(all[24 * 512..32 * 512].iter().all(|b| *b == 0xa5));
+    }
+
+    #[test]
+    fn a_shared_length_grows_for_every_queue_of_the_slice() {
+        let capacity = SharedCapacity::new(16);
+        let mut first = Slice::shared(Recorder::new(1 << 20, 512), 2048, &capacity).unwrap();
+        let mut second = Slice::shared(Recorder::new(1 << 20, 512), 2048, &capacity).unwrap();
+        let data = pages(8);
+        let buffers = NoBuffers;
+        let beyond = request(IoOp::Write, 16, 8, &data[..1]);
+        assert_eq!(first.submit(&beyond, &buffers), Err(SubmitError::Invalid));
+        assert_eq!(second.submit(&beyond, &buffers), Err(SubmitError::Invalid));
+        capacity.set(64);
+        for slice in [&mut first, &mut second] {
+            assert_eq!(slice.geometry().sectors, 64);
+            assert_eq!(slice.sectors(), 64);
+            assert_eq!(slice.submit(&beyond, &buffers), Ok(()));
+            assert_eq!(
+                slice.inner().seen.last(),
+                Some(&(IoOp::Write, 2064, 8, false))
+            );
+        }
+        // Still nothing past the new end.
+        let past = request(IoOp::Discard { secure: false }, 60, 8, &[]);
+        assert_eq!(first.submit(&past, &buffers), Err(SubmitError::Invalid));
     }
 }

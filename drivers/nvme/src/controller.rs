@@ -110,7 +110,7 @@ impl Capabilities {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Version {
     pub major: u16,
     pub minor: u8,
@@ -131,6 +131,10 @@ pub struct ControllerIdentity {
     /// SGL support (bits 1:0 non-zero: SGLs for NVM I/O commands).
     pub sgls: u32,
     pub volatile_write_cache: bool,
+    /// Dataset Management Range Size Limit, in blocks (the NVM command set's Identify
+    /// Controller, CNS 06h): 0 when none is reported. A controller may skip a range
+    /// above it without an error (QEMU's does), so discards are split to fit.
+    pub dmrsl: u32,
 }
 
 fn trimmed(bytes: &[u8]) -> &str {
@@ -151,6 +155,7 @@ impl ControllerIdentity {
             oncs: u16::from_le_bytes([page[520], page[521]]),
             sgls: u32::from_le_bytes(page[536..540].try_into().expect("4")),
             volatile_write_cache: page[525] & 1 != 0,
+            dmrsl: 0,
         };
         identity.serial.copy_from_slice(&page[4..24]);
         identity.model.copy_from_slice(&page[24..64]);
@@ -184,6 +189,8 @@ pub struct Namespace {
     pub blocks: u64,
     pub block_size: u32,
     pub discard: bool,
+    /// Blocks one deallocate range may cover (DMRSL, else the field's 32 bits).
+    pub max_discard_blocks: u32,
     pub volatile_write_cache: bool,
     /// Write protected (NSATTR bit 0): writes and discards are refused.
     pub read_only: bool,
@@ -218,6 +225,12 @@ impl Default for InitConfig {
         }
     }
 }
+
+/// Identify CNS 06h: the I/O command set specific Identify Controller page (NVMe 1.4
+/// controllers onwards, with command sets; CSI 0 is the NVM command set).
+const IDENTIFY_CS_CONTROLLER: u32 = 0x06;
+const CSI_NVM: u8 = 0;
+const DMRSL_VERSION: Version = Version { major: 1, minor: 4 };
 
 /// Most PRP list entries the driver uses per command: one list page.
 pub(crate) const MAX_PRP_LIST_ENTRIES: usize = (PAGE_SIZE / 8) as usize;
@@ -354,6 +367,17 @@ impl<H: Hal> Controller<H> {
         };
         let page = controller.identify(1, 0)?;
         controller.identity = ControllerIdentity::parse(&page);
+        if controller.identity.dataset_management() && controller.version >= DMRSL_VERSION {
+            // Optional: a controller without the NVM command set's page answers an
+            // error, and has no limit to tell.
+            match controller.identify_with(IDENTIFY_CS_CONTROLLER, 0, CSI_NVM) {
+                Ok(page) => {
+                    controller.identity.dmrsl =
+                        u32::from_le_bytes(page[4..8].try_into().expect("4"));
+                }
+                Err(e) => log::info!("nvme: no NVM command set identify page ({e:?})"),
+            }
+        }
         Ok(controller)
     }
 
@@ -376,10 +400,16 @@ impl<H: Hal> Controller<H> {
     }
 
     fn identify(&mut self, cns: u32, nsid: u32) -> Result<[u8; 4096], NvmeError> {
+        self.identify_with(cns, nsid, 0)
+    }
+
+    /// Identify with a command set identifier (CDW11 bits 31:24).
+    fn identify_with(&mut self, cns: u32, nsid: u32, csi: u8) -> Result<[u8; 4096], NvmeError> {
         self.hal.write_dma(self.scratch, 0, &[0; 4096]);
         let entry = SubmissionEntry::new(Opcode::Identify as u8, 0, nsid)
             .with_prp(self.scratch.address(), 0)
-            .with_cdw(10, cns);
+            .with_cdw(10, cns)
+            .with_cdw(11, u32::from(csi) << 24);
         self.admin_command(entry)?;
         let mut page = [0u8; 4096];
         self.hal.read_dma(self.scratch, 0, &mut page);
@@ -484,6 +514,10 @@ impl<H: Hal> Controller<H> {
             blocks,
             block_size: block_size as u32,
             discard: self.identity.dataset_management(),
+            max_discard_blocks: match self.identity.dmrsl {
+                0 => u32::MAX,
+                limit => limit,
+            },
             volatile_write_cache: self.identity.volatile_write_cache,
             read_only: page[99] & 1 != 0,
             // PRP1 plus one full list page.

@@ -40,6 +40,12 @@ pub struct FakeController {
     pub dstrd: u32,
     pub mdts: u8,
     pub dsm: bool,
+    /// Dataset Management Range Size Limit in blocks, reported on the NVM command set's
+    /// Identify Controller page (0: none). As QEMU, a longer range is skipped without an
+    /// error (and noted as a violation).
+    pub dmrsl: u32,
+    /// Answer Identify CNS 06h (the command set's controller page) "invalid field".
+    pub no_cs_identify: bool,
     /// Offer SGLs for I/O (byte aligned).
     pub sgl: bool,
     /// Namespace 1 is write protected.
@@ -79,6 +85,8 @@ impl FakeController {
             dstrd: 0,
             mdts: 5,
             dsm: true,
+            dmrsl: 0,
+            no_cs_identify: false,
             sgl: false,
             write_protected: false,
             vwc: true,
@@ -299,6 +307,10 @@ impl FakeController {
                         ]);
                     }
                     0 => {} // inactive namespace: all zeros
+                    // The NVM command set (CSI 0 in CDW11 31:24): DMRSL at byte 4.
+                    6 if Self::cdw(entry, 11) >> 24 == 0 && !self.no_cs_identify => {
+                        page[4..8].copy_from_slice(&self.dmrsl.to_le_bytes());
+                    }
                     _ => return (CommandStatus::new(0, 2), 0),
                 }
                 self.memory[prp1 as usize..prp1 as usize + 4096].copy_from_slice(&page);
@@ -507,6 +519,12 @@ impl FakeController {
                     });
                     if start + len > disk_blocks {
                         return CommandStatus::new(0, 0x80);
+                    }
+                    if self.dmrsl != 0 && len > u64::from(self.dmrsl) {
+                        // Skipped, and success all the same: QEMU's behaviour.
+                        self.violations
+                            .push(format!("DSM range of {len} blocks above DMRSL"));
+                        continue;
                     }
                     self.disk[(start * bs) as usize..((start + len) * bs) as usize].fill(0);
                 }

@@ -260,30 +260,49 @@ impl<H: Hal> IoQueue<H> {
         if blocks == 0 {
             return self.complete_locally(request.tag, IoStatus::Ok);
         }
-        let Ok(blocks) = u32::try_from(blocks) else {
+        // One deallocate command per range of at most DMRSL blocks: a controller may
+        // skip a longer range and still report success.
+        let per_command = u64::from(self.namespace.max_discard_blocks.max(1));
+        let commands = blocks.div_ceil(per_command);
+        if commands > self.slots.capacity() as u64 {
             return Err(SubmitError::Invalid);
-        };
-        if self.slots.free_slots() == 0 {
+        }
+        if commands > self.slots.free_slots() as u64 {
             return Err(SubmitError::QueueFull);
         }
-        let head = self.slots.begin(request.tag, 1);
-        let range_area = self
-            .dsm_ranges
-            .slice(u64::from(head) * DSM_RANGE_LEN, DSM_RANGE_LEN);
-        let mut range = [0u8; DSM_RANGE_LEN as usize];
-        range[4..8].copy_from_slice(&blocks.to_le_bytes());
-        range[8..16].copy_from_slice(&self.lba(request.sector * SECTOR_SIZE).to_le_bytes());
-        self.hal.write_dma(range_area, 0, &range);
-        // One range (NR is 0-based), attribute "deallocate".
-        *self.slots.payload_mut(head) = Prepared {
-            entry: SubmissionEntry::new(io_opcode::DATASET_MANAGEMENT, head, self.namespace.nsid)
+        let head = self.slots.begin(request.tag, commands as u16);
+        let mut lba = self.lba(request.sector * SECTOR_SIZE);
+        let end = lba + blocks;
+        for n in 0..commands {
+            let slot = if n == 0 { head } else { self.slots.add(head) };
+            // Fits 32 bits: at most `max_discard_blocks`.
+            let count = (end - lba).min(per_command) as u32;
+            let range_area = self
+                .dsm_ranges
+                .slice(u64::from(slot) * DSM_RANGE_LEN, DSM_RANGE_LEN);
+            let mut range = [0u8; DSM_RANGE_LEN as usize];
+            range[4..8].copy_from_slice(&count.to_le_bytes());
+            range[8..16].copy_from_slice(&lba.to_le_bytes());
+            self.hal.write_dma(range_area, 0, &range);
+            // One range (NR is 0-based), attribute "deallocate".
+            *self.slots.payload_mut(slot) = Prepared {
+                entry: SubmissionEntry::new(
+                    io_opcode::DATASET_MANAGEMENT,
+                    slot,
+                    self.namespace.nsid,
+                )
                 .with_prp(range_area.address(), 0)
                 .with_cdw(10, 0)
                 .with_cdw(11, 1 << 2)
                 .bytes,
-            optional: true,
-        };
-        self.push_to_sq(head);
+                optional: true,
+            };
+            self.push_to_sq(slot);
+            lba += u64::from(count);
+        }
+        if commands > 1 {
+            self.stats.split_requests += 1;
+        }
         self.ring_sq_doorbell();
         Ok(())
     }

@@ -391,6 +391,55 @@ fn discard_deallocates_and_flush_reaches_the_device() {
 }
 
 #[test]
+fn discards_are_split_at_the_controllers_range_size_limit() {
+    // DMRSL 16 blocks: a range above it would be skipped with success (as QEMU does),
+    // so 40 blocks go out as three deallocates of 16, 16 and 8.
+    let mut fake = FakeController::new(1 << 20);
+    fake.dmrsl = 16;
+    let (hal, mut queues) = bring_up(fake, 1, 8);
+    let queue = &mut queues[0];
+    hal.with(|m| m.disk.fill(0xee));
+    let discard = IoRequest {
+        tag: 1,
+        op: IoOp::Discard { secure: false },
+        sector: 100,
+        nr_sectors: 40,
+        preflush: false,
+        segments: &[],
+    };
+    assert_eq!(complete_one(queue, &discard), IoStatus::Ok);
+    hal.with(|m| {
+        assert!(m.violations.is_empty(), "{:?}", m.violations);
+        let ranges: Vec<_> = m
+            .executed
+            .iter()
+            .map(|e| (e.opcode, e.slba, e.blocks))
+            .collect();
+        assert_eq!(ranges, [(0x09, 100, 16), (0x09, 116, 16), (0x09, 132, 8)]);
+        assert!(m.disk[100 * 512..140 * 512].iter().all(|&b| b == 0));
+        assert_eq!((m.disk[100 * 512 - 1], m.disk[140 * 512]), (0xee, 0xee));
+    });
+    assert_eq!(queue.stats().split_requests, 1);
+    // More deallocates than the queue has slots: refused; more than are free: later.
+    let huge = IoRequest {
+        nr_sectors: 16 * 9,
+        ..discard
+    };
+    assert_eq!(queue.submit(&huge, &NoCpuAccess), Err(SubmitError::Invalid));
+
+    // No command set page (an older controller): no limit, one range.
+    let mut fake = FakeController::new(1 << 20);
+    fake.no_cs_identify = true;
+    fake.dmrsl = 16;
+    let (hal, mut queues) = bring_up(fake, 1, 8);
+    assert_eq!(complete_one(&mut queues[0], &discard), IoStatus::Ok);
+    hal.with(|m| {
+        assert_eq!(m.executed.last().map(|e| e.blocks), Some(40));
+        assert_eq!(m.violations, ["DSM range of 40 blocks above DMRSL"]);
+    });
+}
+
+#[test]
 fn preflush_write_waits_for_its_flush() {
     let (hal, mut queues) = bring_up(FakeController::new(1 << 20), 1, 8);
     hal.with(|m| m.hold = true);

@@ -307,7 +307,17 @@ impl<H: Hal> VirtioBlk<H> {
                     secure: false,
                 }),
             },
-            max_discard_sectors: config.discard.map_or(0, |(max, _)| u64::from(max.max(1))),
+            // Pieces of a long discard start on the alignment the device asks for: the
+            // most it takes, rounded down to that alignment.
+            max_discard_sectors: config.discard.map_or(0, |(max, alignment)| {
+                let alignment = u64::from(alignment.max(1));
+                let max = u64::from(max.max(1));
+                if max >= alignment {
+                    max - max % alignment
+                } else {
+                    max
+                }
+            }),
             dead: false,
             idle_polls: 0,
         })

@@ -45,6 +45,11 @@ pub struct FakeDevice {
     pub seg_max: u32,
     pub num_queues: u16,
     pub queue_max: u16,
+    /// `max_discard_sectors` and `discard_sector_alignment` in the configuration (64
+    /// and 8); a discard range longer than the first, or one whose start is off the
+    /// second, is noted as a violation (the longer one also fails).
+    pub max_discard_sectors: u32,
+    pub discard_alignment: u32,
     pub hold: bool,
     /// Once FEATURES_OK is written, clear it again (a device refusing the set).
     pub refuse_features: bool,
@@ -79,6 +84,8 @@ impl FakeDevice {
             seg_max: 126,
             num_queues: 4,
             queue_max: 256,
+            max_discard_sectors: 64,
+            discard_alignment: 8,
             hold: false,
             refuse_features: false,
             fail_sector: None,
@@ -107,8 +114,8 @@ impl FakeDevice {
             config[0x0c..0x10].copy_from_slice(&self.seg_max.to_le_bytes());
             config[0x14..0x18].copy_from_slice(&512u32.to_le_bytes());
             config[0x22..0x24].copy_from_slice(&self.num_queues.to_le_bytes());
-            config[0x24..0x28].copy_from_slice(&64u32.to_le_bytes()); // max discard sectors
-            config[0x2c..0x30].copy_from_slice(&8u32.to_le_bytes()); // alignment
+            config[0x24..0x28].copy_from_slice(&self.max_discard_sectors.to_le_bytes());
+            config[0x2c..0x30].copy_from_slice(&self.discard_alignment.to_le_bytes());
             let o = (address - DEVICE) as usize;
             let mut v = [0u8; 8];
             v[..width as usize].copy_from_slice(&config[o..o + width as usize]);
@@ -381,9 +388,15 @@ impl FakeDevice {
                         }
                         let start = self.memory.u64_at(addr);
                         let count = u64::from(self.memory.u32_at(addr + 8));
-                        if count > 64 || (start + count) * 512 > self.disk.len() as u64 {
+                        if count > u64::from(self.max_discard_sectors)
+                            || (start + count) * 512 > self.disk.len() as u64
+                        {
                             status = 1;
                             continue;
+                        }
+                        if !start.is_multiple_of(u64::from(self.discard_alignment.max(1))) {
+                            self.violations
+                                .push(format!("discard at {start}, off the alignment"));
                         }
                         self.disk[(start * 512) as usize..((start + count) * 512) as usize].fill(0);
                         self.served.last_mut().unwrap().sector = start;

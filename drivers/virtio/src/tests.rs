@@ -266,17 +266,37 @@ fn discard_splits_at_the_device_limit_and_zeroes() {
     hal.with(|m| m.disk.fill(0xaa));
     let queue = &mut queues[0];
     assert_eq!(
+        complete_one(queue, &no_data(1, IoOp::Discard { secure: false }, 96, 150)),
+        IoStatus::Ok
+    );
+    hal.with(|m| {
+        assert!(m.disk[96 * 512..246 * 512].iter().all(|&b| b == 0));
+        assert_eq!((m.disk[96 * 512 - 1], m.disk[246 * 512]), (0xaa, 0xaa));
+        let ranges: Vec<_> = m.served.iter().map(|s| (s.sector, s.bytes / 512)).collect();
+        assert_eq!(ranges, [(96, 64), (160, 64), (224, 22)]);
+    });
+    no_violations(&hal);
+}
+
+#[test]
+fn discard_pieces_start_on_the_devices_alignment() {
+    // At most 60 sectors a range, aligned to 8: pieces of 56, each on the alignment.
+    let mut fake = FakeDevice::new(1 << 20);
+    fake.max_discard_sectors = 60;
+    let (hal, mut queues) = bring_up(fake, 1, 8);
+    hal.with(|m| m.disk.fill(0xaa));
+    assert_eq!(
         complete_one(
-            queue,
-            &no_data(1, IoOp::Discard { secure: false }, 100, 150)
+            &mut queues[0],
+            &no_data(1, IoOp::Discard { secure: false }, 96, 150)
         ),
         IoStatus::Ok
     );
     hal.with(|m| {
-        assert!(m.disk[100 * 512..250 * 512].iter().all(|&b| b == 0));
-        assert_eq!((m.disk[100 * 512 - 1], m.disk[250 * 512]), (0xaa, 0xaa));
         let ranges: Vec<_> = m.served.iter().map(|s| (s.sector, s.bytes / 512)).collect();
-        assert_eq!(ranges, [(100, 64), (164, 64), (228, 22)]);
+        assert_eq!(ranges, [(96, 56), (152, 56), (208, 38)]);
+        assert!(m.disk[96 * 512..246 * 512].iter().all(|&b| b == 0));
+        assert_eq!((m.disk[96 * 512 - 1], m.disk[246 * 512]), (0xaa, 0xaa));
     });
     no_violations(&hal);
 }

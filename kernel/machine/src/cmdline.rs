@@ -1,13 +1,18 @@
 //! The kernel command line: space-separated `key` or `key=value` words.
 //!
-//! Known keys: `loglevel=off|error|warn|info|debug|trace` (or 0..5), `selftest`,
-//! `selftest.inject-failure`, `crashtest=page-fault|panic|hang`,
-//! `poll.spin-us=<min>-<max>` (the pollers' adaptive spin window, microseconds),
-//! `grants.max-total=<n>` (persistent grants all rings together keep mapped, 0..=4194304,
-//! default 65536), `grants.max-per-ring=<n>` (the most one ring keeps, 0..=16384, default
-//! 8448), `grants.idle-s=<s>` (an unused persistent grant is unmapped after this long,
-//! 0..=86400, 0 never, default 60); the `grants.*` values are checked by
-//! `blkback::budget::GrantLimits::set`: a bad one is logged and its default kept.
+//! Known keys (README.md's table has an example of each):
+//! `loglevel=off|error|warn|info|debug|trace` (or 0..5), `poll.spin-us=<min>-<max>` (the
+//! pollers' adaptive spin window, microseconds), `grants.max-total=<n>` (persistent
+//! grants all rings together keep mapped, 0..=4194304, default 65536),
+//! `grants.max-per-ring=<n>` (the most one ring keeps, 0..=16384, default 8448),
+//! `grants.idle-s=<s>` (an unused persistent grant is unmapped after this long, 0..=86400,
+//! 0 never, default 60; the `grants.*` values are checked by
+//! `blkback::budget::GrantLimits::set`: a bad one is logged and its default kept),
+//! `selftest`, `selftest.expect-cpus=<n>`, `selftest.inject-failure`,
+//! `selftest.await-dom0`, `crashtest=page-fault|panic|hang`, `disktest=<target>` with
+//! `disktest.seed=`, `disktest.writes=`, `disktest.queues=`, `disktest.random-reads=`,
+//! `disktest.sequential-mib=`, `disktest.nvme-prp-only`, `disktest.bounce`, and
+//! `registrytest=<step>;...`.
 
 use log::LevelFilter;
 

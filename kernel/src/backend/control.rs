@@ -4,7 +4,7 @@
 
 use super::adapters::{self, Store};
 use super::disk::Disk;
-use super::error::AttachError;
+use super::error::{AttachError, ResizeRefusal};
 use super::poller;
 use super::registry::Registry;
 use super::space;
@@ -104,14 +104,21 @@ impl Control {
         found
     }
 
-    /// Makes the backing store a device asks for, or says why not.
-    fn open_backing(&mut self, store: &mut Store<'_>, path: &str) -> Result<Disk, AttachError> {
+    /// Makes the backing store a device asks for, or says why not; with the `params`
+    /// that named it.
+    fn open_backing(
+        &mut self,
+        store: &mut Store<'_>,
+        path: &str,
+    ) -> Result<(Disk, String), AttachError> {
         let params = store
             .read(NO_TRANSACTION, &format!("{path}/params"))
             .map_err(AttachError::NoParams)?;
         let passed_through = self.passed_through(store);
+        let params = params.trim();
         self.registry
-            .open(params.trim(), &passed_through)
+            .open(params, &passed_through)
+            .map(|disk| (disk, params.into()))
             .map_err(AttachError::Disk)
     }
 
@@ -142,8 +149,8 @@ impl Control {
     }
 
     fn add(&mut self, store: &mut Store<'_>, path: String) {
-        let disk = match self.open_backing(store, &path) {
-            Ok(disk) => disk,
+        let (disk, params) = match self.open_backing(store, &path) {
+            Ok(opened) => opened,
             Err(reason) => return self.fail(store, path, reason),
         };
         match BlkifBackend::probe(store, &path, backend_params(&disk)) {
@@ -165,6 +172,10 @@ impl Control {
                     queues: Vec::new(),
                     leaked_pages: 0,
                     refusals: Default::default(),
+                    params,
+                    resize_epoch: 0,
+                    pending_resize: None,
+                    refused_params: None,
                 };
                 self.vbds.insert(path, Vbd { backend, hooks });
             }
@@ -241,12 +252,97 @@ impl Control {
             Ok(outcome) => log::info!("blkback: {}: {outcome:?}", vbd.hooks.name),
             Err(e) => log::error!("blkback: {}: {e:?}", vbd.hooks.name),
         }
+        retry |= self.resize_step(store, path);
         if retry {
             if !self.retrying.contains(path) {
                 self.retrying.insert(String::from(path));
             }
         } else {
             self.retrying.remove(path);
+        }
+    }
+
+    /// Online resize of the device at `path`: publishes a resize every ring has taken in,
+    /// and starts one when an operator rewrote `params` with another size (or refuses it,
+    /// saying why). True while a resize waits for the pollers.
+    fn resize_step(&mut self, store: &mut Store<'_>, path: &str) -> bool {
+        let Some(vbd) = self.vbds.get_mut(path) else {
+            return false;
+        };
+        if let Some(sectors) = vbd.hooks.pending_resize {
+            if !vbd.hooks.resize_acknowledged() {
+                return true;
+            }
+            vbd.hooks.pending_resize = None;
+            if let Err(e) = vbd.backend.resized(store, sectors) {
+                log::error!("blkback: {}: publishing the new size: {e}", vbd.hooks.name);
+            }
+        }
+        let Ok(asked) = store.read(NO_TRANSACTION, &format!("{path}/params")) else {
+            return false;
+        };
+        let asked = asked.trim();
+        if asked == vbd.hooks.params {
+            // Written back after a refusal (or never changed): the next change counts.
+            vbd.hooks.refused_params = None;
+            return false;
+        }
+        if vbd.hooks.refused_params.as_deref() == Some(asked) {
+            return false;
+        }
+        match resize(&mut self.registry, &mut vbd.hooks, asked) {
+            // The same disk in other words (ram:1024K for ram:1M).
+            Ok(None) => vbd.hooks.params = asked.into(),
+            Ok(Some(sectors)) => {
+                log::info!(
+                    "blkback: {}: {} is now {asked}: {sectors} sectors",
+                    vbd.hooks.name,
+                    vbd.hooks.params
+                );
+                vbd.hooks.params = asked.into();
+                vbd.hooks.start_resize(sectors);
+                if vbd.hooks.resize_acknowledged() {
+                    return self.resize_step(store, path);
+                }
+                return true;
+            }
+            Err(refusal) => {
+                vbd.hooks.refused_params = Some(asked.into());
+                let served = vbd.hooks.params.clone();
+                let text = refusal.to_string();
+                if let Err(e) = vbd
+                    .backend
+                    .refuse_resize(store, &served, refusal.errno(), &text)
+                {
+                    log::error!("blkback: {}: {e}", vbd.hooks.name);
+                }
+            }
+        }
+        false
+    }
+
+    /// Gives back the memory of RAM disk stripes discards emptied, and gives a disk that
+    /// asked memory for writes (every RAM disk: the vbds' and the named ones kept).
+    fn maintain_ram_disks(&mut self) {
+        let disks = self
+            .vbds
+            .values()
+            .filter_map(|vbd| match &vbd.hooks.disk {
+                Disk::Ram(disk) => Some(disk),
+                Disk::Device(_) => None,
+            })
+            .chain(self.registry.named_ram_disks());
+        for disk in disks {
+            let done = disk.maintain();
+            if done.freed > 0 || done.allocated > 0 {
+                log::info!(
+                    "blkback: RAM disk of {} MiB: {} KiB freed, {} KiB taken for writes, {} KiB held",
+                    disk.sectors() >> 11,
+                    done.freed >> 10,
+                    done.allocated >> 10,
+                    disk.resident_bytes() >> 10
+                );
+            }
         }
     }
 
@@ -271,6 +367,9 @@ impl Control {
                 " bounced-bytes={}",
                 vbd.hooks.disk.bounced_bytes()
             ));
+            if let Some((resident, freed)) = vbd.hooks.disk.ram_memory() {
+                line.push_str(&format!(" resident-bytes={resident} freed-bytes={freed}"));
+            }
             for (name, value) in refusals.fields() {
                 line.push_str(&format!(" {name}={value}"));
             }
@@ -349,6 +448,12 @@ impl poller::ControlWork for Control {
         self.store_port
     }
 
+    fn maintain_memory(&mut self) {
+        super::disk::RAM_MEMORY_WANTED.store(false, Ordering::Release);
+        poller::RAM_KICK_SENT.store(false, Ordering::Release);
+        self.maintain_ram_disks();
+    }
+
     fn run(&mut self) -> Option<u64> {
         let home = format!("/local/domain/{}", self.domid);
         let router = WatchRouter {
@@ -397,6 +502,7 @@ impl poller::ControlWork for Control {
             let retry = !self.retrying.is_empty();
             let now = xen_domain::get().map_or(0, |p| p.now_ns());
             if now >= self.next_stats {
+                self.maintain_ram_disks();
                 self.publish_stats(&mut store);
                 self.next_stats = now + STATS_PERIOD_NS;
             }
@@ -419,4 +525,28 @@ impl poller::ControlWork for Control {
             STATS_PERIOD_NS
         })
     }
+}
+
+/// What an operator's new `params` does to the served disk: nothing (the same disk),
+/// a resize (the new size in sectors, done on the disk; its rings are yet to learn it),
+/// or a refusal.
+fn resize(
+    registry: &mut Registry,
+    hooks: &mut VbdHooks,
+    asked: &str,
+) -> Result<Option<u64>, ResizeRefusal> {
+    let spec = |params: &str| {
+        let text = params.strip_prefix("phy:").unwrap_or(params);
+        backing::parse_backing(text).map_err(|e| ResizeRefusal::Params {
+            params: params.into(),
+            reason: e.to_string(),
+        })
+    };
+    let served = spec(&hooks.params)?;
+    let Some(bytes) = backing::new_size(&served, &spec(asked)?).map_err(ResizeRefusal::Spec)?
+    else {
+        return Ok(None);
+    };
+    registry.resize(&hooks.params, &mut hooks.disk, bytes)?;
+    Ok(Some(bytes / blkdev::SECTOR_SIZE))
 }

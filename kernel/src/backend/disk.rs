@@ -15,10 +15,15 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use backing::{DeviceId, Extent};
 use blkdev::{
-    BlockDevice, BufferAccess, Completion, Geometry, IoRequest, RamDisk, Slice, SliceError,
-    SubmitError,
+    BlockDevice, BufferAccess, Completion, Geometry, IoRequest, RamDisk, SharedCapacity, Slice,
+    SliceError, SubmitError,
 };
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Set by a RAM disk whose write found no memory (its discards gave stripes back and
+/// none is spare): the control path is to run `RamDisk::maintain` soon. Every RAM disk
+/// is made with it; pollers look at it once a loop.
+pub static RAM_MEMORY_WANTED: AtomicBool = AtomicBool::new(false);
 
 /// One device queue, owned by the poller that serves the ring: the device's own, or
 /// wrapped as a slice of it (`blkdev::Slice`: requests checked against the slice and
@@ -36,14 +41,15 @@ impl DeviceQueue {
         DeviceQueue(Inner::Whole(queue))
     }
 
-    /// `queue` as the slice `(start, sectors)` of its device, in sectors; on error the
+    /// `queue` as the slice of its device from sector `start`, as long as `capacity`
+    /// says (shared by the disk's queues: a resize changes it for all); on error the
     /// queue comes back.
     pub(super) fn slice(
         queue: Queue,
         start: u64,
-        sectors: u64,
+        capacity: &SharedCapacity,
     ) -> Result<Self, (Queue, SliceError)> {
-        Slice::new(queue, start, sectors).map(|slice| DeviceQueue(Inner::Slice(slice)))
+        Slice::shared(queue, start, capacity).map(|slice| DeviceQueue(Inner::Slice(slice)))
     }
 
     /// The device's queue again, for any next disk on the device.
@@ -107,6 +113,8 @@ pub struct OpenDevice {
     pub(super) device: DeviceId,
     /// The bytes of the device this disk serves (all of them for a whole device).
     pub(super) extent: Extent,
+    /// A slice's length, shared by its queues (`None`: the whole device).
+    pub(super) capacity: Option<SharedCapacity>,
     pub(super) description: String,
     /// The disk's (a slice's is its own).
     pub(super) geometry: Geometry,
@@ -162,6 +170,14 @@ impl Disk {
     pub fn give_back(&mut self, queue: DeviceQueue) {
         if let Disk::Device(device) = self {
             device.idle.push(queue);
+        }
+    }
+
+    /// A RAM disk's memory: bytes held now, and bytes its discards gave back so far.
+    pub fn ram_memory(&self) -> Option<(u64, u64)> {
+        match self {
+            Disk::Ram(disk) => Some((disk.resident_bytes(), disk.freed_bytes())),
+            Disk::Device(_) => None,
         }
     }
 

@@ -170,6 +170,88 @@ impl fmt::Display for DiskError {
 
 impl core::error::Error for DiskError {}
 
+/// Why a served disk keeps its size when an operator rewrote its `params` (the reason
+/// goes to the backend's `blkdom-resize` node, Linux's error node and the console).
+#[derive(Debug)]
+pub enum ResizeRefusal {
+    /// The new `params` does not parse.
+    Params { params: String, reason: String },
+    /// It is not the served disk with another size (`backing::new_size`).
+    Spec(backing::ResizeRefused),
+    /// The RAM disk refused (too large, memory, or data beyond a smaller end).
+    Ram(blkdev::ResizeError),
+    /// Growing the RAM disk would leave too little memory.
+    RamDoesNotFit { needed: u64, free: u64 },
+    /// Only a slice of a device is resized (cannot happen after `Spec`'s checks).
+    NotASlice,
+    /// A slice only grows: blkdom cannot tell which of its blocks hold the guest's data.
+    SliceShrinks { from: Extent, bytes: u64 },
+    /// The grown slice does not fit its device.
+    Slice(backing::SliceError),
+    /// The grown slice would reach bytes serving another disk.
+    Overlaps {
+        spec: String,
+        extent: Extent,
+        serving: String,
+        serving_extent: Extent,
+    },
+}
+
+impl fmt::Display for ResizeRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ResizeRefusal::Params { params, reason } => write!(f, "params {params:?}: {reason}"),
+            ResizeRefusal::Spec(refused) => write!(f, "{refused}"),
+            ResizeRefusal::Ram(error) => write!(f, "{error}"),
+            ResizeRefusal::RamDoesNotFit { needed, free } => write!(
+                f,
+                "growing needs {} MiB of memory, {} MiB are free",
+                needed.div_ceil(1 << 20),
+                free >> 20
+            ),
+            ResizeRefusal::NotASlice => f.write_str("only a RAM disk or a slice is resized"),
+            ResizeRefusal::SliceShrinks { from, bytes } => write!(
+                f,
+                "a slice only grows ({from} asked to be {bytes} bytes): any of its blocks may                  hold the guest's data"
+            ),
+            ResizeRefusal::Slice(error) => write!(f, "{error}"),
+            ResizeRefusal::Overlaps {
+                spec,
+                extent,
+                serving,
+                serving_extent,
+            } => write!(
+                f,
+                "{spec} grown to {extent} would overlap {serving}, which serves another disk \
+                 ({serving_extent})"
+            ),
+        }
+    }
+}
+
+impl core::error::Error for ResizeRefusal {}
+
+/// EINVAL for a `params` that asks what cannot be done, EBUSY for data or another disk
+/// in the way, ENOMEM for memory, ENOSPC for a slice past its device.
+impl Errno for ResizeRefusal {
+    fn errno(&self) -> u32 {
+        match self {
+            ResizeRefusal::Params { .. }
+            | ResizeRefusal::Spec(_)
+            | ResizeRefusal::NotASlice
+            | ResizeRefusal::Ram(blkdev::ResizeError::Empty) => errno::EINVAL,
+            ResizeRefusal::Ram(blkdev::ResizeError::InUse { .. })
+            | ResizeRefusal::SliceShrinks { .. }
+            | ResizeRefusal::Overlaps { .. } => errno::EBUSY,
+            ResizeRefusal::Ram(blkdev::ResizeError::OutOfMemory { .. })
+            | ResizeRefusal::RamDoesNotFit { .. } => errno::ENOMEM,
+            ResizeRefusal::Ram(blkdev::ResizeError::TooLarge { .. }) | ResizeRefusal::Slice(_) => {
+                errno::ENOSPC
+            }
+        }
+    }
+}
+
 /// Why a vbd the toolstack created is not served (kept, and shown in the report).
 #[derive(Debug)]
 pub enum AttachError {

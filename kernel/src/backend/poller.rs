@@ -59,6 +59,10 @@ pub struct QueueControl {
     /// The device queue, handed back by the poller on release (a real disk's queues are
     /// reused by the next connection).
     pub device: spin::Mutex<Option<DeviceQueue>>,
+    /// Raised by control when the disk was resized: the poller has the engine refresh
+    /// its capacity, then acknowledges the same number in `resize_acked`.
+    pub resize_epoch: AtomicU64,
+    pub resize_acked: AtomicU64,
 }
 
 /// The ring's own pages and their grant handles.
@@ -72,6 +76,8 @@ pub struct ServedQueue {
     pub ring: RingMapping,
     pub region: MapRegion,
     pub control: Arc<QueueControl>,
+    /// The last `control.resize_epoch` the engine refreshed its capacity for.
+    pub resize_seen: u64,
 }
 
 /// What a poller counts, for `data/blkdom-pollers`.
@@ -171,6 +177,7 @@ fn release(cpu: usize, queue: ServedQueue) {
         mut ring,
         region,
         control,
+        ..
     } = queue;
     let (_, grants, device, _) = engine.into_parts();
     *control.device.lock() = Some(device);
@@ -209,7 +216,13 @@ fn doorbell_pair() -> Option<(EvtchnPort, EvtchnPort)> {
 pub trait ControlWork {
     fn port(&self) -> Option<EvtchnPort>;
     fn run(&mut self) -> Option<u64>;
+    /// A RAM disk asked for memory (`disk::RAM_MEMORY_WANTED`): give it some now.
+    fn maintain_memory(&mut self);
 }
+
+/// A poller without the control path saw `RAM_MEMORY_WANTED` and woke vCPU 0 for it
+/// (once, until control has run the maintenance).
+pub static RAM_KICK_SENT: AtomicBool = AtomicBool::new(false);
 
 /// The poll loop of this vCPU; never returns.
 pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
@@ -279,8 +292,21 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
                 xen.shared.clear_pending(queue.port);
                 queue.engine.event_received();
             }
+            let resize = queue.control.resize_epoch.load(Ordering::Acquire);
+            if resize != queue.resize_seen {
+                queue.engine.refresh_capacity();
+                queue.resize_seen = resize;
+                queue.control.resize_acked.store(resize, Ordering::Release);
+            }
             work |= queue.engine.poll(POLL_BUDGET).did_work();
             i += 1;
+        }
+        if super::disk::RAM_MEMORY_WANTED.load(Ordering::Relaxed) {
+            match control.as_mut() {
+                Some(control) => control.maintain_memory(),
+                None if !RAM_KICK_SENT.swap(true, Ordering::AcqRel) => ring_doorbell(0),
+                None => {}
+            }
         }
         let now = xen.now_ns();
         // The rings' clock: grants unpinned from now on are stamped with it, and cached

@@ -20,8 +20,8 @@
 //! - The PCI devices themselves (`devices::open::Devices`): an NVMe controller is
 //!   brought up once and then shared by its namespaces, a virtio device opened once.
 
-use super::disk::{DeviceQueue, Disk, OpenDevice};
-use super::error::DiskError;
+use super::disk::{DeviceQueue, Disk, OpenDevice, RAM_MEMORY_WANTED};
+use super::error::{DiskError, ResizeRefusal};
 use crate::devices::open::{Devices, OpenOptions, Queue};
 use crate::devices::region::{self, TableReader};
 use crate::firmware::Firmware;
@@ -30,8 +30,8 @@ use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use backing::{parse_backing, Backing, DeviceId, Extent, RamName, Ranges, Region};
-use blkdev::{BlockDevice, Geometry, RamDisk};
+use backing::{check_slice, parse_backing, Backing, DeviceId, Extent, RamName, Ranges, Region};
+use blkdev::{BlockDevice, Geometry, RamDisk, SharedCapacity};
 use core::sync::atomic::{AtomicU64, Ordering};
 use pci::PciAddress;
 
@@ -120,6 +120,69 @@ impl Registry {
         }
     }
 
+    /// Grows (or, a RAM disk, shrinks) `disk` to `bytes` while it serves: its spec
+    /// (`served`) was checked to allow it (`backing::new_size`). A RAM disk's new part must
+    /// fit the heap with room to spare; a slice grows only, inside its device and up to
+    /// the next range serving a disk (its claim moves with it), and every queue of the
+    /// disk sees the new length at its next request. The caller has each ring's engine
+    /// refresh its capacity before the new size is published.
+    pub fn resize(
+        &mut self,
+        served: &str,
+        disk: &mut Disk,
+        bytes: u64,
+    ) -> Result<(), ResizeRefusal> {
+        let sectors = bytes / blkdev::SECTOR_SIZE;
+        let device = match disk {
+            Disk::Ram(disk) => {
+                let needed = disk.memory_to_grow(sectors);
+                let free = crate::mm::heap_free() as u64;
+                if needed > 0 && needed + RAM_DISK_HEADROOM > free {
+                    return Err(ResizeRefusal::RamDoesNotFit { needed, free });
+                }
+                return disk.resize(sectors).map_err(ResizeRefusal::Ram);
+            }
+            Disk::Device(device) => device,
+        };
+        let old = device.extent;
+        let Some(capacity) = &device.capacity else {
+            return Err(ResizeRefusal::NotASlice);
+        };
+        if bytes < old.len() {
+            return Err(ResizeRefusal::SliceShrinks { from: old, bytes });
+        }
+        let pool = self
+            .pools
+            .iter()
+            .find(|p| p.device == device.device)
+            .ok_or(ResizeRefusal::NotASlice)?;
+        let device_bytes = pool.geometry.sectors * blkdev::SECTOR_SIZE;
+        let new = Extent::new(old.start(), bytes).ok_or(ResizeRefusal::NotASlice)?;
+        check_slice(new, device_bytes, pool.geometry.logical_block_size)
+            .map_err(ResizeRefusal::Slice)?;
+        match self.serving.resize(&device.device, old, new) {
+            Ok(_) => {}
+            Err(claim) => {
+                return Err(ResizeRefusal::Overlaps {
+                    spec: served.into(),
+                    extent: new,
+                    serving: claim.owner.clone(),
+                    serving_extent: claim.extent,
+                })
+            }
+        }
+        device.extent = new;
+        device.geometry.sectors = sectors;
+        device.description = format!("{new} of {}", pool.description);
+        capacity.set(sectors);
+        Ok(())
+    }
+
+    /// Every named RAM disk (kept here between their vbds).
+    pub fn named_ram_disks(&self) -> impl Iterator<Item = &RamDisk> {
+        self.ram_disks.values()
+    }
+
     /// Bytes copied through bounce buffers by every device since blkdom started.
     pub fn bounced_bytes_total(&self) -> u64 {
         self.bounce_counters
@@ -151,7 +214,17 @@ impl Registry {
                 free_bytes: room,
             });
         }
-        let disk = RamDisk::new(bytes / blkdev::SECTOR_SIZE);
+        // It may grow to what the heap could ever hold (a table of 16 bytes per 64 KiB).
+        let heap = (crate::mm::heap_free() + crate::mm::heap_used()) as u64;
+        let disk = RamDisk::try_new(
+            RamDisk::plain(bytes / blkdev::SECTOR_SIZE),
+            heap / blkdev::SECTOR_SIZE,
+            Some(&RAM_MEMORY_WANTED),
+        )
+        .map_err(|_| DiskError::RamDoesNotFit {
+            bytes,
+            free_bytes: room,
+        })?;
         if let Some(name) = name {
             log::info!(
                 "blkback: RAM disk {name} made ({} MiB); it stays until blkdom stops",
@@ -211,13 +284,15 @@ impl Registry {
         let window = match region {
             Region::Whole => None,
             // check_slice put it on whole blocks (whole sectors, then).
-            _ => extent.sectors(),
+            _ => extent
+                .sectors()
+                .map(|(start, sectors)| (start, SharedCapacity::new(sectors))),
         };
         let mut idle = Vec::with_capacity(queues.len());
         for queue in queues {
-            let queue = match window {
+            let queue = match &window {
                 None => Ok(DeviceQueue::whole(queue)),
-                Some((start, sectors)) => DeviceQueue::slice(queue, start, sectors),
+                Some((start, capacity)) => DeviceQueue::slice(queue, *start, capacity),
             };
             match queue {
                 Ok(queue) => idle.push(queue),
@@ -247,6 +322,7 @@ impl Registry {
         Ok(OpenDevice {
             device,
             extent,
+            capacity: window.map(|(_, capacity)| capacity),
             description,
             geometry,
             opened: idle.len(),

@@ -39,6 +39,16 @@ pub(super) struct VbdHooks {
     pub(super) leaked_pages: u64,
     /// What the rings of earlier connections refused (a ring's counters go with it).
     pub(super) refusals: Refusals,
+    /// `params` as the disk serves it (an operator's rewrite of it asks for a resize).
+    pub(super) params: String,
+    /// Resizes so far; each connected queue acknowledges the last once its engine
+    /// refreshed its capacity.
+    pub(super) resize_epoch: u64,
+    /// A resize done on the disk, published (sectors) once every queue acknowledged it.
+    pub(super) pending_resize: Option<u64>,
+    /// The last `params` refused (not refused again while it stays: each refusal
+    /// writes nodes whose watch events would bring it back).
+    pub(super) refused_params: Option<String>,
 }
 
 // A ring's cache never fills more than half of its map region: the other half stays for
@@ -88,6 +98,7 @@ impl VbdHooks {
         config.idle_release_ns = limits.idle_ns();
         config.read_only = connection.read_only;
         config.discard = connection.discard;
+        config.protocol = connection.protocol;
         // The frontend chose the ring's size: refuse it before taking anything if its
         // engine would not fit in the heap (an allocation failure would abort).
         let needed = config.memory_needed();
@@ -166,7 +177,12 @@ impl VbdHooks {
             engine.set_grant_share(share.clone());
             share
         });
-        let control = Arc::new(QueueControl::default());
+        // The engine read the disk's capacity as it is now: nothing to acknowledge.
+        let control = Arc::new(QueueControl {
+            resize_epoch: self.resize_epoch.into(),
+            resize_acked: self.resize_epoch.into(),
+            ..QueueControl::default()
+        });
         self.queues.push((cpu, control.clone(), share));
         poller::attach(
             cpu,
@@ -176,9 +192,32 @@ impl VbdHooks {
                 ring: mapping,
                 region,
                 control,
+                resize_seen: self.resize_epoch,
             },
         );
         Ok(())
+    }
+}
+
+impl VbdHooks {
+    /// The disk was resized: every connected queue's poller is to refresh its engine's
+    /// capacity (woken if it sleeps); `sectors` is published once all did.
+    pub(super) fn start_resize(&mut self, sectors: u64) {
+        self.resize_epoch += 1;
+        self.pending_resize = Some(sectors);
+        for (cpu, control, _) in &self.queues {
+            control
+                .resize_epoch
+                .store(self.resize_epoch, Ordering::Release);
+            poller::ring_doorbell(*cpu);
+        }
+    }
+
+    /// Whether every connected queue's engine checks against the latest resize.
+    pub(super) fn resize_acknowledged(&self) -> bool {
+        self.queues
+            .iter()
+            .all(|(_, c, _)| c.resize_acked.load(Ordering::Acquire) == self.resize_epoch)
     }
 }
 

@@ -313,9 +313,9 @@ fn negotiation(
             "ring-ref2 missing".into(),
         ),
         (
-            "protocol-x86_32",
-            with(&[("protocol", "x86_32-abi".into())]),
-            "x86_32-abi is not supported".into(),
+            "protocol-unknown",
+            with(&[("protocol", "x86_16-abi".into())]),
+            "unknown protocol \"x86_16-abi\"".into(),
         ),
         (
             "event-channel-0",

@@ -9,7 +9,7 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use blkdev::Geometry;
 
-use crate::abi::{MAX_INDIRECT_SEGMENTS, MAX_RING_PAGE_ORDER};
+use crate::abi::{Protocol, MAX_INDIRECT_SEGMENTS, MAX_RING_PAGE_ORDER};
 use crate::engine::Busy;
 use crate::xenbus_error::{self, errno, Errno};
 use crate::xenstore::{StoreError, XenStore, NO_TRANSACTION};
@@ -93,6 +93,8 @@ pub struct FrontendConnection {
     /// Discards are served if the device can: the toolstack's `discard-enable` is not 0.
     pub discard: bool,
     pub max_indirect_segments: u16,
+    /// The frontend's ABI (`protocol`: x86_64, or x86_32 translated).
+    pub protocol: Protocol,
     pub queues: Vec<QueueRing>,
 }
 
@@ -160,6 +162,10 @@ impl From<StoreError> for NegotiationError {
 
 /// Transactions are redone at most this often on `EAGAIN`.
 const TRANSACTION_ATTEMPTS: usize = 16;
+
+/// The backend node where blkdom says how the last resize went: "<sectors> sectors", or
+/// "refused: <reason>".
+pub const RESIZE_NODE: &str = "blkdom-resize";
 
 /// The backend of one vbd (`/local/domain/<us>/backend/vbd/<fe>/<dev>`).
 #[derive(Debug)]
@@ -482,13 +488,70 @@ impl BlkifBackend {
         self.publish_device(store, connection.persistent_grants)?;
         self.switch(store, XenbusState::Connected)?;
         log::info!(
-            "blkback: {} connected: {} queue(s), ring order {}, persistent grants {}",
+            "blkback: {} connected: {} queue(s), ring order {}, persistent grants {}, {}",
             self.backend_path,
             connection.queues.len(),
             connection.ring_order,
-            connection.persistent_grants
+            connection.persistent_grants,
+            connection.protocol.name()
         );
         Ok(StepOutcome::Switched(XenbusState::Connected))
+    }
+
+    /// The disk now has `sectors` sectors (an operator resized it, and every ring's
+    /// engine already checks requests against the new size). As Linux's
+    /// `xen_vbd_resize`: `sectors` and, while connected, `state` again, in one
+    /// transaction (redone on `EAGAIN`), so a connected blkfront re-reads the size; a
+    /// later connection publishes it too. [`RESIZE_NODE`] says so, and an error node
+    /// left by an earlier refused resize goes.
+    pub fn resized(
+        &mut self,
+        store: &mut dyn XenStore,
+        sectors: u64,
+    ) -> Result<(), NegotiationError> {
+        self.params.geometry.sectors = sectors;
+        let mut keys = alloc::vec![
+            ("sectors", sectors.to_string()),
+            (RESIZE_NODE, format!("{sectors} sectors")),
+        ];
+        if self.state == XenbusState::Connected {
+            keys.push(("state", (self.state as u32).to_string()));
+        }
+        self.write_in_transaction(store, &keys)?;
+        self.remove_error_directory(store);
+        log::info!(
+            "blkback: {}: resized to {sectors} sectors",
+            self.backend_path
+        );
+        Ok(())
+    }
+
+    /// An operator's resize is refused: the disk keeps its size and `params` is written
+    /// back as `served` (what the disk is), the reason goes to [`RESIZE_NODE`] and, with
+    /// its errno, where Linux's `xenbus_dev_error` leaves it; the disk keeps serving.
+    pub fn refuse_resize(
+        &self,
+        store: &mut dyn XenStore,
+        served: &str,
+        errno: u32,
+        reason: &str,
+    ) -> Result<(), NegotiationError> {
+        log::error!("blkback: {}: resize refused: {reason}", self.backend_path);
+        store.write(NO_TRANSACTION, &self.key("params"), served)?;
+        store.write(
+            NO_TRANSACTION,
+            &self.key(RESIZE_NODE),
+            &format!("refused: {reason}"),
+        )?;
+        if let Some(node) = xenbus_error::error_node(&self.backend_path) {
+            let text = format!("resize refused: {reason}");
+            store.write(
+                NO_TRANSACTION,
+                &node,
+                &xenbus_error::error_text(errno, &text),
+            )?;
+        }
+        Ok(())
     }
 
     /// `xenbus_dev_fatal`: leave the reason in `error` (and, with its errno, where Linux
@@ -534,17 +597,19 @@ impl BlkifBackend {
                 self.params.max_queues
             ));
         }
-        match store.read(NO_TRANSACTION, &format!("{fe}/protocol")) {
-            Err(StoreError::NotFound) => {}
-            Ok(protocol) if protocol.trim() == "x86_64-abi" => {}
-            Ok(protocol) if protocol.trim() == "x86_32-abi" => {
-                return bad(
-                    "protocol x86_32-abi is not supported: use a 64-bit frontend".to_string(),
-                )
-            }
-            Ok(protocol) => return bad(format!("unknown protocol {protocol:?}")),
+        // Absent: x86_64 (every 64-bit frontend writes it; Linux would assume x86_32).
+        let protocol = match store.read(NO_TRANSACTION, &format!("{fe}/protocol")) {
+            Err(StoreError::NotFound) => Protocol::X86_64,
+            Ok(value) => match Protocol::parse(&value) {
+                Some(protocol) => protocol,
+                None => {
+                    return bad(format!(
+                        "unknown protocol {value:?}: x86_64-abi and x86_32-abi are served"
+                    ))
+                }
+            },
             Err(error) => return Err(error.into()),
-        }
+        };
         let persistent = self.params.persistent_grants
             && read_u32(store, &format!("{fe}/feature-persistent"))?.unwrap_or(0) == 1;
         let mut queues = Vec::with_capacity(queue_count as usize);
@@ -578,6 +643,7 @@ impl BlkifBackend {
             read_only: self.read_only,
             discard: self.discard,
             max_indirect_segments: self.params.max_indirect_segments,
+            protocol,
             queues,
         })
     }
@@ -617,6 +683,15 @@ impl BlkifBackend {
             keys.push(("discard-alignment", discard.alignment.to_string()));
             keys.push(("discard-secure", flag(discard.secure)));
         }
+        self.write_in_transaction(store, &keys)
+    }
+
+    /// Writes `keys` under the backend directory in one transaction (redone on `EAGAIN`).
+    fn write_in_transaction(
+        &self,
+        store: &mut dyn XenStore,
+        keys: &[(&str, String)],
+    ) -> Result<(), NegotiationError> {
         for _ in 0..TRANSACTION_ATTEMPTS {
             let tx = store.transaction_start()?;
             let written: Result<(), StoreError> = keys

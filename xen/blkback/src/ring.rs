@@ -1,9 +1,11 @@
 //! The back end of a blkif shared ring: request copy-out, response write-out and the
 //! index/event arithmetic of Xen's `ring.h` macros (`RING_HAS_UNCONSUMED_REQUESTS`,
 //! `RING_REQUEST_PROD_OVERFLOW`, `RING_REQUEST_CONS_OVERFLOW`,
-//! `RING_PUSH_RESPONSES_AND_CHECK_NOTIFY`, `RING_FINAL_CHECK_FOR_REQUESTS`).
+//! `RING_PUSH_RESPONSES_AND_CHECK_NOTIFY`, `RING_FINAL_CHECK_FOR_REQUESTS`), for either
+//! ABI: an x86_32 frontend's slots are 108 bytes, copied out and translated to the
+//! x86_64 layout the parser reads, and its responses are written in its own 12 bytes.
 
-use crate::abi::{self, ring_slots, sring, PAGE_SIZE, REQUEST_SIZE, RESPONSE_SIZE};
+use crate::abi::{self, sring, x86_32, Protocol, PAGE_SIZE, REQUEST_SIZE, RESPONSE_SIZE};
 
 /// The mapped ring pages, seen as one contiguous byte range shared with the frontend.
 ///
@@ -43,6 +45,14 @@ impl Response {
             _pad2: [0; 4],
         })
     }
+
+    /// The 12 bytes of an x86_32 response: the same fields at the same offsets, without
+    /// the x86_64 tail padding (padding zeroed: XSA-216).
+    pub fn to_bytes_x86_32(self) -> [u8; x86_32::RESPONSE_SIZE] {
+        let mut bytes = [0u8; x86_32::RESPONSE_SIZE];
+        bytes.copy_from_slice(&self.to_bytes()[..x86_32::RESPONSE_SIZE]);
+        bytes
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +80,7 @@ impl core::error::Error for RingError {}
 #[derive(Debug)]
 pub struct BackRing<M> {
     memory: M,
+    protocol: Protocol,
     slots: u32,
     req_cons: u32,
     rsp_prod_pvt: u32,
@@ -77,8 +88,13 @@ pub struct BackRing<M> {
 
 impl<M: RingMemory> BackRing<M> {
     /// Attach to a freshly initialised ring of `2^order` pages (`BACK_RING_INIT`: the
-    /// frontend zeroed the indices, our private ones start at 0 too).
+    /// frontend zeroed the indices, our private ones start at 0 too), of x86_64 entries.
     pub fn new(memory: M, order: u32) -> Result<Self, RingError> {
+        Self::with_protocol(memory, order, Protocol::X86_64)
+    }
+
+    /// Like `new`, for a frontend of the given ABI.
+    pub fn with_protocol(memory: M, order: u32, protocol: Protocol) -> Result<Self, RingError> {
         if order > abi::MAX_RING_PAGE_ORDER {
             return Err(RingError::BadOrder(order));
         }
@@ -91,7 +107,8 @@ impl<M: RingMemory> BackRing<M> {
         }
         Ok(Self {
             memory,
-            slots: ring_slots(order),
+            protocol,
+            slots: protocol.ring_slots(order),
             req_cons: 0,
             rsp_prod_pvt: 0,
         })
@@ -99,6 +116,10 @@ impl<M: RingMemory> BackRing<M> {
 
     pub fn slots(&self) -> u32 {
         self.slots
+    }
+
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
     }
 
     pub fn memory(&self) -> &M {
@@ -114,7 +135,7 @@ impl<M: RingMemory> BackRing<M> {
     }
 
     fn slot_offset(&self, index: u32) -> usize {
-        sring::HEADER_SIZE + (index & (self.slots - 1)) as usize * REQUEST_SIZE
+        sring::HEADER_SIZE + (index & (self.slots - 1)) as usize * self.protocol.entry_size()
     }
 
     /// The frontend's producer index (acquire: slot contents are visible after it).
@@ -145,13 +166,23 @@ impl<M: RingMemory> BackRing<M> {
         requests.min(room)
     }
 
-    /// Copy the next request out of its slot (one read of the slot) and consume it.
+    /// Copy the next request out of its slot (one read of the slot) and consume it, in
+    /// the x86_64 layout (an x86_32 slot is translated on the copy).
     pub fn take_request(&mut self) -> [u8; REQUEST_SIZE] {
-        let mut raw = [0u8; REQUEST_SIZE];
-        self.memory
-            .read_bytes(self.slot_offset(self.req_cons), &mut raw);
+        let offset = self.slot_offset(self.req_cons);
         self.req_cons = self.req_cons.wrapping_add(1);
-        raw
+        match self.protocol {
+            Protocol::X86_64 => {
+                let mut raw = [0u8; REQUEST_SIZE];
+                self.memory.read_bytes(offset, &mut raw);
+                raw
+            }
+            Protocol::X86_32 => {
+                let mut raw = [0u8; x86_32::REQUEST_SIZE];
+                self.memory.read_bytes(offset, &mut raw);
+                x86_32::to_native(&raw)
+            }
+        }
     }
 
     /// Requests consumed whose responses have not been produced yet.
@@ -163,7 +194,10 @@ impl<M: RingMemory> BackRing<M> {
     pub fn put_response(&mut self, response: Response) {
         debug_assert!(self.outstanding() > 0, "response without a request");
         let offset = self.slot_offset(self.rsp_prod_pvt);
-        self.memory.write_bytes(offset, &response.to_bytes());
+        match self.protocol {
+            Protocol::X86_64 => self.memory.write_bytes(offset, &response.to_bytes()),
+            Protocol::X86_32 => self.memory.write_bytes(offset, &response.to_bytes_x86_32()),
+        }
         self.rsp_prod_pvt = self.rsp_prod_pvt.wrapping_add(1);
     }
 

@@ -13,7 +13,7 @@
 use alloc::vec::Vec;
 use blkdev::{BlockDevice, Completion, Geometry};
 
-use crate::abi::{self, wire, MAX_SEGMENTS_PER_REQUEST};
+use crate::abi::{self, wire, Protocol, MAX_SEGMENTS_PER_REQUEST};
 use crate::budget::{GrantLimits, GrantShare};
 use crate::fallible;
 use crate::grant::GrantOps;
@@ -58,6 +58,8 @@ pub struct EngineConfig {
     /// Serve discards if the device can (`false`: the toolstack's `discard-enable` is 0,
     /// and every discard is answered `EOPNOTSUPP` as if the device had none).
     pub discard: bool,
+    /// The frontend's ABI (its `protocol` node): the layout of the ring's entries.
+    pub protocol: Protocol,
 }
 
 impl EngineConfig {
@@ -70,6 +72,7 @@ impl EngineConfig {
             idle_release_ns: GrantLimits::DEFAULT.idle_ns(),
             read_only: false,
             discard: true,
+            protocol: Protocol::X86_64,
         }
     }
 
@@ -149,7 +152,10 @@ struct Sizing {
 
 impl Sizing {
     fn new(config: &EngineConfig) -> Self {
-        let slots = abi::ring_slots(config.ring_order.min(abi::MAX_RING_PAGE_ORDER)) as usize;
+        let slots = config
+            .protocol
+            .ring_slots(config.ring_order.min(abi::MAX_RING_PAGE_ORDER))
+            as usize;
         let max_indirect_segments = config
             .max_indirect_segments
             .min((abi::SEGMENTS_PER_INDIRECT_PAGE * abi::MAX_INDIRECT_PAGES) as u16);
@@ -250,7 +256,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         config: EngineConfig,
         budget: usize,
     ) -> Result<Self, EngineError> {
-        let ring = BackRing::new(memory, config.ring_order)?;
+        let ring = BackRing::with_protocol(memory, config.ring_order, config.protocol)?;
         let sizing = Sizing::new(&config);
         debug_assert_eq!(sizing.slots, ring.slots() as usize);
         let Sizing {
@@ -380,6 +386,19 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
 
     pub fn grants(&self) -> &G {
         &self.grants
+    }
+
+    /// The device's capacity changed (a disk resized while it serves): requests are
+    /// checked against the new one from now on. The caller publishes the new size only
+    /// after every engine of the disk did this, so no frontend sends a request for a
+    /// sector its engine does not know yet; a shrink lowers the device's capacity first.
+    pub fn refresh_capacity(&mut self) {
+        self.geometry.sectors = self.device.geometry().sectors;
+    }
+
+    /// Sectors requests are checked against.
+    pub fn capacity(&self) -> u64 {
+        self.geometry.sectors
     }
 
     /// One pass: take up to `budget` requests, finish completed ones, publish responses.

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use blkdev::BufferAccess;
 
-use crate::abi::{sring, PAGE_SIZE, REQUEST_SIZE, RESPONSE_SIZE};
+use crate::abi::{sring, x86_32, Protocol, PAGE_SIZE, REQUEST_SIZE, RESPONSE_SIZE};
 use crate::grant::{
     GrantOps, GrantStatus, MapRequest, MappedGrant, GNTST_BAD_GNTREF, GNTST_GENERAL_ERROR,
     GNTST_PERMISSION_DENIED,
@@ -378,6 +378,7 @@ impl BufferAccess for XenGrants {
 #[derive(Debug)]
 pub struct FrontRing<V = RingView> {
     view: V,
+    protocol: Protocol,
     slots: u32,
     req_prod_pvt: u32,
     rsp_cons: u32,
@@ -386,12 +387,19 @@ pub struct FrontRing<V = RingView> {
 impl<V: RingMemory> FrontRing<V> {
     /// `SHARED_RING_INIT` + `FRONT_RING_INIT`: zero the header, events at 1.
     pub fn new(view: V, order: u32) -> Self {
+        Self::with_protocol(view, order, Protocol::X86_64)
+    }
+
+    /// A frontend of the given ABI: an x86_32 one lays out 108-byte slots and reads
+    /// 12-byte responses.
+    pub fn with_protocol(view: V, order: u32, protocol: Protocol) -> Self {
         view.write_bytes(0, &[0; sring::HEADER_SIZE]);
         view.store_u32(sring::REQ_EVENT, 1);
         view.store_u32(sring::RSP_EVENT, 1);
         Self {
             view,
-            slots: crate::abi::ring_slots(order),
+            protocol,
+            slots: protocol.ring_slots(order),
             req_prod_pvt: 0,
             rsp_cons: 0,
         }
@@ -417,11 +425,22 @@ impl<V: RingMemory> FrontRing<V> {
     }
 
     fn slot_offset(&self, index: u32) -> usize {
-        sring::HEADER_SIZE + (index & (self.slots - 1)) as usize * REQUEST_SIZE
+        sring::HEADER_SIZE + (index & (self.slots - 1)) as usize * self.protocol.entry_size()
     }
 
-    /// Write a request into the next slot (not yet visible).
+    /// Write an x86_64 request into the next slot (not yet visible).
     pub fn put_request(&mut self, raw: &[u8; REQUEST_SIZE]) {
+        assert_eq!(self.protocol, Protocol::X86_64, "an x86_64 request");
+        self.put_slot(raw);
+    }
+
+    /// Write an x86_32 request into the next slot (not yet visible).
+    pub fn put_request_x86_32(&mut self, raw: &[u8; x86_32::REQUEST_SIZE]) {
+        assert_eq!(self.protocol, Protocol::X86_32, "an x86_32 request");
+        self.put_slot(raw);
+    }
+
+    fn put_slot(&mut self, raw: &[u8]) {
         assert!(self.free_slots() > 0, "frontend overran its ring");
         self.view
             .write_bytes(self.slot_offset(self.req_prod_pvt), raw);
@@ -431,6 +450,13 @@ impl<V: RingMemory> FrontRing<V> {
     /// Write a request at an arbitrary index without the ring-full check (hostile).
     pub fn put_request_at(&mut self, index: u32, raw: &[u8; REQUEST_SIZE]) {
         self.view.write_bytes(self.slot_offset(index), raw);
+    }
+
+    /// The raw bytes of slot `index` (as many as one entry of the ABI holds).
+    pub fn slot_bytes(&self, index: u32) -> Vec<u8> {
+        let mut bytes = vec![0; self.protocol.entry_size()];
+        self.view.read_bytes(self.slot_offset(index), &mut bytes);
+        bytes
     }
 
     /// `RING_PUSH_REQUESTS_AND_CHECK_NOTIFY`.
@@ -453,9 +479,11 @@ impl<V: RingMemory> FrontRing<V> {
         let rsp_prod = self.view.load_u32(sring::RSP_PROD);
         let mut taken = 0;
         while self.rsp_cons != rsp_prod {
+            // An x86_32 response is the first 12 bytes of an x86_64 one's layout.
             let mut bytes = [0u8; RESPONSE_SIZE];
+            let size = self.protocol.response_size();
             self.view
-                .read_bytes(self.slot_offset(self.rsp_cons), &mut bytes);
+                .read_bytes(self.slot_offset(self.rsp_cons), &mut bytes[..size]);
             f(super::wire::decode_response(&bytes));
             self.rsp_cons = self.rsp_cons.wrapping_add(1);
             taken += 1;

@@ -1,9 +1,10 @@
 //! Encoders for the frontend side of the wire format (what Linux blkfront writes), used
-//! by the fake frontend, fuzzers and benchmarks.
+//! by the fake frontend, fuzzers and benchmarks; and what a 32-bit x86 frontend writes
+//! (`x86_32_*`), field by field at its own offsets.
 
 use crate::abi::{
-    self, discard, indirect, request, segment, MAX_INDIRECT_PAGES, REQUEST_SIZE, RESPONSE_SIZE,
-    SEGMENT_SIZE,
+    self, discard, indirect, request, segment, x86_32, MAX_INDIRECT_PAGES, REQUEST_SIZE,
+    RESPONSE_SIZE, SEGMENT_SIZE,
 };
 use crate::parse::SegmentDesc;
 use crate::ring::Response;
@@ -82,4 +83,35 @@ pub fn decode_response(bytes: &[u8; RESPONSE_SIZE]) -> Response {
             bytes[abi::response::STATUS + 1],
         ]),
     }
+}
+
+/// The x86_32 slot of the same request as the x86_64 slot `raw` (as built by the encoders
+/// above): each field read at its x86_64 offset and written at its x86_32 one, by
+/// operation, as a 32-bit frontend lays it out (`blkif.h` compiled for i386).
+pub fn x86_32_of(raw: &[u8; REQUEST_SIZE]) -> [u8; x86_32::REQUEST_SIZE] {
+    let mut out = [0u8; x86_32::REQUEST_SIZE];
+    let mut copy = |from: usize, to: usize, len: usize| {
+        out[to..to + len].copy_from_slice(&raw[from..from + len]);
+    };
+    // operation, then nr_segments/flag/indirect_op, then handle/nr_segments: unmoved.
+    copy(0, 0, 4);
+    copy(request::ID, x86_32::request::ID, 8);
+    copy(request::SECTOR, x86_32::request::SECTOR, 8);
+    match raw[request::OPERATION] {
+        abi::OP_DISCARD => copy(discard::NR_SECTORS, x86_32::discard::NR_SECTORS, 8),
+        abi::OP_INDIRECT => {
+            copy(indirect::HANDLE, x86_32::indirect::HANDLE, 2);
+            copy(
+                indirect::INDIRECT_GREFS,
+                x86_32::indirect::INDIRECT_GREFS,
+                4 * MAX_INDIRECT_PAGES,
+            );
+        }
+        _ => copy(
+            request::SEGMENTS,
+            x86_32::request::SEGMENTS,
+            abi::MAX_SEGMENTS_PER_REQUEST * SEGMENT_SIZE,
+        ),
+    }
+    out
 }

@@ -16,6 +16,8 @@ pub struct MemStore {
     pub writes: Vec<(String, String)>,
     /// Nodes whose reads fail as xenstored's EACCES does (e.g. a dying domain's).
     pub unreadable: Vec<String>,
+    /// Transactions committed.
+    pub commits: usize,
 }
 
 impl MemStore {
@@ -125,6 +127,7 @@ impl XenStore for MemStore {
         for (path, value) in staged {
             self.apply(&path, value);
         }
+        self.commits += 1;
         Ok(())
     }
 }

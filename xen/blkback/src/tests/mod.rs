@@ -5,7 +5,9 @@ mod budget;
 mod errors;
 mod fake_frontend;
 mod negotiation;
+mod resize;
 mod rules;
+mod x86_32;
 
 use std::sync::Arc;
 
@@ -53,9 +55,10 @@ impl<D: BlockDevice, M: RingMemory> Rig<D, M> {
         let memory = GuestMemory::new(ring_pages + 512);
         let table = GrantTable::new(memory.clone());
         let pages: Vec<usize> = (0..ring_pages).collect();
-        let front = FrontRing::new(
+        let front = FrontRing::with_protocol(
             RingView::new(memory.clone(), pages.clone()),
             config.ring_order,
+            config.protocol,
         );
         let events = CountingEvents::default();
         let view = wrap(RingView::new(memory.clone(), pages));

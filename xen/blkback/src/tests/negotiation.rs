@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use blkdev::{RamDisk, RamDiskQueue};
 
 use super::whole_page;
-use crate::abi::{self, RSP_EOPNOTSUPP, RSP_ERROR, RSP_OKAY};
+use crate::abi::{self, Protocol, RSP_EOPNOTSUPP, RSP_ERROR, RSP_OKAY};
 use crate::engine::{Busy, Engine, EngineConfig};
 use crate::fake::wire::{encode_direct, encode_discard};
 use crate::fake::{
@@ -25,7 +25,7 @@ const FE: &str = "/local/domain/5/device/vbd/51712";
 
 /// Records calls; answers `Busy` to the first `busy_replies` disconnects.
 #[derive(Default)]
-struct RecordingHooks {
+pub(super) struct RecordingHooks {
     connects: Vec<FrontendConnection>,
     disconnects: usize,
     busy_replies: usize,
@@ -34,7 +34,7 @@ struct RecordingHooks {
 
 /// What `RecordingHooks` answers a connect it refuses.
 #[derive(Debug)]
-struct GrantMapFailed;
+pub(super) struct GrantMapFailed;
 
 impl core::fmt::Display for GrantMapFailed {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -172,6 +172,7 @@ fn handshake_publishes_features_then_connects_two_multi_page_queues() {
             read_only: false,
             discard: true,
             max_indirect_segments: 512,
+            protocol: Protocol::X86_64,
             queues: vec![
                 QueueRing {
                     ring_refs: vec![100, 101],
@@ -243,13 +244,38 @@ fn single_page_ring_uses_ring_ref_and_defaults() {
 }
 
 #[test]
+fn an_x86_32_frontend_connects_and_its_abi_reaches_the_engine_config() {
+    for (written, expected) in [
+        (Some("x86_32-abi"), Protocol::X86_32),
+        (Some("x86_64-abi"), Protocol::X86_64),
+        (None, Protocol::X86_64),
+    ] {
+        let (mut store, mut backend) = probed_single_ring();
+        if let Some(value) = written {
+            store.set(&format!("{FE}/protocol"), value);
+        }
+        store.set(&format!("{FE}/state"), "3");
+        let mut hooks = RecordingHooks::default();
+        assert_eq!(
+            backend.step(&mut store, &mut hooks),
+            Ok(StepOutcome::Switched(XenbusState::Connected)),
+            "{written:?}"
+        );
+        assert_eq!(hooks.connects[0].protocol, expected, "{written:?}");
+    }
+}
+
+#[test]
 fn bad_frontend_keys_fail_with_a_reason_and_close() {
-    let cases: [(&str, &str, &str); 6] = [
+    let cases: [(&str, &str, &str); 5] = [
         ("multi-queue-num-queues", "3", "multi-queue-num-queues 3"),
         ("multi-queue-num-queues", "0", "multi-queue-num-queues 0"),
         ("ring-page-order", "5", "ring-page-order 5 > max 4"),
-        ("protocol", "x86_32-abi", "x86_32-abi is not supported"),
-        ("protocol", "arm-abi", "unknown protocol"),
+        (
+            "protocol",
+            "arm-abi",
+            "unknown protocol \"arm-abi\": x86_64-abi and x86_32-abi are served",
+        ),
         ("event-channel", "nine", "not a number"),
     ];
     for (key, value, reason) in cases {
@@ -655,6 +681,7 @@ impl ConnectionHooks for EngineHooks {
                 read_only: connection.read_only,
                 discard: connection.discard,
                 max_indirect_segments: connection.max_indirect_segments,
+                protocol: connection.protocol,
                 ..EngineConfig::new(connection.ring_order, connection.persistent_grants)
             };
             let view = RingView::new(self.table.memory().clone(), pages);
