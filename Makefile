@@ -46,12 +46,11 @@ bench-engine:
 
 # make bench (BENCHMARKS.md): the engine on the host, then the nested comparison
 # (tests/xen/bench: Linux dom0 blkback, a Linux driver domain and blkdom on RAM disks,
-# then blkdom as HVM on a passed-through NVMe controller, alternating A B C D A B C D,
-# BENCH_REPEATS rounds, BENCH_RUNTIME s per job, BENCH_JOBS / BENCH_SYSTEMS to cut the
-# lists; BENCH_SYSTEMS=...,linux-dd-pt adds Linux blkback in an HVM driver domain on the
-# same controller, which does not boot in this rig yet), then tools/bench/report.py: the
+# then Linux blkback in an HVM driver domain and blkdom as HVM on a passed-through NVMe
+# controller, alternating A B C D E A B C D E, BENCH_REPEATS rounds, BENCH_RUNTIME s per
+# job, BENCH_JOBS / BENCH_SYSTEMS to cut the lists), then tools/bench/report.py: the
 # table, results/bench/<UTC time>/bench.json and docs/bench-iops-by-block-size.svg. About
-# 55 minutes at the defaults (2 rounds of 17 jobs x 4 systems; the repeats show the
+# 70 minutes at the defaults (2 rounds of 17 jobs x 5 systems; the repeats show the
 # noise; an estimate: 38 min measured with the first 3 systems).
 BENCH_RUNTIME ?= 10
 bench: deps-xen
