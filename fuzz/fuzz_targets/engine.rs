@@ -51,6 +51,9 @@ fuzz_target!(|data: &[u8]| {
     let order = u32::from(setup % 3);
     let persistent = setup & 4 != 0;
     let limit = (setup & 8 != 0).then_some(6);
+    // Notification moderation on a virtual clock that polls advance.
+    let hold_ns = if setup & 16 != 0 { 2_000 } else { 0 };
+    let mut now = 0u64;
     let ring_pages = 1usize << order;
     let memory = GuestMemory::new(ring_pages + DATA_PAGES);
     let table = GrantTable::new(memory.clone());
@@ -68,6 +71,7 @@ fuzz_target!(|data: &[u8]| {
         max_indirect_segments: 64,
         persistent_grant_limit: limit,
         idle_release_ns: 1_000_000_000,
+        notify_hold_ns: hold_ns,
         ..EngineConfig::new(order, persistent)
     };
     let mut engine = Engine::new(
@@ -129,8 +133,15 @@ fuzz_target!(|data: &[u8]| {
             }
             _ => {
                 let budget = usize::from(script.byte().unwrap_or(1) % 40);
-                engine.poll(budget);
+                now += u64::from(script.byte().unwrap_or(0)) * 50;
+                engine.poll_at(budget, now);
                 front.take_responses(|_| ());
+                if let Some(deadline) = engine.notify_deadline() {
+                    assert!(
+                        deadline > now && deadline <= now + hold_ns,
+                        "a held notification outlives its window"
+                    );
+                }
             }
         }
         let ring = engine.ring();

@@ -22,8 +22,9 @@
 //!   per queue (queue `q` on poller `q mod n`); on disconnect call
 //!   [`engine::Engine::disconnect`] until it succeeds, then unmap rings and unbind.
 //! - The poller: `event_received()` for each ring whose event channel fired, then
-//!   `poll(budget)` while it does work; after an idle spell call `prepare_to_sleep()` on
-//!   every ring, and block only if all say so.
+//!   `poll_at(budget, now)` while it does work; after an idle spell call
+//!   `prepare_to_sleep()` on every ring, and block only if all say so, and never past
+//!   the earliest `notify_deadline()` (a notification held for a batch).
 // `fake` holds host-only test doubles, which use std.
 #![cfg_attr(not(any(test, feature = "fake")), no_std)]
 #![deny(unsafe_code)]

@@ -84,6 +84,8 @@ pub struct BackRing<M> {
     slots: u32,
     req_cons: u32,
     rsp_prod_pvt: u32,
+    /// The `rsp_prod` last published (only the backend writes it).
+    rsp_prod: u32,
 }
 
 impl<M: RingMemory> BackRing<M> {
@@ -111,6 +113,7 @@ impl<M: RingMemory> BackRing<M> {
             slots: protocol.ring_slots(order),
             req_cons: 0,
             rsp_prod_pvt: 0,
+            rsp_prod: 0,
         })
     }
 
@@ -204,15 +207,46 @@ impl<M: RingMemory> BackRing<M> {
     /// `RING_PUSH_RESPONSES_AND_CHECK_NOTIFY`: publish the responses written so far and
     /// say whether the frontend asked to be told (its `rsp_event` lies in the new batch).
     pub fn push_responses(&mut self) -> bool {
-        let old = self.memory.load_u32(sring::RSP_PROD);
-        let new = self.rsp_prod_pvt;
-        if old == new {
-            return false;
+        self.publish_responses()
+            .is_some_and(|old| self.notify_wanted_since(old))
+    }
+
+    /// The first half of `RING_PUSH_RESPONSES_AND_CHECK_NOTIFY`: make the responses
+    /// written so far visible (`rsp_prod`, release). Returns the `rsp_prod` they follow,
+    /// `None` when there was nothing new.
+    pub fn publish_responses(&mut self) -> Option<u32> {
+        let old = self.rsp_prod;
+        if old == self.rsp_prod_pvt {
+            return None;
         }
-        self.memory.store_u32(sring::RSP_PROD, new);
+        self.rsp_prod = self.rsp_prod_pvt;
+        self.memory.store_u32(sring::RSP_PROD, self.rsp_prod);
+        Some(old)
+    }
+
+    /// The second half, over every response published after `since`: a full fence (the
+    /// `rsp_prod` store before the `rsp_event` load), then whether the frontend's
+    /// `rsp_event` lies in `(since, rsp_prod]`, i.e. it asked to be told of one of them.
+    /// A frontend that has meanwhile taken them all and re-armed past them is not.
+    pub fn notify_wanted_since(&self, since: u32) -> bool {
         self.memory.full_fence();
         let event = self.memory.load_u32(sring::RSP_EVENT);
-        new.wrapping_sub(event) < new.wrapping_sub(old)
+        self.rsp_prod.wrapping_sub(event) < self.rsp_prod.wrapping_sub(since)
+    }
+
+    /// The published `rsp_prod`.
+    pub fn rsp_prod(&self) -> u32 {
+        self.rsp_prod
+    }
+
+    /// Requests the frontend has produced and not yet taken the responses of, as far as
+    /// its `rsp_event` shows (`req_prod - (rsp_event - 1)`: a frontend arms `rsp_event`
+    /// at `rsp_cons + 1` once it has taken every response). 1 for a frontend that waits
+    /// for each answer before the next request; capped at the ring size, which is also
+    /// what a stale or hostile `rsp_event` reads as.
+    pub fn frontend_outstanding(&self, req_prod: u32) -> u32 {
+        let taken = self.memory.load_u32(sring::RSP_EVENT).wrapping_sub(1);
+        req_prod.wrapping_sub(taken).min(self.slots)
     }
 
     /// `RING_FINAL_CHECK_FOR_REQUESTS`: re-arm `req_event` so the frontend notifies on

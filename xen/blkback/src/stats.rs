@@ -84,6 +84,15 @@ ring_stats! {
     grant_failures => "grant-failures",
     /// Event-channel notifications sent to the frontend.
     notifications => "notifications",
+    /// Responses published to the frontend (responses per notification: this over
+    /// `notifications`).
+    responses => "responses",
+    /// Notifications held back so that one event carries more responses (each is sent
+    /// later unless the frontend meanwhile took every response it was due for).
+    notifications_held => "notifications-held",
+    /// Holds that reached their deadline with no other response to carry (the
+    /// frontend waited the window for nothing).
+    notify_holds_wasted => "notify-holds-wasted",
     /// Times the frontend's producer index overflowed and the ring was halted.
     ring_overflows => "ring-overflows",
 }
@@ -147,7 +156,7 @@ mod tests {
         assert_eq!(total.device_busy, 8);
         let names: Vec<_> = total.fields().map(|(name, _)| name).collect();
         assert_eq!(names.last(), Some(&"ring-overflows"));
-        assert_eq!(names.len(), 25);
+        assert_eq!(names.len(), 28);
         assert_eq!(
             total.fields().find(|(name, _)| *name == "wr_req"),
             Some(("wr_req", 4))

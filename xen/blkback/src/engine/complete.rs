@@ -4,8 +4,9 @@
 
 use blkdev::{BlockDevice, Completion, IoStatus};
 
+use super::notify::{Outlook, Release};
 use super::slots::Slot;
-use super::{worth_logging, Engine, EventChannel};
+use super::{worth_logging, Engine, EngineState, EventChannel};
 use crate::abi;
 use crate::grant::GrantOps;
 use crate::parse::RequestError;
@@ -93,14 +94,67 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         finished
     }
 
-    /// Unmap first, then make the responses visible, then notify if asked to.
+    /// Unmap first, then make the responses visible, then notify if asked to (or hold
+    /// the notification, or release a held one: `notify`).
     pub(super) fn publish_responses(&mut self) -> bool {
         self.mapper.flush_unmaps(&mut self.grants, &mut self.stats);
-        if self.ring.push_responses() {
-            self.events.notify();
-            self.stats.notifications += 1;
-            return true;
+        let published = self.ring.publish_responses();
+        let rsp_prod = self.ring.rsp_prod();
+        if let Some(old) = published {
+            self.stats.responses += u64::from(rsp_prod.wrapping_sub(old));
         }
-        false
+        if !self.moderator.enabled() {
+            return published.is_some_and(|old| self.ring.notify_wanted_since(old))
+                && self.send_notification();
+        }
+        if self.moderator.holding() {
+            return match self.moderator.release(rsp_prod, self.outlook()) {
+                Release::No => false,
+                Release::Yes { since, wasted } => {
+                    self.stats.notify_holds_wasted += u64::from(wasted);
+                    self.ring.notify_wanted_since(since) && self.send_notification()
+                }
+            };
+        }
+        self.moderator.observe(published.map(|_| rsp_prod));
+        let Some(old) = published else {
+            return false;
+        };
+        if !self.ring.notify_wanted_since(old) {
+            return false;
+        }
+        if self.state == EngineState::Running && self.moderator.hold(old, rsp_prod, self.outlook())
+        {
+            self.stats.notifications_held += 1;
+            return false;
+        }
+        self.send_notification()
+    }
+
+    /// Send a held notification now if the frontend still wants it (teardown).
+    pub(super) fn release_held_notification(&mut self) {
+        if let Some(since) = self.moderator.release_now() {
+            if self.ring.notify_wanted_since(since) {
+                self.send_notification();
+            }
+        }
+    }
+
+    fn send_notification(&mut self) -> bool {
+        self.events.notify();
+        self.stats.notifications += 1;
+        true
+    }
+
+    /// What the moderator weighs: more of this ring's requests on their way to an
+    /// answer (on the device, waiting for it, or in the ring while it is served), and
+    /// whether the frontend's whole ring is answered or taken.
+    fn outlook(&self) -> Outlook {
+        let req_prod = self.ring.req_prod();
+        let waiting = self.state == EngineState::Running && self.ring.unconsumed(req_prod) > 0;
+        Outlook {
+            busy: self.submission.in_flight > 0 || !self.submission.deferred.is_empty() || waiting,
+            frontend_full: self.ring.frontend_outstanding(req_prod) >= self.ring.slots(),
+        }
     }
 }

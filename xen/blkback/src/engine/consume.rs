@@ -29,6 +29,10 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             self.state = EngineState::Halted;
             return 0;
         }
+        if self.moderator.enabled() && self.ring.req_cons() != req_prod {
+            let outstanding = self.ring.frontend_outstanding(req_prod);
+            self.moderator.sample_outstanding(outstanding);
+        }
         let mut consumed = 0;
         while consumed < budget
             && self.ring.req_cons() != req_prod

@@ -25,10 +25,12 @@ use zerocopy::FromZeros;
 mod complete;
 mod consume;
 mod mapping;
+mod notify;
 mod slots;
 mod submit;
 
 use mapping::GrantMapper;
+use notify::Moderator;
 use slots::{segment_area, SlotTable};
 use submit::Submission;
 
@@ -60,6 +62,10 @@ pub struct EngineConfig {
     pub discard: bool,
     /// The frontend's ABI (its `protocol` node): the layout of the ring's entries.
     pub protocol: Protocol,
+    /// Longest a due event to the frontend may be held while more responses are
+    /// expected, so one event carries them all (`notify` module); 0 never holds. With
+    /// a window the engine must be driven with [`Engine::poll_at`].
+    pub notify_hold_ns: u64,
 }
 
 impl EngineConfig {
@@ -73,6 +79,7 @@ impl EngineConfig {
             read_only: false,
             discard: true,
             protocol: Protocol::X86_64,
+            notify_hold_ns: 0,
         }
     }
 
@@ -223,6 +230,8 @@ pub struct Engine<M, G, D, E> {
     share: Option<GrantShare>,
     /// `EngineConfig::idle_release_ns`.
     idle_release_ns: u64,
+    /// When to send or hold the frontend's events.
+    moderator: Moderator,
     stats: RingStats,
 }
 
@@ -304,6 +313,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             event_pending: false,
             share: None,
             idle_release_ns: config.idle_release_ns,
+            moderator: Moderator::new(config.notify_hold_ns),
             stats: RingStats::default(),
         })
     }
@@ -401,7 +411,21 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         self.geometry.sectors
     }
 
-    /// One pass: take up to `budget` requests, finish completed ones, publish responses.
+    /// `poll` at time `now_ns` (the poller's clock, which must not go back): what a
+    /// held notification's deadline is measured against.
+    pub fn poll_at(&mut self, budget: usize, now_ns: u64) -> PollOutcome {
+        self.moderator.set_now(now_ns);
+        self.poll(budget)
+    }
+
+    /// When a held notification must go out (the poller must poll by then, asleep or
+    /// not); `None` when none is held.
+    pub fn notify_deadline(&self) -> Option<u64> {
+        self.moderator.deadline()
+    }
+
+    /// One pass: take up to `budget` requests, finish completed ones, publish responses
+    /// (at the time of the last `poll_at`).
     pub fn poll(&mut self, budget: usize) -> PollOutcome {
         self.stats.polls += 1;
         self.apply_grant_share();
@@ -460,6 +484,8 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         }
         self.reap_completions();
         self.publish_responses();
+        // A held notification goes out now: nobody polls a torn-down ring.
+        self.release_held_notification();
         if self.submission.in_flight > 0 {
             return Err(Busy {
                 in_flight: self.submission.in_flight,

@@ -498,6 +498,13 @@ impl<V: RingMemory> FrontRing<V> {
         self.view.full_fence();
     }
 
+    /// `RING_FINAL_CHECK_FOR_RESPONSES`: arm, then say whether responses came
+    /// meanwhile (take them, and check again).
+    pub fn final_check_for_responses(&mut self) -> bool {
+        self.arm_response_event();
+        self.view.load_u32(sring::RSP_PROD) != self.rsp_cons
+    }
+
     pub fn set_rsp_event(&mut self, value: u32) {
         self.view.store_u32(sring::RSP_EVENT, value);
     }

@@ -45,6 +45,12 @@ struct FakeFrontendConfig {
     /// The frontend's ABI: an x86_32 one writes 108-byte slots and reads 12-byte
     /// responses.
     protocol: Protocol,
+    /// `EngineConfig::notify_hold_ns`; the pollers pass wall-clock time.
+    notify_hold_ns: u64,
+    /// Take responses only after an event, as blkfront's interrupt handler does (and
+    /// re-arm with `RING_FINAL_CHECK_FOR_RESPONSES`): a lost event stalls the queue.
+    /// Otherwise the frontend looks at its rings all the time.
+    interrupts: bool,
 }
 
 /// Operations per configuration: `BLKBACK_MODEL_OPS`, else 10^5 optimised, fewer in debug.
@@ -146,6 +152,8 @@ struct Queue {
     in_flight: HashMap<u64, Pending>,
     /// Ids free for reuse; blkfront hands out shadow slots the same way.
     free_ids: Vec<u64>,
+    /// Events handled so far (interrupt mode).
+    events_seen: u64,
 }
 
 fn run_fake_frontend(config: FakeFrontendConfig) {
@@ -182,6 +190,7 @@ fn run_fake_frontend(config: FakeFrontendConfig) {
     let engine_config = EngineConfig {
         max_indirect_segments: config.max_segments.max(abi::MAX_SEGMENTS_PER_REQUEST) as u16,
         protocol: config.protocol,
+        notify_hold_ns: config.notify_hold_ns,
         ..EngineConfig::new(config.ring_order, config.persistent)
     };
     let mut queues = Vec::new();
@@ -209,10 +218,12 @@ fn run_fake_frontend(config: FakeFrontendConfig) {
             events,
             in_flight: HashMap::new(),
             free_ids: (0..config.depth as u64).map(|i| i * 0x1_0001 + 3).collect(),
+            events_seen: 0,
         });
     }
 
     let done = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
     let pollers: Vec<_> = engines
         .into_iter()
         .map(|mut engines| {
@@ -221,8 +232,9 @@ fn run_fake_frontend(config: FakeFrontendConfig) {
                 let mut idle = 0u32;
                 while !done.load(Ordering::Acquire) {
                     let mut worked = false;
+                    let now = start.elapsed().as_nanos() as u64;
                     for engine in &mut engines {
-                        worked |= engine.poll(16).did_work();
+                        worked |= engine.poll_at(16, now).did_work();
                     }
                     if worked {
                         idle = 0;
@@ -248,16 +260,30 @@ fn run_fake_frontend(config: FakeFrontendConfig) {
     let mut issued = 0usize;
     let mut answered = 0usize;
     let deadline = Instant::now() + Duration::from_secs(300);
+    let mut last_progress = Instant::now();
     while answered < ops {
         assert!(
             Instant::now() < deadline,
             "fake frontend stalled: {answered}/{ops} answered"
         );
+        assert!(
+            last_progress.elapsed() < Duration::from_secs(10),
+            "no response for 10 s: a lost event? {answered}/{ops} answered"
+        );
         let mut progressed = false;
         for q in 0..config.queues {
-            // Collect answers.
+            // Collect answers: always, or (interrupt mode) after an event.
             let mut responses = Vec::new();
-            queues[q].front.take_responses(|r| responses.push(r));
+            let events = queues[q].events.count();
+            if !config.interrupts || events > queues[q].events_seen {
+                queues[q].events_seen = events;
+                loop {
+                    queues[q].front.take_responses(|r| responses.push(r));
+                    if !config.interrupts || !queues[q].front.final_check_for_responses() {
+                        break;
+                    }
+                }
+            }
             for response in responses {
                 let pending = queues[q].in_flight.remove(&response.id).unwrap_or_else(|| {
                     panic!(
@@ -308,9 +334,13 @@ fn run_fake_frontend(config: FakeFrontendConfig) {
                 queues[q].front.push_requests();
                 progressed = true;
             }
-            queues[q].front.arm_response_event();
+            if !config.interrupts {
+                queues[q].front.arm_response_event();
+            }
         }
-        if !progressed {
+        if progressed {
+            last_progress = Instant::now();
+        } else {
             thread::yield_now();
         }
     }
@@ -343,6 +373,12 @@ fn run_fake_frontend(config: FakeFrontendConfig) {
     let notifications: u64 = stats.iter().map(|s| s.notifications).sum();
     let seen: u64 = queues.iter().map(|q| q.events.count()).sum();
     assert_eq!(notifications, seen);
+    let responses: u64 = stats.iter().map(|s| s.responses).sum();
+    assert_eq!(responses, answered as u64, "one response per request");
+    if config.depth == 1 {
+        let held: u64 = stats.iter().map(|s| s.notifications_held).sum();
+        assert_eq!(held, 0, "a frontend at QD1 waited for a held event");
+    }
     if config.persistent {
         let maps: u64 = stats.iter().map(|s| s.map_batches).sum();
         assert!(
@@ -550,6 +586,8 @@ fn fake_blkfront_direct_requests_persistent_one_queue() {
         ops_divisor: 1,
         seed: 1,
         protocol: Protocol::X86_64,
+        notify_hold_ns: 0,
+        interrupts: false,
     });
 }
 
@@ -565,6 +603,8 @@ fn fake_blkfront_direct_requests_transient_grants_one_queue() {
         ops_divisor: 1,
         seed: 2,
         protocol: Protocol::X86_64,
+        notify_hold_ns: 0,
+        interrupts: false,
     });
 }
 
@@ -580,6 +620,8 @@ fn indirect_persistent_three_queues() -> FakeFrontendConfig {
         ops_divisor: 1,
         seed: 3,
         protocol: Protocol::X86_64,
+        notify_hold_ns: 0,
+        interrupts: false,
     }
 }
 
@@ -600,6 +642,8 @@ fn fake_blkfront_indirect_transient_two_queues_large_rings() {
         ops_divisor: 1,
         seed: 4,
         protocol: Protocol::X86_64,
+        notify_hold_ns: 0,
+        interrupts: false,
     });
 }
 
@@ -615,6 +659,44 @@ fn fake_blkfront_maximal_indirect_requests() {
         ops_divisor: 5,
         seed: 5,
         protocol: Protocol::X86_64,
+        notify_hold_ns: 0,
+        interrupts: false,
+    });
+}
+
+/// A frontend that takes responses only when told, against engines that hold events:
+/// a held event that never went out would stall a queue.
+#[test]
+fn fake_blkfront_waiting_for_events_that_are_held_three_queues_two_pollers() {
+    run_fake_frontend(FakeFrontendConfig {
+        queues: 3,
+        pollers: 2,
+        ring_order: 0,
+        persistent: true,
+        max_segments: 32,
+        depth: 32,
+        ops_divisor: 1,
+        seed: 6,
+        protocol: Protocol::X86_64,
+        notify_hold_ns: 20_000,
+        interrupts: true,
+    });
+}
+
+#[test]
+fn fake_blkfront_waiting_for_events_one_queue_at_qd1() {
+    run_fake_frontend(FakeFrontendConfig {
+        queues: 1,
+        pollers: 1,
+        ring_order: 0,
+        persistent: false,
+        max_segments: 11,
+        depth: 1,
+        ops_divisor: 10,
+        seed: 7,
+        protocol: Protocol::X86_64,
+        notify_hold_ns: 20_000,
+        interrupts: true,
     });
 }
 

@@ -5,6 +5,7 @@ mod budget;
 mod errors;
 mod fake_frontend;
 mod negotiation;
+mod notify;
 mod resize;
 mod rules;
 mod x86_32;
