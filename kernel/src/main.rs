@@ -167,6 +167,15 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
                         machine::cmdline::MAX_SPIN_US
                     ),
                 }
+                match cmdline.notify_hold_us() {
+                    Ok(Some(us)) => backend::poller::set_notify_hold(us * 1000),
+                    Ok(None) => {}
+                    Err(text) => error!(
+                        "notify.hold-us={text}: want microseconds, 0 (never) to {}; using the default ({} us)",
+                        machine::cmdline::MAX_NOTIFY_HOLD_US,
+                        machine::cmdline::DEFAULT_NOTIFY_HOLD_US
+                    ),
+                }
                 backend::serve(hole, firmware)
             }
             None => error!("blkback: no hole in the memory map for grant mappings"),

@@ -8,6 +8,9 @@
 //! `grants.idle-s=<s>` (an unused persistent grant is unmapped after this long, 0..=86400,
 //! 0 never, default 60; the `grants.*` values are checked by
 //! `blkback::budget::GrantLimits::set`: a bad one is logged and its default kept),
+//! `notify.hold-us=<n>` (how long an event to a frontend may be held so it carries
+//! more responses, microseconds; 0 = never, at most 20000, default
+//! [`DEFAULT_NOTIFY_HOLD_US`]),
 //! `selftest`, `selftest.expect-cpus=<n>`, `selftest.inject-failure`,
 //! `selftest.await-dom0`, `crashtest=page-fault|panic|hang`, `disktest=<target>` with
 //! `disktest.seed=`, `disktest.writes=`, `disktest.queues=`, `disktest.random-reads=`,
@@ -88,6 +91,26 @@ impl<'a> Cmdline<'a> {
     }
 }
 
+/// The notification hold window by default, microseconds (`notify.hold-us=`).
+pub const DEFAULT_NOTIFY_HOLD_US: u64 = 50;
+/// The longest notification hold window accepted, microseconds.
+pub const MAX_NOTIFY_HOLD_US: u64 = 20_000;
+
+impl<'a> Cmdline<'a> {
+    /// `notify.hold-us=<n>`: how long, in microseconds, a ring may hold an event to its
+    /// frontend while more responses are on their way (0 = never). `Err` holds the text
+    /// when it is not a number up to [`MAX_NOTIFY_HOLD_US`].
+    pub fn notify_hold_us(&self) -> Result<Option<u64>, &'a str> {
+        let Some(text) = self.value("notify.hold-us") else {
+            return Ok(None);
+        };
+        match text.parse::<u64>() {
+            Ok(us) if us <= MAX_NOTIFY_HOLD_US => Ok(Some(us)),
+            _ => Err(text),
+        }
+    }
+}
+
 fn parse_level(text: &str) -> Option<LevelFilter> {
     let by_number = [
         LevelFilter::Off,
@@ -123,6 +146,23 @@ mod tests {
         for bad in ["0-10", "10-5", "5", "a-9", "1-100001", "-5", "5-"] {
             let line = format!("poll.spin-us={bad}");
             assert_eq!(Cmdline::new(&line).spin_window_us(), Err(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn notify_hold_is_microseconds_up_to_the_cap() {
+        assert_eq!(Cmdline::new("x").notify_hold_us(), Ok(None));
+        assert_eq!(
+            Cmdline::new("notify.hold-us=0").notify_hold_us(),
+            Ok(Some(0))
+        );
+        assert_eq!(
+            Cmdline::new("notify.hold-us=200 notify.hold-us=20000").notify_hold_us(),
+            Ok(Some(20_000))
+        );
+        for bad in ["", "-1", "20001", "5us", "1.5"] {
+            let line = format!("notify.hold-us={bad}");
+            assert_eq!(Cmdline::new(&line).notify_hold_us(), Err(bad), "{bad}");
         }
     }
 

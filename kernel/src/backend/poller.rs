@@ -42,6 +42,21 @@ pub fn set_spin_window(min_ns: u64, max_ns: u64) {
     SPELL_BOUNDS_NS[0].store(min_ns, Ordering::Relaxed);
     SPELL_BOUNDS_NS[1].store(max_ns, Ordering::Relaxed);
 }
+
+/// How long a ring's engine may hold an event to its frontend while more responses
+/// are on their way (`blkback::engine` `notify` module; 0 = never): the default, or
+/// `notify.hold-us=` from the command line (set before any ring connects).
+static NOTIFY_HOLD_NS: AtomicU64 = AtomicU64::new(machine::cmdline::DEFAULT_NOTIFY_HOLD_US * 1000);
+
+/// Sets the notification hold window (before any ring connects).
+pub fn set_notify_hold(ns: u64) {
+    NOTIFY_HOLD_NS.store(ns, Ordering::Relaxed);
+}
+
+/// The notification hold window new rings get.
+pub fn notify_hold_ns() -> u64 {
+    NOTIFY_HOLD_NS.load(Ordering::Relaxed)
+}
 /// How often a poller publishes its rings' counters for the control path (which puts
 /// them in xenstore every 5 s): by time, as loops cost anything from nanoseconds to
 /// the ~100 us of a trapped RDTSC.
@@ -253,12 +268,15 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
     let mut control_due = 0u64;
     let mut next_ring_stats = 0u64;
     log::info!(
-        "poller: vCPU {cpu} serving (doorbell port {doorbell}, spin {}-{} us)",
+        "poller: vCPU {cpu} serving (doorbell port {doorbell}, spin {}-{} us, notify hold {} us)",
         min_spell_ns / 1000,
-        max_spell_ns / 1000
+        max_spell_ns / 1000,
+        notify_hold_ns() / 1000
     );
     loop {
         counters.loops.fetch_add(1, Ordering::Relaxed);
+        // The loop's time: what held notifications' deadlines are measured against.
+        let now = xen.now_ns();
         if slot.inbox_pending.swap(false, Ordering::AcqRel) {
             for queue in slot
                 .inbox
@@ -298,7 +316,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
                 queue.resize_seen = resize;
                 queue.control.resize_acked.store(resize, Ordering::Release);
             }
-            work |= queue.engine.poll(POLL_BUDGET).did_work();
+            work |= queue.engine.poll_at(POLL_BUDGET, now).did_work();
             i += 1;
         }
         if super::disk::RAM_MEMORY_WANTED.load(Ordering::Relaxed) {
@@ -308,7 +326,6 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
                 None => {}
             }
         }
-        let now = xen.now_ns();
         // The rings' clock: grants unpinned from now on are stamped with it, and cached
         // grants idle for the timeout are unmapped (a bounded batch; cheap otherwise).
         for queue in &mut served {
@@ -350,9 +367,19 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
             continue;
         }
         counters.sleeps.fetch_add(1, Ordering::Relaxed);
-        // Device completions raise no event: with requests on a device, come back soon.
+        // Device completions raise no event: with requests on a device, come back soon;
+        // and never later than a held notification must go out.
         let device_busy = served.iter().any(|q| q.engine.in_flight() > 0);
-        let deadline = sleep_deadline(now, control.is_some().then_some(control_due), device_busy);
+        let notify_due = served
+            .iter()
+            .filter_map(|q| q.engine.notify_deadline())
+            .min();
+        let deadline = sleep_deadline(
+            now,
+            control.is_some().then_some(control_due),
+            device_busy,
+            notify_due,
+        );
         // Returns when one of the ports is pending, at the deadline, or on an interrupt.
         let _ = xen::evtchn::poll(&xen.hv, &ports, deadline);
         xen.shared.clear_pending(doorbell);

@@ -99,6 +99,7 @@ impl VbdHooks {
         config.read_only = connection.read_only;
         config.discard = connection.discard;
         config.protocol = connection.protocol;
+        config.notify_hold_ns = super::poller::notify_hold_ns();
         // The frontend chose the ring's size: refuse it before taking anything if its
         // engine would not fit in the heap (an allocation failure would abort).
         let needed = config.memory_needed();
