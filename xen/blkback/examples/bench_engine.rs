@@ -42,9 +42,7 @@ use blkback::fake::wire::encode_direct;
 use blkback::fake::{CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
 use blkback::parse::SegmentDesc;
 use blkback::ring::RingMemory;
-use blkdev::{
-    BlockDevice, BufferAccess, Completion, Geometry, IoRequest, NullDisk, SubmitError,
-};
+use blkdev::{BlockDevice, BufferAccess, Completion, Geometry, IoRequest, NullDisk, SubmitError};
 
 type BenchEngine = Engine<RingView, XenGrants, NullDisk, CountingEvents>;
 
@@ -604,8 +602,7 @@ fn main() {
         }
     }
     if let Ok(path) = std::env::var("BENCH_JSON") {
-        std::fs::write(&path, to_json(seconds, &results, &moderated))
-            .expect("write BENCH_JSON");
+        std::fs::write(&path, to_json(seconds, &results, &moderated)).expect("write BENCH_JSON");
         println!("json: {path}");
     }
 }

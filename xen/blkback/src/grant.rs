@@ -40,6 +40,10 @@ pub trait GrantOps: BufferAccess {
 }
 
 const NIL: u32 = u32::MAX;
+/// Grant references below this are found by direct index rather than by hash: a guest's
+/// grant table starts with a few frames of 512 references, and frontends reuse the low
+/// ones they allocated at connect time (16 KiB per ring that caches grants).
+pub const DIRECT_GREFS: usize = 4096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum EntryState {
@@ -79,7 +83,8 @@ pub enum CacheSlot {
     Failed,
 }
 
-/// Persistently mapped grants of one ring: a fixed-size hash table (linear probing)
+/// Persistently mapped grants of one ring: a table indexed by grant reference for the
+/// small ones (`DIRECT_GREFS`), a fixed-size hash table (linear probing) for the rest,
 /// plus an LRU list, all allocated at creation. At most `limit` grants are held (a
 /// limit that moves with the ring's share of the domain's budget, never above
 /// `capacity`); an entry pinned by an in-flight request is never evicted or released.
@@ -99,7 +104,9 @@ pub enum CacheSlot {
 #[derive(Debug)]
 pub struct GrantCache {
     entries: Vec<Entry>,
-    /// Entry index + 1, or 0 for an empty bucket.
+    /// By grant reference below its length: entry index + 1, or 0 for none.
+    direct: Vec<u32>,
+    /// Entry index + 1, or 0 for an empty bucket (grant references past `direct`).
     buckets: Vec<u32>,
     free_head: u32,
     newest: u32,
@@ -126,7 +133,18 @@ impl GrantCache {
     pub fn memory_needed(capacity: usize) -> usize {
         let capacity = capacity.max(1);
         capacity * core::mem::size_of::<Entry>()
-            + (capacity * 2).next_power_of_two() * core::mem::size_of::<u32>()
+            + ((capacity * 2).next_power_of_two() + Self::direct_len(capacity))
+                * core::mem::size_of::<u32>()
+    }
+
+    /// The direct table's length: none for a cache of one entry (what a ring without
+    /// persistent grants gets as a placeholder).
+    fn direct_len(capacity: usize) -> usize {
+        if capacity > 1 {
+            DIRECT_GREFS
+        } else {
+            0
+        }
     }
 
     /// Like `new`, failing instead of aborting when the memory is not there.
@@ -146,6 +164,7 @@ impl GrantCache {
         }
         Ok(Self {
             entries,
+            direct: crate::fallible::vec(0, Self::direct_len(capacity))?,
             buckets: crate::fallible::vec(0, (capacity * 2).next_power_of_two())?,
             free_head: 0,
             newest: NIL,
@@ -203,6 +222,15 @@ impl GrantCache {
         (gref.wrapping_mul(0x9E37_79B1) as usize) & (self.buckets.len() - 1)
     }
 
+    /// The entry holding `gref`.
+    fn lookup(&self, gref: u32) -> Option<u32> {
+        match self.direct.get(gref as usize) {
+            Some(&slot) => slot.checked_sub(1),
+            None => self.find(gref).map(|b| self.buckets[b] - 1),
+        }
+    }
+
+    /// The hash bucket holding `gref` (one past the direct table).
     fn find(&self, gref: u32) -> Option<usize> {
         let mask = self.buckets.len() - 1;
         let mut b = self.bucket_of(gref);
@@ -241,19 +269,11 @@ impl GrantCache {
     /// Remove entry `index` from table and list; returns its mapping if it had one.
     fn remove(&mut self, index: u32) -> Option<MappedGrant> {
         let gref = self.entries[index as usize].gref;
-        let mut hole = self.find(gref).expect("cached entry is in the table");
-        // Backward-shift deletion keeps every probe chain unbroken.
-        let mask = self.buckets.len() - 1;
-        let mut next = (hole + 1) & mask;
-        while self.buckets[next] != 0 {
-            let home = self.bucket_of(self.entries[self.buckets[next] as usize - 1].gref);
-            if (next.wrapping_sub(home) & mask) >= (next.wrapping_sub(hole) & mask) {
-                self.buckets[hole] = self.buckets[next];
-                hole = next;
-            }
-            next = (next + 1) & mask;
+        if let Some(slot) = self.direct.get_mut(gref as usize) {
+            *slot = 0;
+        } else {
+            self.remove_hashed(gref);
         }
-        self.buckets[hole] = 0;
         if self.entries[index as usize].pins == 0 {
             self.unlink(index);
         } else {
@@ -274,11 +294,26 @@ impl GrantCache {
         }
     }
 
+    fn remove_hashed(&mut self, gref: u32) {
+        let mut hole = self.find(gref).expect("cached entry is in the table");
+        // Backward-shift deletion keeps every probe chain unbroken.
+        let mask = self.buckets.len() - 1;
+        let mut next = (hole + 1) & mask;
+        while self.buckets[next] != 0 {
+            let home = self.bucket_of(self.entries[self.buckets[next] as usize - 1].gref);
+            if (next.wrapping_sub(home) & mask) >= (next.wrapping_sub(hole) & mask) {
+                self.buckets[hole] = self.buckets[next];
+                hole = next;
+            }
+            next = (next + 1) & mask;
+        }
+        self.buckets[hole] = 0;
+    }
+
     /// Find or insert `gref` and pin it. Nothing is evicted: at the limit the caller
     /// maps the grant for its request alone.
     pub fn acquire(&mut self, gref: u32) -> CacheSlot {
-        if let Some(bucket) = self.find(gref) {
-            let index = self.buckets[bucket] - 1;
+        if let Some(index) = self.lookup(gref) {
             if !matches!(self.entries[index as usize].state, EntryState::Failed(_)) {
                 self.pin(index);
                 return CacheSlot::Hit(index);
@@ -303,12 +338,16 @@ impl GrantCache {
             older: NIL,
         };
         self.pinned += 1;
-        let mask = self.buckets.len() - 1;
-        let mut b = self.bucket_of(gref);
-        while self.buckets[b] != 0 {
-            b = (b + 1) & mask;
+        if let Some(slot) = self.direct.get_mut(gref as usize) {
+            *slot = index + 1;
+        } else {
+            let mask = self.buckets.len() - 1;
+            let mut b = self.bucket_of(gref);
+            while self.buckets[b] != 0 {
+                b = (b + 1) & mask;
+            }
+            self.buckets[b] = index + 1;
         }
-        self.buckets[b] = index + 1;
         self.len += 1;
         CacheSlot::Inserted(index)
     }
@@ -649,11 +688,44 @@ mod tests {
 
     #[test]
     fn table_survives_heavy_churn_with_colliding_keys() {
+        // Keys below `DIRECT_GREFS` (direct table), above it (hash table, colliding),
+        // and both mixed.
+        let direct = DIRECT_GREFS as u32;
+        for key in [
+            |k: u32| k,
+            |k: u32| k + DIRECT_GREFS as u32,
+            |k: u32| {
+                if k.is_multiple_of(128) {
+                    k
+                } else {
+                    k + DIRECT_GREFS as u32
+                }
+            },
+        ] {
+            churn(key);
+        }
+        // The boundary itself.
+        let mut cache = GrantCache::new(4);
+        for gref in [direct - 1, direct, direct + 1, u32::MAX] {
+            let i = acquire_mapped(&mut cache, gref);
+            assert_eq!(cache.grant(i), Ok(grant(gref)));
+            assert_eq!(cache.acquire(gref), CacheSlot::Hit(i));
+            cache.release(i);
+            cache.release(i);
+        }
+        assert_eq!(cache.len(), 4);
+        let mut unmapped = Vec::new();
+        cache.drain_oldest(usize::MAX, &mut |g| unmapped.push(g.handle));
+        assert_eq!(unmapped, [direct - 1, direct, direct + 1, u32::MAX]);
+        assert!(cache.lookup(direct).is_none() && cache.lookup(direct - 1).is_none());
+    }
+
+    fn churn(key: fn(u32) -> u32) {
         let mut cache = GrantCache::new(16);
         let mut evicted = Vec::new();
         let mut model: std::collections::VecDeque<u32> = Default::default();
         for round in 0..5000u32 {
-            let gref = (round * 7919) % 61 * 64;
+            let gref = key((round * 7919) % 61 * 64);
             // Make room the way a shrinking share does: the least recently used goes.
             if !model.contains(&gref) && model.len() == 16 {
                 cache.set_limit(15);
