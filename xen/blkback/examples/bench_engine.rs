@@ -28,10 +28,9 @@
 //! (default 50, the kernel's); `BENCH_JSON=path` also writes the results as JSON there
 //! (tools/bench/report.py folds it into bench.json).
 
-use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::cell::RefCell;
 use std::rc::Rc;
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -39,10 +38,12 @@ use std::time::{Duration, Instant};
 use blkback::abi::{self, sring, PAGE_SIZE, REQUEST_SIZE};
 use blkback::engine::{Engine, EngineConfig};
 use blkback::fake::wire::encode_direct;
-use blkback::fake::{CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
+use blkback::fake::{
+    CountingEvents, DelayDevice, FrontRing, GrantTable, GuestMemory, RingView, XenGrants,
+};
 use blkback::parse::SegmentDesc;
 use blkback::ring::RingMemory;
-use blkdev::{BlockDevice, BufferAccess, Completion, Geometry, IoRequest, NullDisk, SubmitError};
+use blkdev::{Geometry, NullDisk};
 
 type BenchEngine = Engine<RingView, XenGrants, NullDisk, CountingEvents>;
 
@@ -333,51 +334,6 @@ fn ns_per_request(rate: f64) -> f64 {
 }
 
 /// The results as JSON (hand-written: the example has no serde).
-/// A null device whose completions come `latency` after submission on a virtual clock
-/// (FIFO: one latency for all).
-struct DelayedNull {
-    inner: NullDisk,
-    clock: Rc<Cell<u64>>,
-    latency_ns: u64,
-    due: VecDeque<(u64, u32)>,
-}
-
-impl BlockDevice for DelayedNull {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn queue_depth(&self) -> usize {
-        self.inner.queue_depth()
-    }
-    fn submit(
-        &mut self,
-        request: &IoRequest<'_>,
-        buffers: &dyn BufferAccess,
-    ) -> Result<(), SubmitError> {
-        self.inner.submit(request, buffers)?;
-        self.due
-            .push_back((self.clock.get() + self.latency_ns, request.tag));
-        Ok(())
-    }
-    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
-        // The null disk's completions carry only tags and status OK: release ours by time.
-        self.inner.poll_completions(&mut |_| ());
-        let mut released = 0;
-        while let Some(&(due, tag)) = self.due.front() {
-            if due > self.clock.get() {
-                break;
-            }
-            self.due.pop_front();
-            sink(Completion {
-                tag,
-                status: blkdev::IoStatus::Ok,
-            });
-            released += 1;
-        }
-        released
-    }
-}
-
 /// One moderation measurement.
 struct Moderation {
     latency_ns: u64,
@@ -416,17 +372,17 @@ fn moderation(latency_ns: u64, hold_ns: u64, requests: u64) -> Moderation {
             encode_direct(abi::OP_READ, s as u64, s as u64 * 8, &[seg])
         })
         .collect();
-    let clock = Rc::new(Cell::new(0u64));
+    let clock = Arc::new(AtomicU64::new(0));
     let events = CountingEvents::default();
     let mut engine = Engine::new(
         RingView::new(memory.clone(), vec![0]),
         XenGrants(table.clone()),
-        DelayedNull {
-            inner: NullDisk::new(bench_geometry(), DEPTH),
-            clock: clock.clone(),
+        DelayDevice::new(
+            NullDisk::new(bench_geometry(), DEPTH),
+            clock.clone(),
             latency_ns,
-            due: VecDeque::with_capacity(DEPTH),
-        },
+            0,
+        ),
         events.clone(),
         EngineConfig {
             notify_hold_ns: hold_ns,
@@ -440,7 +396,7 @@ fn moderation(latency_ns: u64, hold_ns: u64, requests: u64) -> Moderation {
     let (mut taken, mut latency_sum) = (0u64, 0u64);
     let mut now = 0u64;
     while taken < requests {
-        clock.set(now);
+        clock.store(now, Ordering::Release);
         if events.count() != seen && irq_at.is_none() {
             irq_at = Some(now + IRQ_DELAY_NS);
         }

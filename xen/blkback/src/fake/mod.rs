@@ -123,3 +123,74 @@ impl<D: BlockDevice> BlockDevice for ShufflingDevice<D> {
         released
     }
 }
+
+/// Wraps a device and hands each completion back `latency` (plus up to `jitter`) after
+/// its submission, on a clock the test advances; none while `stall` is set.
+#[derive(Debug)]
+pub struct DelayDevice<D> {
+    inner: D,
+    clock: Arc<AtomicU64>,
+    latency: u64,
+    jitter: u64,
+    rng: Rng,
+    due: std::collections::HashMap<u32, u64>,
+    done: Vec<Completion>,
+    pub stall: Arc<AtomicBool>,
+}
+
+impl<D: BlockDevice> DelayDevice<D> {
+    pub fn new(inner: D, clock: Arc<AtomicU64>, latency: u64, jitter: u64) -> Self {
+        Self {
+            inner,
+            clock,
+            latency,
+            jitter,
+            rng: Rng::new(latency ^ jitter),
+            due: Default::default(),
+            done: Vec::new(),
+            stall: Arc::default(),
+        }
+    }
+}
+
+impl<D: BlockDevice> BlockDevice for DelayDevice<D> {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    fn queue_depth(&self) -> usize {
+        self.inner.queue_depth()
+    }
+    fn submit(
+        &mut self,
+        request: &IoRequest<'_>,
+        buffers: &dyn BufferAccess,
+    ) -> Result<(), SubmitError> {
+        self.inner.submit(request, buffers)?;
+        let jitter = match self.jitter {
+            0 => 0,
+            bound => self.rng.below(bound),
+        };
+        let due = self.clock.load(Ordering::Acquire) + self.latency + jitter;
+        self.due.insert(request.tag, due);
+        Ok(())
+    }
+    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        let done = &mut self.done;
+        self.inner.poll_completions(&mut |c| done.push(c));
+        if self.stall.load(Ordering::Acquire) {
+            return 0;
+        }
+        let now = self.clock.load(Ordering::Acquire);
+        let due = &mut self.due;
+        let before = self.done.len();
+        self.done.retain(|c| {
+            if due[&c.tag] > now {
+                return true;
+            }
+            due.remove(&c.tag);
+            sink(*c);
+            false
+        });
+        before - self.done.len()
+    }
+}

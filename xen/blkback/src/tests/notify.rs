@@ -9,91 +9,18 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use blkdev::{BlockDevice, BufferAccess, Completion, Geometry, IoRequest, RamDisk, SubmitError};
+use blkdev::{BlockDevice, RamDisk};
 
 use super::{whole_page, Rig, DISK_SECTORS};
 use crate::abi::{self, RSP_OKAY};
 use crate::engine::{Busy, EngineConfig};
 use crate::fake::wire::encode_direct;
-use crate::fake::Rng;
+use crate::fake::DelayDevice;
 use crate::stats::RingStats;
 
 const US: u64 = 1_000;
 /// The simulation's time step: the poller polls once per step.
 const STEP: u64 = 250;
-
-/// Completes each request `latency` after its submission (plus up to `jitter`), on the
-/// shared virtual clock; holds every completion while `stall` is set.
-struct DelayDevice {
-    inner: blkdev::RamDiskQueue,
-    clock: Arc<AtomicU64>,
-    latency: u64,
-    jitter: u64,
-    rng: Rng,
-    due: HashMap<u32, u64>,
-    done: Vec<Completion>,
-    stall: Arc<AtomicBool>,
-}
-
-impl DelayDevice {
-    fn new(disk: &RamDisk, clock: Arc<AtomicU64>, latency: u64, jitter: u64) -> Self {
-        Self {
-            inner: disk.queue(256),
-            clock,
-            latency,
-            jitter,
-            rng: Rng::new(latency ^ jitter),
-            due: HashMap::new(),
-            done: Vec::new(),
-            stall: Arc::default(),
-        }
-    }
-}
-
-impl BlockDevice for DelayDevice {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn queue_depth(&self) -> usize {
-        self.inner.queue_depth()
-    }
-    fn submit(
-        &mut self,
-        request: &IoRequest<'_>,
-        buffers: &dyn BufferAccess,
-    ) -> Result<(), SubmitError> {
-        self.inner.submit(request, buffers)?;
-        let jitter = if self.jitter > 0 {
-            self.rng.below(self.jitter)
-        } else {
-            0
-        };
-        let due = self.clock.load(Ordering::SeqCst) + self.latency + jitter;
-        self.due.insert(request.tag, due);
-        Ok(())
-    }
-    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
-        let done = &mut self.done;
-        self.inner.poll_completions(&mut |c| done.push(c));
-        if self.stall.load(Ordering::SeqCst) {
-            return 0;
-        }
-        let now = self.clock.load(Ordering::SeqCst);
-        let mut released = 0;
-        let mut i = 0;
-        while i < self.done.len() {
-            if self.due[&self.done[i].tag] <= now {
-                let completion = self.done.remove(i);
-                self.due.remove(&completion.tag);
-                sink(completion);
-                released += 1;
-            } else {
-                i += 1;
-            }
-        }
-        released
-    }
-}
 
 /// A blkfront-like frontend and its workload.
 #[derive(Clone, Copy, Debug)]
@@ -197,10 +124,12 @@ fn simulate<D: BlockDevice>(mut rig: Rig<D>, clock: &AtomicU64, workload: Worklo
     seen
 }
 
-fn delay_rig(window_ns: u64, latency: u64, jitter: u64) -> (Rig<DelayDevice>, Arc<AtomicU64>) {
+type Delayed = DelayDevice<blkdev::RamDiskQueue>;
+
+fn delay_rig(window_ns: u64, latency: u64, jitter: u64) -> (Rig<Delayed>, Arc<AtomicU64>) {
     let disk = RamDisk::new(DISK_SECTORS);
     let clock = Arc::new(AtomicU64::new(0));
-    let device = DelayDevice::new(&disk, clock.clone(), latency, jitter);
+    let device = DelayDevice::new(disk.queue(256), clock.clone(), latency, jitter);
     (Rig::new(config(window_ns), device), clock)
 }
 
@@ -232,7 +161,7 @@ fn qd1_never_holds_a_notification() {
 
 /// Two requests; the device finishes the first at 10 us and keeps the second. The
 /// frontend waits for its event on the first response alone.
-fn one_held_response(window_ns: u64) -> (Rig<DelayDevice>, Arc<AtomicU64>, Arc<AtomicBool>, u64) {
+fn one_held_response(window_ns: u64) -> (Rig<Delayed>, Arc<AtomicU64>, Arc<AtomicBool>, u64) {
     let (mut rig, clock) = delay_rig(window_ns, 10 * US, 0);
     let stall = rig.engine.device().stall.clone();
     let grefs: Vec<u32> = (0..2).map(|i| rig.data_page(i).1).collect();
