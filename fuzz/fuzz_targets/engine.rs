@@ -51,9 +51,8 @@ fuzz_target!(|data: &[u8]| {
     let order = u32::from(setup % 3);
     let persistent = setup & 4 != 0;
     let limit = (setup & 8 != 0).then_some(6);
-    // Notification moderation on a virtual clock that polls advance.
+    // Notification moderation, on the clock that ticks and polls advance.
     let hold_ns = if setup & 16 != 0 { 2_000 } else { 0 };
-    let mut now = 0u64;
     let ring_pages = 1usize << order;
     let memory = GuestMemory::new(ring_pages + DATA_PAGES);
     let table = GrantTable::new(memory.clone());
