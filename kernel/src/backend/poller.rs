@@ -57,6 +57,7 @@ pub fn set_notify_hold(ns: u64) {
 pub fn notify_hold_ns() -> u64 {
     NOTIFY_HOLD_NS.load(Ordering::Relaxed)
 }
+
 /// How often a poller publishes its rings' counters for the control path (which puts
 /// them in xenstore every 5 s): by time, as loops cost anything from nanoseconds to
 /// the ~100 us of a trapped RDTSC.
