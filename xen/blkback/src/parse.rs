@@ -559,7 +559,10 @@ mod tests {
         // A read-only disk offers no discard (the kernel publishes none): still an error,
         // as a write, not "not supported" (tests/xen/hostile saw -2 before).
         let offers_none = Geometry { discard: None, ..g };
-        assert_eq!(check_discard(&discard, &offers_none), Err(RequestError::ReadOnly));
+        assert_eq!(
+            check_discard(&discard, &offers_none),
+            Err(RequestError::ReadOnly)
+        );
     }
 
     #[test]
