@@ -36,7 +36,10 @@
 //!     guest-physical pages from a [`grant::GrantMapArea`] (a hole in the memory map),
 //!     or [`grant::ForeignGrants`] for per-entry results over such an area (data
 //!     grants: one failed entry fails only its own request); our own grants through
-//!     [`grant::map_own_table`] + [`grant::GrantTable`].
+//!     [`grant::map_own_table`] + [`grant::GrantTable`]. A backend maps a frontend's ring
+//!     and binds its event channel as one [`ring::RingConnection`] (undone whole when a
+//!     step fails, released whole), and counts what it holds mapped with
+//!     [`grant::CountedGrants`] around its hypervisor.
 //! 11. [`domain::shutdown`] with `Poweroff` (control/shutdown = "poweroff") or `Crash`
 //!     (panic), so `xl` reports the right reason.
 #![cfg_attr(not(test), no_std)]
@@ -53,6 +56,7 @@ pub mod evtchn;
 pub mod grant;
 pub mod hypercall;
 pub mod raw;
+pub mod ring;
 pub mod shared_info;
 pub mod xenstore;
 

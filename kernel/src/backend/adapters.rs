@@ -14,7 +14,7 @@ use blkdev::BufferAccess;
 use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::DomId;
-use xen::grant::{ForeignGrants, ForeignMapping, GrantMapArea};
+use xen::grant::{CountedGrants, ForeignGrants, ForeignMapping, GrantMapArea};
 use xen::raw::hypercall::NativeHypervisor;
 use xen::xenstore::{Transaction, XsErrno, XsError};
 use xen::SharedMem;
@@ -24,12 +24,23 @@ pub const PAGE_SIZE: usize = 4096;
 /// Records `delta` foreign pages (ring and data grants) mapped (positive) or unmapped
 /// (negative) by this vCPU. Counted per vCPU, in its poller slot: data grants are mapped
 /// and unmapped by the vCPU that serves the ring, so each counter stays in its own cache
-/// line; only the sum means anything.
-pub fn count_mapped_pages(delta: i64) {
+/// line; only the sum means anything. Called by [`GrantHypervisor`] alone, for every
+/// entry Xen mapped or unmapped.
+fn count_mapped_pages(delta: i64) {
     let cpu = crate::smp::current().index.load(Ordering::Relaxed) as usize;
     POLLERS[cpu]
         .mapped_pages
         .fetch_add(delta, Ordering::Relaxed);
+}
+
+/// The hypervisor every grant map and unmap goes through: it counts what Xen answered
+/// (`xen::grant::CountedGrants`), so `mapped_pages` follows what Xen holds whichever
+/// path mapped or unmapped (a ring, a request's data, a batch unwound, a connection
+/// undone).
+pub type GrantHypervisor = CountedGrants<NativeHypervisor, fn(i64)>;
+
+pub fn grant_hypervisor(hv: NativeHypervisor) -> GrantHypervisor {
+    CountedGrants::new(hv, count_mapped_pages)
 }
 
 /// Every foreign page this domain has mapped right now (0 when no frontend holds
@@ -76,14 +87,14 @@ impl RingMemory for SharedRing {
 /// `xen::grant::ForeignGrants` (per-entry statuses, what mapped is never lost, even when
 /// a whole hypercall fails). Owned by the vCPU that serves the ring: no lock.
 pub struct FrontendGrants {
-    hv: NativeHypervisor,
+    hv: GrantHypervisor,
     grants: ForeignGrants,
 }
 
 impl FrontendGrants {
     pub fn new(hv: NativeHypervisor, frontend: DomId, region: &MapRegion) -> Self {
         FrontendGrants {
-            hv,
+            hv: grant_hypervisor(hv),
             grants: ForeignGrants::new(
                 frontend,
                 GrantMapArea::new(region.grant_base >> 12, region.grant_pages),
@@ -129,7 +140,7 @@ impl BufferAccess for FrontendGrants {
 impl GrantOps for FrontendGrants {
     fn map(&mut self, requests: &[MapRequest], results: &mut [Result<MappedGrant, GrantStatus>]) {
         let count = requests.len().min(results.len());
-        let mapped = self.grants.map(
+        self.grants.map(
             &self.hv,
             count,
             |i| (requests[i].gref, !requests[i].writable),
@@ -140,12 +151,11 @@ impl GrantOps for FrontendGrants {
                 })
             },
         );
-        count_mapped_pages(mapped as i64);
     }
 
     fn unmap(&mut self, grants: &[MappedGrant], results: &mut [Result<(), GrantStatus>]) {
         let count = grants.len().min(results.len());
-        let unmapped = self.grants.unmap(
+        self.grants.unmap(
             &self.hv,
             count,
             |i| ForeignMapping {
@@ -154,7 +164,6 @@ impl GrantOps for FrontendGrants {
             },
             |i, result| results[i] = result,
         );
-        count_mapped_pages(-(unmapped as i64));
     }
 }
 

@@ -21,7 +21,7 @@ pub enum ConnectError {
     NoXen,
     /// Every map region is serving a ring.
     NoMapSpace,
-    /// The ring's grants did not map (none stays mapped).
+    /// The ring's grants did not map (none stays mapped, but for `error.leaked`).
     MapRing {
         refs: Vec<u32>,
         error: xen::grant::MapError,
@@ -37,6 +37,21 @@ pub enum ConnectError {
     /// The mapped ring does not fit what the frontend negotiated, or the ring's engine
     /// does not fit in the heap (`blkback::engine::EngineError` says which).
     Engine(blkback::engine::EngineError),
+}
+
+impl ConnectError {
+    /// A ring of `refs` that did not connect (`xen::ring::RingConnection::connect`).
+    pub fn ring(refs: &[u32], error: xen::ring::RingError) -> Self {
+        match error {
+            xen::ring::RingError::Map(error) => ConnectError::MapRing {
+                refs: refs.to_vec(),
+                error,
+            },
+            xen::ring::RingError::Bind { port, error, .. } => {
+                ConnectError::BindEventChannel { port, error }
+            }
+        }
+    }
 }
 
 impl fmt::Display for ConnectError {

@@ -24,8 +24,8 @@ use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use polling::sleep::{sleep_deadline, MAX_SLEEP_NS};
 use polling::spin::{Decision, SpinPolicy, MAX_SPELL_NS, MIN_SPELL_NS};
 use xen::abi::event_channel::EvtchnPort;
-use xen::abi::grant_table::GnttabUnmapGrantRef;
 use xen::abi::DOMID_SELF;
+use xen::ring::RingConnection;
 
 pub type BlkEngine = Engine<SharedRing, FrontendGrants, DeviceQueue, Notify>;
 
@@ -81,15 +81,10 @@ pub struct QueueControl {
     pub resize_acked: AtomicU64,
 }
 
-/// The ring's own pages and their grant handles.
-pub struct RingMapping {
-    pub ops: Vec<GnttabUnmapGrantRef>,
-}
-
 pub struct ServedQueue {
     pub engine: BlkEngine,
-    pub port: EvtchnPort,
-    pub ring: RingMapping,
+    /// The ring's pages (mapped at `region.ring_base`) and its bound event channel.
+    pub ring: RingConnection,
     pub region: MapRegion,
     pub control: Arc<QueueControl>,
     /// The last `control.resize_epoch` the engine refreshed its capacity for.
@@ -182,39 +177,45 @@ pub fn ring_doorbell(cpu: usize) {
     }
 }
 
-/// Unmaps a ring's pages, closes its port and frees its map region (after the engine
-/// has disconnected: no request in flight, every data grant unmapped).
+/// Unmaps a ring's pages, closes its port and gives back its map region (retired if
+/// `data_leaked` data grants, or any ring page, stay mapped in it). Returns the pages
+/// that stay mapped. The one way a connected ring goes: after its engine disconnected
+/// (the poller), or when its connection fails after the ring connected (`vbd.rs`).
+pub fn release_ring(ring: RingConnection, region: MapRegion, data_leaked: u64) -> u64 {
+    let Some(xen) = xen_domain::get() else {
+        return 0;
+    };
+    let ring_leaked = match ring.release(&super::adapters::grant_hypervisor(xen.hv)) {
+        Ok(()) => 0,
+        Err(e) => {
+            log::error!(
+                "blkback: unmapping ring pages: {:?} ({} pages stay mapped)",
+                e.error,
+                e.leaked
+            );
+            e.leaked as u64
+        }
+    };
+    let leaked = data_leaked + ring_leaked;
+    space::release(region, leaked);
+    leaked
+}
+
+/// Releases a ring whose engine has disconnected (no request in flight, every data grant
+/// unmapped) and hands its device queue back.
 fn release(cpu: usize, queue: ServedQueue) {
     POLLERS[cpu].assigned.fetch_sub(1, Ordering::Relaxed);
-    let Some(xen) = xen_domain::get() else { return };
     let ServedQueue {
         engine,
-        port,
-        mut ring,
+        ring,
         region,
         control,
         ..
     } = queue;
     let (_, grants, device, _) = engine.into_parts();
     *control.device.lock() = Some(device);
-    let unmapped = xen::grant::unmap_batch(&xen.hv, &mut ring.ops);
-    let ring_leaked = ring.ops.iter().filter(|op| op.status != 0).count() as u64;
-    super::adapters::count_mapped_pages(-((ring.ops.len() as u64 - ring_leaked) as i64));
-    if let Err(e) = unmapped {
-        log::error!("blkback: unmapping ring pages: {e:?} ({ring_leaked} pages stay mapped)");
-    }
-    let _ = xen::evtchn::close(&xen.hv, port);
-    let leaked = grants.leaked_pages() + ring_leaked;
+    let leaked = release_ring(ring, region, grants.leaked_pages());
     control.leaked_pages.store(leaked, Ordering::Release);
-    if leaked == 0 {
-        space::free(region);
-    } else {
-        // Pages still mapped: the region is never reused.
-        log::error!(
-            "blkback: {leaked} pages of map region {} stay mapped; region retired",
-            region.index
-        );
-    }
     control.detached.store(true, Ordering::Release);
 }
 
@@ -258,7 +259,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
         ports.extend(
             served
                 .iter()
-                .map(|s| s.port)
+                .map(|s| s.ring.port())
                 .take(xen::abi::sched::SCHED_POLL_MAX_PORTS - 2),
         );
     };
@@ -285,7 +286,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
                 .iter_mut()
                 .flat_map(|inbox| inbox.drain(..))
             {
-                xen.shared.mask(queue.port);
+                xen.shared.mask(queue.ring.port());
                 served.push(queue);
             }
             rebuild_ports(&served, &mut ports, &control);
@@ -307,8 +308,8 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
                 }
                 continue;
             }
-            if xen.shared.is_pending(queue.port) {
-                xen.shared.clear_pending(queue.port);
+            if xen.shared.is_pending(queue.ring.port()) {
+                xen.shared.clear_pending(queue.ring.port());
                 queue.engine.event_received();
             }
             let resize = queue.control.resize_epoch.load(Ordering::Acquire);

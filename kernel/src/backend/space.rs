@@ -57,9 +57,23 @@ pub fn alloc() -> Option<MapRegion> {
 }
 
 /// Returns a region whose pages are all unmapped again.
-pub fn free(region: MapRegion) {
+fn free(region: MapRegion) {
     if let Some(space) = SPACE.lock().as_mut() {
         space.free.push(region.index);
+    }
+}
+
+/// Gives back the region of a ring that is gone (or never connected): free for the next
+/// ring, or, when `leaked` pages of it stay mapped (their unmap failed), retired for good
+/// (a page of it could be handed out again while Xen still maps it).
+pub fn release(region: MapRegion, leaked: u64) {
+    if leaked == 0 {
+        free(region);
+    } else {
+        log::error!(
+            "blkback: {leaked} pages of map region {} stay mapped; region retired",
+            region.index
+        );
     }
 }
 

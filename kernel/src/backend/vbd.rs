@@ -7,7 +7,7 @@ use super::adapters::{self, FrontendGrants, Notify, SharedRing};
 use super::disk::Disk;
 use super::error::ConnectError;
 use super::grants;
-use super::poller::{self, QueueControl, RingMapping, ServedQueue};
+use super::poller::{self, QueueControl, ServedQueue};
 use super::space;
 use alloc::string::String;
 use alloc::sync::Arc;
@@ -17,8 +17,7 @@ use blkback::engine::{Busy, Engine, EngineConfig, EngineError};
 use blkback::negotiate::{BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection};
 use blkback::stats::Refusals;
 use core::sync::atomic::Ordering;
-use xen::abi::event_channel::EvtchnPort;
-use xen::abi::DomId;
+use xen::ring::RingConnection;
 
 use crate::xen_domain;
 
@@ -56,30 +55,6 @@ pub(super) struct VbdHooks {
 const _: () =
     assert!(2 * blkback::budget::GrantLimits::MAX_PER_RING_LIMIT <= space::GRANT_PAGES_PER_RING);
 
-fn map_ring(
-    frontend: DomId,
-    refs: &[u32],
-    region: &space::MapRegion,
-) -> Result<RingMapping, ConnectError> {
-    let xen = xen_domain::get().ok_or(ConnectError::NoXen)?;
-    let mut ops: Vec<_> = refs
-        .iter()
-        .enumerate()
-        .map(|(i, &gref)| {
-            xen::grant::map_request(region.ring_base + i as u64 * 4096, frontend, gref, false)
-        })
-        .collect();
-    // All-or-nothing: on failure the pages that did map are unmapped again.
-    xen::grant::map_batch(&xen.hv, &mut ops).map_err(|error| ConnectError::MapRing {
-        refs: refs.to_vec(),
-        error,
-    })?;
-    adapters::count_mapped_pages(ops.len() as i64);
-    Ok(RingMapping {
-        ops: ops.iter().map(xen::grant::unmap_request).collect(),
-    })
-}
-
 impl VbdHooks {
     fn connect_queue(
         &mut self,
@@ -110,32 +85,27 @@ impl VbdHooks {
             }));
         }
         let region = space::alloc().ok_or(ConnectError::NoMapSpace)?;
-        let mapping = match map_ring(connection.frontend_id, &ring.ring_refs, &region) {
-            Ok(mapping) => mapping,
-            Err(e) => {
-                space::free(region);
-                return Err(e);
-            }
-        };
-        let undo = |mut mapping: RingMapping| {
-            if xen::grant::unmap_batch(&xen.hv, &mut mapping.ops).is_ok() {
-                space::free(region);
-            }
-        };
-        let port: EvtchnPort = match xen::evtchn::bind_interdomain(
-            &xen.hv,
-            connection.frontend_id,
+        // Every grant map and unmap goes through the counting hypervisor: whatever fails
+        // below, `mapped-pages` follows what Xen holds.
+        let hv = adapters::grant_hypervisor(xen.hv);
+        let frontend = connection.frontend_id;
+        let ring_conn = match RingConnection::connect(
+            &hv,
+            region.ring_base,
+            frontend,
+            &ring.ring_refs,
             ring.event_channel,
         ) {
-            Ok(port) => port,
+            Ok(ring_conn) => ring_conn,
             Err(error) => {
-                undo(mapping);
-                return Err(ConnectError::BindEventChannel {
-                    port: ring.event_channel,
-                    error,
-                });
+                // Undone by `connect`, but for pages whose unmap failed too.
+                let leaked = error.leaked_pages() as u64;
+                space::release(region, leaked);
+                self.leaked_pages += leaked;
+                return Err(ConnectError::ring(&ring.ring_refs, error));
             }
         };
+        let port = ring_conn.port();
         xen.shared.mask(port);
         if let Err(e) = xen::evtchn::bind_vcpu(&xen.hv, port, cpu as u32) {
             log::warn!(
@@ -143,6 +113,11 @@ impl VbdHooks {
                 self.name
             );
         }
+        // A failure from here on gives back the ring (pages unmapped, port closed) and
+        // its region, the same way a disconnected ring goes.
+        let mut undo = |ring_conn: RingConnection| {
+            self.leaked_pages += poller::release_ring(ring_conn, region, 0);
+        };
         let ring_bytes = ring.ring_refs.len() * adapters::PAGE_SIZE;
         // SAFETY: the ring pages were just mapped at region.ring_base.. (consecutive,
         // identity mapped); only this engine reaches them, through SharedMem.
@@ -152,14 +127,13 @@ impl VbdHooks {
         let device = match self.disk.take_queue(depth) {
             Ok(device) => device,
             Err(e) => {
-                let _ = xen::evtchn::close(&xen.hv, port);
-                undo(mapping);
+                undo(ring_conn);
                 return Err(e);
             }
         };
         let engine = Engine::new_within(
             SharedRing { mem },
-            FrontendGrants::new(xen.hv, connection.frontend_id, &region),
+            FrontendGrants::new(xen.hv, frontend, &region),
             device,
             Notify { hv: xen.hv, port },
             config,
@@ -168,8 +142,7 @@ impl VbdHooks {
         let mut engine = match engine {
             Ok(engine) => engine,
             Err(e) => {
-                let _ = xen::evtchn::close(&xen.hv, port);
-                undo(mapping);
+                undo(ring_conn);
                 return Err(ConnectError::Engine(e));
             }
         };
@@ -189,8 +162,7 @@ impl VbdHooks {
             cpu,
             ServedQueue {
                 engine,
-                port,
-                ring: mapping,
+                ring: ring_conn,
                 region,
                 control,
                 resize_seen: self.resize_epoch,
