@@ -680,10 +680,34 @@ mod tests {
     };
     use blkback::parse::{check_data_access, check_discard, parse_request, Request};
     use blkdev::{BlockDevice, Geometry, RamDisk, RamDiskQueue};
+    use std::sync::Arc;
 
     const SECTORS: u64 = 4096;
 
-    struct EnginePeer<D = RamDiskQueue>(Engine<RingView, XenGrants, D, CountingEvents>);
+    /// The engine, and the fake grant table it maps the frontend's pages from.
+    struct EnginePeer<D = RamDiskQueue>(
+        Engine<RingView, XenGrants, D, CountingEvents>,
+        Arc<GrantTable>,
+    );
+
+    impl<D: BlockDevice> EnginePeer<D> {
+        /// Mappings of the frontend's pages alive now.
+        fn live(&self) -> usize {
+            self.1.live_mappings().0
+        }
+
+        /// Tears the ring down as the kernel does when the frontend goes (disconnect,
+        /// polled until the device has given back everything), then checks that nothing
+        /// of the frontend stays mapped: every data and indirect grant, persistent or
+        /// not, is unmapped, whatever the attack did to the ring.
+        fn tear_down(&mut self, attack: &str) {
+            let done = (0..10_000).any(|_| self.0.disconnect().is_ok());
+            assert!(done, "{attack}: requests still in flight");
+            assert_eq!(self.0.state(), EngineState::Disconnected, "{attack}");
+            assert_eq!(self.0.stats().grants_mapped, 0, "{attack}: engine's count");
+            assert_eq!(self.live(), 0, "{attack}: grants left mapped");
+        }
+    }
 
     impl<D: BlockDevice> Peer for EnginePeer<D> {
         fn notify(&mut self) {
@@ -736,7 +760,7 @@ mod tests {
             config,
         )
         .unwrap();
-        (FrontRing::new(view(0), 0), EnginePeer(engine), pages)
+        (FrontRing::new(view(0), 0), EnginePeer(engine, table), pages)
     }
 
     fn geometry(read_only: bool) -> Geometry {
@@ -862,6 +886,133 @@ mod tests {
         );
         assert_eq!(tally.failed(), 0, "{:#?}", tally.outcomes);
         assert_eq!(peer.0.state(), EngineState::Halted);
+    }
+
+    /// A device that holds every completion until told otherwise (as a long discard,
+    /// or a guest destroyed mid-flood, leaves requests on the real device).
+    fn held(disk: &RamDisk) -> ShufflingDevice<RamDiskQueue> {
+        let device = ShufflingDevice::new(disk.queue(64), 1, 100);
+        device.hold.store(true, Ordering::Release);
+        device
+    }
+
+    /// blkdom's `mapped-pages` stayed above 0 after a hostile run: every attack, each on
+    /// a ring of its own, must leave nothing of the frontend mapped once its ring is torn
+    /// down, and (without persistent grants) nothing mapped once it is answered.
+    #[test]
+    fn each_case_leaves_nothing_mapped_once_its_ring_is_torn_down() {
+        for persistent in [false, true] {
+            for read_only in [false, true] {
+                let refs = rig(read_only, persistent).2.refs();
+                let all = if read_only {
+                    read_only_cases(refs)
+                } else {
+                    cases(refs, Disk { sectors: SECTORS })
+                };
+                for case in &all {
+                    let (mut front, mut peer, pages) = rig(read_only, persistent);
+                    let mut tally = Tally::default();
+                    run_cases(
+                        &mut front,
+                        &mut peer,
+                        &pages,
+                        std::slice::from_ref(case),
+                        &mut tally,
+                    );
+                    assert_eq!(tally.failed(), 0, "{:#?}", tally.outcomes);
+                    if !persistent {
+                        assert_eq!(peer.live(), 0, "{}: mapped after its answer", case.name);
+                    }
+                    peer.tear_down(case.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reused_ids_and_a_flipped_indirect_page_leave_nothing_mapped() {
+        for persistent in [false, true] {
+            let (mut front, mut peer, pages) = rig(false, persistent);
+            let mut tally = Tally::default();
+            reused_ids(&mut front, &mut peer, &pages, &mut tally);
+            if !persistent {
+                assert_eq!(peer.live(), 0);
+            }
+            peer.tear_down("ids-reused-in-flight");
+            let (mut front, mut peer, pages) = rig(false, persistent);
+            flipped_indirect_page(&mut front, &mut peer, &pages, 50, &mut tally);
+            assert_eq!(tally.failed(), 0, "{:#?}", tally.outcomes);
+            if !persistent {
+                assert_eq!(peer.live(), 0);
+            }
+            peer.tear_down("indirect-page-flipped-while-read");
+        }
+    }
+
+    /// A halted ring (the three req_prod attacks) closed while what it took before is
+    /// still on the device: nothing is unmapped under the device, everything once it is
+    /// done.
+    #[test]
+    fn a_halted_ring_closed_with_requests_in_flight_unmaps_everything_once_they_finish() {
+        for persistent in [false, true] {
+            for how in [
+                BadProducer::PastTheRing,
+                BadProducer::Ahead(0x8000_0000),
+                BadProducer::Backwards(1),
+            ] {
+                let (mut front, mut peer, pages) = rig_on(false, persistent, held);
+                let mut tally = Tally::default();
+                let disk = Disk { sectors: SECTORS };
+                bad_producer(&mut front, &mut peer, &pages, disk, how, &mut tally);
+                assert_eq!(peer.0.state(), EngineState::Halted, "{how:?}");
+                let in_flight = peer.0.in_flight();
+                if let BadProducer::Backwards(_) = how {
+                    assert!(in_flight > 0, "{how:?}: the discard and reads are held");
+                    assert!(peer.0.disconnect().is_err(), "{how:?}: must wait");
+                    if !persistent {
+                        // The held reads' grants: still mapped while the device owns them.
+                        assert!(peer.live() > 0, "{how:?}: unmapped under the device");
+                    }
+                }
+                peer.0.device().hold.store(false, Ordering::Release);
+                peer.tear_down(&format!("{how:?}, persistent {persistent}"));
+            }
+        }
+    }
+
+    /// The end of the hostile run: the guest destroyed with its ring full of requests
+    /// the device still holds (direct and indirect, persistent grants on and off).
+    #[test]
+    fn a_full_ring_torn_down_mid_flight_unmaps_everything_once_the_device_lets_go() {
+        for persistent in [false, true] {
+            let (mut front, mut peer, pages) = rig_on(false, persistent, held);
+            put_descriptors(&pages.indirect.mem, &[whole(pages.data[1].gref); 16]);
+            for n in 0..u64::from(front.slots()) {
+                let raw = match n % 3 {
+                    0 => encode_direct(abi::OP_READ, n, 8 * n, &[whole(pages.data[0].gref)]),
+                    1 => encode_direct(abi::OP_WRITE, n, 8 * n, &[whole(pages.data[1].gref)]),
+                    _ => encode_indirect(abi::OP_READ, n, 0, 16, &[pages.indirect.gref]),
+                };
+                front.put_request(&raw);
+            }
+            front.push_requests();
+            peer.notify();
+            for _ in 0..10 {
+                peer.pause();
+            }
+            assert_eq!(peer.0.in_flight(), front.slots() as usize);
+            assert!(peer.live() > 0);
+            // The frontend is gone: teardown waits for the device, mapping all it holds.
+            for _ in 0..10 {
+                assert!(peer.0.disconnect().is_err());
+            }
+            assert!(peer.live() > 0, "unmapped under the device");
+            peer.0.device().hold.store(false, Ordering::Release);
+            peer.tear_down(&format!("full ring, persistent {persistent}"));
+            let mut answered = 0;
+            front.take_responses(|_| answered += 1);
+            assert_eq!(answered, front.slots(), "every request answered");
+        }
     }
 
     #[test]
