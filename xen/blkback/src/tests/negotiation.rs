@@ -706,6 +706,96 @@ impl ConnectionHooks for EngineHooks {
     }
 }
 
+/// `EngineHooks` as the kernel's hooks behave when `asynchronous`: a disconnect only
+/// asks the pollers to let go of their rings and answers `Busy`; a later one finds them
+/// released.
+struct Detaching {
+    inner: EngineHooks,
+    asynchronous: bool,
+    asked: bool,
+}
+
+impl ConnectionHooks for Detaching {
+    type Error = EngineHooksError;
+
+    fn connect(&mut self, connection: &FrontendConnection) -> Result<(), EngineHooksError> {
+        self.inner.connect(connection)
+    }
+
+    fn disconnect(&mut self) -> Result<(), Busy> {
+        if self.asynchronous && !self.asked && !self.inner.engines.is_empty() {
+            self.asked = true;
+            return Err(Busy {
+                in_flight: self.inner.engines.len(),
+            });
+        }
+        self.inner.disconnect()?;
+        self.asked = false;
+        Ok(())
+    }
+}
+
+/// A two-queue frontend whose second ring does not map: the first ring, connected just
+/// before, is torn down too (at once, or once the frontend closes when the hooks let go
+/// asynchronously), nothing of the frontend stays mapped, and it connects once it grants
+/// its second ring.
+#[test]
+fn a_connection_failing_on_its_second_queue_unmaps_the_first() {
+    for asynchronous in [false, true] {
+        let memory = GuestMemory::new(16);
+        let table = GrantTable::new(memory);
+        let mut store = MemStore::new();
+        toolstack(&mut store);
+        let mut backend = BlkifBackend::probe(&mut store, BE, params()).unwrap();
+        frontend_two_queues(&mut store);
+        // Queue 0's ring (100, 101) is granted, queue 1's (110, 111) is not.
+        table.grant(100, 0, false);
+        table.grant(101, 1, false);
+        let mut hooks = Detaching {
+            inner: EngineHooks {
+                table: table.clone(),
+                disk: RamDisk::new(4096),
+                engines: Vec::new(),
+                hold_device: false,
+            },
+            asynchronous,
+            asked: false,
+        };
+        store.set(&format!("{FE}/state"), "3");
+        let outcome = backend.step(&mut store, &mut hooks).unwrap();
+        assert!(
+            matches!(&outcome, StepOutcome::Failed(reason) if reason.contains("ring map")),
+            "{outcome:?}"
+        );
+        assert_eq!(backend.state(), XenbusState::Closing);
+        let left = if asynchronous { 2 } else { 0 };
+        assert_eq!(table.live_mappings().0, left, "queue 0's ring pages");
+        // The frontend sees Closing and closes: whatever was left goes.
+        store.set(&format!("{FE}/state"), "6");
+        assert_eq!(
+            backend.step(&mut store, &mut hooks),
+            Ok(StepOutcome::Switched(XenbusState::Closed))
+        );
+        assert_eq!(table.live_mappings().0, 0, "asynchronous {asynchronous}");
+        assert!(hooks.inner.engines.is_empty());
+        // Granted, the same rings connect.
+        table.grant(110, 2, false);
+        table.grant(111, 3, false);
+        store.set(&format!("{FE}/state"), "1");
+        assert_eq!(
+            backend.step(&mut store, &mut hooks),
+            Ok(StepOutcome::Switched(XenbusState::InitWait))
+        );
+        store.set(&format!("{FE}/state"), "3");
+        assert_eq!(
+            backend.step(&mut store, &mut hooks),
+            Ok(StepOutcome::Switched(XenbusState::Connected))
+        );
+        assert_eq!(hooks.inner.engines.len(), 2);
+        assert_eq!(table.live_mappings().0, 4);
+    }
+}
+
 #[test]
 fn end_to_end_connect_io_close_with_in_flight_and_reconnect() {
     let memory = GuestMemory::new(64);
