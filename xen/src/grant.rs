@@ -790,35 +790,47 @@ impl<H: Hypervisor, C: Fn(i64) + Sync> CountedGrants<H, C> {
     }
 }
 
+impl<H: Hypervisor, C: Fn(i64) + Sync> CountedGrants<H, C> {
+    /// Marks every entry of `ops` not processed, makes the call, and counts `sign` for
+    /// each entry Xen answered okay.
+    fn counted<T>(
+        &self,
+        ops: &mut [T],
+        status: fn(&mut T) -> &mut i16,
+        sign: i64,
+        call: impl FnOnce(&H, &mut [T]) -> i64,
+    ) -> i64 {
+        for op in ops.iter_mut() {
+            *status(op) = STATUS_NOT_PROCESSED;
+        }
+        let rc = call(&self.hv, ops);
+        let okay = ops
+            .iter_mut()
+            .map(|op| *status(op))
+            .filter(|&s| s == GNTST_OKAY)
+            .count();
+        if okay > 0 {
+            (self.count)(sign * okay as i64);
+        }
+        rc
+    }
+}
+
 impl<H: Hypervisor, C: Fn(i64) + Sync> Hypervisor for CountedGrants<H, C> {
     fn hypercall(&self, call: Hypercall<'_>) -> i64 {
         match call {
-            Hypercall::Gnttab(GnttabOp::MapGrantRef(ops)) => {
-                for op in ops.iter_mut() {
-                    op.status = STATUS_NOT_PROCESSED;
-                }
-                let rc = self
-                    .hv
-                    .hypercall(Hypercall::Gnttab(GnttabOp::MapGrantRef(&mut *ops)));
-                let mapped = ops.iter().filter(|op| op.status == GNTST_OKAY).count();
-                if mapped > 0 {
-                    (self.count)(mapped as i64);
-                }
-                rc
-            }
-            Hypercall::Gnttab(GnttabOp::UnmapGrantRef(ops)) => {
-                for op in ops.iter_mut() {
-                    op.status = STATUS_NOT_PROCESSED;
-                }
-                let rc = self
-                    .hv
-                    .hypercall(Hypercall::Gnttab(GnttabOp::UnmapGrantRef(&mut *ops)));
-                let unmapped = ops.iter().filter(|op| op.status == GNTST_OKAY).count();
-                if unmapped > 0 {
-                    (self.count)(-(unmapped as i64));
-                }
-                rc
-            }
+            Hypercall::Gnttab(GnttabOp::MapGrantRef(ops)) => self.counted(
+                ops,
+                |op| &mut op.status,
+                1,
+                |hv, ops| hv.hypercall(Hypercall::Gnttab(GnttabOp::MapGrantRef(ops))),
+            ),
+            Hypercall::Gnttab(GnttabOp::UnmapGrantRef(ops)) => self.counted(
+                ops,
+                |op| &mut op.status,
+                -1,
+                |hv, ops| hv.hypercall(Hypercall::Gnttab(GnttabOp::UnmapGrantRef(ops))),
+            ),
             other => self.hv.hypercall(other),
         }
     }

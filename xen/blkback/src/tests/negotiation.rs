@@ -472,17 +472,23 @@ fn close_waits_for_in_flight_requests_then_reconnects() {
     );
     assert_eq!(state(&store), "6");
     // 6 -> 1 -> back to InitWait, then a fresh connection.
+    reconnect(&mut store, &mut backend, &mut hooks);
+    assert_eq!(hooks.connects.len(), 2);
+}
+
+/// A closed frontend comes back: Initialising (the backend says InitWait), then
+/// Initialised (the backend connects).
+fn reconnect(store: &mut MemStore, backend: &mut BlkifBackend, hooks: &mut impl ConnectionHooks) {
     store.set(&format!("{FE}/state"), "1");
     assert_eq!(
-        backend.step(&mut store, &mut hooks),
+        backend.step(store, hooks),
         Ok(StepOutcome::Switched(XenbusState::InitWait))
     );
     store.set(&format!("{FE}/state"), "3");
     assert_eq!(
-        backend.step(&mut store, &mut hooks),
+        backend.step(store, hooks),
         Ok(StepOutcome::Switched(XenbusState::Connected))
     );
-    assert_eq!(hooks.connects.len(), 2);
 }
 
 /// Values written to the backend's `state` node since write number `from`.
@@ -781,16 +787,7 @@ fn a_connection_failing_on_its_second_queue_unmaps_the_first() {
         // Granted, the same rings connect.
         table.grant(110, 2, false);
         table.grant(111, 3, false);
-        store.set(&format!("{FE}/state"), "1");
-        assert_eq!(
-            backend.step(&mut store, &mut hooks),
-            Ok(StepOutcome::Switched(XenbusState::InitWait))
-        );
-        store.set(&format!("{FE}/state"), "3");
-        assert_eq!(
-            backend.step(&mut store, &mut hooks),
-            Ok(StepOutcome::Switched(XenbusState::Connected))
-        );
+        reconnect(&mut store, &mut backend, &mut hooks);
         assert_eq!(hooks.inner.engines.len(), 2);
         assert_eq!(table.live_mappings().0, 4);
     }
