@@ -68,6 +68,12 @@ blkdom_pollers() { xenstore-read "/local/domain/$1/data/blkdom-pollers" 2>/dev/n
 blkdom_holds_nothing() {
   blkdom_pollers "$1" | grep -q "vcpu0: rings=0.*vcpu1: rings=0.*mapped-pages=0$"
 }
+# blkdom_log [DOMID]: everything blkdom logged: its early lines (port 0xE9, in Xen's
+# console ring, before its console exists) and its console. DOMID defaults to $bid.
+blkdom_log() {
+  xl dmesg | grep "(d${1:-$bid}) "
+  cat "$CONSOLE_DIR/guest-blkdom.log" 2>/dev/null
+}
 # CPU seconds a domain has used so far (xl list's Time(s) column).
 cpu_seconds() { xl list "$1" 2>/dev/null | awk 'NR == 2 { print $6 }'; }
 
