@@ -87,7 +87,8 @@ dump_state() {
   echo "rig: state dumped as $tag: $(xl list | awk 'NR > 1 { printf "%s(%s) ", $1, $5 }')"
 }
 
-# create_domain NAME CONFIG [xl overrides...]: xl create, timed, at most 60 s. An earlier
+# create_domain NAME CONFIG [xl overrides...]: xl create, timed, at most CREATE_TIMEOUT
+# (default 60) s. An earlier
 # domain's console log of the same name is moved into $RESULTS first: xenconsoled appends
 # to guest-NAME.log, and a check reading it (wait_blkdom_up's "blkdom: up") would take
 # the earlier boot's lines for the new one's.
@@ -98,7 +99,7 @@ create_domain() {
     mv "$CONSOLE_DIR/guest-$name.log" "$RESULTS/console-$name-until-$(now).log"
   fi
   start=$(now)
-  if timeout 60 xl create "$config" "$@" > "$RESULTS/xl-create-$name.log" 2>&1; then
+  if timeout "${CREATE_TIMEOUT:-60}" xl create "$config" "$@" > "$RESULTS/xl-create-$name.log" 2>&1; then
     timing "xl-create-$name" "$(seconds_since "$start")"
     pass "xl create $name"
   else
