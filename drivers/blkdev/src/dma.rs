@@ -101,6 +101,9 @@ fn outside(region: DmaRegion, offset: u64, len: u64) -> ! {
 ///   against the caller's own accesses at least like compiler fences: a read's bytes
 ///   are loaded after what came before it, a write's stored after.
 /// - `delay_us` waits at least `micros` microseconds.
+/// - `stop_dma` returns `true` only when, from its return on, the device can read or
+///   write no memory at all (every queue of it: bus mastering is off, and writes the
+///   device posted before are done); the device stays so until the domain restarts.
 #[allow(unsafe_code, reason = "implementations promise what DMA memory is")]
 pub unsafe trait Dma: Clone {
     /// `pages` zeroed, physically contiguous, 4 KiB-aligned pages.
@@ -111,6 +114,14 @@ pub unsafe trait Dma: Clone {
     fn write_dma(&self, region: DmaRegion, offset: u64, data: &[u8]);
     /// Waits at least `micros` microseconds.
     fn delay_us(&self, micros: u64);
+    /// Stops the device from reaching memory, for good (every queue of it): a device
+    /// that holds a command it will not complete may still write its pages. `true` when
+    /// that is confirmed (then no slot, buffer or page it was given can be written by
+    /// it any more); `false` when it could not be.
+    fn stop_dma(&self) -> bool;
+    /// Once `stop_dma` was called for this device (by any queue), what it returned:
+    /// the device is stopped, and no queue of it will see a completion again.
+    fn dma_stopped(&self) -> Option<bool>;
 }
 
 #[cfg(test)]

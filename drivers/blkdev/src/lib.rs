@@ -130,6 +130,47 @@ impl core::fmt::Display for SubmitError {
 
 impl core::error::Error for SubmitError {}
 
+/// Why a device queue stopped serving. From then on every request it held, and every
+/// request it is given, is answered with an error without the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceFault {
+    pub kind: FaultKind,
+    /// The device was stopped from reaching memory (bus mastering off, confirmed) before
+    /// any request it held was answered: nothing it does later lands in a page. `false`:
+    /// that could not be confirmed, and whoever mapped the pages it was given must not
+    /// reuse their addresses.
+    pub dma_stopped: bool,
+}
+
+/// What went wrong with a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// A command got no completion within the deadline (`device.timeout-ms`): it waited
+    /// this long when it was given up.
+    Timeout { waited_ms: u64 },
+    /// The device reported a fatal error (NVMe CSTS.CFS, virtio NEEDS_RESET or FAILED).
+    Fatal,
+    /// Another queue of the same device failed, and the device was stopped.
+    Stopped,
+}
+
+impl core::fmt::Display for DeviceFault {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.kind {
+            FaultKind::Timeout { waited_ms } => {
+                write!(f, "a command got no completion in {waited_ms} ms")?
+            }
+            FaultKind::Fatal => f.write_str("the device reported a fatal error")?,
+            FaultKind::Stopped => f.write_str("another queue of the device failed")?,
+        }
+        f.write_str(if self.dma_stopped {
+            "; device stopped (bus mastering off), every request answered with an error"
+        } else {
+            "; device could NOT be stopped (bus mastering still on), every request answered with an error"
+        })
+    }
+}
+
 /// CPU access to the pages that segments name; a DMA device never calls it.
 pub trait BufferAccess {
     /// Copy `out.len()` bytes from `buffer` at `offset`. False if the buffer is unknown
@@ -163,6 +204,18 @@ pub trait BlockDevice {
     ) -> Result<(), SubmitError>;
     /// Report finished requests to `sink`; returns how many.
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize;
+    /// The clock of whoever polls the queue (ns, monotonic), on every pass, and how long
+    /// a command may stay with the device (ns; 0: forever). A queue that holds a command
+    /// longer fails (`fault`): it stops its device, and every request it holds is
+    /// reported with `IoStatus::Error` by the next `poll_completions`. Cheap when nothing
+    /// is due. Devices that complete everything themselves (RAM) have nothing to time.
+    fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
+        let _ = (now_ns, timeout_ns);
+    }
+    /// Why the queue stopped serving, once it has (then for good).
+    fn fault(&self) -> Option<DeviceFault> {
+        None
+    }
 }
 
 /// A boxed queue is a queue (the kernel holds its device queues as
@@ -186,6 +239,14 @@ impl<T: BlockDevice + ?Sized> BlockDevice for alloc::boxed::Box<T> {
 
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
         (**self).poll_completions(sink)
+    }
+
+    fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
+        (**self).tick(now_ns, timeout_ns)
+    }
+
+    fn fault(&self) -> Option<DeviceFault> {
+        (**self).fault()
     }
 }
 
@@ -271,5 +332,19 @@ mod tests {
             text(&SubmitError::Invalid),
             "the request is invalid for this device"
         );
+    }
+
+    #[test]
+    fn device_faults_say_what_happened_and_whether_the_device_stopped() {
+        use super::{DeviceFault, FaultKind};
+        let fault = |kind, dma_stopped| DeviceFault { kind, dma_stopped }.to_string();
+        assert_eq!(
+            fault(FaultKind::Timeout { waited_ms: 30_000 }, true),
+            "a command got no completion in 30000 ms; device stopped (bus mastering off), \
+             every request answered with an error"
+        );
+        assert!(fault(FaultKind::Fatal, false)
+            .starts_with("the device reported a fatal error; device could NOT be stopped"));
+        assert!(fault(FaultKind::Stopped, true).starts_with("another queue of the device failed;"));
     }
 }

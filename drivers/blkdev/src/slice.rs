@@ -206,6 +206,14 @@ impl<D: BlockDevice> BlockDevice for Slice<D> {
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
         self.inner.poll_completions(sink)
     }
+
+    fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
+        self.inner.tick(now_ns, timeout_ns)
+    }
+
+    fn fault(&self) -> Option<crate::DeviceFault> {
+        self.inner.fault()
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,11 @@
 //! flush has completed: devices may reorder commands, so only completion orders them.
 //! Requests a driver answers itself (refused operation, dead device) also take a slot,
 //! which bounds them like everything else.
+//!
+//! Deadlines: each command is stamped with the driver's clock (`tick`) when it goes to
+//! the device, and `tick` says when the oldest one has waited longer than the timeout.
+//! The driver then stops its device and `fail_all` answers every request it holds with
+//! an error; such a queue never hands a slot to its device again.
 #![cfg_attr(not(test), no_std)]
 #![deny(unsafe_code)]
 
@@ -193,7 +198,24 @@ struct Slot<P> {
     remaining: u16,
     status: IoStatus,
     next_staged: u16,
+    /// The clock when the command went to the device (`launched`).
+    since: u64,
     payload: P,
+}
+
+/// A command the device has held longer than the timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Overdue {
+    pub slot: u16,
+    /// How long it has been with the device, ns.
+    pub waited_ns: u64,
+}
+
+/// How often `Tracker::tick` looks for overdue commands: an eighth of the timeout, at
+/// least every second and at most every millisecond. A command is given up between
+/// `timeout` and `timeout + scan_interval(timeout)` after it went to the device.
+pub fn scan_interval(timeout_ns: u64) -> u64 {
+    (timeout_ns / 8).clamp(1_000_000, 1_000_000_000)
 }
 
 /// What a finished command meant.
@@ -222,6 +244,12 @@ pub struct Tracker<P: Copy + Default> {
     free: Vec<u16>,
     local: VecDeque<u16>,
     in_flight: usize,
+    /// The clock as of the last `tick` (commands launched now are stamped with it).
+    now: u64,
+    /// `tick` was called at least once (stamps before it mean nothing).
+    clock_started: bool,
+    /// When `tick` next looks at the slots.
+    next_scan: u64,
 }
 
 impl<P: Copy + Default> Tracker<P> {
@@ -233,6 +261,7 @@ impl<P: Copy + Default> Tracker<P> {
             remaining: 0,
             status: IoStatus::Ok,
             next_staged: NO_SLOT,
+            since: 0,
             payload: P::default(),
         };
         Tracker {
@@ -240,6 +269,9 @@ impl<P: Copy + Default> Tracker<P> {
             free: (0..capacity.min(NO_SLOT - 1)).rev().collect(),
             local: VecDeque::with_capacity(usize::from(capacity)),
             in_flight: 0,
+            now: 0,
+            clock_started: false,
+            next_scan: 0,
         }
     }
 
@@ -305,10 +337,42 @@ impl<P: Copy + Default> Tracker<P> {
         self.slots[usize::from(after)].next_staged = slot;
     }
 
-    /// The command in `slot` is now with the device.
+    /// The command in `slot` is now with the device (stamped with the clock of the last
+    /// `tick`).
     pub fn launched(&mut self, slot: u16) {
-        self.slots[usize::from(slot)].state = SlotState::InFlight;
+        let s = &mut self.slots[usize::from(slot)];
+        s.state = SlotState::InFlight;
+        s.since = self.now;
         self.in_flight += 1;
+    }
+
+    /// The driver's clock (ns, monotonic). Returns the oldest command in flight if it
+    /// has been with the device longer than `timeout_ns` (0: no deadline). Looks at the
+    /// slots at most every `scan_interval(timeout_ns)`, otherwise costs a comparison.
+    /// Commands launched before the first tick count from it.
+    pub fn tick(&mut self, now: u64, timeout_ns: u64) -> Option<Overdue> {
+        if !self.clock_started {
+            self.clock_started = true;
+            for s in &mut self.slots {
+                s.since = now;
+            }
+        }
+        self.now = now;
+        if timeout_ns == 0 || self.in_flight == 0 || now < self.next_scan {
+            return None;
+        }
+        self.next_scan = now.saturating_add(scan_interval(timeout_ns));
+        let (slot, oldest) = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.state == SlotState::InFlight)
+            .min_by_key(|(_, s)| s.since)?;
+        let waited_ns = now.saturating_sub(oldest.since);
+        (waited_ns > timeout_ns).then_some(Overdue {
+            slot: slot as u16,
+            waited_ns,
+        })
     }
 
     fn release(&mut self, slot: u16) {
@@ -396,34 +460,31 @@ impl<P: Copy + Default> Tracker<P> {
         })
     }
 
-    /// Fails every request with commands out or staged (the device is gone); returns how
-    /// many were reported.
-    pub fn fail_all(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
-        let mut reported = 0;
+    /// Fails every request with commands out or staged: each is answered `Error` by the
+    /// next `drain_local`, and every slot it held is free again. Only once the device
+    /// can no longer touch what they named (its DMA stopped, or it is known to have
+    /// dropped them): a freed slot is reused. Returns how many requests failed.
+    pub fn fail_all(&mut self) -> usize {
+        let mut failed = 0;
         for index in 0..self.slots.len() {
-            let s = self.slots[index];
-            let busy = matches!(
+            let s = &mut self.slots[index];
+            if !matches!(
                 s.state,
                 SlotState::InFlight | SlotState::Waiting | SlotState::Staged
-            );
-            if busy && s.head == index as u16 {
-                sink(Completion {
-                    tag: s.tag,
-                    status: IoStatus::Error,
-                });
-                reported += 1;
-            }
-        }
-        for index in 0..self.slots.len() {
-            if matches!(
-                self.slots[index].state,
-                SlotState::InFlight | SlotState::Waiting | SlotState::Staged
             ) {
+                continue;
+            }
+            if s.head == index as u16 {
+                s.state = SlotState::Local;
+                s.status = IoStatus::Error;
+                self.local.push_back(index as u16);
+                failed += 1;
+            } else {
                 self.release(index as u16);
             }
         }
         self.in_flight = 0;
-        reported
+        failed
     }
 }
 
@@ -526,7 +587,10 @@ mod tests {
         );
         let mut seen = Vec::new();
         assert_eq!(t.drain_local(&mut |c| seen.push(c)), 1);
-        assert_eq!(t.fail_all(&mut |c| seen.push(c)), 1);
+        assert_eq!(t.fail_all(), 1);
+        // Failed, not yet reported: no slot is free before the report.
+        assert_eq!(t.free_slots(), 2);
+        assert_eq!(t.drain_local(&mut |c| seen.push(c)), 1);
         assert_eq!(
             seen,
             [
@@ -542,5 +606,81 @@ mod tests {
         );
         assert_eq!(t.free_slots(), 3);
         assert_eq!(t.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_command_is_overdue_only_past_its_deadline() {
+        const MS: u64 = 1_000_000;
+        let mut t: Tracker<u8> = Tracker::new(4);
+        // Launched before the clock started: counts from the first tick.
+        let early = t.begin(1, 1);
+        t.launched(early);
+        assert_eq!(t.tick(1_000 * MS, 100 * MS), None);
+        let late = t.begin(2, 1);
+        assert_eq!(t.tick(1_050 * MS, 100 * MS), None);
+        t.launched(late);
+        // Exactly at the deadline is not past it (the scan interval is 12.5 ms).
+        assert_eq!(t.tick(1_100 * MS, 100 * MS), None);
+        assert_eq!(
+            t.tick(1_113 * MS, 100 * MS),
+            Some(Overdue {
+                slot: early,
+                waited_ns: 113 * MS
+            })
+        );
+        // Between scans nothing is looked at.
+        assert_eq!(t.tick(1_114 * MS, 100 * MS), None);
+        // The early one done, the later one is judged on its own stamp.
+        assert!(matches!(
+            t.finish(early, IoStatus::Ok, &mut launch_all),
+            Finished::Request(_)
+        ));
+        assert_eq!(t.tick(1_140 * MS, 100 * MS), None);
+        assert_eq!(
+            t.tick(1_151 * MS, 100 * MS),
+            None,
+            "the next scan is due at 1152.5 ms"
+        );
+        assert_eq!(
+            t.tick(1_153 * MS, 100 * MS),
+            Some(Overdue {
+                slot: late,
+                waited_ns: 103 * MS
+            })
+        );
+        // No deadline, or nothing in flight: nothing is ever overdue.
+        assert_eq!(t.tick(9_000 * MS, 0), None);
+        t.fail_all();
+        assert_eq!(t.tick(10_000 * MS, 100 * MS), None);
+    }
+
+    #[test]
+    fn failed_requests_keep_their_slots_until_reported() {
+        let mut t: Tracker<u8> = Tracker::new(4);
+        let head = t.begin(9, 2);
+        let second = t.add(head);
+        t.launched(head);
+        t.launched(second);
+        assert_eq!(t.fail_all(), 1);
+        assert_eq!(t.in_flight(), 0);
+        // A late completion of either command is stray: nothing is reported twice.
+        assert_eq!(
+            t.finish(second, IoStatus::Ok, &mut launch_all),
+            Finished::Stray
+        );
+        assert_eq!(
+            t.finish(head, IoStatus::Ok, &mut launch_all),
+            Finished::Stray
+        );
+        let mut seen = Vec::new();
+        t.drain_local(&mut |c| seen.push(c));
+        assert_eq!(
+            seen,
+            [Completion {
+                tag: 9,
+                status: IoStatus::Error
+            }]
+        );
+        assert_eq!(t.free_slots(), 4);
     }
 }

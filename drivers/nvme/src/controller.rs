@@ -394,6 +394,12 @@ impl<H: Hal> Controller<H> {
         self.caps.max_queue_entries
     }
 
+    /// A queue of it failed and stopped the controller (`blkdev::Dma::stop_dma`): it
+    /// reaches no memory any more, and no new queue of it would work.
+    pub fn is_stopped(&self) -> bool {
+        self.hal.dma_stopped().is_some()
+    }
+
     /// True when CSTS.CFS reports a fatal controller error.
     pub fn is_fatal(&self) -> bool {
         self.hal.read_register(reg::CSTS) & reg::CSTS_FATAL != 0

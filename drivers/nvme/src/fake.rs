@@ -1,7 +1,16 @@
 //! An in-process NVMe controller for the tests: registers, admin commands, I/O queues
 //! with PRP walking as the spec describes, a disk in memory, and injectable faults.
 //! It plays the device either on each doorbell write (`hold = false`) or when a test
-//! calls `process` (to observe queue-full and ordering).
+//! calls `process` (to observe queue-full and ordering). Faults: a status for commands
+//! touching one LBA (`fail_lba`), commands touching another taken and never answered
+//! (`stall_lba`, until `finish_stalled`), a fatal status after some commands, and bus
+//! mastering: once the driver stops the device's DMA, it fetches, writes and posts
+//! nothing (`dma_blocked` counts what it would have done).
+
+extern crate std;
+use std::string::String;
+use std::vec::Vec;
+use std::{format, vec};
 
 use crate::command::{CommandStatus, CQ_ENTRY_LEN, SQ_ENTRY_LEN};
 use crate::Hal;
@@ -62,6 +71,19 @@ pub struct FakeController {
     pub unsupported_opcodes: Vec<u8>,
     /// After this many I/O commands the controller goes fatal and stops answering.
     pub fatal_after: Option<usize>,
+    /// A read or write touching this LBA is taken from its queue and held, unanswered,
+    /// until `finish_stalled`.
+    pub stall_lba: Option<u64>,
+    /// Commands held by `stall_lba`: (submission queue, entry).
+    pub stalled: Vec<(u16, [u8; SQ_ENTRY_LEN])>,
+    /// Bus mastering (PCI command bit 2): off, the controller reaches no memory.
+    pub bus_master: bool,
+    /// `stop_dma` works (`false`: a device that keeps DMAing whatever it is told).
+    pub stop_confirms: bool,
+    /// What `stop_dma` returned, once called.
+    pub stopped: Option<bool>,
+    /// Memory accesses refused because bus mastering was off.
+    pub dma_blocked: usize,
     pub cc: u32,
     pub csts: u32,
     aqa: u32,
@@ -98,6 +120,12 @@ impl FakeController {
             fail_lba: None,
             unsupported_opcodes: Vec::new(),
             fatal_after: None,
+            stall_lba: None,
+            stalled: Vec::new(),
+            bus_master: true,
+            stop_confirms: true,
+            stopped: None,
+            dma_blocked: 0,
             cc: 0,
             csts: 0,
             aqa: 0,
@@ -224,6 +252,11 @@ impl FakeController {
             if self.csts & 2 != 0 {
                 return;
             }
+            if !self.bus_master {
+                // Fetching the entry is a read of host memory.
+                self.dma_blocked += 1;
+                return;
+            }
             let q = self.sqs[qid];
             let address = q.base + u64::from(q.head) * SQ_ENTRY_LEN as u64;
             let entry: [u8; SQ_ENTRY_LEN] =
@@ -237,6 +270,10 @@ impl FakeController {
                     self.csts |= 2;
                     return;
                 }
+                if self.stalls(&entry) {
+                    self.stalled.push((qid as u16, entry));
+                    continue;
+                }
                 (self.io(qid as u16, &entry), 0)
             };
             let cid = u16::from_le_bytes([entry[2], entry[3]]);
@@ -244,7 +281,36 @@ impl FakeController {
         }
     }
 
+    /// A read or write covering `stall_lba`.
+    fn stalls(&self, entry: &[u8; SQ_ENTRY_LEN]) -> bool {
+        let slba = u64::from(Self::cdw(entry, 10)) | (u64::from(Self::cdw(entry, 11)) << 32);
+        let blocks = u64::from(Self::cdw(entry, 12) & 0xffff) + 1;
+        matches!(entry[0], 0x01 | 0x02)
+            && self
+                .stall_lba
+                .is_some_and(|lba| (slba..slba + blocks).contains(&lba))
+    }
+
+    /// The held commands run and complete now, late (their data moves and their
+    /// completions are posted, unless bus mastering is off by now).
+    pub fn finish_stalled(&mut self) {
+        for (qid, entry) in core::mem::take(&mut self.stalled) {
+            if !self.bus_master {
+                self.dma_blocked += 1;
+                continue;
+            }
+            let status = self.io(qid, &entry);
+            let cid = u16::from_le_bytes([entry[2], entry[3]]);
+            let cq = self.sqs[usize::from(qid)].cq;
+            self.post(usize::from(cq), qid, cid, status, 0);
+        }
+    }
+
     fn post(&mut self, cqid: usize, sqid: u16, cid: u16, status: CommandStatus, result: u32) {
+        if !self.bus_master {
+            self.dma_blocked += 1;
+            return;
+        }
         let cq = self.cqs[cqid];
         if (cq.tail + 1) % cq.entries == cq.head {
             self.violations.push(format!("CQ {cqid} overflow"));
@@ -583,5 +649,17 @@ unsafe impl blkdev::Dma for FakeHal {
     }
     fn delay_us(&self, micros: u64) {
         self.with(|m| m.delays_us += micros)
+    }
+    fn stop_dma(&self) -> bool {
+        self.with(|m| {
+            if m.stop_confirms {
+                m.bus_master = false;
+            }
+            m.stopped = Some(m.stop_confirms);
+            m.stop_confirms
+        })
+    }
+    fn dma_stopped(&self) -> Option<bool> {
+        self.with(|m| m.stopped)
     }
 }

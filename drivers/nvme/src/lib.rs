@@ -53,7 +53,7 @@ pub unsafe trait Hal: blkdev::Dma {
     fn read_dma_u32(&self, region: DmaRegion, offset: u64) -> u32;
 }
 
-#[cfg(test)]
-mod fake;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 #[cfg(test)]
 mod tests;

@@ -5,8 +5,8 @@
 
 use blkdev::range_fits;
 use blkdev::{
-    BlockDevice, BufferAccess, Completion, DiscardGeometry, DmaRegion, DmaSegment, Geometry, IoOp,
-    IoRequest, IoStatus, SubmitError, SECTOR_SIZE,
+    BlockDevice, BufferAccess, Completion, DeviceFault, DiscardGeometry, DmaRegion, DmaSegment,
+    FaultKind, Geometry, IoOp, IoRequest, IoStatus, SubmitError, SECTOR_SIZE,
 };
 use cmdslots::{Finished, Tracker};
 use core::sync::atomic::{fence, Ordering};
@@ -71,7 +71,9 @@ pub struct IoQueue<H: Hal> {
     /// One DSM range per slot.
     dsm_ranges: DmaRegion,
     idle_polls: u32,
-    dead: bool,
+    /// Set when the queue failed (a command timed out, the controller went fatal, or
+    /// another queue stopped the controller): from then on nothing goes to the device.
+    fault: Option<DeviceFault>,
     stats: QueueStats,
 }
 
@@ -109,7 +111,7 @@ impl<H: Hal> IoQueue<H> {
             prp_lists,
             dsm_ranges,
             idle_polls: 0,
-            dead: false,
+            fault: None,
             stats: QueueStats::default(),
         })
     }
@@ -122,9 +124,9 @@ impl<H: Hal> IoQueue<H> {
         self.stats
     }
 
-    /// The controller reported a fatal error; every request now fails.
+    /// The queue failed (`BlockDevice::fault` says why); every request now fails.
     pub fn is_dead(&self) -> bool {
-        self.dead
+        self.fault.is_some()
     }
 
     /// Answers a request without the device.
@@ -354,17 +356,22 @@ impl<H: Hal> IoQueue<H> {
         }
     }
 
-    /// CSTS.CFS seen: fail everything outstanding and refuse new work.
-    fn declare_dead(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+    /// The queue fails for good: the controller is stopped from reaching memory first
+    /// (bus mastering off: whatever it still holds can no longer land anywhere), then
+    /// every request outstanding is answered `Error` at the next poll, and nothing goes
+    /// to the device again (later requests are answered without it). Its slots are
+    /// reused for those local answers only. Returns how many requests failed.
+    fn fail(&mut self, kind: FaultKind) -> usize {
+        let dma_stopped = self.hal.stop_dma();
+        let fault = DeviceFault { kind, dma_stopped };
+        self.fault = Some(fault);
+        let failed = self.slots.fail_all();
+        self.stats.completions += failed as u64;
         log::error!(
-            "nvme: controller fatal status (CSTS.CFS) on q{}: failing {} outstanding commands",
-            self.qid,
-            self.slots.in_flight()
+            "nvme: q{} failed: {fault}; {failed} outstanding requests fail",
+            self.qid
         );
-        self.dead = true;
-        let reported = self.slots.fail_all(sink);
-        self.stats.completions += reported as u64;
-        reported
+        failed
     }
 }
 
@@ -480,7 +487,7 @@ impl<H: Hal> BlockDevice for IoQueue<H> {
         request: &IoRequest<'_>,
         _buffers: &dyn BufferAccess,
     ) -> Result<(), SubmitError> {
-        if self.dead {
+        if self.fault.is_some() {
             return self.complete_locally(request.tag, IoStatus::Error);
         }
         self.stats.requests += 1;
@@ -493,6 +500,10 @@ impl<H: Hal> BlockDevice for IoQueue<H> {
 
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
         let mut reported = self.slots.drain_local(sink);
+        if self.fault.is_some() {
+            // Stopped: whatever lies in the completion queue names slots long answered.
+            return reported;
+        }
         let mut consumed = 0u32;
         loop {
             let entry = u64::from(self.cq_head) * CQ_ENTRY_LEN as u64;
@@ -519,9 +530,43 @@ impl<H: Hal> BlockDevice for IoQueue<H> {
             if self.idle_polls.is_multiple_of(FATAL_CHECK_INTERVAL)
                 && self.hal.read_register(reg::CSTS) & reg::CSTS_FATAL != 0
             {
-                reported += self.declare_dead(sink);
+                log::error!("nvme: controller fatal status (CSTS.CFS) on q{}", self.qid);
+                self.fail(FaultKind::Fatal);
+                reported += self.slots.drain_local(sink);
             }
         }
         reported
+    }
+
+    fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
+        if self.fault.is_some() {
+            return;
+        }
+        if self.hal.dma_stopped().is_some() {
+            // Another queue stopped the controller: nothing here will complete.
+            self.fail(FaultKind::Stopped);
+            return;
+        }
+        if let Some(overdue) = self.slots.tick(now_ns, timeout_ns) {
+            log::error!(
+                "nvme: q{} command {} (opcode {:#04x}) got no completion in {} ms",
+                self.qid,
+                overdue.slot,
+                self.slots.payload(overdue.slot).entry[0],
+                overdue.waited_ns / 1_000_000
+            );
+            self.fail(FaultKind::Timeout {
+                waited_ms: overdue.waited_ns / 1_000_000,
+            });
+        }
+    }
+
+    fn fault(&self) -> Option<DeviceFault> {
+        self.fault.or_else(|| {
+            self.hal.dma_stopped().map(|dma_stopped| DeviceFault {
+                kind: FaultKind::Stopped,
+                dma_stopped,
+            })
+        })
     }
 }

@@ -2,8 +2,8 @@
 
 use blkdev::range_fits;
 use blkdev::{
-    BlockDevice, BufferAccess, Completion, DiscardGeometry, DmaRegion, DmaSegment, Geometry, IoOp,
-    IoRequest, IoStatus, SubmitError, SECTOR_SIZE,
+    BlockDevice, BufferAccess, Completion, DeviceFault, DiscardGeometry, DmaRegion, DmaSegment,
+    FaultKind, Geometry, IoOp, IoRequest, IoStatus, SubmitError, SECTOR_SIZE,
 };
 use cmdslots::{Finished, SlotState, Tracker};
 
@@ -318,7 +318,7 @@ impl<H: Hal> VirtioBlk<H> {
                     max
                 }
             }),
-            dead: false,
+            fault: None,
             idle_polls: 0,
         })
     }
@@ -349,7 +349,9 @@ pub struct BlkQueue<H: Hal> {
     max_part_segments: usize,
     geometry: Geometry,
     max_discard_sectors: u64,
-    dead: bool,
+    /// Set when the queue failed (a request timed out, the device asked for a reset, or
+    /// another queue stopped the device): from then on nothing goes to the device.
+    fault: Option<DeviceFault>,
     idle_polls: u32,
 }
 
@@ -369,9 +371,25 @@ impl<H: Hal> BlkQueue<H> {
         self.index
     }
 
-    /// The device asked for a reset (or failed); every request now fails.
+    /// The queue failed (`BlockDevice::fault` says why); every request now fails.
     pub fn is_dead(&self) -> bool {
-        self.dead
+        self.fault.is_some()
+    }
+
+    /// The queue fails for good: the device is stopped from reaching memory first (bus
+    /// mastering off: whatever it still holds can no longer land anywhere), then every
+    /// request outstanding is answered `Error` at the next poll, and nothing goes to the
+    /// device again. Its slots are reused for those local answers only.
+    fn fail(&mut self, kind: FaultKind) -> usize {
+        let dma_stopped = self.hal.stop_dma();
+        let fault = DeviceFault { kind, dma_stopped };
+        self.fault = Some(fault);
+        let failed = self.slots.fail_all();
+        log::error!(
+            "virtio: q{} failed: {fault}; {failed} outstanding requests fail",
+            self.index
+        );
+        failed
     }
 
     /// The slot's header area.
@@ -586,7 +604,7 @@ impl<H: Hal> BlockDevice for BlkQueue<H> {
         request: &IoRequest<'_>,
         _buffers: &dyn BufferAccess,
     ) -> Result<(), SubmitError> {
-        if self.dead {
+        if self.fault.is_some() {
             return self.slots.complete_locally(request.tag, IoStatus::Error);
         }
         match request.op {
@@ -598,6 +616,10 @@ impl<H: Hal> BlockDevice for BlkQueue<H> {
 
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
         let mut reported = self.slots.drain_local(sink);
+        if self.fault.is_some() {
+            // Stopped: whatever lies in the used ring names slots long answered.
+            return reported;
+        }
         let mut consumed = false;
         let mut released = false;
         while let Some((id, _written)) = self.ring.next_used(&self.hal) {
@@ -649,15 +671,45 @@ impl<H: Hal> BlockDevice for BlkQueue<H> {
                 let device_status = self.hal.read8(self.status_register);
                 if device_status & (status::NEEDS_RESET | status::FAILED) != 0 {
                     log::error!(
-                        "virtio: device status {device_status:#x} on q{}: failing {} outstanding requests",
-                        self.index,
-                        self.slots.in_flight()
+                        "virtio: device status {device_status:#x} on q{}",
+                        self.index
                     );
-                    self.dead = true;
-                    reported += self.slots.fail_all(sink);
+                    self.fail(FaultKind::Fatal);
+                    reported += self.slots.drain_local(sink);
                 }
             }
         }
         reported
+    }
+
+    fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
+        if self.fault.is_some() {
+            return;
+        }
+        if self.hal.dma_stopped().is_some() {
+            // Another queue stopped the device: nothing here will complete.
+            self.fail(FaultKind::Stopped);
+            return;
+        }
+        if let Some(overdue) = self.slots.tick(now_ns, timeout_ns) {
+            log::error!(
+                "virtio: q{} request in slot {} got no completion in {} ms",
+                self.index,
+                overdue.slot,
+                overdue.waited_ns / 1_000_000
+            );
+            self.fail(FaultKind::Timeout {
+                waited_ms: overdue.waited_ns / 1_000_000,
+            });
+        }
+    }
+
+    fn fault(&self) -> Option<DeviceFault> {
+        self.fault.or_else(|| {
+            self.hal.dma_stopped().map(|dma_stopped| DeviceFault {
+                kind: FaultKind::Stopped,
+                dma_stopped,
+            })
+        })
     }
 }

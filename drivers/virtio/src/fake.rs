@@ -1,7 +1,16 @@
 //! An in-process virtio-blk device over the PCI transport, for the tests: common
 //! configuration, notifications, split rings with indirect descriptors, a disk in
 //! memory, and injectable faults. It serves a queue on each notification, or only when
-//! a test calls `process` (`hold`).
+//! a test calls `process` (`hold`). Faults: an I/O error for requests touching one
+//! sector (`fail_sector`), requests touching another taken and never answered
+//! (`stall_sector`, until `finish_stalled`), refused request kinds, NEEDS_RESET after some
+//! requests, and bus mastering: once the driver stops the device's DMA, it reads,
+//! writes and posts nothing (`dma_blocked` counts what it would have done).
+
+extern crate std;
+use std::string::String;
+use std::vec::Vec;
+use std::{format, vec};
 
 use crate::feature;
 use crate::Hal;
@@ -57,6 +66,19 @@ pub struct FakeDevice {
     pub unsupported_kinds: Vec<u32>,
     /// After this many requests the device sets NEEDS_RESET and stops.
     pub reset_after: Option<usize>,
+    /// A read or write touching this sector is taken and held, unanswered, until
+    /// `finish_stalled`.
+    pub stall_sector: Option<u64>,
+    /// Requests held by `stall_sector`: (queue, chain head).
+    pub stalled: Vec<(u16, u16)>,
+    /// Bus mastering (PCI command bit 2): off, the device reaches no memory.
+    pub bus_master: bool,
+    /// `stop_dma` works (`false`: a device that keeps DMAing whatever it is told).
+    pub stop_confirms: bool,
+    /// What `stop_dma` returned, once called.
+    pub stopped: Option<bool>,
+    /// Memory accesses refused because bus mastering was off.
+    pub dma_blocked: usize,
     feature_select: u32,
     driver_feature_select: u32,
     queue_select: u16,
@@ -91,6 +113,12 @@ impl FakeDevice {
             fail_sector: None,
             unsupported_kinds: Vec::new(),
             reset_after: None,
+            stall_sector: None,
+            stalled: Vec::new(),
+            bus_master: true,
+            stop_confirms: true,
+            stopped: None,
+            dma_blocked: 0,
             feature_select: 0,
             driver_feature_select: 0,
             queue_select: 0,
@@ -241,8 +269,12 @@ impl FakeDevice {
             self.violations.push(format!("queue {q} not enabled"));
             return;
         }
+        if !self.bus_master {
+            // The available ring is host memory.
+            self.dma_blocked += 1;
+            return;
+        }
         let mut last = queue.last_avail;
-        let mut used_idx = queue.used_idx;
         while last != self.memory.u16_at(queue.avail + 2) {
             if self.status & 0x40 != 0 {
                 break;
@@ -255,17 +287,69 @@ impl FakeDevice {
                 .memory
                 .u16_at(queue.avail + 4 + 2 * u64::from(last % queue.size));
             last = last.wrapping_add(1);
+            if self.stalls(queue, head) {
+                self.stalled.push((q as u16, head));
+                continue;
+            }
             let written = self.serve(q as u16, queue, head);
-            let position = queue.used + 4 + 8 * u64::from(used_idx % queue.size);
-            let mut element = [0u8; 8];
-            element[0..4].copy_from_slice(&u32::from(head).to_le_bytes());
-            element[4..8].copy_from_slice(&written.to_le_bytes());
-            self.memory.put(position, &element);
-            used_idx = used_idx.wrapping_add(1);
-            self.memory.put(queue.used + 2, &used_idx.to_le_bytes());
+            self.put_used(q, head, written);
         }
         self.queues[q].last_avail = last;
+    }
+
+    /// Appends `head` to queue `q`'s used ring.
+    fn put_used(&mut self, q: usize, head: u16, written: u32) {
+        let queue = self.queues[q];
+        let position = queue.used + 4 + 8 * u64::from(queue.used_idx % queue.size);
+        let mut element = [0u8; 8];
+        element[0..4].copy_from_slice(&u32::from(head).to_le_bytes());
+        element[4..8].copy_from_slice(&written.to_le_bytes());
+        self.memory.put(position, &element);
+        let used_idx = queue.used_idx.wrapping_add(1);
+        self.memory.put(queue.used + 2, &used_idx.to_le_bytes());
         self.queues[q].used_idx = used_idx;
+    }
+
+    /// A read or write covering `stall_sector` (its header names the sector, its data
+    /// descriptors the length).
+    fn stalls(&self, queue: Queue, head: u16) -> bool {
+        let Some(stall) = self.stall_sector else {
+            return false;
+        };
+        let d = queue.desc + 16 * u64::from(head);
+        let (first, flags) = (self.memory.u64_at(d), self.memory.u16_at(d + 12));
+        let (table, mut i) = if flags & 4 != 0 {
+            (first, 0)
+        } else {
+            (queue.desc, head)
+        };
+        let header = self.memory.u64_at(table + 16 * u64::from(i));
+        let (kind, sector) = (self.memory.u32_at(header), self.memory.u64_at(header + 8));
+        let mut bytes = 0u64;
+        loop {
+            let e = table + 16 * u64::from(i);
+            if self.memory.u16_at(e + 12) & 1 == 0 {
+                break;
+            }
+            i = self.memory.u16_at(e + 14);
+            bytes += u64::from(self.memory.u32_at(table + 16 * u64::from(i) + 8));
+        }
+        // The status byte's descriptor is counted too: at most one sector too many.
+        matches!(kind, 0 | 1) && (sector..sector + bytes.div_ceil(512).max(1)).contains(&stall)
+    }
+
+    /// The held requests run and complete now, late (their data moves and they are put
+    /// in the used ring, unless bus mastering is off by now).
+    pub fn finish_stalled(&mut self) {
+        for (q, head) in core::mem::take(&mut self.stalled) {
+            if !self.bus_master {
+                self.dma_blocked += 1;
+                continue;
+            }
+            let queue = self.queues[usize::from(q)];
+            let written = self.serve(q, queue, head);
+            self.put_used(usize::from(q), head, written);
+        }
     }
 
     /// Runs the request whose chain starts at descriptor `head`; returns bytes written.
@@ -478,4 +562,16 @@ unsafe impl blkdev::Dma for FakeHal {
         self.with(|m| m.memory.write_region(region, offset, data))
     }
     fn delay_us(&self, _micros: u64) {}
+    fn stop_dma(&self) -> bool {
+        self.with(|m| {
+            if m.stop_confirms {
+                m.bus_master = false;
+            }
+            m.stopped = Some(m.stop_confirms);
+            m.stop_confirms
+        })
+    }
+    fn dma_stopped(&self) -> Option<bool> {
+        self.with(|m| m.stopped)
+    }
 }

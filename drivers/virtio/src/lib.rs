@@ -70,7 +70,7 @@ pub mod feature {
     pub const ACCESS_PLATFORM: u64 = 1 << 33;
 }
 
-#[cfg(test)]
-mod fake;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 #[cfg(test)]
 mod tests;

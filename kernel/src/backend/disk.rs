@@ -15,8 +15,8 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use backing::{DeviceId, Extent};
 use blkdev::{
-    BlockDevice, BufferAccess, Completion, Geometry, IoRequest, RamDisk, SharedCapacity, Slice,
-    SliceError, SubmitError,
+    BlockDevice, BufferAccess, Completion, DeviceFault, Geometry, IoRequest, RamDisk,
+    SharedCapacity, Slice, SliceError, SubmitError,
 };
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -91,6 +91,20 @@ impl BlockDevice for DeviceQueue {
         match &mut self.0 {
             Inner::Whole(queue) => queue.poll_completions(sink),
             Inner::Slice(slice) => slice.poll_completions(sink),
+        }
+    }
+
+    fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
+        match &mut self.0 {
+            Inner::Whole(queue) => queue.tick(now_ns, timeout_ns),
+            Inner::Slice(slice) => slice.tick(now_ns, timeout_ns),
+        }
+    }
+
+    fn fault(&self) -> Option<DeviceFault> {
+        match &self.0 {
+            Inner::Whole(queue) => queue.fault(),
+            Inner::Slice(slice) => slice.fault(),
         }
     }
 }

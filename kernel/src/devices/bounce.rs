@@ -12,8 +12,8 @@ use crate::physmem;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkdev::{
-    BlockDevice, BufferAccess, Completion, DmaSegment, Geometry, IoOp, IoRequest, IoStatus,
-    SubmitError,
+    BlockDevice, BufferAccess, Completion, DeviceFault, DmaSegment, Geometry, IoOp, IoRequest,
+    IoStatus, SubmitError,
 };
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -194,5 +194,15 @@ impl BlockDevice for BounceQueue {
             }
             sink(completion)
         })
+    }
+
+    fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
+        self.inner.tick(now_ns, timeout_ns)
+    }
+
+    /// A failed queue's pages are reused by local answers only: the device, stopped,
+    /// never gets another request, and an error's pages are not copied out.
+    fn fault(&self) -> Option<DeviceFault> {
+        self.inner.fault()
     }
 }

@@ -54,6 +54,9 @@ pub enum OpenError {
         error: nvme::NvmeError,
     },
     NvmeQueuesInUse(PciAddress),
+    /// A queue of the controller failed and stopped it (bus mastering off): it serves
+    /// no new disk until blkdom restarts.
+    NvmeStopped(PciAddress),
     VirtioLegacy(PciAddress),
     /// The virtio driver failed at `step` (bring-up, virtqueue).
     Virtio {
@@ -105,6 +108,10 @@ impl fmt::Display for OpenError {
             OpenError::NvmeQueuesInUse(device) => write!(
                 f,
                 "nvme {device}: every I/O queue the controller granted is in use"
+            ),
+            OpenError::NvmeStopped(device) => write!(
+                f,
+                "nvme {device}: the controller failed and was stopped; it serves no disk until blkdom restarts"
             ),
             OpenError::VirtioLegacy(device) => write!(
                 f,

@@ -5,7 +5,7 @@
 use crate::arch::paging::{self, MapError};
 use crate::physmem;
 use blkdev::DmaRegion;
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use machine::acpi::{self, EcamWindow};
 use pci::{ConfigAccess, PciAddress};
 use x86_64::instructions::port::Port;
@@ -71,6 +71,7 @@ pub fn map_mmio(phys: u64, size: u64) -> Result<MmioWindow, MapError> {
 }
 
 /// Configuration space through ports 0xCF8/0xCFC (the first 256 bytes only).
+#[derive(Clone, Copy)]
 pub struct PortConfig;
 
 /// The address/data port pair is one shared register: one access at a time.
@@ -113,6 +114,7 @@ fn port_address(address: PciAddress, offset: u16) -> u32 {
 
 /// Configuration space through an ECAM window; each function's 4 KiB page is mapped
 /// uncached the first time it is touched.
+#[derive(Clone, Copy)]
 pub struct EcamConfig {
     pub window: EcamWindow,
 }
@@ -151,6 +153,7 @@ impl ConfigAccess for EcamConfig {
 }
 
 /// ECAM when the MCFG offers a window, ports otherwise.
+#[derive(Clone, Copy)]
 pub enum PciConfig {
     Ecam(EcamConfig),
     Port(PortConfig),
@@ -255,27 +258,93 @@ pub fn delay_us(micros: u64) {
     }
 }
 
+/// A PCI function's bus mastering, shared by every queue of the device: turned off for
+/// good when a queue of it fails (`blkdev::Dma::stop_dma`: a command it never completed
+/// must not land in a page after its request was answered).
+pub struct DmaSwitch {
+    address: PciAddress,
+    config: PciConfig,
+    /// RUNNING, STOPPED (confirmed) or STOP_UNCONFIRMED.
+    state: AtomicU8,
+}
+
+const RUNNING: u8 = 0;
+const STOPPED: u8 = 1;
+const STOP_UNCONFIRMED: u8 = 2;
+
+impl DmaSwitch {
+    /// The switch of the function at `address` (made once per device, at bring-up,
+    /// and never freed: its queues live as long as blkdom).
+    pub fn new(config: &PciConfig, address: PciAddress) -> &'static DmaSwitch {
+        alloc::boxed::Box::leak(alloc::boxed::Box::new(DmaSwitch {
+            address,
+            config: *config,
+            state: AtomicU8::new(RUNNING),
+        }))
+    }
+
+    /// Clears bus mastering and reads the command register back. The read-back is a
+    /// completion from the function itself, and a PCIe completion does not pass the
+    /// writes the function posted before it: once it is here, what the device wrote
+    /// before it stopped is in memory, and nothing follows. `true` when the register
+    /// reads back with bus mastering off.
+    fn stop(&self) -> bool {
+        if self.state.load(Ordering::Acquire) == STOPPED {
+            return true;
+        }
+        let access = self.config.access();
+        pci::update_command(access, self.address, 0, pci::COMMAND_BUS_MASTER);
+        let command = access.read16(self.address, pci::REG_COMMAND);
+        let confirmed = command != u16::MAX && command & pci::COMMAND_BUS_MASTER == 0;
+        self.state.store(
+            if confirmed { STOPPED } else { STOP_UNCONFIRMED },
+            Ordering::Release,
+        );
+        if confirmed {
+            log::error!(
+                "pci {}: bus mastering off: the device reaches no memory any more",
+                self.address
+            );
+        } else {
+            log::error!(
+                "pci {}: bus mastering could not be turned off (command register {command:#06x}): the device may still write what it was given",
+                self.address
+            );
+        }
+        confirmed
+    }
+
+    fn stopped(&self) -> Option<bool> {
+        match self.state.load(Ordering::Acquire) {
+            RUNNING => None,
+            state => Some(state == STOPPED),
+        }
+    }
+}
+
 /// Register and DMA access for the drivers. Registers are reached only inside the
 /// windows the device was given (checked per access: a register outside them is a
 /// driver bug, and it panics rather than touch whatever lies there).
 #[derive(Clone, Copy)]
 pub struct DeviceHal {
     windows: [MmioWindow; 3],
+    switch: &'static DmaSwitch,
 }
 
 impl DeviceHal {
     /// For an NVMe controller: register offsets count from the start of `registers`
     /// (BAR 0 from offset 0).
-    pub fn nvme(registers: MmioWindow) -> Self {
+    pub fn nvme(registers: MmioWindow, switch: &'static DmaSwitch) -> Self {
         DeviceHal {
             windows: [registers, MmioWindow::EMPTY, MmioWindow::EMPTY],
+            switch,
         }
     }
 
     /// For a virtio device: registers are named by address, inside one of its mapped
     /// capability windows (common, notify, device).
-    pub fn virtio(windows: [MmioWindow; 3]) -> Self {
-        DeviceHal { windows }
+    pub fn virtio(windows: [MmioWindow; 3], switch: &'static DmaSwitch) -> Self {
+        DeviceHal { windows, switch }
     }
 
     /// `address` when the `size`-byte register there lies in one of the windows.
@@ -332,7 +401,8 @@ fn aligned(address: u64, size: u64) -> u64 {
 // SAFETY: `allocate_dma` hands out fresh zeroed heap pages, contiguous and page-aligned,
 // identity mapped below 4 GiB (so the physical address is the bus address), used by
 // nothing else and never freed; the copies reach only the bytes `DmaRegion::span`
-// allows, through `physmem`, whose fences order them; `delay_us` spins on the TSC.
+// allows, through `physmem`, whose fences order them; `delay_us` spins on the TSC;
+// `stop_dma` says true only when bus mastering reads back off (`DmaSwitch::stop`).
 unsafe impl blkdev::Dma for DeviceHal {
     fn allocate_dma(&self, pages: usize) -> Option<DmaRegion> {
         let address = allocate_dma(pages)?;
@@ -352,6 +422,12 @@ unsafe impl blkdev::Dma for DeviceHal {
     }
     fn delay_us(&self, micros: u64) {
         delay_us(micros)
+    }
+    fn stop_dma(&self) -> bool {
+        self.switch.stop()
+    }
+    fn dma_stopped(&self) -> Option<bool> {
+        self.switch.stopped()
     }
 }
 

@@ -2,7 +2,7 @@
 //! then give every disk on it (each namespace, each open) I/O queues from that pool.
 
 use super::error::OpenError;
-use super::hal::{DeviceHal, PciConfig};
+use super::hal::{DeviceHal, DmaSwitch, PciConfig};
 use super::open::{map_memory_bar, memory_bar, OpenOptions, OpenedDisk, Queue};
 use alloc::boxed::Box;
 use alloc::format;
@@ -44,9 +44,12 @@ fn bring_up(
         step,
         error,
     };
-    let mut controller =
-        nvme::Controller::init(DeviceHal::nvme(registers), nvme::InitConfig::default())
-            .map_err(|e| fail("bring-up", e))?;
+    let switch = DmaSwitch::new(pci, function.address);
+    let mut controller = nvme::Controller::init(
+        DeviceHal::nvme(registers, switch),
+        nvme::InitConfig::default(),
+    )
+    .map_err(|e| fail("bring-up", e))?;
     let wanted = (crate::smp::online_count() * NVME_QUEUES_PER_CPU).min(usize::from(u16::MAX - 1));
     controller
         .request_io_queues(wanted as u16)
@@ -74,6 +77,10 @@ impl NvmeControllers {
             }
         };
         let controller = &mut self.0[index].1;
+        if controller.is_stopped() {
+            // Its admin queue would not answer either (no DMA).
+            return Err(OpenError::NvmeStopped(function.address));
+        }
         let fail = |step, error| OpenError::Nvme {
             device: function.address,
             step,

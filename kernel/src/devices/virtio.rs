@@ -2,7 +2,7 @@
 //! BARs, bring the device up with one virtqueue per CPU (as many as it offers).
 
 use super::error::OpenError;
-use super::hal::{DeviceHal, MmioWindow, PciConfig};
+use super::hal::{DeviceHal, DmaSwitch, MmioWindow, PciConfig};
 use super::open::{map_memory_bar, OpenedDisk, Queue};
 use alloc::boxed::Box;
 use alloc::format;
@@ -50,8 +50,9 @@ pub fn open(
         step,
         error,
     };
-    let mut blk =
-        VirtioBlk::init(DeviceHal::virtio(windows), regions).map_err(|e| fail("bring-up", e))?;
+    let switch = DmaSwitch::new(pci, function.address);
+    let mut blk = VirtioBlk::init(DeviceHal::virtio(windows, switch), regions)
+        .map_err(|e| fail("bring-up", e))?;
     let config = *blk.config();
     let count = wanted_queues.min(usize::from(config.num_queues)).max(1);
     let mut queues: Vec<Queue> = Vec::new();
