@@ -167,6 +167,10 @@ const TRANSACTION_ATTEMPTS: usize = 16;
 /// "refused: <reason>".
 pub const RESIZE_NODE: &str = "blkdom-resize";
 
+/// The backend node where blkdom says the disk's device failed (what happened, and
+/// whether the device could be stopped); written once, when it is first seen.
+pub const FAULT_NODE: &str = "blkdom-fault";
+
 /// The backend of one vbd (`/local/domain/<us>/backend/vbd/<fe>/<dev>`).
 #[derive(Debug)]
 pub struct BlkifBackend {
@@ -549,6 +553,29 @@ impl BlkifBackend {
                 NO_TRANSACTION,
                 &node,
                 &xenbus_error::error_text(errno, &text),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The disk's device failed (a command got no completion within the deadline, the
+    /// device reported a fatal error, or a queue of another disk on it did): the reason
+    /// goes to [`FAULT_NODE`] and, as EIO, where Linux's `xenbus_dev_error` leaves it.
+    /// The vbd stays as it is: every request is answered `BLKIF_RSP_ERROR` (the guest
+    /// sees I/O errors) until the frontend closes, which works as ever.
+    pub fn device_failed(
+        &self,
+        store: &mut dyn XenStore,
+        reason: &str,
+    ) -> Result<(), NegotiationError> {
+        log::error!("blkback: {}: device failed: {reason}", self.backend_path);
+        store.write(NO_TRANSACTION, &self.key(FAULT_NODE), reason)?;
+        if let Some(node) = xenbus_error::error_node(&self.backend_path) {
+            let text = format!("device failed: {reason}");
+            store.write(
+                NO_TRANSACTION,
+                &node,
+                &xenbus_error::error_text(xenbus_error::errno::EIO, &text),
             )?;
         }
         Ok(())

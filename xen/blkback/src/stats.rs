@@ -52,6 +52,10 @@ ring_stats! {
     indirect => "indirect",
     /// Responses with a status other than OKAY.
     errors => "errors",
+    /// Requests the device answered with an error (a failed command: NVMe status,
+    /// virtio IOERR), or that were answered with one because the device failed (a
+    /// command past its deadline, a fatal status): the frontend got `BLKIF_RSP_ERROR`.
+    device_errors => "device-errors",
     /// Requests refused by parsing or validation.
     bad_requests => "bad-requests",
     polls => "polls",
@@ -156,7 +160,7 @@ mod tests {
         assert_eq!(total.device_busy, 8);
         let names: Vec<_> = total.fields().map(|(name, _)| name).collect();
         assert_eq!(names.last(), Some(&"ring-overflows"));
-        assert_eq!(names.len(), 28);
+        assert_eq!(names.len(), 29);
         assert_eq!(
             total.fields().find(|(name, _)| *name == "wr_req"),
             Some(("wr_req", 4))

@@ -88,6 +88,9 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             let Completion { tag, status } = self.completions[n];
             let slot = tag as u16;
             self.submission.in_flight -= 1;
+            if status == IoStatus::Error {
+                self.stats.device_errors += 1;
+            }
             self.release_grants(slot);
             self.respond(slot, status_code(status));
         }

@@ -12,7 +12,7 @@ use crate::parse::{
     check_data_access, check_discard, parse_request, DataOp, DirectRequest, DiscardRequest,
     IndirectRequest, Rejected, Request, RequestError, SegmentDesc,
 };
-use crate::ring::RingMemory;
+use crate::ring::{Response, RingMemory};
 use zerocopy::IntoBytes;
 
 impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D, E> {
@@ -43,6 +43,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             consumed += 1;
             match parse_request(&raw, self.max_indirect_segments) {
                 Err(rejected) => self.refuse(rejected),
+                Ok(request) if self.device_fault.is_some() => self.fail_without_device(&request),
                 Ok(Request::Direct(request)) => self.start_direct(&request),
                 Ok(Request::Indirect(request)) => self.start_indirect(&request),
                 Ok(Request::Discard(request)) => self.start_discard(&request),
@@ -65,6 +66,23 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             );
         }
         self.ring.put_response(rejected.response());
+    }
+
+    /// The device failed: a well-formed request is answered with an error at once,
+    /// nothing mapped for it.
+    fn fail_without_device(&mut self, request: &Request) {
+        let (id, operation) = match request {
+            Request::Direct(r) => (r.id, r.op.code()),
+            Request::Indirect(r) => (r.id, r.op.code()),
+            Request::Discard(r) => (r.id, abi::OP_DISCARD),
+        };
+        self.stats.device_errors += 1;
+        self.stats.errors += 1;
+        self.ring.put_response(Response {
+            id,
+            operation,
+            status: abi::RSP_ERROR,
+        });
     }
 
     /// Refuse a request that already holds a slot but no grants.

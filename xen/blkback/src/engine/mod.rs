@@ -11,7 +11,7 @@
 //! batch to device, in order) and `complete` (device to response).
 
 use alloc::vec::Vec;
-use blkdev::{BlockDevice, Completion, Geometry};
+use blkdev::{BlockDevice, Completion, DeviceFault, Geometry};
 
 use crate::abi::{self, wire, Protocol, MAX_SEGMENTS_PER_REQUEST};
 use crate::budget::{GrantLimits, GrantShare};
@@ -66,7 +66,14 @@ pub struct EngineConfig {
     /// expected, so one event carries them all (`notify` module); 0 never holds. With
     /// a window the engine must be driven with [`Engine::poll_at`].
     pub notify_hold_ns: u64,
+    /// How long a device command may take (ns; 0: forever): past it the device queue
+    /// fails (`BlockDevice::tick`), and every request it holds is answered with an
+    /// error. Time comes from `Engine::tick`.
+    pub device_timeout_ns: u64,
 }
+
+/// The default deadline of a device command: 30 s, Linux's `io_timeout`.
+pub const DEFAULT_DEVICE_TIMEOUT_NS: u64 = 30_000_000_000;
 
 impl EngineConfig {
     pub fn new(ring_order: u32, persistent_grants: bool) -> Self {
@@ -80,6 +87,7 @@ impl EngineConfig {
             discard: true,
             protocol: Protocol::X86_64,
             notify_hold_ns: 0,
+            device_timeout_ns: DEFAULT_DEVICE_TIMEOUT_NS,
         }
     }
 
@@ -232,6 +240,10 @@ pub struct Engine<M, G, D, E> {
     idle_release_ns: u64,
     /// When to send or hold the frontend's events.
     moderator: Moderator,
+    /// `EngineConfig::device_timeout_ns`.
+    device_timeout_ns: u64,
+    /// The device queue failed: requests are answered with an error without it.
+    device_fault: Option<DeviceFault>,
     stats: RingStats,
 }
 
@@ -314,6 +326,8 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             share: None,
             idle_release_ns: config.idle_release_ns,
             moderator: Moderator::new(config.notify_hold_ns),
+            device_timeout_ns: config.device_timeout_ns,
+            device_fault: None,
             stats: RingStats::default(),
         })
     }
@@ -338,11 +352,23 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
                 .evict_over_limit(&mut self.grants, &mut self.stats) as u64;
     }
 
-    /// The poller's clock (ns, monotonic): grants unpinned from now on are stamped with
-    /// it, and cached grants unused for the idle timeout are unmapped, at most one unmap
-    /// batch per call. Grants pinned by requests in flight are never released. Returns
-    /// how many were unmapped. Allocates nothing; cheap when nothing is due.
+    /// The poller's clock (ns, monotonic): the device times its commands by it (one
+    /// held past `EngineConfig::device_timeout_ns` fails the device queue: what it holds
+    /// is answered with errors at the next poll, and so is every request from then on,
+    /// at once and without mapping its grants); grants unpinned from now on are stamped
+    /// with it, and cached grants unused for the idle timeout are unmapped, at most one
+    /// unmap batch per call. Grants pinned by requests in flight are never released.
+    /// Returns how many were unmapped. Allocates nothing; cheap when nothing is due.
     pub fn tick(&mut self, now: u64) -> usize {
+        self.device.tick(now, self.device_timeout_ns);
+        if self.device_fault.is_none() {
+            if let Some(fault) = self.device.fault() {
+                log::error!(
+                    "blkback: device failed: {fault}; this ring's requests are answered with errors"
+                );
+                self.device_fault = Some(fault);
+            }
+        }
         if !self.mapper.persistent() {
             return 0;
         }
@@ -355,6 +381,11 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
 
     pub fn state(&self) -> EngineState {
         self.state
+    }
+
+    /// Why the device queue failed, once it has (seen at a `tick`).
+    pub fn device_fault(&self) -> Option<DeviceFault> {
+        self.device_fault
     }
 
     pub fn stats(&self) -> RingStats {

@@ -146,3 +146,20 @@ fn a_refused_resize_says_why_and_puts_params_back() {
         None
     );
 }
+
+#[test]
+fn a_failed_device_is_reported_and_the_vbd_stays_connected() {
+    let (mut store, backend) = connected();
+    backend
+        .device_failed(&mut store, "a command got no completion in 30000 ms")
+        .unwrap();
+    assert_eq!(
+        store.get(&format!("{BE}/{}", crate::negotiate::FAULT_NODE)),
+        Some("a command got no completion in 30000 ms")
+    );
+    assert_eq!(
+        store.get("/local/domain/1/error/backend/vbd/5/51712/error"),
+        Some("5 device failed: a command got no completion in 30000 ms")
+    );
+    assert_eq!(store.get(&format!("{BE}/state")), Some("4"));
+}
