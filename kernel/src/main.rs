@@ -98,6 +98,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         mm::free_frame_bytes() >> 20
     );
     backend::grants::configure(grant_limits(&cmdline));
+    devices::set_device_timeout_ns(device_timeout_ns(&cmdline));
 
     let selftest = cmdline.has("selftest");
     let firmware = firmware::Firmware::read(info.start_info.rsdp_paddr);
@@ -134,6 +135,9 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     }
     if let Some(spec) = cmdline.value("disktest") {
         devices::disk_test(spec, &cmdline, firmware);
+    }
+    if let Some(spec) = cmdline.value("faulttest") {
+        devices::fault_test(spec, &cmdline, firmware);
     }
     if let Some(steps) = cmdline.value("registrytest") {
         backend::registry_test(steps, firmware);
@@ -212,6 +216,32 @@ fn grant_limits(cmdline: &Cmdline<'_>) -> blkback::budget::GrantLimits {
         secs => info!("grants: persistent grants unused for {secs} s are unmapped"),
     }
     limits
+}
+
+/// The device deadline (`device.timeout-ms=`, ns; 0: none): a bad value is reported and
+/// the default kept.
+fn device_timeout_ns(cmdline: &Cmdline<'_>) -> u64 {
+    let default = blkback::engine::DEFAULT_DEVICE_TIMEOUT_NS;
+    let ns = match cmdline.device_timeout_ms() {
+        Ok(None) => default,
+        Ok(Some(ms)) => ms * 1_000_000,
+        Err(text) => {
+            error!(
+                "device.timeout-ms={text}: want a whole number of milliseconds 0..={}; using {}",
+                machine::cmdline::MAX_DEVICE_TIMEOUT_MS,
+                default / 1_000_000
+            );
+            default
+        }
+    };
+    match ns {
+        0 => info!("devices: commands have no deadline (device.timeout-ms=0)"),
+        ns => info!(
+            "devices: a command not completed in {} ms fails and stops its device",
+            ns / 1_000_000
+        ),
+    }
+    ns
 }
 
 /// Where foreign grants get mapped: the largest stretch below 4 GiB (identity mapped)

@@ -248,6 +248,8 @@ pub struct Tracker<P: Copy + Default> {
     now: u64,
     /// `tick` was called at least once (stamps before it mean nothing).
     clock_started: bool,
+    /// A command was launched since the last `tick` (stamped with its time).
+    launched_since_tick: bool,
     /// When `tick` next looks at the slots.
     next_scan: u64,
 }
@@ -271,6 +273,7 @@ impl<P: Copy + Default> Tracker<P> {
             in_flight: 0,
             now: 0,
             clock_started: false,
+            launched_since_tick: false,
             next_scan: 0,
         }
     }
@@ -344,19 +347,31 @@ impl<P: Copy + Default> Tracker<P> {
         s.state = SlotState::InFlight;
         s.since = self.now;
         self.in_flight += 1;
+        self.launched_since_tick = true;
     }
 
     /// The driver's clock (ns, monotonic). Returns the oldest command in flight if it
     /// has been with the device longer than `timeout_ns` (0: no deadline). Looks at the
     /// slots at most every `scan_interval(timeout_ns)`, otherwise costs a comparison.
-    /// Commands launched before the first tick count from it.
+    /// Commands launched before the first tick count from it, and so do those launched
+    /// after a quiet spell longer than a scan interval without a tick (a queue parked
+    /// idle, then given work before its next tick): their stamp is that old tick's.
     pub fn tick(&mut self, now: u64, timeout_ns: u64) -> Option<Overdue> {
+        let stale = self.now;
         if !self.clock_started {
             self.clock_started = true;
             for s in &mut self.slots {
                 s.since = now;
             }
+        } else if self.launched_since_tick && now.saturating_sub(stale) > scan_interval(timeout_ns)
+        {
+            for s in &mut self.slots {
+                if s.state == SlotState::InFlight && s.since == stale {
+                    s.since = now;
+                }
+            }
         }
+        self.launched_since_tick = false;
         self.now = now;
         if timeout_ns == 0 || self.in_flight == 0 || now < self.next_scan {
             return None;
@@ -619,6 +634,7 @@ mod tests {
         let late = t.begin(2, 1);
         assert_eq!(t.tick(1_050 * MS, 100 * MS), None);
         t.launched(late);
+        assert_eq!(t.tick(1_055 * MS, 100 * MS), None);
         // Exactly at the deadline is not past it (the scan interval is 12.5 ms).
         assert_eq!(t.tick(1_100 * MS, 100 * MS), None);
         assert_eq!(
@@ -652,6 +668,32 @@ mod tests {
         assert_eq!(t.tick(9_000 * MS, 0), None);
         t.fail_all();
         assert_eq!(t.tick(10_000 * MS, 100 * MS), None);
+    }
+
+    #[test]
+    fn a_command_launched_after_a_quiet_spell_counts_from_the_next_tick() {
+        const MS: u64 = 1_000_000;
+        let mut t: Tracker<u8> = Tracker::new(4);
+        let busy = t.begin(1, 1);
+        t.launched(busy);
+        assert_eq!(t.tick(0, 100 * MS), None);
+        assert!(matches!(
+            t.finish(busy, IoStatus::Ok, &mut launch_all),
+            Finished::Request(_)
+        ));
+        // Parked for an hour without ticks, then given a command before the next tick.
+        let fresh = t.begin(2, 1);
+        t.launched(fresh);
+        let hour = 3_600_000 * MS;
+        assert_eq!(t.tick(hour, 100 * MS), None, "not an hour old");
+        assert_eq!(t.tick(hour + 100 * MS, 100 * MS), None);
+        assert_eq!(
+            t.tick(hour + 113 * MS, 100 * MS),
+            Some(Overdue {
+                slot: fresh,
+                waited_ns: 113 * MS
+            })
+        );
     }
 
     #[test]

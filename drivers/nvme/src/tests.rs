@@ -822,6 +822,8 @@ fn a_stalled_command_fails_after_its_deadline_and_the_controller_is_stopped_firs
         IoStatus::Ok,
         "and so does the controller's other queue"
     );
+    // A poller ticks on every pass: the stalled command is stamped with this one.
+    queue.tick(MS, TIMEOUT);
     // Not at the deadline; past it at the next scan (at most a second later).
     queue.tick(TIMEOUT, TIMEOUT);
     assert!(drain(queue).is_empty());
@@ -895,6 +897,7 @@ fn requests_in_flight_when_the_queue_fails_all_fail_and_their_slots_come_back() 
         queue.submit(&data_request(7, IoOp::Read, 0, &page), &NoCpuAccess),
         Err(SubmitError::QueueFull)
     );
+    queue.tick(6 * MS, TIMEOUT);
     queue.tick(5 * MS + TIMEOUT + cmdslots::scan_interval(TIMEOUT), TIMEOUT);
     let done = drain(queue);
     assert_eq!(done.len(), 7);
@@ -920,6 +923,7 @@ fn a_controller_that_cannot_be_stopped_is_reported_so() {
     queue
         .submit(&data_request(1, IoOp::Read, 8, &page), &NoCpuAccess)
         .unwrap();
+    queue.tick(MS, TIMEOUT);
     queue.tick(TIMEOUT + cmdslots::scan_interval(TIMEOUT), TIMEOUT);
     assert_eq!(
         queue.fault(),

@@ -494,6 +494,8 @@ fn a_stalled_request_fails_after_its_deadline_and_the_device_is_stopped_first() 
         IoStatus::Ok,
         "and so does the device's other queue"
     );
+    // A poller ticks on every pass: the stalled request is stamped with this one.
+    queue.tick(MS, TIMEOUT);
     queue.tick(TIMEOUT, TIMEOUT);
     assert!(drain(queue).is_empty());
     assert_eq!(queue.fault(), None);
@@ -557,6 +559,7 @@ fn a_virtio_device_that_cannot_be_stopped_is_reported_so() {
     queue
         .submit(&data_request(1, IoOp::Read, 8, &page), &NoCpuAccess)
         .unwrap();
+    queue.tick(MS, TIMEOUT);
     queue.tick(TIMEOUT + cmdslots::scan_interval(TIMEOUT), TIMEOUT);
     assert_eq!(
         queue.fault(),

@@ -11,11 +11,15 @@
 //! `notify.hold-us=<n>` (how long an event to a frontend may be held so it carries
 //! more responses, microseconds; 0 = never, at most 20000, default
 //! [`DEFAULT_NOTIFY_HOLD_US`]),
+//! `device.timeout-ms=<ms>` (how long a device command may take before its device is
+//! failed and stopped, 0..=3600000, 0 never, default 30000),
 //! `selftest`, `selftest.expect-cpus=<n>`, `selftest.inject-failure`,
 //! `selftest.await-dom0`, `crashtest=page-fault|panic|hang`, `disktest=<target>` with
 //! `disktest.seed=`, `disktest.writes=`, `disktest.queues=`, `disktest.random-reads=`,
-//! `disktest.sequential-mib=`, `disktest.nvme-prp-only`, `disktest.bounce`, and
-//! `registrytest=<step>;...`.
+//! `disktest.sequential-mib=`, `disktest.nvme-prp-only`, `disktest.bounce`,
+//! `registrytest=<step>;...`, and the fault test (a test hook, off unless named):
+//! `faulttest=<target>` with `faulttest.error-sector=`, `faulttest.stall=<target>`,
+//! `faulttest.stall-sector=` and `faulttest.late-ms=`.
 
 use log::LevelFilter;
 
@@ -111,6 +115,24 @@ impl<'a> Cmdline<'a> {
     }
 }
 
+/// The longest device deadline accepted, in milliseconds (an hour).
+pub const MAX_DEVICE_TIMEOUT_MS: u64 = 3_600_000;
+
+impl<'a> Cmdline<'a> {
+    /// `device.timeout-ms=<ms>`: how long a device command may go without completion
+    /// before its device is failed (0: forever). `Err` holds the text when it is not a
+    /// whole number up to [`MAX_DEVICE_TIMEOUT_MS`].
+    pub fn device_timeout_ms(&self) -> Result<Option<u64>, &'a str> {
+        let Some(text) = self.value("device.timeout-ms") else {
+            return Ok(None);
+        };
+        match text.parse::<u64>() {
+            Ok(ms) if ms <= MAX_DEVICE_TIMEOUT_MS => Ok(Some(ms)),
+            _ => Err(text),
+        }
+    }
+}
+
 fn parse_level(text: &str) -> Option<LevelFilter> {
     let by_number = [
         LevelFilter::Off,
@@ -163,6 +185,27 @@ mod tests {
         for bad in ["", "-1", "20001", "5us", "1.5"] {
             let line = format!("notify.hold-us={bad}");
             assert_eq!(Cmdline::new(&line).notify_hold_us(), Err(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn device_timeout_is_milliseconds_up_to_an_hour() {
+        assert_eq!(Cmdline::new("x").device_timeout_ms(), Ok(None));
+        assert_eq!(
+            Cmdline::new("device.timeout-ms=2500").device_timeout_ms(),
+            Ok(Some(2500))
+        );
+        assert_eq!(
+            Cmdline::new("device.timeout-ms=0").device_timeout_ms(),
+            Ok(Some(0))
+        );
+        assert_eq!(
+            Cmdline::new("device.timeout-ms=3600000").device_timeout_ms(),
+            Ok(Some(MAX_DEVICE_TIMEOUT_MS))
+        );
+        for bad in ["3600001", "-1", "30s", "", "1e3"] {
+            let line = format!("device.timeout-ms={bad}");
+            assert_eq!(Cmdline::new(&line).device_timeout_ms(), Err(bad), "{bad}");
         }
     }
 

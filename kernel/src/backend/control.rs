@@ -176,6 +176,7 @@ impl Control {
                     resize_epoch: 0,
                     pending_resize: None,
                     refused_params: None,
+                    fault_reported: false,
                 };
                 self.vbds.insert(path, Vbd { backend, hooks });
             }
@@ -319,6 +320,29 @@ impl Control {
             }
         }
         false
+    }
+
+    /// A disk whose device failed (a ring's poller saw it): the reason goes to the
+    /// backend's `blkdom-fault` node, Linux's error node and the console, once. The
+    /// disk stays connected, answering every request with an error, until its frontend
+    /// closes; the device serves no new disk.
+    fn report_faults(&mut self, store: &mut Store<'_>) {
+        for vbd in self.vbds.values_mut() {
+            if vbd.hooks.fault_reported {
+                continue;
+            }
+            let Some(fault) = vbd.hooks.device_fault() else {
+                continue;
+            };
+            vbd.hooks.fault_reported = true;
+            let reason = format!("{}: {fault}", vbd.hooks.disk.describe());
+            if let Err(e) = vbd.backend.device_failed(store, &reason) {
+                log::error!(
+                    "blkback: {}: reporting the device fault: {e}",
+                    vbd.hooks.name
+                );
+            }
+        }
     }
 
     /// Gives back the memory of RAM disk stripes discards emptied, and gives a disk that
@@ -499,6 +523,7 @@ impl poller::ControlWork for Control {
                     self.step(&mut store, path);
                 }
             }
+            self.report_faults(&mut store);
             let retry = !self.retrying.is_empty();
             let now = xen_domain::get().map_or(0, |p| p.now_ns());
             if now >= self.next_stats {

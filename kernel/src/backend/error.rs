@@ -132,6 +132,11 @@ pub enum DiskError {
     NoQueue {
         spec: String,
     },
+    /// A queue of the device failed, and the device was stopped.
+    DeviceFailed {
+        spec: String,
+        fault: blkdev::DeviceFault,
+    },
 }
 
 impl fmt::Display for DiskError {
@@ -179,6 +184,10 @@ impl fmt::Display for DiskError {
             DiskError::Slice { spec, error } => write!(f, "{spec}: {error}"),
             DiskError::Device { spec, error } => write!(f, "{spec}: {error}"),
             DiskError::NoQueue { spec } => write!(f, "{spec}: the device gave no queue"),
+            DiskError::DeviceFailed { spec, fault } => write!(
+                f,
+                "{spec}: the device failed ({fault}); it serves no disk until blkdom restarts"
+            ),
         }
     }
 }
@@ -311,6 +320,7 @@ impl Errno for DiskError {
             DiskError::RamInUse(_) | DiskError::Overlaps { .. } => errno::EBUSY,
             DiskError::NoQueueLeft { .. } | DiskError::NoQueue { .. } => errno::EBUSY,
             DiskError::RamDoesNotFit { .. } => errno::ENOMEM,
+            DiskError::DeviceFailed { .. } => errno::EIO,
             DiskError::Region { error, .. } => match error {
                 RegionError::Gpt(
                     GptError::NoSuchEntry { .. }

@@ -79,6 +79,9 @@ pub struct QueueControl {
     /// its capacity, then acknowledges the same number in `resize_acked`.
     pub resize_epoch: AtomicU64,
     pub resize_acked: AtomicU64,
+    /// The ring's device queue failed (set once by the poller; the control path reports
+    /// it in xenstore).
+    pub fault: spin::Mutex<Option<blkdev::DeviceFault>>,
 }
 
 pub struct ServedQueue {
@@ -89,6 +92,8 @@ pub struct ServedQueue {
     pub control: Arc<QueueControl>,
     /// The last `control.resize_epoch` the engine refreshed its capacity for.
     pub resize_seen: u64,
+    /// The engine's device fault is in `control.fault`.
+    pub fault_seen: bool,
 }
 
 /// What a poller counts, for `data/blkdom-pollers`.
@@ -178,10 +183,16 @@ pub fn ring_doorbell(cpu: usize) {
 }
 
 /// Unmaps a ring's pages, closes its port and gives back its map region (retired if
-/// `data_leaked` data grants, or any ring page, stay mapped in it). Returns the pages
+/// `data_leaked` data grants, or any ring page, stay mapped in it, or if the ring's
+/// device failed and could not be stopped: `unstoppable`). Returns the pages
 /// that stay mapped. The one way a connected ring goes: after its engine disconnected
 /// (the poller), or when its connection fails after the ring connected (`vbd.rs`).
-pub fn release_ring(ring: RingConnection, region: MapRegion, data_leaked: u64) -> u64 {
+pub fn release_ring(
+    ring: RingConnection,
+    region: MapRegion,
+    data_leaked: u64,
+    unstoppable: bool,
+) -> u64 {
     let Some(xen) = xen_domain::get() else {
         return 0;
     };
@@ -197,7 +208,14 @@ pub fn release_ring(ring: RingConnection, region: MapRegion, data_leaked: u64) -
         }
     };
     let leaked = data_leaked + ring_leaked;
-    space::release(region, leaked);
+    if unstoppable {
+        log::error!(
+            "blkback: map region {} retired: its device failed and could not be stopped",
+            region.index
+        );
+    } else {
+        space::release(region, leaked);
+    }
     leaked
 }
 
@@ -212,9 +230,12 @@ fn release(cpu: usize, queue: ServedQueue) {
         control,
         ..
     } = queue;
+    // A device that failed and could not be stopped may still write to the pages it was
+    // given: their guest-physical addresses must never hold another grant.
+    let unstoppable = engine.device_fault().is_some_and(|f| !f.dma_stopped);
     let (_, grants, device, _) = engine.into_parts();
     *control.device.lock() = Some(device);
-    let leaked = release_ring(ring, region, grants.leaked_pages());
+    let leaked = release_ring(ring, region, grants.leaked_pages(), unstoppable);
     control.leaked_pages.store(leaked, Ordering::Release);
     control.detached.store(true, Ordering::Release);
 }
@@ -328,11 +349,10 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
                 None => {}
             }
         }
-        // The rings' clock: grants unpinned from now on are stamped with it, and cached
-        // grants idle for the timeout are unmapped (a bounded batch; cheap otherwise).
-        for queue in &mut served {
-            queue.engine.tick(now);
-        }
+        // The rings' clock: device commands are timed by it, grants unpinned from now on
+        // are stamped with it, and cached grants idle for the timeout are unmapped (a
+        // bounded batch; cheap otherwise).
+        tick(&mut served, now);
         if now >= next_ring_stats {
             next_ring_stats = now.saturating_add(RING_STATS_PERIOD_NS);
             for queue in &served {
@@ -389,8 +409,20 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
         // Up to a second asleep: the grants the next polls unpin must not carry the
         // time before the sleep (they would look idle for that much longer).
         let woke = xen.now_ns();
-        for queue in &mut served {
-            queue.engine.tick(woke);
+        tick(&mut served, woke);
+    }
+}
+
+/// Gives every ring the clock (`Engine::tick`), and hands a device fault a ring's engine
+/// saw for the first time to the control path.
+fn tick(served: &mut [ServedQueue], now: u64) {
+    for queue in served {
+        queue.engine.tick(now);
+        if !queue.fault_seen {
+            if let Some(fault) = queue.engine.device_fault() {
+                *queue.control.fault.lock() = Some(fault);
+                queue.fault_seen = true;
+            }
         }
     }
 }

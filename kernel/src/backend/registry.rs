@@ -247,6 +247,13 @@ impl Registry {
         passed_through: &[PciAddress],
     ) -> Result<OpenDevice, DiskError> {
         let (at, fresh) = self.pool(spec, backing, device, passed_through)?;
+        // A device that failed stays stopped: its queues would answer nothing but errors.
+        if let Some(fault) = self.pools[at].idle.iter().find_map(|q| q.fault()) {
+            return Err(DiskError::DeviceFailed {
+                spec: spec.into(),
+                fault,
+            });
+        }
         let geometry = self.pools[at].geometry;
         let known = match region::without_table(region, &geometry) {
             Some(Ok(extent)) => Some(extent),

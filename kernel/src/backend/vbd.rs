@@ -48,6 +48,8 @@ pub(super) struct VbdHooks {
     /// The last `params` refused (not refused again while it stays: each refusal
     /// writes nodes whose watch events would bring it back).
     pub(super) refused_params: Option<String>,
+    /// The disk's device failed and that is in xenstore (once: it stays failed).
+    pub(super) fault_reported: bool,
 }
 
 // A ring's cache never fills more than half of its map region: the other half stays for
@@ -75,6 +77,7 @@ impl VbdHooks {
         config.discard = connection.discard;
         config.protocol = connection.protocol;
         config.notify_hold_ns = super::poller::notify_hold_ns();
+        config.device_timeout_ns = crate::devices::device_timeout_ns();
         // The frontend chose the ring's size: refuse it before taking anything if its
         // engine would not fit in the heap (an allocation failure would abort).
         let needed = config.memory_needed();
@@ -116,7 +119,7 @@ impl VbdHooks {
         // A failure from here on gives back the ring (pages unmapped, port closed) and
         // its region, the same way a disconnected ring goes.
         let mut undo = |ring_conn: RingConnection| {
-            self.leaked_pages += poller::release_ring(ring_conn, region, 0);
+            self.leaked_pages += poller::release_ring(ring_conn, region, 0, false);
         };
         let ring_bytes = ring.ring_refs.len() * adapters::PAGE_SIZE;
         // SAFETY: the ring pages were just mapped at region.ring_base.. (consecutive,
@@ -166,6 +169,7 @@ impl VbdHooks {
                 region,
                 control,
                 resize_seen: self.resize_epoch,
+                fault_seen: false,
             },
         );
         Ok(())
@@ -173,6 +177,13 @@ impl VbdHooks {
 }
 
 impl VbdHooks {
+    /// The first device fault a ring of this disk saw, if one did.
+    pub(super) fn device_fault(&self) -> Option<blkdev::DeviceFault> {
+        self.queues
+            .iter()
+            .find_map(|(_, control, _)| *control.fault.lock())
+    }
+
     /// The disk was resized: every connected queue's poller is to refresh its engine's
     /// capacity (woken if it sleeps); `sectors` is published once all did.
     pub(super) fn start_resize(&mut self, sectors: u64) {

@@ -5,6 +5,13 @@
 //! RAM: copied in from the grant before a write is submitted, copied out to the grant
 //! when a read completes (before the engine hears of it, while the grant is still mapped).
 //! Passed-through devices DMA through the IOMMU, which sees grant mappings: no bounce.
+//!
+//! A failed queue (`BlockDevice::fault`: a command past its deadline) answers what it
+//! held with errors while an emulated device may still be working on it: QEMU maps a
+//! command's memory when it starts it, so turning bus mastering off does not stop it
+//! writing a read's data there when it finally completes (measured in tier 2). That
+//! data lands in this pool only: a read's data is copied out to the guest on success
+//! alone, and the failed queue never uses a page of the pool again.
 
 use super::hal::allocate_dma;
 use super::open::Queue;
@@ -86,7 +93,8 @@ impl BlockDevice for BounceQueue {
         request: &IoRequest<'_>,
         buffers: &dyn BufferAccess,
     ) -> Result<(), SubmitError> {
-        if request.segments.is_empty() {
+        if request.segments.is_empty() || self.inner.fault().is_some() {
+            // A failed queue answers without the device, and without a page.
             return self.inner.submit(request, buffers);
         }
         if request.segments.len() > POOL_PAGES {
