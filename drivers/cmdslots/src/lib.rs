@@ -20,7 +20,7 @@ extern crate alloc;
 
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
-use blkdev::{Completion, IoStatus, SubmitError};
+use blkdev::{Completion, DeviceFault, FaultKind, IoStatus, SubmitError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlotState {
@@ -40,8 +40,54 @@ pub const NO_SLOT: u16 = u16::MAX;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake {
     extern crate std;
-    use blkdev::{BlockDevice, BufferAccess, Completion, IoRequest, IoStatus};
+    use blkdev::{
+        BlockDevice, BufferAccess, Completion, DeviceFault, DmaSegment, FaultKind, IoOp, IoRequest,
+        IoStatus,
+    };
     use std::vec::Vec;
+
+    /// A fake device's bus mastering (PCI command bit 2), as its HAL's `Dma::stop_dma`
+    /// turns it off: off, the device reaches no memory (`allows` counts what it refused).
+    #[derive(Clone, Copy, Debug)]
+    pub struct BusMaster {
+        pub on: bool,
+        /// `stop_dma` works (`false`: a device that keeps DMAing whatever it is told).
+        pub stop_confirms: bool,
+        /// What `stop_dma` returned, once called.
+        pub stopped: Option<bool>,
+        /// Memory accesses refused because bus mastering was off.
+        pub blocked: usize,
+    }
+
+    impl Default for BusMaster {
+        fn default() -> Self {
+            BusMaster {
+                on: true,
+                stop_confirms: true,
+                stopped: None,
+                blocked: 0,
+            }
+        }
+    }
+
+    impl BusMaster {
+        /// `Dma::stop_dma`.
+        pub fn stop(&mut self) -> bool {
+            if self.stop_confirms {
+                self.on = false;
+            }
+            self.stopped = Some(self.stop_confirms);
+            self.stop_confirms
+        }
+
+        /// Whether the device may reach memory now (a refusal is counted).
+        pub fn allows(&mut self) -> bool {
+            if !self.on {
+                self.blocked += 1;
+            }
+            self.on
+        }
+    }
 
     /// Buffer access for DMA drivers, which must never use it.
     pub struct NoCpuAccess;
@@ -172,6 +218,141 @@ pub mod fake {
         done
     }
 
+    /// A fake DMA device as the fault scenarios below (and the engine's device-fault
+    /// tests) drive it, through its HAL.
+    pub trait FaultyDevice {
+        /// Runs `f` on the device's memory.
+        fn with_memory(&self, f: &mut dyn FnMut(&mut DmaMemory));
+        /// The commands it holds unanswered run and complete now, late.
+        fn finish_stalled(&self);
+        fn bus(&self) -> BusMaster;
+        /// Work it was handed so far (commands run, doorbells seen, fetches refused):
+        /// a failed queue's later requests must not change it.
+        fn handed(&self) -> usize;
+
+        /// A fresh page of its memory, as one whole-page segment.
+        fn page(&self) -> [DmaSegment; 1] {
+            let mut buffer = 0;
+            self.with_memory(&mut |m| buffer = m.allocate(1).expect("fake memory"));
+            [DmaSegment {
+                buffer,
+                offset: 0,
+                len: 4096,
+            }]
+        }
+
+        fn fill(&self, page: &DmaSegment, byte: u8) {
+            self.with_memory(&mut |m| m[page.buffer as usize..][..4096].fill(byte));
+        }
+
+        fn holds_only(&self, page: &DmaSegment, byte: u8) -> bool {
+            let mut all = false;
+            self.with_memory(&mut |m| {
+                all = m[page.buffer as usize..][..4096].iter().all(|&b| b == byte)
+            });
+            all
+        }
+    }
+
+    pub const MS: u64 = 1_000_000;
+    /// Linux's io_timeout, blkdom's default deadline.
+    pub const TIMEOUT: u64 = 30_000 * MS;
+
+    /// Both DMA drivers' scenario of a command their device never completes: `queue` and
+    /// `other` are two queues of `device`, which holds every read of `stalled_sector`.
+    /// The queue serves around it; the command fails past its deadline (not at it),
+    /// after the device was stopped; the device completing it late writes nothing;
+    /// later requests fail without reaching the device; the other queue fails too.
+    pub fn a_stalled_command_fails_after_its_deadline(
+        queue: &mut dyn BlockDevice,
+        other: &mut dyn BlockDevice,
+        device: &dyn FaultyDevice,
+        stalled_sector: u64,
+    ) {
+        queue.tick(0, TIMEOUT);
+        other.tick(0, TIMEOUT);
+        let (stalled, fine) = (device.page(), device.page());
+        device.fill(&stalled[0], 0xa5);
+        let read = |tag, sector, page| data_request(tag, IoOp::Read, sector, page);
+        queue
+            .submit(&read(1, stalled_sector, &stalled), &NoCpuAccess)
+            .unwrap();
+        let around = stalled_sector + 64;
+        assert_eq!(complete_one(queue, &read(2, around, &fine)), IoStatus::Ok);
+        assert_eq!(complete_one(other, &read(3, around, &fine)), IoStatus::Ok);
+        // A poller ticks on every pass: the stalled command is stamped with this one.
+        queue.tick(MS, TIMEOUT);
+        // Not at the deadline; past it at the next scan (at most a second later).
+        queue.tick(TIMEOUT, TIMEOUT);
+        assert!(drain(queue).is_empty());
+        assert_eq!((queue.fault(), device.bus().stopped), (None, None));
+        queue.tick(TIMEOUT + crate::scan_interval(TIMEOUT), TIMEOUT);
+        let fault = DeviceFault {
+            kind: FaultKind::Timeout { waited_ms: 31_000 },
+            dma_stopped: true,
+        };
+        assert_eq!(queue.fault(), Some(fault));
+        assert_eq!((device.bus().stopped, device.bus().on), (Some(true), false));
+        let error = |tag| Completion {
+            tag,
+            status: IoStatus::Error,
+        };
+        assert_eq!(drain(queue), [error(1)]);
+        // The device wakes up and completes the command: bus mastering is off, so its
+        // data never reaches the page, and nothing is reported.
+        device.finish_stalled();
+        assert_eq!(device.bus().blocked, 1);
+        assert!(device.holds_only(&stalled[0], 0xa5));
+        assert!(drain(queue).is_empty());
+        // Later requests are answered at once, without the device.
+        let handed = device.handed();
+        for tag in 10..20 {
+            assert_eq!(
+                complete_one(queue, &read(tag, around, &fine)),
+                IoStatus::Error
+            );
+        }
+        assert_eq!(device.handed(), handed);
+        // The device's other queue fails at its next tick, and says why.
+        other.tick(TIMEOUT + 2 * MS, TIMEOUT);
+        let stopped = DeviceFault {
+            kind: FaultKind::Stopped,
+            dma_stopped: true,
+        };
+        assert_eq!(other.fault(), Some(stopped));
+        assert_eq!(
+            complete_one(other, &read(21, around, &fine)),
+            IoStatus::Error
+        );
+    }
+
+    /// Both DMA drivers' scenario of a device that ignores `stop_dma` (its bus stays
+    /// on): the fault says the device could not be stopped, and the queue still never
+    /// hands it another request.
+    pub fn a_device_that_cannot_be_stopped_is_reported_so(
+        queue: &mut dyn BlockDevice,
+        device: &dyn FaultyDevice,
+        stalled_sector: u64,
+    ) {
+        queue.tick(0, TIMEOUT);
+        let page = device.page();
+        let read = |tag, sector| data_request(tag, IoOp::Read, sector, &page);
+        queue
+            .submit(&read(1, stalled_sector), &NoCpuAccess)
+            .unwrap();
+        queue.tick(MS, TIMEOUT);
+        queue.tick(TIMEOUT + crate::scan_interval(TIMEOUT), TIMEOUT);
+        let fault = DeviceFault {
+            kind: FaultKind::Timeout { waited_ms: 31_000 },
+            dma_stopped: false,
+        };
+        assert_eq!(queue.fault(), Some(fault));
+        assert_eq!(drain(queue).len(), 1);
+        let handed = device.handed();
+        assert_eq!(complete_one(queue, &read(2, 0)), IoStatus::Error);
+        assert_eq!(device.handed(), handed);
+    }
+
     /// Everything the device reports now.
     pub fn drain(device: &mut dyn BlockDevice) -> Vec<Completion> {
         let mut out = Vec::new();
@@ -227,6 +408,17 @@ pub enum Finished {
     Request(Completion),
     /// The slot was not in flight: a device bug or a stale completion (logged).
     Stray,
+}
+
+/// A DMA driver queue's `BlockDevice::fault`: its own (`own`), or its device's, stopped
+/// by another queue (`device_stopped`: what `Dma::dma_stopped` says).
+pub fn queue_fault(own: Option<DeviceFault>, device_stopped: Option<bool>) -> Option<DeviceFault> {
+    own.or_else(|| {
+        device_stopped.map(|dma_stopped| DeviceFault {
+            kind: FaultKind::Stopped,
+            dma_stopped,
+        })
+    })
 }
 
 /// The worse of two outcomes: an error beats "unsupported" beats success.
@@ -473,6 +665,35 @@ impl<P: Copy + Default> Tracker<P> {
             tag: h.tag,
             status: h.status,
         })
+    }
+
+    /// A DMA driver's `BlockDevice::tick`: why its queue must fail now, if it must. Its
+    /// device was stopped by another queue (`device_stopped`: `Dma::dma_stopped` says
+    /// so), or a command has been with it longer than `timeout_ns` (logged).
+    pub fn due(&mut self, now: u64, timeout_ns: u64, device_stopped: bool) -> Option<FaultKind> {
+        if device_stopped {
+            return Some(FaultKind::Stopped);
+        }
+        let overdue = self.tick(now, timeout_ns)?;
+        let waited_ms = overdue.waited_ns / 1_000_000;
+        log::error!(
+            "command slot {} got no completion in {waited_ms} ms",
+            overdue.slot
+        );
+        Some(FaultKind::Timeout { waited_ms })
+    }
+
+    /// Fails the queue for `kind`: `stop_dma` first (the device's DMA off: what it holds
+    /// can no longer land anywhere), then every request outstanding (`fail_all`).
+    /// Returns the fault and how many requests failed.
+    pub fn fail_queue(
+        &mut self,
+        kind: FaultKind,
+        stop_dma: impl FnOnce() -> bool,
+    ) -> (DeviceFault, usize) {
+        let dma_stopped = stop_dma();
+        let failed = self.fail_all();
+        (DeviceFault { kind, dma_stopped }, failed)
     }
 
     /// Fails every request with commands out or staged: each is answered `Error` by the

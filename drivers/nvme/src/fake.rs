@@ -15,7 +15,7 @@ use std::{format, vec};
 use crate::command::{CommandStatus, CQ_ENTRY_LEN, SQ_ENTRY_LEN};
 use crate::Hal;
 use blkdev::DmaRegion;
-use cmdslots::fake::DmaMemory;
+use cmdslots::fake::{BusMaster, DmaMemory, FaultyDevice};
 use std::sync::{Arc, Mutex};
 
 pub const MEMORY_BYTES: usize = 48 << 20;
@@ -76,14 +76,8 @@ pub struct FakeController {
     pub stall_lba: Option<u64>,
     /// Commands held by `stall_lba`: (submission queue, entry).
     pub stalled: Vec<(u16, [u8; SQ_ENTRY_LEN])>,
-    /// Bus mastering (PCI command bit 2): off, the controller reaches no memory.
-    pub bus_master: bool,
-    /// `stop_dma` works (`false`: a device that keeps DMAing whatever it is told).
-    pub stop_confirms: bool,
-    /// What `stop_dma` returned, once called.
-    pub stopped: Option<bool>,
-    /// Memory accesses refused because bus mastering was off.
-    pub dma_blocked: usize,
+    /// Bus mastering: off (the driver's `stop_dma`), the controller reaches no memory.
+    pub bus: BusMaster,
     pub cc: u32,
     pub csts: u32,
     aqa: u32,
@@ -122,10 +116,7 @@ impl FakeController {
             fatal_after: None,
             stall_lba: None,
             stalled: Vec::new(),
-            bus_master: true,
-            stop_confirms: true,
-            stopped: None,
-            dma_blocked: 0,
+            bus: BusMaster::default(),
             cc: 0,
             csts: 0,
             aqa: 0,
@@ -252,9 +243,8 @@ impl FakeController {
             if self.csts & 2 != 0 {
                 return;
             }
-            if !self.bus_master {
+            if !self.bus.allows() {
                 // Fetching the entry is a read of host memory.
-                self.dma_blocked += 1;
                 return;
             }
             let q = self.sqs[qid];
@@ -295,8 +285,7 @@ impl FakeController {
     /// completions are posted, unless bus mastering is off by now).
     pub fn finish_stalled(&mut self) {
         for (qid, entry) in core::mem::take(&mut self.stalled) {
-            if !self.bus_master {
-                self.dma_blocked += 1;
+            if !self.bus.allows() {
                 continue;
             }
             let status = self.io(qid, &entry);
@@ -307,8 +296,7 @@ impl FakeController {
     }
 
     fn post(&mut self, cqid: usize, sqid: u16, cid: u16, status: CommandStatus, result: u32) {
-        if !self.bus_master {
-            self.dma_blocked += 1;
+        if !self.bus.allows() {
             return;
         }
         let cq = self.cqs[cqid];
@@ -651,15 +639,24 @@ unsafe impl blkdev::Dma for FakeHal {
         self.with(|m| m.delays_us += micros)
     }
     fn stop_dma(&self) -> bool {
-        self.with(|m| {
-            if m.stop_confirms {
-                m.bus_master = false;
-            }
-            m.stopped = Some(m.stop_confirms);
-            m.stop_confirms
-        })
+        self.with(|m| m.bus.stop())
     }
     fn dma_stopped(&self) -> Option<bool> {
-        self.with(|m| m.stopped)
+        self.with(|m| m.bus.stopped)
+    }
+}
+
+impl FaultyDevice for FakeHal {
+    fn with_memory(&self, f: &mut dyn FnMut(&mut DmaMemory)) {
+        self.with(|m| f(&mut m.memory))
+    }
+    fn finish_stalled(&self) {
+        self.with(|m| m.finish_stalled())
+    }
+    fn bus(&self) -> BusMaster {
+        self.with(|m| m.bus)
+    }
+    fn handed(&self) -> usize {
+        self.with(|m| m.executed.len() + m.bus.blocked)
     }
 }

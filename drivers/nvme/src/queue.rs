@@ -360,18 +360,15 @@ impl<H: Hal> IoQueue<H> {
     /// (bus mastering off: whatever it still holds can no longer land anywhere), then
     /// every request outstanding is answered `Error` at the next poll, and nothing goes
     /// to the device again (later requests are answered without it). Its slots are
-    /// reused for those local answers only. Returns how many requests failed.
-    fn fail(&mut self, kind: FaultKind) -> usize {
-        let dma_stopped = self.hal.stop_dma();
-        let fault = DeviceFault { kind, dma_stopped };
+    /// reused for those local answers only.
+    fn fail(&mut self, kind: FaultKind) {
+        let (fault, failed) = self.slots.fail_queue(kind, || self.hal.stop_dma());
         self.fault = Some(fault);
-        let failed = self.slots.fail_all();
         self.stats.completions += failed as u64;
         log::error!(
             "nvme: q{} failed: {fault}; {failed} outstanding requests fail",
             self.qid
         );
-        failed
     }
 }
 
@@ -539,34 +536,15 @@ impl<H: Hal> BlockDevice for IoQueue<H> {
     }
 
     fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
-        if self.fault.is_some() {
-            return;
-        }
-        if self.hal.dma_stopped().is_some() {
-            // Another queue stopped the controller: nothing here will complete.
-            self.fail(FaultKind::Stopped);
-            return;
-        }
-        if let Some(overdue) = self.slots.tick(now_ns, timeout_ns) {
-            log::error!(
-                "nvme: q{} command {} (opcode {:#04x}) got no completion in {} ms",
-                self.qid,
-                overdue.slot,
-                self.slots.payload(overdue.slot).entry[0],
-                overdue.waited_ns / 1_000_000
-            );
-            self.fail(FaultKind::Timeout {
-                waited_ms: overdue.waited_ns / 1_000_000,
-            });
+        if self.fault.is_none() {
+            let stopped = self.hal.dma_stopped().is_some();
+            if let Some(kind) = self.slots.due(now_ns, timeout_ns, stopped) {
+                self.fail(kind);
+            }
         }
     }
 
     fn fault(&self) -> Option<DeviceFault> {
-        self.fault.or_else(|| {
-            self.hal.dma_stopped().map(|dma_stopped| DeviceFault {
-                kind: FaultKind::Stopped,
-                dma_stopped,
-            })
-        })
+        cmdslots::queue_fault(self.fault, self.hal.dma_stopped())
     }
 }

@@ -1,11 +1,11 @@
 use crate::command::CommandStatus;
 use crate::fake::{FakeController, FakeHal};
 use crate::*;
-use blkdev::{
-    BlockDevice, Completion, DeviceFault, DmaSegment, FaultKind, IoOp, IoRequest, IoStatus,
-    SubmitError,
+use blkdev::{BlockDevice, Completion, DmaSegment, IoOp, IoRequest, IoStatus, SubmitError};
+use cmdslots::fake::{
+    a_device_that_cannot_be_stopped_is_reported_so, a_stalled_command_fails_after_its_deadline,
+    complete_one, data_request, drain, poll_until, NoCpuAccess, MS, TIMEOUT,
 };
-use cmdslots::fake::{complete_one, data_request, drain, poll_until, NoCpuAccess};
 
 fn bring_up(fake: FakeController, queues: u16, entries: u16) -> (FakeHal, Vec<IoQueue<FakeHal>>) {
     let hal = FakeHal::new(fake);
@@ -788,95 +788,23 @@ fn errors_display_their_cause() {
     assert_eq!(text(&PlanError::NoSegments), "no segments");
 }
 
-const MS: u64 = 1_000_000;
-/// Linux's io_timeout, blkdom's default deadline.
-const TIMEOUT: u64 = 30_000 * MS;
-
-/// Fills the page of `segment` with `byte`.
-fn paint(hal: &FakeHal, segment: &DmaSegment, byte: u8) {
-    hal.with(|m| m.memory[segment.buffer as usize..][..4096].fill(byte));
-}
-
 #[test]
 fn a_stalled_command_fails_after_its_deadline_and_the_controller_is_stopped_first() {
     let mut fake = FakeController::new(1 << 20);
     fake.stall_lba = Some(64);
     let (hal, mut queues) = bring_up(fake, 2, 8);
     let (first, rest) = queues.split_at_mut(1);
-    let (queue, other) = (&mut first[0], &mut rest[0]);
-    queue.tick(0, TIMEOUT);
-    other.tick(0, TIMEOUT);
-    let stalled = one_page(&hal);
-    let fine = one_page(&hal);
-    paint(&hal, &stalled[0], 0xa5);
-    queue
-        .submit(&data_request(1, IoOp::Read, 64, &stalled), &NoCpuAccess)
-        .unwrap();
-    assert_eq!(
-        complete_one(queue, &data_request(2, IoOp::Read, 0, &fine)),
-        IoStatus::Ok,
-        "the queue keeps serving around the stalled command"
-    );
-    assert_eq!(
-        complete_one(other, &data_request(3, IoOp::Read, 8, &fine)),
-        IoStatus::Ok,
-        "and so does the controller's other queue"
-    );
-    // A poller ticks on every pass: the stalled command is stamped with this one.
-    queue.tick(MS, TIMEOUT);
-    // Not at the deadline; past it at the next scan (at most a second later).
-    queue.tick(TIMEOUT, TIMEOUT);
-    assert!(drain(queue).is_empty());
-    assert_eq!(queue.fault(), None);
-    assert_eq!(hal.with(|m| m.stopped), None);
-    queue.tick(TIMEOUT + cmdslots::scan_interval(TIMEOUT), TIMEOUT);
-    let fault = DeviceFault {
-        kind: FaultKind::Timeout { waited_ms: 31_000 },
-        dma_stopped: true,
-    };
-    assert_eq!(queue.fault(), Some(fault));
-    assert_eq!(hal.with(|m| (m.stopped, m.bus_master)), (Some(true), false));
-    assert_eq!(
-        drain(queue),
-        [Completion {
-            tag: 1,
-            status: IoStatus::Error
-        }]
-    );
-    // The controller wakes up and completes the command: bus mastering is off, so its
-    // data never reaches the page, and nothing is posted.
-    hal.with(|m| m.finish_stalled());
-    assert_eq!(hal.with(|m| m.dma_blocked), 1);
-    assert!(hal.with(|m| m.memory[stalled[0].buffer as usize..][..4096]
-        .iter()
-        .all(|&b| b == 0xa5)));
-    assert!(drain(queue).is_empty());
-    // Later requests are answered at once, without the device: nothing is submitted.
-    let executed = hal.with(|m| m.executed.len());
-    for tag in 10..20 {
-        assert_eq!(
-            complete_one(queue, &data_request(tag, IoOp::Read, 0, &fine)),
-            IoStatus::Error
-        );
-    }
-    assert_eq!(
-        hal.with(|m| (m.executed.len(), m.dma_blocked)),
-        (executed, 1)
-    );
-    // The other queue of the stopped controller fails at its next tick, and says why.
-    other.tick(TIMEOUT + 2 * MS, TIMEOUT);
-    assert_eq!(
-        other.fault(),
-        Some(DeviceFault {
-            kind: FaultKind::Stopped,
-            dma_stopped: true
-        })
-    );
-    assert_eq!(
-        complete_one(other, &data_request(21, IoOp::Read, 0, &fine)),
-        IoStatus::Error
-    );
+    a_stalled_command_fails_after_its_deadline(&mut first[0], &mut rest[0], &hal, 64);
     assert!(hal.with(|m| m.violations.is_empty()));
+}
+
+#[test]
+fn a_controller_that_cannot_be_stopped_is_reported_so() {
+    let mut fake = FakeController::new(1 << 20);
+    fake.stall_lba = Some(8);
+    fake.bus.stop_confirms = false;
+    let (hal, mut queues) = bring_up(fake, 1, 8);
+    a_device_that_cannot_be_stopped_is_reported_so(&mut queues[0], &hal, 8);
 }
 
 #[test]
@@ -909,37 +837,6 @@ fn requests_in_flight_when_the_queue_fails_all_fail_and_their_slots_come_back() 
             .unwrap();
     }
     assert_eq!(drain(queue).len(), 7);
-}
-
-#[test]
-fn a_controller_that_cannot_be_stopped_is_reported_so() {
-    let mut fake = FakeController::new(1 << 20);
-    fake.stall_lba = Some(8);
-    fake.stop_confirms = false;
-    let (hal, mut queues) = bring_up(fake, 1, 8);
-    let queue = &mut queues[0];
-    queue.tick(0, TIMEOUT);
-    let page = one_page(&hal);
-    queue
-        .submit(&data_request(1, IoOp::Read, 8, &page), &NoCpuAccess)
-        .unwrap();
-    queue.tick(MS, TIMEOUT);
-    queue.tick(TIMEOUT + cmdslots::scan_interval(TIMEOUT), TIMEOUT);
-    assert_eq!(
-        queue.fault(),
-        Some(DeviceFault {
-            kind: FaultKind::Timeout { waited_ms: 31_000 },
-            dma_stopped: false
-        })
-    );
-    assert_eq!(drain(queue).len(), 1);
-    // It still fetches nothing new from this queue: later requests never reach it.
-    let executed = hal.with(|m| m.executed.len());
-    assert_eq!(
-        complete_one(queue, &data_request(2, IoOp::Read, 0, &page)),
-        IoStatus::Error
-    );
-    assert_eq!(hal.with(|m| m.executed.len()), executed);
 }
 
 #[test]

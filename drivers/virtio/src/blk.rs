@@ -380,16 +380,13 @@ impl<H: Hal> BlkQueue<H> {
     /// mastering off: whatever it still holds can no longer land anywhere), then every
     /// request outstanding is answered `Error` at the next poll, and nothing goes to the
     /// device again. Its slots are reused for those local answers only.
-    fn fail(&mut self, kind: FaultKind) -> usize {
-        let dma_stopped = self.hal.stop_dma();
-        let fault = DeviceFault { kind, dma_stopped };
+    fn fail(&mut self, kind: FaultKind) {
+        let (fault, failed) = self.slots.fail_queue(kind, || self.hal.stop_dma());
         self.fault = Some(fault);
-        let failed = self.slots.fail_all();
         log::error!(
             "virtio: q{} failed: {fault}; {failed} outstanding requests fail",
             self.index
         );
-        failed
     }
 
     /// The slot's header area.
@@ -683,33 +680,15 @@ impl<H: Hal> BlockDevice for BlkQueue<H> {
     }
 
     fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
-        if self.fault.is_some() {
-            return;
-        }
-        if self.hal.dma_stopped().is_some() {
-            // Another queue stopped the device: nothing here will complete.
-            self.fail(FaultKind::Stopped);
-            return;
-        }
-        if let Some(overdue) = self.slots.tick(now_ns, timeout_ns) {
-            log::error!(
-                "virtio: q{} request in slot {} got no completion in {} ms",
-                self.index,
-                overdue.slot,
-                overdue.waited_ns / 1_000_000
-            );
-            self.fail(FaultKind::Timeout {
-                waited_ms: overdue.waited_ns / 1_000_000,
-            });
+        if self.fault.is_none() {
+            let stopped = self.hal.dma_stopped().is_some();
+            if let Some(kind) = self.slots.due(now_ns, timeout_ns, stopped) {
+                self.fail(kind);
+            }
         }
     }
 
     fn fault(&self) -> Option<DeviceFault> {
-        self.fault.or_else(|| {
-            self.hal.dma_stopped().map(|dma_stopped| DeviceFault {
-                kind: FaultKind::Stopped,
-                dma_stopped,
-            })
-        })
+        cmdslots::queue_fault(self.fault, self.hal.dma_stopped())
     }
 }

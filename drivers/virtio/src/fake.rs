@@ -15,7 +15,7 @@ use std::{format, vec};
 use crate::feature;
 use crate::Hal;
 use blkdev::DmaRegion;
-use cmdslots::fake::DmaMemory;
+use cmdslots::fake::{BusMaster, DmaMemory, FaultyDevice};
 use std::sync::{Arc, Mutex};
 
 pub const COMMON: u64 = 0x1000_0000;
@@ -71,14 +71,8 @@ pub struct FakeDevice {
     pub stall_sector: Option<u64>,
     /// Requests held by `stall_sector`: (queue, chain head).
     pub stalled: Vec<(u16, u16)>,
-    /// Bus mastering (PCI command bit 2): off, the device reaches no memory.
-    pub bus_master: bool,
-    /// `stop_dma` works (`false`: a device that keeps DMAing whatever it is told).
-    pub stop_confirms: bool,
-    /// What `stop_dma` returned, once called.
-    pub stopped: Option<bool>,
-    /// Memory accesses refused because bus mastering was off.
-    pub dma_blocked: usize,
+    /// Bus mastering: off (the driver's `stop_dma`), the device reaches no memory.
+    pub bus: BusMaster,
     feature_select: u32,
     driver_feature_select: u32,
     queue_select: u16,
@@ -115,10 +109,7 @@ impl FakeDevice {
             reset_after: None,
             stall_sector: None,
             stalled: Vec::new(),
-            bus_master: true,
-            stop_confirms: true,
-            stopped: None,
-            dma_blocked: 0,
+            bus: BusMaster::default(),
             feature_select: 0,
             driver_feature_select: 0,
             queue_select: 0,
@@ -269,9 +260,8 @@ impl FakeDevice {
             self.violations.push(format!("queue {q} not enabled"));
             return;
         }
-        if !self.bus_master {
+        if !self.bus.allows() {
             // The available ring is host memory.
-            self.dma_blocked += 1;
             return;
         }
         let mut last = queue.last_avail;
@@ -342,8 +332,7 @@ impl FakeDevice {
     /// in the used ring, unless bus mastering is off by now).
     pub fn finish_stalled(&mut self) {
         for (q, head) in core::mem::take(&mut self.stalled) {
-            if !self.bus_master {
-                self.dma_blocked += 1;
+            if !self.bus.allows() {
                 continue;
             }
             let queue = self.queues[usize::from(q)];
@@ -563,15 +552,24 @@ unsafe impl blkdev::Dma for FakeHal {
     }
     fn delay_us(&self, _micros: u64) {}
     fn stop_dma(&self) -> bool {
-        self.with(|m| {
-            if m.stop_confirms {
-                m.bus_master = false;
-            }
-            m.stopped = Some(m.stop_confirms);
-            m.stop_confirms
-        })
+        self.with(|m| m.bus.stop())
     }
     fn dma_stopped(&self) -> Option<bool> {
-        self.with(|m| m.stopped)
+        self.with(|m| m.bus.stopped)
+    }
+}
+
+impl FaultyDevice for FakeHal {
+    fn with_memory(&self, f: &mut dyn FnMut(&mut DmaMemory)) {
+        self.with(|m| f(&mut m.memory))
+    }
+    fn finish_stalled(&self) {
+        self.with(|m| m.finish_stalled())
+    }
+    fn bus(&self) -> BusMaster {
+        self.with(|m| m.bus)
+    }
+    fn handed(&self) -> usize {
+        self.with(|m| m.notifications + m.bus.blocked)
     }
 }

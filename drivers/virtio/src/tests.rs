@@ -1,10 +1,10 @@
 use crate::fake::{FakeDevice, FakeHal};
 use crate::*;
-use blkdev::{
-    BlockDevice, Completion, DeviceFault, DmaSegment, FaultKind, IoOp, IoRequest, IoStatus,
-    SubmitError,
+use blkdev::{BlockDevice, Completion, DmaSegment, IoOp, IoRequest, IoStatus, SubmitError};
+use cmdslots::fake::{
+    a_device_that_cannot_be_stopped_is_reported_so, a_stalled_command_fails_after_its_deadline,
+    complete_one, data_request, drain, poll_until, NoCpuAccess,
 };
-use cmdslots::fake::{complete_one, data_request, drain, poll_until, NoCpuAccess};
 
 fn bring_up(fake: FakeDevice, queues: usize, size: u16) -> (FakeHal, Vec<BlkQueue<FakeHal>>) {
     let hal = FakeHal::new(fake);
@@ -465,85 +465,13 @@ fn errors_display_their_cause() {
     );
 }
 
-const MS: u64 = 1_000_000;
-/// Linux's io_timeout, blkdom's default deadline.
-const TIMEOUT: u64 = 30_000 * MS;
-
 #[test]
 fn a_stalled_request_fails_after_its_deadline_and_the_device_is_stopped_first() {
     let mut fake = FakeDevice::new(1 << 20);
     fake.stall_sector = Some(64);
     let (hal, mut queues) = bring_up(fake, 2, 8);
     let (first, rest) = queues.split_at_mut(1);
-    let (queue, other) = (&mut first[0], &mut rest[0]);
-    queue.tick(0, TIMEOUT);
-    other.tick(0, TIMEOUT);
-    let stalled = segments(&hal, 1, 0, 4096);
-    let fine = segments(&hal, 1, 0, 4096);
-    hal.with(|m| m.memory[stalled[0].buffer as usize..][..4096].fill(0xa5));
-    queue
-        .submit(&data_request(1, IoOp::Read, 64, &stalled), &NoCpuAccess)
-        .unwrap();
-    assert_eq!(
-        complete_one(queue, &data_request(2, IoOp::Read, 0, &fine)),
-        IoStatus::Ok,
-        "the queue keeps serving around the stalled request"
-    );
-    assert_eq!(
-        complete_one(other, &data_request(3, IoOp::Read, 8, &fine)),
-        IoStatus::Ok,
-        "and so does the device's other queue"
-    );
-    // A poller ticks on every pass: the stalled request is stamped with this one.
-    queue.tick(MS, TIMEOUT);
-    queue.tick(TIMEOUT, TIMEOUT);
-    assert!(drain(queue).is_empty());
-    assert_eq!(queue.fault(), None);
-    queue.tick(TIMEOUT + cmdslots::scan_interval(TIMEOUT), TIMEOUT);
-    assert_eq!(
-        queue.fault(),
-        Some(DeviceFault {
-            kind: FaultKind::Timeout { waited_ms: 31_000 },
-            dma_stopped: true
-        })
-    );
-    assert_eq!(hal.with(|m| (m.stopped, m.bus_master)), (Some(true), false));
-    assert_eq!(
-        drain(queue),
-        [Completion {
-            tag: 1,
-            status: IoStatus::Error
-        }]
-    );
-    // The device wakes up: bus mastering is off, nothing lands in the page.
-    hal.with(|m| m.finish_stalled());
-    assert_eq!(hal.with(|m| m.dma_blocked), 1);
-    assert!(memory_of(&hal, &stalled).iter().all(|&b| b == 0xa5));
-    assert!(drain(queue).is_empty());
-    // Later requests are answered without the device: it is not even notified.
-    let notifications = hal.with(|m| m.notifications);
-    for tag in 10..20 {
-        assert_eq!(
-            complete_one(queue, &data_request(tag, IoOp::Read, 0, &fine)),
-            IoStatus::Error
-        );
-    }
-    assert_eq!(
-        hal.with(|m| (m.notifications, m.dma_blocked)),
-        (notifications, 1)
-    );
-    other.tick(TIMEOUT + 2 * MS, TIMEOUT);
-    assert_eq!(
-        other.fault(),
-        Some(DeviceFault {
-            kind: FaultKind::Stopped,
-            dma_stopped: true
-        })
-    );
-    assert_eq!(
-        complete_one(other, &data_request(21, IoOp::Read, 0, &fine)),
-        IoStatus::Error
-    );
+    a_stalled_command_fails_after_its_deadline(&mut first[0], &mut rest[0], &hal, 64);
     no_violations(&hal);
 }
 
@@ -551,22 +479,7 @@ fn a_stalled_request_fails_after_its_deadline_and_the_device_is_stopped_first() 
 fn a_virtio_device_that_cannot_be_stopped_is_reported_so() {
     let mut fake = FakeDevice::new(1 << 20);
     fake.stall_sector = Some(8);
-    fake.stop_confirms = false;
+    fake.bus.stop_confirms = false;
     let (hal, mut queues) = bring_up(fake, 1, 8);
-    let queue = &mut queues[0];
-    queue.tick(0, TIMEOUT);
-    let page = segments(&hal, 1, 0, 4096);
-    queue
-        .submit(&data_request(1, IoOp::Read, 8, &page), &NoCpuAccess)
-        .unwrap();
-    queue.tick(MS, TIMEOUT);
-    queue.tick(TIMEOUT + cmdslots::scan_interval(TIMEOUT), TIMEOUT);
-    assert_eq!(
-        queue.fault(),
-        Some(DeviceFault {
-            kind: FaultKind::Timeout { waited_ms: 31_000 },
-            dma_stopped: false
-        })
-    );
-    assert_eq!(drain(queue).len(), 1);
+    a_device_that_cannot_be_stopped_is_reported_so(&mut queues[0], &hal, 8);
 }

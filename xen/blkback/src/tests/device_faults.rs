@@ -12,6 +12,8 @@ use blkdev::{
     IoRequest, IoStatus, SubmitError,
 };
 
+use cmdslots::fake::FaultyDevice;
+
 use super::{page_bytes, whole_page, Rig};
 use crate::abi::{self, RSP_EOPNOTSUPP, RSP_ERROR, RSP_OKAY};
 use crate::engine::EngineConfig;
@@ -137,17 +139,25 @@ fn config() -> EngineConfig {
     }
 }
 
-/// A rig over `queue`, whose fake device's memory `memory` reaches.
-fn rig_over<Q: BlockDevice>(
-    queue: Q,
-    memory: Memory,
-    allocate: impl FnOnce(usize) -> u64,
-) -> Rig<OnFakeDma<Q>> {
-    let pages = allocate((RING_SLOTS * PAGES_PER_TAG) as usize);
-    let (device, grants) = OnFakeDma::new(queue, memory, pages);
-    let rig = Rig::new(config(), device);
-    grants.set(XenGrants(rig.table.clone())).ok().unwrap();
-    rig
+/// A rig over each of `queues`, queues of the fake device `device`.
+fn rigs_over<Q: BlockDevice, H: FaultyDevice + Clone + 'static>(
+    queues: Vec<Q>,
+    device: &H,
+) -> Vec<Rig<OnFakeDma<Q>>> {
+    queues
+        .into_iter()
+        .map(|queue| {
+            let mut pages = 0;
+            let count = (RING_SLOTS * PAGES_PER_TAG) as usize;
+            device.with_memory(&mut |m| pages = m.allocate(count).expect("fake memory"));
+            let h = device.clone();
+            let memory: Memory = Box::new(move |f| h.with_memory(&mut |m| f(&mut m[..])));
+            let (device, grants) = OnFakeDma::new(queue, memory, pages);
+            let rig = Rig::new(config(), device);
+            grants.set(XenGrants(rig.table.clone())).ok().unwrap();
+            rig
+        })
+        .collect()
 }
 
 /// `count` rigs, each over its own I/O queue of one fake NVMe controller.
@@ -157,16 +167,10 @@ fn nvme_rigs(fake: nvme::fake::FakeController, count: u16) -> (nvme::fake::FakeH
     let mut controller = Controller::init(hal.clone(), InitConfig::default()).unwrap();
     let namespace = controller.namespace(1).unwrap();
     assert_eq!(controller.request_io_queues(count).unwrap(), count);
-    let rigs = (0..count)
-        .map(|_| {
-            let queue = controller.create_io_queue(&namespace, 64).unwrap();
-            let h = hal.clone();
-            let memory: Memory = Box::new(move |f| h.with(|m| f(&mut m.memory[..])));
-            rig_over(queue, memory, |pages| {
-                hal.with(|m| m.memory.allocate(pages)).unwrap()
-            })
-        })
+    let queues = (0..count)
+        .map(|_| controller.create_io_queue(&namespace, 64).unwrap())
         .collect();
+    let rigs = rigs_over(queues, &hal);
     (hal, rigs)
 }
 
@@ -178,20 +182,11 @@ fn virtio_rigs(
     let hal = virtio::fake::FakeHal::new(fake);
     let mut device =
         virtio::VirtioBlk::init(hal.clone(), virtio::fake::FakeHal::regions()).unwrap();
-    let queues: Vec<_> = (0..count)
+    let queues = (0..count)
         .map(|_| device.create_queue(64).unwrap())
         .collect();
     device.start();
-    let rigs = queues
-        .into_iter()
-        .map(|queue| {
-            let h = hal.clone();
-            let memory: Memory = Box::new(move |f| h.with(|m| f(&mut m.memory[..])));
-            rig_over(queue, memory, |pages| {
-                hal.with(|m| m.memory.allocate(pages)).unwrap()
-            })
-        })
-        .collect();
+    let rigs = rigs_over(queues, &hal);
     (hal, rigs)
 }
 
@@ -209,7 +204,9 @@ fn statuses(responses: &[Response]) -> Vec<(u64, i16)> {
     out
 }
 
-/// The status the device's own error gives: the request that met it, and no other.
+/// The status the device's own error gives: the request that met it, and no other
+/// (the device fails reads touching `failing_sector`); a flush it does not know is
+/// EOPNOTSUPP, not an error.
 fn an_error_answers_exactly_its_request<D: BlockDevice>(rig: &mut Rig<D>, failing_sector: u64) {
     send(rig, abi::OP_WRITE, 1, 0, 0x11);
     rig.engine.poll(64);
@@ -226,37 +223,31 @@ fn an_error_answers_exactly_its_request<D: BlockDevice>(rig: &mut Rig<D>, failin
     let stats = rig.engine.stats();
     assert_eq!((stats.device_errors, stats.errors), (1, 1), "{stats:?}");
     assert_eq!(rig.engine.device_fault(), None, "an error is not a fault");
+    rig.send(&encode_direct(abi::OP_FLUSH_DISKCACHE, 5, 0, &[]));
+    rig.engine.poll(64);
+    assert_eq!(statuses(&rig.responses()), [(5, RSP_EOPNOTSUPP)]);
+    assert_eq!(rig.engine.stats().device_errors, 1);
 }
 
 #[test]
 fn an_nvme_error_status_answers_exactly_its_request_with_error() {
     let mut fake = nvme::fake::FakeController::new(1 << 20);
-    // Media error: unrecovered read, in block 100 only.
+    // Media error: unrecovered read, in block 100 only; FLUSH "invalid opcode".
     fake.fail_lba = Some((100, nvme::CommandStatus::new(2, 0x81)));
     fake.unsupported_opcodes = vec![0x00];
     let (hal, mut rigs) = nvme_rigs(fake, 1);
-    let rig = &mut rigs[0];
-    an_error_answers_exactly_its_request(rig, 100);
-    // A flush the controller does not know is EOPNOTSUPP, not an error.
-    rig.send(&encode_direct(abi::OP_FLUSH_DISKCACHE, 5, 0, &[]));
-    rig.engine.poll(64);
-    assert_eq!(statuses(&rig.responses()), [(5, RSP_EOPNOTSUPP)]);
-    assert_eq!(rig.engine.stats().device_errors, 1);
+    an_error_answers_exactly_its_request(&mut rigs[0], 100);
     assert!(hal.with(|m| m.violations.is_empty()));
 }
 
 #[test]
 fn a_virtio_ioerr_answers_exactly_its_request_and_unsupp_is_eopnotsupp() {
     let mut fake = virtio::fake::FakeDevice::new(1 << 20);
+    // IOERR for sector 100; UNSUPP for flushes.
     fake.fail_sector = Some(100);
     fake.unsupported_kinds = vec![4];
     let (hal, mut rigs) = virtio_rigs(fake, 1);
-    let rig = &mut rigs[0];
-    an_error_answers_exactly_its_request(rig, 100);
-    rig.send(&encode_direct(abi::OP_FLUSH_DISKCACHE, 5, 0, &[]));
-    rig.engine.poll(64);
-    assert_eq!(statuses(&rig.responses()), [(5, RSP_EOPNOTSUPP)]);
-    assert_eq!(rig.engine.stats().device_errors, 1);
+    an_error_answers_exactly_its_request(&mut rigs[0], 100);
     assert!(hal.with(|m| m.violations.is_empty()));
 }
 
@@ -387,7 +378,7 @@ fn a_stalled_virtio_request_is_answered_with_an_error_after_the_deadline_while_a
         page_bytes(&stalled.memory, page),
         vec![0x5a; abi::PAGE_SIZE]
     );
-    assert_eq!(hal.with(|m| m.dma_blocked), 1);
+    assert_eq!(hal.with(|m| m.bus.blocked), 1);
 }
 
 #[test]
