@@ -105,11 +105,17 @@ impl<'a> Cmdline<'a> {
     /// frontend while more responses are on their way (0 = never). `Err` holds the text
     /// when it is not a number up to [`MAX_NOTIFY_HOLD_US`].
     pub fn notify_hold_us(&self) -> Result<Option<u64>, &'a str> {
-        let Some(text) = self.value("notify.hold-us") else {
+        self.number_up_to("notify.hold-us", MAX_NOTIFY_HOLD_US)
+    }
+
+    /// The value of `key` as a whole number up to `max`: `None` when `key` has none,
+    /// `Err` with the text when it is not such a number.
+    fn number_up_to(&self, key: &str, max: u64) -> Result<Option<u64>, &'a str> {
+        let Some(text) = self.value(key) else {
             return Ok(None);
         };
         match text.parse::<u64>() {
-            Ok(us) if us <= MAX_NOTIFY_HOLD_US => Ok(Some(us)),
+            Ok(n) if n <= max => Ok(Some(n)),
             _ => Err(text),
         }
     }
@@ -123,13 +129,7 @@ impl<'a> Cmdline<'a> {
     /// before its device is failed (0: forever). `Err` holds the text when it is not a
     /// whole number up to [`MAX_DEVICE_TIMEOUT_MS`].
     pub fn device_timeout_ms(&self) -> Result<Option<u64>, &'a str> {
-        let Some(text) = self.value("device.timeout-ms") else {
-            return Ok(None);
-        };
-        match text.parse::<u64>() {
-            Ok(ms) if ms <= MAX_DEVICE_TIMEOUT_MS => Ok(Some(ms)),
-            _ => Err(text),
-        }
+        self.number_up_to("device.timeout-ms", MAX_DEVICE_TIMEOUT_MS)
     }
 }
 
