@@ -75,9 +75,11 @@ lint:
 #   make test-xen   every scenario whose header says "rig-suite: test-xen" (tests/xen/)
 #   make demo       Linux dom0, a Linux driver domain and blkdom side by side, fio table
 #                   (RUNTIME=20 s per job)
+#   make soak       one blkdom, three guests coming and going for SOAK_MINUTES (30);
+#                   not in CI, not in test-xen
 RIG := tools/rig
 RUNTIME ?= 20
-.PHONY: deps-xen rig smoke-xen test-xen demo
+.PHONY: deps-xen rig smoke-xen test-xen demo soak
 
 # Idempotent: the Xen/Linux packages and QEMU's build dependencies, only what is missing.
 deps-xen:
@@ -103,4 +105,13 @@ demo: deps-xen
 	@if $(MAKE) --no-print-directory image; then image=$(IMAGE); \
 	  else echo "blkdom image does not build: the demo shows the baseline only"; image=; fi; \
 	  BLKDOM_IMAGE=$$image $(RIG)/run.sh demo --runtime $(RUNTIME)
+# tests/xen/soak: one blkdom serves three guests for SOAK_MINUTES minutes: one verifies
+# its disk throughout while a second disk is hot-plugged on it again and again, one is
+# created, verified, mkfs/fsck'd, rebooted and destroyed in a loop, one destroyed mid-I/O
+# in a loop. Prints the cycles of each kind, the errors (goal 0), blkdom's heap and
+# mapped pages at the start and end (goal: back to the start). Takes SOAK_MINUTES plus
+# ~5-10 minutes (boot, the last cycles, the checks).
+export SOAK_MINUTES ?= 30
+soak: deps-xen
+	$(call rig_with_image,soak)
 # --- end nested Xen rig ---

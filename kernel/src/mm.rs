@@ -130,3 +130,10 @@ pub fn heap_free() -> usize {
 pub fn heap_used() -> usize {
     HEAP.lock().used()
 }
+
+/// Bytes of heap free and in use, read together (`data/blkdom-pollers`: a soak compares
+/// them before and after guests come and go).
+pub fn heap_usage() -> (usize, usize) {
+    let heap = HEAP.lock();
+    (heap.free(), heap.used())
+}
