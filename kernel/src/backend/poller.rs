@@ -262,6 +262,11 @@ pub trait ControlWork {
 /// (once, until control has run the maintenance).
 pub static RAM_KICK_SENT: AtomicBool = AtomicBool::new(false);
 
+/// A poller handed a ring's device fault to the control path (`QueueControl::fault`):
+/// vCPU 0 runs the control path at its next pass, which writes the fault to xenstore
+/// then, not at its next statistics round up to 5 s later.
+static FAULT_NEWS: AtomicBool = AtomicBool::new(false);
+
 /// The poll loop of this vCPU; never returns.
 pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
     let xen = xen_domain::get().expect("pollers run under Xen");
@@ -363,7 +368,8 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
         }
         if let Some(control) = control.as_mut() {
             let kicked = control.port().is_some_and(|p| xen.shared.is_pending(p));
-            if kicked || now >= control_due {
+            let fault_news = FAULT_NEWS.swap(false, Ordering::AcqRel);
+            if kicked || fault_news || now >= control_due {
                 if let Some(p) = control.port() {
                     xen.shared.clear_pending(p);
                 }
@@ -414,7 +420,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
 }
 
 /// Gives every ring the clock (`Engine::tick`), and hands a device fault a ring's engine
-/// saw for the first time to the control path.
+/// saw for the first time to the control path (woken for it: `FAULT_NEWS`).
 fn tick(served: &mut [ServedQueue], now: u64) {
     for queue in served {
         queue.engine.tick(now);
@@ -422,6 +428,8 @@ fn tick(served: &mut [ServedQueue], now: u64) {
             if let Some(fault) = queue.engine.device_fault() {
                 *queue.control.fault.lock() = Some(fault);
                 queue.fault_seen = true;
+                FAULT_NEWS.store(true, Ordering::Release);
+                ring_doorbell(0);
             }
         }
     }
