@@ -342,6 +342,17 @@ impl Control {
                     vbd.hooks.name
                 );
             }
+            if vbd.hooks.disk.in_device_model()
+                && matches!(fault.kind, blkdev::FaultKind::Timeout { .. })
+            {
+                // Xen has the device model invalidate its map cache after every grant
+                // unmap of an HVM domain, and QEMU first waits for all its block
+                // requests (docs/design.md, "Known limits").
+                log::error!(
+                    "blkback: {}: the device model still holds the command: until it gives it back, every grant unmap of this domain (a ring's teardown, an idle grant's release) waits for it",
+                    vbd.hooks.name
+                );
+            }
         }
     }
 

@@ -138,6 +138,8 @@ pub struct OpenDevice {
     /// Bytes its device's queues copied through bounce buffers (devices/bounce.rs; all
     /// the disks on the device together).
     pub(super) bounced_bytes: Arc<AtomicU64>,
+    /// The device model emulates the device (`devices::open::OpenedDisk::device_model`).
+    pub(super) device_model: bool,
 }
 
 impl Drop for OpenDevice {
@@ -200,6 +202,14 @@ impl Disk {
         match self {
             Disk::Ram(_) => 0,
             Disk::Device(device) => device.bounced_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether the device model (qemu-xen in dom0) emulates the disk's device.
+    pub fn in_device_model(&self) -> bool {
+        match self {
+            Disk::Ram(_) => false,
+            Disk::Device(device) => device.device_model,
         }
     }
 

@@ -51,6 +51,8 @@ struct Pool {
     /// Queues made for it so far.
     made: usize,
     bounced_bytes: Arc<AtomicU64>,
+    /// Emulated by the device model (`OpenedDisk::device_model`).
+    device_model: bool,
 }
 
 pub struct Registry {
@@ -319,6 +321,7 @@ impl Registry {
             _ => format!("{extent} of {}", pool.description),
         };
         let bounced_bytes = pool.bounced_bytes.clone();
+        let device_model = pool.device_model;
         let geometry = idle.first().map_or(geometry, |q| q.geometry());
         if let Err(error) = self.claim(spec, device, extent) {
             self.pools[at]
@@ -335,6 +338,7 @@ impl Registry {
             opened: idle.len(),
             idle,
             bounced_bytes,
+            device_model,
         })
     }
 
@@ -400,6 +404,7 @@ impl Registry {
             made: opened.queues.len(),
             idle: opened.queues,
             bounced_bytes: opened.bounced_bytes,
+            device_model: opened.device_model,
         });
         Ok((self.pools.len() - 1, true))
     }

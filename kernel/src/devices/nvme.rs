@@ -121,6 +121,7 @@ impl NvmeControllers {
             ),
             queues,
             bounced_bytes: Arc::default(),
+            device_model: false,
         })
     }
 }

@@ -24,6 +24,9 @@ pub struct OpenedDisk {
     /// straight to the guests' pages), summed over every open of the device; shown in
     /// `blkdom-stats`.
     pub bounced_bytes: Arc<AtomicU64>,
+    /// Under Xen, the device model (qemu-xen in dom0) emulates the device: a command it
+    /// holds also holds every grant unmap of this domain (`README`, "Device faults").
+    pub device_model: bool,
 }
 
 /// Choices a caller may make when opening a disk.
@@ -91,30 +94,33 @@ impl Devices {
                         .map(|_| Box::new(disk.queue(32)) as Queue)
                         .collect(),
                     bounced_bytes: Arc::default(),
+                    device_model: false,
                 })
             }
             Backing::Nvme { nsid, .. } => {
                 let pci = PciConfig::from_mcfg(self.firmware.ecam);
                 let function = find(&pci, Function::is_nvme, 0).ok_or(OpenError::NoNvme)?;
-                let bounce = options.bounce || emulated_under_xen(&function, &options);
+                let emulated = emulated_under_xen(&function, &options);
                 let mut disk = self
                     .nvme
                     .open(&pci, function, nsid, wanted_queues, &options)?;
                 disk.bounced_bytes = self.bounce_counter(function.address);
-                with_bounce(disk, bounce)
+                disk.device_model = emulated;
+                with_bounce(disk, options.bounce || emulated)
             }
             Backing::Virtio { index, .. } => {
                 let pci = PciConfig::from_mcfg(self.firmware.ecam);
                 let function = find(&pci, Function::is_virtio_blk, index as usize)
                     .ok_or(OpenError::NoVirtio { index })?;
-                let bounce = options.bounce || emulated_under_xen(&function, &options);
+                let emulated = emulated_under_xen(&function, &options);
                 if self.virtio_in_use.contains(&function.address) {
                     return Err(OpenError::VirtioInUse(function.address));
                 }
                 let mut disk = super::virtio::open(&pci, function, wanted_queues)?;
                 self.virtio_in_use.push(function.address);
                 disk.bounced_bytes = self.bounce_counter(function.address);
-                with_bounce(disk, bounce)
+                disk.device_model = emulated;
+                with_bounce(disk, options.bounce || emulated)
             }
         }
     }
@@ -174,6 +180,7 @@ fn with_bounce(disk: OpenedDisk, bounce: bool) -> Result<OpenedDisk, OpenError> 
         ),
         queues,
         bounced_bytes,
+        device_model: disk.device_model,
     })
 }
 

@@ -82,5 +82,6 @@ pub fn open(
         ),
         queues,
         bounced_bytes: Default::default(),
+        device_model: false,
     })
 }
