@@ -443,6 +443,7 @@ def test_device_faults(suite):
     # requests when its bus mastering goes off (the vCPU waits for the stall); the host
     # tests stall one. The error sector is 2048, as the config says.
     blkdebug = os.path.join(os.path.dirname(suite.log_dir.rstrip("/")) or ".", "blkdebug-sector.conf")
+    os.makedirs(os.path.dirname(blkdebug) or ".", exist_ok=True)
     with open(blkdebug, "w") as f:
         f.write('[inject-error]\nevent = "read_aio"\nerrno = "5"\nsector = "2048"\n')
     image = disk_image(suite, "faults-error")
