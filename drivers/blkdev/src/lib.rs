@@ -218,6 +218,53 @@ pub trait BlockDevice {
     }
 }
 
+/// Writes the [`BlockDevice`] methods named after the field that pass straight to the
+/// queue in that field, inside an `impl BlockDevice for …` block, so a wrapper writes
+/// only the methods it changes: `blkdev::forward_to!(inner: geometry, queue_depth);`.
+/// Any of `geometry`, `queue_depth`, `submit`, `poll_completions`, `tick`, `fault`; a
+/// method left out keeps the wrapper's own (or the trait's default). Plain calls: no
+/// allocation, no lock.
+#[macro_export]
+macro_rules! forward_to {
+    ($field:tt: $($method:ident),+ $(,)?) => {
+        $($crate::forward_to!(@ $field $method);)+
+    };
+    (@ $field:tt geometry) => {
+        fn geometry(&self) -> $crate::Geometry {
+            self.$field.geometry()
+        }
+    };
+    (@ $field:tt queue_depth) => {
+        fn queue_depth(&self) -> usize {
+            self.$field.queue_depth()
+        }
+    };
+    (@ $field:tt submit) => {
+        fn submit(
+            &mut self,
+            request: &$crate::IoRequest<'_>,
+            buffers: &dyn $crate::BufferAccess,
+        ) -> Result<(), $crate::SubmitError> {
+            self.$field.submit(request, buffers)
+        }
+    };
+    (@ $field:tt poll_completions) => {
+        fn poll_completions(&mut self, sink: &mut dyn FnMut($crate::Completion)) -> usize {
+            self.$field.poll_completions(sink)
+        }
+    };
+    (@ $field:tt tick) => {
+        fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
+            self.$field.tick(now_ns, timeout_ns)
+        }
+    };
+    (@ $field:tt fault) => {
+        fn fault(&self) -> Option<$crate::DeviceFault> {
+            self.$field.fault()
+        }
+    };
+}
+
 /// A boxed queue is a queue (the kernel holds its device queues as
 /// `Box<dyn BlockDevice + Send>`, and wraps them, e.g. in a [`Slice`]).
 impl<T: BlockDevice + ?Sized> BlockDevice for alloc::boxed::Box<T> {

@@ -12,8 +12,7 @@ use alloc::sync::Arc;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{
-    range_fits, BlockDevice, BufferAccess, Completion, Geometry, IoOp, IoRequest, SubmitError,
-    SECTOR_SIZE,
+    range_fits, BlockDevice, BufferAccess, Geometry, IoOp, IoRequest, SubmitError, SECTOR_SIZE,
 };
 
 /// A slice's length in sectors, shared by the queues of one disk (cloning shares it).
@@ -190,9 +189,7 @@ impl<D: BlockDevice> BlockDevice for Slice<D> {
         }
     }
 
-    fn queue_depth(&self) -> usize {
-        self.inner.queue_depth()
-    }
+    crate::forward_to!(inner: queue_depth, poll_completions, tick, fault);
 
     fn submit(
         &mut self,
@@ -202,24 +199,12 @@ impl<D: BlockDevice> BlockDevice for Slice<D> {
         let moved = self.moved(request).ok_or(SubmitError::Invalid)?;
         self.inner.submit(&moved, buffers)
     }
-
-    fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
-        self.inner.poll_completions(sink)
-    }
-
-    fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
-        self.inner.tick(now_ns, timeout_ns)
-    }
-
-    fn fault(&self) -> Option<crate::DeviceFault> {
-        self.inner.fault()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DiscardGeometry, DmaSegment, IoStatus, RamDisk, RamDiskQueue};
+    use crate::{Completion, DiscardGeometry, DmaSegment, IoStatus, RamDisk, RamDiskQueue};
     use alloc::vec::Vec;
     use std::collections::HashMap;
     use std::sync::Mutex;

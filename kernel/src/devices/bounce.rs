@@ -19,8 +19,8 @@ use crate::physmem;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkdev::{
-    BlockDevice, BufferAccess, Completion, DeviceFault, DmaSegment, Geometry, IoOp, IoRequest,
-    IoStatus, SubmitError,
+    BlockDevice, BufferAccess, Completion, DeviceFault, DmaSegment, IoOp, IoRequest, IoStatus,
+    SubmitError,
 };
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -80,13 +80,7 @@ fn page_address(pool: u64, page: u16) -> u64 {
 }
 
 impl BlockDevice for BounceQueue {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-
-    fn queue_depth(&self) -> usize {
-        self.inner.queue_depth()
-    }
+    blkdev::forward_to!(inner: geometry, queue_depth, tick);
 
     fn submit(
         &mut self,
@@ -202,10 +196,6 @@ impl BlockDevice for BounceQueue {
             }
             sink(completion)
         })
-    }
-
-    fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
-        self.inner.tick(now_ns, timeout_ns)
     }
 
     /// A failed queue's pages are reused by local answers only: the device, stopped,

@@ -58,7 +58,7 @@ impl Rng {
     }
 }
 
-use blkdev::{BlockDevice, BufferAccess, Completion, Geometry, IoRequest, SubmitError};
+use blkdev::{BlockDevice, BufferAccess, Completion, IoRequest, SubmitError};
 use std::sync::atomic::AtomicBool;
 
 /// Wraps a device and hands its completions back late and out of order: each poll
@@ -90,19 +90,8 @@ impl<D: BlockDevice> ShufflingDevice<D> {
 }
 
 impl<D: BlockDevice> BlockDevice for ShufflingDevice<D> {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn queue_depth(&self) -> usize {
-        self.inner.queue_depth()
-    }
-    fn submit(
-        &mut self,
-        request: &IoRequest<'_>,
-        buffers: &dyn BufferAccess,
-    ) -> Result<(), SubmitError> {
-        self.inner.submit(request, buffers)
-    }
+    blkdev::forward_to!(inner: geometry, queue_depth, submit);
+
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
         let held = &mut self.held;
         self.inner.poll_completions(&mut |c| held.push(c));
@@ -154,12 +143,8 @@ impl<D: BlockDevice> DelayDevice<D> {
 }
 
 impl<D: BlockDevice> BlockDevice for DelayDevice<D> {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn queue_depth(&self) -> usize {
-        self.inner.queue_depth()
-    }
+    blkdev::forward_to!(inner: geometry, queue_depth);
+
     fn submit(
         &mut self,
         request: &IoRequest<'_>,

@@ -122,12 +122,8 @@ impl HoldingRecorder {
 }
 
 impl BlockDevice for HoldingRecorder {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn queue_depth(&self) -> usize {
-        self.inner.queue_depth()
-    }
+    blkdev::forward_to!(inner: geometry, queue_depth);
+
     fn submit(
         &mut self,
         request: &IoRequest<'_>,
