@@ -20,7 +20,7 @@ extern crate alloc;
 
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
-use blkdev::{Completion, DeviceFault, FaultKind, IoStatus, SubmitError};
+use blkdev::{Completion, DeviceFault, Dma, FaultKind, IoStatus, SubmitError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlotState {
@@ -293,6 +293,9 @@ pub mod fake {
         };
         assert_eq!(queue.fault(), Some(fault));
         assert_eq!((device.bus().stopped, device.bus().on), (Some(true), false));
+        // Failed for good: a later tick, its device now stopped, keeps the first reason.
+        queue.tick(TIMEOUT + 2 * crate::scan_interval(TIMEOUT), TIMEOUT);
+        assert_eq!(queue.fault(), Some(fault));
         let error = |tag| Completion {
             tag,
             status: IoStatus::Error,
@@ -667,11 +670,21 @@ impl<P: Copy + Default> Tracker<P> {
         })
     }
 
-    /// A DMA driver's `BlockDevice::tick`: why its queue must fail now, if it must. Its
-    /// device was stopped by another queue (`device_stopped`: `Dma::dma_stopped` says
-    /// so), or a command has been with it longer than `timeout_ns` (logged).
-    pub fn due(&mut self, now: u64, timeout_ns: u64, device_stopped: bool) -> Option<FaultKind> {
-        if device_stopped {
+    /// A DMA driver's `BlockDevice::tick`: why its queue must fail now, if it must.
+    /// Nothing if it has failed already (`own`, its fault); else its device was stopped
+    /// by another queue (`device`'s `Dma::dma_stopped` says so), or a command has been
+    /// with it longer than `timeout_ns` (logged).
+    pub fn due(
+        &mut self,
+        own: Option<DeviceFault>,
+        now: u64,
+        timeout_ns: u64,
+        device: &impl Dma,
+    ) -> Option<FaultKind> {
+        if own.is_some() {
+            return None;
+        }
+        if device.dma_stopped().is_some() {
             return Some(FaultKind::Stopped);
         }
         let overdue = self.tick(now, timeout_ns)?;

@@ -536,11 +536,8 @@ impl<H: Hal> BlockDevice for IoQueue<H> {
     }
 
     fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
-        if self.fault.is_none() {
-            let stopped = self.hal.dma_stopped().is_some();
-            if let Some(kind) = self.slots.due(now_ns, timeout_ns, stopped) {
-                self.fail(kind);
-            }
+        if let Some(kind) = self.slots.due(self.fault, now_ns, timeout_ns, &self.hal) {
+            self.fail(kind);
         }
     }
 
