@@ -8,8 +8,8 @@
 use std::sync::{Arc, OnceLock};
 
 use blkdev::{
-    BlockDevice, BufferAccess, Completion, DeviceFault, DmaSegment, FaultKind, Geometry, IoOp,
-    IoRequest, IoStatus, SubmitError,
+    BlockDevice, BufferAccess, Completion, DeviceFault, DmaSegment, FaultKind, IoOp, IoRequest,
+    IoStatus, SubmitError,
 };
 
 use cmdslots::fake::FaultyDevice;
@@ -64,13 +64,7 @@ impl<Q: BlockDevice> OnFakeDma<Q> {
 }
 
 impl<Q: BlockDevice> BlockDevice for OnFakeDma<Q> {
-    fn geometry(&self) -> Geometry {
-        self.queue.geometry()
-    }
-
-    fn queue_depth(&self) -> usize {
-        self.queue.queue_depth()
-    }
+    blkdev::forward_to!(queue: geometry, queue_depth, tick, fault);
 
     fn submit(
         &mut self,
@@ -118,14 +112,6 @@ impl<Q: BlockDevice> BlockDevice for OnFakeDma<Q> {
             }
             sink(completion)
         })
-    }
-
-    fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
-        self.queue.tick(now_ns, timeout_ns)
-    }
-
-    fn fault(&self) -> Option<DeviceFault> {
-        self.queue.fault()
     }
 }
 

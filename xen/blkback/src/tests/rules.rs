@@ -864,19 +864,8 @@ struct FloodingDevice {
 }
 
 impl BlockDevice for FloodingDevice {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn queue_depth(&self) -> usize {
-        self.inner.queue_depth()
-    }
-    fn submit(
-        &mut self,
-        request: &IoRequest<'_>,
-        buffers: &dyn BufferAccess,
-    ) -> Result<(), SubmitError> {
-        self.inner.submit(request, buffers)
-    }
+    blkdev::forward_to!(inner: geometry, queue_depth, submit);
+
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
         let held = &mut self.held;
         self.inner.poll_completions(&mut |c| held.push(c));
