@@ -144,9 +144,12 @@ impl VbdHooks {
         );
         let mut engine = match engine {
             Ok(engine) => engine,
-            Err(e) => {
+            Err(refused) => {
+                // The device queue goes back to the disk's pool (or the disk would
+                // serve one queue fewer for good).
+                self.disk.give_back(refused.device);
                 undo(ring_conn);
-                return Err(ConnectError::Engine(e));
+                return Err(ConnectError::Engine(refused.error));
             }
         };
         let share = connection.persistent_grants.then(|| {

@@ -97,6 +97,13 @@ impl<M: RingMemory> BackRing<M> {
 
     /// Like `new`, for a frontend of the given ABI.
     pub fn with_protocol(memory: M, order: u32, protocol: Protocol) -> Result<Self, RingError> {
+        Self::fits(&memory, order)?;
+        Ok(Self::attach(memory, order, protocol))
+    }
+
+    /// Whether `memory` holds a ring of `2^order` pages (what `with_protocol` checks,
+    /// without taking the memory).
+    pub fn fits(memory: &M, order: u32) -> Result<(), RingError> {
         if order > abi::MAX_RING_PAGE_ORDER {
             return Err(RingError::BadOrder(order));
         }
@@ -107,14 +114,19 @@ impl<M: RingMemory> BackRing<M> {
                 mapped: memory.size_bytes(),
             });
         }
-        Ok(Self {
+        Ok(())
+    }
+
+    /// `with_protocol` for memory `fits` accepted.
+    pub(crate) fn attach(memory: M, order: u32, protocol: Protocol) -> Self {
+        Self {
             memory,
             protocol,
             slots: protocol.ring_slots(order),
             req_cons: 0,
             rsp_prod_pvt: 0,
             rsp_prod: 0,
-        })
+        }
     }
 
     pub fn slots(&self) -> u32 {

@@ -205,6 +205,76 @@ impl Sizing {
     }
 }
 
+/// An engine's heap memory, allocated before it takes its ring.
+struct WorkingSet {
+    /// Ring slots it was sized for.
+    ring_slots: usize,
+    max_indirect_segments: u16,
+    slots: SlotTable,
+    mapper: GrantMapper,
+    submission: Submission,
+    completions: Vec<Completion>,
+    indirect_page: Vec<wire::Segment>,
+}
+
+impl WorkingSet {
+    /// Everything `config` needs, if it is at most `budget` bytes and the heap has it.
+    fn new(config: &EngineConfig, budget: usize) -> Result<Self, EngineError> {
+        let sizing = Sizing::new(config);
+        let Sizing {
+            slots,
+            max_indirect_segments,
+            max_segments,
+            cache_capacity,
+            batch,
+        } = sizing;
+        let out_of_memory = EngineError::OutOfMemory {
+            slots,
+            needed: sizing.memory_needed(),
+        };
+        if sizing.memory_needed() > budget {
+            return Err(out_of_memory);
+        }
+        Ok(Self {
+            ring_slots: slots,
+            max_indirect_segments,
+            slots: SlotTable::new(slots, max_segments).map_err(|_| out_of_memory)?,
+            mapper: GrantMapper::new(
+                config.persistent_grants,
+                cache_capacity,
+                segment_area(slots, max_segments),
+                batch,
+            )
+            .map_err(|_| out_of_memory)?,
+            submission: Submission::new(slots, max_segments).map_err(|_| out_of_memory)?,
+            completions: fallible::with_capacity(slots).map_err(|_| out_of_memory)?,
+            indirect_page: fallible::vec(
+                wire::Segment::new_zeroed(),
+                abi::SEGMENTS_PER_INDIRECT_PAGE,
+            )
+            .map_err(|_| out_of_memory)?,
+        })
+    }
+}
+
+/// An engine that was not started ([`Engine::new_within`]): why, and everything it was
+/// given, untouched.
+pub struct NotStarted<M, G, D, E> {
+    pub error: EngineError,
+    pub memory: M,
+    pub grants: G,
+    pub device: D,
+    pub events: E,
+}
+
+impl<M, G, D, E> core::fmt::Debug for NotStarted<M, G, D, E> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("NotStarted")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Teardown cannot finish yet: the device still owns requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Busy {
@@ -265,10 +335,13 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
         Self::new_within(memory, grants, device, events, config, usize::MAX)
+            .map_err(|refused| refused.error)
     }
 
     /// Like `new`, refusing up front when the engine would need more than `budget`
-    /// bytes (the free heap, say).
+    /// bytes (the free heap, say). A refusal hands back everything the engine was
+    /// given ([`NotStarted`]): the device queue above all, which goes back to the pool
+    /// it came from.
     pub fn new_within(
         memory: M,
         grants: G,
@@ -276,24 +349,24 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         events: E,
         config: EngineConfig,
         budget: usize,
-    ) -> Result<Self, EngineError> {
-        let ring = BackRing::with_protocol(memory, config.ring_order, config.protocol)?;
-        let sizing = Sizing::new(&config);
-        debug_assert_eq!(sizing.slots, ring.slots() as usize);
-        let Sizing {
-            slots,
-            max_indirect_segments,
-            max_segments,
-            cache_capacity,
-            batch,
-        } = sizing;
-        let out_of_memory = EngineError::OutOfMemory {
-            slots,
-            needed: sizing.memory_needed(),
+    ) -> Result<Self, NotStarted<M, G, D, E>> {
+        let working = BackRing::fits(&memory, config.ring_order)
+            .map_err(EngineError::Ring)
+            .and_then(|()| WorkingSet::new(&config, budget));
+        let working = match working {
+            Ok(working) => working,
+            Err(error) => {
+                return Err(NotStarted {
+                    error,
+                    memory,
+                    grants,
+                    device,
+                    events,
+                })
+            }
         };
-        if sizing.memory_needed() > budget {
-            return Err(out_of_memory);
-        }
+        let ring = BackRing::attach(memory, config.ring_order, config.protocol);
+        debug_assert_eq!(working.ring_slots, ring.slots() as usize);
         let mut geometry = device.geometry();
         geometry.read_only |= config.read_only;
         if !config.discard {
@@ -305,23 +378,13 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             geometry,
             device,
             events,
-            max_indirect_segments,
+            max_indirect_segments: working.max_indirect_segments,
             state: EngineState::Running,
-            slots: SlotTable::new(slots, max_segments).map_err(|_| out_of_memory)?,
-            mapper: GrantMapper::new(
-                config.persistent_grants,
-                cache_capacity,
-                segment_area(slots, max_segments),
-                batch,
-            )
-            .map_err(|_| out_of_memory)?,
-            submission: Submission::new(slots, max_segments).map_err(|_| out_of_memory)?,
-            completions: fallible::with_capacity(slots).map_err(|_| out_of_memory)?,
-            indirect_page: fallible::vec(
-                wire::Segment::new_zeroed(),
-                abi::SEGMENTS_PER_INDIRECT_PAGE,
-            )
-            .map_err(|_| out_of_memory)?,
+            slots: working.slots,
+            mapper: working.mapper,
+            submission: working.submission,
+            completions: working.completions,
+            indirect_page: working.indirect_page,
             event_pending: false,
             share: None,
             idle_release_ns: config.idle_release_ns,

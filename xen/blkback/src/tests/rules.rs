@@ -950,9 +950,10 @@ fn ring_memory_is_checked_before_it_is_taken() {
             budget,
         )
     };
-    let Err(error) = build(needed - 1) else {
+    let Err(refused) = build(needed - 1) else {
         panic!("an engine beyond its budget was built")
     };
+    let error = refused.error;
     assert_eq!(error, EngineError::OutOfMemory { slots: 512, needed });
     assert_eq!(
         error.to_string(),
@@ -963,4 +964,87 @@ fn ring_memory_is_checked_before_it_is_taken() {
     );
     let engine = build(needed).expect("fits its budget");
     assert_eq!(engine.cache_capacity(), 512 * 512);
+}
+
+/// A device queue lent to an engine (by the kernel, from its disk's pool), marked so the
+/// test sees which one comes back and whether it was dropped.
+struct LentQueue {
+    queue: blkdev::RamDiskQueue,
+    tag: u32,
+    dropped: Arc<AtomicBool>,
+}
+
+impl BlockDevice for LentQueue {
+    blkdev::forward_to!(queue: geometry, queue_depth, submit, poll_completions);
+}
+
+impl Drop for LentQueue {
+    fn drop(&mut self) {
+        self.dropped.store(true, Ordering::SeqCst);
+    }
+}
+
+/// An engine that does not start (its memory refused, or a ring it cannot take) hands
+/// back the device queue it was given, whole: the kernel puts it back in its disk's
+/// pool, or the disk would serve one queue fewer for good.
+#[test]
+fn an_engine_that_does_not_start_gives_its_device_queue_back() {
+    use crate::engine::{Engine, EngineError};
+    use crate::fake::{CountingEvents, GrantTable, GuestMemory, XenGrants};
+    use crate::ring::RingError;
+    let disk = RamDisk::new(DISK_SECTORS);
+    let config = EngineConfig::new(2, true);
+    let needed = config.memory_needed();
+    // (ring pages mapped, ring order asked for, memory budget, why it does not start)
+    let cases = [
+        (
+            4,
+            2,
+            needed - 1,
+            EngineError::OutOfMemory { slots: 128, needed },
+        ),
+        (
+            2,
+            2,
+            usize::MAX,
+            EngineError::Ring(RingError::TooSmall {
+                needed: 4 * abi::PAGE_SIZE,
+                mapped: 2 * abi::PAGE_SIZE,
+            }),
+        ),
+        (
+            4,
+            abi::MAX_RING_PAGE_ORDER + 1,
+            usize::MAX,
+            EngineError::Ring(RingError::BadOrder(abi::MAX_RING_PAGE_ORDER + 1)),
+        ),
+    ];
+    for (tag, (pages, ring_order, budget, why)) in (1..).zip(cases) {
+        let memory = GuestMemory::new(pages);
+        let dropped = Arc::new(AtomicBool::new(false));
+        let queue = LentQueue {
+            queue: disk.queue(32),
+            tag,
+            dropped: dropped.clone(),
+        };
+        let built = Engine::new_within(
+            RingView::new(memory.clone(), (0..pages).collect()),
+            XenGrants(GrantTable::new(memory)),
+            queue,
+            CountingEvents::default(),
+            EngineConfig {
+                ring_order,
+                ..config
+            },
+            budget,
+        );
+        let Err(refused) = built else {
+            panic!("case {tag}: an engine was built")
+        };
+        assert_eq!(refused.error, why, "case {tag}");
+        assert!(!dropped.load(Ordering::SeqCst), "case {tag}: the queue was dropped");
+        assert_eq!(refused.device.tag, tag, "case {tag}: another queue came back");
+        drop(refused);
+        assert!(dropped.load(Ordering::SeqCst));
+    }
 }
