@@ -253,6 +253,9 @@ impl Control {
             Ok(outcome) => log::info!("blkback: {}: {outcome:?}", vbd.hooks.name),
             Err(e) => log::error!("blkback: {}: {e:?}", vbd.hooks.name),
         }
+        // A refused connection whose rings the pollers still hold: stepped again until
+        // they let go, so its device queues and grant shares come back at once.
+        retry |= vbd.backend.releasing();
         retry |= self.resize_step(store, path);
         if retry {
             if !self.retrying.contains(path) {

@@ -190,6 +190,13 @@ pub struct BlkifBackend {
     /// hooks report the teardown done it says Closed and reacts to whatever state the
     /// frontend is in by then (it may already be reconnecting).
     tearing_down: bool,
+    /// A refused connection's teardown answered `Busy` (rings of it its hooks had
+    /// already handed out and not got back yet): every step asks the hooks again, and
+    /// answers `Retry`, until they let go of everything. Meanwhile the backend says
+    /// Closing, as it does after any refusal; what the failed connection took (device
+    /// queues, shares of the grant budget) is released once the hooks report it done,
+    /// not only when the frontend closes.
+    releasing: bool,
     /// Connections refused so far (each `Failed`): a frontend retrying bad keys shows
     /// here, not only in the last `error`.
     refused_connections: u64,
@@ -256,6 +263,7 @@ impl BlkifBackend {
             state: XenbusState::Initialising,
             removed: false,
             tearing_down: false,
+            releasing: false,
             refused_connections: 0,
         };
         let early = [
@@ -280,6 +288,12 @@ impl BlkifBackend {
 
     pub fn state(&self) -> XenbusState {
         self.state
+    }
+
+    /// Whether a refused connection is still being released (its teardown waits for
+    /// the hooks): `step` is to be called again soon, as after `Retry`.
+    pub fn releasing(&self) -> bool {
+        self.releasing
     }
 
     /// Connections refused since the probe (negotiation failures: bad frontend keys, or
@@ -336,10 +350,17 @@ impl BlkifBackend {
                 return Ok(StepOutcome::Retry);
             }
             self.removed = true;
+            self.releasing = false;
             self.remove_error_directory(store);
             // No node left to write it to, but the device is closed.
             self.state = XenbusState::Closed;
             return Ok(StepOutcome::Removed);
+        }
+        if self.releasing {
+            if hooks.disconnect().is_err() {
+                return Ok(StepOutcome::Retry);
+            }
+            self.releasing = false;
         }
         let frontend_state =
             match store.read(NO_TRANSACTION, &format!("{}/state", self.frontend_path)) {
@@ -486,7 +507,9 @@ impl BlkifBackend {
             Err(error) => return Err(error),
         };
         if let Err(reason) = hooks.connect(&connection) {
-            let _ = hooks.disconnect();
+            // What the attempt took goes now, or at the next steps if the hooks must
+            // wait for it (`releasing`).
+            self.releasing = hooks.disconnect().is_err();
             return self.fail(store, reason.errno(), format!("connecting rings: {reason}"));
         }
         self.publish_device(store, connection.persistent_grants)?;

@@ -23,13 +23,16 @@ use crate::xenstore::{XenStore, NO_TRANSACTION};
 const BE: &str = "/local/domain/1/backend/vbd/5/51712";
 const FE: &str = "/local/domain/5/device/vbd/51712";
 
-/// Records calls; answers `Busy` to the first `busy_replies` disconnects.
+/// Records calls; answers `Busy` to the first `busy_replies` disconnects, and after a
+/// connect it refuses to the next `busy_after_refusal` (rings it handed out before
+/// failing, still to be let go).
 #[derive(Default)]
 pub(super) struct RecordingHooks {
     connects: Vec<FrontendConnection>,
     disconnects: usize,
     busy_replies: usize,
     refuse_connect: bool,
+    busy_after_refusal: usize,
 }
 
 /// What `RecordingHooks` answers a connect it refuses.
@@ -56,6 +59,7 @@ impl ConnectionHooks for RecordingHooks {
     fn connect(&mut self, connection: &FrontendConnection) -> Result<(), GrantMapFailed> {
         self.connects.push(connection.clone());
         if self.refuse_connect {
+            self.busy_replies = self.busy_after_refusal;
             return Err(GrantMapFailed);
         }
         Ok(())
@@ -324,6 +328,76 @@ fn bad_frontend_keys_fail_with_a_reason_and_close() {
         outcome,
         StepOutcome::Failed("connecting rings: grant map failed".into())
     );
+}
+
+/// A refused connection whose teardown answers `Busy` is asked again at every step
+/// (`Retry` meanwhile) until its hooks let go, whatever the frontend does; then nothing
+/// more is asked of them, and the backend stays Closing with its reason.
+#[test]
+fn a_refused_connection_is_released_as_soon_as_its_hooks_let_go() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "3");
+    let mut hooks = RecordingHooks {
+        refuse_connect: true,
+        busy_after_refusal: 3,
+        ..Default::default()
+    };
+    let outcome = backend.step(&mut store, &mut hooks).unwrap();
+    assert!(matches!(outcome, StepOutcome::Failed(_)), "{outcome:?}");
+    // One before connecting, one after the refusal.
+    assert_eq!(hooks.disconnects, 2);
+    assert!(backend.releasing());
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(hooks.disconnects, 4);
+    assert!(backend.releasing());
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Idle));
+    assert_eq!(hooks.disconnects, 5);
+    assert!(!backend.releasing());
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Idle));
+    assert_eq!(hooks.disconnects, 5, "released once");
+    assert_eq!(state(&store), "5");
+    assert_eq!(
+        store.get(&format!("{BE}/error")),
+        Some("connecting rings: grant map failed")
+    );
+    assert_eq!(hooks.connects.len(), 1, "no new attempt while Closing");
+    // The frontend closes and comes back: a fresh attempt, which connects.
+    hooks.refuse_connect = false;
+    store.set(&format!("{FE}/state"), "6");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    );
+    store.set(&format!("{FE}/state"), "1");
+    backend.step(&mut store, &mut hooks).unwrap();
+    store.set(&format!("{FE}/state"), "3");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Connected))
+    );
+}
+
+/// A frontend that closes while its refused connection is still being released: the
+/// backend says Closed only once the hooks let go.
+#[test]
+fn a_refused_connection_releases_before_the_backend_says_closed() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "3");
+    let mut hooks = RecordingHooks {
+        refuse_connect: true,
+        busy_after_refusal: 2,
+        ..Default::default()
+    };
+    backend.step(&mut store, &mut hooks).unwrap();
+    store.set(&format!("{FE}/state"), "6");
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(state(&store), "5");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    );
+    assert!(!backend.releasing());
 }
 
 #[test]
@@ -742,9 +816,9 @@ impl ConnectionHooks for Detaching {
 }
 
 /// A two-queue frontend whose second ring does not map: the first ring, connected just
-/// before, is torn down too (at once, or once the frontend closes when the hooks let go
-/// asynchronously), nothing of the frontend stays mapped, and it connects once it grants
-/// its second ring.
+/// before, is torn down too (at once, or at the next step when the hooks let go
+/// asynchronously, before the frontend closes), nothing of the frontend stays mapped, and
+/// it connects once it grants its second ring.
 #[test]
 fn a_connection_failing_on_its_second_queue_unmaps_the_first() {
     for asynchronous in [false, true] {
@@ -776,6 +850,14 @@ fn a_connection_failing_on_its_second_queue_unmaps_the_first() {
         assert_eq!(backend.state(), XenbusState::Closing);
         let left = if asynchronous { 2 } else { 0 };
         assert_eq!(table.live_mappings().0, left, "queue 0's ring pages");
+        assert_eq!(backend.releasing(), asynchronous);
+        // The control path steps a releasing backend again soon: the hooks have let go
+        // by then, and queue 0's ring goes while the frontend still says Initialised.
+        assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Idle));
+        assert!(!backend.releasing());
+        assert_eq!(table.live_mappings().0, 0, "asynchronous {asynchronous}");
+        assert!(hooks.inner.engines.is_empty());
+        assert_eq!(backend.state(), XenbusState::Closing);
         // The frontend sees Closing and closes: whatever was left goes.
         store.set(&format!("{FE}/state"), "6");
         assert_eq!(
