@@ -198,15 +198,10 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
 /// The grant limits (`grants.max-total=`, `grants.max-per-ring=`, `grants.idle-s=`): each
 /// bad value is reported and its default kept; the others still apply.
 fn grant_limits(cmdline: &Cmdline<'_>) -> blkback::budget::GrantLimits {
-    use blkback::budget::{GrantKey, GrantLimits};
-    let mut limits = GrantLimits::default();
-    for key in GrantKey::ALL {
-        if let Some(text) = cmdline.value(key.name()) {
-            if let Err(bad) = limits.set(key, text) {
-                error!("{bad}");
-            }
-        }
-    }
+    let limits = blkback::budget::GrantLimits::from_command_line(
+        |key, max| cmdline.number_up_to(key, max),
+        |bad| error!("{bad}"),
+    );
     info!(
         "grants: at most {} persistent grants mapped by all rings together, {} by one ring",
         limits.max_total, limits.max_per_ring

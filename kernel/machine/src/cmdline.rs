@@ -6,8 +6,9 @@
 //! grants all rings together keep mapped, 0..=4194304, default 65536),
 //! `grants.max-per-ring=<n>` (the most one ring keeps, 0..=16384, default 8448),
 //! `grants.idle-s=<s>` (an unused persistent grant is unmapped after this long, 0..=86400,
-//! 0 never, default 60; the `grants.*` values are checked by
-//! `blkback::budget::GrantLimits::set`: a bad one is logged and its default kept),
+//! 0 never, default 60; the `grants.*` values are read by [`Cmdline::number_up_to`]
+//! for `blkback::budget::GrantLimits::from_command_line`: a bad one is logged and its
+//! default kept),
 //! `notify.hold-us=<n>` (how long an event to a frontend may be held so it carries
 //! more responses, microseconds; 0 = never, at most 20000, default
 //! [`DEFAULT_NOTIFY_HOLD_US`]),
@@ -109,8 +110,10 @@ impl<'a> Cmdline<'a> {
     }
 
     /// The value of `key` as a whole number up to `max`: `None` when `key` has none,
-    /// `Err` with the text when it is not such a number.
-    fn number_up_to(&self, key: &str, max: u64) -> Result<Option<u64>, &'a str> {
+    /// `Err` with the text when it is not such a number. Every bounded number of the
+    /// command line is read here (`grants.*` through
+    /// `blkback::budget::GrantLimits::from_command_line`).
+    pub fn number_up_to(&self, key: &str, max: u64) -> Result<Option<u64>, &'a str> {
         let Some(text) = self.value(key) else {
             return Ok(None);
         };
@@ -169,6 +172,21 @@ mod tests {
             let line = format!("poll.spin-us={bad}");
             assert_eq!(Cmdline::new(&line).spin_window_us(), Err(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn bounded_numbers_are_whole_and_at_most_their_maximum() {
+        let cmdline = Cmdline::new("a=7 b=8 c d=-0 e=07 f=0x7 a.b=1");
+        assert_eq!(cmdline.number_up_to("a", 7), Ok(Some(7)));
+        assert_eq!(cmdline.number_up_to("b", 7), Err("8"));
+        assert_eq!(cmdline.number_up_to("b", u64::MAX), Ok(Some(8)));
+        // A bare key, or none, has no value.
+        assert_eq!(cmdline.number_up_to("c", 7), Ok(None));
+        assert_eq!(cmdline.number_up_to("z", 7), Ok(None));
+        assert_eq!(cmdline.number_up_to("d", 7), Err("-0"));
+        assert_eq!(cmdline.number_up_to("e", 7), Ok(Some(7)));
+        assert_eq!(cmdline.number_up_to("f", 7), Err("0x7"));
+        assert_eq!(cmdline.number_up_to("a.b", 0), Err("1"));
     }
 
     #[test]

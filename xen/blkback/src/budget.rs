@@ -67,22 +67,32 @@ impl GrantLimits {
         u64::from(self.idle_secs) * 1_000_000_000
     }
 
-    /// Set the limit `key` names from its command-line text. A bad value leaves the
-    /// limit as it was and says why (the caller logs it; the domain keeps serving).
-    pub fn set<'a>(&mut self, key: GrantKey, text: &'a str) -> Result<(), BadGrantValue<'a>> {
-        let max = key.max();
-        match text.parse::<u32>() {
-            Ok(value) if value <= max => {
-                *self.field(key) = value;
-                Ok(())
+    /// The limits a kernel command line sets. `number(key, max)` reads `key`'s value as
+    /// a whole number up to `max` (the kernel passes `Cmdline::number_up_to`): `Ok(None)`
+    /// when the key is not there, `Err` with the text when its value is not such a
+    /// number. A bad value keeps that limit's default and goes to `bad` (the kernel logs
+    /// it; the domain keeps serving); the other keys still apply.
+    pub fn from_command_line<'a>(
+        mut number: impl FnMut(&str, u64) -> Result<Option<u64>, &'a str>,
+        mut bad: impl FnMut(BadGrantValue<'a>),
+    ) -> GrantLimits {
+        let mut limits = GrantLimits::DEFAULT;
+        for key in GrantKey::ALL {
+            let max = key.max();
+            match number(key.name(), u64::from(max)) {
+                Ok(None) => {}
+                Ok(Some(value)) => {
+                    *limits.field(key) = u32::try_from(value).map_or(max, |v| v.min(max));
+                }
+                Err(text) => bad(BadGrantValue {
+                    key,
+                    text,
+                    max,
+                    default: *limits.field(key),
+                }),
             }
-            _ => Err(BadGrantValue {
-                key,
-                text,
-                max,
-                default: *self.field(key),
-            }),
         }
+        limits
     }
 
     fn field(&mut self, key: GrantKey) -> &mut u32 {
@@ -243,7 +253,7 @@ impl GrantBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use alloc::string::ToString;
+    use alloc::string::{String, ToString};
 
     #[test]
     fn shares_are_equal_bounded_per_ring_and_never_add_up_past_the_total() {
@@ -291,12 +301,24 @@ mod tests {
         assert_eq!(limits.share(16), 4096);
     }
 
+    /// The limits as `Cmdline::number_up_to` reads them from `line`, with the messages
+    /// about bad values.
+    fn from_line(line: &str) -> (GrantLimits, Vec<String>) {
+        let cmdline = machine::cmdline::Cmdline::new(line);
+        let mut bad = Vec::new();
+        let limits = GrantLimits::from_command_line(
+            |key, max| cmdline.number_up_to(key, max),
+            |value| bad.push(value.to_string()),
+        );
+        (limits, bad)
+    }
+
     #[test]
     fn command_line_values_are_checked_and_bad_ones_keep_the_default() {
-        let mut limits = GrantLimits::default();
-        assert_eq!(limits.set(GrantKey::MaxTotal, "4096"), Ok(()));
-        assert_eq!(limits.set(GrantKey::MaxPerRing, "0"), Ok(()));
-        assert_eq!(limits.set(GrantKey::IdleSecs, "0"), Ok(()));
+        assert_eq!(from_line("selftest"), (GrantLimits::default(), vec![]));
+        let (limits, bad) =
+            from_line("grants.max-total=4096 grants.max-per-ring=0 grants.idle-s=0");
+        assert!(bad.is_empty(), "{bad:?}");
         assert_eq!(
             limits,
             GrantLimits {
@@ -306,35 +328,67 @@ mod tests {
             }
         );
         assert_eq!(limits.idle_ns(), 0);
-        let mut limits = GrantLimits::default();
-        for (key, bad) in [
+        for (key, value) in [
             (GrantKey::MaxTotal, "lots"),
             (GrantKey::MaxTotal, "-1"),
             (GrantKey::MaxTotal, "4194305"),
+            (GrantKey::MaxTotal, "99999999999999999999"),
             (GrantKey::MaxPerRing, "16385"),
             (GrantKey::MaxPerRing, ""),
             (GrantKey::IdleSecs, "86401"),
             (GrantKey::IdleSecs, "1.5"),
         ] {
-            assert!(limits.set(key, bad).is_err(), "{} = {bad:?}", key.name());
+            let line = format!("{}={value}", key.name());
+            let (limits, bad) = from_line(&line);
+            assert_eq!(limits, GrantLimits::default(), "{line}");
+            assert_eq!(bad.len(), 1, "{line}");
+            assert!(bad[0].starts_with(&line), "{line}: {bad:?}");
         }
-        assert_eq!(limits, GrantLimits::default());
+        // A bad value keeps its default; the good ones apply.
+        let (limits, bad) = from_line("grants.max-per-ring=99999 grants.max-total=2048 grants.idle-s=x");
         assert_eq!(
-            limits
-                .set(GrantKey::MaxPerRing, "99999")
-                .unwrap_err()
-                .to_string(),
-            "grants.max-per-ring=99999: want a whole number 0..=16384 (persistent grants mapped \
-             by one ring); using 8448"
+            limits,
+            GrantLimits {
+                max_total: 2048,
+                ..GrantLimits::default()
+            }
         );
         assert_eq!(
-            limits.set(GrantKey::IdleSecs, "x").unwrap_err().to_string(),
-            "grants.idle-s=x: want a whole number 0..=86400 (seconds before an unused \
-             persistent grant is unmapped, 0 never); using 60"
+            bad,
+            [
+                "grants.max-per-ring=99999: want a whole number 0..=16384 (persistent grants \
+                 mapped by one ring); using 8448",
+                "grants.idle-s=x: want a whole number 0..=86400 (seconds before an unused \
+                 persistent grant is unmapped, 0 never); using 60"
+            ]
         );
         // The limits exactly at their bounds are taken.
-        assert_eq!(limits.set(GrantKey::MaxTotal, "4194304"), Ok(()));
-        assert_eq!(limits.set(GrantKey::MaxPerRing, "16384"), Ok(()));
-        assert_eq!(limits.set(GrantKey::IdleSecs, "86400"), Ok(()));
+        let (limits, bad) =
+            from_line("grants.max-total=4194304 grants.max-per-ring=16384 grants.idle-s=86400");
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!(
+            limits,
+            GrantLimits {
+                max_total: GrantLimits::MAX_TOTAL_LIMIT,
+                max_per_ring: GrantLimits::MAX_PER_RING_LIMIT,
+                idle_secs: GrantLimits::MAX_IDLE_SECS
+            }
+        );
+    }
+
+    /// Whatever `number` answers, no limit goes past its maximum.
+    #[test]
+    fn a_reader_past_the_maximum_is_held_to_it() {
+        let limits = GrantLimits::from_command_line(|_, max| Ok(Some(max + 1)), |_| {});
+        assert_eq!(
+            limits,
+            GrantLimits {
+                max_total: GrantLimits::MAX_TOTAL_LIMIT,
+                max_per_ring: GrantLimits::MAX_PER_RING_LIMIT,
+                idle_secs: GrantLimits::MAX_IDLE_SECS
+            }
+        );
+        let limits = GrantLimits::from_command_line(|_, _| Ok(Some(u64::MAX)), |_| {});
+        assert_eq!(limits.max_total, GrantLimits::MAX_TOTAL_LIMIT);
     }
 }
