@@ -88,6 +88,18 @@ blkdom_log() {
   xl dmesg | grep "(d${1:-$bid}) "
   cat "$CONSOLE_DIR/guest-blkdom.log" 2>/dev/null
 }
+# blkdom_logged PATTERN [SECONDS]: blkdom_log has a line matching PATTERN (grep -E), now
+# or within SECONDS (default 10: xenconsoled writes the console log a moment after blkdom
+# writes its console). blkdom's earliest lines are in Xen's ring only, and the ring splits
+# a line every 200 characters: a check on blkdom's log needs both (DOMID $bid).
+blkdom_logged() {
+  local i
+  for i in $(seq 0 "${2:-10}"); do
+    [ "$i" = 0 ] || sleep 1
+    blkdom_log | grep -qE "$1" && return 0
+  done
+  return 1
+}
 # CPU seconds a domain has used so far (xl list's Time(s) column).
 cpu_seconds() { xl list "$1" 2>/dev/null | awk 'NR == 2 { print $6 }'; }
 
