@@ -345,7 +345,8 @@ mod tests {
             assert!(bad[0].starts_with(&line), "{line}: {bad:?}");
         }
         // A bad value keeps its default; the good ones apply.
-        let (limits, bad) = from_line("grants.max-per-ring=99999 grants.max-total=2048 grants.idle-s=x");
+        let (limits, bad) =
+            from_line("grants.max-per-ring=99999 grants.max-total=2048 grants.idle-s=x");
         assert_eq!(
             limits,
             GrantLimits {

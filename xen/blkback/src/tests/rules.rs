@@ -949,11 +949,11 @@ fn ring_memory_is_checked_before_it_is_taken() {
             config,
             budget,
         )
+        .map_err(|refused| refused.error)
     };
-    let Err(refused) = build(needed - 1) else {
+    let Err(error) = build(needed - 1) else {
         panic!("an engine beyond its budget was built")
     };
-    let error = refused.error;
     assert_eq!(error, EngineError::OutOfMemory { slots: 512, needed });
     assert_eq!(
         error.to_string(),
@@ -1042,8 +1042,14 @@ fn an_engine_that_does_not_start_gives_its_device_queue_back() {
             panic!("case {tag}: an engine was built")
         };
         assert_eq!(refused.error, why, "case {tag}");
-        assert!(!dropped.load(Ordering::SeqCst), "case {tag}: the queue was dropped");
-        assert_eq!(refused.device.tag, tag, "case {tag}: another queue came back");
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "case {tag}: the queue was dropped"
+        );
+        assert_eq!(
+            refused.device.tag, tag,
+            "case {tag}: another queue came back"
+        );
         drop(refused);
         assert!(dropped.load(Ordering::SeqCst));
     }
