@@ -301,6 +301,13 @@ mod tests {
         assert_eq!(limits.share(16), 4096);
     }
 
+    /// Every limit at its maximum.
+    const AT_THE_MAXIMA: GrantLimits = GrantLimits {
+        max_total: GrantLimits::MAX_TOTAL_LIMIT,
+        max_per_ring: GrantLimits::MAX_PER_RING_LIMIT,
+        idle_secs: GrantLimits::MAX_IDLE_SECS,
+    };
+
     /// The limits as `Cmdline::number_up_to` reads them from `line`, with the messages
     /// about bad values.
     fn from_line(line: &str) -> (GrantLimits, Vec<String>) {
@@ -367,28 +374,14 @@ mod tests {
         let (limits, bad) =
             from_line("grants.max-total=4194304 grants.max-per-ring=16384 grants.idle-s=86400");
         assert!(bad.is_empty(), "{bad:?}");
-        assert_eq!(
-            limits,
-            GrantLimits {
-                max_total: GrantLimits::MAX_TOTAL_LIMIT,
-                max_per_ring: GrantLimits::MAX_PER_RING_LIMIT,
-                idle_secs: GrantLimits::MAX_IDLE_SECS
-            }
-        );
+        assert_eq!(limits, AT_THE_MAXIMA);
     }
 
     /// Whatever `number` answers, no limit goes past its maximum.
     #[test]
     fn a_reader_past_the_maximum_is_held_to_it() {
         let limits = GrantLimits::from_command_line(|_, max| Ok(Some(max + 1)), |_| {});
-        assert_eq!(
-            limits,
-            GrantLimits {
-                max_total: GrantLimits::MAX_TOTAL_LIMIT,
-                max_per_ring: GrantLimits::MAX_PER_RING_LIMIT,
-                idle_secs: GrantLimits::MAX_IDLE_SECS
-            }
-        );
+        assert_eq!(limits, AT_THE_MAXIMA);
         let limits = GrantLimits::from_command_line(|_, _| Ok(Some(u64::MAX)), |_| {});
         assert_eq!(limits.max_total, GrantLimits::MAX_TOTAL_LIMIT);
     }

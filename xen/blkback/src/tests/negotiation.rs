@@ -330,23 +330,30 @@ fn bad_frontend_keys_fail_with_a_reason_and_close() {
     );
 }
 
-/// A refused connection whose teardown answers `Busy` is asked again at every step
-/// (`Retry` meanwhile) until its hooks let go, whatever the frontend does; then nothing
-/// more is asked of them, and the backend stays Closing with its reason.
-#[test]
-fn a_refused_connection_is_released_as_soon_as_its_hooks_let_go() {
+/// A frontend whose connection the hooks refuse, their teardown answering `Busy`
+/// `busy` times after the refusal.
+fn refused_while_busy(busy: usize) -> (MemStore, BlkifBackend, RecordingHooks) {
     let (mut store, mut backend) = probed_single_ring();
     store.set(&format!("{FE}/state"), "3");
     let mut hooks = RecordingHooks {
         refuse_connect: true,
-        busy_after_refusal: 3,
+        busy_after_refusal: busy,
         ..Default::default()
     };
     let outcome = backend.step(&mut store, &mut hooks).unwrap();
     assert!(matches!(outcome, StepOutcome::Failed(_)), "{outcome:?}");
     // One before connecting, one after the refusal.
     assert_eq!(hooks.disconnects, 2);
-    assert!(backend.releasing());
+    assert_eq!(backend.releasing(), busy > 0);
+    (store, backend, hooks)
+}
+
+/// A refused connection whose teardown answers `Busy` is asked again at every step
+/// (`Retry` meanwhile) until its hooks let go, whatever the frontend does; then nothing
+/// more is asked of them, and the backend stays Closing with its reason.
+#[test]
+fn a_refused_connection_is_released_as_soon_as_its_hooks_let_go() {
+    let (mut store, mut backend, mut hooks) = refused_while_busy(3);
     assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
     assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
     assert_eq!(hooks.disconnects, 4);
@@ -369,27 +376,14 @@ fn a_refused_connection_is_released_as_soon_as_its_hooks_let_go() {
         backend.step(&mut store, &mut hooks),
         Ok(StepOutcome::Switched(XenbusState::Closed))
     );
-    store.set(&format!("{FE}/state"), "1");
-    backend.step(&mut store, &mut hooks).unwrap();
-    store.set(&format!("{FE}/state"), "3");
-    assert_eq!(
-        backend.step(&mut store, &mut hooks),
-        Ok(StepOutcome::Switched(XenbusState::Connected))
-    );
+    reconnect(&mut store, &mut backend, &mut hooks);
 }
 
 /// A frontend that closes while its refused connection is still being released: the
 /// backend says Closed only once the hooks let go.
 #[test]
 fn a_refused_connection_releases_before_the_backend_says_closed() {
-    let (mut store, mut backend) = probed_single_ring();
-    store.set(&format!("{FE}/state"), "3");
-    let mut hooks = RecordingHooks {
-        refuse_connect: true,
-        busy_after_refusal: 2,
-        ..Default::default()
-    };
-    backend.step(&mut store, &mut hooks).unwrap();
+    let (mut store, mut backend, mut hooks) = refused_while_busy(2);
     store.set(&format!("{FE}/state"), "6");
     assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
     assert_eq!(state(&store), "5");
