@@ -28,18 +28,16 @@
 //! (default 50, the kernel's); `BENCH_JSON=path` also writes the results as JSON there
 //! (tools/bench/report.py folds it into bench.json).
 
-use std::cell::RefCell;
-use std::rc::Rc;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use blkback::abi::{self, sring, PAGE_SIZE, REQUEST_SIZE};
+use blkback::abi::{self, sring, REQUEST_SIZE};
 use blkback::engine::{Engine, EngineConfig};
 use blkback::fake::wire::encode_direct;
 use blkback::fake::{
-    CountingEvents, DelayDevice, FrontRing, GrantTable, GuestMemory, RingView, XenGrants,
+    CountingEvents, DelayDevice, FrontRing, GrantTable, GuestMemory, PlainRing, RingView, XenGrants,
 };
 use blkback::parse::SegmentDesc;
 use blkback::ring::RingMemory;
@@ -227,32 +225,6 @@ fn lockstep(order: u32, queues: usize, persistent: bool, seconds: f64) -> (f64, 
     (best, grant_batches_per_request(&engines))
 }
 
-/// A ring in plain memory for one thread: slot copies are memcpy, as on mapped pages.
-#[derive(Clone)]
-struct PlainRing(Rc<RefCell<Vec<u8>>>);
-
-impl RingMemory for PlainRing {
-    fn size_bytes(&self) -> usize {
-        self.0.borrow().len()
-    }
-    fn load_u32(&self, offset: usize) -> u32 {
-        let bytes = self.0.borrow();
-        u32::from_le_bytes(bytes[offset..offset + 4].try_into().unwrap())
-    }
-    fn store_u32(&self, offset: usize, value: u32) {
-        self.0.borrow_mut()[offset..offset + 4].copy_from_slice(&value.to_le_bytes());
-    }
-    fn read_bytes(&self, offset: usize, out: &mut [u8]) {
-        out.copy_from_slice(&self.0.borrow()[offset..offset + out.len()]);
-    }
-    fn write_bytes(&self, offset: usize, data: &[u8]) {
-        self.0.borrow_mut()[offset..offset + data.len()].copy_from_slice(data);
-    }
-    fn full_fence(&self) {
-        fence(Ordering::SeqCst);
-    }
-}
-
 /// Lockstep over plain memory; the frontend side is written out here.
 fn lockstep_plain(order: u32, queues: usize, persistent: bool, seconds: f64) -> f64 {
     let slots = abi::ring_slots(order);
@@ -260,7 +232,7 @@ fn lockstep_plain(order: u32, queues: usize, persistent: bool, seconds: f64) -> 
     let table = GrantTable::new(memory.clone());
     let mut rings = Vec::new();
     for q in 0..queues {
-        let ring = PlainRing(Rc::new(RefCell::new(vec![0u8; PAGE_SIZE << order])));
+        let ring = PlainRing::new(order);
         ring.store_u32(sring::REQ_EVENT, 1);
         ring.store_u32(sring::RSP_EVENT, u32::MAX / 2);
         let requests: Vec<[u8; REQUEST_SIZE]> = (0..slots)

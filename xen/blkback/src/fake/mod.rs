@@ -3,6 +3,7 @@
 //! completions. The fake frontend writes the same pages the backend reads.
 
 pub mod memory;
+pub mod plain;
 pub mod wire;
 pub mod xenstore;
 
@@ -10,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use memory::{FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
+pub use plain::{PlainGrants, PlainRing};
 pub use xenstore::MemStore;
 
 use crate::engine::EventChannel;
