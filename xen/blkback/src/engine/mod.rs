@@ -29,6 +29,7 @@ mod notify;
 mod slots;
 mod submit;
 
+pub use consume::SEGMENTS_PER_POLL;
 use mapping::GrantMapper;
 use notify::Moderator;
 use slots::{segment_area, SlotTable};
@@ -48,8 +49,8 @@ pub struct EngineConfig {
     /// What we advertised as `feature-max-indirect-segments`.
     pub max_indirect_segments: u16,
     /// The most grants the cache is sized for (`grants.max-per-ring`); never more than
-    /// ring slots × segments per request, the most in-flight requests can reference,
-    /// which is also the size with `None`. The ring's share of the domain's budget
+    /// ring slots × (segments + indirect pages) per request, the most in-flight requests
+    /// can reference, which is also the size with `None`. The ring's share of the domain's budget
     /// (`Engine::set_grant_share`) caps it further while the ring runs.
     pub persistent_grant_limit: Option<usize>,
     /// Unmap a cached grant unused this long (ns; 0: never). Time comes from
@@ -176,7 +177,10 @@ impl Sizing {
             .min((abi::SEGMENTS_PER_INDIRECT_PAGE * abi::MAX_INDIRECT_PAGES) as u16);
         let max_segments = MAX_SEGMENTS_PER_REQUEST.max(usize::from(max_indirect_segments));
         let cache_capacity = if config.persistent_grants {
-            let referenced = slots * max_segments;
+            // blkfront grants its indirect pages from the same persistent pool.
+            let per_request =
+                max_segments + abi::indirect_pages(usize::from(max_indirect_segments));
+            let referenced = slots * per_request;
             config
                 .persistent_grant_limit
                 .map_or(referenced, |limit| limit.min(referenced))
@@ -518,8 +522,9 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         self.moderator.deadline()
     }
 
-    /// One pass: take up to `budget` requests, finish completed ones, publish responses
-    /// (at the time of the last `poll_at`).
+    /// One pass: take up to `budget` requests (and up to [`SEGMENTS_PER_POLL`] data
+    /// segments: at least one request), finish completed ones, publish responses (at the
+    /// time of the last `poll_at`).
     pub fn poll(&mut self, budget: usize) -> PollOutcome {
         self.stats.polls += 1;
         self.apply_grant_share();

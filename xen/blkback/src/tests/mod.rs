@@ -5,6 +5,7 @@ mod budget;
 mod device_faults;
 mod errors;
 mod fake_frontend;
+mod large;
 mod negotiation;
 mod notify;
 mod resize;

@@ -785,11 +785,12 @@ fn persistent_grant_bound_is_never_exceeded() {
     assert!(answered.iter().all(|r| r.status == RSP_OKAY));
     let (_, peak) = rig.table.live_mappings();
     assert!(peak <= 16 + 4 * 3, "peak {peak}");
-    // The default bound is what the ring can reference at once.
+    // The default bound is what the ring can reference at once: data and indirect
+    // pages.
     let (default, _) = Rig::ram(2, true);
     assert_eq!(
         default.engine.cache_capacity(),
-        128 * usize::from(abi::MAX_INDIRECT_SEGMENTS)
+        128 * (usize::from(abi::MAX_INDIRECT_SEGMENTS) + 1)
     );
 }
 
@@ -963,7 +964,7 @@ fn ring_memory_is_checked_before_it_is_taken() {
         )
     );
     let engine = build(needed).expect("fits its budget");
-    assert_eq!(engine.cache_capacity(), 512 * 512);
+    assert_eq!(engine.cache_capacity(), 512 * (512 + 1));
 }
 
 /// A device queue lent to an engine (by the kernel, from its disk's pool), marked so the
