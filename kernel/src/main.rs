@@ -97,6 +97,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         memory.heap_start,
         mm::free_frame_bytes() >> 20
     );
+    arch::copy::calibrate();
     backend::grants::configure(grant_limits(&cmdline));
     devices::set_device_timeout_ns(device_timeout_ns(&cmdline));
 

@@ -434,6 +434,14 @@ fn xen_watch_sees_dom0_write() -> TestResult {
 }
 
 /// Exists only to prove the runner notices a failing self-test.
+/// Both bulk copies of `arch::copy` move exactly the bytes asked for.
+fn bulk_copies() -> TestResult {
+    if let Err((way, len, offset)) = crate::arch::copy::self_check() {
+        check!(false, "{way}: {len} bytes at offset {offset} copied wrong");
+    }
+    Ok(())
+}
+
 fn injected_failure() -> TestResult {
     check!(false, "deliberate failure (selftest.inject-failure)");
     Ok(())
@@ -454,6 +462,7 @@ pub fn run(
         ("exception.invalid-opcode", exception_invalid_opcode),
         ("exception.page-fault", exception_page_fault),
         ("interrupt.handler-dispatch", interrupt_handler_dispatch),
+        ("copy.both-ways", bulk_copies),
     ];
     if under_xen {
         tests.push(("xen.event-channel-loopback", xen_event_channel_loopback));

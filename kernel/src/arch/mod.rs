@@ -3,6 +3,7 @@
 
 pub mod ap_boot;
 pub mod apic;
+pub mod copy;
 pub mod cpu;
 pub mod gdt;
 pub mod paging;
