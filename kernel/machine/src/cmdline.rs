@@ -97,7 +97,7 @@ impl<'a> Cmdline<'a> {
 }
 
 /// The notification hold window by default, microseconds (`notify.hold-us=`).
-pub const DEFAULT_NOTIFY_HOLD_US: u64 = 50;
+pub const DEFAULT_NOTIFY_HOLD_US: u64 = 5_000;
 /// The longest notification hold window accepted, microseconds.
 pub const MAX_NOTIFY_HOLD_US: u64 = 20_000;
 

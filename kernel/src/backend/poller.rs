@@ -395,8 +395,9 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
             continue;
         }
         counters.sleeps.fetch_add(1, Ordering::Relaxed);
-        // Device completions raise no event: with requests on a device, come back soon;
-        // and never later than a held notification must go out.
+        // Device completions raise no event: with requests on a device, come back soon.
+        // `prepare_to_sleep` sent every held notification; a held deadline would still
+        // bound the sleep.
         let device_busy = served.iter().any(|q| q.engine.in_flight() > 0);
         let notify_due = served
             .iter()

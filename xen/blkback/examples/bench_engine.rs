@@ -25,7 +25,7 @@
 //!
 //! Run with `tools/bench-engine.sh` (release build). `BENCH_SECONDS` sets the time per
 //! measurement (default 2); `BENCH_NOTIFY_HOLD_US` the main table's hold window
-//! (default 50, the kernel's); `BENCH_JSON=path` also writes the results as JSON there
+//! (default 5000, the kernel's); `BENCH_JSON=path` also writes the results as JSON there
 //! (tools/bench/report.py folds it into bench.json).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -85,13 +85,13 @@ fn bench_geometry() -> Geometry {
 }
 
 /// The notification hold window of the main table: `BENCH_NOTIFY_HOLD_US`, by default
-/// the kernel's (`notify.hold-us=` default, 50 us). Its frontends never ask for events,
+/// the kernel's (`notify.hold-us=` default, 5000 us). Its frontends never ask for events,
 /// so nothing is held: this measures the bookkeeping.
 fn bench_config(order: u32, persistent: bool) -> EngineConfig {
     let hold_us: u64 = std::env::var("BENCH_NOTIFY_HOLD_US")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
+        .unwrap_or(5_000);
     EngineConfig {
         notify_hold_ns: hold_us * 1000,
         ..EngineConfig::new(order, persistent)
@@ -515,7 +515,7 @@ fn main() {
     let mut moderated = Vec::new();
     let requests = (seconds * 100_000.0) as u64;
     for latency_ns in [0, 50_000] {
-        for hold_ns in [0, 20_000, 50_000] {
+        for hold_ns in [0, 50_000, 5_000_000] {
             let m = moderation(latency_ns, hold_ns, requests.max(1_000));
             println!(
                 "{:>9} {:>7} {:>10.3} {:>8.3} {:>15.1} {:>11.0}",

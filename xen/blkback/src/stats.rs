@@ -94,9 +94,14 @@ ring_stats! {
     /// Notifications held back so that one event carries more responses (each is sent
     /// later unless the frontend meanwhile took every response it was due for).
     notifications_held => "notifications-held",
-    /// Holds that reached their deadline with no other response to carry (the
-    /// frontend waited the window for nothing).
+    /// Holds that ended with no other response to carry (at the deadline, or when the
+    /// frontend had gone quiet or the poller went to sleep: the frontend waited for
+    /// nothing).
     notify_holds_wasted => "notify-holds-wasted",
+    /// Due events sent at once although more responses were expected, because recent
+    /// holds did not pay (no other response came within the window): moderation is
+    /// off for now, and these are watched to see whether holding would pay again.
+    notify_holds_declined => "notify-holds-declined",
     /// Times the frontend's producer index overflowed and the ring was halted.
     ring_overflows => "ring-overflows",
 }
@@ -160,7 +165,7 @@ mod tests {
         assert_eq!(total.device_busy, 8);
         let names: Vec<_> = total.fields().map(|(name, _)| name).collect();
         assert_eq!(names.last(), Some(&"ring-overflows"));
-        assert_eq!(names.len(), 29);
+        assert_eq!(names.len(), 30);
         assert_eq!(
             total.fields().find(|(name, _)| *name == "wr_req"),
             Some(("wr_req", 4))

@@ -126,10 +126,15 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         if !self.ring.notify_wanted_since(old) {
             return false;
         }
-        if self.state == EngineState::Running && self.moderator.hold(old, rsp_prod, self.outlook())
-        {
-            self.stats.notifications_held += 1;
-            return false;
+        if self.state == EngineState::Running {
+            match self.moderator.hold(old, rsp_prod, self.outlook()) {
+                Some(true) => {
+                    self.stats.notifications_held += 1;
+                    return false;
+                }
+                Some(false) => self.stats.notify_holds_declined += 1,
+                None => {}
+            }
         }
         self.send_notification()
     }
@@ -137,6 +142,21 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     /// Send a held notification now if the frontend still wants it (teardown).
     pub(super) fn release_held_notification(&mut self) {
         if let Some(since) = self.moderator.release_now() {
+            if self.ring.notify_wanted_since(since) {
+                self.send_notification();
+            }
+        }
+    }
+
+    /// The poller is about to block: a held notification goes out now, so no hold ever
+    /// depends on the poller's timer.
+    pub(super) fn release_before_sleep(&mut self) {
+        let outstanding = self.ring.frontend_outstanding(self.ring.req_prod());
+        if let Some(Release::Yes { since, wasted }) = self
+            .moderator
+            .release_idle(self.ring.rsp_prod(), outstanding)
+        {
+            self.stats.notify_holds_wasted += u64::from(wasted);
             if self.ring.notify_wanted_since(since) {
                 self.send_notification();
             }
@@ -151,13 +171,15 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
 
     /// What the moderator weighs: more of this ring's requests on their way to an
     /// answer (on the device, waiting for it, or in the ring while it is served), and
-    /// whether the frontend's whole ring is answered or taken.
+    /// how many requests the frontend has outstanding (all its ring's worth?).
     fn outlook(&self) -> Outlook {
         let req_prod = self.ring.req_prod();
         let waiting = self.state == EngineState::Running && self.ring.unconsumed(req_prod) > 0;
+        let outstanding = self.ring.frontend_outstanding(req_prod);
         Outlook {
             busy: self.submission.in_flight > 0 || !self.submission.deferred.is_empty() || waiting,
-            frontend_full: self.ring.frontend_outstanding(req_prod) >= self.ring.slots(),
+            outstanding,
+            full: outstanding >= self.ring.slots(),
         }
     }
 }

@@ -42,7 +42,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         }
         if self.moderator.enabled() && self.ring.req_cons() != req_prod {
             let outstanding = self.ring.frontend_outstanding(req_prod);
-            self.moderator.sample_outstanding(outstanding);
+            self.moderator.sample_outstanding(outstanding, req_prod);
         }
         let (mut consumed, mut segments) = (0, 0);
         while consumed < budget

@@ -559,10 +559,13 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         self.event_pending = true;
     }
 
-    /// Before blocking: re-arm `req_event` and look once more
-    /// (`RING_FINAL_CHECK_FOR_REQUESTS`). True means nothing is pending and the poller
-    /// may sleep until the event channel (or the device) wakes it.
+    /// Before blocking: send a held notification (a poller never sleeps on one: what
+    /// was coming did not come while it spun, and no hold depends on its timer), then
+    /// re-arm `req_event` and look once more (`RING_FINAL_CHECK_FOR_REQUESTS`). True
+    /// means nothing is pending and the poller may sleep until the event channel (or
+    /// the device) wakes it.
     pub fn prepare_to_sleep(&mut self) -> bool {
+        self.release_before_sleep();
         if self.state != EngineState::Running {
             return true;
         }

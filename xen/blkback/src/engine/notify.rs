@@ -34,9 +34,19 @@ const HOLD_SCORE: u8 = 4;
 /// stops after two wasted ones in a row; an unheld due event is watched instead, and
 /// windows that would have paid bring holding back.
 const WASTED_PENALTY: u8 = 2;
-/// The frontend counts as keeping several requests outstanding for this many request
-/// rounds after one in which it had more than one.
-const CONCURRENT_ROUNDS: u8 = 64;
+/// The frontend counts as quiet (done sending, for now: fio at a fixed depth has
+/// resubmitted what it reaped and waits for more) once it has sent nothing for this
+/// many times the average gap between its requests.
+const QUIET_GAPS: u64 = 2;
+/// The longest hold for requests on the device. At a fixed queue depth a device always
+/// has requests in flight, and the frontend sends no more until it hears of some: a
+/// hold that waited for the device to drain would leave it idle meanwhile. This is the
+/// window those holds were measured with (BENCHMARKS.md, bench-engine's moderation
+/// table); `notify.hold-us` bounds them too.
+pub(super) const DEVICE_WINDOW_NS: u64 = 50_000;
+/// Holds for the frontend's queue in a row that found it sending nothing, after which
+/// it no longer counts as keeping several requests outstanding.
+const IDLE_HOLDS: u8 = 2;
 
 /// A held event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +59,7 @@ struct Held {
     deadline: u64,
     /// Held for requests on the device (or waiting for it): released once none are.
     /// Otherwise held for the frontend's own queue: released at the deadline or when
-    /// the frontend's ring is full.
+    /// the frontend has gone quiet.
     for_device: bool,
 }
 
@@ -65,18 +75,22 @@ struct Watch {
 pub(super) struct Outlook {
     /// Requests of this ring are on the device, wait for it, or wait in the ring.
     pub busy: bool,
-    /// The frontend has as many requests outstanding as the ring has slots: it can
-    /// send nothing more before it takes responses.
-    pub frontend_full: bool,
+    /// Requests the frontend has sent and not taken the responses of, as its
+    /// `rsp_event` shows (`BackRing::frontend_outstanding`, at most the ring's size).
+    pub outstanding: u32,
+    /// That is the ring's size: the frontend can send nothing more before it takes
+    /// responses.
+    pub full: bool,
 }
 
-/// How a hold ended, for the score and the counters.
+/// How a hold ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Release {
     /// Still held.
     No,
     /// Release now (the ring macro over everything published after `since` says
-    /// whether to send); `wasted`: the deadline passed and no other response came.
+    /// whether to send); `wasted`: no other response came while it was held, and the
+    /// frontend waited for nothing.
     Yes { since: u32, wasted: bool },
 }
 
@@ -88,9 +102,19 @@ pub(super) struct Moderator {
     held: Option<Held>,
     watch: Option<Watch>,
     score: u8,
-    /// Request rounds left in which the frontend counts as keeping several requests
-    /// outstanding.
-    concurrent_rounds: u8,
+    /// The most requests the frontend has lately had outstanding (0 or 1: one at a
+    /// time, never held for). Raised by every round of requests; lowered after
+    /// `IDLE_HOLDS` holds for its queue in a row during which it sent nothing.
+    depth: u32,
+    /// Holds for the frontend's queue in a row during which it sent nothing.
+    idle_holds: u8,
+    /// When the last round of requests was taken (`None`: never).
+    last_request: Option<u64>,
+    /// Average gap between the frontend's rounds of requests (each counted up to the
+    /// window).
+    gap_ns: u64,
+    /// The frontend's `req_prod` at the last round.
+    req_prod_seen: u32,
 }
 
 impl Moderator {
@@ -101,7 +125,12 @@ impl Moderator {
             held: None,
             watch: None,
             score: SCORE_MAX,
-            concurrent_rounds: 0,
+            depth: 0,
+            idle_holds: 0,
+            last_request: None,
+            // Until gaps are seen, the frontend counts as quiet after a window.
+            gap_ns: window_ns / QUIET_GAPS,
+            req_prod_seen: 0,
         }
     }
 
@@ -121,23 +150,47 @@ impl Moderator {
         self.held.is_some()
     }
 
-    /// A round of requests was taken while the frontend had `outstanding` requests
-    /// whose responses it had not taken (`BackRing::frontend_outstanding`).
-    pub fn sample_outstanding(&mut self, outstanding: u32) {
-        self.concurrent_rounds = if outstanding > 1 {
-            CONCURRENT_ROUNDS
-        } else {
-            self.concurrent_rounds.saturating_sub(1)
-        };
+    /// Requests are taken up to `req_prod` while the frontend has `outstanding`
+    /// requests whose responses it has not taken (`BackRing::frontend_outstanding`).
+    /// Those the frontend produced since the last call make a round.
+    pub fn sample_outstanding(&mut self, outstanding: u32, req_prod: u32) {
+        self.depth = self.depth.max(outstanding);
+        if req_prod == self.req_prod_seen {
+            return;
+        }
+        self.req_prod_seen = req_prod;
+        if let Some(last) = self.last_request {
+            // A pause longer than the quiet time ends a run rather than measuring the
+            // pace within one: it counts as no more than that (the average can still
+            // grow, by an eighth at a time).
+            let gap = self
+                .now
+                .saturating_sub(last)
+                .min(self.quiet_ns())
+                .min(self.window_ns);
+            self.gap_ns = (self.gap_ns * 7 + gap) / 8;
+        }
+        self.last_request = Some(self.now);
     }
 
-    /// The frontend lately had more than one request outstanding.
-    fn frontend_concurrent(&self) -> bool {
-        self.concurrent_rounds > 0
+    fn quiet_ns(&self) -> u64 {
+        self.gap_ns.saturating_mul(QUIET_GAPS)
+    }
+
+    /// The frontend has sent nothing for a while: what it had to send, it sent.
+    fn frontend_quiet(&self) -> bool {
+        self.last_request
+            .is_none_or(|last| self.now.saturating_sub(last) >= self.quiet_ns())
+    }
+
+    /// The frontend keeps several requests outstanding and has fewer than that now:
+    /// more of them are on the way.
+    fn frontend_behind(&self, outstanding: u32) -> bool {
+        self.depth > 1 && outstanding < self.depth
     }
 
     fn more_expected(&self, outlook: Outlook) -> bool {
-        outlook.busy || (self.frontend_concurrent() && !outlook.frontend_full)
+        outlook.busy || (self.frontend_behind(outlook.outstanding) && !outlook.full)
     }
 
     fn record(&mut self, paid: bool) {
@@ -162,16 +215,22 @@ impl Moderator {
     }
 
     /// An event is due for the responses after `since` (up to `rsp_prod`): hold it?
-    /// If not, and more was expected, watch whether a hold would have paid.
-    pub fn hold(&mut self, since: u32, rsp_prod: u32, outlook: Outlook) -> bool {
+    /// `Some(false)`: more was expected, but recent windows did not pay, so it goes out
+    /// now (and is watched: would a hold have paid?). `None`: nothing more expected.
+    pub fn hold(&mut self, since: u32, rsp_prod: u32, outlook: Outlook) -> Option<bool> {
         debug_assert!(self.held.is_none());
         if !self.enabled() || !self.more_expected(outlook) {
-            return false;
+            return None;
         }
-        let deadline = self.now.saturating_add(self.window_ns);
+        let window = if outlook.busy {
+            self.window_ns.min(DEVICE_WINDOW_NS)
+        } else {
+            self.window_ns
+        };
+        let deadline = self.now.saturating_add(window);
         if self.score < HOLD_SCORE {
             self.watch = Some(Watch { rsp_prod, deadline });
-            return false;
+            return Some(false);
         }
         self.held = Some(Held {
             since,
@@ -179,7 +238,7 @@ impl Moderator {
             deadline,
             for_device: outlook.busy,
         });
-        true
+        Some(true)
     }
 
     /// While holding, after each publish: release now?
@@ -187,25 +246,48 @@ impl Moderator {
         let Some(held) = self.held else {
             return Release::No;
         };
-        let batch = rsp_prod != held.first;
         let due = self.now >= held.deadline;
         let more = if held.for_device {
             outlook.busy
         } else {
-            self.more_expected(outlook)
+            !self.frontend_quiet() && !outlook.full
         };
         if !due && more {
             return Release::No;
         }
-        if batch {
-            self.record(true);
-        } else if due {
-            self.record(false);
+        self.end(held, rsp_prod, outlook.outstanding)
+    }
+
+    /// The poller is about to block: a held event goes out now (whatever was coming
+    /// did not come while it spun). `None` when nothing was held.
+    pub fn release_idle(&mut self, rsp_prod: u32, outstanding: u32) -> Option<Release> {
+        let held = self.held?;
+        Some(self.end(held, rsp_prod, outstanding))
+    }
+
+    /// A hold ends with `rsp_prod` published and `outstanding` requests at the
+    /// frontend.
+    fn end(&mut self, held: Held, rsp_prod: u32, outstanding: u32) -> Release {
+        let batch = rsp_prod != held.first;
+        self.record(batch);
+        if !held.for_device {
+            if batch {
+                self.idle_holds = 0;
+            } else {
+                self.idle_holds = self.idle_holds.saturating_add(1);
+                if self.idle_holds >= IDLE_HOLDS {
+                    // The frontend sent nothing while it waited, twice in a row (once
+                    // can be the last request of a run): it no longer keeps several
+                    // requests outstanding (fio at QD1 after QD32). Hold no more for it
+                    // until it does again.
+                    self.depth = outstanding;
+                }
+            }
         }
         self.held = None;
         Release::Yes {
             since: held.since,
-            wasted: due && !batch,
+            wasted: !batch,
         }
     }
 
@@ -221,79 +303,208 @@ mod tests {
 
     const BUSY: Outlook = Outlook {
         busy: true,
-        frontend_full: false,
+        outstanding: 1,
+        full: false,
     };
-    const IDLE: Outlook = Outlook {
-        busy: false,
-        frontend_full: false,
-    };
+
+    fn front(outstanding: u32) -> Outlook {
+        Outlook {
+            busy: false,
+            outstanding,
+            full: false,
+        }
+    }
+
+    /// A moderator fed rounds of requests, one request each.
+    struct Fed {
+        m: Moderator,
+        req_prod: u32,
+    }
+
+    impl Fed {
+        fn new(window_ns: u64) -> Self {
+            Self {
+                m: Moderator::new(window_ns),
+                req_prod: 0,
+            }
+        }
+
+        /// A round at `now` with the frontend at `outstanding`.
+        fn round(&mut self, now: u64, outstanding: u32) {
+            self.m.set_now(now);
+            self.req_prod += 1;
+            self.m.sample_outstanding(outstanding, self.req_prod);
+        }
+
+        fn holds(&mut self, since: u32, outlook: Outlook) -> bool {
+            self.m.hold(since, since + 1, outlook) == Some(true)
+        }
+    }
 
     #[test]
     fn off_never_holds() {
         let mut m = Moderator::new(0);
-        assert!(!m.hold(0, 1, BUSY));
+        assert_eq!(m.hold(0, 1, BUSY), None);
         assert_eq!(m.deadline(), None);
     }
 
     #[test]
     fn holds_only_while_more_is_expected() {
-        let mut m = Moderator::new(1_000);
-        m.set_now(5);
-        assert!(!m.hold(0, 1, IDLE));
-        // The frontend lately had several requests outstanding, but now has its whole
-        // ring: it can send nothing more, and the device has nothing.
-        m.sample_outstanding(2);
+        let mut f = Fed::new(1_000_000);
+        f.m.set_now(5);
+        assert_eq!(f.m.hold(0, 1, front(1)), None);
+        // The frontend has kept 8 outstanding, and has all 8 outstanding now: it can
+        // send nothing more, and the device has nothing.
+        f.round(5, 8);
+        assert_eq!(f.m.hold(0, 1, front(8)), None);
         let full = Outlook {
-            busy: false,
-            frontend_full: true,
+            full: true,
+            ..front(7)
         };
-        assert!(!m.hold(0, 1, full));
-        assert!(m.hold(0, 1, BUSY));
-        assert_eq!(m.deadline(), Some(1_005));
-    }
-
-    #[test]
-    fn a_frontend_with_one_request_at_a_time_never_counts_as_concurrent() {
-        let mut m = Moderator::new(1_000);
-        for _ in 0..1_000 {
-            m.sample_outstanding(1);
-        }
-        assert!(!m.hold(0, 1, IDLE));
-        // Once two: for the next rounds it may have more on the way.
-        m.sample_outstanding(2);
-        for _ in 0..CONCURRENT_ROUNDS - 1 {
-            m.sample_outstanding(1);
-        }
-        assert!(m.hold(0, 1, IDLE));
-        m.set_now(1_000);
-        assert!(matches!(m.release(1, IDLE), Release::Yes { .. }));
-        m.sample_outstanding(1);
-        assert!(!m.hold(1, 2, IDLE));
-    }
-
-    #[test]
-    fn release_at_the_deadline_or_when_nothing_more_is_expected() {
-        let mut m = Moderator::new(1_000);
-        assert!(m.hold(0, 1, BUSY));
-        m.set_now(999);
-        assert_eq!(m.release(3, BUSY), Release::No);
-        m.set_now(1_000);
+        assert_eq!(f.m.hold(0, 1, full), None);
+        assert!(f.holds(0, front(7)));
+        assert_eq!(f.m.deadline(), Some(1_000_005));
+        // The frontend fills its ring: released at once.
         assert_eq!(
-            m.release(3, BUSY),
+            f.m.release(3, full),
             Release::Yes {
                 since: 0,
                 wasted: false
             }
         );
-        assert!(m.hold(3, 4, BUSY));
+        assert!(f.holds(3, front(7)));
+        assert!(matches!(f.m.release_idle(4, 7), Some(Release::Yes { .. })));
+        // A hold for the device lasts at most DEVICE_WINDOW_NS.
+        assert!(f.holds(4, BUSY));
+        assert_eq!(f.m.deadline(), Some(5 + DEVICE_WINDOW_NS));
+    }
+
+    #[test]
+    fn a_frontend_with_one_request_at_a_time_is_never_held_for() {
+        let mut f = Fed::new(1_000);
+        for now in 0..1_000 {
+            f.round(now * 10, 1);
+            assert_eq!(f.m.hold(now as u32, now as u32 + 1, front(1)), None);
+        }
+    }
+
+    #[test]
+    fn a_frontend_that_sends_nothing_during_two_holds_is_not_held_for_again() {
+        // It kept 32 outstanding (fio at QD32), then sends one request at a time.
+        let mut f = Fed::new(1_000);
+        f.round(0, 32);
+        let mut now = 10_000;
+        for since in 0..IDLE_HOLDS as u32 {
+            f.round(now, 1);
+            assert!(f.holds(since, front(1)), "hold {since}");
+            now += 1_000;
+            f.m.set_now(now);
+            assert_eq!(
+                f.m.release(since + 1, front(1)),
+                Release::Yes {
+                    since,
+                    wasted: true
+                }
+            );
+        }
+        for since in IDLE_HOLDS as u32..100 {
+            now += 1_000;
+            f.round(now, 1);
+            assert_eq!(f.m.hold(since, since + 1, front(1)), None);
+        }
+        // Several outstanding again: more is expected again (held once holding pays
+        // again: the two wasted holds lowered the score).
+        f.round(now + 10, 4);
+        assert_eq!(f.m.hold(100, 101, front(1)), Some(false));
+    }
+
+    #[test]
+    fn a_hold_for_the_frontend_ends_when_it_goes_quiet() {
+        let mut f = Fed::new(10_000);
+        f.round(0, 32);
+        // Rounds 100 ns apart: the average gap comes down from half the window.
+        let mut now = 0;
+        for outstanding in 1..=60 {
+            now += 100;
+            f.round(now, outstanding.min(31));
+        }
+        assert!(f.m.gap_ns < 150, "{}", f.m.gap_ns);
+        assert!(f.holds(0, front(1)));
+        for outstanding in 2..=20 {
+            now += 100;
+            f.round(now, outstanding);
+            assert_eq!(f.m.release(outstanding, front(outstanding)), Release::No);
+        }
+        // Quiet: no round for twice the average gap.
+        f.m.set_now(now + f.m.quiet_ns() - 1);
+        assert_eq!(f.m.release(20, front(20)), Release::No);
+        f.m.set_now(now + f.m.quiet_ns());
         assert_eq!(
-            m.release(4, IDLE),
+            f.m.release(20, front(20)),
+            Release::Yes {
+                since: 0,
+                wasted: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_pause_between_runs_moves_the_average_gap_by_an_eighth_at_most() {
+        let mut f = Fed::new(10_000_000);
+        let mut now = 0;
+        for _ in 0..100 {
+            now += 1_000;
+            f.round(now, 2);
+        }
+        let gap = f.m.gap_ns;
+        now += 5_000_000;
+        f.round(now, 2);
+        assert!(f.m.gap_ns <= gap + gap / 8 + 1, "{gap} -> {}", f.m.gap_ns);
+        // A round that brings no new request is not a round.
+        f.m.sample_outstanding(2, f.req_prod);
+        assert_eq!(f.m.last_request, Some(now));
+    }
+
+    #[test]
+    fn release_at_the_deadline_or_when_nothing_more_is_expected() {
+        let mut f = Fed::new(1_000);
+        assert!(f.holds(0, BUSY));
+        f.m.set_now(999);
+        assert_eq!(f.m.release(3, BUSY), Release::No);
+        f.m.set_now(1_000);
+        assert_eq!(
+            f.m.release(3, BUSY),
+            Release::Yes {
+                since: 0,
+                wasted: false
+            }
+        );
+        assert!(f.holds(3, BUSY));
+        assert_eq!(
+            f.m.release(5, front(1)),
             Release::Yes {
                 since: 3,
                 wasted: false
             }
         );
-        assert!(!m.holding());
+        assert!(!f.m.holding());
+    }
+
+    #[test]
+    fn a_poller_going_to_sleep_releases_the_hold() {
+        let mut f = Fed::new(1_000_000);
+        f.round(0, 32);
+        f.round(10, 1);
+        assert!(f.holds(0, front(1)));
+        assert_eq!(
+            f.m.release_idle(1, 1),
+            Some(Release::Yes {
+                since: 0,
+                wasted: true
+            })
+        );
+        assert_eq!(f.m.release_idle(1, 1), None);
+        assert_eq!(f.m.deadline(), None);
     }
 
     #[test]
@@ -306,11 +517,11 @@ mod tests {
         for _ in 0..6 {
             m.set_now(now);
             prod += 1;
-            let h = m.hold(prod - 1, prod, BUSY);
-            held.push(h);
+            let decision = m.hold(prod - 1, prod, BUSY);
+            held.push(decision);
             now += 200;
             m.set_now(now);
-            if h {
+            if decision == Some(true) {
                 assert!(matches!(
                     m.release(prod, BUSY),
                     Release::Yes { wasted: true, .. }
@@ -319,27 +530,28 @@ mod tests {
                 m.observe(None);
             }
         }
-        assert_eq!(held, [true, true, false, false, false, false]);
+        let (t, f) = (Some(true), Some(false));
+        assert_eq!(held, [t, t, f, f, f, f]);
         // Responses now follow within the window: watched, then held again.
         let mut held = Vec::new();
         for _ in 0..8 {
             m.set_now(now);
             prod += 1;
-            let h = m.hold(prod - 1, prod, BUSY);
-            held.push(h);
+            let decision = m.hold(prod - 1, prod, BUSY);
+            held.push(decision);
             now += 10;
             m.set_now(now);
             prod += 1;
-            if h {
+            if decision == Some(true) {
                 assert!(matches!(
-                    m.release(prod, IDLE),
+                    m.release(prod, front(1)),
                     Release::Yes { wasted: false, .. }
                 ));
             } else {
                 m.observe(Some(prod));
             }
         }
-        assert_eq!(held[..4], [false, false, false, false]);
-        assert!(held[4..].iter().all(|&h| h), "{held:?}");
+        assert_eq!(held[..4], [f, f, f, f]);
+        assert!(held[4..].iter().all(|&h| h == t), "{held:?}");
     }
 }

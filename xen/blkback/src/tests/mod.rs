@@ -8,6 +8,7 @@ mod fake_frontend;
 mod large;
 mod negotiation;
 mod notify;
+mod notify_guest;
 mod resize;
 mod rules;
 mod x86_32;

@@ -360,3 +360,37 @@ fn a_held_notification_the_frontend_no_longer_needs_is_not_sent() {
     assert_eq!(rig.events.count(), 0);
     assert_eq!(rig.engine.stats().notifications, 0);
 }
+
+#[test]
+fn a_poller_going_to_sleep_sends_the_held_notification_first() {
+    // A frontend that kept 4 requests outstanding sends one more and waits for it: the
+    // event is held (more may come), but the poller spins its spell, finds nothing and
+    // goes to sleep. The event goes out before it blocks: no hold waits on its timer.
+    let window = 20_000 * US;
+    let mut rig = ram_rig(window);
+    let grefs: Vec<u32> = (0..5).map(|i| rig.data_page(i).1).collect();
+    for (id, &gref) in grefs[..4].iter().enumerate() {
+        rig.send(&encode_direct(
+            abi::OP_READ,
+            id as u64,
+            0,
+            &[whole_page(gref)],
+        ));
+    }
+    rig.engine.poll_at(64, 0);
+    assert_eq!(rig.events.count(), 1);
+    assert_eq!(rig.responses().len(), 4);
+    rig.front.arm_response_event();
+    rig.send(&encode_direct(abi::OP_READ, 4, 0, &[whole_page(grefs[4])]));
+    rig.engine.poll_at(64, 10 * US);
+    assert_eq!(rig.engine.notify_deadline(), Some(10 * US + window));
+    assert_eq!(rig.events.count(), 1);
+    assert!(rig.engine.prepare_to_sleep());
+    assert_eq!(rig.events.count(), 2);
+    assert_eq!(rig.engine.notify_deadline(), None);
+    let stats = rig.engine.stats();
+    assert_eq!(
+        (stats.notifications_held, stats.notify_holds_wasted),
+        (1, 1)
+    );
+}
