@@ -172,6 +172,11 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
                         machine::cmdline::MAX_SPIN_US
                     ),
                 }
+                match cmdline.poll_idle() {
+                    Ok(Some(idle)) => backend::poller::set_idle(idle),
+                    Ok(None) => {}
+                    Err(text) => error!("poll.idle={text}: want pause or yield; using pause"),
+                }
                 match cmdline.notify_hold_us() {
                     Ok(Some(us)) => backend::poller::set_notify_hold(us * 1000),
                     Ok(None) => {}

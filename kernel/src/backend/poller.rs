@@ -8,7 +8,8 @@
 //! length adapts to the gaps between bursts of work: `polling::spin`) it re-arms every
 //! ring (`prepare_to_sleep`, the final check) and blocks in `SCHEDOP_poll` on its rings'
 //! event channels (kept masked: no upcalls, the pending bit is the wake-up), so an idle
-//! blkdom leaves its pCPUs to the guests.
+//! blkdom leaves its pCPUs to the guests. While it spins, `poll.idle=yield` has it yield
+//! its pCPU (`SCHEDOP_yield`) between looks instead of a PAUSE.
 
 use super::adapters::{FrontendGrants, Notify, SharedRing};
 use super::disk::DeviceQueue;
@@ -41,6 +42,15 @@ static SPELL_BOUNDS_NS: [AtomicU64; 2] =
 pub fn set_spin_window(min_ns: u64, max_ns: u64) {
     SPELL_BOUNDS_NS[0].store(min_ns, Ordering::Relaxed);
     SPELL_BOUNDS_NS[1].store(max_ns, Ordering::Relaxed);
+}
+
+/// Whether a spinning poller yields its pCPU between looks at its rings
+/// (`poll.idle=yield`) instead of a PAUSE (set before any poller starts).
+static IDLE_YIELD: AtomicBool = AtomicBool::new(false);
+
+/// Sets what a spinning poller does between looks (before they start).
+pub fn set_idle(idle: machine::cmdline::PollIdle) {
+    IDLE_YIELD.store(idle == machine::cmdline::PollIdle::Yield, Ordering::Relaxed);
 }
 
 /// How long a ring's engine may hold an event to its frontend while more responses
@@ -293,12 +303,14 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
     let min_spell_ns = SPELL_BOUNDS_NS[0].load(Ordering::Relaxed);
     let max_spell_ns = SPELL_BOUNDS_NS[1].load(Ordering::Relaxed);
     let mut spin = SpinPolicy::new(min_spell_ns, max_spell_ns);
+    let idle_yield = IDLE_YIELD.load(Ordering::Relaxed);
     let mut control_due = 0u64;
     let mut next_ring_stats = 0u64;
     log::info!(
-        "poller: vCPU {cpu} serving (doorbell port {doorbell}, spin {}-{} us, notify hold {} us)",
+        "poller: vCPU {cpu} serving (doorbell port {doorbell}, spin {}-{} us ({}), notify hold {} us)",
         min_spell_ns / 1000,
         max_spell_ns / 1000,
+        if idle_yield { "yield" } else { "pause" },
         notify_hold_ns() / 1000
     );
     loop {
@@ -383,7 +395,14 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
             continue;
         }
         if spin.on_idle(now) == Decision::Spin {
-            core::hint::spin_loop();
+            if idle_yield {
+                // Another vCPU on this pCPU (a guest's, say) runs first, if one is
+                // runnable; it fails only if Xen refuses the call, and then this was a
+                // plain look again.
+                let _ = xen::domain::yield_now(&xen.hv);
+            } else {
+                core::hint::spin_loop();
+            }
             continue;
         }
         // Re-arm every ring (no short-circuit: each needs its final check).
