@@ -4,7 +4,9 @@ blkdom's statistics (pollers_value, blkdom_holds_nothing, with a fake xenstore-r
 on PATH) and its log (blkdom_logged, with a fake xl and console log), what the scenarios
 check blkdom's log with, and the GPT dom0 writes for tests/xen/blkdom-operator (write_gpt, read back by
 a parser of its own here, with zlib's CRC-32) and the pattern its guests write
-(slice_pattern, the same in the guests' init). Under sh, and under busybox sh (dom0's shell in the rig) when it is installed:
+(slice_pattern, the same in the guests' init), and what the sweeps print from fio's JSON,
+the backend's CPU and blkdom's counters (fio_read_stats, job_stats, variants_summary,
+notify_counters). Under sh, and under busybox sh (dom0's shell in the rig) when it is installed:
 
     python3 -m unittest discover -s tests/bench -v
 """
@@ -137,6 +139,164 @@ class RigScenarioTest(unittest.TestCase):
             text = (self.XEN / name).read_text()
             with self.subTest(scenario=name):
                 self.assertNotRegex(text, r'xl dmesg \| grep "\(d\$bid\) "')
+
+
+def fio_json(read_iops: float, read_p50_ns: int, write_iops: float = 0.0,
+             write_p50_ns: int = 0) -> str:
+    """A fio JSON output (--output-format=json, one job) cut down to the lines around what
+    the rig reads, laid out as fio 3.x prints them."""
+    def side(name, iops, p50):
+        lines = [f'      "{name}" : {{', '        "io_bytes" : 4096,', '        "bw" : 1000,',
+                 f'        "iops" : {iops:.6f},', '        "iops_min" : 1,',
+                 '        "iops_max" : 99999,', '        "slat_ns" : {', '          "min" : 1,',
+                 '          "mean" : 2.0', '        },', '        "clat_ns" : {',
+                 '          "min" : 1,', '          "mean" : 2.0,']
+        if iops:
+            lines += ['          "percentile" : {', f'            "1.000000" : {p50 // 2},',
+                      f'            "50.000000" : {p50},',
+                      f'            "99.000000" : {p50 * 3}', '          }']
+        lines += ['        },', '        "lat_ns" : {', '          "min" : 1,',
+                  '          "mean" : 2.0', '        }', '      },']
+        return "\n".join(lines) + "\n"
+    return ('{\n  "fio version" : "fio-3.33",\n  "jobs" : [\n    {\n'
+            '      "jobname" : "fio-randread-4k-qd32-1j",\n      "job options" : {\n'
+            '        "rw" : "randread"\n      },\n'
+            + side("read", read_iops, read_p50_ns) + side("write", write_iops, write_p50_ns)
+            + side("trim", 0, 0) + '      "sync" : {\n        "total_ios" : 0\n      }\n'
+            '    }\n  ]\n}\n')
+
+
+class RigSweepTest(unittest.TestCase):
+    """What tests/xen/spin-sweep and notify-sweep print: fio_read_stats, backend_cpu_percent,
+    job_stats, variants_summary and notify_counters."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = Path(self.tmp.name)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_lib(self, script: str, shell) -> str:
+        env = {"PATH": f"{self.dir}/bin:/usr/bin:/bin", "RIG": "/nonexistent",
+               "RESULTS": str(self.dir)}
+        result = subprocess.run([*shell, "-c", f'. "{LIB}"; {script}'], env=env,
+                                capture_output=True, text=True, timeout=30)
+        self.assertEqual(result.stderr, "")
+        return result.stdout
+
+    def test_fio_read_stats_reads_the_read_side(self):
+        (self.dir / "r.json").write_text(fio_json(1261.4, 20578304))
+        (self.dir / "w.json").write_text(fio_json(0, 0, 500.0, 99000))
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                self.assertEqual(self.run_lib(f'fio_read_stats "{self.dir}/r.json"', shell),
+                                 "iops=1261 p50_us=20578\n")
+                # A write job: 0 read IOPS, not the write side's figures.
+                self.assertEqual(self.run_lib(f'fio_read_stats "{self.dir}/w.json"', shell),
+                                 "iops=0 p50_us=0\n")
+                self.assertEqual(self.run_lib(f'fio_read_stats "{self.dir}/none.json"', shell),
+                                 "")
+
+    def test_job_stats_divide_iops_by_the_backends_cpu(self):
+        (self.dir / "fio-g-j.json").write_text(fio_json(1000.0, 99840))
+        (self.dir / "cpu-g-j.txt").write_text("backend=blkdom cpu_s=12.5 wall_s=31.0\n")
+        (self.dir / "fio-g-k.json").write_text(fio_json(1000.0, 99840))
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                # 12.5 s of CPU over 31 s less the 6 s the guest idled: 50%.
+                self.assertEqual(self.run_lib("job_stats g j 6", shell),
+                                 "iops=1000 p50_us=100 cpu_pct=50.0 iops_per_cpu_pct=20.0\n")
+                self.assertEqual(self.run_lib("backend_cpu_percent "
+                                              f'"{self.dir}/cpu-g-j.txt"', shell), "40.3\n")
+                # No CPU sample: IOPS and p50 only.
+                self.assertEqual(self.run_lib("job_stats g k", shell),
+                                 "iops=1000 p50_us=100\n")
+                self.assertEqual(self.run_lib("job_stats g missing", shell), "no fio results\n")
+
+    def test_variants_summary_takes_medians_over_rounds_in_order(self):
+        (self.dir / "v.txt").write_text(
+            "default q32 iops=100 p50_us=20 cpu_pct=90\n"
+            "poll.idle=yield q32 iops=120 p50_us=25 cpu_pct=50\n"
+            "default q32 iops=300 p50_us=10 cpu_pct=95\n"
+            "poll.idle=yield q32 iops=110 p50_us=24 cpu_pct=60\n"
+            "default q32 iops=200 p50_us=15 cpu_pct=91\n"
+            "default q1 no fio results\n")
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                self.assertEqual(self.run_lib(f'variants_summary "{self.dir}/v.txt"', shell), (
+                    "default q32: rounds=3 iops=200 (100-300) p50_us=15 cpu_pct=91\n"
+                    "poll.idle=yield q32: rounds=2 iops=115 (110-120) p50_us=24.5 cpu_pct=55\n"
+                    "default q1: rounds=1 without-results=1\n"))
+
+    def test_notify_counters_never_subtract_a_missing_sample(self):
+        stats = ("queues=1 rd_req={} notifications={} responses={} notifications-held={} "
+                 "notify-holds-wasted=1 notify-holds-declined=0")
+        (self.dir / "counters-g.txt").write_text(
+            "begin q32 " + stats.format(0, 0, 0, 0) + "\n"
+            "end q32 " + stats.format(1000, 100, 1000, 90) + "\n"
+            "begin q1 " + stats.format(1010, 101, 1010, 90) + "\n"
+            # The guest was gone when its last job's end was read: nothing.
+            "end q1 \n")
+        (self.dir / "guest-g.log").write_text(
+            "rig-guest: irq before q32 5\r\nrig-guest: irq after q32 105\r\n"
+            "rig-guest: irq before q1 110\r\nrig-guest: irq after q1 400\r\n")
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                out = sorted(self.run_lib("notify_counters g", shell).splitlines())
+                self.assertEqual(out, [
+                    "rig: g q1: counters missing at the end of the job",
+                    "rig: g q32: requests=1000 events=100 held=90 wasted=0 declined=0 "
+                    "guest_irqs=100 events/request=0.100 irqs/io=0.100"])
+
+    def test_run_variants_alternates_rounds(self):
+        # Stand-ins for the rig: each blkdom boot notes its command line, each guest writes
+        # a fio result whose IOPS say which boot it was.
+        stubs = f'''
+boot_blkdom() {{ n=$((n + 1)); echo "boot $n [$BLKDOM_CMDLINE]" >> "{self.dir}/boots"; }}
+run_fio_guest() {{
+  for job in $(echo "$4" | tr , ' '); do
+    fio_json > "$RESULTS/fio-$1-$job.json"
+    sed -i "s/\\"iops\\" : 1000.0/\\"iops\\" : $((n * 100)).0/" "$RESULTS/fio-$1-$job.json"
+    echo "backend=blkdom cpu_s=5 wall_s=10" > "$RESULTS/cpu-$1-$job.txt"
+  done
+}}
+blkdom_pollers() {{ echo pollers; }}
+domid_of() {{ echo 3; }}
+n=0
+'''
+        (self.dir / "template.json").write_text(fio_json(1000.0, 50000))
+        (self.dir / "bin").mkdir()
+        (self.dir / "bin" / "xl").write_text("#!/bin/sh\n")
+        (self.dir / "bin" / "xl").chmod(0o755)
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                (self.dir / "boots").write_text("")
+                out = self.run_lib(
+                    f'fio_json() {{ cat "{self.dir}/template.json"; }}; {stubs}'
+                    'run_variants t 2 a,b 0 default poll.idle=yield:poll.spin-us=20-200',
+                    shell)
+                self.assertEqual((self.dir / "boots").read_text().splitlines(), [
+                    "boot 1 []", "boot 2 [poll.idle=yield poll.spin-us=20-200]",
+                    "boot 3 []", "boot 4 [poll.idle=yield poll.spin-us=20-200]"])
+                lines = [line for line in out.splitlines() if " median: " in line]
+                self.assertEqual(lines, [
+                    "rig: t median: default a: rounds=2 iops=200 (100-300) p50_us=50 "
+                    "cpu_pct=50 iops_per_cpu_pct=4",
+                    "rig: t median: default b: rounds=2 iops=200 (100-300) p50_us=50 "
+                    "cpu_pct=50 iops_per_cpu_pct=4",
+                    "rig: t median: poll.idle=yield:poll.spin-us=20-200 a: rounds=2 iops=300 "
+                    "(200-400) p50_us=50 cpu_pct=50 iops_per_cpu_pct=6",
+                    "rig: t median: poll.idle=yield:poll.spin-us=20-200 b: rounds=2 iops=300 "
+                    "(200-400) p50_us=50 cpu_pct=50 iops_per_cpu_pct=6"])
+                self.assertIn("rig: t poll.idle=yield:poll.spin-us=20-200 round 2 b: iops=400 "
+                              "p50_us=50 cpu_pct=50.0 iops_per_cpu_pct=8.0", out)
+
+    def test_the_guest_lingers_before_powering_off(self):
+        # notify-sweep reads its last job's end counters from the guest's vbd.
+        text = GUEST_INIT.read_text()
+        self.assertIn('sleep "$(arg rig.linger | grep . || echo 0)"\npoweroff -f\n', text)
+        self.assertTrue(text.endswith("poweroff -f\n"))
 
 
 # GPT's "Linux filesystem data" type, as stored (mixed-endian GUID).

@@ -316,6 +316,160 @@ boot_blkdom() {
   still_running_after_up blkdom-died
 }
 
+# fio_read_stats FILE: the read side of a fio JSON (one job, or group_reporting) as
+# "iops=<n> p50_us=<n>" (p50: completion latency); nothing if it has no read side.
+fio_read_stats() {
+  awk '
+    $2 == ":" && $3 == "{" { if ($1 ~ /^"(read|write|trim|sync)"$/) side = $1; if ($1 == "\"clat_ns\"") clat = 1 }
+    side == "\"read\"" && $1 == "\"iops\"" && iops == "" { iops = $3 + 0 }
+    side == "\"read\"" && clat && $1 == "\"50.000000\"" && p50 == "" { p50 = $3 + 0 }
+    END { if (iops != "") printf "iops=%.0f p50_us=%.0f\n", iops, p50 / 1000 }' "$1" 2>/dev/null
+}
+
+# backend_cpu_percent FILE [SETTLE]: the backend's CPU over a job (run_fio_guest's
+# cpu-NAME-JOB.txt: cpu_s over wall_s less the SETTLE seconds the guest idled at its end),
+# in percent of one CPU; nothing if the file says nothing.
+backend_cpu_percent() {
+  awk -v settle="${2:-0}" '
+    { for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] } }
+    END { w = v["wall_s"] - settle; if (v["cpu_s"] != "" && w > 0) printf "%.1f\n", 100 * v["cpu_s"] / w }' \
+    "$1" 2>/dev/null
+}
+
+# job_stats GUEST JOB [SETTLE]: one line for a job run_fio_guest ran:
+# "iops=<n> p50_us=<n> cpu_pct=<n> iops_per_cpu_pct=<n>" (missing values left out).
+job_stats() {
+  local io cpu
+  io=$(fio_read_stats "$RESULTS/fio-$1-$2.json")
+  [ -n "$io" ] || { echo "no fio results"; return 0; }
+  cpu=$(backend_cpu_percent "$RESULTS/cpu-$1-$2.txt" "${3:-0}")
+  echo "$io${cpu:+ cpu_pct=$cpu}" | awk -v cpu="$cpu" '
+    { for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "iops") iops = kv[2] } }
+    { printf "%s", $0; if (iops != "" && cpu + 0 > 0) printf " iops_per_cpu_pct=%.1f", iops / cpu; print "" }'
+}
+
+# variants_summary FILE: FILE has "VARIANT JOB key=value..." lines, one per round; prints
+# per variant and job (in the order first seen) the median of each key over the rounds,
+# with the rounds' IOPS range: "VARIANT JOB: rounds=N iops=<median> (<min>-<max>) ..."
+# (and without-results=N for rounds that had none).
+variants_summary() {
+  awk '
+    function median(list,   n, a, i, j, t) {
+      n = split(list, a, " ")
+      for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
+      lo = a[1]; hi = a[n]
+      return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+    }
+    NF >= 2 {
+      id = $1 " " $2
+      if (!(id in rounds)) { order[++ids] = id }
+      rounds[id]++
+      got = 0
+      for (i = 3; i <= NF; i++) {
+        if (split($i, kv, "=") != 2) continue
+        got = 1
+        if (!((id, kv[1]) in vals)) { keys[id] = keys[id] " " kv[1] }
+        vals[id, kv[1]] = vals[id, kv[1]] " " kv[2]
+      }
+      if (!got) missing[id]++
+    }
+    END {
+      for (k = 1; k <= ids; k++) {
+        id = order[k]
+        printf "%s: rounds=%d", id, rounds[id]
+        if (missing[id]) printf " without-results=%d", missing[id]
+        n = split(keys[id], ks, " ")
+        for (i = 1; i <= n; i++) {
+          m = median(vals[id, ks[i]])
+          printf " %s=%g", ks[i], m
+          if (ks[i] == "iops") printf " (%g-%g)", lo, hi
+        }
+        print ""
+      }
+    }' "$1"
+}
+
+# notify_counters GUEST: per job of GUEST, blkdom's counter deltas over the job (from
+# counters-GUEST.txt: "begin|end JOB key=value..." lines of blkdom-stats, as
+# tests/xen/notify-sweep's job edge hook writes them) and the guest's blkif interrupts
+# (its console's "irq before|after JOB N" lines), with events per request and interrupts
+# per I/O; a job whose counters are missing at an edge says so.
+notify_counters() {
+  local guest=$1
+  awk -v guest="$guest" '
+    FNR == 1 { file++ }
+    file == 1 {
+      for (i = 3; i <= NF; i++) { split($i, kv, "="); v[$1, $2, kv[1]] = kv[2] }
+      jobs[$2] = 1; next
+    }
+    /rig-guest: irq (before|after) / {
+      for (i = 1; i <= NF; i++) if ($i == "irq") { irq[$(i + 1), $(i + 2)] = $(i + 3) }
+    }
+    function delta(j, key) { return v["end", j, key] - v["begin", j, key] }
+    END {
+      for (j in jobs) {
+        if (!(("begin", j, "rd_req") in v) || !(("end", j, "rd_req") in v)) {
+          printf "rig: %s %s: counters missing at the %s of the job\n", guest, j,
+            (("begin", j, "rd_req") in v) ? "end" : "begin"
+          continue
+        }
+        req = delta(j, "rd_req")
+        ev = delta(j, "notifications")
+        irqs = irq["after", j] - irq["before", j]
+        printf "rig: %s %s: requests=%d events=%d held=%d wasted=%d declined=%d guest_irqs=%d", \
+          guest, j, req, ev, delta(j, "notifications-held"), delta(j, "notify-holds-wasted"), \
+          delta(j, "notify-holds-declined"), irqs
+        if (req > 0) printf " events/request=%.3f irqs/io=%.3f", ev / req, irqs / req
+        printf "\n"
+      }
+    }' "$RESULTS/counters-$guest.txt" "$RESULTS/guest-$guest.log" 2>/dev/null
+}
+
+# variant_hook VARIANT GUEST: runs after each variant's guest (run_variants); a scenario
+# may redefine it (tests/xen/notify-sweep prints blkdom's counters).
+variant_hook() { :; }
+
+# run_variants TAG ROUNDS JOBS SETTLE VARIANT...: ROUNDS rounds of every variant in turn
+# (A B C A B C ...: the rig's drift falls on all alike). A variant is blkdom's command
+# line with ':' between words ("default": none). Per round and variant: blkdom booted with
+# it, a fio guest fio-TAG-<variant>-r<round> runs JOBS, one "rig: TAG VARIANT round N JOB:
+# iops=.. p50_us=.. cpu_pct=.. iops_per_cpu_pct=.." line per job (job_stats; SETTLE: the
+# guest's idle seconds after each job, GUEST_ARGS' rig.settle), blkdom destroyed. Then
+# per variant and job the medians over the rounds ("rig: TAG median: ...").
+run_variants() {
+  local tag=$1 rounds=$2 jobs=$3 settle=$4 round=1 variant slug guest start job stats
+  shift 4
+  : > "$RESULTS/variants-$tag.txt"
+  while [ "$round" -le "$rounds" ]; do
+    for variant in "$@"; do
+      slug=$(echo "$variant" | tr -c 'a-zA-Z0-9\n' '-')
+      guest=fio-$tag-$slug-r$round
+      start=$(now)
+      case $variant in
+        default) BLKDOM_CMDLINE= ;;
+        *) BLKDOM_CMDLINE=$(echo "$variant" | tr ':' ' ') ;;
+      esac
+      echo "rig: $tag round $round of $rounds: $variant"
+      if boot_blkdom; then
+        run_fio_guest "$guest" fio-guest-blkdom.cfg blkdom "$jobs" "${RIG_RUNTIME:-15}" \
+          "name=\"$guest\""
+        for job in $(echo "$jobs" | tr ',' ' '); do
+          stats=$(job_stats "$guest" "$job" "$settle")
+          echo "rig: $tag $variant round $round $job: $stats"
+          echo "$variant $job $stats" >> "$RESULTS/variants-$tag.txt"
+        done
+        variant_hook "$variant" "$guest"
+      fi
+      echo "rig: $tag $variant round $round pollers: $(blkdom_pollers "$(domid_of blkdom)")"
+      timeout 60 xl destroy blkdom
+      timing "$tag-$slug-r$round" "$(seconds_since "$start")"
+    done
+    round=$((round + 1))
+  done
+  BLKDOM_CMDLINE=
+  variants_summary "$RESULTS/variants-$tag.txt" | sed "s/^/rig: $tag median: /"
+}
+
 # still_running_after_up TAG: blkdom neither crashed nor stopped in the 3 s after "up"
 # (state dumped as TAG if it did).
 still_running_after_up() {
