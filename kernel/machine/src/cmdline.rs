@@ -217,15 +217,14 @@ mod tests {
 
     #[test]
     fn poll_idle_is_pause_or_yield() {
-        assert_eq!(Cmdline::new("x").poll_idle(), Ok(None));
-        assert_eq!(
-            Cmdline::new("poll.idle=yield").poll_idle(),
-            Ok(Some(PollIdle::Yield))
-        );
-        assert_eq!(
-            Cmdline::new("poll.idle=yield poll.idle=pause").poll_idle(),
-            Ok(Some(PollIdle::Pause))
-        );
+        let cases = [
+            ("x", None),
+            ("poll.idle=yield", Some(PollIdle::Yield)),
+            ("poll.idle=yield poll.idle=pause", Some(PollIdle::Pause)),
+        ];
+        for (line, idle) in cases {
+            assert_eq!(Cmdline::new(line).poll_idle(), Ok(idle), "{line}");
+        }
         for bad in ["", "spin", "Yield", "yield,pause"] {
             let line = format!("poll.idle={bad}");
             assert_eq!(Cmdline::new(&line).poll_idle(), Err(bad), "{bad}");
