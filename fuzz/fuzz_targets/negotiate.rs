@@ -32,6 +32,8 @@ const KEYS: [&str; 12] = [
 struct Hooks {
     busy: bool,
     connected: bool,
+    /// A second passes per step (a detached device's grace runs out after a few).
+    now: u64,
 }
 
 impl ConnectionHooks for Hooks {
@@ -54,6 +56,10 @@ impl ConnectionHooks for Hooks {
         self.connected = false;
         Ok(())
     }
+
+    fn now_ns(&self) -> u64 {
+        self.now
+    }
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -71,6 +77,7 @@ fuzz_target!(|data: &[u8]| {
     let mut hooks = Hooks {
         busy: false,
         connected: false,
+        now: 0,
     };
     let mut input = data;
     while let [op, rest @ ..] = input {
@@ -91,6 +98,7 @@ fuzz_target!(|data: &[u8]| {
                 if op & 0x80 != 0 {
                     store.remove_tree(BE);
                 }
+                hooks.now += 1_000_000_000;
                 match backend.step(&mut store, &mut hooks) {
                     Ok(StepOutcome::Switched(XenbusState::Connected)) => assert!(hooks.connected),
                     Ok(StepOutcome::Removed) => assert!(!hooks.connected),

@@ -250,6 +250,10 @@ impl ConnectionHooks for VbdHooks {
         }
         Ok(())
     }
+
+    fn now_ns(&self) -> u64 {
+        xen_domain::get().map_or(0, |p| p.now_ns())
+    }
 }
 
 /// The vCPU that serves queue `q` of a device whose first queue went to `first`:

@@ -109,7 +109,17 @@ pub trait ConnectionHooks {
     /// flight (then it is called again). Must be idempotent: also called with nothing
     /// connected.
     fn disconnect(&mut self) -> Result<(), Busy>;
+    /// A monotonic clock in nanoseconds (how long a detached device has said Closed).
+    fn now_ns(&self) -> u64;
 }
+
+/// How long a device the toolstack detached says Closed before blkdom removes its
+/// directory. libxl in dom0 waits for `state` = Closed, then for the directory to go;
+/// when its watch fires it reads `state`, and a node already removed by then reads as
+/// "backend wanted state 6 but it was removed", which fails `xl block-detach` (seen in a
+/// loaded soak). Nothing tells the driver domain that libxl has read it, so the
+/// directory stays this long; libxl's wait for the removal allows 10 s.
+pub const DETACH_GRACE_NS: u64 = 3_000_000_000;
 
 // `Busy` lives with the engine; it is an error here, where teardown answers it.
 impl core::fmt::Display for Busy {
@@ -200,6 +210,9 @@ pub struct BlkifBackend {
     /// Connections refused so far (each `Failed`): a frontend retrying bad keys shows
     /// here, not only in the last `error`.
     refused_connections: u64,
+    /// When the backend first said Closed to a toolstack that had detached the device:
+    /// from then on it only waits out [`DETACH_GRACE_NS`] and removes its directory.
+    closed_for_toolstack_at: Option<u64>,
 }
 
 fn read_u32(store: &mut dyn XenStore, path: &str) -> Result<Option<u32>, NegotiationError> {
@@ -265,6 +278,7 @@ impl BlkifBackend {
             tearing_down: false,
             releasing: false,
             refused_connections: 0,
+            closed_for_toolstack_at: None,
         };
         let early = [
             (
@@ -392,6 +406,10 @@ impl BlkifBackend {
         hooks: &mut H,
         frontend_state: XenbusState,
     ) -> Result<StepOutcome, NegotiationError> {
+        if self.state == XenbusState::Closed && self.closed_for_toolstack_at.is_some() {
+            // Detached: whatever the frontend does now, the device only goes away.
+            return self.remove_once_seen(store, hooks);
+        }
         match frontend_state {
             XenbusState::Initialising if self.state == XenbusState::Closed => {
                 // 6 -> 1: the frontend reconnects.
@@ -411,7 +429,7 @@ impl BlkifBackend {
                     // Initialising (its writes came as one watch event): connect, unless
                     // the toolstack detached the device.
                     XenbusState::Closed if self.detached_by_toolstack(store) => {
-                        return self.remove_own_directory(store)
+                        return self.remove_once_seen(store, hooks)
                     }
                     _ => {}
                 }
@@ -439,12 +457,12 @@ impl BlkifBackend {
                 }
                 self.switch(store, XenbusState::Closed)?;
                 if self.detached_by_toolstack(store) {
-                    return self.remove_own_directory(store);
+                    return self.remove_once_seen(store, hooks);
                 }
                 Ok(StepOutcome::Switched(XenbusState::Closed))
             }
             _ if self.state == XenbusState::Closed && self.detached_by_toolstack(store) => {
-                self.remove_own_directory(store)
+                self.remove_once_seen(store, hooks)
             }
             _ => Ok(StepOutcome::Idle),
         }
@@ -456,6 +474,21 @@ impl BlkifBackend {
         store
             .read(NO_TRANSACTION, &self.key("online"))
             .is_ok_and(|value| value.trim() == "0")
+    }
+
+    /// The device is closed and detached: its directory goes once the toolstack has had
+    /// [`DETACH_GRACE_NS`] to read `state` = Closed; until then `Retry`.
+    fn remove_once_seen<H: ConnectionHooks + ?Sized>(
+        &mut self,
+        store: &mut dyn XenStore,
+        hooks: &H,
+    ) -> Result<StepOutcome, NegotiationError> {
+        let now = hooks.now_ns();
+        let since = *self.closed_for_toolstack_at.get_or_insert(now);
+        if now.saturating_sub(since) < DETACH_GRACE_NS {
+            return Ok(StepOutcome::Retry);
+        }
+        self.remove_own_directory(store)
     }
 
     /// A driver domain removes its own backend directory of a detached device (libxl in

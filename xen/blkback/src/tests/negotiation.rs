@@ -15,7 +15,7 @@ use crate::fake::{
 use crate::grant::{GrantOps, GrantStatus, MapRequest, MappedGrant};
 use crate::negotiate::{
     BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection, QueueRing, StepOutcome,
-    XenbusState,
+    XenbusState, DETACH_GRACE_NS,
 };
 use crate::xenbus_error::{errno, Errno};
 use crate::xenstore::{XenStore, NO_TRANSACTION};
@@ -33,6 +33,8 @@ pub(super) struct RecordingHooks {
     busy_replies: usize,
     refuse_connect: bool,
     busy_after_refusal: usize,
+    /// The clock `now_ns` reads (tests move it on).
+    now: u64,
 }
 
 /// What `RecordingHooks` answers a connect it refuses.
@@ -71,6 +73,9 @@ impl ConnectionHooks for RecordingHooks {
             return Err(Busy { in_flight: 1 });
         }
         Ok(())
+    }
+    fn now_ns(&self) -> u64 {
+        self.now
     }
 }
 
@@ -463,6 +468,19 @@ fn toolstack_detach_closes_then_removes_the_backend_directory() {
         store.get(&format!("{BE}/online")).is_some(),
         "not removed while busy"
     );
+    // Closed, and left for libxl to read for DETACH_GRACE_NS: it fails the detach if
+    // the node it waits on is already gone when its watch fires.
+    hooks.now = 1_000;
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(state(&store), "6");
+    hooks.now += DETACH_GRACE_NS - 1;
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(state(&store), "6", "still readable within the grace");
+    // A frontend starting over meanwhile does not bring a detached device back.
+    store.set(&format!("{FE}/state"), "1");
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(state(&store), "6");
+    hooks.now += 1;
     assert_eq!(
         backend.step(&mut store, &mut hooks),
         Ok(StepOutcome::Removed)
@@ -653,6 +671,8 @@ fn detached_device_is_not_reconnected_after_a_busy_close() {
     assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
     store.set(&format!("{BE}/online"), "0");
     store.set(&format!("{FE}/state"), "3");
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    hooks.now += DETACH_GRACE_NS;
     assert_eq!(
         backend.step(&mut store, &mut hooks),
         Ok(StepOutcome::Removed)
@@ -778,6 +798,10 @@ impl ConnectionHooks for EngineHooks {
         }
         Ok(())
     }
+
+    fn now_ns(&self) -> u64 {
+        0
+    }
 }
 
 /// `EngineHooks` as the kernel's hooks behave when `asynchronous`: a disconnect only
@@ -806,6 +830,10 @@ impl ConnectionHooks for Detaching {
         self.inner.disconnect()?;
         self.asked = false;
         Ok(())
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.inner.now_ns()
     }
 }
 
@@ -1136,6 +1164,8 @@ fn the_linux_error_node_goes_with_the_device() {
     assert!(store.get(LINUX_ERROR).is_some());
     store.set(&format!("{BE}/online"), "0");
     store.set(&format!("{FE}/state"), "6");
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    hooks.now += DETACH_GRACE_NS;
     assert_eq!(
         backend.step(&mut store, &mut hooks),
         Ok(StepOutcome::Removed)
