@@ -14,6 +14,9 @@ pub struct Capability {
     /// Offset of the capability header in configuration space.
     pub offset: u16,
     pub id: u8,
+    /// Bytes 2 and 3 of the header, read with it (capability-specific: a vendor
+    /// capability's length, then for virtio its `cfg_type`).
+    pub info: u16,
 }
 
 /// Iterator over a function's capabilities.
@@ -34,11 +37,13 @@ impl Iterator for Capabilities<'_> {
         }
         self.seen += 1;
         let offset = self.next;
-        let header = self.config.read16(self.address, offset);
-        self.next = (header >> 8) & 0xfc;
+        // One read for the whole header: every access is a VM exit on a virtual machine.
+        let header = self.config.read32(self.address, offset);
+        self.next = ((header >> 8) & 0xfc) as u16;
         Some(Capability {
             offset,
             id: header as u8,
+            info: (header >> 16) as u16,
         })
     }
 }
@@ -122,10 +127,12 @@ pub fn virtio_capabilities(
     capabilities(config, address)
         .filter(|c| c.id == CAP_ID_VENDOR)
         .filter_map(move |c| {
-            let cap_len = config.read8(address, c.offset + 2);
-            let cfg_type = config.read8(address, c.offset + 3);
+            let [cap_len, cfg_type] = c.info.to_le_bytes();
+            if cap_len < 16 {
+                return None;
+            }
             let bar = config.read8(address, c.offset + 4);
-            if cap_len < 16 || bar > 5 {
+            if bar > 5 {
                 return None;
             }
             let kind = match cfg_type {

@@ -2,7 +2,7 @@
 //! answer the all-ones probe like hardware (address bits below the size read as zero).
 
 use crate::{ConfigAccess, PciAddress};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 
 pub struct FakeFunction {
@@ -78,17 +78,25 @@ impl FakeFunction {
 #[derive(Default)]
 pub struct FakeConfig {
     pub functions: RefCell<BTreeMap<PciAddress, FakeFunction>>,
+    /// Reads and writes so far (each a VM exit on a virtual machine).
+    pub accesses: Cell<usize>,
 }
 
 impl FakeConfig {
     pub fn insert(&self, address: PciAddress, function: FakeFunction) {
         self.functions.borrow_mut().insert(address, function);
     }
+
+    /// Accesses since the last call.
+    pub fn take_accesses(&self) -> usize {
+        self.accesses.replace(0)
+    }
 }
 
 impl ConfigAccess for FakeConfig {
     fn read32(&self, address: PciAddress, offset: u16) -> u32 {
         assert_eq!(offset % 4, 0, "unaligned config read");
+        self.accesses.set(self.accesses.get() + 1);
         self.functions
             .borrow()
             .get(&address)
@@ -97,6 +105,7 @@ impl ConfigAccess for FakeConfig {
 
     fn write32(&self, address: PciAddress, offset: u16, value: u32) {
         assert_eq!(offset % 4, 0, "unaligned config write");
+        self.accesses.set(self.accesses.get() + 1);
         let mut functions = self.functions.borrow_mut();
         let Some(f) = functions.get_mut(&address) else {
             return;

@@ -7,14 +7,18 @@
 #![cfg_attr(not(test), no_std)]
 #![deny(unsafe_code)]
 
+extern crate alloc;
+
 mod bar;
 mod caps;
+mod inventory;
 
-pub use bar::{read_bar, Bar, BarError};
+pub use bar::{memory_bar_addresses, read_bar, Bar, BarError};
 pub use caps::{
     capabilities, find_capability, msix, virtio_capabilities, Capability, MsixInfo, VirtioCap,
     VirtioCapKind, CAP_ID_MSIX, CAP_ID_VENDOR,
 };
+pub use inventory::Inventory;
 
 /// Bus, device and function of one PCI function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

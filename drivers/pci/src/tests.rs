@@ -258,3 +258,196 @@ fn bar_errors_display_their_cause() {
     assert_eq!(text(&BarError::NoSuchBar(6)), "no BAR 6");
     assert_eq!(text(&BarError::NotADevice), "not a type-0 (device) header");
 }
+
+/// A bus like an HVM domain's: a host bridge, a multi-function chipset device, an NVMe
+/// controller and two virtio-blk disks (the second behind a bridge on bus 1).
+fn hvm_bus() -> FakeConfig {
+    let config = FakeConfig::default();
+    config.insert(at(0, 0, 0), FakeFunction::new(0x8086, 0x1237, (6, 0, 0)));
+    let mut isa = FakeFunction::new(0x8086, 0x7000, (6, 1, 0));
+    isa.bytes[0x0e] = 0x80;
+    config.insert(at(0, 1, 0), isa);
+    config.insert(at(0, 1, 1), FakeFunction::new(0x8086, 0x7010, (1, 1, 0x80)));
+    let mut nvme = FakeFunction::new(0x1b36, 0x0010, CLASS_NVME);
+    nvme.memory_bar64(0, 0x8_f100_0000, 0x4000, false); // above 4 GiB
+    config.insert(at(0, 3, 0), nvme);
+    let mut virtio = FakeFunction::new(0x1af4, 0x1001, (1, 0, 0));
+    virtio.io_bar(0, 0xc100, 0x80);
+    virtio.memory_bar32(1, 0xf100_7000, 0x1000);
+    virtio.memory_bar64(4, 0xf200_0000, 0x4000, true);
+    config.insert(at(0, 4, 0), virtio);
+    let mut bridge = FakeFunction::new(0x1b36, 0x0001, (6, 4, 0));
+    bridge.bytes[0x0e] = 1;
+    bridge.bytes[0x19] = 1;
+    config.insert(at(0, 5, 0), bridge);
+    config.insert(at(1, 0, 0), FakeFunction::new(0x1af4, 0x1042, (1, 0, 0)));
+    config
+}
+
+#[test]
+fn the_inventory_finds_devices_without_touching_the_bus_again() {
+    let config = hvm_bus();
+    let mut inventory = Inventory::walk(&config, 0);
+    let walk = config.take_accesses();
+    assert!(
+        walk > 40,
+        "a walk of a bus reads every slot ({walk} accesses)"
+    );
+    assert_eq!(inventory.walks(), 1);
+    let nvme = inventory.find(&config, Function::is_nvme, 0);
+    assert_eq!(nvme.map(|f| f.address), Some(at(0, 3, 0)));
+    let virtio_1 = inventory.find(&config, Function::is_virtio_blk, 1);
+    assert_eq!(
+        virtio_1.map(|f| f.address),
+        Some(at(1, 0, 0)),
+        "behind the bridge"
+    );
+    assert_eq!(config.take_accesses(), 0, "found in what the walk kept");
+    assert_eq!(inventory.walks(), 1);
+    // The same answers as a walk of its own (what every attach used to make).
+    let mut direct = Vec::new();
+    enumerate_tree(&config, 0, &mut |f| direct.push(f));
+    assert_eq!(inventory.functions().copied().collect::<Vec<_>>(), direct);
+}
+
+#[test]
+fn a_device_the_inventory_lacks_is_looked_for_once_more_then_refused() {
+    let config = hvm_bus();
+    let mut inventory = Inventory::walk(&config, 0);
+    let walk = config.take_accesses();
+    assert_eq!(inventory.find(&config, Function::is_virtio_blk, 2), None);
+    assert_eq!(inventory.walks(), 2, "one more walk, no more");
+    assert_eq!(config.take_accesses(), walk);
+    // Asked again (another attach), it walks once more: a device may have come since.
+    assert_eq!(inventory.find(&config, Function::is_virtio_blk, 2), None);
+    assert_eq!(inventory.walks(), 3);
+    // One hot-plugged meanwhile is found by that walk, and kept.
+    config.insert(at(0, 6, 0), FakeFunction::new(0x1af4, 0x1042, (1, 0, 0)));
+    let found = inventory.find(&config, Function::is_virtio_blk, 2);
+    assert_eq!(inventory.walks(), 4);
+    // Walk order: bus 0 first, then the bus behind the bridge.
+    assert_eq!(found.map(|f| f.address), Some(at(1, 0, 0)));
+    assert_eq!(
+        inventory
+            .find(&config, Function::is_virtio_blk, 1)
+            .map(|f| f.address),
+        Some(at(0, 6, 0))
+    );
+    assert_eq!(inventory.walks(), 4);
+}
+
+#[test]
+fn the_inventory_reads_and_sizes_each_bar_once() {
+    let config = hvm_bus();
+    let mut inventory = Inventory::walk(&config, 0);
+    let virtio = at(0, 4, 0);
+    let expected = read_bar(&config, virtio, 4);
+    assert_eq!(
+        expected,
+        Ok(Some(Bar::Memory {
+            address: 0xf200_0000,
+            size: 0x4000,
+            wide: true,
+            prefetchable: true
+        }))
+    );
+    config.take_accesses();
+    assert_eq!(inventory.bar(&config, virtio, 4), expected);
+    assert!(config.take_accesses() >= 10, "sized the first time");
+    for _ in 0..3 {
+        assert_eq!(inventory.bar(&config, virtio, 4), expected);
+    }
+    assert_eq!(config.take_accesses(), 0, "kept");
+    // Errors are kept too, and a BAR index past the last is refused as read_bar does.
+    assert_eq!(
+        inventory.bar(&config, at(0, 5, 0), 0),
+        Err(BarError::NotADevice)
+    );
+    assert_eq!(
+        inventory.bar(&config, virtio, 6),
+        Err(BarError::NoSuchBar(6))
+    );
+    config.take_accesses();
+    assert_eq!(
+        inventory.bar(&config, at(0, 5, 0), 0),
+        Err(BarError::NotADevice)
+    );
+    assert_eq!(config.take_accesses(), 0);
+    // A walk that finds the function again keeps its BARs.
+    inventory.find(&config, Function::is_virtio_blk, 9);
+    config.take_accesses();
+    assert_eq!(inventory.bar(&config, virtio, 4), expected);
+    assert_eq!(config.take_accesses(), 0);
+}
+
+#[test]
+fn memory_bar_addresses_match_sizing_at_one_read_per_bar() {
+    let config = hvm_bus();
+    let inventory = Inventory::walk(&config, 0);
+    config.take_accesses();
+    let addresses = inventory.memory_bar_addresses(&config);
+    let reads = config.take_accesses();
+    assert!(
+        config
+            .functions
+            .borrow()
+            .values()
+            .all(|f| f.writes.is_empty()),
+        "no sizing writes"
+    );
+    // What sizing every BAR of every device finds (the bridge has no type-0 BARs).
+    let mut sized = Vec::new();
+    for f in inventory.functions().filter(|f| f.header_type == 0) {
+        let mut index = 0;
+        while index < 6 {
+            match read_bar(&config, f.address, index) {
+                Ok(Some(Bar::Memory { address, wide, .. })) => {
+                    if address != 0 {
+                        sized.push(address);
+                    }
+                    index += if wide { 2 } else { 1 };
+                }
+                _ => index += 1,
+            }
+        }
+    }
+    assert_eq!(addresses, sized);
+    assert_eq!(addresses, [0x8_f100_0000, 0xf100_7000, 0xf200_0000]);
+    // One read per BAR register of the 6 devices (a 64-bit BAR's upper half read with
+    // it), where sizing takes a dozen accesses per BAR.
+    assert_eq!(reads, 6 * 6);
+}
+
+#[test]
+fn a_64_bit_bar_in_the_last_slot_and_reserved_types_are_left_out() {
+    let config = FakeConfig::default();
+    let mut f = FakeFunction::new(1, 2, (1, 0, 0));
+    f.set32(0x10, 0xfe00_0000 | 0b010); // reserved memory type
+    f.set32(0x24, 0xfd00_0000 | 0b100); // 64-bit in slot 5
+    f.memory_bar32(2, 0xfc00_0000, 0x1000);
+    config.insert(at(0, 1, 0), f);
+    assert_eq!(memory_bar_addresses(&config, at(0, 1, 0)), [0xfc00_0000]);
+}
+
+#[test]
+fn a_virtio_capability_costs_four_reads_at_most() {
+    let config = FakeConfig::default();
+    let mut f = FakeFunction::new(0x1af4, 0x1042, (1, 0, 0));
+    f.add_capability(0x84, CAP_ID_VENDOR, &virtio_cap(1, 4, 0, 0x1000, &[]));
+    f.add_capability(0x70, CAP_ID_VENDOR, &virtio_cap(3, 4, 0x1000, 0x1000, &[]));
+    f.add_capability(
+        0x4c,
+        CAP_ID_VENDOR,
+        &virtio_cap(2, 4, 0x3000, 0x1000, &4u32.to_le_bytes()),
+    );
+    // 8 bytes long: too short for a virtio capability.
+    f.add_capability(0x40, CAP_ID_VENDOR, &[8, 4, 4, 0, 0, 0]);
+    let a = at(0, 4, 0);
+    config.insert(a, f);
+    config.take_accesses();
+    let caps: Vec<_> = virtio_capabilities(&config, a).collect();
+    assert_eq!(caps.len(), 3, "the one shorter than 16 bytes is skipped");
+    // Status and pointer (2), then per capability its header (1), BAR (1), offset and
+    // length (2), the notify multiplier (1); the short one only its header.
+    assert_eq!(config.take_accesses(), 2 + 3 * 4 + 1 + 1);
+}
