@@ -370,6 +370,8 @@ def test_registry_slices(suite):
          "a multiple of 4096 bytes"),
         ("+nvme:1:offset=60M,size=8M", ": refused: nvme:1:offset=60M,size=8M: the slice (bytes 62914560..71303168 "
          "(8M at 60M)) ends beyond the device (67108864 bytes, 64M)"),
+        # Not on the bus: the bus is walked once more, then the same refusal as ever.
+        ("+virtio:1", ": refused: virtio:1: no virtio-blk device number 1 on the PCI bus"),
     ]
     extra = ["-drive", f"file={nvme_image},format=raw,if=none,id=disk0", "-device", "nvme,drive=disk0,serial=x",
              "-drive", f"file={virtio_image},format=raw,if=none,id=disk1",
@@ -384,9 +386,38 @@ def test_registry_slices(suite):
     if len(seen) != len(steps) + 1 or seen[-1:] != ["done"]:
         problems.append(f"{len(seen)} registrytest lines for {len(steps)} steps")
     for needle in ["blkback: nvme:1:offset=1M,size=8M reused (2 idle queue(s) of 6 made)",
-                   "blkback: virtio:0:offset=40M,size=4M reused (2 idle queue(s) of 4 made)"]:
+                   "blkback: virtio:0:offset=40M,size=4M reused (2 idle queue(s) of 4 made)",
+                   # Both devices brought up before the first disk (Devices::prepare).
+                   "NVMe controller brought up at boot, before any disk",
+                   "virtio-blk device brought up at boot, before any disk",
+                   "pci: walked the bus again for a device the first walk did not find: not there"]:
         if needle not in r.log:
             problems.append(f"log lacks {needle!r}")
+    # The bus is walked once (then once more for virtio:1 alone), and no disk's open
+    # touches a configuration register. The first disk on the virtio device takes the
+    # queues made at boot (its only register accesses are the partition table's reads;
+    # bringing the device up is some 50); the first on the NVMe namespace makes its
+    # queues (namespace identify, a completion and a submission queue per CPU) and reads
+    # its table, with no bring-up phase.
+    walks = r.log.count("configuration accesses); kept")
+    if walks != 1:
+        problems.append(f"the bus was walked {walks} times at boot, expected once")
+    costs = re.findall(r"registry: \+(\S+) took .*; (\d+) config and (\d+) register accesses", r.log)
+    boot_walk = re.search(r"pci: \d+ functions on the bus \((\d+) configuration accesses\)", r.log)
+    for spec, config, _ in costs:
+        # virtio:1 costs one walk of the bus, as many accesses as the walk at boot.
+        expected = boot_walk.group(1) if spec == "virtio:1" and boot_walk else "0"
+        if config != expected:
+            problems.append(f"+{spec}: {config} configuration accesses, expected {expected}")
+    if len(costs) != len(steps) - 2:
+        problems.append(f"{len(costs)} opens timed for {len(steps) - 2} + steps")
+    limits = {"virtio:0:part=2": 4, "virtio:1": 0}
+    for spec, _, registers in costs:
+        if spec in limits and int(registers) > limits[spec]:
+            problems.append(f"+{spec}: {registers} register accesses, expected at most {limits[spec]}")
+    brought_up = [l for l in r.lines() if "registry: +" in l and "bring-up" in l]
+    if brought_up:
+        problems.append(f"a device brought up at a disk's open: {brought_up[0]}")
     if r.verdict != "pass":
         problems.append(f"verdict {r.verdict}")
     suite.record("registry.slices-overlaps-and-queues", not problems,

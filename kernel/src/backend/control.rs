@@ -21,7 +21,8 @@ use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
 use xen::xenstore::Transaction;
 
-use crate::firmware::Firmware;
+use crate::devices::open::PciBus;
+use crate::devices::stopwatch;
 use crate::xen_domain;
 
 /// The device directory, relative to our home, and the token of its watch.
@@ -56,7 +57,7 @@ pub struct Control {
 }
 
 impl Control {
-    pub fn new(firmware: Firmware) -> Option<Control> {
+    pub fn new(bus: PciBus) -> Option<Control> {
         let xen = xen_domain::get()?;
         let store_port = xen::domain::store_params(&xen.hv).ok().map(|p| p.evtchn);
         let domid =
@@ -85,7 +86,7 @@ impl Control {
             next_stats: 0,
             retrying: BTreeSet::new(),
             first_round: true,
-            registry: Registry::new(firmware),
+            registry: Registry::new(bus),
         })
     }
 
@@ -115,6 +116,7 @@ impl Control {
             .read(NO_TRANSACTION, &format!("{path}/params"))
             .map_err(AttachError::NoParams)?;
         let passed_through = self.passed_through(store);
+        stopwatch::lap("xenstore");
         let params = params.trim();
         self.registry
             .open(params, &passed_through)
@@ -149,9 +151,13 @@ impl Control {
     }
 
     fn add(&mut self, store: &mut Store<'_>, path: String) {
+        stopwatch::start();
         let (disk, params) = match self.open_backing(store, &path) {
             Ok(opened) => opened,
-            Err(reason) => return self.fail(store, path, reason),
+            Err(reason) => {
+                log_attach_cost(&path);
+                return self.fail(store, path, reason);
+            }
         };
         match BlkifBackend::probe(store, &path, backend_params(&disk)) {
             Ok(backend) => {
@@ -160,11 +166,13 @@ impl Control {
                         log::error!("blkback: {path}: watch {watched}: {e:?}");
                     }
                 }
+                stopwatch::lap("probe");
                 log::info!(
                     "blkback: {path}: {}, frontend {}, InitWait",
                     disk.describe(),
                     backend.frontend_path()
                 );
+                log_attach_cost(&path);
                 let name = path.rsplit('/').take(2).collect::<Vec<_>>().join("/");
                 let hooks = VbdHooks {
                     name,
@@ -182,6 +190,7 @@ impl Control {
             }
             Err(e) => {
                 self.registry.release(disk);
+                log_attach_cost(&path);
                 self.fail(store, path, AttachError::Probe(e));
             }
         }
@@ -568,6 +577,14 @@ impl poller::ControlWork for Control {
         } else {
             STATS_PERIOD_NS
         })
+    }
+}
+
+/// Logs where the time of the attach of the device at `path` went (the stopwatch `add`
+/// started).
+fn log_attach_cost(path: &str) {
+    if let Some(cost) = stopwatch::finish() {
+        log::info!("blkback: {path}: attach took {cost}");
     }
 }
 

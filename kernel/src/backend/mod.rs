@@ -23,7 +23,7 @@ pub use registrytest::registry_test;
 use crate::xen_domain;
 
 /// Starts a poller on every other vCPU and runs vCPU 0's (with the control path).
-pub fn serve(hole: machine::frames::PhysRange, firmware: crate::firmware::Firmware) -> ! {
+pub fn serve(hole: machine::frames::PhysRange, bus: crate::devices::open::PciBus) -> ! {
     let rings = space::init(hole);
     log::info!(
         "blkback: map space {:#x}-{:#x} ({} MiB, {} rings)",
@@ -38,7 +38,7 @@ pub fn serve(hole: machine::frames::PhysRange, firmware: crate::firmware::Firmwa
         }
     }
     xen_domain::control::listen();
-    let mut control = Control::new(firmware);
+    let mut control = Control::new(bus);
     if control.is_none() {
         log::error!("blkback: no xenstore control path: serving nothing");
     }

@@ -22,9 +22,8 @@
 
 use super::disk::{DeviceQueue, Disk, OpenDevice, RAM_MEMORY_WANTED};
 use super::error::{DiskError, ResizeRefusal};
-use crate::devices::open::{Devices, OpenOptions, Queue};
+use crate::devices::open::{Devices, OpenOptions, PciBus, Queue};
 use crate::devices::region::{self, TableReader};
-use crate::firmware::Firmware;
 use alloc::collections::BTreeMap;
 use alloc::format;
 use alloc::string::{String, ToString};
@@ -70,13 +69,18 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(firmware: Firmware) -> Registry {
+    /// The registry of the devices on `bus`, brought up now (`Devices::prepare`): an
+    /// attach then takes queues, where bringing a device up would cost it a VM exit to
+    /// the device model per register access.
+    pub fn new(bus: PciBus) -> Registry {
+        let mut devices = Devices::new(bus);
+        devices.prepare(crate::smp::online_count().max(1) * VIRTIO_QUEUES_PER_CPU);
         Registry {
             ram_disks: BTreeMap::new(),
             pools: Vec::new(),
             serving: Ranges::new(),
             bounce_counters: Vec::new(),
-            devices: Devices::new(firmware),
+            devices,
             tables: TableReader::default(),
         }
     }
@@ -282,6 +286,9 @@ impl Registry {
                 })
                 .and_then(|extent| self.check_free(spec, device, extent).map(|()| extent)),
         };
+        if known.is_none() {
+            crate::devices::stopwatch::lap("table");
+        }
         let extent = match placed {
             Ok(extent) => extent,
             Err(error) => {

@@ -17,7 +17,6 @@ use super::error::OpenError;
 use super::hal::{self, now_us};
 use super::open::{self, Queue};
 use super::region::{RegionError, TableReader};
-use crate::firmware::Firmware;
 use crate::power;
 use alloc::boxed::Box;
 use alloc::string::{String, ToString};
@@ -78,8 +77,8 @@ static RESULTS: spin::Once<Vec<QueueResult>> = spin::Once::new();
 static FINISHED: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs the disk test on `spec` and powers off with its verdict.
-pub fn disk_test(spec: &str, cmdline: &Cmdline, firmware: Firmware) -> ! {
-    let verdict = match run(spec, cmdline, &firmware) {
+pub fn disk_test(spec: &str, cmdline: &Cmdline, bus: open::PciBus) -> ! {
+    let verdict = match run(spec, cmdline, bus) {
         Ok(()) => {
             info!("disktest: PASS");
             power::Verdict::Pass
@@ -107,7 +106,7 @@ fn number<T: core::str::FromStr>(
     }
 }
 
-fn run(spec: &str, cmdline: &Cmdline, firmware: &Firmware) -> Result<(), DiskTestError> {
+fn run(spec: &str, cmdline: &Cmdline, bus: open::PciBus) -> Result<(), DiskTestError> {
     let backing = backing::parse_backing(spec).map_err(|e| DiskTestError::Spec {
         spec: spec.into(),
         reason: e.to_string(),
@@ -136,8 +135,13 @@ fn run(spec: &str, cmdline: &Cmdline, firmware: &Firmware) -> Result<(), DiskTes
         ..Default::default()
     };
     // Both opens below go through one `Devices`, as the control path's do.
-    let mut devices = open::Devices::new(*firmware);
-    let mut disk = devices.open(backing, wanted, options)?;
+    let mut devices = open::Devices::new(bus);
+    super::stopwatch::start();
+    let opened = devices.open(backing, wanted, options);
+    if let Some(cost) = super::stopwatch::finish() {
+        info!("devices: {spec} opened in {cost}");
+    }
+    let mut disk = opened?;
     // A slice: its queues are wrapped as the registry's are, and the test runs inside it.
     let region = backing.device().map_or(Region::Whole, |(_, region)| region);
     let window = match region {

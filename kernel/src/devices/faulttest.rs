@@ -22,8 +22,7 @@
 
 use super::dma_pages::DmaPages;
 use super::hal::{self, now_us};
-use super::open::{Devices, OpenOptions, Queue};
-use crate::firmware::Firmware;
+use super::open::{Devices, OpenOptions, PciBus, Queue};
 use crate::power;
 use alloc::format;
 use alloc::string::String;
@@ -38,8 +37,8 @@ const READ_SECTORS: u64 = 8;
 const PAINT: u8 = 0xa5;
 
 /// Runs the fault test and powers off with its verdict.
-pub fn fault_test(spec: &str, cmdline: &Cmdline, firmware: Firmware) -> ! {
-    let verdict = match run(spec, cmdline, firmware) {
+pub fn fault_test(spec: &str, cmdline: &Cmdline, bus: PciBus) -> ! {
+    let verdict = match run(spec, cmdline, bus) {
         Ok(()) => {
             info!("faulttest: PASS");
             power::Verdict::Pass
@@ -158,7 +157,7 @@ fn open_one(devices: &mut Devices, spec: &str, bounce: bool) -> Result<Queue, St
         .ok_or_else(|| format!("{spec}: no queue"))
 }
 
-fn run(spec: &str, cmdline: &Cmdline, firmware: Firmware) -> Result<(), String> {
+fn run(spec: &str, cmdline: &Cmdline, bus: PciBus) -> Result<(), String> {
     hal::calibrate_clock();
     let error_sector = number(cmdline, "faulttest.error-sector", 2048)?;
     let stall_sector = number(cmdline, "faulttest.stall-sector", 0)?;
@@ -167,7 +166,7 @@ fn run(spec: &str, cmdline: &Cmdline, firmware: Firmware) -> Result<(), String> 
     if timeout_ms == 0 || error_sector < READ_SECTORS {
         return Err("faulttest needs device.timeout-ms > 0 and faulttest.error-sector >= 8".into());
     }
-    let mut devices = Devices::new(firmware);
+    let mut devices = Devices::new(bus);
     let mut failing = open_one(&mut devices, spec, false)?;
     let page = Page::new()?;
     // 1. A device error: the read touching the sector fails, its neighbours do not.

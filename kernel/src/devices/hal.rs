@@ -5,7 +5,7 @@
 use crate::arch::paging::{self, MapError};
 use crate::physmem;
 use blkdev::DmaRegion;
-use core::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use machine::acpi::{self, EcamWindow};
 use pci::{ConfigAccess, PciAddress};
 use x86_64::instructions::port::Port;
@@ -77,11 +77,37 @@ pub struct PortConfig;
 /// The address/data port pair is one shared register: one access at a time.
 static PORT_LOCK: spin::Mutex<()> = spin::Mutex::new(());
 
+/// Configuration-space accesses (reads and writes of 32 bits) since boot: each is a VM
+/// exit, and under Xen's HVM a round trip to the device model in dom0.
+static CONFIG_ACCESSES: AtomicU64 = AtomicU64::new(0);
+
+/// Configuration-space accesses since boot (`devices::stopwatch` takes differences).
+pub fn config_accesses() -> u64 {
+    CONFIG_ACCESSES.load(Ordering::Relaxed)
+}
+
+/// Device register accesses made on vCPU 0 (the control path's) while a stopwatch runs
+/// (`count_registers`). The pollers' doorbells pay one load of a flag, and while it is
+/// up one look at which CPU they run on: they are not counted.
+static REGISTER_ACCESSES: AtomicU64 = AtomicU64::new(0);
+static COUNT_REGISTERS: AtomicBool = AtomicBool::new(false);
+
+/// Starts or stops counting vCPU 0's device register accesses.
+pub fn count_registers(on: bool) {
+    COUNT_REGISTERS.store(on, Ordering::Relaxed);
+}
+
+/// Register accesses counted so far.
+pub fn register_accesses() -> u64 {
+    REGISTER_ACCESSES.load(Ordering::Relaxed)
+}
+
 impl ConfigAccess for PortConfig {
     fn read32(&self, address: PciAddress, offset: u16) -> u32 {
         if offset >= 256 {
             return u32::MAX;
         }
+        CONFIG_ACCESSES.fetch_add(1, Ordering::Relaxed);
         let _guard = PORT_LOCK.lock();
         // SAFETY: 0xCF8/0xCFC are the PCI configuration mechanism #1 ports; selecting and
         // reading a register has no effect on memory.
@@ -95,6 +121,7 @@ impl ConfigAccess for PortConfig {
         if offset >= 256 {
             return;
         }
+        CONFIG_ACCESSES.fetch_add(1, Ordering::Relaxed);
         let _guard = PORT_LOCK.lock();
         // SAFETY: as in `read32`; the callers write registers they own (command, BARs).
         unsafe {
@@ -137,6 +164,7 @@ impl EcamConfig {
 
 impl ConfigAccess for EcamConfig {
     fn read32(&self, address: PciAddress, offset: u16) -> u32 {
+        CONFIG_ACCESSES.fetch_add(1, Ordering::Relaxed);
         match self.register(address, offset) {
             // SAFETY: `register` mapped this function's configuration page uncached.
             Some(virt) => unsafe { core::ptr::read_volatile(virt as *const u32) },
@@ -145,6 +173,7 @@ impl ConfigAccess for EcamConfig {
     }
 
     fn write32(&self, address: PciAddress, offset: u16, value: u32) {
+        CONFIG_ACCESSES.fetch_add(1, Ordering::Relaxed);
         if let Some(virt) = self.register(address, offset) {
             // SAFETY: as in `read32`.
             unsafe { core::ptr::write_volatile(virt as *mut u32, value) }
@@ -205,6 +234,17 @@ pub fn allocate_dma(pages: usize) -> Option<u64> {
     (!memory.is_null()).then_some(memory as u64)
 }
 
+/// `pages` page-aligned pages from the heap, not zeroed (for memory the CPU fills before
+/// any device reads it, and the device before the CPU reads it: bounce buffers), so
+/// none of it is touched here. Set-up only: never freed.
+pub fn allocate_pages(pages: usize) -> Option<u64> {
+    let bytes = pages.max(1).checked_mul(PAGE as usize)?;
+    let layout = core::alloc::Layout::from_size_align(bytes, PAGE as usize).ok()?;
+    // SAFETY: the layout has a non-zero size.
+    let memory = unsafe { alloc::alloc::alloc(layout) };
+    (!memory.is_null()).then_some(memory as u64)
+}
+
 /// TSC ticks per microsecond, once calibrated.
 static TSC_PER_US: AtomicU64 = AtomicU64::new(0);
 
@@ -240,20 +280,35 @@ pub fn calibrate_clock() -> u64 {
     per_us
 }
 
-/// TSC ticks since an arbitrary start (for timeouts before `calibrate_clock`, or without
-/// it: the control path under Xen never calibrates).
+/// TSC ticks since an arbitrary start (a timeout that needs no clock in ns).
 pub fn ticks() -> u64 {
     rdtsc()
 }
 
-/// Microseconds since an arbitrary start (after `calibrate_clock`).
-pub fn now_us() -> u64 {
-    rdtsc() / TSC_PER_US.load(Ordering::Relaxed).max(1)
+/// Nanoseconds since an arbitrary start: Xen's system time under Xen (the TSC is not
+/// calibrated there), otherwise the TSC calibrated against the PIT (on first use, if the
+/// boot did not).
+pub fn now_ns() -> u64 {
+    if let Some(xen) = crate::xen_domain::get() {
+        return xen.now_ns();
+    }
+    let mut per_us = TSC_PER_US.load(Ordering::Relaxed);
+    if per_us == 0 {
+        per_us = calibrate_clock();
+    }
+    (u128::from(rdtsc()) * 1000 / u128::from(per_us)) as u64
 }
 
+/// Microseconds since an arbitrary start.
+pub fn now_us() -> u64 {
+    now_ns() / 1000
+}
+
+/// Waits `micros` microseconds (real ones, under Xen too: the drivers' bring-up
+/// timeouts count these).
 pub fn delay_us(micros: u64) {
-    let end = now_us() + micros;
-    while now_us() < end {
+    let end = now_ns() + micros * 1000;
+    while now_ns() < end {
         core::hint::spin_loop();
     }
 }
@@ -353,6 +408,11 @@ impl DeviceHal {
     fn register(&self, address: u64, size: u64) -> u64 {
         if !self.windows.iter().any(|w| w.holds(address, size)) {
             outside_windows(address, size);
+        }
+        if COUNT_REGISTERS.load(Ordering::Relaxed)
+            && crate::smp::current().index.load(Ordering::Relaxed) == 0
+        {
+            REGISTER_ACCESSES.fetch_add(1, Ordering::Relaxed);
         }
         address
     }

@@ -10,6 +10,7 @@ mod hal;
 mod nvme;
 pub mod open;
 pub mod region;
+pub mod stopwatch;
 mod virtio;
 
 pub use disktest::disk_test;

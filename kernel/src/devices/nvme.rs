@@ -2,8 +2,8 @@
 //! then give every disk on it (each namespace, each open) I/O queues from that pool.
 
 use super::error::OpenError;
-use super::hal::{DeviceHal, DmaSwitch, PciConfig};
-use super::open::{map_memory_bar, memory_bar, OpenOptions, OpenedDisk, Queue};
+use super::hal::{DeviceHal, DmaSwitch};
+use super::open::{map_memory_bar, memory_bar, OpenOptions, OpenedDisk, PciBus, Queue};
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::sync::Arc;
@@ -24,10 +24,10 @@ pub struct NvmeControllers(Vec<(PciAddress, nvme::Controller<DeviceHal>)>);
 
 /// Resets the controller at `function` and asks it for I/O queue pairs.
 fn bring_up(
-    pci: &PciConfig,
+    bus: &mut PciBus,
     function: &Function,
 ) -> Result<nvme::Controller<DeviceHal>, OpenError> {
-    let (_, size) = memory_bar(pci, function, 0)?;
+    let (_, size) = memory_bar(bus, function, 0)?;
     if size < 0x2000 {
         return Err(OpenError::NvmeBarTooSmall {
             device: function.address,
@@ -37,7 +37,8 @@ fn bring_up(
     // Registers and doorbells: 64 KiB holds the doorbells of 8192 queues at the
     // smallest stride, far more than we ask for.
     let window = size.min(NVME_REGISTER_WINDOW);
-    let registers = map_memory_bar(pci, function, 0, 0, window)?;
+    let registers = map_memory_bar(bus, function, 0, 0, window)?;
+    let pci = bus.config();
     pci::enable_memory_and_dma(pci.access(), function.address);
     let fail = |step, error| OpenError::Nvme {
         device: function.address,
@@ -58,24 +59,33 @@ fn bring_up(
 }
 
 impl NvmeControllers {
-    /// Namespace `nsid` of the controller at `function` (brought up on its first open),
-    /// with up to `wanted_queues` I/O queues.
+    /// The index of the controller at `function`, brought up now if it never was.
+    fn up(&mut self, bus: &mut PciBus, function: &Function) -> Result<usize, OpenError> {
+        if let Some(index) = self.0.iter().position(|(a, _)| *a == function.address) {
+            return Ok(index);
+        }
+        let controller = bring_up(bus, function)?;
+        super::stopwatch::lap("bring-up");
+        self.0.push((function.address, controller));
+        Ok(self.0.len() - 1)
+    }
+
+    /// Brings the controller at `function` up before any disk names it.
+    pub fn prepare(&mut self, bus: &mut PciBus, function: &Function) -> Result<(), OpenError> {
+        self.up(bus, function).map(|_| ())
+    }
+
+    /// Namespace `nsid` of the controller at `function` (brought up on its first open,
+    /// unless `prepare` did), with up to `wanted_queues` I/O queues.
     pub fn open(
         &mut self,
-        pci: &PciConfig,
+        bus: &mut PciBus,
         function: Function,
         nsid: u32,
         wanted_queues: usize,
         options: &OpenOptions<'_>,
     ) -> Result<OpenedDisk, OpenError> {
-        let index = match self.0.iter().position(|(a, _)| *a == function.address) {
-            Some(index) => index,
-            None => {
-                let controller = bring_up(pci, &function)?;
-                self.0.push((function.address, controller));
-                self.0.len() - 1
-            }
-        };
+        let index = self.up(bus, &function)?;
         let controller = &mut self.0[index].1;
         if controller.is_stopped() {
             // Its admin queue would not answer either (no DMA).
@@ -90,6 +100,7 @@ impl NvmeControllers {
             .namespace(nsid)
             .map_err(|e| fail("namespace", e))?;
         namespace.sgl &= !options.nvme_prp_only;
+        super::stopwatch::lap("namespace");
         let count = wanted_queues.min(usize::from(controller.io_queues_left()));
         if count == 0 {
             return Err(OpenError::NvmeQueuesInUse(function.address));
@@ -101,6 +112,7 @@ impl NvmeControllers {
                 .map_err(|e| fail("I/O queue", e))?;
             queues.push(Box::new(queue));
         }
+        super::stopwatch::lap("queues");
         let granted = count;
         let identity = controller.identity();
         let version = controller.version();

@@ -3,6 +3,7 @@
 use super::error::OpenError;
 use super::hal::{self, PciConfig};
 use super::nvme::NvmeControllers;
+use super::stopwatch;
 use crate::firmware::Firmware;
 use alloc::boxed::Box;
 use alloc::format;
@@ -12,7 +13,7 @@ use alloc::vec::Vec;
 use backing::Backing;
 use blkdev::BlockDevice;
 use core::sync::atomic::AtomicU64;
-use pci::{Bar, Function, PciAddress};
+use pci::{Bar, BarError, Function, Inventory, PciAddress};
 
 pub type Queue = Box<dyn BlockDevice + Send>;
 
@@ -43,13 +44,108 @@ pub struct OpenOptions<'a> {
     pub passed_through: &'a [PciAddress],
 }
 
+/// PCI configuration space and what one walk of the bus found (`pci::Inventory`: the
+/// functions, and each BAR once read). Made once at boot; the bus is walked on first
+/// use, and again only for a device the walk did not find. Every configuration access is
+/// a VM exit, under Xen's HVM a round trip to the device model in dom0: a walk of the
+/// bus is some sixty, sizing a BAR a dozen.
+pub struct PciBus {
+    config: PciConfig,
+    inventory: Option<Inventory>,
+}
+
+impl PciBus {
+    /// Through the MCFG's ECAM window, or ports 0xCF8/0xCFC without one (says which).
+    pub fn new(firmware: &Firmware) -> PciBus {
+        PciBus {
+            config: PciConfig::from_mcfg(firmware.ecam),
+            inventory: None,
+        }
+    }
+
+    pub fn config(&self) -> &PciConfig {
+        &self.config
+    }
+
+    /// What the walk found, the bus walked now if it never was.
+    fn inventory(&mut self) -> &mut Inventory {
+        let config = self.config;
+        self.inventory.get_or_insert_with(|| {
+            let before = hal::config_accesses();
+            let inventory = Inventory::walk(config.access(), config.first_bus());
+            log_functions(&inventory);
+            log::info!(
+                "pci: {} functions on the bus ({} configuration accesses); kept",
+                inventory.functions().count(),
+                hal::config_accesses() - before
+            );
+            inventory
+        })
+    }
+
+    /// The `index`-th function `wanted` accepts, in bus order (bridges followed): from
+    /// what the walk found, or, when it has fewer, from one more walk.
+    pub fn find(&mut self, wanted: fn(&Function) -> bool, index: usize) -> Option<Function> {
+        let config = self.config;
+        let inventory = self.inventory();
+        let walks = inventory.walks();
+        let found = inventory.find(config.access(), wanted, index);
+        if inventory.walks() != walks {
+            log::info!(
+                "pci: walked the bus again for a device the first walk did not find: {}",
+                if found.is_some() {
+                    "found"
+                } else {
+                    "not there"
+                }
+            );
+            log_functions(inventory);
+        }
+        found
+    }
+
+    /// BAR `index` of `function`, read and sized once.
+    pub fn bar(&mut self, function: &Function, index: u8) -> Result<Option<Bar>, BarError> {
+        let config = self.config;
+        self.inventory()
+            .bar(config.access(), function.address, index)
+    }
+
+    /// The address of every assigned memory BAR of every device (read without sizing).
+    pub fn memory_bar_addresses(&mut self) -> Vec<u64> {
+        let config = self.config;
+        self.inventory().memory_bar_addresses(config.access())
+    }
+
+    /// Every function found (the bus walked now if it never was).
+    pub fn functions(&mut self) -> Vec<Function> {
+        self.inventory().functions().copied().collect()
+    }
+}
+
+fn log_functions(inventory: &Inventory) {
+    for function in inventory.functions() {
+        log::debug!(
+            "pci: {} {:04x}:{:04x} class {:02x}.{:02x}.{:02x}",
+            function.address,
+            function.vendor_id,
+            function.device_id,
+            function.class,
+            function.subclass,
+            function.prog_if
+        );
+    }
+}
+
 /// The PCI devices opened so far, owned by whoever opens disks (the control path's
 /// device registry, or the disk test): what must be done once per device is done once.
 pub struct Devices {
-    /// Where PCI configuration space is (the MCFG's ECAM window).
-    firmware: Firmware,
+    bus: PciBus,
     /// Brought up once, then shared by every disk on them.
     nvme: NvmeControllers,
+    /// Virtio devices brought up by `prepare`, their queues waiting for the device's
+    /// first disk (without bounce buffers yet: whether it needs them is decided then).
+    prepared_virtio: Vec<(PciAddress, OpenedDisk)>,
     /// Virtio devices in use: one disk each (opening one again would reset it).
     virtio_in_use: Vec<PciAddress>,
     /// Each device's bounce counter, shared by every open of it (an NVMe controller is
@@ -58,10 +154,11 @@ pub struct Devices {
 }
 
 impl Devices {
-    pub fn new(firmware: Firmware) -> Devices {
+    pub fn new(bus: PciBus) -> Devices {
         Devices {
-            firmware,
+            bus,
             nvme: NvmeControllers::default(),
+            prepared_virtio: Vec::new(),
             virtio_in_use: Vec::new(),
             bounce_counters: Vec::new(),
         }
@@ -98,31 +195,87 @@ impl Devices {
                 })
             }
             Backing::Nvme { nsid, .. } => {
-                let pci = PciConfig::from_mcfg(self.firmware.ecam);
-                let function = find(&pci, Function::is_nvme, 0).ok_or(OpenError::NoNvme)?;
+                let function = self
+                    .bus
+                    .find(Function::is_nvme, 0)
+                    .ok_or(OpenError::NoNvme)?;
+                stopwatch::lap("scan");
                 let emulated = emulated_under_xen(&function, &options);
-                let mut disk = self
-                    .nvme
-                    .open(&pci, function, nsid, wanted_queues, &options)?;
+                let mut disk =
+                    self.nvme
+                        .open(&mut self.bus, function, nsid, wanted_queues, &options)?;
                 disk.bounced_bytes = self.bounce_counter(function.address);
                 disk.device_model = emulated;
                 with_bounce(disk, options.bounce || emulated)
             }
             Backing::Virtio { index, .. } => {
-                let pci = PciConfig::from_mcfg(self.firmware.ecam);
-                let function = find(&pci, Function::is_virtio_blk, index as usize)
+                let function = self
+                    .bus
+                    .find(Function::is_virtio_blk, index as usize)
                     .ok_or(OpenError::NoVirtio { index })?;
+                stopwatch::lap("scan");
                 let emulated = emulated_under_xen(&function, &options);
                 if self.virtio_in_use.contains(&function.address) {
                     return Err(OpenError::VirtioInUse(function.address));
                 }
-                let mut disk = super::virtio::open(&pci, function, wanted_queues)?;
+                let prepared = self
+                    .prepared_virtio
+                    .iter()
+                    .position(|(address, _)| *address == function.address);
+                let mut disk = match prepared {
+                    Some(at) => self.prepared_virtio.swap_remove(at).1,
+                    None => super::virtio::open(&mut self.bus, function, wanted_queues)?,
+                };
                 self.virtio_in_use.push(function.address);
                 disk.bounced_bytes = self.bounce_counter(function.address);
                 disk.device_model = emulated;
                 with_bounce(disk, options.bounce || emulated)
             }
         }
+    }
+
+    /// Brings up, before any disk names them, the devices a disk can name: the first
+    /// NVMe controller (reset, admin queue, identify, the I/O queue pairs it grants; a
+    /// namespace's queues are made when a disk opens it) and every virtio-blk device
+    /// (with `virtio_queues` virtqueues). Each register and configuration access is a VM
+    /// exit, under Xen's HVM a round trip to the device model: a loaded nested rig took
+    /// 24 s to open an emulated disk at attach, past the 10 s libxl gives a backend to
+    /// reach InitWait. Done here, at boot, the attach takes queues. A device that fails
+    /// here is left as it was: its first disk opens it again, and fails or not as it
+    /// always did (the reason to its vbd's error nodes).
+    pub fn prepare(&mut self, virtio_queues: usize) {
+        let functions = self.bus.functions();
+        if let Some(nvme) = functions.iter().find(|f| f.is_nvme()) {
+            stopwatch::start();
+            let done = self.nvme.prepare(&mut self.bus, nvme);
+            log_prepared(nvme, "NVMe controller", done.err());
+        }
+        for virtio in functions.iter().filter(|f| f.is_virtio_blk()) {
+            stopwatch::start();
+            match super::virtio::open(&mut self.bus, *virtio, virtio_queues) {
+                Ok(disk) => {
+                    self.prepared_virtio.push((virtio.address, disk));
+                    log_prepared(virtio, "virtio-blk device", None);
+                }
+                Err(error) => log_prepared(virtio, "virtio-blk device", Some(error)),
+            }
+        }
+    }
+}
+
+/// Says how the bring-up of `function` at boot went (with the stopwatch's figures).
+fn log_prepared(function: &Function, what: &str, error: Option<OpenError>) {
+    let cost = stopwatch::finish();
+    let cost = cost.as_ref().map_or(&"" as &dyn core::fmt::Display, |c| c);
+    match error {
+        None => log::info!(
+            "pci {}: {what} brought up at boot, before any disk: {cost}",
+            function.address
+        ),
+        Some(error) => log::warn!(
+            "pci {}: {what} not brought up at boot ({error}): its first disk tries again; {cost}",
+            function.address
+        ),
     }
 }
 
@@ -172,6 +325,7 @@ fn with_bounce(disk: OpenedDisk, bounce: bool) -> Result<OpenedDisk, OpenError> 
                 .ok_or(OpenError::NoBounceMemory)
         })
         .collect::<Result<Vec<_>, _>>()?;
+    stopwatch::lap("bounce");
     Ok(OpenedDisk {
         description: format!(
             "{} (emulated by the device model: through bounce buffers, {} KiB per queue)",
@@ -184,73 +338,16 @@ fn with_bounce(disk: OpenedDisk, bounce: bool) -> Result<OpenedDisk, OpenError> 
     })
 }
 
-/// The `index`-th function (in bus order, bridges followed) that `wanted` accepts.
-fn find(pci: &PciConfig, wanted: fn(&Function) -> bool, index: usize) -> Option<Function> {
-    let mut matches = 0;
-    let mut found = None;
-    pci::enumerate_tree(pci.access(), pci.first_bus(), &mut |function| {
-        log::debug!(
-            "pci: {} {:04x}:{:04x} class {:02x}.{:02x}.{:02x}",
-            function.address,
-            function.vendor_id,
-            function.device_id,
-            function.class,
-            function.subclass,
-            function.prog_if
-        );
-        if wanted(&function) {
-            if matches == index && found.is_none() {
-                found = Some(function);
-            }
-            matches += 1;
-        }
-    });
-    found
-}
-
-/// Every assigned memory BAR of every device (physical address, size): the MMIO that
-/// guest-physical space chosen for other uses (grant mappings) must stay clear of. An
-/// HVM domain has the device model's devices here; a PVH domain has no PCI bus at all.
-pub fn memory_bars(firmware: &Firmware) -> Vec<(u64, u64)> {
-    let pci = PciConfig::from_mcfg(firmware.ecam);
-    let mut functions = Vec::new();
-    pci::enumerate_tree(pci.access(), pci.first_bus(), &mut |function| {
-        if function.header_type == 0 {
-            functions.push(function);
-        }
-    });
-    let mut bars = Vec::new();
-    for function in functions {
-        let mut index = 0;
-        while index < 6 {
-            match pci::read_bar(pci.access(), function.address, index) {
-                Ok(Some(Bar::Memory {
-                    address,
-                    size,
-                    wide,
-                    ..
-                })) => {
-                    if address != 0 {
-                        bars.push((address, size));
-                    }
-                    index += if wide { 2 } else { 1 };
-                }
-                _ => index += 1,
-            }
-        }
-    }
-    bars
-}
-
 /// Physical address and size of memory BAR `index` of `function`.
 pub(super) fn memory_bar(
-    pci: &PciConfig,
+    bus: &mut PciBus,
     function: &Function,
     index: u8,
 ) -> Result<(u64, u64), OpenError> {
     let device = function.address;
-    let bar =
-        pci::read_bar(pci.access(), device, index).map_err(|error| OpenError::BarUnreadable {
+    let bar = bus
+        .bar(function, index)
+        .map_err(|error| OpenError::BarUnreadable {
             device,
             bar: index,
             error,
@@ -272,14 +369,14 @@ pub(super) fn memory_bar(
 /// registers a driver uses: some BARs are huge); returns the virtual address of
 /// `offset`.
 pub fn map_memory_bar(
-    pci: &PciConfig,
+    bus: &mut PciBus,
     function: &Function,
     index: u8,
     offset: u64,
     len: u64,
 ) -> Result<hal::MmioWindow, OpenError> {
     let device = function.address;
-    let (address, size) = memory_bar(pci, function, index)?;
+    let (address, size) = memory_bar(bus, function, index)?;
     if len == 0 || offset.checked_add(len).is_none_or(|end| end > size) {
         return Err(OpenError::WindowOutsideBar {
             device,

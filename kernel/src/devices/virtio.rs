@@ -2,8 +2,8 @@
 //! BARs, bring the device up with one virtqueue per CPU (as many as it offers).
 
 use super::error::OpenError;
-use super::hal::{DeviceHal, DmaSwitch, MmioWindow, PciConfig};
-use super::open::{map_memory_bar, OpenedDisk, Queue};
+use super::hal::{DeviceHal, DmaSwitch, MmioWindow};
+use super::open::{map_memory_bar, OpenedDisk, PciBus, Queue};
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::vec::Vec;
@@ -16,10 +16,11 @@ const QUEUE_SIZE: u16 = 128;
 const QUEUE_SIZE_DIRECT: u16 = 1024;
 
 pub fn open(
-    pci: &PciConfig,
+    bus: &mut PciBus,
     function: Function,
     wanted_queues: usize,
 ) -> Result<OpenedDisk, OpenError> {
+    let pci = *bus.config();
     let caps: Vec<VirtioCap> = pci::virtio_capabilities(pci.access(), function.address).collect();
     let first = |wanted: fn(&VirtioCapKind) -> bool| caps.iter().find(|c| wanted(&c.kind)).copied();
     let (Some(common), Some(notify), Some(device)) = (
@@ -30,9 +31,9 @@ pub fn open(
         return Err(OpenError::VirtioLegacy(function.address));
     };
     // Each window is mapped on its own (map_memory_bar checks it lies in its BAR).
-    let window = |cap: VirtioCap| -> Result<MmioWindow, OpenError> {
+    let mut window = |cap: VirtioCap| -> Result<MmioWindow, OpenError> {
         let offset = u64::from(cap.offset);
-        map_memory_bar(pci, &function, cap.bar, offset, u64::from(cap.length))
+        map_memory_bar(bus, &function, cap.bar, offset, u64::from(cap.length))
     };
     let windows = [window(common)?, window(notify)?, window(device)?];
     let regions = PciRegions {
@@ -50,10 +51,11 @@ pub fn open(
         step,
         error,
     };
-    let switch = DmaSwitch::new(pci, function.address);
+    let switch = DmaSwitch::new(&pci, function.address);
     let mut blk = VirtioBlk::init(DeviceHal::virtio(windows, switch), regions)
         .map_err(|e| fail("bring-up", e))?;
     let config = *blk.config();
+    super::stopwatch::lap("bring-up");
     let count = wanted_queues.min(usize::from(config.num_queues)).max(1);
     let mut queues: Vec<Queue> = Vec::new();
     for _ in 0..count {
@@ -66,6 +68,7 @@ pub fn open(
         queues.push(Box::new(queue));
     }
     blk.start();
+    super::stopwatch::lap("queues");
     Ok(OpenedDisk {
         description: format!(
             "virtio-blk {} ({:04x}:{:04x}): {} sectors, block {} B, seg_max {:?}, {} of {} queue(s) of {}, {} descriptors",
