@@ -230,6 +230,17 @@ class ReportTest(unittest.TestCase):
             markdown=False)
         self.assertIn("1,400", text)
 
+    def test_engine_rows_show_the_kernel_ring_when_measured(self):
+        row = {"ring_order": 4, "queues": 2, "persistent_grants": True,
+               "threaded_req_per_s": 1e6, "lockstep_req_per_s_per_core": 5e6,
+               "plain_req_per_s_per_core": 2e7, "lockstep_ns_per_req": 200.0,
+               "plain_ns_per_req": 50.0, "grant_batches_per_req": 0.0}
+        self.assertEqual(report.engine_rows({"results": [row]})[0][8:10], ["-", "-"])
+        row.update(kernel_req_per_s_per_core=2.5e7, kernel_ns_per_req=40.0)
+        self.assertEqual(report.engine_rows({"results": [row]})[0][8:10],
+                         ["25,000,000", "40.0"])
+        self.assertEqual(len(report.ENGINE_HEADER), len(report.engine_rows({"results": [row]})[0]))
+
     def test_main_writes_json_tables_and_plot(self):
         engine = self.root / "engine.json"
         engine.write_text(json.dumps({"benchmark": "blkback-engine", "results": [

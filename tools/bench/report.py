@@ -422,13 +422,17 @@ def engine_rows(engine: dict) -> list:
     return [[str(r["ring_order"]), str(r["queues"]), "on" if r["persistent_grants"] else "off",
              fmt(r["threaded_req_per_s"]), fmt(r["lockstep_req_per_s_per_core"]),
              fmt(r["lockstep_ns_per_req"], 1), fmt(r["plain_req_per_s_per_core"]),
-             fmt(r["plain_ns_per_req"], 1), fmt(r["grant_batches_per_req"], 3)]
+             fmt(r["plain_ns_per_req"], 1),
+             # The kernel's ring access (xen::SharedMem), measured since 2026-12-01.
+             fmt(r["kernel_req_per_s_per_core"]) if "kernel_ns_per_req" in r else "-",
+             fmt(r["kernel_ns_per_req"], 1) if "kernel_ns_per_req" in r else "-",
+             fmt(r["grant_batches_per_req"], 3)]
             for r in engine.get("results", [])]
 
 
 ENGINE_HEADER = ["ring order", "queues", "persistent", "threaded req/s",
                  "lockstep req/s/core", "ns/req", "plain req/s/core", "ns/req",
-                 "map+unmap batches/req"]
+                 "kernel req/s/core", "ns/req", "map+unmap batches/req"]
 
 
 def text_table(header: list, rows: list) -> str:

@@ -3,15 +3,18 @@
 //! off (off: every request maps and unmaps its grant through the fake grant table, so
 //! it measures the engine's batching and bookkeeping, not Xen's hypercall cost).
 //!
-//! Three measurements per configuration:
+//! Four measurements per configuration:
 //! - threaded: a frontend thread keeps the rings full while the poller thread serves
 //!   them; requests per second of wall time (bounded by the slower thread and by
 //!   whatever else runs on the machine);
 //! - lockstep: one thread fills the rings, then times only `poll` until they are
 //!   drained; requests per second of the poller's core (best of ten windows), with the
 //!   fake Xen's shared pages (word-by-word atomics);
-//! - plain: the same with the ring in plain memory (memcpy, as on mapped pages), which
-//!   is the engine's own cost per request.
+//! - plain: the same with the ring in plain memory (memcpy), the engine's own cost per
+//!   request;
+//! - kernel: the same with the ring seen as blkdom sees it, through `xen::SharedMem`
+//!   (atomic accesses only; `kernel/src/backend/adapters.rs`'s `SharedRing`), the cost
+//!   per request blkdom pays.
 //!
 //! Then notification moderation (`EngineConfig::notify_hold_ns`), on a virtual clock in
 //! one thread (so the machine's load cannot change what it counts): a frontend that
@@ -26,14 +29,18 @@
 //! Run with `tools/bench-engine.sh` (release build). `BENCH_SECONDS` sets the time per
 //! measurement (default 2); `BENCH_NOTIFY_HOLD_US` the main table's hold window
 //! (default 5000, the kernel's); `BENCH_JSON=path` also writes the results as JSON there
-//! (tools/bench/report.py folds it into bench.json).
+//! (tools/bench/report.py folds it into bench.json). `BENCH_PROFILE=order,queues,on|off`
+//! runs only that configuration's plain loop for a fixed number of requests, for
+//! valgrind (see `profile`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use blkback::abi::{self, sring, REQUEST_SIZE};
+use blkback::abi::{self, sring, PAGE_SIZE, REQUEST_SIZE};
 use blkback::engine::{Engine, EngineConfig};
 use blkback::fake::wire::encode_direct;
 use blkback::fake::{
@@ -42,6 +49,7 @@ use blkback::fake::{
 use blkback::parse::SegmentDesc;
 use blkback::ring::RingMemory;
 use blkdev::{Geometry, NullDisk};
+use xen::SharedMem;
 
 type BenchEngine = Engine<RingView, XenGrants, NullDisk, CountingEvents>;
 
@@ -225,65 +233,203 @@ fn lockstep(order: u32, queues: usize, persistent: bool, seconds: f64) -> (f64, 
     (best, grant_batches_per_request(&engines))
 }
 
-/// Lockstep over plain memory; the frontend side is written out here.
-fn lockstep_plain(order: u32, queues: usize, persistent: bool, seconds: f64) -> f64 {
-    let slots = abi::ring_slots(order);
-    let memory = GuestMemory::new(queues * slots as usize);
-    let table = GrantTable::new(memory.clone());
-    let mut rings = Vec::new();
-    for q in 0..queues {
-        let ring = PlainRing::new(order);
-        ring.store_u32(sring::REQ_EVENT, 1);
-        ring.store_u32(sring::RSP_EVENT, u32::MAX / 2);
-        let requests: Vec<[u8; REQUEST_SIZE]> = (0..slots)
-            .map(|s| {
-                let gref = q as u32 * slots + s + 1;
-                table.grant(gref, (gref - 1) as usize, false);
-                let seg = SegmentDesc {
-                    gref,
-                    first_sect: 0,
-                    last_sect: 7,
-                };
-                encode_direct(abi::OP_READ, u64::from(s), u64::from(s) * 8, &[seg])
-            })
-            .collect();
-        let engine = Engine::new(
-            ring.clone(),
-            XenGrants(table.clone()),
-            NullDisk::new(bench_geometry(), slots as usize),
-            CountingEvents::default(),
-            bench_config(order, persistent),
-        )
-        .expect("engine");
-        rings.push((ring, requests, engine, 0u32, 0u32));
+/// The kernel's ring memory (`kernel/src/backend/adapters.rs`'s `SharedRing`): mapped
+/// pages seen through `xen::SharedMem`, whose every access is atomic.
+#[derive(Clone)]
+struct KernelRing(SharedMem);
+
+impl RingMemory for KernelRing {
+    fn size_bytes(&self) -> usize {
+        self.0.len()
     }
+    fn load_u32(&self, offset: usize) -> u32 {
+        self.0.load_u32(offset, Ordering::Acquire)
+    }
+    fn store_u32(&self, offset: usize, value: u32) {
+        self.0.store_u32(offset, value, Ordering::Release)
+    }
+    fn read_bytes(&self, offset: usize, out: &mut [u8]) {
+        self.0.read_bytes(offset, out)
+    }
+    fn write_bytes(&self, offset: usize, data: &[u8]) {
+        self.0.write_bytes(offset, data)
+    }
+    fn full_fence(&self) {
+        fence(Ordering::SeqCst);
+    }
+}
+
+/// Ring memory of `bytes` zeroed bytes, for a [`PlainRig`].
+trait NewRing: RingMemory + Clone {
+    fn new_ring(bytes: usize) -> Self;
+    /// The frontend writes a request into its slot (not through the engine's methods,
+    /// so that a profile tells the two sides apart).
+    fn put_request(&self, offset: usize, request: &[u8; REQUEST_SIZE]);
+}
+
+impl NewRing for PlainRing {
+    fn new_ring(bytes: usize) -> Self {
+        PlainRing(Rc::new(RefCell::new(vec![0u8; bytes])))
+    }
+    fn put_request(&self, offset: usize, request: &[u8; REQUEST_SIZE]) {
+        self.0.borrow_mut()[offset..offset + REQUEST_SIZE].copy_from_slice(request);
+    }
+}
+
+impl NewRing for KernelRing {
+    fn new_ring(bytes: usize) -> Self {
+        KernelRing(SharedMem::alloc_leaked(bytes))
+    }
+    fn put_request(&self, offset: usize, request: &[u8; REQUEST_SIZE]) {
+        for (i, word) in request.chunks_exact(8).enumerate() {
+            let word = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+            self.0.store_u64(offset + 8 * i, word, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Rings served by one thread, the frontend side written out here: in plain memory
+/// (`PlainRing`, memcpy) or as the kernel sees them (`KernelRing`).
+struct PlainRig<R> {
+    slots: u32,
+    rings: Vec<PlainQueue<R>>,
+}
+
+/// One ring of a [`PlainRig`]: its memory, its ready-made requests, its engine and the
+/// frontend's indices.
+struct PlainQueue<R> {
+    ring: R,
+    requests: Vec<[u8; REQUEST_SIZE]>,
+    engine: Engine<R, XenGrants, NullDisk, CountingEvents>,
+    req_prod: u32,
+    rsp_cons: u32,
+}
+
+impl<R: NewRing> PlainRig<R> {
+    fn new(order: u32, queues: usize, persistent: bool) -> Self {
+        let slots = abi::ring_slots(order);
+        let memory = GuestMemory::new(queues * slots as usize);
+        let table = GrantTable::new(memory.clone());
+        let mut rings = Vec::new();
+        for q in 0..queues {
+            let ring = R::new_ring(PAGE_SIZE << order);
+            ring.store_u32(sring::REQ_EVENT, 1);
+            ring.store_u32(sring::RSP_EVENT, u32::MAX / 2);
+            let requests: Vec<[u8; REQUEST_SIZE]> = (0..slots)
+                .map(|s| {
+                    let gref = q as u32 * slots + s + 1;
+                    table.grant(gref, (gref - 1) as usize, false);
+                    let seg = SegmentDesc {
+                        gref,
+                        first_sect: 0,
+                        last_sect: 7,
+                    };
+                    encode_direct(abi::OP_READ, u64::from(s), u64::from(s) * 8, &[seg])
+                })
+                .collect();
+            let engine = Engine::new(
+                ring.clone(),
+                XenGrants(table.clone()),
+                NullDisk::new(bench_geometry(), slots as usize),
+                CountingEvents::default(),
+                bench_config(order, persistent),
+            )
+            .expect("engine");
+            rings.push(PlainQueue {
+                ring,
+                requests,
+                engine,
+                req_prod: 0,
+                rsp_cons: 0,
+            });
+        }
+        Self { slots, rings }
+    }
+
+    /// The frontend's turn: take every response, fill every free slot. Returns the
+    /// responses taken.
+    fn front(&mut self) -> u64 {
+        let slots = self.slots;
+        let mut done = 0;
+        for q in &mut self.rings {
+            let rsp_prod = q.ring.load_u32(sring::RSP_PROD);
+            done += u64::from(rsp_prod.wrapping_sub(q.rsp_cons));
+            q.rsp_cons = rsp_prod;
+            while q.req_prod.wrapping_sub(q.rsp_cons) < slots {
+                let offset =
+                    sring::HEADER_SIZE + (q.req_prod & (slots - 1)) as usize * REQUEST_SIZE;
+                q.ring
+                    .put_request(offset, &q.requests[(q.req_prod & (slots - 1)) as usize]);
+                q.req_prod = q.req_prod.wrapping_add(1);
+            }
+            q.ring.store_u32(sring::REQ_PROD, q.req_prod);
+        }
+        done
+    }
+
+    /// The poller's turn: one poll of every ring.
+    fn poll(&mut self) {
+        for q in &mut self.rings {
+            q.engine.poll(self.slots as usize);
+        }
+    }
+}
+
+/// Lockstep over plain memory (`PlainRing`) or the kernel's (`KernelRing`).
+fn lockstep_plain<R: NewRing>(order: u32, queues: usize, persistent: bool, seconds: f64) -> f64 {
+    let mut rig = PlainRig::<R>::new(order, queues, persistent);
     let mut best = 0.0f64;
     for _ in 0..10 {
         let mut done = 0u64;
         let mut in_polls = Duration::ZERO;
         let start = Instant::now();
         while start.elapsed().as_secs_f64() < seconds / 10.0 {
-            for (ring, requests, _, req_prod, rsp_cons) in &mut rings {
-                let rsp_prod = ring.load_u32(sring::RSP_PROD);
-                done += u64::from(rsp_prod.wrapping_sub(*rsp_cons));
-                *rsp_cons = rsp_prod;
-                while req_prod.wrapping_sub(*rsp_cons) < slots {
-                    let offset =
-                        sring::HEADER_SIZE + (*req_prod & (slots - 1)) as usize * REQUEST_SIZE;
-                    ring.write_bytes(offset, &requests[(*req_prod & (slots - 1)) as usize]);
-                    *req_prod = req_prod.wrapping_add(1);
-                }
-                ring.store_u32(sring::REQ_PROD, *req_prod);
-            }
+            done += rig.front();
             let before = Instant::now();
-            for (_, _, engine, _, _) in &mut rings {
-                engine.poll(slots as usize);
-            }
+            rig.poll();
             in_polls += before.elapsed();
         }
         best = best.max(done as f64 / in_polls.as_secs_f64());
     }
     best
+}
+
+/// `BENCH_PROFILE=order,queues,on|off[,requests[,kernel]]`: only the plain loop of that
+/// configuration (`kernel`: the kernel ring's), untimed, for a fixed number of requests
+/// (default 1,000,000), for
+/// instruction counts under valgrind (two runs with different counts: the difference
+/// over the difference in requests is the cost per request, set-up excluded).
+fn profile(spec: &str) {
+    let fields: Vec<&str> = spec.split(',').collect();
+    let parse = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+    let (Some(order), Some(queues), Some(persistent)) =
+        (parse(0), parse(1), fields.get(2).map(|f| *f == "on"))
+    else {
+        panic!("BENCH_PROFILE=order,queues,on|off[,requests[,kernel]], not {spec:?}");
+    };
+    let requests = parse(3).unwrap_or(1_000_000);
+    let kernel = fields.get(4) == Some(&"kernel");
+    let done = if kernel {
+        run_requests(
+            PlainRig::<KernelRing>::new(order as u32, queues as usize, persistent),
+            requests,
+        )
+    } else {
+        run_requests(
+            PlainRig::<PlainRing>::new(order as u32, queues as usize, persistent),
+            requests,
+        )
+    };
+    println!("profile: order {order}, {queues} queues, persistent {persistent}: {done} requests");
+}
+
+fn run_requests<R: NewRing>(mut rig: PlainRig<R>, requests: u64) -> u64 {
+    let mut done = 0;
+    while done < requests {
+        done += rig.front();
+        rig.poll();
+    }
+    done
 }
 
 /// One configuration's results.
@@ -294,6 +440,7 @@ struct Measurement {
     threaded: f64,
     lockstep: f64,
     plain: f64,
+    kernel: f64,
     grant_batches_per_request: f64,
 }
 
@@ -419,7 +566,8 @@ fn to_json(seconds: f64, results: &[Measurement], moderation: &[Moderation]) -> 
                 "    {{\"ring_order\": {}, \"queues\": {}, \"persistent_grants\": {}, \
                  \"threaded_req_per_s\": {:.0}, \"lockstep_req_per_s_per_core\": {:.0}, \
                  \"plain_req_per_s_per_core\": {:.0}, \"lockstep_ns_per_req\": {:.1}, \
-                 \"plain_ns_per_req\": {:.1}, \"grant_batches_per_req\": {:.3}}}",
+                 \"plain_ns_per_req\": {:.1}, \"kernel_req_per_s_per_core\": {:.0}, \
+                 \"kernel_ns_per_req\": {:.1}, \"grant_batches_per_req\": {:.3}}}",
                 m.order,
                 m.queues,
                 m.persistent,
@@ -428,6 +576,8 @@ fn to_json(seconds: f64, results: &[Measurement], moderation: &[Moderation]) -> 
                 m.plain,
                 ns_per_request(m.lockstep),
                 ns_per_request(m.plain),
+                m.kernel,
+                ns_per_request(m.kernel),
                 m.grant_batches_per_request
             )
         })
@@ -458,13 +608,16 @@ fn to_json(seconds: f64, results: &[Measurement], moderation: &[Moderation]) -> 
 }
 
 fn main() {
+    if let Ok(spec) = std::env::var("BENCH_PROFILE") {
+        return profile(&spec);
+    }
     let seconds: f64 = std::env::var("BENCH_SECONDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2.0);
     println!("blkback engine, 4 KiB reads, null device, one poller");
     println!(
-        "{:>5} {:>6} {:>10} {:>14} {:>16} {:>8} {:>16} {:>8} {:>13}",
+        "{:>5} {:>6} {:>10} {:>14} {:>16} {:>8} {:>16} {:>8} {:>16} {:>8} {:>13}",
         "order",
         "queues",
         "persistent",
@@ -472,6 +625,8 @@ fn main() {
         "lockstep req/s",
         "ns/req",
         "plain req/s",
+        "ns/req",
+        "kernel req/s",
         "ns/req",
         "map+unmap/req"
     );
@@ -482,13 +637,16 @@ fn main() {
                 let threaded = threaded(order, queues, persistent, seconds);
                 let (lockstep, grant_batches_per_request) =
                     lockstep(order, queues, persistent, seconds);
-                let plain = lockstep_plain(order, queues, persistent, seconds);
+                let plain = lockstep_plain::<PlainRing>(order, queues, persistent, seconds);
+                let kernel = lockstep_plain::<KernelRing>(order, queues, persistent, seconds);
                 println!(
                     "{order:>5} {queues:>6} {:>10} {threaded:>14.0} {lockstep:>16.0} {:>8.1} \
-                     {plain:>16.0} {:>8.1} {grant_batches_per_request:>13.3}",
+                     {plain:>16.0} {:>8.1} {kernel:>16.0} {:>8.1} \
+                     {grant_batches_per_request:>13.3}",
                     if persistent { "on" } else { "off" },
                     ns_per_request(lockstep),
-                    ns_per_request(plain)
+                    ns_per_request(plain),
+                    ns_per_request(kernel)
                 );
                 results.push(Measurement {
                     order,
@@ -497,12 +655,16 @@ fn main() {
                     threaded,
                     lockstep,
                     plain,
+                    kernel,
                     grant_batches_per_request,
                 });
             }
         }
     }
-    println!("(lockstep and plain: per poller core; ns/req = 1e9 / that rate)");
+    println!(
+        "(lockstep, plain and kernel: per poller core; ns/req = 1e9 / that rate; kernel: the \
+         ring through xen::SharedMem, as blkdom maps it)"
+    );
     println!();
     println!(
         "notification moderation: blkfront-like frontend on a virtual clock, QD32, one-page \

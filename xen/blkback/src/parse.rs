@@ -234,6 +234,7 @@ impl Rejected {
 }
 
 /// Decode a copied slot. `max_indirect_segments` is what we advertised.
+#[cfg_attr(feature = "profile-passes", inline(never))]
 pub fn parse_request(
     raw: &[u8; REQUEST_SIZE],
     max_indirect_segments: u16,
@@ -315,6 +316,7 @@ pub fn parse_request(
 /// Checks of a data request against the device: alignment of the start and of every
 /// segment to the logical block size, no overflow, nothing past the end, no writes to a
 /// read-only device. `segments` are already individually checked.
+#[cfg_attr(feature = "profile-passes", inline(never))]
 pub fn check_data_access(
     op: DataOp,
     sector: u64,

@@ -183,6 +183,7 @@ impl<M: RingMemory> BackRing<M> {
 
     /// Copy the next request out of its slot (one read of the slot) and consume it, in
     /// the x86_64 layout (an x86_32 slot is translated on the copy).
+    #[cfg_attr(feature = "profile-passes", inline(never))]
     pub fn take_request(&mut self) -> [u8; REQUEST_SIZE] {
         let offset = self.slot_offset(self.req_cons);
         self.req_cons = self.req_cons.wrapping_add(1);

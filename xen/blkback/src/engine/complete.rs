@@ -23,6 +23,7 @@ fn status_code(status: IoStatus) -> i16 {
 impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D, E> {
     /// Give back a slot's grants: cached ones are unpinned, transient ones queued for
     /// the unmap batch.
+    #[cfg_attr(feature = "profile-passes", inline(never))]
     fn release_grants(&mut self, slot: u16) {
         let segments = self.slots.segments(slot);
         self.mapper
@@ -33,6 +34,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
 
     /// Answer a slot and free it. The response becomes visible at the next publish,
     /// after the unmaps queued before it.
+    #[cfg_attr(feature = "profile-passes", inline(never))]
     fn respond(&mut self, slot: u16, status: i16) {
         let Slot {
             id, response_op, ..
@@ -70,6 +72,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     /// slot is marked returned at once, so at most one completion per slot is kept and
     /// `completions` (one entry per slot) always has room. A device that reports more
     /// (unknown tags, repeats) cannot push a real completion out.
+    #[cfg_attr(feature = "profile-passes", inline(never))]
     pub(super) fn reap_completions(&mut self) -> usize {
         self.completions.clear();
         let completions = &mut self.completions;
@@ -99,6 +102,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
 
     /// Unmap first, then make the responses visible, then notify if asked to (or hold
     /// the notification, or release a held one: `notify`).
+    #[cfg_attr(feature = "profile-passes", inline(never))]
     pub(super) fn publish_responses(&mut self) -> bool {
         self.mapper.flush_unmaps(&mut self.grants, &mut self.stats);
         let published = self.ring.publish_responses();

@@ -27,6 +27,7 @@ use zerocopy::IntoBytes;
 pub const SEGMENTS_PER_POLL: usize = 256;
 
 impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D, E> {
+    #[cfg_attr(feature = "profile-passes", inline(never))]
     pub(super) fn consume(&mut self, budget: usize) -> usize {
         let req_prod = self.ring.req_prod();
         if self.ring.prod_overflows(req_prod) {

@@ -88,6 +88,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     /// Look up or queue the map of every segment's grant. Persistent grants are mapped
     /// read-write (they are reused for both directions), transient ones read-only when
     /// the device only reads them.
+    #[cfg_attr(feature = "profile-passes", inline(never))]
     pub(super) fn stage(&mut self, slot: u16) {
         let count = usize::from(self.slots[slot].nr_segments);
         if self.mapper.batch_full(count) {
@@ -110,6 +111,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
 
     /// Issue the round's map batch (after the round's unmaps, so the number of mapped
     /// grants never exceeds the bound), then submit or fail every staged request.
+    #[cfg_attr(feature = "profile-passes", inline(never))]
     pub(super) fn flush_staged(&mut self) {
         if self.submission.staged.is_empty() {
             return;
@@ -147,6 +149,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     }
 
     /// Hand a slot to the device: one DMA segment per grant, never merged.
+    #[cfg_attr(feature = "profile-passes", inline(never))]
     fn try_submit(&mut self, slot: u16) -> Result<(), SubmitError> {
         let entry = self.slots[slot];
         let count = usize::from(entry.nr_segments);
