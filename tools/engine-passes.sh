@@ -10,10 +10,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install -y valgrind)"; exit 1; }
-target="${PASSES_TARGET_DIR:-$PWD/target/passes}"
-CARGO_PROFILE_RELEASE_DEBUG=true CARGO_TARGET_DIR="$target" \
-  cargo build --quiet --release -p blkback --features fake,profile-passes --example bench_engine
-bin="$target/release/examples/bench_engine"
+# PASSES_BIN=FILE: count with that build (e.g. a copy of an earlier one) instead.
+bin="${PASSES_BIN:-}"
+if [ -z "$bin" ]; then
+  target="${PASSES_TARGET_DIR:-$PWD/target/passes}"
+  CARGO_PROFILE_RELEASE_DEBUG=true CARGO_TARGET_DIR="$target" \
+    cargo build --quiet --release -p blkback --features fake,profile-passes --example bench_engine
+  bin="$target/release/examples/bench_engine"
+fi
 configs=("$@")
 [ ${#configs[@]} -gt 0 ] || configs=(0,1,on 0,1,off 0,2,on 0,2,off 4,1,on 4,1,off 4,2,on 4,2,off)
 work=$(mktemp -d)

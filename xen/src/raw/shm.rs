@@ -177,20 +177,68 @@ impl SharedMem {
         );
     }
 
-    /// Copies `dst.len()` bytes out, one relaxed atomic byte load each (control-path
-    /// rings only; ordering comes from the ring indices' acquire/release).
+    /// The atomic word at `offset`, which must be 8-aligned and in bounds (the caller
+    /// checked the range it copies once).
+    fn word_at(&self, offset: usize) -> &AtomicU64 {
+        debug_assert!(offset % 8 == 0 && offset + 8 <= self.len);
+        // SAFETY: in bounds and 8-aligned (the base is 8-aligned by construction, the
+        // caller checked the range and the offset's alignment); valid for the lifetime of
+        // `self` and only accessed atomically (constructor contract).
+        unsafe { &*(self.base.as_ptr().add(offset) as *const AtomicU64) }
+    }
+
+    /// The atomic byte at `offset`, in bounds (the caller checked the range).
+    fn byte_at(&self, offset: usize) -> &AtomicU8 {
+        debug_assert!(offset < self.len);
+        // SAFETY: in bounds (checked by the caller); as in `word_at`.
+        unsafe { &*(self.base.as_ptr().add(offset) as *const AtomicU8) }
+    }
+
+    /// Copies `dst.len()` bytes out with relaxed atomic loads: 8 bytes per load where the
+    /// offset is 8-aligned (a ring slot, a whole request or response), single bytes at an
+    /// unaligned head or tail. Ordering comes from the ring indices' acquire/release; the
+    /// range is checked once.
     pub fn read_bytes(&self, offset: usize, dst: &mut [u8]) {
         self.check_range(offset, dst.len());
-        for (i, byte) in dst.iter_mut().enumerate() {
-            *byte = self.load_u8(offset + i, Ordering::Relaxed);
+        let head = offset.wrapping_neg() % 8;
+        let head = head.min(dst.len());
+        let (head_bytes, rest) = dst.split_at_mut(head);
+        for (i, byte) in head_bytes.iter_mut().enumerate() {
+            *byte = self.byte_at(offset + i).load(Ordering::Relaxed);
+        }
+        let mut at = offset + head;
+        let mut words = rest.chunks_exact_mut(8);
+        for word in &mut words {
+            let value = self.word_at(at).load(Ordering::Relaxed);
+            word.copy_from_slice(&value.to_le_bytes());
+            at += 8;
+        }
+        for byte in words.into_remainder() {
+            *byte = self.byte_at(at).load(Ordering::Relaxed);
+            at += 1;
         }
     }
 
-    /// Copies `src` in, one relaxed atomic byte store each.
+    /// Copies `src` in with relaxed atomic stores, 8 bytes per store where the offset is
+    /// 8-aligned and single bytes at an unaligned head or tail (as `read_bytes`).
     pub fn write_bytes(&self, offset: usize, src: &[u8]) {
         self.check_range(offset, src.len());
-        for (i, byte) in src.iter().enumerate() {
-            self.store_u8(offset + i, *byte, Ordering::Relaxed);
+        let head = offset.wrapping_neg() % 8;
+        let head = head.min(src.len());
+        let (head_bytes, rest) = src.split_at(head);
+        for (i, byte) in head_bytes.iter().enumerate() {
+            self.byte_at(offset + i).store(*byte, Ordering::Relaxed);
+        }
+        let mut at = offset + head;
+        let mut words = rest.chunks_exact(8);
+        for word in &mut words {
+            let value = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+            self.word_at(at).store(value, Ordering::Relaxed);
+            at += 8;
+        }
+        for byte in words.remainder() {
+            self.byte_at(at).store(*byte, Ordering::Relaxed);
+            at += 1;
         }
     }
 }
@@ -215,6 +263,50 @@ mod tests {
         assert_eq!(&out, b"hello");
         assert_eq!(mem.compare_exchange_u16(20, 0x6568, 7), Ok(0x6568));
         assert_eq!(mem.compare_exchange_u16(20, 0x6568, 9), Err(7));
+    }
+
+    #[test]
+    fn copies_at_every_alignment_and_length_match_byte_by_byte() {
+        let mem = SharedMem::alloc_leaked(64);
+        for offset in 0..24 {
+            for len in 0..=40 {
+                let data: Vec<u8> = (0..len).map(|i| (offset * 41 + i * 7 + 1) as u8).collect();
+                // Fill around the range, so a copy that strays is seen.
+                for at in 0..64 {
+                    mem.store_u8(at, 0xEE, Ordering::Relaxed);
+                }
+                mem.write_bytes(offset, &data);
+                for at in 0..64 {
+                    let expected = if (offset..offset + len).contains(&at) {
+                        data[at - offset]
+                    } else {
+                        0xEE
+                    };
+                    assert_eq!(
+                        mem.load_u8(at, Ordering::Relaxed),
+                        expected,
+                        "{offset}+{len} @{at}"
+                    );
+                }
+                let mut out = vec![0u8; len];
+                mem.read_bytes(offset, &mut out);
+                assert_eq!(out, data, "{offset}+{len}");
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "outside")]
+    fn a_write_past_the_end_panics() {
+        let mem = SharedMem::alloc_leaked(16);
+        mem.write_bytes(9, &[1; 8]);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside")]
+    fn a_read_past_the_end_panics() {
+        let mem = SharedMem::alloc_leaked(16);
+        mem.read_bytes(8, &mut [0; 9]);
     }
 
     #[test]
