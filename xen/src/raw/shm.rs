@@ -180,7 +180,7 @@ impl SharedMem {
     /// The atomic word at `offset`, which must be 8-aligned and in bounds (the caller
     /// checked the range it copies once).
     fn word_at(&self, offset: usize) -> &AtomicU64 {
-        debug_assert!(offset % 8 == 0 && offset + 8 <= self.len);
+        debug_assert!(offset.is_multiple_of(8) && offset + 8 <= self.len);
         // SAFETY: in bounds and 8-aligned (the base is 8-aligned by construction, the
         // caller checked the range and the offset's alignment); valid for the lifetime of
         // `self` and only accessed atomically (constructor contract).
