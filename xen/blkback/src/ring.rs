@@ -81,6 +81,8 @@ impl core::error::Error for RingError {}
 pub struct BackRing<M> {
     memory: M,
     protocol: Protocol,
+    /// `protocol.entry_size()`, kept at hand for the slot arithmetic.
+    entry_size: usize,
     slots: u32,
     req_cons: u32,
     rsp_prod_pvt: u32,
@@ -122,6 +124,7 @@ impl<M: RingMemory> BackRing<M> {
         Self {
             memory,
             protocol,
+            entry_size: protocol.entry_size(),
             slots: protocol.ring_slots(order),
             req_cons: 0,
             rsp_prod_pvt: 0,
@@ -150,7 +153,7 @@ impl<M: RingMemory> BackRing<M> {
     }
 
     fn slot_offset(&self, index: u32) -> usize {
-        sring::HEADER_SIZE + (index & (self.slots - 1)) as usize * self.protocol.entry_size()
+        sring::HEADER_SIZE + (index & (self.slots - 1)) as usize * self.entry_size
     }
 
     /// The frontend's producer index (acquire: slot contents are visible after it).
@@ -183,20 +186,23 @@ impl<M: RingMemory> BackRing<M> {
 
     /// Copy the next request out of its slot (one read of the slot) and consume it, in
     /// the x86_64 layout (an x86_32 slot is translated on the copy).
-    #[cfg_attr(feature = "profile-passes", inline(never))]
     pub fn take_request(&mut self) -> [u8; REQUEST_SIZE] {
+        let mut raw = [0u8; REQUEST_SIZE];
+        self.take_request_into(&mut raw);
+        raw
+    }
+
+    /// `take_request` into `raw` (the engine's copy, reused from request to request).
+    #[cfg_attr(feature = "profile-passes", inline(never))]
+    pub fn take_request_into(&mut self, raw: &mut [u8; REQUEST_SIZE]) {
         let offset = self.slot_offset(self.req_cons);
         self.req_cons = self.req_cons.wrapping_add(1);
         match self.protocol {
-            Protocol::X86_64 => {
-                let mut raw = [0u8; REQUEST_SIZE];
-                self.memory.read_bytes(offset, &mut raw);
-                raw
-            }
+            Protocol::X86_64 => self.memory.read_bytes(offset, raw),
             Protocol::X86_32 => {
-                let mut raw = [0u8; x86_32::REQUEST_SIZE];
-                self.memory.read_bytes(offset, &mut raw);
-                x86_32::to_native(&raw)
+                let mut slot = [0u8; x86_32::REQUEST_SIZE];
+                self.memory.read_bytes(offset, &mut slot);
+                *raw = x86_32::to_native(&slot);
             }
         }
     }
@@ -207,6 +213,7 @@ impl<M: RingMemory> BackRing<M> {
     }
 
     /// Write one response into the next response slot (not yet visible to the frontend).
+    #[inline(always)]
     pub fn put_response(&mut self, response: Response) {
         debug_assert!(self.outstanding() > 0, "response without a request");
         let offset = self.slot_offset(self.rsp_prod_pvt);

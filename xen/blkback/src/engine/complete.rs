@@ -24,6 +24,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     /// Give back a slot's grants: cached ones are unpinned, transient ones queued for
     /// the unmap batch.
     #[cfg_attr(feature = "profile-passes", inline(never))]
+    #[cfg_attr(not(feature = "profile-passes"), inline(always))]
     fn release_grants(&mut self, slot: u16) {
         let segments = self.slots.segments(slot);
         self.mapper
@@ -35,6 +36,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     /// Answer a slot and free it. The response becomes visible at the next publish,
     /// after the unmaps queued before it.
     #[cfg_attr(feature = "profile-passes", inline(never))]
+    #[cfg_attr(not(feature = "profile-passes"), inline(always))]
     fn respond(&mut self, slot: u16, status: i16) {
         let Slot {
             id, response_op, ..

@@ -6,7 +6,7 @@ use blkdev::BlockDevice;
 
 use super::slots::{Slot, Work};
 use super::{worth_logging, Engine, EngineState, EventChannel};
-use crate::abi::{self, wire};
+use crate::abi::{self, wire, REQUEST_SIZE};
 use crate::grant::{GrantOps, MappedGrant, GNTST_GENERAL_ERROR};
 use crate::parse::{
     check_data_access, check_discard, parse_request, DataOp, DirectRequest, DiscardRequest,
@@ -46,13 +46,14 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             self.moderator.sample_outstanding(outstanding, req_prod);
         }
         let (mut consumed, mut segments) = (0, 0);
+        let mut raw = [0u8; REQUEST_SIZE];
         while consumed < budget
             && segments < SEGMENTS_PER_POLL
             && self.ring.req_cons() != req_prod
             && !self.ring.cons_overflows()
             && self.submission.deferred.is_empty()
         {
-            let raw = self.ring.take_request();
+            self.ring.take_request_into(&mut raw);
             consumed += 1;
             match parse_request(&raw, self.max_indirect_segments) {
                 Err(rejected) => self.refuse(rejected),
@@ -151,6 +152,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         slot
     }
 
+    #[cfg_attr(not(feature = "profile-passes"), inline(always))]
     fn start_direct(&mut self, request: &DirectRequest) {
         let Some(slot) = self.claim_data_slot(request.id, request.op, request.sector) else {
             return;
@@ -197,7 +199,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             // Like data pages: blkfront reuses its persistently granted pages for
             // descriptors too. Transient ones are only read.
             let index = self.mapper.indirect_page(page);
-            self.mapper.acquire(index, gref, false);
+            let _ = self.mapper.acquire(index, gref, false);
         }
         if self.mapper.has_maps() {
             self.mapper.map_batch(&mut self.grants, &mut self.stats);
@@ -222,6 +224,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
 
     /// Check a data request's segments against the device, then queue its grants for
     /// mapping.
+    #[cfg_attr(not(feature = "profile-passes"), inline(always))]
     fn stage_checked(&mut self, slot: u16, count: usize) {
         let Slot { work, sector, .. } = self.slots[slot];
         let Work::Data(op) = work else {

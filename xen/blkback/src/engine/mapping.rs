@@ -235,26 +235,29 @@ impl GrantMapper {
     /// Look up or queue the map of the grant behind `maps[index]`, a data segment or an
     /// indirect page: from the persistent cache if it can (`acquire_cached`), else
     /// mapped for this request alone, writable if `writable`. The mapping is known at
-    /// once on a cache hit, else once the batch is mapped and `resolve` is called.
+    /// once on a hit on a mapped grant (returns true), else once the batch is mapped and
+    /// `resolve` is called (false).
     // Inlined into the per-segment loops: without, the transient path costs ~20 more
     // instructions per request (cachegrind, bench_engine's plain loop).
     #[inline]
-    pub fn acquire(&mut self, index: usize, gref: u32, writable: bool) {
+    pub fn acquire(&mut self, index: usize, gref: u32, writable: bool) -> bool {
         if self.persistent {
             if let Some(map) = self.acquire_cached(gref) {
                 self.maps[index] = map;
-                return;
+                return map.status == 0;
             }
         }
         self.requests.push(MapRequest { gref, writable });
         self.targets.push(MapTarget::Segment(index as u32));
         self.maps[index] = SegmentMap::pending(NO_ENTRY);
+        false
     }
 
     /// `gref`'s entry in the persistent cache, pinned: a hit (usually mapped already),
     /// or a new entry whose read-write map is queued (persistent grants are reused for
     /// both directions). `None` when the cache is at its limit (noted for
     /// `take_capped`) or the grant's last map failed: map it for this request alone.
+    #[inline(always)]
     fn acquire_cached(&mut self, gref: u32) -> Option<SegmentMap> {
         match self.cache.acquire(gref) {
             CacheSlot::Hit(entry) => Some(match self.cache.grant(entry) {
@@ -351,6 +354,7 @@ impl GrantMapper {
 
     /// Give back the grants of `maps[indices]`: cached ones are unpinned, transient ones
     /// queued for the unmap batch (which must have room for them).
+    #[inline(always)]
     pub fn release(&mut self, indices: Range<usize>) {
         for map in &self.maps[indices] {
             if map.cache_entry != NO_ENTRY {

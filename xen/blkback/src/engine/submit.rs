@@ -87,8 +87,12 @@ impl Submission {
 impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D, E> {
     /// Look up or queue the map of every segment's grant. Persistent grants are mapped
     /// read-write (they are reused for both directions), transient ones read-only when
-    /// the device only reads them.
+    /// the device only reads them. A request whose grants are all mapped already (cache
+    /// hits) goes to the device at once unless requests staged before it wait for the
+    /// map batch (the device gets requests in ring order); the others wait for the
+    /// round's batch (`flush_staged`).
     #[cfg_attr(feature = "profile-passes", inline(never))]
+    #[cfg_attr(not(feature = "profile-passes"), inline(always))]
     pub(super) fn stage(&mut self, slot: u16) {
         let count = usize::from(self.slots[slot].nr_segments);
         if self.mapper.batch_full(count) {
@@ -98,15 +102,20 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             .reserve_unmaps(count, &mut self.grants, &mut self.stats);
         let writable =
             self.mapper.persistent() || self.slots[slot].work == Work::Data(DataOp::Read);
+        let mut mapped = true;
         for i in self.slots.segments(slot) {
             let gref = self.slots.desc(i).gref;
-            self.mapper.acquire(i, gref, writable);
+            mapped &= self.mapper.acquire(i, gref, writable);
         }
         // Its indirect pages count too (they were acquired just before).
         if self.mapper.take_capped() {
             self.stats.capped_requests += 1;
         }
-        self.submission.staged.push(slot);
+        if mapped && self.submission.staged.is_empty() {
+            self.submit_or_defer(slot);
+        } else {
+            self.submission.staged.push(slot);
+        }
     }
 
     /// Issue the round's map batch (after the round's unmaps, so the number of mapped
@@ -133,6 +142,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         self.slots[slot].work == Work::Data(DataOp::Barrier) && self.submission.in_flight > 0
     }
 
+    #[cfg_attr(not(feature = "profile-passes"), inline(always))]
     pub(super) fn submit_or_defer(&mut self, slot: u16) {
         if !self.submission.deferred.is_empty() || self.must_wait(slot) {
             self.submission.deferred.push(slot);
@@ -150,6 +160,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
 
     /// Hand a slot to the device: one DMA segment per grant, never merged.
     #[cfg_attr(feature = "profile-passes", inline(never))]
+    #[cfg_attr(not(feature = "profile-passes"), inline(always))]
     fn try_submit(&mut self, slot: u16) -> Result<(), SubmitError> {
         let entry = self.slots[slot];
         let count = usize::from(entry.nr_segments);
