@@ -200,6 +200,14 @@ impl SharedMem {
     /// range is checked once.
     pub fn read_bytes(&self, offset: usize, dst: &mut [u8]) {
         self.check_range(offset, dst.len());
+        if offset.is_multiple_of(8) && dst.len().is_multiple_of(8) {
+            // Whole words (ring slots, responses): the common case, without the edges.
+            for (i, word) in dst.chunks_exact_mut(8).enumerate() {
+                let value = self.word_at(offset + 8 * i).load(Ordering::Relaxed);
+                word.copy_from_slice(&value.to_le_bytes());
+            }
+            return;
+        }
         let head = offset.wrapping_neg() % 8;
         let head = head.min(dst.len());
         let (head_bytes, rest) = dst.split_at_mut(head);
@@ -223,6 +231,13 @@ impl SharedMem {
     /// 8-aligned and single bytes at an unaligned head or tail (as `read_bytes`).
     pub fn write_bytes(&self, offset: usize, src: &[u8]) {
         self.check_range(offset, src.len());
+        if offset.is_multiple_of(8) && src.len().is_multiple_of(8) {
+            for (i, word) in src.chunks_exact(8).enumerate() {
+                let value = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+                self.word_at(offset + 8 * i).store(value, Ordering::Relaxed);
+            }
+            return;
+        }
         let head = offset.wrapping_neg() % 8;
         let head = head.min(src.len());
         let (head_bytes, rest) = src.split_at(head);

@@ -62,6 +62,16 @@ impl GuestMemory {
 /// Copy bytes out of memory seen as little-endian words (shared memory: each word is
 /// loaded once, relaxed). Panics if the range leaves `words`.
 pub fn read_words(words: &[AtomicU32], offset: usize, out: &mut [u8]) {
+    if offset.is_multiple_of(4) && out.len().is_multiple_of(4) {
+        // Whole words (ring slots, responses, pages): one bounds check.
+        let first = offset / 4;
+        let words = &words[first..first + out.len() / 4];
+        for (chunk, word) in out.chunks_exact_mut(4).zip(words)
+        {
+            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+        }
+        return;
+    }
     let mut at = offset;
     for chunk in out.chunks_mut(4) {
         let bytes = words[at / 4].load(Ordering::Relaxed).to_le_bytes();
@@ -81,6 +91,18 @@ pub fn read_words(words: &[AtomicU32], offset: usize, out: &mut [u8]) {
 /// Copy bytes into memory seen as little-endian words (whole words stored, partial ones
 /// merged atomically). Panics if the range leaves `words`.
 pub fn write_words(words: &[AtomicU32], offset: usize, data: &[u8]) {
+    if offset.is_multiple_of(4) && data.len().is_multiple_of(4) {
+        let first = offset / 4;
+        let words = &words[first..first + data.len() / 4];
+        for (chunk, word) in data.chunks_exact(4).zip(words)
+        {
+            word.store(
+                u32::from_le_bytes(chunk.try_into().expect("4 bytes")),
+                Ordering::Relaxed,
+            );
+        }
+        return;
+    }
     let mut at = offset;
     let mut rest = data;
     while !rest.is_empty() {
