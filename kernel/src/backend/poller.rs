@@ -79,8 +79,9 @@ pub struct QueueControl {
     /// Set by control: drain, unmap, unbind, then report `detached`.
     pub detach: AtomicBool,
     pub detached: AtomicBool,
-    /// The engine's counters as of the poller's last publication.
-    pub stats: spin::Mutex<RingStats>,
+    /// The engine's counters as of the poller's last publication, on lines of their
+    /// own: vCPU 0 locks them to read while this poller reads `detach` every loop.
+    pub stats: blkback::CacheAligned<spin::Mutex<RingStats>>,
     pub leaked_pages: AtomicU64,
     /// The device queue, handed back by the poller on release (a real disk's queues are
     /// reused by the next connection).

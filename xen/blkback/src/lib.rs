@@ -21,6 +21,10 @@
 //!   map rings, bind event channels to the serving vCPU, create one [`engine::Engine`]
 //!   per queue (queue `q` on poller `q mod n`); on disconnect call
 //!   [`engine::Engine::disconnect`] until it succeeds, then unmap rings and unbind.
+//! - A heap that gives every allocation cache lines of its own ([`line_layout`]): each
+//!   queue's engine writes, on the I/O path, only its own allocations, ring, grants and
+//!   device queue, so two queues on two pollers then never write the same line
+//!   (`tests/queues_share_no_line.rs`).
 //! - The poller: `event_received()` for each ring whose event channel fired, then
 //!   `poll_at(budget, now)` while it does work; after an idle spell call
 //!   `prepare_to_sleep()` on every ring, and block only if all say so, and never past
@@ -42,6 +46,36 @@ pub mod stats;
 pub mod watch;
 pub mod xenbus_error;
 pub mod xenstore;
+
+/// Bytes of a cache line (x86-64): the unit two CPUs writing near each other contend for.
+pub const CACHE_LINE: usize = 64;
+
+/// The layout a heap must use for an allocation of `layout` so that no two allocations
+/// share a cache line: its start on a line boundary, its size whole lines. `None` when
+/// the rounded size overflows.
+pub fn line_layout(layout: core::alloc::Layout) -> Option<core::alloc::Layout> {
+    Some(layout.align_to(CACHE_LINE).ok()?.pad_to_align())
+}
+
+/// `T` on cache lines of its own: aligned to a line and padded to whole lines, so a
+/// neighbour written by another CPU never shares a line with it (a queue's counters,
+/// which its poller writes and vCPU 0 reads).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(align(64))]
+pub struct CacheAligned<T>(pub T);
+
+impl<T> core::ops::Deref for CacheAligned<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> core::ops::DerefMut for CacheAligned<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
 
 /// Allocation that reports failure instead of aborting (per-ring memory is taken at
 /// connect time, where a frontend chooses how much).
@@ -70,3 +104,38 @@ pub mod fake;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod line_tests {
+    use super::*;
+    use core::alloc::Layout;
+
+    #[test]
+    fn line_layouts_start_on_a_line_and_cover_whole_lines() {
+        for (size, align) in [(1, 1), (2, 2), (63, 8), (64, 8), (65, 16), (4096, 4096)] {
+            let layout = line_layout(Layout::from_size_align(size, align).unwrap()).unwrap();
+            assert_eq!(layout.align() % CACHE_LINE, 0, "{size}/{align}");
+            assert!(layout.align() >= align);
+            assert_eq!(layout.size() % CACHE_LINE, 0, "{size}/{align}");
+            assert!(layout.size() >= size);
+            assert!(layout.size() < size + CACHE_LINE, "{size}/{align}");
+        }
+        assert_eq!(
+            line_layout(Layout::from_size_align(usize::MAX - 70, 1).unwrap()),
+            None
+        );
+    }
+
+    #[test]
+    fn cache_aligned_values_have_lines_of_their_own() {
+        assert_eq!(core::mem::align_of::<CacheAligned<u8>>(), CACHE_LINE);
+        assert_eq!(core::mem::size_of::<CacheAligned<u8>>(), CACHE_LINE);
+        assert_eq!(
+            core::mem::size_of::<CacheAligned<crate::stats::RingStats>>() % CACHE_LINE,
+            0
+        );
+        let pair = [CacheAligned(1u64), CacheAligned(2u64)];
+        let gap = &pair[1] as *const _ as usize - &pair[0] as *const _ as usize;
+        assert_eq!(gap, CACHE_LINE);
+    }
+}

@@ -34,6 +34,11 @@ impl GuestMemory {
         self.pages.len()
     }
 
+    /// Where a page lives in this process (tests that look at cache lines).
+    pub fn page_address(&self, page: usize) -> usize {
+        self.pages[page].as_ptr() as usize
+    }
+
     pub fn load_u32(&self, page: usize, offset: usize) -> u32 {
         self.pages[page][offset / 4].load(Ordering::Acquire)
     }
@@ -66,8 +71,7 @@ pub fn read_words(words: &[AtomicU32], offset: usize, out: &mut [u8]) {
         // Whole words (ring slots, responses, pages): one bounds check.
         let first = offset / 4;
         let words = &words[first..first + out.len() / 4];
-        for (chunk, word) in out.chunks_exact_mut(4).zip(words)
-        {
+        for (chunk, word) in out.chunks_exact_mut(4).zip(words) {
             chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
         }
         return;
@@ -94,8 +98,7 @@ pub fn write_words(words: &[AtomicU32], offset: usize, data: &[u8]) {
     if offset.is_multiple_of(4) && data.len().is_multiple_of(4) {
         let first = offset / 4;
         let words = &words[first..first + data.len() / 4];
-        for (chunk, word) in data.chunks_exact(4).zip(words)
-        {
+        for (chunk, word) in data.chunks_exact(4).zip(words) {
             word.store(
                 u32::from_le_bytes(chunk.try_into().expect("4 bytes")),
                 Ordering::Relaxed,
@@ -134,6 +137,11 @@ pub struct RingView {
 impl RingView {
     pub fn new(memory: Arc<GuestMemory>, pages: Vec<usize>) -> Self {
         Self { memory, pages }
+    }
+
+    /// Where the ring's `index`th page lives in this process.
+    pub fn page_address(&self, index: usize) -> usize {
+        self.memory.page_address(self.pages[index])
     }
 
     /// Split `[offset, offset + len)` at page boundaries.
