@@ -5,8 +5,8 @@
 # which keeps each pass out of line. Two runs with different request counts: the
 # difference over the difference in requests is the cost per request, set-up excluded.
 # Usage: tools/engine-passes.sh [order,queues,on|off ...]   (default: all 8 of the table)
-# PASSES_RING=kernel: the ring through xen::SharedMem, as blkdom maps it (default: plain
-# memory).
+# PASSES_RING=kernel: the ring through xen::SharedMem, as blkdom maps it; fake: in the
+# fake Xen's pages, as the lockstep column (default: plain memory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install -y valgrind)"; exit 1; }

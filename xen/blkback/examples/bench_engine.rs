@@ -288,8 +288,19 @@ impl NewRing for KernelRing {
     }
 }
 
+impl NewRing for RingView {
+    fn new_ring(bytes: usize) -> Self {
+        let pages = bytes / PAGE_SIZE;
+        RingView::new(GuestMemory::new(pages), (0..pages).collect())
+    }
+    fn put_request(&self, offset: usize, request: &[u8; REQUEST_SIZE]) {
+        self.write_bytes(offset, request);
+    }
+}
+
 /// Rings served by one thread, the frontend side written out here: in plain memory
-/// (`PlainRing`, memcpy) or as the kernel sees them (`KernelRing`).
+/// (`PlainRing`, memcpy), as the kernel sees them (`KernelRing`), or in the fake Xen's
+/// pages (`RingView`, for a profile of the lockstep column's ring costs).
 struct PlainRig<R> {
     slots: u32,
     rings: Vec<PlainQueue<R>>,
@@ -394,8 +405,8 @@ fn lockstep_plain<R: NewRing>(order: u32, queues: usize, persistent: bool, secon
     best
 }
 
-/// `BENCH_PROFILE=order,queues,on|off[,requests[,kernel]]`: only the plain loop of that
-/// configuration (`kernel`: the kernel ring's), untimed, for a fixed number of requests
+/// `BENCH_PROFILE=order,queues,on|off[,requests[,kernel|fake]]`: only the plain loop of
+/// that configuration (`kernel`: the kernel ring's; `fake`: the fake Xen's), untimed, for a fixed number of requests
 /// (default 1,000,000), for
 /// instruction counts under valgrind (two runs with different counts: the difference
 /// over the difference in requests is the cost per request, set-up excluded).
@@ -405,20 +416,23 @@ fn profile(spec: &str) {
     let (Some(order), Some(queues), Some(persistent)) =
         (parse(0), parse(1), fields.get(2).map(|f| *f == "on"))
     else {
-        panic!("BENCH_PROFILE=order,queues,on|off[,requests[,kernel]], not {spec:?}");
+        panic!("BENCH_PROFILE=order,queues,on|off[,requests[,kernel|fake]], not {spec:?}");
     };
     let requests = parse(3).unwrap_or(1_000_000);
-    let kernel = fields.get(4) == Some(&"kernel");
-    let done = if kernel {
-        run_requests(
-            PlainRig::<KernelRing>::new(order as u32, queues as usize, persistent),
+    let (order, queues) = (order as u32, queues as usize);
+    let done = match fields.get(4).copied() {
+        Some("kernel") => run_requests(
+            PlainRig::<KernelRing>::new(order, queues, persistent),
             requests,
-        )
-    } else {
-        run_requests(
-            PlainRig::<PlainRing>::new(order as u32, queues as usize, persistent),
+        ),
+        Some("fake") => run_requests(
+            PlainRig::<RingView>::new(order, queues, persistent),
             requests,
-        )
+        ),
+        _ => run_requests(
+            PlainRig::<PlainRing>::new(order, queues, persistent),
+            requests,
+        ),
     };
     println!("profile: order {order}, {queues} queues, persistent {persistent}: {done} requests");
 }

@@ -290,45 +290,39 @@ impl GrantMapper {
         !self.requests.is_empty()
     }
 
-    /// Map everything in the batch with one call. Cache entries are resolved here; the
-    /// results stay in `results`, parallel to `targets`, for the caller.
-    fn issue_batch<G: GrantOps>(&mut self, grants: &mut G, stats: &mut RingStats) {
-        self.results.clear();
-        self.results.resize(self.requests.len(), Err(MAP_PENDING));
-        grants.map(&self.requests, &mut self.results);
-        stats.map_batches += 1;
-        for (target, result) in self.targets.iter().zip(&self.results) {
-            if result.is_err() {
-                stats.grant_failures += 1;
-            }
-            if let MapTarget::Cache(entry) = *target {
-                self.cache.resolve(entry, *result);
-            }
-        }
-        self.requests.clear();
-    }
-
     /// Unmap what is queued (so the number of mapped grants never exceeds the bound),
-    /// then map the batch with one call and record each transient mapping.
+    /// then map the batch with one call and, in one pass over the results, resolve each
+    /// cache entry and record each transient mapping.
     pub fn map_batch<G: GrantOps>(&mut self, grants: &mut G, stats: &mut RingStats) {
         self.flush_unmaps(grants, stats);
         if self.requests.is_empty() {
             return;
         }
-        self.issue_batch(grants, stats);
+        self.results.clear();
+        self.results.resize(self.requests.len(), Err(MAP_PENDING));
+        grants.map(&self.requests, &mut self.results);
+        stats.map_batches += 1;
         for (target, result) in self.targets.iter().zip(&self.results) {
-            if let MapTarget::Segment(index) = *target {
-                let map = &mut self.maps[index as usize];
-                match *result {
-                    Ok(grant) => {
-                        map.grant = grant;
-                        map.status = 0;
-                        self.transient_mapped += 1;
+            match (*target, *result) {
+                (MapTarget::Cache(entry), result) => {
+                    if result.is_err() {
+                        stats.grant_failures += 1;
                     }
-                    Err(status) => map.status = status,
+                    self.cache.resolve(entry, result);
+                }
+                (MapTarget::Segment(index), Ok(grant)) => {
+                    let map = &mut self.maps[index as usize];
+                    map.grant = grant;
+                    map.status = 0;
+                    self.transient_mapped += 1;
+                }
+                (MapTarget::Segment(index), Err(status)) => {
+                    stats.grant_failures += 1;
+                    self.maps[index as usize].status = status;
                 }
             }
         }
+        self.requests.clear();
         self.targets.clear();
     }
 
