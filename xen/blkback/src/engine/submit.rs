@@ -62,7 +62,7 @@ pub(super) struct Submission {
     staged: Vec<u16>,
     /// Slots the device could not take yet, in ring order.
     pub deferred: SlotFifo,
-    /// The DMA list of the request being submitted.
+    /// The DMA list of the request being submitted (its first `nr_segments` entries).
     dma: Vec<DmaSegment>,
     /// Requests handed to the device and not finished.
     pub in_flight: usize,
@@ -73,7 +73,7 @@ impl Submission {
         Ok(Self {
             staged: fallible::with_capacity(slots)?,
             deferred: SlotFifo::new(slots)?,
-            dma: fallible::with_capacity(max_segments)?,
+            dma: fallible::vec(DmaSegment::default(), max_segments)?,
             in_flight: 0,
         })
     }
@@ -164,19 +164,17 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     fn try_submit(&mut self, slot: u16) -> Result<(), SubmitError> {
         let entry = self.slots[slot];
         let count = usize::from(entry.nr_segments);
-        let dma = &mut self.submission.dma;
-        dma.clear();
-        for (desc, map) in self
-            .slots
-            .descs(slot, count)
-            .iter()
+        let dma = &mut self.submission.dma[..count];
+        for ((segment, desc), map) in dma
+            .iter_mut()
+            .zip(self.slots.descs(slot, count))
             .zip(self.mapper.maps(self.slots.segments(slot)))
         {
-            dma.push(DmaSegment {
+            *segment = DmaSegment {
                 buffer: map.grant.buffer,
                 offset: desc.byte_offset(),
                 len: desc.byte_len(),
-            });
+            };
         }
         let (op, preflush) = match entry.work {
             Work::Data(DataOp::Read) => (IoOp::Read, false),
