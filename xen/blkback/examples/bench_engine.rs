@@ -44,11 +44,12 @@ use blkback::abi::{self, sring, PAGE_SIZE, REQUEST_SIZE};
 use blkback::engine::{Engine, EngineConfig};
 use blkback::fake::wire::encode_direct;
 use blkback::fake::{
-    CountingEvents, DelayDevice, FrontRing, GrantTable, GuestMemory, PlainRing, RingView, XenGrants,
+    null_disk, CountingEvents, DelayDevice, FrontRing, GrantTable, GuestMemory, PlainRing,
+    RingView, XenGrants,
 };
 use blkback::parse::SegmentDesc;
 use blkback::ring::RingMemory;
-use blkdev::{Geometry, NullDisk};
+use blkdev::NullDisk;
 use xen::SharedMem;
 
 type BenchEngine = Engine<RingView, XenGrants, NullDisk, CountingEvents>;
@@ -81,17 +82,6 @@ impl Front {
     }
 }
 
-fn bench_geometry() -> Geometry {
-    Geometry {
-        sectors: 1 << 30,
-        logical_block_size: 512,
-        physical_block_size: 4096,
-        read_only: false,
-        flush: true,
-        discard: None,
-    }
-}
-
 /// The notification hold window of the main table: `BENCH_NOTIFY_HOLD_US`, by default
 /// the kernel's (`notify.hold-us=` default, 5000 us). Its frontends never ask for events,
 /// so nothing is held: this measures the bookkeeping.
@@ -111,7 +101,6 @@ fn setup(order: u32, queues: usize, persistent: bool) -> (Vec<Front>, Vec<BenchE
     let slots = abi::ring_slots(order) as usize;
     let memory = GuestMemory::new(queues * (ring_pages + slots));
     let table = GrantTable::new(memory.clone());
-    let geometry = bench_geometry();
     let mut fronts = Vec::new();
     let mut engines = Vec::new();
     let mut gref = 1u32;
@@ -140,7 +129,7 @@ fn setup(order: u32, queues: usize, persistent: bool) -> (Vec<Front>, Vec<BenchE
         let engine = Engine::new(
             view,
             XenGrants(table.clone()),
-            NullDisk::new(geometry, slots),
+            null_disk(slots),
             CountingEvents::default(),
             bench_config(order, persistent),
         )
@@ -341,7 +330,7 @@ impl<R: NewRing> PlainRig<R> {
             let engine = Engine::new(
                 ring.clone(),
                 XenGrants(table.clone()),
-                NullDisk::new(bench_geometry(), slots as usize),
+                null_disk(slots as usize),
                 CountingEvents::default(),
                 bench_config(order, persistent),
             )
@@ -510,12 +499,7 @@ fn moderation(latency_ns: u64, hold_ns: u64, requests: u64) -> Moderation {
     let mut engine = Engine::new(
         RingView::new(memory.clone(), vec![0]),
         XenGrants(table.clone()),
-        DelayDevice::new(
-            NullDisk::new(bench_geometry(), DEPTH),
-            clock.clone(),
-            latency_ns,
-            0,
-        ),
+        DelayDevice::new(null_disk(DEPTH), clock.clone(), latency_ns, 0),
         events.clone(),
         EngineConfig {
             notify_hold_ns: hold_ns,

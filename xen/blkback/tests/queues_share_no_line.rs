@@ -32,11 +32,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use blkback::abi;
 use blkback::engine::{Engine, EngineConfig};
 use blkback::fake::wire::encode_direct;
-use blkback::fake::{CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
+use blkback::fake::{
+    null_disk, CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, XenGrants,
+};
 use blkback::parse::SegmentDesc;
 use blkback::ring::RingMemory;
 use blkback::{line_layout, CACHE_LINE};
-use blkdev::{Geometry, NullDisk};
+use blkdev::NullDisk;
 use linked_list_allocator::LockedHeap;
 
 const ARENA_BYTES: usize = 64 << 20;
@@ -165,18 +167,10 @@ impl Queue {
         let front = FrontRing::new(RingView::new(memory.clone(), pages.clone()), order);
         // The frontend polls: no events.
         front.view().store_u32(abi::sring::RSP_EVENT, u32::MAX / 2);
-        let geometry = Geometry {
-            sectors: 1 << 30,
-            logical_block_size: 512,
-            physical_block_size: 4096,
-            read_only: false,
-            flush: true,
-            discard: None,
-        };
         let engine = Engine::new(
             RingView::new(memory.clone(), pages.clone()),
             XenGrants(table),
-            NullDisk::new(geometry, abi::ring_slots(order) as usize),
+            null_disk(abi::ring_slots(order) as usize),
             CountingEvents::default(),
             EngineConfig::new(order, persistent),
         )

@@ -16,6 +16,21 @@ pub use xenstore::MemStore;
 
 use crate::engine::EventChannel;
 
+/// A null device of 2^30 sectors (512 GiB), 512-byte blocks, writable, with a cache to
+/// flush and no discard, taking `queue_depth` requests: the engine benchmark's device
+/// and the queue tests'.
+pub fn null_disk(queue_depth: usize) -> blkdev::NullDisk {
+    let geometry = blkdev::Geometry {
+        sectors: 1 << 30,
+        logical_block_size: 512,
+        physical_block_size: 4096,
+        read_only: false,
+        flush: true,
+        discard: None,
+    };
+    blkdev::NullDisk::new(geometry, queue_depth)
+}
+
 /// Counts notifications; the other side reads the count.
 #[derive(Clone, Debug, Default)]
 pub struct CountingEvents(pub Arc<AtomicU64>);
