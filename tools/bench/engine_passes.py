@@ -12,7 +12,8 @@ import sys
 
 # (pattern over the function symbol, pass), first match wins.
 RULES = [
-    (r"PlainRig.*::front|FrontRing|encode_", "frontend (not the engine)"),
+    # The profile loop: the frontend's side, inlined into `main` when it is.
+    (r"PlainRig.*::front|FrontRing|encode_|bench_engine::main$", "frontend (not the engine)"),
     (r"XenGrants|GrantTable|[Mm]utex|futex|pthread", "grant ops (fake Xen)"),
     (r"take_request|read_bytes|read_words", "copy"),
     (r"parse_request", "parse"),
