@@ -553,7 +553,7 @@ impl poller::ControlWork for Control {
             }
             self.report_faults(&mut store);
             let retry = !self.retrying.is_empty();
-            let now = xen_domain::get().map_or(0, |p| p.now_ns());
+            let now = xen_domain::now_ns();
             if now >= self.next_stats {
                 self.maintain_ram_disks();
                 self.publish_stats(&mut store);

@@ -252,7 +252,7 @@ impl ConnectionHooks for VbdHooks {
     }
 
     fn now_ns(&self) -> u64 {
-        xen_domain::get().map_or(0, |p| p.now_ns())
+        xen_domain::now_ns()
     }
 }
 

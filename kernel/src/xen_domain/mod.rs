@@ -34,6 +34,11 @@ pub fn get() -> Option<&'static XenDomain> {
     XEN_DOMAIN.get()
 }
 
+/// Xen's system time in nanoseconds (0 before the domain is set up).
+pub fn now_ns() -> u64 {
+    get().map_or(0, |p| p.now_ns())
+}
+
 #[derive(Debug)]
 pub enum InitError {
     NoFrame,

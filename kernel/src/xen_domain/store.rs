@@ -2,7 +2,7 @@
 //! through the store event channel and waiting with `SCHEDOP_poll` (the port stays
 //! masked, so no upcall competes for it). Control path only: one lock for the domain.
 
-use super::{failed, get, shared_page, InitError};
+use super::{failed, get, now_ns, shared_page, InitError};
 use xen::evtchn::PortSignal;
 use xen::raw::hypercall::NativeHypervisor;
 use xen::xenstore::{SharedXenstoreRing, XenstoreClient};
@@ -14,10 +14,6 @@ type Signal = PortSignal<NativeHypervisor, fn() -> u64>;
 pub type Client = XenstoreClient<SharedXenstoreRing<Signal>>;
 
 static STORE: spin::Mutex<Option<Client>> = spin::Mutex::new(None);
-
-fn now_ns() -> u64 {
-    get().map_or(0, |p| p.now_ns())
-}
 
 /// Connects to xenstored through the ring the toolstack set up for us.
 pub fn init() -> Result<(), InitError> {
