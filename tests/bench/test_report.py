@@ -68,9 +68,10 @@ def write_run(root: Path, rounds: int = 2, systems=("linux-dom0", "blkdom")) -> 
     domains (linux-dd, linux-dd-pt) get a half and a quarter of dom0's IOPS and no
     counters (they live in their sysfs); blkdom-pt gets 3/4 of blkdom's, and counters."""
     (root / "bench-config.txt").write_text(
-        f"repeats={rounds} runtime={RUNTIME} settle={SETTLE} ramp={RAMP}\n"
+        f"repeats={rounds} runtime={RUNTIME} settle={SETTLE} ramp={RAMP} guest_pcpu=3\n"
         f"jobs={','.join(j[0] for j in JOBS)}\n")
     (root / "xl-info.txt").write_text("nr_cpus                : 4\nxen_version            : 4.17.5\n")
+    host_threads = []
     for round_no in range(1, rounds + 1):
         for system in systems:
             guest = f"{GUESTS[system]}-r{round_no}"
@@ -92,6 +93,27 @@ def write_run(root: Path, rounds: int = 2, systems=("linux-dom0", "blkdom")) -> 
                 wall = RUNTIME + RAMP + SETTLE
                 (directory / f"cpu-{guest}-{job}.txt").write_text(
                     f"backend={system} cpu_s={0.1 * (wall - SETTLE):.1f} wall_s={wall:.2f}\n")
+                # The outer machine: 11 s busy (+ the settle); the guest's vCPU thread
+                # (pCPU 3) runs 80% and waits 10% of it under blkdom, 90%/1% otherwise;
+                # blkdom's poller thread (pCPU 1) runs 99%; QEMU's main thread 5%; two
+                # host cores busy 1.5 (blkdom) or 1.0.
+                ours = system in ("blkdom", "blkdom-pt")
+                busy = RUNTIME + RAMP
+                guest_run, guest_wait = (0.8, 0.1) if ours else (0.9, 0.01)
+                poller_run = 0.99 if ours else 0.0
+                start = 100.0 * len(host_threads)
+                for edge, at, share in (("BEGIN", start, 0), ("END", start + wall, 1)):
+                    ns = int(share * busy * 1e9)
+                    host_cpu = ",".join(str(v) for v in (
+                        1000 + share * int(busy * (150 if ours else 100)), 0, 0,
+                        5000 + share * int(busy * (50 if ours else 100) + SETTLE * 200),
+                        0, 0, 0, 0, 0, 0))
+                    host_threads.append(
+                        f"{edge} {guest} {job} host_s={at:.1f} "
+                        f"thread:qemu-system-x86={int(ns * 0.05)},0 "
+                        f"thread:CPU_1/TCG={int(ns * poller_run)},0 "
+                        f"thread:CPU_3/TCG={int(ns * guest_run)},{int(ns * guest_wait)} "
+                        f"host_cpu={host_cpu}")
                 requests = iops * (RUNTIME + RAMP)
                 console.append(f"rig-guest: irq before {job} {total['irqs']}\r")
                 before = dict(total)
@@ -122,6 +144,7 @@ def write_run(root: Path, rounds: int = 2, systems=("linux-dom0", "blkdom")) -> 
                             f"busy=9 sleeps={values['sleeps']}")
             (directory / f"counters-{guest}.txt").write_text("\n".join(counters) + "\n")
             (directory / f"guest-{guest}.log").write_text("\n".join(console) + "\n")
+    (root / "host-threads.txt").write_text("\n".join(host_threads) + "\n")
 
 
 class ReportTest(unittest.TestCase):
@@ -166,6 +189,38 @@ class ReportTest(unittest.TestCase):
     def test_backend_cpu_excludes_the_settle(self):
         entry = self.summary_of("fio-randread-4k-qd32-1j")
         self.assertAlmostEqual(entry["systems"]["blkdom"]["backend_cpu_percent"]["median"], 10.0)
+
+    def test_host_threads_per_job_without_the_settle(self):
+        entry = self.summary_of("fio-randread-4k-qd32-1j")
+        ours, linux = entry["systems"]["blkdom"], entry["systems"]["linux-dom0"]
+        self.assertAlmostEqual(ours["host_guest_vcpu_run_percent"]["median"], 80.0, places=1)
+        self.assertAlmostEqual(ours["host_guest_vcpu_wait_percent"]["median"], 10.0, places=1)
+        self.assertAlmostEqual(linux["host_guest_vcpu_wait_percent"]["median"], 1.0, places=1)
+        # vCPU threads only (QEMU's main thread left out): guest + poller.
+        self.assertAlmostEqual(ours["host_vcpus_cores"]["median"], 1.79, places=2)
+        self.assertAlmostEqual(linux["host_vcpus_cores"]["median"], 0.9, places=2)
+        self.assertAlmostEqual(ours["host_busy_cores"]["median"], 1.5, places=1)
+        self.assertAlmostEqual(linux["host_busy_cores"]["median"], 1.0, places=1)
+
+    def test_host_table_only_when_host_threads_were_recorded(self):
+        data = report.load_nested(self.nested)
+        summary = report.summarise(data["runs"])
+        header, rows = report.host_table(summary)
+        self.assertIn("guest vCPU run/wait % blkdom", header)
+        row = next(r for r in rows if r[0] == summary[1]["description"])
+        self.assertEqual(row[1:3], ["90/1", "80/10"])
+        (self.nested / "host-threads.txt").unlink()
+        data = report.load_nested(self.nested)
+        self.assertIsNone(report.host_table(report.summarise(data["runs"])))
+
+    def test_host_threads_lines_cut_short_are_skipped(self):
+        path = self.nested / "host-threads.txt"
+        lines = path.read_text().splitlines()
+        # A truncated last line (the run was killed mid-write) and a mangled one.
+        path.write_text("\n".join(lines[:-1] + [lines[-1][:40], "END x y host_s=1 thread:a=b"])
+                        + "\n")
+        edges = report.read_host_threads(path)
+        self.assertEqual(len(edges), len(lines) - 1)
 
     def test_costs_from_counter_deltas(self):
         entry = self.summary_of("fio-randread-4k-qd32-1j")

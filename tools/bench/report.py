@@ -160,6 +160,80 @@ def read_cpu(path: Path):
         return None
 
 
+def read_host_threads(path: Path) -> dict:
+    """host-threads.txt (tools/rig/run.sh, on the outer machine): per fio job edge
+    'BEGIN|END GUEST JOB host_s=S thread:NAME=RUN_NS,WAIT_NS... host_cpu=J,J,...', into
+    {(guest, job, edge): {"host_s": S, "threads": {name: [run_ns, wait_ns]},
+    "host_cpu": [jiffies...]}}; threads of the same name are added up."""
+    edges = {}
+    if not path.exists():
+        return edges
+    for line in path.read_text(errors="replace").splitlines():
+        fields = line.split()
+        if len(fields) < 4 or fields[0] not in ("BEGIN", "END"):
+            continue
+        edge = {"host_s": None, "threads": {}, "host_cpu": []}
+        try:
+            for token in fields[3:]:
+                key, _, value = token.partition("=")
+                if key == "host_s":
+                    edge["host_s"] = float(value)
+                elif key.startswith("thread:"):
+                    run, wait = (int(v) for v in value.split(","))
+                    total = edge["threads"].setdefault(key[len("thread:"):], [0, 0])
+                    total[0] += run
+                    total[1] += wait
+                elif key == "host_cpu":
+                    edge["host_cpu"] = [int(v) for v in value.split(",")]
+        except ValueError:
+            continue
+        if edge["host_s"] is not None:
+            edges[(fields[1], fields[2], fields[0].lower())] = edge
+    return edges
+
+
+# USER_HZ of /proc/stat; the vCPU threads QEMU names with debug-threads=on.
+CLOCK_TICKS = 100
+VCPU_THREAD_RE = re.compile(r"^CPU_(\d+)/")
+
+
+def derive_host(row: dict, edges: dict, guest: str, job: str, guest_pcpu, settle: float):
+    """The outer machine over one job, per second of the job's busy time (the settle
+    taken off, as for the backend's CPU): how much the guest's vCPU thread ran and how
+    long it waited for a host core, what all vCPU threads ran (in cores), and how busy
+    the host's cores were."""
+    begin, end = edges.get((guest, job, "begin")), edges.get((guest, job, "end"))
+    if not begin or not end:
+        return
+    busy_wall = end["host_s"] - begin["host_s"] - settle
+    if busy_wall <= 0:
+        return
+
+    def delta(name, index):
+        if name not in begin["threads"] or name not in end["threads"]:
+            return None
+        return (end["threads"][name][index] - begin["threads"][name][index]) / 1e9
+
+    vcpu_run = 0.0
+    for name in end["threads"]:
+        match = VCPU_THREAD_RE.match(name)
+        if not match:
+            continue
+        run, wait = delta(name, 0), delta(name, 1)
+        if run is None:
+            continue
+        vcpu_run += run
+        if guest_pcpu is not None and int(match[1]) == guest_pcpu:
+            row["host_guest_vcpu_run_percent"] = 100.0 * run / busy_wall
+            row["host_guest_vcpu_wait_percent"] = 100.0 * wait / busy_wall
+    row["host_vcpus_cores"] = vcpu_run / busy_wall
+    before, after = begin["host_cpu"], end["host_cpu"]
+    if len(before) >= 5 and len(after) == len(before):
+        ticks = [a - b for a, b in zip(after, before)]
+        idle = ticks[3] + ticks[4]  # idle, iowait
+        row["host_busy_cores"] = (sum(ticks) - idle) / CLOCK_TICKS / busy_wall
+
+
 def counter_deltas(edges: dict, job: str, source: str) -> dict:
     begin, end = edges.get((job, "begin", source)), edges.get((job, "end", source))
     if not begin or not end:
@@ -220,6 +294,8 @@ def load_nested(nested: Path) -> dict:
                     config[key] = value.split(",") if key == "jobs" else value
     settle = float(config.get("settle", 0))
     ramp = float(config.get("ramp", 1))
+    guest_pcpu = int(config["guest_pcpu"]) if config.get("guest_pcpu", "").isdigit() else None
+    host_edges = read_host_threads(nested / "host-threads.txt")
     runs = []
     for round_dir in sorted(nested.glob("round-*"), key=lambda p: int(p.name.split("-")[1])):
         round_no = int(round_dir.name.split("-")[1])
@@ -267,6 +343,7 @@ def load_nested(nested: Path) -> dict:
                     if deltas:
                         row["counters_" + source.replace("-", "_")] = deltas
                         derive_costs(row, deltas, source)
+                derive_host(row, host_edges, guest, job, guest_pcpu, settle)
                 pollers = counter_deltas(edges, job, "blkdom-pollers")
                 if pollers:
                     row["counters_blkdom_pollers"] = pollers
@@ -287,7 +364,8 @@ def load_nested(nested: Path) -> dict:
 SUMMARY_FIELDS = ["iops", "mib_s", "p50_us", "p99_us", "backend_cpu_percent",
                   "guest_irqs_per_s", "guest_irqs_per_io", "hypercalls_per_request",
                   "notifications_per_s", "events_per_s", "poller_sleeps_per_s",
-                  "poller_loops_per_request"]
+                  "poller_loops_per_request", "host_guest_vcpu_run_percent",
+                  "host_guest_vcpu_wait_percent", "host_vcpus_cores", "host_busy_cores"]
 
 
 def spread(values: list) -> dict:
@@ -415,6 +493,27 @@ def cost_table(summary: list) -> tuple:
                        for f in ours_figures]
                     + [median_of(f, "guest_irqs_per_s", 0) for f in figures]
                     + [median_of(f, "guest_irqs_per_io", 3) for f in figures])
+    return header, rows
+
+
+def host_table(summary: list):
+    """The outer machine per job and system: the guest's vCPU thread's run and wait (for
+    a host core) in % of the job, all vCPU threads' and the host's busy cores; None when
+    the run recorded no host threads."""
+    systems = present_systems(summary)
+    if not any("host_vcpus_cores" in entry["systems"].get(s, {})
+               for entry in summary for s in systems):
+        return None
+    header = (["job"] + [f"guest vCPU run/wait % {SHORT_LABELS[s]}" for s in systems]
+              + [f"vCPU threads / host busy cores {SHORT_LABELS[s]}" for s in systems])
+    rows = []
+    for entry in summary:
+        figures = [entry["systems"].get(s, {}) for s in systems]
+        rows.append([entry["description"]]
+                    + [f"{median_of(f, 'host_guest_vcpu_run_percent', 0)}/"
+                       f"{median_of(f, 'host_guest_vcpu_wait_percent', 0)}" for f in figures]
+                    + [f"{median_of(f, 'host_vcpus_cores', 2)}/"
+                       f"{median_of(f, 'host_busy_cores', 2)}" for f in figures])
     return header, rows
 
 
@@ -608,6 +707,13 @@ def render_tables(report: dict, markdown: bool) -> str:
                      " sends per backend request; per second = per request x fio IOPS;"
                      " guest irq = blkif interrupts in the guest):")
         parts.append(table(*cost_table(nested["summary"])))
+        host = host_table(nested["summary"])
+        if host:
+            parts.append("The outer machine (QEMU's threads on its "
+                         f"{report.get('machine', {}).get('nproc', '?')} cores, medians): the guest's"
+                         " vCPU thread ran / waited for a host core, in % of the job; all"
+                         " vCPU threads and the host in busy cores:")
+            parts.append(table(*host))
     if report.get("engine"):
         parts.append("Engine on the host (4 KiB reads, null device, one poller):")
         parts.append(table(ENGINE_HEADER, engine_rows(report["engine"])))

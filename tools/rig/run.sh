@@ -117,6 +117,7 @@ elapsed() { awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%6.1f", e -
 rig_log "scenario $scenario: qemu -smp $smp, timeout ${qemu_timeout}s, log $serial"
 timeout --kill-after=10 "$qemu_timeout" "$qemu" "${QEMU_FIRMWARE_ARGS[@]}" \
   -machine q35 -accel tcg,thread=multi -cpu max,-fsgsbase -smp "$smp" -m 4096 \
+  -name rig,debug-threads=on \
   "${PASSTHROUGH_ARGS[@]}" \
   -display none -monitor none -serial "file:$serial" -no-reboot \
   -kernel "$images/xen" \
@@ -129,12 +130,38 @@ timeout --kill-after=10 "$qemu_timeout" "$qemu" "${QEMU_FIRMWARE_ARGS[@]}" \
   -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
   </dev/null >"$results/qemu.out" 2>&1 &
 qemu_pid=$!
+# The host's view of each fio job (host-threads.txt, read by tools/bench/report.py): as a
+# guest's job begins and ends ("[GUEST] rig-guest: begin|end JOB" on the console), the
+# CPU each QEMU thread has run and has waited for a host core (schedstat, ns; the
+# vCPU threads are named "CPU N/TCG"), and the host's /proc/stat CPU line. On this
+# 2-core machine a nested pCPU that spins holds a host core the other vCPUs then wait for.
+: > "$results/host-threads.txt"
+host_threads_edge() {  # EDGE GUEST JOB
+  local qemu task name run wait _ record
+  qemu=$(pgrep -P "$qemu_pid" | head -n 1 || true)
+  [ -n "$qemu" ] || return 0
+  record="$1 $2 $3 host_s=$(elapsed | tr -d ' ')"
+  for task in /proc/"$qemu"/task/*; do
+    { read -r name < "$task/comm" && read -r run wait _ < "$task/schedstat"; } 2>/dev/null ||
+      continue
+    record+=" thread:${name// /_}=$run,$wait"
+  done
+  read -r _ name < /proc/stat
+  record+=" host_cpu=${name// /,}"
+  echo "$record" >> "$results/host-threads.txt"
+}
 # Progress on stdout while QEMU runs: the rig's markers, stamped with host seconds since
 # QEMU started (tail --pid stops following when QEMU is gone).
 tail -n +1 -F --pid="$qemu_pid" "$serial" 2>/dev/null | while IFS= read -r line; do
   line=${line%$'\r'}
   case $line in
     "rig: dom0 ready"*) echo "dom0-ready-host $(elapsed | tr -d ' ')" >> "$results/host-timings.txt" ;;
+  esac
+  case $line in
+    "["*"] rig-guest: begin "* | "["*"] rig-guest: end "*)
+      guest=${line%%]*}
+      set -- ${line#*rig-guest: }
+      host_threads_edge "${1^^}" "${guest#[}" "$2" ;;
   esac
   case $line in
     rig:*|rig-check:*|rig-info:*) printf '[%ss] %s\n' "$(elapsed)" "$line" ;;
