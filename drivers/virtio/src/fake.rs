@@ -26,8 +26,8 @@ const MEMORY_BYTES: usize = 48 << 20;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Queue {
+    /// 0 until the driver sets it: reads give `queue_max` meanwhile.
     size: u16,
-    max: u16,
     desc: u64,
     avail: u64,
     used: u64,
@@ -150,8 +150,8 @@ impl FakeDevice {
                 if q >= max_queues {
                     0
                 } else {
-                    let qs = self.selected();
-                    u64::from(if qs.size == 0 { qs.max } else { qs.size })
+                    let (size, max) = (self.selected().size, self.queue_max);
+                    u64::from(if size == 0 { max } else { size })
                 }
             }
             0x1e => u64::from(self.queue_select),
@@ -194,14 +194,7 @@ impl FakeDevice {
                 if new == 0 {
                     self.status = 0;
                     self.accepted = 0;
-                    let max = self.queue_max;
-                    self.queues = vec![
-                        Queue {
-                            max,
-                            ..Queue::default()
-                        };
-                        8
-                    ];
+                    self.queues = vec![Queue::default(); 8];
                     return;
                 }
                 if new & 8 != 0 && self.status & 8 == 0 {
@@ -489,9 +482,6 @@ pub struct FakeHal(pub Arc<Mutex<FakeDevice>>);
 
 impl FakeHal {
     pub fn new(fake: FakeDevice) -> Self {
-        let mut fake = fake;
-        let max = fake.queue_max;
-        fake.queues.iter_mut().for_each(|q| q.max = max);
         FakeHal(Arc::new(Mutex::new(fake)))
     }
 
