@@ -41,9 +41,10 @@ pub const NO_SLOT: u16 = u16::MAX;
 pub mod fake {
     extern crate std;
     use blkdev::{
-        BlockDevice, BufferAccess, Completion, DeviceFault, DmaSegment, FaultKind, IoOp, IoRequest,
-        IoStatus,
+        BlockDevice, BufferAccess, Completion, DeviceFault, Dma, DmaRegion, DmaSegment, FaultKind,
+        IoOp, IoRequest, IoStatus,
     };
+    use std::sync::{Arc, Mutex};
     use std::vec::Vec;
 
     /// A fake device's bus mastering (PCI command bit 2), as its HAL's `Dma::stop_dma`
@@ -251,6 +252,81 @@ pub mod fake {
                 all = m[page.buffer as usize..][..4096].iter().all(|&b| b == byte)
             });
             all
+        }
+    }
+
+    /// A fake DMA device's model as `FakeHal` serves it: its memory, its bus mastering
+    /// and its faults. The rest (registers, queues) each driver's own `Hal` reaches
+    /// through `FakeHal::with`.
+    pub trait DeviceModel {
+        fn memory(&mut self) -> &mut DmaMemory;
+        fn bus_master(&mut self) -> &mut BusMaster;
+        /// `Dma::delay_us` (a device model that keeps no clock ignores it).
+        fn delay_us(&mut self, _micros: u64) {}
+        /// `FaultyDevice::finish_stalled`.
+        fn finish_stalled(&mut self);
+        /// `FaultyDevice::handed`.
+        fn handed(&self) -> usize;
+    }
+
+    /// The test HAL of a fake DMA device: every clone reaches the same model `M`. It is
+    /// `Dma` and `FaultyDevice` for any model; each driver implements its own `Hal` (the
+    /// registers) for `FakeHal<its model>`.
+    pub struct FakeHal<M>(pub Arc<Mutex<M>>);
+
+    impl<M> Clone for FakeHal<M> {
+        fn clone(&self) -> Self {
+            FakeHal(Arc::clone(&self.0))
+        }
+    }
+
+    impl<M> FakeHal<M> {
+        pub fn new(model: M) -> Self {
+            FakeHal(Arc::new(Mutex::new(model)))
+        }
+
+        pub fn with<R>(&self, f: impl FnOnce(&mut M) -> R) -> R {
+            f(&mut self.0.lock().unwrap())
+        }
+    }
+
+    // SAFETY: DMA memory is the model's `DmaMemory`, whose bump allocator hands out
+    // zeroed pages once; copies go through `DmaRegion::span` into that bounds-checked
+    // `Vec`.
+    #[allow(unsafe_code, reason = "a test double of the kernel's HAL")]
+    unsafe impl<M: DeviceModel> Dma for FakeHal<M> {
+        fn allocate_dma(&self, pages: usize) -> Option<DmaRegion> {
+            self.with(|m| m.memory().allocate_region(pages))
+        }
+        fn read_dma(&self, region: DmaRegion, offset: u64, out: &mut [u8]) {
+            self.with(|m| m.memory().read_region(region, offset, out))
+        }
+        fn write_dma(&self, region: DmaRegion, offset: u64, data: &[u8]) {
+            self.with(|m| m.memory().write_region(region, offset, data))
+        }
+        fn delay_us(&self, micros: u64) {
+            self.with(|m| m.delay_us(micros))
+        }
+        fn stop_dma(&self) -> bool {
+            self.with(|m| m.bus_master().stop())
+        }
+        fn dma_stopped(&self) -> Option<bool> {
+            self.with(|m| m.bus_master().stopped)
+        }
+    }
+
+    impl<M: DeviceModel> FaultyDevice for FakeHal<M> {
+        fn with_memory(&self, f: &mut dyn FnMut(&mut DmaMemory)) {
+            self.with(|m| f(m.memory()))
+        }
+        fn finish_stalled(&self) {
+            self.with(|m| m.finish_stalled())
+        }
+        fn bus(&self) -> BusMaster {
+            self.with(|m| *m.bus_master())
+        }
+        fn handed(&self) -> usize {
+            self.with(|m| m.handed())
         }
     }
 

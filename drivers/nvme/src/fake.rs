@@ -15,8 +15,7 @@ use std::{format, vec};
 use crate::command::{CommandStatus, CQ_ENTRY_LEN, SQ_ENTRY_LEN};
 use crate::Hal;
 use blkdev::DmaRegion;
-use cmdslots::fake::{BusMaster, DmaMemory, FaultyDevice};
-use std::sync::{Arc, Mutex};
+use cmdslots::fake::{BusMaster, DeviceModel, DmaMemory};
 
 pub const MEMORY_BYTES: usize = 48 << 20;
 const PAGE: u64 = 4096;
@@ -593,18 +592,7 @@ impl FakeController {
 }
 
 /// The test HAL: every access goes to the shared fake controller.
-#[derive(Clone)]
-pub struct FakeHal(pub Arc<Mutex<FakeController>>);
-
-impl FakeHal {
-    pub fn new(fake: FakeController) -> Self {
-        FakeHal(Arc::new(Mutex::new(fake)))
-    }
-
-    pub fn with<R>(&self, f: impl FnOnce(&mut FakeController) -> R) -> R {
-        f(&mut self.0.lock().unwrap())
-    }
-}
+pub type FakeHal = cmdslots::fake::FakeHal<FakeController>;
 
 // SAFETY: the registers are plain Rust state of the `FakeController`, reached by safe code
 // only (a register it does not know is recorded or ignored, a bad index panics); completion words are
@@ -622,41 +610,20 @@ unsafe impl Hal for FakeHal {
     }
 }
 
-// SAFETY: DMA memory is the fake's `DmaMemory`, whose bump allocator hands out zeroed
-// pages once; copies go through `DmaRegion::span` into that bounds-checked `Vec`.
-#[allow(unsafe_code, reason = "a test double of the kernel's HAL")]
-unsafe impl blkdev::Dma for FakeHal {
-    fn allocate_dma(&self, pages: usize) -> Option<DmaRegion> {
-        self.with(|m| m.memory.allocate_region(pages))
+impl DeviceModel for FakeController {
+    fn memory(&mut self) -> &mut DmaMemory {
+        &mut self.memory
     }
-    fn read_dma(&self, region: DmaRegion, offset: u64, out: &mut [u8]) {
-        self.with(|m| m.memory.read_region(region, offset, out))
+    fn bus_master(&mut self) -> &mut BusMaster {
+        &mut self.bus
     }
-    fn write_dma(&self, region: DmaRegion, offset: u64, data: &[u8]) {
-        self.with(|m| m.memory.write_region(region, offset, data))
+    fn delay_us(&mut self, micros: u64) {
+        self.delays_us += micros;
     }
-    fn delay_us(&self, micros: u64) {
-        self.with(|m| m.delays_us += micros)
-    }
-    fn stop_dma(&self) -> bool {
-        self.with(|m| m.bus.stop())
-    }
-    fn dma_stopped(&self) -> Option<bool> {
-        self.with(|m| m.bus.stopped)
-    }
-}
-
-impl FaultyDevice for FakeHal {
-    fn with_memory(&self, f: &mut dyn FnMut(&mut DmaMemory)) {
-        self.with(|m| f(&mut m.memory))
-    }
-    fn finish_stalled(&self) {
-        self.with(|m| m.finish_stalled())
-    }
-    fn bus(&self) -> BusMaster {
-        self.with(|m| m.bus)
+    fn finish_stalled(&mut self) {
+        FakeController::finish_stalled(self)
     }
     fn handed(&self) -> usize {
-        self.with(|m| m.executed.len() + m.bus.blocked)
+        self.executed.len() + self.bus.blocked
     }
 }

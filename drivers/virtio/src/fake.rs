@@ -15,8 +15,7 @@ use std::{format, vec};
 use crate::feature;
 use crate::Hal;
 use blkdev::DmaRegion;
-use cmdslots::fake::{BusMaster, DmaMemory, FaultyDevice};
-use std::sync::{Arc, Mutex};
+use cmdslots::fake::{BusMaster, DeviceModel, DmaMemory};
 
 pub const COMMON: u64 = 0x1000_0000;
 pub const NOTIFY: u64 = 0x1000_1000;
@@ -477,25 +476,17 @@ impl FakeDevice {
     }
 }
 
-#[derive(Clone)]
-pub struct FakeHal(pub Arc<Mutex<FakeDevice>>);
+/// The test HAL: every access goes to the shared fake device.
+pub type FakeHal = cmdslots::fake::FakeHal<FakeDevice>;
 
-impl FakeHal {
-    pub fn new(fake: FakeDevice) -> Self {
-        FakeHal(Arc::new(Mutex::new(fake)))
-    }
-
-    pub fn with<R>(&self, f: impl FnOnce(&mut FakeDevice) -> R) -> R {
-        f(&mut self.0.lock().unwrap())
-    }
-
-    pub fn regions() -> crate::PciRegions {
-        crate::PciRegions {
-            common: COMMON,
-            notify: NOTIFY,
-            notify_multiplier: NOTIFY_MULTIPLIER,
-            device: DEVICE,
-        }
+/// Where `FakeDevice` has its configuration structures (the regions `VirtioBlk::init`
+/// is given).
+pub fn regions() -> crate::PciRegions {
+    crate::PciRegions {
+        common: COMMON,
+        notify: NOTIFY,
+        notify_multiplier: NOTIFY_MULTIPLIER,
+        device: DEVICE,
     }
 }
 
@@ -527,39 +518,17 @@ unsafe impl Hal for FakeHal {
     }
 }
 
-// SAFETY: DMA memory is the fake's `DmaMemory`, whose bump allocator hands out zeroed
-// pages once; copies go through `DmaRegion::span` into that bounds-checked `Vec`.
-#[allow(unsafe_code, reason = "a test double of the kernel's HAL")]
-unsafe impl blkdev::Dma for FakeHal {
-    fn allocate_dma(&self, pages: usize) -> Option<DmaRegion> {
-        self.with(|m| m.memory.allocate_region(pages))
+impl DeviceModel for FakeDevice {
+    fn memory(&mut self) -> &mut DmaMemory {
+        &mut self.memory
     }
-    fn read_dma(&self, region: DmaRegion, offset: u64, out: &mut [u8]) {
-        self.with(|m| m.memory.read_region(region, offset, out))
+    fn bus_master(&mut self) -> &mut BusMaster {
+        &mut self.bus
     }
-    fn write_dma(&self, region: DmaRegion, offset: u64, data: &[u8]) {
-        self.with(|m| m.memory.write_region(region, offset, data))
-    }
-    fn delay_us(&self, _micros: u64) {}
-    fn stop_dma(&self) -> bool {
-        self.with(|m| m.bus.stop())
-    }
-    fn dma_stopped(&self) -> Option<bool> {
-        self.with(|m| m.bus.stopped)
-    }
-}
-
-impl FaultyDevice for FakeHal {
-    fn with_memory(&self, f: &mut dyn FnMut(&mut DmaMemory)) {
-        self.with(|m| f(&mut m.memory))
-    }
-    fn finish_stalled(&self) {
-        self.with(|m| m.finish_stalled())
-    }
-    fn bus(&self) -> BusMaster {
-        self.with(|m| m.bus)
+    fn finish_stalled(&mut self) {
+        FakeDevice::finish_stalled(self)
     }
     fn handed(&self) -> usize {
-        self.with(|m| m.notifications + m.bus.blocked)
+        self.notifications + self.bus.blocked
     }
 }

@@ -8,7 +8,7 @@ use cmdslots::fake::{
 
 fn bring_up(fake: FakeDevice, queues: usize, size: u16) -> (FakeHal, Vec<BlkQueue<FakeHal>>) {
     let hal = FakeHal::new(fake);
-    let mut device = VirtioBlk::init(hal.clone(), FakeHal::regions()).unwrap();
+    let mut device = VirtioBlk::init(hal.clone(), crate::fake::regions()).unwrap();
     let queues = (0..queues)
         .map(|_| device.create_queue(size).unwrap())
         .collect();
@@ -59,7 +59,7 @@ fn no_violations(hal: &FakeHal) {
 #[test]
 fn negotiates_features_and_sets_up_queues() {
     let hal = FakeHal::new(FakeDevice::new(4 << 20));
-    let mut device = VirtioBlk::init(hal.clone(), FakeHal::regions()).unwrap();
+    let mut device = VirtioBlk::init(hal.clone(), crate::fake::regions()).unwrap();
     let config = *device.config();
     assert_eq!(config.capacity, (4 << 20) / 512);
     assert_eq!(config.num_queues, 4);
@@ -93,7 +93,7 @@ fn devices_without_what_the_driver_needs_are_refused() {
     fake.offered &= !feature::VERSION_1;
     let hal = FakeHal::new(fake);
     assert_eq!(
-        VirtioBlk::init(hal.clone(), FakeHal::regions()).err(),
+        VirtioBlk::init(hal.clone(), crate::fake::regions()).err(),
         Some(VirtioError::MissingFeature("VIRTIO_F_VERSION_1"))
     );
     assert_ne!(hal.with(|m| m.status) & 0x80, 0, "FAILED set");
@@ -101,7 +101,7 @@ fn devices_without_what_the_driver_needs_are_refused() {
     fake.refuse_features = true;
     let hal = FakeHal::new(fake);
     assert_eq!(
-        VirtioBlk::init(hal, FakeHal::regions()).err(),
+        VirtioBlk::init(hal, crate::fake::regions()).err(),
         Some(VirtioError::FeaturesRefused)
     );
 }

@@ -166,8 +166,7 @@ fn virtio_rigs(
     count: u16,
 ) -> (virtio::fake::FakeHal, Vec<VirtioRig>) {
     let hal = virtio::fake::FakeHal::new(fake);
-    let mut device =
-        virtio::VirtioBlk::init(hal.clone(), virtio::fake::FakeHal::regions()).unwrap();
+    let mut device = virtio::VirtioBlk::init(hal.clone(), virtio::fake::regions()).unwrap();
     let queues = (0..count)
         .map(|_| device.create_queue(64).unwrap())
         .collect();
