@@ -168,7 +168,8 @@ def read_host_threads(path: Path) -> dict:
     edges = {}
     if not path.exists():
         return edges
-    for line in path.read_text(errors="replace").splitlines():
+    # Lines end at "\n" only: a stray CR (the guest's, through dom0's echo) is whitespace.
+    for line in path.read_bytes().decode(errors="replace").split("\n"):
         fields = line.split()
         if len(fields) < 4 or fields[0] not in ("BEGIN", "END"):
             continue
@@ -198,10 +199,10 @@ VCPU_THREAD_RE = re.compile(r"^CPU_(\d+)/")
 
 
 def derive_host(row: dict, edges: dict, guest: str, job: str, guest_pcpu, settle: float):
-    """The outer machine over one job, per second of the job's busy time (the settle
-    taken off, as for the backend's CPU): how much the guest's vCPU thread ran and how
-    long it waited for a host core, what all vCPU threads ran (in cores), and how busy
-    the host's cores were."""
+    """The outer machine over one job: how much the guest's vCPU thread ran and how long
+    it waited for a host core, and what all vCPU threads ran (in cores), per second of
+    the job's busy time (the settle taken off, as for the backend's CPU); how busy the
+    host's cores were over the whole job."""
     begin, end = edges.get((guest, job, "begin")), edges.get((guest, job, "end"))
     if not begin or not end:
         return
@@ -231,7 +232,8 @@ def derive_host(row: dict, edges: dict, guest: str, job: str, guest_pcpu, settle
     if len(before) >= 5 and len(after) == len(before):
         ticks = [a - b for a, b in zip(after, before)]
         idle = ticks[3] + ticks[4]  # idle, iowait
-        row["host_busy_cores"] = (sum(ticks) - idle) / CLOCK_TICKS / busy_wall
+        # Over the whole job: the host does not go quiet while the guest settles.
+        row["host_busy_cores"] = (sum(ticks) - idle) / CLOCK_TICKS / (busy_wall + settle)
 
 
 def counter_deltas(edges: dict, job: str, source: str) -> dict:

@@ -159,6 +159,8 @@ tail -n +1 -F --pid="$qemu_pid" "$serial" 2>/dev/null | while IFS= read -r line;
   esac
   case $line in
     "["*"] rig-guest: begin "* | "["*"] rig-guest: end "*)
+      # dom0's echo of the guest's line keeps the guest's own CR.
+      line=${line//$'\r'/}
       guest=${line%%]*}
       set -- ${line#*rig-guest: }
       host_threads_edge "${1^^}" "${guest#[}" "$2" ;;
