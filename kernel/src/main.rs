@@ -179,6 +179,11 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
                     Ok(None) => {}
                     Err(text) => error!("poll.idle={text}: want pause or yield; using pause"),
                 }
+                match cmdline.persistent_grants() {
+                    Ok(Some(offer)) => backend::set_persistent_grants(offer),
+                    Ok(None) => {}
+                    Err(text) => error!("grants.persistent={text}: want on or off; using on"),
+                }
                 match cmdline.notify_hold_us() {
                     Ok(Some(us)) => backend::poller::set_notify_hold(us * 1000),
                     Ok(None) => {}

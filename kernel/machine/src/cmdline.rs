@@ -7,6 +7,9 @@
 //! `grants.max-total=<n>` (persistent
 //! grants all rings together keep mapped, 0..=4194304, default 65536),
 //! `grants.max-per-ring=<n>` (the most one ring keeps, 0..=16384, default 8448),
+//! `grants.persistent=on|off` (offer frontends `feature-persistent`, default on: off
+//! maps and unmaps each request's grants and spares the guest its copy to and from its
+//! persistent pages),
 //! `grants.idle-s=<s>` (an unused persistent grant is unmapped after this long, 0..=86400,
 //! 0 never, default 60; the `grants.*` values are read by [`Cmdline::number_up_to`]
 //! for `blkback::budget::GrantLimits::from_command_line`: a bad one is logged and its
@@ -122,6 +125,19 @@ impl<'a> Cmdline<'a> {
     }
 }
 
+impl<'a> Cmdline<'a> {
+    /// `grants.persistent=on|off`: whether frontends are offered persistent grants.
+    /// `Err` holds the text when it is neither.
+    pub fn persistent_grants(&self) -> Result<Option<bool>, &'a str> {
+        match self.value("grants.persistent") {
+            None => Ok(None),
+            Some("on") => Ok(Some(true)),
+            Some("off") => Ok(Some(false)),
+            Some(text) => Err(text),
+        }
+    }
+}
+
 /// The notification hold window by default, microseconds (`notify.hold-us=`).
 pub const DEFAULT_NOTIFY_HOLD_US: u64 = 5_000;
 /// The longest notification hold window accepted, microseconds.
@@ -228,6 +244,17 @@ mod tests {
         for bad in ["", "spin", "Yield", "yield,pause"] {
             let line = format!("poll.idle={bad}");
             assert_eq!(Cmdline::new(&line).poll_idle(), Err(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn persistent_grants_are_on_or_off() {
+        assert_eq!(Cmdline::new("x").persistent_grants(), Ok(None));
+        assert_eq!(Cmdline::new("grants.persistent=off").persistent_grants(), Ok(Some(false)));
+        assert_eq!(Cmdline::new("grants.persistent=on").persistent_grants(), Ok(Some(true)));
+        for bad in ["", "0", "Off", "no"] {
+            let line = format!("grants.persistent={bad}");
+            assert_eq!(Cmdline::new(&line).persistent_grants(), Err(bad), "{bad}");
         }
     }
 

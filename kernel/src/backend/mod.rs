@@ -16,6 +16,7 @@ mod registry;
 mod registrytest;
 pub mod space;
 mod vbd;
+pub use vbd::set_persistent_grants;
 
 use control::Control;
 pub use registrytest::registry_test;

@@ -16,7 +16,7 @@ use blkback::budget::GrantShare;
 use blkback::engine::{Busy, Engine, EngineConfig, EngineError};
 use blkback::negotiate::{BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection};
 use blkback::stats::Refusals;
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicBool, Ordering};
 use xen::ring::RingConnection;
 
 use crate::xen_domain;
@@ -262,8 +262,20 @@ fn serving_cpu(first: usize, q: usize, cpus: usize) -> usize {
     (first + q) % cpus
 }
 
+/// Whether frontends are offered persistent grants (`grants.persistent=`; set before
+/// any device is probed).
+static PERSISTENT_GRANTS: AtomicBool = AtomicBool::new(true);
+
+/// Sets whether frontends are offered persistent grants (at boot).
+pub fn set_persistent_grants(offer: bool) {
+    PERSISTENT_GRANTS.store(offer, Ordering::Relaxed);
+}
+
 /// What the backend offers a frontend for `disk`.
 pub(super) fn backend_params(disk: &Disk) -> BackendParams {
     let queues = disk.max_queues(crate::smp::online_count().max(1));
-    BackendParams::new(queues as u32, disk.geometry())
+    BackendParams {
+        persistent_grants: PERSISTENT_GRANTS.load(Ordering::Relaxed),
+        ..BackendParams::new(queues as u32, disk.geometry())
+    }
 }

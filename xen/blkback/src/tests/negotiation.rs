@@ -219,6 +219,27 @@ fn handshake_publishes_features_then_connects_two_multi_page_queues() {
 }
 
 #[test]
+fn persistent_grants_withheld_by_the_backend_are_not_used_when_the_frontend_offers_them() {
+    let mut store = MemStore::new();
+    toolstack(&mut store);
+    let params = BackendParams {
+        persistent_grants: false,
+        ..params()
+    };
+    let mut backend = BlkifBackend::probe(&mut store, BE, params).unwrap();
+    frontend_two_queues(&mut store);
+    store.set(&format!("{FE}/state"), "3");
+    let mut hooks = RecordingHooks::default();
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Connected))
+    );
+    assert!(!hooks.connects[0].persistent_grants);
+    // blkfront copies through persistent pages only when the backend says "1".
+    assert_eq!(store.get(&format!("{BE}/feature-persistent")), Some("0"));
+}
+
+#[test]
 fn single_page_ring_uses_ring_ref_and_defaults() {
     let mut store = MemStore::new();
     toolstack(&mut store);
