@@ -12,6 +12,7 @@ JSON itself (tools/fio_results.py) is tested in test_fio_results.py.
 
 import io
 import json
+import statistics
 import sys
 import tempfile
 import unittest
@@ -199,6 +200,11 @@ class ReportTest(unittest.TestCase):
         self.assertAlmostEqual(ours["host_guest_vcpu_run_percent"]["median"], 80.0, places=1)
         self.assertAlmostEqual(ours["host_guest_vcpu_wait_percent"]["median"], 10.0, places=1)
         self.assertAlmostEqual(linux["host_guest_vcpu_wait_percent"]["median"], 1.0, places=1)
+        # 80% of each busy second over 1,600 IOPS (blkdom's median), 90% over 750.
+        self.assertAlmostEqual(ours["host_guest_vcpu_us_per_io"]["median"],
+                               statistics.median([0.8e6 / 1400, 0.8e6 / 1800]), places=1)
+        self.assertAlmostEqual(linux["host_guest_vcpu_us_per_io"]["median"],
+                               statistics.median([0.9e6 / 700, 0.9e6 / 800]), places=1)
         # vCPU threads only (QEMU's main thread left out): guest + poller.
         self.assertAlmostEqual(ours["host_vcpus_cores"]["median"], 1.79, places=2)
         self.assertAlmostEqual(linux["host_vcpus_cores"]["median"], 0.9, places=2)
@@ -207,6 +213,10 @@ class ReportTest(unittest.TestCase):
         self.assertAlmostEqual(ours["host_busy_cores"]["median"], (16.5 + 3) / 17, places=2)
         self.assertAlmostEqual(linux["host_busy_cores"]["median"], 11 / 17, places=2)
 
+    def test_no_host_figures_for_the_prefill(self):
+        entry = self.summary_of("fio-write-1m-qd4-fill")
+        self.assertNotIn("host_vcpus_cores", entry["systems"]["blkdom"])
+
     def test_host_table_only_when_host_threads_were_recorded(self):
         data = report.load_nested(self.nested)
         summary = report.summarise(data["runs"])
@@ -214,6 +224,7 @@ class ReportTest(unittest.TestCase):
         self.assertIn("guest vCPU run/wait % blkdom", header)
         row = next(r for r in rows if r[0] == summary[1]["description"])
         self.assertEqual(row[1:3], ["90/1", "80/10"])
+        self.assertEqual(row[3:5], ["1,205", "508"])
         (self.nested / "host-threads.txt").unlink()
         data = report.load_nested(self.nested)
         self.assertIsNone(report.host_table(report.summarise(data["runs"])))

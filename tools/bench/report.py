@@ -204,7 +204,9 @@ def derive_host(row: dict, edges: dict, guest: str, job: str, guest_pcpu, settle
     the job's busy time (the settle taken off, as for the backend's CPU); how busy the
     host's cores were over the whole job."""
     begin, end = edges.get((guest, job, "begin")), edges.get((guest, job, "end"))
-    if not begin or not end:
+    # The prefill's I/O lasts a second or two: the console's lag at its edges would be
+    # most of it.
+    if not begin or not end or job.endswith("-fill"):
         return
     busy_wall = end["host_s"] - begin["host_s"] - settle
     if busy_wall <= 0:
@@ -227,6 +229,10 @@ def derive_host(row: dict, edges: dict, guest: str, job: str, guest_pcpu, settle
         if guest_pcpu is not None and int(match[1]) == guest_pcpu:
             row["host_guest_vcpu_run_percent"] = 100.0 * run / busy_wall
             row["host_guest_vcpu_wait_percent"] = 100.0 * wait / busy_wall
+            # The guest's whole cost of one I/O (fio, its kernel, blkfront, interrupts,
+            # its copies) in host CPU time: what a backend can shrink, or not.
+            if row.get("iops", 0) > 0:
+                row["host_guest_vcpu_us_per_io"] = 1e6 * run / (row["iops"] * busy_wall)
     row["host_vcpus_cores"] = vcpu_run / busy_wall
     before, after = begin["host_cpu"], end["host_cpu"]
     if len(before) >= 5 and len(after) == len(before):
@@ -367,7 +373,8 @@ SUMMARY_FIELDS = ["iops", "mib_s", "p50_us", "p99_us", "backend_cpu_percent",
                   "guest_irqs_per_s", "guest_irqs_per_io", "hypercalls_per_request",
                   "notifications_per_s", "events_per_s", "poller_sleeps_per_s",
                   "poller_loops_per_request", "host_guest_vcpu_run_percent",
-                  "host_guest_vcpu_wait_percent", "host_vcpus_cores", "host_busy_cores"]
+                  "host_guest_vcpu_wait_percent", "host_guest_vcpu_us_per_io",
+                  "host_vcpus_cores", "host_busy_cores"]
 
 
 def spread(values: list) -> dict:
@@ -500,13 +507,14 @@ def cost_table(summary: list) -> tuple:
 
 def host_table(summary: list):
     """The outer machine per job and system: the guest's vCPU thread's run and wait (for
-    a host core) in % of the job, all vCPU threads' and the host's busy cores; None when
-    the run recorded no host threads."""
+    a host core) in % of the job and its run time per I/O, all vCPU threads' and the
+    host's busy cores; None when the run recorded no host threads."""
     systems = present_systems(summary)
     if not any("host_vcpus_cores" in entry["systems"].get(s, {})
                for entry in summary for s in systems):
         return None
     header = (["job"] + [f"guest vCPU run/wait % {SHORT_LABELS[s]}" for s in systems]
+              + [f"guest vCPU µs/IO {SHORT_LABELS[s]}" for s in systems]
               + [f"vCPU threads / host busy cores {SHORT_LABELS[s]}" for s in systems])
     rows = []
     for entry in summary:
@@ -514,6 +522,7 @@ def host_table(summary: list):
         rows.append([entry["description"]]
                     + [f"{median_of(f, 'host_guest_vcpu_run_percent', 0)}/"
                        f"{median_of(f, 'host_guest_vcpu_wait_percent', 0)}" for f in figures]
+                    + [median_of(f, "host_guest_vcpu_us_per_io", 0) for f in figures]
                     + [f"{median_of(f, 'host_vcpus_cores', 2)}/"
                        f"{median_of(f, 'host_busy_cores', 2)}" for f in figures])
     return header, rows
@@ -713,8 +722,8 @@ def render_tables(report: dict, markdown: bool) -> str:
         if host:
             parts.append("The outer machine (QEMU's threads on its "
                          f"{report.get('machine', {}).get('nproc', '?')} cores, medians): the guest's"
-                         " vCPU thread ran / waited for a host core, in % of the job; all"
-                         " vCPU threads and the host in busy cores:")
+                         " vCPU thread ran / waited for a host core, in % of the job, and"
+                         " ran per I/O; all vCPU threads and the host in busy cores:")
             parts.append(table(*host))
     if report.get("engine"):
         parts.append("Engine on the host (4 KiB reads, null device, one poller):")

@@ -250,8 +250,14 @@ mod tests {
     #[test]
     fn persistent_grants_are_on_or_off() {
         assert_eq!(Cmdline::new("x").persistent_grants(), Ok(None));
-        assert_eq!(Cmdline::new("grants.persistent=off").persistent_grants(), Ok(Some(false)));
-        assert_eq!(Cmdline::new("grants.persistent=on").persistent_grants(), Ok(Some(true)));
+        assert_eq!(
+            Cmdline::new("grants.persistent=off").persistent_grants(),
+            Ok(Some(false))
+        );
+        assert_eq!(
+            Cmdline::new("grants.persistent=on").persistent_grants(),
+            Ok(Some(true))
+        );
         for bad in ["", "0", "Off", "no"] {
             let line = format!("grants.persistent={bad}");
             assert_eq!(Cmdline::new(&line).persistent_grants(), Err(bad), "{bad}");
