@@ -426,6 +426,36 @@ fn a_fast_guest_gets_batches_whatever_the_window() {
     }
 }
 
+/// KNOWN LOSS, not yet fixed (issue 15): ignored so the suite stays green, kept as the
+/// reproducer. It fails today: 1,166 IOPS held against 1,271 not (-8%); in the rig
+/// 64 KiB reads at QD4 gave 632 IOPS held against 846 with `notify.hold-us=0`
+/// (BENCHMARKS.md). Requiring a deeper queue before holding for the frontend (depth >= 8
+/// instead of > 1) makes it pass but breaks QD32's batching: `depth` is reset to the
+/// current outstanding count after two idle holds, and then climbs back one request at a
+/// time each round. A steadier measure of the frontend's depth is the fix to try.
+#[test]
+#[ignore]
+fn a_guest_at_a_small_depth_is_not_kept_waiting() {
+    // fio at QD4 (make bench's 64 KiB and 1 MiB sequential jobs): the guest reaps its
+    // whole depth at once, so a response held for its queue is one it waits for with
+    // nothing else to do.
+    const QD4: Phase = Phase {
+        depth: 4,
+        requests: 1_000,
+    };
+    for costs in [TCG_GUEST, FAST_GUEST] {
+        let (off, _) = run_guest(0, costs, RIG_POLLER, &[QD4]);
+        let (on, _) = run_guest(DEFAULT_WINDOW_NS, costs, RIG_POLLER, &[QD4]);
+        assert!(
+            on[0].iops() >= 0.98 * off[0].iops(),
+            "QD4: {:.0} IOPS held, {:.0} not; {:?}",
+            on[0].iops(),
+            off[0].iops(),
+            on[0]
+        );
+    }
+}
+
 /// Prints what each window gives in the model (`cargo test -p blkback --lib
 /// notify_guest_table -- --ignored --nocapture`): how the defaults were chosen.
 #[test]
