@@ -515,35 +515,48 @@ mod tests {
         assert_eq!(f.m.deadline(), None);
     }
 
+    /// `count` windows `gap` apart, each due at its start for a device that stays busy;
+    /// with `another_response`, one more response comes by the window's end. Returns
+    /// whether each was held (`Moderator::hold`); a held one must end with `wasted`
+    /// as `!another_response`.
+    fn windows(
+        m: &mut Moderator,
+        now: &mut u64,
+        prod: &mut u32,
+        (count, gap): (usize, u64),
+        another_response: bool,
+    ) -> Vec<Option<bool>> {
+        let mut held = Vec::new();
+        for _ in 0..count {
+            m.set_now(*now);
+            *prod += 1;
+            let decision = m.hold(*prod - 1, *prod, BUSY);
+            held.push(decision);
+            *now += gap;
+            m.set_now(*now);
+            if another_response {
+                *prod += 1;
+            }
+            if decision == Some(true) {
+                let wasted = !another_response;
+                assert!(
+                    matches!(m.release(*prod, BUSY), Release::Yes { wasted: w, .. } if w == wasted)
+                );
+            } else {
+                m.observe(another_response.then_some(*prod));
+            }
+        }
+        held
+    }
+
     #[test]
     fn holds_whose_batch_comes_long_after_the_deadline_stop_holding() {
         // 1 MiB reads at QD4 on a RAM disk: the response after the held one comes only
-        // at the end of the next poll, which copies a whole request (2 ms in the rig).
+        // at the end of the next poll, which copies a whole request (2 ms in the rig);
+        // it carried a batch, but late.
         let mut m = Moderator::new(5_000_000);
-        let mut now = 0;
-        let mut prod = 0;
-        let mut held = Vec::new();
-        for _ in 0..6 {
-            m.set_now(now);
-            prod += 1;
-            let decision = m.hold(prod - 1, prod, BUSY);
-            held.push(decision);
-            now += 2_000_000;
-            m.set_now(now);
-            prod += 1;
-            if decision == Some(true) {
-                // Carried a batch, but late.
-                assert_eq!(
-                    m.release(prod, BUSY),
-                    Release::Yes {
-                        since: prod - 2,
-                        wasted: false
-                    }
-                );
-            } else {
-                m.observe(Some(prod));
-            }
-        }
+        let (mut now, mut prod) = (0, 0);
+        let held = windows(&mut m, &mut now, &mut prod, (6, 2_000_000), true);
         let (t, f) = (Some(true), Some(false));
         assert_eq!(held, [t, t, f, f, f, f]);
     }
@@ -569,26 +582,9 @@ mod tests {
     #[test]
     fn wasted_windows_stop_holding_and_paying_ones_resume_it() {
         let mut m = Moderator::new(100);
-        let mut now = 0;
-        let mut prod = 0;
+        let (mut now, mut prod) = (0, 0);
         // Each window: due at `now`, nothing more before the deadline.
-        let mut held = Vec::new();
-        for _ in 0..6 {
-            m.set_now(now);
-            prod += 1;
-            let decision = m.hold(prod - 1, prod, BUSY);
-            held.push(decision);
-            now += 200;
-            m.set_now(now);
-            if decision == Some(true) {
-                assert!(matches!(
-                    m.release(prod, BUSY),
-                    Release::Yes { wasted: true, .. }
-                ));
-            } else {
-                m.observe(None);
-            }
-        }
+        let held = windows(&mut m, &mut now, &mut prod, (6, 200), false);
         let (t, f) = (Some(true), Some(false));
         assert_eq!(held, [t, t, f, f, f, f]);
         // Responses now follow within the window: watched, then held again.
