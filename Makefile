@@ -49,9 +49,9 @@ bench-engine:
 # then Linux blkback in an HVM driver domain and blkdom as HVM on a passed-through NVMe
 # controller, alternating A B C D E A B C D E, BENCH_REPEATS rounds, BENCH_RUNTIME s per
 # job, BENCH_JOBS / BENCH_SYSTEMS to cut the lists), then tools/bench/report.py: the
-# table, results/bench/<UTC time>/bench.json and docs/bench-iops-by-block-size.svg. About
-# 70 minutes at the defaults (2 rounds of 17 jobs x 5 systems; the repeats show the
-# noise; an estimate: 38 min measured with the first 3 systems).
+# table, results/bench/<UTC time>/bench.json and docs/bench-iops-by-block-size.svg. 64
+# minutes at the defaults on 2026-12-01 (2 rounds of 17 jobs x 5 systems; the repeats
+# show the noise).
 BENCH_RUNTIME ?= 10
 bench: deps-xen
 	@mkdir -p results/bench
