@@ -22,8 +22,10 @@
 //! A held event goes out (if the frontend still wants it, by the ring macro over every
 //! response published since the hold began) at the first poll at or after its
 //! deadline, or at teardown, or earlier: an event held for requests on the device as
-//! soon as none are left there; one held for the frontend's own queue when it has a
-//! ring's worth of requests outstanding (it can send nothing more). The poller passes
+//! soon as none are left there; one held for the frontend's own queue when it has as
+//! many requests outstanding as it lately kept, or a ring's worth (it sends nothing
+//! more before it hears: fio at QD4 would otherwise wait a quiet gap for each batch,
+//! idle). The poller passes
 //! the time in (`Engine::poll_at`) and never sleeps past `Engine::notify_deadline`.
 
 /// Windows are scored up to this; a hold needs at least `HOLD_SCORE`.
@@ -253,7 +255,9 @@ impl Moderator {
         let more = if held.for_device {
             outlook.busy
         } else {
-            !self.frontend_quiet() && !outlook.full
+            // Not `quiet` alone: a frontend back at its depth sends nothing more, and
+            // waiting for its quiet gap would idle it (fio at QD4).
+            !self.frontend_quiet() && self.more_expected(outlook)
         };
         if !due && more {
             return Release::No;
@@ -449,6 +453,28 @@ mod tests {
         f.m.set_now(now + f.m.quiet_ns());
         assert_eq!(
             f.m.release(20, front(20)),
+            Release::Yes {
+                since: 0,
+                wasted: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_hold_for_the_frontend_ends_when_it_is_back_at_its_depth() {
+        // fio at QD4: it resubmits what it reaped, one request at a time, and after the
+        // fourth sends nothing more until it hears.
+        let mut f = Fed::new(10_000_000);
+        f.round(0, 4);
+        f.round(1_000, 1);
+        assert!(f.holds(0, front(1)));
+        for outstanding in 2..4 {
+            f.round(1_000 * u64::from(outstanding), outstanding);
+            assert_eq!(f.m.release(outstanding, front(outstanding)), Release::No);
+        }
+        f.round(4_000, 4);
+        assert_eq!(
+            f.m.release(4, front(4)),
             Release::Yes {
                 since: 0,
                 wasted: false
