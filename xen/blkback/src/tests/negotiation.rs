@@ -17,6 +17,7 @@ use crate::negotiate::{
     BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection, QueueRing, StepOutcome,
     XenbusState, DETACH_GRACE_NS,
 };
+use crate::retry::{earliest, RetrySchedule, RETRY_NS};
 use crate::xenbus_error::{errno, Errno};
 use crate::xenstore::{XenStore, NO_TRANSACTION};
 
@@ -491,15 +492,17 @@ fn toolstack_detach_closes_then_removes_the_backend_directory() {
     );
     // Closed, and left for libxl to read for DETACH_GRACE_NS: it fails the detach if
     // the node it waits on is already gone when its watch fires.
+    // Each step in the grace says when it ends: the control path steps it then.
     hooks.now = 1_000;
-    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    let grace_end = Ok(StepOutcome::RetryAt(1_000 + DETACH_GRACE_NS));
+    assert_eq!(backend.step(&mut store, &mut hooks), grace_end);
     assert_eq!(state(&store), "6");
     hooks.now += DETACH_GRACE_NS - 1;
-    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(backend.step(&mut store, &mut hooks), grace_end);
     assert_eq!(state(&store), "6", "still readable within the grace");
     // A frontend starting over meanwhile does not bring a detached device back.
     store.set(&format!("{FE}/state"), "1");
-    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(backend.step(&mut store, &mut hooks), grace_end);
     assert_eq!(state(&store), "6");
     hooks.now += 1;
     assert_eq!(
@@ -692,13 +695,122 @@ fn detached_device_is_not_reconnected_after_a_busy_close() {
     assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
     store.set(&format!("{BE}/online"), "0");
     store.set(&format!("{FE}/state"), "3");
-    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::RetryAt(DETACH_GRACE_NS))
+    );
     hooks.now += DETACH_GRACE_NS;
     assert_eq!(
         backend.step(&mut store, &mut hooks),
         Ok(StepOutcome::Removed)
     );
     assert_eq!(hooks.connects.len(), 1);
+}
+
+/// The control path's rounds (`kernel/src/backend/control.rs`) over the device, from a
+/// watch event at `hooks.now` until it is removed: a round steps the device when a watch
+/// event names it or the `RetrySchedule` says it is due, sets its due time from the
+/// answer, and the control path sleeps until the next due time or the next of
+/// `watch_events` (times, each running `event` first). Returns the steps and when the
+/// device was removed.
+fn control_rounds_until_removed(
+    store: &mut MemStore,
+    backend: &mut BlkifBackend,
+    hooks: &mut RecordingHooks,
+    watch_events: &[u64],
+    event: impl Fn(&mut MemStore),
+) -> (usize, u64) {
+    let mut schedule = RetrySchedule::new();
+    let mut events = watch_events.iter().copied().peekable();
+    let mut steps = 0;
+    let mut woken_by_event = true;
+    loop {
+        if woken_by_event || schedule.due(hooks.now).any(|path| path == BE) {
+            steps += 1;
+            assert!(steps < 100_000, "the device is never removed");
+            let outcome = backend.step(store, hooks).unwrap();
+            if outcome == StepOutcome::Removed {
+                schedule.set(BE, None);
+                assert!(schedule.is_empty());
+                return (steps, hooks.now);
+            }
+            schedule.set(BE, outcome.retry_due(hooks.now));
+        }
+        let due = schedule.next_in(hooks.now).map(|wait| hooks.now + wait);
+        let next_event = events.peek().copied();
+        let wake = earliest(due, next_event).expect("the device is never stepped again");
+        woken_by_event = next_event == Some(wake);
+        if woken_by_event {
+            events.next();
+            event(store);
+        }
+        hooks.now = wake;
+    }
+}
+
+/// A detached device (closed, `online` = 0) about to wait out its grace from `hooks.now`.
+fn detaching() -> (MemStore, BlkifBackend, RecordingHooks) {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{BE}/online"), "1");
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks {
+        now: 7_000_000_000,
+        ..Default::default()
+    };
+    backend.step(&mut store, &mut hooks).unwrap();
+    store.set(&format!("{BE}/online"), "0");
+    store.set(&format!("{FE}/state"), "6");
+    (store, backend, hooks)
+}
+
+#[test]
+fn detach_grace_is_stepped_once_at_its_end_not_every_retry() {
+    let (mut store, mut backend, mut hooks) = detaching();
+    let start = hooks.now;
+    let (steps, removed_at) =
+        control_rounds_until_removed(&mut store, &mut backend, &mut hooks, &[], |_| {});
+    // At 5 ms a step, the grace would cost 600 steps of two xenstore reads each.
+    assert!(steps <= 3, "{steps} steps during the grace");
+    assert_eq!(removed_at, start + DETACH_GRACE_NS, "removed at the grace's end");
+    // Watch events within the grace (a frontend starting over) are each one step more,
+    // change nothing, and do not move the grace's end.
+    let (mut store, mut backend, mut hooks) = detaching();
+    let start = hooks.now;
+    let events = [start + 1_000_000, start + 1_000_000_000, start + 2_999_000_000];
+    let (steps, removed_at) =
+        control_rounds_until_removed(&mut store, &mut backend, &mut hooks, &events, |store| {
+            store.set(&format!("{FE}/state"), "1")
+        });
+    assert!(steps <= 3 + events.len(), "{steps} steps during the grace");
+    assert_eq!(removed_at, start + DETACH_GRACE_NS);
+    assert_eq!(hooks.connects.len(), 1, "not reconnected");
+}
+
+#[test]
+fn retry_keeps_its_cadence_and_the_schedule_says_what_is_due() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks::default();
+    backend.step(&mut store, &mut hooks).unwrap();
+    store.set(&format!("{FE}/state"), "6");
+    hooks.busy_replies = 1;
+    hooks.now = 1_000;
+    let outcome = backend.step(&mut store, &mut hooks).unwrap();
+    assert_eq!(outcome, StepOutcome::Retry);
+    let mut schedule = RetrySchedule::new();
+    schedule.set(BE, outcome.retry_due(hooks.now));
+    assert_eq!(schedule.next_in(hooks.now), Some(RETRY_NS));
+    assert_eq!(schedule.due(1_000 + RETRY_NS - 1).count(), 0);
+    assert_eq!(schedule.due(1_000 + RETRY_NS).collect::<Vec<_>>(), [BE]);
+    assert_eq!(schedule.next_in(1_000 + 2 * RETRY_NS), Some(0), "overdue: now");
+    // Another device's later deadline does not delay this one; gone, it is not due.
+    schedule.set("other", StepOutcome::RetryAt(9_000_000_000).retry_due(0));
+    assert_eq!(schedule.next_in(1_000), Some(RETRY_NS));
+    schedule.set(BE, StepOutcome::Idle.retry_due(hooks.now));
+    assert_eq!(schedule.next_in(0), Some(9_000_000_000));
+    assert_eq!(earliest(Some(2), None), Some(2));
+    assert_eq!(earliest(Some(2), Some(1)), Some(1));
+    assert_eq!(earliest(None, None), None);
 }
 
 #[test]
@@ -1185,7 +1297,10 @@ fn the_linux_error_node_goes_with_the_device() {
     assert!(store.get(LINUX_ERROR).is_some());
     store.set(&format!("{BE}/online"), "0");
     store.set(&format!("{FE}/state"), "6");
-    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::RetryAt(hooks.now + DETACH_GRACE_NS))
+    );
     hooks.now += DETACH_GRACE_NS;
     assert_eq!(
         backend.step(&mut store, &mut hooks),
