@@ -771,12 +771,20 @@ fn detach_grace_is_stepped_once_at_its_end_not_every_retry() {
         control_rounds_until_removed(&mut store, &mut backend, &mut hooks, &[], |_| {});
     // At 5 ms a step, the grace would cost 600 steps of two xenstore reads each.
     assert!(steps <= 3, "{steps} steps during the grace");
-    assert_eq!(removed_at, start + DETACH_GRACE_NS, "removed at the grace's end");
+    assert_eq!(
+        removed_at,
+        start + DETACH_GRACE_NS,
+        "removed at the grace's end"
+    );
     // Watch events within the grace (a frontend starting over) are each one step more,
     // change nothing, and do not move the grace's end.
     let (mut store, mut backend, mut hooks) = detaching();
     let start = hooks.now;
-    let events = [start + 1_000_000, start + 1_000_000_000, start + 2_999_000_000];
+    let events = [
+        start + 1_000_000,
+        start + 1_000_000_000,
+        start + 2_999_000_000,
+    ];
     let (steps, removed_at) =
         control_rounds_until_removed(&mut store, &mut backend, &mut hooks, &events, |store| {
             store.set(&format!("{FE}/state"), "1")
@@ -802,7 +810,11 @@ fn retry_keeps_its_cadence_and_the_schedule_says_what_is_due() {
     assert_eq!(schedule.next_in(hooks.now), Some(RETRY_NS));
     assert_eq!(schedule.due(1_000 + RETRY_NS - 1).count(), 0);
     assert_eq!(schedule.due(1_000 + RETRY_NS).collect::<Vec<_>>(), [BE]);
-    assert_eq!(schedule.next_in(1_000 + 2 * RETRY_NS), Some(0), "overdue: now");
+    assert_eq!(
+        schedule.next_in(1_000 + 2 * RETRY_NS),
+        Some(0),
+        "overdue: now"
+    );
     // Another device's later deadline does not delay this one; gone, it is not due.
     schedule.set("other", StepOutcome::RetryAt(9_000_000_000).retry_due(0));
     assert_eq!(schedule.next_in(1_000), Some(RETRY_NS));
