@@ -270,7 +270,7 @@ impl Control {
         // they let go, so its device queues and grant shares come back at once.
         let soon = vbd.backend.releasing() | self.resize_step(store, path);
         let due = earliest(due, soon.then(|| now.saturating_add(RETRY_NS)));
-        self.retries.set(path, due);
+        self.retries.stepped(path, due, now);
     }
 
     /// Online resize of the device at `path`: publishes a resize every ring has taken in,
@@ -543,16 +543,21 @@ impl poller::ControlWork for Control {
             if work.rescan {
                 self.reconcile(&mut store);
             } else {
-                // Negotiations whose retry is due are stepped again too.
+                // Negotiations whose retry is due are stepped again too (each device
+                // once, whether named by an event, due, or both).
                 let now = xen_domain::now_ns();
-                work.devices.extend(self.retries.due(now).map(String::from));
-                for path in &work.devices {
+                let round: Vec<String> = self
+                    .retries
+                    .round(work.devices.iter().map(String::as_str), now)
+                    .into_iter()
+                    .map(String::from)
+                    .collect();
+                for path in &round {
                     self.step(&mut store, path);
                 }
             }
             self.report_faults(&mut store);
             let now = xen_domain::now_ns();
-            let retry = self.retries.next_in(now);
             if now >= self.next_stats {
                 self.maintain_ram_disks();
                 self.publish_stats(&mut store);
@@ -561,18 +566,25 @@ impl poller::ControlWork for Control {
             if report_request {
                 self.report_if_asked(&mut store);
             }
-            Some(retry)
+            // Events that came with the replies of this round's requests lost their kick
+            // to the wait for those replies: they are taken at once, not at the next due
+            // time (up to the statistics' 5 s away).
+            let queued = store.0.has_watch_events();
+            Some(
+                self.retries
+                    .next_wait(xen_domain::now_ns(), queued, STATS_PERIOD_NS),
+            )
         })
         .flatten();
-        let Some(retry) = result else {
+        let Some(wait) = result else {
             // A control request arrived (or xenstore is gone): look at it outside the lock.
             if let Some(reason) = xen_domain::control::take_request() {
                 xen_domain::control::obey(reason);
             }
             return Some(RETRY_NS);
         };
-        // Woken sooner by any watch event; the statistics are due within 5 s anyway.
-        Some(retry.map_or(STATS_PERIOD_NS, |wait| wait.min(STATS_PERIOD_NS)))
+        // Woken sooner by any watch event's kick; the statistics are due within 5 s anyway.
+        Some(wait)
     }
 }
 

@@ -6,7 +6,7 @@
 //! event steps its device whenever it comes, and that step's answer replaces the
 //! device's due time.
 
-use alloc::collections::BTreeMap;
+use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::string::String;
 
 use crate::negotiate::StepOutcome;
@@ -54,6 +54,37 @@ impl RetrySchedule {
                 self.due.remove(path);
             }
         }
+    }
+
+    /// The device at `path` was stepped at `now` and answered `due`: from now on it is
+    /// due then, unless a due time it already had is still to come and sooner (a step
+    /// never postpones another: a watch event's step answering the grace's end keeps a
+    /// `Retry` due in 5 ms). `None`: only at a watch event (or gone).
+    pub fn stepped(&mut self, path: &str, due: Option<u64>, now: u64) {
+        let pending = self.due.get(path).copied().filter(|&at| at > now);
+        self.set(path, due.map(|due| pending.map_or(due, |at| at.min(due))));
+    }
+
+    /// The devices a round at `now` steps, each once: those its watch events named, then
+    /// those due.
+    pub fn round<'a>(
+        &'a self,
+        named: impl IntoIterator<Item = &'a str>,
+        now: u64,
+    ) -> BTreeSet<&'a str> {
+        named.into_iter().chain(self.due(now)).collect()
+    }
+
+    /// How long the control path sleeps after a round that ended at `now`: not at all
+    /// when watch events are queued in the xenstore client already (they came with the
+    /// replies of the round's own requests, and the wait for those replies consumed
+    /// their kick: nothing else would wake it for them); else until the first device is
+    /// due, at most `idle_ns`.
+    pub fn next_wait(&self, now: u64, events_queued: bool, idle_ns: u64) -> u64 {
+        if events_queued {
+            return 0;
+        }
+        self.next_in(now).map_or(idle_ns, |wait| wait.min(idle_ns))
     }
 
     /// The devices due at `now`.
