@@ -9,12 +9,11 @@ use super::poller;
 use super::registry::Registry;
 use super::space;
 use super::vbd::{backend_params, Vbd, VbdHooks};
-use alloc::collections::BTreeMap;
+use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use blkback::negotiate::{BlkifBackend, StepOutcome};
-use blkback::retry::{earliest, RetrySchedule, RETRY_NS};
 use blkback::watch::{WatchRouter, WatchWork};
 use blkback::xenbus_error::{self, Errno};
 use blkback::xenstore::{XenStore, NO_TRANSACTION};
@@ -39,6 +38,8 @@ const POLLERS_NODE: &str = "data/blkdom-pollers";
 /// 1` in dom0) prints the statistics on blkdom's console.
 const REPORT_NODE: &str = "data/blkdom-report";
 const REPORT_TOKEN: &str = "report";
+/// How soon a negotiation that waits for in-flight requests is retried.
+const RETRY_NS: u64 = 5_000_000;
 
 /// The control path: discovery, negotiation, statistics.
 pub struct Control {
@@ -48,9 +49,8 @@ pub struct Control {
     failed: BTreeMap<String, AttachError>,
     store_port: Option<EvtchnPort>,
     next_stats: u64,
-    /// Devices to step again without a watch event, and when: every 5 ms while a
-    /// negotiation waits for in-flight requests, once at its end for a detach's grace.
-    retries: RetrySchedule,
+    /// Devices whose negotiation waits for in-flight requests: stepped again soon.
+    retrying: BTreeSet<String>,
     first_round: bool,
     /// Every disk and device opened, and what stays of them between vbds.
     registry: Registry,
@@ -84,7 +84,7 @@ impl Control {
             failed: BTreeMap::new(),
             store_port,
             next_stats: 0,
-            retries: RetrySchedule::new(),
+            retrying: BTreeSet::new(),
             first_round: true,
             registry: Registry::new(bus),
         })
@@ -238,21 +238,17 @@ impl Control {
     }
 
     /// Steps the negotiation of the device at `path` (if it is still there): notes
-    /// when it is to be stepped again (soon while it waits for requests, at the end of a
-    /// detach's grace), and forgets it once it is removed.
+    /// whether it waits for requests, and forgets it once it is removed.
     fn step(&mut self, store: &mut Store<'_>, path: &str) {
         let Some(vbd) = self.vbds.get_mut(path) else {
-            self.retries.set(path, None);
+            self.retrying.remove(path);
             return;
         };
-        let now = xen_domain::now_ns();
-        let mut due = None;
+        let mut retry = false;
         match vbd.backend.step(store, &mut vbd.hooks) {
-            Ok(outcome @ (StepOutcome::Retry | StepOutcome::RetryAt(_))) => {
-                due = outcome.retry_due(now)
-            }
+            Ok(StepOutcome::Retry) => retry = true,
             Ok(StepOutcome::Removed) => {
-                self.retries.set(path, None);
+                self.retrying.remove(path);
                 if let Some(vbd) = self.vbds.remove(path) {
                     for watched in vbd.backend.watched_paths() {
                         let _ = store.0.unwatch(&watched, path);
@@ -268,9 +264,15 @@ impl Control {
         }
         // A refused connection whose rings the pollers still hold: stepped again until
         // they let go, so its device queues and grant shares come back at once.
-        let soon = vbd.backend.releasing() | self.resize_step(store, path);
-        let due = earliest(due, soon.then(|| now.saturating_add(RETRY_NS)));
-        self.retries.stepped(path, due, now);
+        retry |= vbd.backend.releasing();
+        retry |= self.resize_step(store, path);
+        if retry {
+            if !self.retrying.contains(path) {
+                self.retrying.insert(String::from(path));
+            }
+        } else {
+            self.retrying.remove(path);
+        }
     }
 
     /// Online resize of the device at `path`: publishes a resize every ring has taken in,
@@ -543,20 +545,14 @@ impl poller::ControlWork for Control {
             if work.rescan {
                 self.reconcile(&mut store);
             } else {
-                // Negotiations whose retry is due are stepped again too (each device
-                // once, whether named by an event, due, or both).
-                let now = xen_domain::now_ns();
-                let round: Vec<String> = self
-                    .retries
-                    .round(work.devices.iter().map(String::as_str), now)
-                    .into_iter()
-                    .map(String::from)
-                    .collect();
-                for path in &round {
+                // Negotiations waiting for in-flight requests are stepped again too.
+                work.devices.extend(self.retrying.iter().cloned());
+                for path in &work.devices {
                     self.step(&mut store, path);
                 }
             }
             self.report_faults(&mut store);
+            let retry = !self.retrying.is_empty();
             let now = xen_domain::now_ns();
             if now >= self.next_stats {
                 self.maintain_ram_disks();
@@ -566,25 +562,21 @@ impl poller::ControlWork for Control {
             if report_request {
                 self.report_if_asked(&mut store);
             }
-            // Events that came with the replies of this round's requests lost their kick
-            // to the wait for those replies: they are taken at once, not at the next due
-            // time (up to the statistics' 5 s away).
-            let queued = store.0.has_watch_events();
-            Some(
-                self.retries
-                    .next_wait(xen_domain::now_ns(), queued, STATS_PERIOD_NS),
-            )
+            Some(retry)
         })
         .flatten();
-        let Some(wait) = result else {
+        if result.is_none() {
             // A control request arrived (or xenstore is gone): look at it outside the lock.
             if let Some(reason) = xen_domain::control::take_request() {
                 xen_domain::control::obey(reason);
             }
             return Some(RETRY_NS);
-        };
-        // Woken sooner by any watch event's kick; the statistics are due within 5 s anyway.
-        Some(wait)
+        }
+        Some(if result == Some(true) {
+            RETRY_NS
+        } else {
+            STATS_PERIOD_NS
+        })
     }
 }
 
