@@ -562,7 +562,17 @@ impl poller::ControlWork for Control {
             if report_request {
                 self.report_if_asked(&mut store);
             }
-            Some(retry)
+            // Watch events that came with the replies to this round's own requests were
+            // queued by the client, and the wait for those replies consumed their kick:
+            // without another round now, they would wait for the next timer (up to the
+            // statistics' 5 s when nothing is retrying).
+            Some(if store.0.has_watch_events() {
+                0
+            } else if retry {
+                RETRY_NS
+            } else {
+                STATS_PERIOD_NS
+            })
         })
         .flatten();
         if result.is_none() {
@@ -572,11 +582,7 @@ impl poller::ControlWork for Control {
             }
             return Some(RETRY_NS);
         }
-        Some(if result == Some(true) {
-            RETRY_NS
-        } else {
-            STATS_PERIOD_NS
-        })
+        result
     }
 }
 

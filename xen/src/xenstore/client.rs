@@ -355,6 +355,13 @@ impl<R: XenstoreRing> XenstoreClient<R> {
         Ok(self.watch_events.pop_front())
     }
 
+    /// Whether watch events are queued here already: read off the ring while waiting for
+    /// a reply, after that wait consumed their event channel kick. A caller that sleeps
+    /// until the next kick would leave them unseen until something else wakes it.
+    pub fn has_watch_events(&self) -> bool {
+        !self.watch_events.is_empty()
+    }
+
     /// Blocks (through the ring's `wait`) until a watch event arrives.
     pub fn wait_watch_event(&mut self) -> Result<WatchEvent, XsError> {
         loop {
@@ -615,10 +622,15 @@ mod tests {
         client.write(NO_TX, "device/vbd/1/state", b"1").unwrap();
         client.write(NO_TX, "control/shutdown", b"").unwrap();
         assert_eq!(client.read(NO_TX, "device/vbd/1/state").unwrap(), b"1");
+        assert!(
+            client.has_watch_events(),
+            "read off the ring with the replies: queued, no kick left to say so"
+        );
         let mut events = vec![];
         client
             .dispatch_watch_events(|e| events.push((e.path.clone(), e.token.clone())))
             .unwrap();
+        assert!(!client.has_watch_events());
         assert_eq!(
             events,
             [
