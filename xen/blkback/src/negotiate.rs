@@ -416,6 +416,19 @@ impl BlkifBackend {
                 self.switch(store, XenbusState::InitWait)?;
                 Ok(StepOutcome::Switched(XenbusState::InitWait))
             }
+            XenbusState::Initialising if self.state == XenbusState::Connected => {
+                // The frontend started over without our seeing it close (its Closed and
+                // Initialising were read by one step): close as for Closed, then wait for
+                // it again. Left Connected, the backend would keep the abandoned rings
+                // and take the frontend's next Initialised for the connection it has.
+                match self.close_for_frontend(store, hooks)? {
+                    StepOutcome::Switched(XenbusState::Closed) => {
+                        self.switch(store, XenbusState::InitWait)?;
+                        Ok(StepOutcome::Switched(XenbusState::InitWait))
+                    }
+                    outcome => Ok(outcome),
+                }
+            }
             XenbusState::Initialised | XenbusState::Connected => {
                 match self.state {
                     // Two watches in quick succession can both land here: connect once.
@@ -446,26 +459,36 @@ impl BlkifBackend {
                 Ok(StepOutcome::Switched(XenbusState::Closing))
             }
             XenbusState::Closed | XenbusState::Unknown if self.state != XenbusState::Closed => {
-                if hooks.disconnect().is_err() {
-                    // The rings go away as soon as the requests drain: the backend stops
-                    // saying Connected now, not once the drain is over.
-                    self.tearing_down = true;
-                    if self.state != XenbusState::Closing {
-                        self.switch(store, XenbusState::Closing)?;
-                    }
-                    return Ok(StepOutcome::Retry);
-                }
-                self.switch(store, XenbusState::Closed)?;
-                if self.detached_by_toolstack(store) {
-                    return self.remove_once_seen(store, hooks);
-                }
-                Ok(StepOutcome::Switched(XenbusState::Closed))
+                self.close_for_frontend(store, hooks)
             }
             _ if self.state == XenbusState::Closed && self.detached_by_toolstack(store) => {
                 self.remove_once_seen(store, hooks)
             }
             _ => Ok(StepOutcome::Idle),
         }
+    }
+
+    /// The frontend closed (or went away, or started over): release its rings and say
+    /// Closed, or `Retry` (saying Closing meanwhile) while its requests drain.
+    fn close_for_frontend<H: ConnectionHooks + ?Sized>(
+        &mut self,
+        store: &mut dyn XenStore,
+        hooks: &mut H,
+    ) -> Result<StepOutcome, NegotiationError> {
+        if hooks.disconnect().is_err() {
+            // The rings go away as soon as the requests drain: the backend stops
+            // saying Connected now, not once the drain is over.
+            self.tearing_down = true;
+            if self.state != XenbusState::Closing {
+                self.switch(store, XenbusState::Closing)?;
+            }
+            return Ok(StepOutcome::Retry);
+        }
+        self.switch(store, XenbusState::Closed)?;
+        if self.detached_by_toolstack(store) {
+            return self.remove_once_seen(store, hooks);
+        }
+        Ok(StepOutcome::Switched(XenbusState::Closed))
     }
 
     /// `xl block-detach` writes `online` = 0 (and our state = Closing); once the device

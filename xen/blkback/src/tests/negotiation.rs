@@ -681,6 +681,43 @@ fn close_while_busy_then_initialising_waits_for_the_drain_then_inits() {
 }
 
 #[test]
+fn a_frontend_back_at_initialising_while_connected_is_closed_and_waited_for() {
+    // hostile's state flapping: the frontend writes Closed and then Initialising, and
+    // one step reads only the Initialising.
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks::default();
+    backend.step(&mut store, &mut hooks).unwrap();
+    assert_eq!(state(&store), "4");
+    let written = store.writes.len();
+    store.set(&format!("{FE}/state"), "1");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::InitWait))
+    );
+    assert_eq!(states_written(&store, written), ["6", "2"]);
+    assert!(hooks.disconnects >= 1, "the abandoned rings were released");
+    // Its new ring connects.
+    store.set(&format!("{FE}/ring-ref"), "19");
+    store.set(&format!("{FE}/state"), "3");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Connected))
+    );
+    assert_eq!(hooks.connects.len(), 2);
+    assert_eq!(hooks.connects[1].queues[0].ring_refs, [19]);
+    // With requests still in flight it says Closing until they drain, then InitWait.
+    store.set(&format!("{FE}/state"), "1");
+    hooks.busy_replies = 1;
+    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(state(&store), "5");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::InitWait))
+    );
+}
+
+#[test]
 fn detached_device_is_not_reconnected_after_a_busy_close() {
     let (mut store, mut backend) = probed_single_ring();
     store.set(&format!("{BE}/online"), "1");
