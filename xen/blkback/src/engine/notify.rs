@@ -25,8 +25,8 @@
 //! soon as none are left there; one held for the frontend's own queue when it has as
 //! many requests outstanding as it lately kept, or a ring's worth (it sends nothing
 //! more before it hears: fio at QD4 would otherwise wait a quiet gap for each batch,
-//! idle). The poller passes
-//! the time in (`Engine::poll_at`) and never sleeps past `Engine::notify_deadline`.
+//! idle). The poller passes the time in (`Engine::poll_at`) and never sleeps past
+//! `Engine::notify_deadline`.
 
 /// Windows are scored up to this; a hold needs at least `HOLD_SCORE`.
 const SCORE_MAX: u8 = 7;
@@ -62,8 +62,8 @@ struct Held {
     /// How long it was to be held (its deadline less the time it was held at).
     window: u64,
     /// Held for requests on the device (or waiting for it): released once none are.
-    /// Otherwise held for the frontend's own queue: released at the deadline or when
-    /// the frontend has gone quiet.
+    /// Otherwise held for the frontend's own queue: released at the deadline, when the
+    /// frontend has gone quiet, or when it is back at its depth (or its ring is full).
     for_device: bool,
 }
 
