@@ -9,11 +9,12 @@ use super::poller;
 use super::registry::Registry;
 use super::space;
 use super::vbd::{backend_params, Vbd, VbdHooks};
-use alloc::collections::{BTreeMap, BTreeSet};
+use alloc::collections::BTreeMap;
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use blkback::negotiate::{BlkifBackend, StepOutcome};
+use blkback::retry::{earliest, RetrySchedule, RETRY_NS};
 use blkback::watch::{WatchRouter, WatchWork};
 use blkback::xenbus_error::{self, Errno};
 use blkback::xenstore::{XenStore, NO_TRANSACTION};
@@ -38,8 +39,6 @@ const POLLERS_NODE: &str = "data/blkdom-pollers";
 /// 1` in dom0) prints the statistics on blkdom's console.
 const REPORT_NODE: &str = "data/blkdom-report";
 const REPORT_TOKEN: &str = "report";
-/// How soon a negotiation that waits for in-flight requests is retried.
-const RETRY_NS: u64 = 5_000_000;
 
 /// The control path: discovery, negotiation, statistics.
 pub struct Control {
@@ -49,8 +48,9 @@ pub struct Control {
     failed: BTreeMap<String, AttachError>,
     store_port: Option<EvtchnPort>,
     next_stats: u64,
-    /// Devices whose negotiation waits for in-flight requests: stepped again soon.
-    retrying: BTreeSet<String>,
+    /// Devices to step again without a watch event, and when: every 5 ms while a
+    /// negotiation waits for in-flight requests, once at its end for a detach's grace.
+    retries: RetrySchedule,
     first_round: bool,
     /// Every disk and device opened, and what stays of them between vbds.
     registry: Registry,
@@ -84,7 +84,7 @@ impl Control {
             failed: BTreeMap::new(),
             store_port,
             next_stats: 0,
-            retrying: BTreeSet::new(),
+            retries: RetrySchedule::new(),
             first_round: true,
             registry: Registry::new(bus),
         })
@@ -238,17 +238,21 @@ impl Control {
     }
 
     /// Steps the negotiation of the device at `path` (if it is still there): notes
-    /// whether it waits for requests, and forgets it once it is removed.
+    /// when it is to be stepped again (soon while it waits for requests, at the end of a
+    /// detach's grace), and forgets it once it is removed.
     fn step(&mut self, store: &mut Store<'_>, path: &str) {
         let Some(vbd) = self.vbds.get_mut(path) else {
-            self.retrying.remove(path);
+            self.retries.set(path, None);
             return;
         };
-        let mut retry = false;
+        let now = xen_domain::now_ns();
+        let mut due = None;
         match vbd.backend.step(store, &mut vbd.hooks) {
-            Ok(StepOutcome::Retry) => retry = true,
+            Ok(outcome @ (StepOutcome::Retry | StepOutcome::RetryAt(_))) => {
+                due = outcome.retry_due(now)
+            }
             Ok(StepOutcome::Removed) => {
-                self.retrying.remove(path);
+                self.retries.set(path, None);
                 if let Some(vbd) = self.vbds.remove(path) {
                     for watched in vbd.backend.watched_paths() {
                         let _ = store.0.unwatch(&watched, path);
@@ -264,15 +268,9 @@ impl Control {
         }
         // A refused connection whose rings the pollers still hold: stepped again until
         // they let go, so its device queues and grant shares come back at once.
-        retry |= vbd.backend.releasing();
-        retry |= self.resize_step(store, path);
-        if retry {
-            if !self.retrying.contains(path) {
-                self.retrying.insert(String::from(path));
-            }
-        } else {
-            self.retrying.remove(path);
-        }
+        let soon = vbd.backend.releasing() | self.resize_step(store, path);
+        let due = earliest(due, soon.then(|| now.saturating_add(RETRY_NS)));
+        self.retries.stepped(path, due, now);
     }
 
     /// Online resize of the device at `path`: publishes a resize every ring has taken in,
@@ -545,14 +543,20 @@ impl poller::ControlWork for Control {
             if work.rescan {
                 self.reconcile(&mut store);
             } else {
-                // Negotiations waiting for in-flight requests are stepped again too.
-                work.devices.extend(self.retrying.iter().cloned());
-                for path in &work.devices {
+                // Negotiations whose retry is due are stepped again too (each device
+                // once, whether named by an event, due, or both).
+                let now = xen_domain::now_ns();
+                let round: Vec<String> = self
+                    .retries
+                    .round(work.devices.iter().map(String::as_str), now)
+                    .into_iter()
+                    .map(String::from)
+                    .collect();
+                for path in &round {
                     self.step(&mut store, path);
                 }
             }
             self.report_faults(&mut store);
-            let retry = !self.retrying.is_empty();
             let now = xen_domain::now_ns();
             if now >= self.next_stats {
                 self.maintain_ram_disks();
@@ -562,27 +566,25 @@ impl poller::ControlWork for Control {
             if report_request {
                 self.report_if_asked(&mut store);
             }
-            // Watch events that came with the replies to this round's own requests were
-            // queued by the client, and the wait for those replies consumed their kick:
-            // without another round now, they would wait for the next timer (up to the
-            // statistics' 5 s when nothing is retrying).
-            Some(if store.0.has_watch_events() {
-                0
-            } else if retry {
-                RETRY_NS
-            } else {
-                STATS_PERIOD_NS
-            })
+            // Events that came with the replies of this round's requests lost their kick
+            // to the wait for those replies: they are taken at once, not at the next due
+            // time (up to the statistics' 5 s away).
+            let queued = store.0.has_watch_events();
+            Some(
+                self.retries
+                    .next_wait(xen_domain::now_ns(), queued, STATS_PERIOD_NS),
+            )
         })
         .flatten();
-        if result.is_none() {
+        let Some(wait) = result else {
             // A control request arrived (or xenstore is gone): look at it outside the lock.
             if let Some(reason) = xen_domain::control::take_request() {
                 xen_domain::control::obey(reason);
             }
             return Some(RETRY_NS);
-        }
-        result
+        };
+        // Woken sooner by any watch event's kick; the statistics are due within 5 s anyway.
+        Some(wait)
     }
 }
 

@@ -1,8 +1,8 @@
 //! Backend side of the xenbus handshake for one virtual block device, as a state
 //! machine over [`XenStore`]. The kernel calls [`BlkifBackend::probe`] once, then
 //! [`BlkifBackend::step`] whenever a watch on the frontend's `state` or on the backend
-//! directory fires (and again after a `Retry`). Rings and engines are created and
-//! destroyed through [`ConnectionHooks`].
+//! directory fires (and again soon after a `Retry`, or at a `RetryAt`'s time). Rings and
+//! engines are created and destroyed through [`ConnectionHooks`].
 
 use alloc::format;
 use alloc::string::{String, ToString};
@@ -137,8 +137,14 @@ pub enum StepOutcome {
     Idle,
     /// Moved to this state.
     Switched(XenbusState),
-    /// Waiting for in-flight requests to drain: call `step` again later.
+    /// Waiting for in-flight requests to drain: call `step` again soon (the control
+    /// path does every 5 ms).
     Retry,
+    /// Nothing to do before this time ([`ConnectionHooks::now_ns`]'s clock): call `step`
+    /// again then (or at the next watch event, which may come earlier). A detached device
+    /// waiting out [`DETACH_GRACE_NS`] answers it with the grace's end, so it is stepped
+    /// once when the grace is over, not every few milliseconds of it.
+    RetryAt(u64),
     /// Negotiation failed; the reason is in the backend's `error` node, state Closing.
     Failed(String),
     /// The backend directory is gone: everything is torn down, drop this object.
@@ -500,7 +506,7 @@ impl BlkifBackend {
     }
 
     /// The device is closed and detached: its directory goes once the toolstack has had
-    /// [`DETACH_GRACE_NS`] to read `state` = Closed; until then `Retry`.
+    /// [`DETACH_GRACE_NS`] to read `state` = Closed; until then `RetryAt` its end.
     fn remove_once_seen<H: ConnectionHooks + ?Sized>(
         &mut self,
         store: &mut dyn XenStore,
@@ -509,7 +515,7 @@ impl BlkifBackend {
         let now = hooks.now_ns();
         let since = *self.closed_for_toolstack_at.get_or_insert(now);
         if now.saturating_sub(since) < DETACH_GRACE_NS {
-            return Ok(StepOutcome::Retry);
+            return Ok(StepOutcome::RetryAt(since.saturating_add(DETACH_GRACE_NS)));
         }
         self.remove_own_directory(store)
     }

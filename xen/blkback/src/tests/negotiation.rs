@@ -17,6 +17,7 @@ use crate::negotiate::{
     BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection, QueueRing, StepOutcome,
     XenbusState, DETACH_GRACE_NS,
 };
+use crate::retry::{earliest, RetrySchedule, RETRY_NS};
 use crate::xenbus_error::{errno, Errno};
 use crate::xenstore::{XenStore, NO_TRANSACTION};
 
@@ -491,15 +492,17 @@ fn toolstack_detach_closes_then_removes_the_backend_directory() {
     );
     // Closed, and left for libxl to read for DETACH_GRACE_NS: it fails the detach if
     // the node it waits on is already gone when its watch fires.
+    // Each step in the grace says when it ends: the control path steps it then.
     hooks.now = 1_000;
-    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    let grace_end = Ok(StepOutcome::RetryAt(1_000 + DETACH_GRACE_NS));
+    assert_eq!(backend.step(&mut store, &mut hooks), grace_end);
     assert_eq!(state(&store), "6");
     hooks.now += DETACH_GRACE_NS - 1;
-    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(backend.step(&mut store, &mut hooks), grace_end);
     assert_eq!(state(&store), "6", "still readable within the grace");
     // A frontend starting over meanwhile does not bring a detached device back.
     store.set(&format!("{FE}/state"), "1");
-    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(backend.step(&mut store, &mut hooks), grace_end);
     assert_eq!(state(&store), "6");
     hooks.now += 1;
     assert_eq!(
@@ -729,13 +732,134 @@ fn detached_device_is_not_reconnected_after_a_busy_close() {
     assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
     store.set(&format!("{BE}/online"), "0");
     store.set(&format!("{FE}/state"), "3");
-    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::RetryAt(DETACH_GRACE_NS))
+    );
     hooks.now += DETACH_GRACE_NS;
     assert_eq!(
         backend.step(&mut store, &mut hooks),
         Ok(StepOutcome::Removed)
     );
     assert_eq!(hooks.connects.len(), 1);
+}
+
+/// The control path's rounds (`kernel/src/backend/control.rs`) over the device, from a
+/// watch event at `hooks.now` until it is removed: a round steps the device when a watch
+/// event names it or the `RetrySchedule` says it is due, sets its due time from the
+/// answer, and the control path sleeps until the next due time or the next of
+/// `watch_events` (times, each running `event` first). Returns the steps and when the
+/// device was removed.
+fn control_rounds_until_removed(
+    store: &mut MemStore,
+    backend: &mut BlkifBackend,
+    hooks: &mut RecordingHooks,
+    watch_events: &[u64],
+    event: impl Fn(&mut MemStore),
+) -> (usize, u64) {
+    let mut schedule = RetrySchedule::new();
+    let mut events = watch_events.iter().copied().peekable();
+    let mut steps = 0;
+    let mut woken_by_event = true;
+    loop {
+        if woken_by_event || schedule.due(hooks.now).any(|path| path == BE) {
+            steps += 1;
+            assert!(steps < 100_000, "the device is never removed");
+            let outcome = backend.step(store, hooks).unwrap();
+            if outcome == StepOutcome::Removed {
+                schedule.set(BE, None);
+                assert!(schedule.is_empty());
+                return (steps, hooks.now);
+            }
+            schedule.set(BE, outcome.retry_due(hooks.now));
+        }
+        let due = schedule.next_in(hooks.now).map(|wait| hooks.now + wait);
+        let next_event = events.peek().copied();
+        let wake = earliest(due, next_event).expect("the device is never stepped again");
+        woken_by_event = next_event == Some(wake);
+        if woken_by_event {
+            events.next();
+            event(store);
+        }
+        hooks.now = wake;
+    }
+}
+
+/// A detached device (closed, `online` = 0) about to wait out its grace from `hooks.now`.
+fn detaching() -> (MemStore, BlkifBackend, RecordingHooks) {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{BE}/online"), "1");
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks {
+        now: 7_000_000_000,
+        ..Default::default()
+    };
+    backend.step(&mut store, &mut hooks).unwrap();
+    store.set(&format!("{BE}/online"), "0");
+    store.set(&format!("{FE}/state"), "6");
+    (store, backend, hooks)
+}
+
+#[test]
+fn detach_grace_is_stepped_once_at_its_end_not_every_retry() {
+    let (mut store, mut backend, mut hooks) = detaching();
+    let start = hooks.now;
+    let (steps, removed_at) =
+        control_rounds_until_removed(&mut store, &mut backend, &mut hooks, &[], |_| {});
+    // At 5 ms a step, the grace would cost 600 steps of two xenstore reads each.
+    assert!(steps <= 3, "{steps} steps during the grace");
+    assert_eq!(
+        removed_at,
+        start + DETACH_GRACE_NS,
+        "removed at the grace's end"
+    );
+    // Watch events within the grace (a frontend starting over) are each one step more,
+    // change nothing, and do not move the grace's end.
+    let (mut store, mut backend, mut hooks) = detaching();
+    let start = hooks.now;
+    let events = [
+        start + 1_000_000,
+        start + 1_000_000_000,
+        start + 2_999_000_000,
+    ];
+    let (steps, removed_at) =
+        control_rounds_until_removed(&mut store, &mut backend, &mut hooks, &events, |store| {
+            store.set(&format!("{FE}/state"), "1")
+        });
+    assert!(steps <= 3 + events.len(), "{steps} steps during the grace");
+    assert_eq!(removed_at, start + DETACH_GRACE_NS);
+    assert_eq!(hooks.connects.len(), 1, "not reconnected");
+}
+
+#[test]
+fn retry_keeps_its_cadence_and_the_schedule_says_what_is_due() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks::default();
+    backend.step(&mut store, &mut hooks).unwrap();
+    store.set(&format!("{FE}/state"), "6");
+    hooks.busy_replies = 1;
+    hooks.now = 1_000;
+    let outcome = backend.step(&mut store, &mut hooks).unwrap();
+    assert_eq!(outcome, StepOutcome::Retry);
+    let mut schedule = RetrySchedule::new();
+    schedule.set(BE, outcome.retry_due(hooks.now));
+    assert_eq!(schedule.next_in(hooks.now), Some(RETRY_NS));
+    assert_eq!(schedule.due(1_000 + RETRY_NS - 1).count(), 0);
+    assert_eq!(schedule.due(1_000 + RETRY_NS).collect::<Vec<_>>(), [BE]);
+    assert_eq!(
+        schedule.next_in(1_000 + 2 * RETRY_NS),
+        Some(0),
+        "overdue: now"
+    );
+    // Another device's later deadline does not delay this one; gone, it is not due.
+    schedule.set("other", StepOutcome::RetryAt(9_000_000_000).retry_due(0));
+    assert_eq!(schedule.next_in(1_000), Some(RETRY_NS));
+    schedule.set(BE, StepOutcome::Idle.retry_due(hooks.now));
+    assert_eq!(schedule.next_in(0), Some(9_000_000_000));
+    assert_eq!(earliest(Some(2), None), Some(2));
+    assert_eq!(earliest(Some(2), Some(1)), Some(1));
+    assert_eq!(earliest(None, None), None);
 }
 
 #[test]
@@ -1222,7 +1346,10 @@ fn the_linux_error_node_goes_with_the_device() {
     assert!(store.get(LINUX_ERROR).is_some());
     store.set(&format!("{BE}/online"), "0");
     store.set(&format!("{FE}/state"), "6");
-    assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::RetryAt(hooks.now + DETACH_GRACE_NS))
+    );
     hooks.now += DETACH_GRACE_NS;
     assert_eq!(
         backend.step(&mut store, &mut hooks),
@@ -1230,4 +1357,175 @@ fn the_linux_error_node_goes_with_the_device() {
     );
     assert_eq!(store.get(LINUX_ERROR), None);
     assert_eq!(store.get(&format!("{BE}/state")), None);
+}
+
+/// Rings a poller holds a moment after their connection: the first disconnect after
+/// each connect answers `Busy` (the kernel's detach is handed to the poller).
+#[derive(Default)]
+struct PollerHeld {
+    held: bool,
+    now: u64,
+}
+
+impl ConnectionHooks for PollerHeld {
+    type Error = GrantMapFailed;
+
+    fn connect(&mut self, _: &FrontendConnection) -> Result<(), GrantMapFailed> {
+        self.held = true;
+        Ok(())
+    }
+    fn disconnect(&mut self) -> Result<(), Busy> {
+        if core::mem::take(&mut self.held) {
+            return Err(Busy { in_flight: 0 });
+        }
+        Ok(())
+    }
+    fn now_ns(&self) -> u64 {
+        self.now
+    }
+}
+
+/// How long one round of the control path's xenstore requests takes in the replay.
+const ROUND_NS: u64 = 1_000_000;
+/// How long the control path sleeps with nothing due (its statistics period).
+const IDLE_NS: u64 = 5_000_000_000;
+
+/// Replays the control path's loop (`kernel/src/backend/control.rs` with
+/// `poller::run`) over one device while the frontend writes `writes` (time, state) to
+/// its `state`: a round drains the watch events, steps the devices
+/// `RetrySchedule::round` names, then spends `ROUND_NS` on xenstore requests. An event
+/// that comes while a round runs is read off the ring with a reply and queued in the
+/// client, its kick consumed by the wait for that reply; one that comes while the
+/// control path sleeps kicks it awake. Returns, for each write, when its device was
+/// next stepped (`None`: not before `until`).
+fn replay_control_loop(
+    store: &mut MemStore,
+    backend: &mut BlkifBackend,
+    hooks: &mut PollerHeld,
+    writes: &[(u64, &str)],
+    until: u64,
+) -> Vec<Option<u64>> {
+    let mut schedule = RetrySchedule::new();
+    let mut stepped_at = vec![None; writes.len()];
+    let mut events = 0; // events queued (in the ring or the client) since the last drain
+    let mut next = 0;
+    let mut wake = writes[0].0;
+    let apply = |store: &mut MemStore, next: &mut usize, events: &mut usize, to: u64| {
+        while *next < writes.len() && writes[*next].0 <= to {
+            store.set(&format!("{FE}/state"), writes[*next].1);
+            *next += 1;
+            *events += 1;
+        }
+    };
+    while wake <= until {
+        hooks.now = wake;
+        apply(store, &mut next, &mut events, wake);
+        let named = (core::mem::take(&mut events) > 0).then_some(BE);
+        let round: Vec<String> = schedule
+            .round(named, wake)
+            .into_iter()
+            .map(String::from)
+            .collect();
+        for path in round {
+            assert_eq!(path, BE);
+            let outcome = backend.step(store, hooks).unwrap();
+            for at in stepped_at[..next].iter_mut().filter(|at| at.is_none()) {
+                *at = Some(wake);
+            }
+            schedule.stepped(BE, outcome.retry_due(wake), wake);
+        }
+        let end = wake + ROUND_NS;
+        apply(store, &mut next, &mut events, end);
+        let due = end + schedule.next_wait(end, events > 0, IDLE_NS);
+        let kick = writes.get(next).map(|&(at, _)| at);
+        wake = earliest(Some(due), kick).unwrap();
+    }
+    stepped_at
+}
+
+#[test]
+fn state_flapping_under_the_control_loop_steps_every_event_promptly_and_settles() {
+    // hostile's state-flapping attack (tools/hostile/src/main.rs): valid keys, then
+    // 110 frontend states written back to back (100 us apart, ten writes to a round),
+    // ending at Initialising; then its reset: Closed, and Initialising once the
+    // backend says Closed.
+    let (mut store, mut backend) = probed_single_ring();
+    let mut hooks = PollerHeld::default();
+    let flaps = ["3", "6", "1", "3", "5", "6", "1", "3", "4", "6", "1"];
+    let start = 1_000_000_000;
+    let mut writes: Vec<(u64, &str)> = (0..10)
+        .flat_map(|_| flaps)
+        .enumerate()
+        .map(|(i, state)| (start + 100_000 * i as u64, state))
+        .collect();
+    let flapped = writes.last().unwrap().0;
+    writes.push((flapped + 20_000_000, "6"));
+    let reset = flapped + 60_000_000;
+    writes.push((reset, "1"));
+    let stepped_at = replay_control_loop(&mut store, &mut backend, &mut hooks, &writes, reset - 1);
+    assert_eq!(
+        state(&store),
+        "6",
+        "the backend followed the frontend to Closed"
+    );
+    let stepped_at_end = replay_control_loop(
+        &mut store,
+        &mut backend,
+        &mut hooks,
+        &writes[111..],
+        reset + 50_000_000,
+    );
+    assert_eq!(
+        state(&store),
+        "2",
+        "InitWait after the frontend's Initialising"
+    );
+    for ((at, state), stepped) in writes
+        .iter()
+        .zip(stepped_at[..111].iter().chain(&stepped_at_end))
+    {
+        let stepped = stepped.unwrap_or_else(|| panic!("state {state} at {at}: never stepped"));
+        assert!(
+            stepped - at <= 2 * ROUND_NS,
+            "state {state} written at {at} stepped {} us later",
+            (stepped - at) / 1000
+        );
+    }
+}
+
+#[test]
+fn a_step_never_postpones_a_sooner_due_time_and_a_due_one_is_replaced() {
+    let mut schedule = RetrySchedule::new();
+    schedule.stepped(BE, Some(1_000 + RETRY_NS), 1_000);
+    // A watch event's step within those 5 ms answers the grace's end: still due soon.
+    schedule.stepped(
+        BE,
+        StepOutcome::RetryAt(9_000_000_000).retry_due(2_000),
+        2_000,
+    );
+    assert_eq!(schedule.next_in(2_000), Some(1_000 + RETRY_NS - 2_000));
+    // Stepped when due, it answers the grace's end: due then, not again at once.
+    schedule.stepped(BE, Some(9_000_000_000), 1_000 + RETRY_NS);
+    assert_eq!(
+        schedule.next_in(1_000 + RETRY_NS),
+        Some(9_000_000_000 - 1_000 - RETRY_NS)
+    );
+    // A sooner answer wins; nothing pending (Idle) clears it.
+    schedule.stepped(BE, Some(3_000_000_000), 2_000_000_000);
+    assert_eq!(schedule.next_in(0), Some(3_000_000_000));
+    schedule.stepped(BE, None, 2_500_000_000);
+    assert!(schedule.is_empty());
+    // A round steps each device once, named or due; queued events mean no sleep.
+    schedule.stepped("other", Some(10), 0);
+    assert_eq!(
+        schedule
+            .round([BE, "other", BE], 10)
+            .into_iter()
+            .collect::<Vec<_>>(),
+        [BE, "other"]
+    );
+    assert_eq!(schedule.next_wait(5, true, IDLE_NS), 0);
+    assert_eq!(schedule.next_wait(5, false, IDLE_NS), 5);
+    schedule.set("other", None);
+    assert_eq!(schedule.next_wait(5, false, IDLE_NS), IDLE_NS);
 }
