@@ -9,7 +9,7 @@ TARGET := x86_64-unknown-none
 IMAGE := target/$(TARGET)/release/blkdom
 CARGO ?= cargo
 
-.PHONY: all deps image run test test-host test-qemu lint fuzz bench-engine bench
+.PHONY: all deps image run test test-host test-qemu lint fuzz bench-engine bench bench-paired
 
 all: image
 
@@ -60,6 +60,17 @@ bench: deps-xen
 	  $(RIG)/run.sh bench --runtime $(BENCH_RUNTIME) || rc=$$?; \
 	  else echo "blkdom image does not build: no nested comparison"; rc=1; fi; \
 	  python3 tools/bench/report.py || rc=1; exit $$rc
+
+# make bench-paired (BENCHMARKS.md): Linux dom0 blkback and blkdom job by job in one
+# guest with a disk from each (tests/xen/paired), PAIRED_ROUNDS rounds (default 3) of
+# PAIRED_JOBS, BENCH_RUNTIME s per job; the two halves of each pair are one job apart,
+# so the outer machine's drift between make bench's turns does not enter the ratios.
+# Then tools/bench/paired.py: per job the ratio of each pair, median and min-max.
+bench-paired: deps-xen
+	@rc=0; if $(MAKE) --no-print-directory image; then \
+	  $(RIG)/run.sh paired --runtime $(BENCH_RUNTIME) || rc=$$?; \
+	  else echo "blkdom image does not build: no nested comparison"; rc=1; fi; \
+	  python3 tools/bench/paired.py || rc=1; exit $$rc
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -192,6 +192,26 @@ job_edge_hook() { :; }
 # guest_line_hook GUEST LINE: sees every "rig-guest: ..." console line of a guest while the
 # guest runs (tests/xen/blkdom-lifecycle attaches and detaches disks on cue).
 guest_line_hook() { :; }
+# job_backend JOB BACKEND: the domain whose CPU run_fio_guest samples around JOB; BACKEND
+# (the guest's one backend) unless a scenario serves the guest's disks from several
+# (tests/xen/paired).
+job_backend() { echo "$2"; }
+
+# paired_jobs JOBS ROUNDS PREFILL (tests/xen/paired): the guest's job list, comma
+# separated: xvdb awaited, both disks written whole by PREFILL (round 0), then per round
+# each of JOBS on xvda and at once on xvdb, as JOB@DISK@ROUND, xvda first in odd rounds
+# and xvdb first in even ones.
+paired_jobs() {
+  local list="await-xvdb,$3@xvda@0,$3@xvdb@0" round=1 first second job
+  while [ "$round" -le "$2" ]; do
+    if [ $((round % 2)) = 1 ]; then first=xvda second=xvdb; else first=xvdb second=xvda; fi
+    for job in $(echo "$1" | tr ',' ' '); do
+      list="$list,$job@$first@$round,$job@$second@$round"
+    done
+    round=$((round + 1))
+  done
+  echo "$list"
+}
 
 # run_fio_guest NAME CONFIG BACKEND JOBS RUNTIME [xl overrides...]
 # Boots a PV fio guest (tools/xl/CONFIG), follows its console, and as each fio job starts
@@ -201,7 +221,7 @@ guest_line_hook() { :; }
 run_fio_guest() {
   local name=$1 config=$2 backend=$3 jobs=$4 runtime=$5
   shift 5
-  local job_count budget log start line job cpu0 wall0 cpu1 ready=0 done=0 in_json=0
+  local job_count budget log start line job job_domain cpu0 wall0 cpu1 ready=0 done=0 in_json=0
   local fifo=/tmp/console-$name reason=/tmp/watch-$name tail_pid watch_pid cr
   job_count=$(echo "$jobs" | tr ',' '\n' | grep -c .)
   budget=$((120 + job_count * (runtime + 60)))
@@ -235,12 +255,13 @@ run_fio_guest() {
         record_negotiation "$name" "$backend" ;;
       "rig-guest: begin "*)
         job=${line#rig-guest: begin }
-        cpu0=$(cpu_seconds "$backend")
+        job_domain=$(job_backend "$job" "$backend")
+        cpu0=$(cpu_seconds "$job_domain")
         wall0=$(now)
         job_edge_hook begin "$name" "$job" ;;
       "rig-guest: end "*)
-        cpu1=$(cpu_seconds "$backend")
-        echo "backend=$backend cpu_s=$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.1f", b - a }') wall_s=$(seconds_since "$wall0")" \
+        cpu1=$(cpu_seconds "$job_domain")
+        echo "backend=$job_domain cpu_s=$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.1f", b - a }') wall_s=$(seconds_since "$wall0")" \
           > "$RESULTS/cpu-$name-$job.txt"
         job_edge_hook end "$name" "$job"
         case $line in

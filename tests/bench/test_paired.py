@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Host tests of tools/bench/paired.py (make bench-paired's table) against a paired run
+written in the layout tests/xen/paired leaves (no Xen needed):
+
+    python3 -m unittest discover -s tests/bench -v
+"""
+
+import io
+import json
+import sys
+import tempfile
+import unittest
+import unittest.mock
+from contextlib import redirect_stdout
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "tools" / "bench"))
+sys.path.insert(0, str(HERE))
+import paired  # noqa: E402  (path set up above)
+from test_report import fio_json  # noqa: E402  (the fio JSON the reports read)
+
+SETTLE = 1
+DISK = {"linux-dom0": "xvda", "blkdom": "xvdb"}
+# IOPS by (backend, round). Round 2 ran on a machine twice as slow for both backends: the
+# medians of each backend over rounds mislead, the pairs do not.
+QD32 = {("linux-dom0", 1): 1000, ("blkdom", 1): 1200,
+        ("linux-dom0", 2): 500, ("blkdom", 2): 650,
+        ("linux-dom0", 3): 1100, ("blkdom", 3): 1000}
+
+
+def write_run(root: Path, iops: dict, job="fio-randread-4k-qd32-1j", p50_ns=None) -> None:
+    (root / "paired-config.txt").write_text(
+        f"rounds=3 runtime=10 settle={SETTLE} ramp=1 disks=xvda:linux-dom0,xvdb:blkdom\n"
+        f"jobs={job}\n")
+    console = []
+    irq = 0
+    for (backend, rnd), value in sorted(iops.items(), key=lambda kv: kv[0][1]):
+        name = f"{job}@{DISK[backend]}@{rnd}"
+        p50 = p50_ns[(backend, rnd)] if p50_ns else 400_000
+        (root / f"fio-fio-paired-{name}.json").write_text(
+            json.dumps(fio_json(value, p50_ns=p50)))
+        # The backend's CPU: 5 s of 10 + ramp + settle for dom0, 9 s for blkdom.
+        cpu = 5.0 if backend == "linux-dom0" else 9.0
+        (root / f"cpu-fio-paired-{name}.txt").write_text(
+            f"backend=x cpu_s={cpu} wall_s={10 + SETTLE}\n")
+        ios = int(value * 10)
+        per_io = 1.0 if backend == "linux-dom0" else 0.25
+        console.append(f"[fio-paired] rig-guest: irq before {name} {irq}")
+        irq += int(ios * per_io)
+        console.append(f"[fio-paired] rig-guest: irq after {name} {irq}")
+    # The prefill (round 0) is never a pair.
+    (root / "fio-fio-paired-fio-write-1m-qd4-fill@xvdb@0.json").write_text(
+        json.dumps(fio_json(50, rw="write", block=1 << 20)))
+    (root / "guest-fio-paired.log").write_text("\n".join(console) + "\n")
+
+
+class PairedTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.root = Path(self.tmp.name)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def entry(self):
+        config = paired.read_config(self.root)
+        runs = paired.load_runs(self.root, float(config["settle"]))
+        [entry] = paired.summarise(runs, config["jobs"].split(","))
+        return entry
+
+    def test_ratios_are_taken_pair_by_pair(self):
+        write_run(self.root, QD32)
+        entry = self.entry()
+        ratios = sorted(p["iops"] for p in entry["pairs"])
+        self.assertEqual(ratios, sorted([1.2, 1.3, 1000 / 1100]))
+        self.assertAlmostEqual(entry["iops_ratio"]["median"], 1.2)
+        self.assertAlmostEqual(entry["iops_ratio"]["min"], 1000 / 1100)
+        self.assertAlmostEqual(entry["iops_ratio"]["max"], 1.3)
+        self.assertEqual(entry["iops_won"], 2)
+        # The medians over rounds alone would say 1000 / 1000.
+        self.assertEqual(entry["backends"]["linux-dom0"]["iops"]["median"], 1000)
+        self.assertEqual(entry["backends"]["blkdom"]["iops"]["median"], 1000)
+
+    def test_a_round_with_one_half_missing_is_no_pair(self):
+        runs = dict(QD32)
+        del runs[("blkdom", 2)]
+        write_run(self.root, runs)
+        entry = self.entry()
+        self.assertEqual([p["round"] for p in entry["pairs"]], [1, 3])
+        self.assertEqual(entry["backends"]["blkdom"]["iops"]["n"], 2)
+
+    def test_the_prefill_is_left_out(self):
+        write_run(self.root, QD32)
+        config = paired.read_config(self.root)
+        runs = paired.load_runs(self.root, SETTLE)
+        self.assertEqual({r["job"] for r in runs}, {"fio-randread-4k-qd32-1j"})
+        self.assertEqual(len(runs), 6)
+        self.assertEqual(config["disks"], "xvda:linux-dom0,xvdb:blkdom")
+
+    def test_latency_pairs_win_when_lower(self):
+        p50 = {("linux-dom0", r): 300_000 for r in (1, 2, 3)}
+        p50.update({("blkdom", 1): 150_000, ("blkdom", 2): 240_000, ("blkdom", 3): 330_000})
+        write_run(self.root, QD32, p50_ns=p50)
+        entry = self.entry()
+        self.assertAlmostEqual(entry["p50_us_ratio"]["median"], 0.8)
+        self.assertEqual(entry["p50_us_won"], 2)
+
+    def test_cpu_without_the_settle_and_interrupts_per_io(self):
+        write_run(self.root, QD32)
+        backends = self.entry()["backends"]
+        self.assertAlmostEqual(backends["linux-dom0"]["backend_cpu_percent"]["median"], 50.0)
+        self.assertAlmostEqual(backends["blkdom"]["backend_cpu_percent"]["median"], 90.0)
+        self.assertAlmostEqual(backends["linux-dom0"]["guest_irq_per_io"]["median"], 1.0)
+        self.assertAlmostEqual(backends["blkdom"]["guest_irq_per_io"]["median"], 0.25)
+
+    def test_main_prints_the_table_and_writes_json(self):
+        write_run(self.root, QD32)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(paired.main(["--nested", str(self.root), "--markdown"]), 0)
+        text = out.getvalue()
+        self.assertIn("| fio-randread-4k-qd32-1j | 1,000 (500-1,100) | 1,000 (650-1,200) "
+                      "| 1.20x (0.91-1.30) | 2/3 |", text)
+        saved = json.loads((self.root / "paired.json").read_text())
+        self.assertEqual(len(saved["summary"][0]["pairs"]), 3)
+
+    def test_no_results_is_an_error(self):
+        err = io.StringIO()
+        with redirect_stdout(io.StringIO()), unittest.mock.patch("sys.stderr", err):
+            self.assertEqual(paired.main(["--nested", str(self.root)]), 1)
+        self.assertIn("no paired results", err.getvalue())
+
+
+if __name__ == "__main__":
+    unittest.main()
