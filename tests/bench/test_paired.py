@@ -125,6 +125,20 @@ class PairedTest(unittest.TestCase):
         saved = json.loads((self.root / "paired.json").read_text())
         self.assertEqual(len(saved["summary"][0]["pairs"]), 3)
 
+    def test_a_blkdom_variant_is_named_in_the_title(self):
+        write_run(self.root, QD32)
+        config = self.root / "paired-config.txt"
+        config.write_text(config.read_text() + "blkdom=poll.spin-us=20-200:poll.idle=yield\n")
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(paired.main(["--nested", str(self.root)]), 0)
+        self.assertIn("blkdom's command line: poll.spin-us=20-200 poll.idle=yield", out.getvalue())
+        without = io.StringIO()
+        write_run(self.root, QD32)
+        with redirect_stdout(without):
+            paired.main(["--nested", str(self.root)])
+        self.assertNotIn("command line", without.getvalue())
+
     def test_no_results_is_an_error(self):
         err = io.StringIO()
         with redirect_stdout(io.StringIO()), unittest.mock.patch("sys.stderr", err):

@@ -147,7 +147,9 @@ def render(summary: list, config: dict, markdown: bool) -> str:
     title = (f"Paired: dom0 blkback (xvda) and blkdom (xvdb) in one guest, "
              f"{config.get('rounds', '?')} round(s) of {config.get('runtime', '?')} s jobs, "
              "each job on both disks back to back (order alternating by round); "
-             "ratios per pair, median (min-max); won = pairs where blkdom did better")
+             "ratios per pair, median (min-max); won = pairs where blkdom did better"
+             + (f"; blkdom's command line: {config['blkdom'].replace(':', ' ')}"
+                if config.get("blkdom") else ""))
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
