@@ -139,6 +139,30 @@ class PairedTest(unittest.TestCase):
             paired.main(["--nested", str(self.root)])
         self.assertNotIn("command line", without.getvalue())
 
+    def test_the_guests_vcpu_thread_per_job_from_the_outer_machine(self):
+        write_run(self.root, QD32)
+        name = "fio-randread-4k-qd32-1j@xvdb@1"
+        # 11 s between the edges, 1 of them settle: the guest's pCPU 3 ran 8 s and waited
+        # 1 s of the 10 s busy; its 12,000 I/Os (1,200 IOPS) cost 8 s / 12,000 each.
+        (self.root / "host-threads.txt").write_text(
+            f"BEGIN fio-paired {name} host_s=100.0 thread:CPU_3/TCG=1000000000,0 "
+            "thread:CPU_1/TCG=0,0\n"
+            f"END fio-paired {name} host_s=111.0 thread:CPU_3/TCG=9000000000,1000000000 "
+            "thread:CPU_1/TCG=9000000000,0\n")
+        config = self.root / "paired-config.txt"
+        config.write_text(config.read_text().replace("ramp=1", "ramp=1 guest_pcpu=3"))
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(paired.main(["--nested", str(self.root)]), 0)
+        runs = json.loads((self.root / "paired.json").read_text())["runs"]
+        [row] = [r for r in runs if r["backend"] == "blkdom" and r["round"] == 1]
+        self.assertAlmostEqual(row["host_guest_vcpu_run_percent"], 80.0)
+        self.assertAlmostEqual(row["host_guest_vcpu_wait_percent"], 10.0)
+        self.assertAlmostEqual(row["host_guest_vcpu_us_per_io"], 8e6 / 12000)
+        # Without the guest's pCPU in the config there is no host view.
+        self.assertNotIn("host_guest_vcpu_run_percent",
+                         paired.load_runs(self.root, SETTLE)[0])
+
     def test_no_results_is_an_error(self):
         err = io.StringIO()
         with redirect_stdout(io.StringIO()), unittest.mock.patch("sys.stderr", err):

@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO / "tools" / "bench"))
 import fio_results  # noqa: E402  (tools/fio_results.py)
-from report import fmt, read_cpu, read_guest_irqs, spread  # noqa: E402  (tools/bench/report.py)
+from report import (derive_host, fmt, read_cpu, read_guest_irqs,  # noqa: E402
+                    read_host_threads, spread)  # (tools/bench/report.py)
 
 GUEST = "fio-paired"
 # The guest's disks and who serves them (tests/xen/paired).
@@ -43,9 +44,12 @@ def read_config(nested: Path) -> dict:
     return config
 
 
-def load_runs(nested: Path, settle: float) -> list:
+def load_runs(nested: Path, settle: float, guest_pcpu=None) -> list:
     """One row per job run: job, backend, round, fio's figures, the backend's CPU % over the
-    job (its settle seconds left out) and the guest's blkif interrupts per I/O."""
+    job (its settle seconds left out), the guest's blkif interrupts per I/O and, from the
+    outer machine (host-threads.txt, when the guest's pCPU is known), how much of the job
+    the guest's vCPU thread ran and waited for a host core and its run time per I/O."""
+    edges = read_host_threads(nested / "host-threads.txt")
     irqs = {}
     console = nested / f"guest-{GUEST}.log"
     if console.exists():
@@ -70,6 +74,8 @@ def load_runs(nested: Path, settle: float) -> list:
         if name in irqs and figures["total_ios"] > 0:
             before, after = irqs[name]
             row["guest_irq_per_io"] = (after - before) / figures["total_ios"]
+        if guest_pcpu is not None:
+            derive_host(row, edges, GUEST, name, guest_pcpu, settle)
         runs.append(row)
     return runs
 
@@ -88,7 +94,8 @@ def summarise(runs: list, order=()) -> list:
             rows = [r for (j, b, _), r in by_key.items() if j == job and b == backend]
             figures = {}
             for field in ("iops", "mib_s", "p50_us", "p99_us", "backend_cpu_percent",
-                          "guest_irq_per_io"):
+                          "guest_irq_per_io", "host_guest_vcpu_run_percent",
+                          "host_guest_vcpu_wait_percent", "host_guest_vcpu_us_per_io"):
                 values = [r[field] for r in rows if field in r]
                 if values:
                     figures[field] = spread(values)
@@ -122,7 +129,8 @@ def fmt_spread(figure, digits=0, suffix="") -> str:
 def table_rows(summary: list) -> tuple:
     header = ["job", "dom0 IOPS", "blkdom IOPS", "blkdom / dom0 (pairs)", "won",
               "p50 us dom0 / blkdom", "p50 ratio (pairs)", "backend CPU % dom0 / blkdom",
-              "guest irq/IO dom0 / blkdom"]
+              "guest irq/IO dom0 / blkdom", "guest vCPU ran/waited % dom0 / blkdom",
+              "guest vCPU us/IO dom0 / blkdom"]
     rows = []
     for entry in summary:
         base, ours = entry["backends"][BASELINE], entry["backends"][OURS]
@@ -138,6 +146,12 @@ def table_rows(summary: list) -> tuple:
             fmt_spread(entry.get("p50_us_ratio"), 2, "x"),
             f"{median(base, 'backend_cpu_percent', 0)} / {median(ours, 'backend_cpu_percent', 0)}",
             f"{median(base, 'guest_irq_per_io', 2)} / {median(ours, 'guest_irq_per_io', 2)}",
+            f"{median(base, 'host_guest_vcpu_run_percent', 0)}/"
+            f"{median(base, 'host_guest_vcpu_wait_percent', 0)} / "
+            f"{median(ours, 'host_guest_vcpu_run_percent', 0)}/"
+            f"{median(ours, 'host_guest_vcpu_wait_percent', 0)}",
+            f"{median(base, 'host_guest_vcpu_us_per_io', 0)} / "
+            f"{median(ours, 'host_guest_vcpu_us_per_io', 0)}",
         ])
     return header, rows
 
@@ -167,7 +181,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, help="where to write the figures")
     args = parser.parse_args(argv)
     config = read_config(args.nested)
-    runs = load_runs(args.nested, float(config.get("settle", 0)))
+    pcpu = config.get("guest_pcpu")
+    runs = load_runs(args.nested, float(config.get("settle", 0)),
+                     int(pcpu) if pcpu and pcpu.isdigit() else None)
     if not runs:
         print(f"no paired results in {args.nested}", file=sys.stderr)
         return 1
