@@ -177,7 +177,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
                 match cmdline.poll_idle() {
                     Ok(Some(idle)) => backend::poller::set_idle(idle),
                     Ok(None) => {}
-                    Err(text) => error!("poll.idle={text}: want pause or yield; using pause"),
+                    Err(text) => error!("poll.idle={text}: want pause, yield or spin; using pause"),
                 }
                 match cmdline.persistent_grants() {
                     Ok(Some(offer)) => backend::set_persistent_grants(offer),

@@ -2,8 +2,9 @@
 //!
 //! Known keys (README.md's table has an example of each):
 //! `loglevel=off|error|warn|info|debug|trace` (or 0..5), `poll.spin-us=<min>-<max>` (the
-//! pollers' adaptive spin window, microseconds), `poll.idle=pause|yield` (what a spinning
-//! poller does between looks at its rings: a PAUSE, the default, or `SCHEDOP_yield`),
+//! pollers' adaptive spin window, microseconds), `poll.idle=pause|yield|spin` (what a
+//! spinning poller does between looks at its rings: a PAUSE, the default, `SCHEDOP_yield`,
+//! or nothing),
 //! `grants.max-total=<n>` (persistent
 //! grants all rings together keep mapped, 0..=4194304, default 65536),
 //! `grants.max-per-ring=<n>` (the most one ring keeps, 0..=16384, default 8448),
@@ -111,15 +112,21 @@ pub enum PollIdle {
     /// `yield`: `SCHEDOP_yield`, so another vCPU on this pCPU runs first (a hypercall
     /// per look: about 0.1 ms under the nested rig).
     Yield,
+    /// `spin`: nothing, look again at once. Under QEMU's TCG a PAUSE leaves the emulated
+    /// CPU's execution loop, and each return to it takes QEMU's global lock, which the
+    /// other emulated CPUs (the guests') need for their interrupts and timers; on
+    /// hardware a PAUSE is what spares a sibling hyperthread.
+    Spin,
 }
 
 impl<'a> Cmdline<'a> {
-    /// `poll.idle=pause|yield`. `Err` holds the text when it is neither.
+    /// `poll.idle=pause|yield|spin`. `Err` holds the text when it is none of them.
     pub fn poll_idle(&self) -> Result<Option<PollIdle>, &'a str> {
         match self.value("poll.idle") {
             None => Ok(None),
             Some("pause") => Ok(Some(PollIdle::Pause)),
             Some("yield") => Ok(Some(PollIdle::Yield)),
+            Some("spin") => Ok(Some(PollIdle::Spin)),
             Some(text) => Err(text),
         }
     }
@@ -232,16 +239,17 @@ mod tests {
     }
 
     #[test]
-    fn poll_idle_is_pause_or_yield() {
+    fn poll_idle_is_pause_yield_or_spin() {
         let cases = [
             ("x", None),
             ("poll.idle=yield", Some(PollIdle::Yield)),
             ("poll.idle=yield poll.idle=pause", Some(PollIdle::Pause)),
+            ("poll.idle=spin", Some(PollIdle::Spin)),
         ];
         for (line, idle) in cases {
             assert_eq!(Cmdline::new(line).poll_idle(), Ok(idle), "{line}");
         }
-        for bad in ["", "spin", "Yield", "yield,pause"] {
+        for bad in ["", "spinning", "Yield", "yield,pause"] {
             let line = format!("poll.idle={bad}");
             assert_eq!(Cmdline::new(&line).poll_idle(), Err(bad), "{bad}");
         }

@@ -21,7 +21,8 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkback::engine::Engine;
 use blkback::stats::RingStats;
-use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use machine::cmdline::PollIdle;
 use polling::sleep::{sleep_deadline, MAX_SLEEP_NS};
 use polling::spin::{Decision, SpinPolicy, MAX_SPELL_NS, MIN_SPELL_NS};
 use xen::abi::event_channel::EvtchnPort;
@@ -44,13 +45,20 @@ pub fn set_spin_window(min_ns: u64, max_ns: u64) {
     SPELL_BOUNDS_NS[1].store(max_ns, Ordering::Relaxed);
 }
 
-/// Whether a spinning poller yields its pCPU between looks at its rings
-/// (`poll.idle=yield`) instead of a PAUSE (set before any poller starts).
-static IDLE_YIELD: AtomicBool = AtomicBool::new(false);
+/// What a spinning poller does between looks at its rings (`poll.idle=`; set before any
+/// poller starts): `PollIdle` as a number, `idle_of` reads it back.
+static IDLE: AtomicU8 = AtomicU8::new(PollIdle::Pause as u8);
 
 /// Sets what a spinning poller does between looks (before they start).
-pub fn set_idle(idle: machine::cmdline::PollIdle) {
-    IDLE_YIELD.store(idle == machine::cmdline::PollIdle::Yield, Ordering::Relaxed);
+pub fn set_idle(idle: PollIdle) {
+    IDLE.store(idle as u8, Ordering::Relaxed);
+}
+
+fn idle_of(value: u8) -> PollIdle {
+    [PollIdle::Pause, PollIdle::Yield, PollIdle::Spin]
+        .into_iter()
+        .find(|idle| *idle as u8 == value)
+        .unwrap_or_default()
 }
 
 /// How long a ring's engine may hold an event to its frontend while more responses
@@ -304,14 +312,18 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
     let min_spell_ns = SPELL_BOUNDS_NS[0].load(Ordering::Relaxed);
     let max_spell_ns = SPELL_BOUNDS_NS[1].load(Ordering::Relaxed);
     let mut spin = SpinPolicy::new(min_spell_ns, max_spell_ns);
-    let idle_yield = IDLE_YIELD.load(Ordering::Relaxed);
+    let idle = idle_of(IDLE.load(Ordering::Relaxed));
     let mut control_due = 0u64;
     let mut next_ring_stats = 0u64;
     log::info!(
         "poller: vCPU {cpu} serving (doorbell port {doorbell}, spin {}-{} us ({}), notify hold {} us)",
         min_spell_ns / 1000,
         max_spell_ns / 1000,
-        if idle_yield { "yield" } else { "pause" },
+        match idle {
+            PollIdle::Pause => "pause",
+            PollIdle::Yield => "yield",
+            PollIdle::Spin => "spin",
+        },
         notify_hold_ns() / 1000
     );
     loop {
@@ -396,13 +408,15 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
             continue;
         }
         if spin.on_idle(now) == Decision::Spin {
-            if idle_yield {
+            match idle {
+                PollIdle::Pause => core::hint::spin_loop(),
                 // Another vCPU on this pCPU (a guest's, say) runs first, if one is
                 // runnable; it fails only if Xen refuses the call, and then this was a
                 // plain look again.
-                let _ = xen::domain::yield_now(&xen.hv);
-            } else {
-                core::hint::spin_loop();
+                PollIdle::Yield => {
+                    let _ = xen::domain::yield_now(&xen.hv);
+                }
+                PollIdle::Spin => {}
             }
             continue;
         }
