@@ -66,6 +66,7 @@ bench: deps-xen
 # PAIRED_JOBS, BENCH_RUNTIME s per job; the two halves of each pair are one job apart,
 # so the outer machine's drift between make bench's turns does not enter the ratios.
 # Then tools/bench/paired.py: per job the ratio of each pair, median and min-max.
+# About 12 minutes at the defaults (3 rounds of 6 jobs, 10 s each) on 2026-12-01.
 bench-paired: deps-xen
 	@rc=0; if $(MAKE) --no-print-directory image; then \
 	  $(RIG)/run.sh paired --runtime $(BENCH_RUNTIME) || rc=$$?; \
