@@ -292,37 +292,38 @@ n=0
                 self.assertIn("rig: t poll.idle=yield:poll.spin-us=20-200 round 2 b: iops=400 "
                               "p50_us=50 cpu_pct=50.0 iops_per_cpu_pct=8.0", out)
 
+    def run_guest_function(self, name: str, script: str, shell) -> str:
+        """guest-init's shell function NAME defined, then SCRIPT run, under SHELL."""
+        function = re.search(rf"^{name}\(\) \{{\n.*?^\}}\n", GUEST_INIT.read_text(),
+                             re.MULTILINE | re.DOTALL)
+        self.assertIsNotNone(function, f"guest-init defines {name}")
+        result = subprocess.run([*shell, "-c", function.group(0) + script],
+                                capture_output=True, text=True, timeout=30)
+        self.assertEqual(result.stderr, "")
+        return result.stdout
+
     def test_the_guest_runs_a_paired_job_on_its_disk(self):
-        target = re.search(r"^job_target\(\) \{\n.*?^\}\n", GUEST_INIT.read_text(),
-                           re.MULTILINE | re.DOTALL)
-        self.assertIsNotNone(target, "guest-init defines job_target")
         for shell in SHELLS:
             with self.subTest(shell=shell[0]):
-                result = subprocess.run(
-                    [*shell, "-c", "disk=/dev/xvda\n" + target.group(0) +
-                     "job_target fio-read-1m-qd4-1j@xvdb@2; job_target fio-read-1m-qd4-1j;"
-                     " job_target verify-4k"],
-                    capture_output=True, text=True, timeout=30)
-                self.assertEqual(result.stdout.splitlines(), [
+                out = self.run_guest_function(
+                    "job_target", "disk=/dev/xvda; job_target fio-read-1m-qd4-1j@xvdb@2;"
+                    " job_target fio-read-1m-qd4-1j; job_target verify-4k", shell)
+                self.assertEqual(out.splitlines(), [
                     "fio-read-1m-qd4-1j /dev/xvdb", "fio-read-1m-qd4-1j /dev/xvda",
                     "verify-4k /dev/xvda"])
 
     def test_the_guest_pairs_its_jobs_and_alternates_the_first_disk_by_round(self):
-        pair = re.search(r"^paired_jobs\(\) \{\n.*?^\}\n", GUEST_INIT.read_text(),
-                         re.MULTILINE | re.DOTALL)
-        self.assertIsNotNone(pair, "guest-init defines paired_jobs")
         for shell in SHELLS:
             with self.subTest(shell=shell[0]):
-                result = subprocess.run(
-                    [*shell, "-c", pair.group(0) + 'paired_jobs "x-fill a b" 3'],
-                    capture_output=True, text=True, timeout=30)
-                self.assertEqual(result.stdout.split(), [
+                out = self.run_guest_function("paired_jobs", 'paired_jobs "x-fill a b" 3',
+                                              shell).split()
+                self.assertEqual(out, [
                     "await-xvdb", "x-fill@xvda@0", "x-fill@xvdb@0",
                     "a@xvda@1", "a@xvdb@1", "b@xvda@1", "b@xvdb@1",
                     "a@xvdb@2", "a@xvda@2", "b@xvdb@2", "b@xvda@2",
                     "a@xvda@3", "a@xvdb@3", "b@xvda@3", "b@xvdb@3"])
                 # 3 + 2 x rounds x jobs: the count tests/xen/paired expects.
-                self.assertEqual(len(result.stdout.split()), 3 + 2 * 3 * 2)
+                self.assertEqual(len(out), 3 + 2 * 3 * 2)
 
     def test_the_guest_lingers_before_powering_off(self):
         # notify-sweep reads its last job's end counters from the guest's vbd.
