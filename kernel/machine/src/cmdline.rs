@@ -119,16 +119,39 @@ pub enum PollIdle {
     Spin,
 }
 
+impl PollIdle {
+    /// Every choice, in the order of their numbers (`as u8`).
+    pub const ALL: [PollIdle; 3] = [PollIdle::Pause, PollIdle::Yield, PollIdle::Spin];
+
+    /// Its name on the command line (and in the log).
+    pub fn name(self) -> &'static str {
+        match self {
+            PollIdle::Pause => "pause",
+            PollIdle::Yield => "yield",
+            PollIdle::Spin => "spin",
+        }
+    }
+
+    /// The choice numbered `value` (`as u8`); `Pause` for any other number.
+    pub fn from_u8(value: u8) -> PollIdle {
+        PollIdle::ALL
+            .into_iter()
+            .find(|idle| *idle as u8 == value)
+            .unwrap_or_default()
+    }
+}
+
 impl<'a> Cmdline<'a> {
     /// `poll.idle=pause|yield|spin`. `Err` holds the text when it is none of them.
     pub fn poll_idle(&self) -> Result<Option<PollIdle>, &'a str> {
-        match self.value("poll.idle") {
-            None => Ok(None),
-            Some("pause") => Ok(Some(PollIdle::Pause)),
-            Some("yield") => Ok(Some(PollIdle::Yield)),
-            Some("spin") => Ok(Some(PollIdle::Spin)),
-            Some(text) => Err(text),
-        }
+        let Some(text) = self.value("poll.idle") else {
+            return Ok(None);
+        };
+        PollIdle::ALL
+            .into_iter()
+            .find(|idle| idle.name() == text)
+            .map(Some)
+            .ok_or(text)
     }
 }
 
@@ -253,6 +276,10 @@ mod tests {
             let line = format!("poll.idle={bad}");
             assert_eq!(Cmdline::new(&line).poll_idle(), Err(bad), "{bad}");
         }
+        for idle in PollIdle::ALL {
+            assert_eq!(PollIdle::from_u8(idle as u8), idle);
+        }
+        assert_eq!(PollIdle::from_u8(200), PollIdle::Pause);
     }
 
     #[test]

@@ -46,19 +46,12 @@ pub fn set_spin_window(min_ns: u64, max_ns: u64) {
 }
 
 /// What a spinning poller does between looks at its rings (`poll.idle=`; set before any
-/// poller starts): `PollIdle` as a number, `idle_of` reads it back.
+/// poller starts): `PollIdle` as a number, `PollIdle::from_u8` reads it back.
 static IDLE: AtomicU8 = AtomicU8::new(PollIdle::Pause as u8);
 
 /// Sets what a spinning poller does between looks (before they start).
 pub fn set_idle(idle: PollIdle) {
     IDLE.store(idle as u8, Ordering::Relaxed);
-}
-
-fn idle_of(value: u8) -> PollIdle {
-    [PollIdle::Pause, PollIdle::Yield, PollIdle::Spin]
-        .into_iter()
-        .find(|idle| *idle as u8 == value)
-        .unwrap_or_default()
 }
 
 /// How long a ring's engine may hold an event to its frontend while more responses
@@ -312,18 +305,14 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
     let min_spell_ns = SPELL_BOUNDS_NS[0].load(Ordering::Relaxed);
     let max_spell_ns = SPELL_BOUNDS_NS[1].load(Ordering::Relaxed);
     let mut spin = SpinPolicy::new(min_spell_ns, max_spell_ns);
-    let idle = idle_of(IDLE.load(Ordering::Relaxed));
+    let idle = PollIdle::from_u8(IDLE.load(Ordering::Relaxed));
     let mut control_due = 0u64;
     let mut next_ring_stats = 0u64;
     log::info!(
         "poller: vCPU {cpu} serving (doorbell port {doorbell}, spin {}-{} us ({}), notify hold {} us)",
         min_spell_ns / 1000,
         max_spell_ns / 1000,
-        match idle {
-            PollIdle::Pause => "pause",
-            PollIdle::Yield => "yield",
-            PollIdle::Spin => "spin",
-        },
+        idle.name(),
         notify_hold_ns() / 1000
     );
     loop {
