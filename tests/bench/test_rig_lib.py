@@ -292,6 +292,15 @@ n=0
                 self.assertIn("rig: t poll.idle=yield:poll.spin-us=20-200 round 2 b: iops=400 "
                               "p50_us=50 cpu_pct=50.0 iops_per_cpu_pct=8.0", out)
 
+    def test_a_guest_short_of_its_jobs_fails(self):
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                out = self.run_lib("CHECK_TAG=rig-check; check_job_count g 30 39;"
+                                   " check_job_count g 39 39; echo failed=$checks_failed",
+                                   shell)
+                self.assertEqual(out.splitlines(), [
+                    "rig-check: FAIL guest g has 30 of the 39 jobs asked for", "failed=1"])
+
     def run_guest_function(self, name: str, script: str, shell) -> str:
         """guest-init's shell function NAME defined, then SCRIPT run, under SHELL."""
         function = re.search(rf"^{name}\(\) \{{\n.*?^\}}\n", GUEST_INIT.read_text(),

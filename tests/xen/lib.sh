@@ -196,6 +196,12 @@ guest_line_hook() { :; }
 # (the guest's one backend) unless a scenario serves the guest's disks from several
 # (tests/xen/paired).
 job_backend() { echo "$2"; }
+# check_job_count GUEST SAID ASKED: fails GUEST when the number of jobs it said it has
+# (its "rig-guest: jobs N" line) is not the number asked for: its command line was cut
+# (Xen keeps 1 KiB of a PV guest's) or a name was lost.
+check_job_count() {
+  [ "$2" = "$3" ] || fail "guest $1 has $2 of the $3 jobs asked for"
+}
 
 # run_fio_guest NAME CONFIG BACKEND JOBS RUNTIME [xl overrides...]
 # Boots a PV fio guest (tools/xl/CONFIG), follows its console, and as each fio job starts
@@ -256,11 +262,7 @@ run_fio_guest() {
         esac ;;
       "rig-guest: done") done=1; break ;;
       "rig-guest: no /dev/xvda"*) fail "guest $name: disk never appeared"; break ;;
-      # The guest's count of its jobs: fewer than asked for means its command line was
-      # cut (Xen keeps 1 KiB of a PV guest's) or a name was not one it knows.
-      "rig-guest: jobs "*)
-        [ "${line#rig-guest: jobs }" = "$job_count" ] ||
-          fail "guest $name has ${line#rig-guest: jobs } of the $job_count jobs asked for" ;;
+      "rig-guest: jobs "*) check_job_count "$name" "${line#rig-guest: jobs }" "$job_count" ;;
       "rig-guest: unknown job "*) fail "guest $name: ${line#rig-guest: }" ;;
     esac
   done < "$fifo"
