@@ -35,6 +35,7 @@ count_plain() { # stage logfile status
 
 echo "== lint"
 lint_ok=0
+lint_failed=()
 for check in "fmt:cargo fmt --all -- --check" \
              "clippy-host:cargo clippy --workspace --exclude blkdom --all-targets -- -D warnings" \
              "clippy-image:cargo clippy -p blkdom --target x86_64-unknown-none -- -D warnings"; do
@@ -42,7 +43,7 @@ for check in "fmt:cargo fmt --all -- --check" \
   if ${check#*:} >"$logs/lint-$name.log" 2>&1; then
     passed=$((passed + 1)); lint_ok=$((lint_ok + 1))
   else
-    failed=$((failed + 1)); echo "lint: $name FAILED:"; tail -n 40 "$logs/lint-$name.log"
+    failed=$((failed + 1)); lint_failed+=("lint: $name FAILED"); echo "lint: $name FAILED:"; tail -n 40 "$logs/lint-$name.log"
   fi
 done
 note lint "$lint_ok of 3 checks clean"
@@ -83,7 +84,20 @@ else
   note nested "not run: no smoke-xen target yet"
 fi
 
+# What failed, by name, next to the summary: CI shows only the output's tail.
+failures=$({ [ ${#lint_failed[@]} = 0 ] || printf '%s\n' "${lint_failed[@]}"
+            grep -h -E '^test .* FAILED$|\.\.\. (FAIL|ERROR)$|^tier2: .* FAILED|^fuzz: .* FAILED' \
+              "$logs"/tier1.log "$logs"/tools.log "$logs"/fuzz.log "$logs"/tier2.log 2>/dev/null
+            # The seed repeats a failed disk test: tier2.py --seed.
+            if grep -q '^tier2: .* FAILED' "$logs"/tier2.log 2>/dev/null; then grep -h '^tier2: disk test seed' "$logs"/tier2.log; fi
+            grep -h -E '^FAIL: |^  FAIL' "$logs"/nested.log 2>/dev/null; } | head -n 20)
+
 echo
+if [ -n "$failures" ]; then
+  echo "== failures (the first 20; each stage's log is under $logs/)"
+  cut -c 1-400 <<<"$failures"
+  echo
+fi
 echo "== summary"
 printf '%s\n' "${summary[@]}"
 echo "$passed passed, $failed failed"
