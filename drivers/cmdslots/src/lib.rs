@@ -203,6 +203,27 @@ pub mod fake {
         }
     }
 
+    /// Both DMA drivers' scenario of a device that goes bad (fatal status, needs reset)
+    /// after serving two of `queue`'s four outstanding reads, which the caller submitted
+    /// (tags 0..4). Polling alone never reads the status register (the two hang); the
+    /// clock does, once the commands waited `HEALTH_CHECK_INTERVAL_NS` with none
+    /// finishing, and then the two fail. Returns every completion, in order.
+    pub fn status_read_by_clock_not_by_polls(queue: &mut dyn BlockDevice) -> Vec<Completion> {
+        let mut done = poll_until(queue, 4, 5000);
+        assert_eq!(done.len(), 2, "polls alone answered {done:?}");
+        let start = 5 * MS;
+        queue.tick(start, TIMEOUT);
+        queue.tick(start + crate::HEALTH_CHECK_INTERVAL_NS - 1, TIMEOUT);
+        done.extend(drain(queue));
+        assert_eq!(done.len(), 2, "status read before the interval: {done:?}");
+        assert!(queue.fault().is_none());
+        queue.tick(start + crate::HEALTH_CHECK_INTERVAL_NS, TIMEOUT);
+        done.extend(drain(queue));
+        assert_eq!(done.len(), 4, "{done:?}");
+        assert!(queue.fault().is_some_and(|f| f.kind == FaultKind::Fatal));
+        done
+    }
+
     /// Polls until `count` completions came or `max_polls` polls passed.
     pub fn poll_until(
         device: &mut dyn BlockDevice,
@@ -478,6 +499,10 @@ pub fn scan_interval(timeout_ns: u64) -> u64 {
     (timeout_ns / 8).clamp(1_000_000, 1_000_000_000)
 }
 
+/// How long commands may be in flight with none finishing before the driver reads its
+/// device's status (`Tracker::health_check_due`), and then how often.
+pub const HEALTH_CHECK_INTERVAL_NS: u64 = 10_000_000;
+
 /// What a finished command meant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Finished {
@@ -523,6 +548,11 @@ pub struct Tracker<P: Copy + Default> {
     launched_since_tick: bool,
     /// When `tick` next looks at the slots.
     next_scan: u64,
+    /// A command finished since the last `health_check_due` (the device is alive).
+    finished_since_check: bool,
+    /// When the device last showed it was alive, or had its status read (None: never
+    /// asked yet; the first `health_check_due` starts the clock).
+    last_sign_of_life: Option<u64>,
 }
 
 impl<P: Copy + Default> Tracker<P> {
@@ -546,6 +576,8 @@ impl<P: Copy + Default> Tracker<P> {
             clock_started: false,
             launched_since_tick: false,
             next_scan: 0,
+            finished_since_check: false,
+            last_sign_of_life: None,
         }
     }
 
@@ -661,6 +693,28 @@ impl<P: Copy + Default> Tracker<P> {
         })
     }
 
+    /// Whether the driver should read its device's status register now (a fatal or
+    /// needs-reset bit): commands have been in flight for `HEALTH_CHECK_INTERVAL_NS`
+    /// without one finishing, and no status was read in that time. Timed, not counted
+    /// in polls: a register read is a VM exit under Xen's HVM, and a poll count makes
+    /// their rate follow the poller's speed (and a control-path read's register count
+    /// follow the machine's load).
+    pub fn health_check_due(&mut self, now: u64) -> bool {
+        let finished = core::mem::take(&mut self.finished_since_check);
+        let quiet_since = match self.last_sign_of_life {
+            Some(last) if self.in_flight > 0 && !finished => last,
+            _ => {
+                self.last_sign_of_life = Some(now);
+                return false;
+            }
+        };
+        if now.saturating_sub(quiet_since) < HEALTH_CHECK_INTERVAL_NS {
+            return false;
+        }
+        self.last_sign_of_life = Some(now);
+        true
+    }
+
     fn release(&mut self, slot: u16) {
         self.slots[usize::from(slot)].state = SlotState::Free;
         self.free.push(slot);
@@ -711,6 +765,7 @@ impl<P: Copy + Default> Tracker<P> {
             return Finished::Stray;
         }
         self.in_flight -= 1;
+        self.finished_since_check = true;
         let head = s.head;
         let mut finished = 1;
         if slot == head && s.next_staged != NO_SLOT {
@@ -1004,6 +1059,30 @@ mod tests {
                 waited_ns: 113 * MS
             })
         );
+    }
+
+    #[test]
+    fn the_status_is_read_only_after_a_quiet_interval_with_commands_out() {
+        const MS: u64 = 1_000_000;
+        let interval = HEALTH_CHECK_INTERVAL_NS;
+        let mut t: Tracker<u8> = Tracker::new(4);
+        // Nothing in flight: never, however long.
+        assert!(!t.health_check_due(0));
+        assert!(!t.health_check_due(interval * 10));
+        let first = t.begin(1, 1);
+        t.launched(first);
+        let second = t.begin(2, 1);
+        t.launched(second);
+        let start = interval * 10;
+        assert!(!t.health_check_due(start + interval - 1));
+        // A command finished: the device is alive, and the quiet interval starts again.
+        t.finish(first, IoStatus::Ok, &mut launch_all);
+        assert!(!t.health_check_due(start + interval + MS));
+        assert!(!t.health_check_due(start + 2 * interval));
+        assert!(t.health_check_due(start + 2 * interval + MS));
+        // Then once per interval, not at every call.
+        assert!(!t.health_check_due(start + 2 * interval + 2 * MS));
+        assert!(t.health_check_due(start + 3 * interval + MS));
     }
 
     #[test]

@@ -19,8 +19,6 @@ use crate::controller::{doorbell, pages_for, reg, Capabilities, Namespace, NvmeE
 use crate::prp::{plan_commands, plan_sgl_commands, prp_fields, segment_address, CommandPlan};
 use crate::{Hal, PAGE_SIZE};
 
-/// Empty polls with commands outstanding between two looks at CSTS.CFS.
-const FATAL_CHECK_INTERVAL: u32 = 1024;
 /// Bytes of one Dataset Management range.
 const DSM_RANGE_LEN: u64 = 16;
 
@@ -70,7 +68,6 @@ pub struct IoQueue<H: Hal> {
     prp_lists: DmaRegion,
     /// One DSM range per slot.
     dsm_ranges: DmaRegion,
-    idle_polls: u32,
     /// Set when the queue failed (a command timed out, the controller went fatal, or
     /// another queue stopped the controller): from then on nothing goes to the device.
     fault: Option<DeviceFault>,
@@ -110,7 +107,6 @@ impl<H: Hal> IoQueue<H> {
             slots: Tracker::new(slot_count as u16),
             prp_lists,
             dsm_ranges,
-            idle_polls: 0,
             fault: None,
             stats: QueueStats::default(),
         })
@@ -521,23 +517,22 @@ impl<H: Hal> BlockDevice for IoQueue<H> {
         if consumed > 0 {
             self.hal
                 .write_register(self.cq_doorbell, u32::from(self.cq_head));
-            self.idle_polls = 0;
-        } else if self.slots.in_flight() > 0 {
-            self.idle_polls += 1;
-            if self.idle_polls.is_multiple_of(FATAL_CHECK_INTERVAL)
-                && self.hal.read_register(reg::CSTS) & reg::CSTS_FATAL != 0
-            {
-                log::error!("nvme: controller fatal status (CSTS.CFS) on q{}", self.qid);
-                self.fail(FaultKind::Fatal);
-                reported += self.slots.drain_local(sink);
-            }
         }
         reported
     }
 
+    /// Also reads the controller status when commands have waited a while with none
+    /// finishing (`health_check_due`): a controller in fatal status answers nothing
+    /// more, and its requests fail now rather than at their deadline.
     fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
         if let Some(kind) = self.slots.due(self.fault, now_ns, timeout_ns, &self.hal) {
             self.fail(kind);
+        } else if self.fault.is_none()
+            && self.slots.health_check_due(now_ns)
+            && self.hal.read_register(reg::CSTS) & reg::CSTS_FATAL != 0
+        {
+            log::error!("nvme: controller fatal status (CSTS.CFS) on q{}", self.qid);
+            self.fail(FaultKind::Fatal);
         }
     }
 

@@ -4,7 +4,7 @@ use crate::*;
 use blkdev::{BlockDevice, Completion, DmaSegment, IoOp, IoRequest, IoStatus, SubmitError};
 use cmdslots::fake::{
     a_device_that_cannot_be_stopped_is_reported_so, a_stalled_command_fails_after_its_deadline,
-    complete_one, data_request, drain, poll_until, NoCpuAccess, MS, TIMEOUT,
+    complete_one, data_request, drain, status_read_by_clock_not_by_polls, NoCpuAccess, MS, TIMEOUT,
 };
 
 fn bring_up(fake: FakeController, queues: u16, entries: u16) -> (FakeHal, Vec<IoQueue<FakeHal>>) {
@@ -506,7 +506,7 @@ fn preflush_write_waits_for_its_flush() {
 }
 
 #[test]
-fn controller_fatal_status_fails_outstanding_requests_and_later_ones() {
+fn controller_fatal_status_fails_outstanding_requests_and_later_ones_at_its_status_check() {
     let mut fake = FakeController::new(1 << 20);
     fake.fatal_after = Some(2);
     let (hal, mut queues) = bring_up(fake, 1, 8);
@@ -517,7 +517,7 @@ fn controller_fatal_status_fails_outstanding_requests_and_later_ones() {
             .submit(&data_request(tag, IoOp::Read, 0, &segment), &NoCpuAccess)
             .unwrap();
     }
-    let done = poll_until(queue, 4, 5000);
+    let done = status_read_by_clock_not_by_polls(queue);
     assert_eq!(done.len(), 4, "{done:?}");
     assert_eq!(done[0].status, IoStatus::Ok);
     assert_eq!(done[1].status, IoStatus::Ok);

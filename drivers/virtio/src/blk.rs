@@ -28,8 +28,6 @@ const TABLE_BYTES: u64 = TABLE_ENTRIES as u64 * DESC_LEN;
 const HEADER_AREA: u64 = 64;
 const STATUS_OFFSET: u64 = 32;
 const RANGE_OFFSET: u64 = 16;
-/// Empty polls with requests outstanding between two looks at the device status.
-const STATUS_CHECK_INTERVAL: u32 = 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VirtioError {
@@ -319,7 +317,6 @@ impl<H: Hal> VirtioBlk<H> {
                 }
             }),
             fault: None,
-            idle_polls: 0,
         })
     }
 
@@ -352,7 +349,6 @@ pub struct BlkQueue<H: Hal> {
     /// Set when the queue failed (a request timed out, the device asked for a reset, or
     /// another queue stopped the device): from then on nothing goes to the device.
     fault: Option<DeviceFault>,
-    idle_polls: u32,
 }
 
 /// What a part carries after its header.
@@ -617,10 +613,8 @@ impl<H: Hal> BlockDevice for BlkQueue<H> {
             // Stopped: whatever lies in the used ring names slots long answered.
             return reported;
         }
-        let mut consumed = false;
         let mut released = false;
         while let Some((id, _written)) = self.ring.next_used(&self.hal) {
-            consumed = true;
             let Some(slot) = self.chains.slot_of(id) else {
                 log::error!("virtio: q{} used element names descriptor {id}", self.index);
                 continue;
@@ -660,28 +654,24 @@ impl<H: Hal> BlockDevice for BlkQueue<H> {
         if released {
             self.publish();
         }
-        if consumed {
-            self.idle_polls = 0;
-        } else if self.slots.in_flight() > 0 {
-            self.idle_polls += 1;
-            if self.idle_polls.is_multiple_of(STATUS_CHECK_INTERVAL) {
-                let device_status = self.hal.read8(self.status_register);
-                if device_status & (status::NEEDS_RESET | status::FAILED) != 0 {
-                    log::error!(
-                        "virtio: device status {device_status:#x} on q{}",
-                        self.index
-                    );
-                    self.fail(FaultKind::Fatal);
-                    reported += self.slots.drain_local(sink);
-                }
-            }
-        }
         reported
     }
 
+    /// Also reads the device status when commands have waited a while with none
+    /// finishing (`health_check_due`): a device that needs a reset answers nothing more,
+    /// and its requests fail now rather than at their deadline.
     fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
         if let Some(kind) = self.slots.due(self.fault, now_ns, timeout_ns, &self.hal) {
             self.fail(kind);
+        } else if self.fault.is_none() && self.slots.health_check_due(now_ns) {
+            let device_status = self.hal.read8(self.status_register);
+            if device_status & (status::NEEDS_RESET | status::FAILED) != 0 {
+                log::error!(
+                    "virtio: device status {device_status:#x} on q{}",
+                    self.index
+                );
+                self.fail(FaultKind::Fatal);
+            }
         }
     }
 

@@ -3,7 +3,7 @@ use crate::*;
 use blkdev::{BlockDevice, Completion, DmaSegment, IoOp, IoRequest, IoStatus, SubmitError};
 use cmdslots::fake::{
     a_device_that_cannot_be_stopped_is_reported_so, a_stalled_command_fails_after_its_deadline,
-    complete_one, data_request, drain, poll_until, NoCpuAccess,
+    complete_one, data_request, drain, status_read_by_clock_not_by_polls, NoCpuAccess,
 };
 
 fn bring_up(fake: FakeDevice, queues: usize, size: u16) -> (FakeHal, Vec<BlkQueue<FakeHal>>) {
@@ -341,7 +341,7 @@ fn preflush_write_waits_for_its_flush() {
 }
 
 #[test]
-fn a_device_needing_reset_fails_outstanding_and_later_requests() {
+fn a_device_needing_reset_fails_outstanding_and_later_requests_at_its_status_check() {
     let mut fake = FakeDevice::new(1 << 20);
     fake.reset_after = Some(2);
     let (hal, mut queues) = bring_up(fake, 1, 8);
@@ -352,7 +352,7 @@ fn a_device_needing_reset_fails_outstanding_and_later_requests() {
             .submit(&data_request(tag, IoOp::Read, 0, &one), &NoCpuAccess)
             .unwrap();
     }
-    let done = poll_until(queue, 4, 5000);
+    let done = status_read_by_clock_not_by_polls(queue);
     let statuses: Vec<_> = done.iter().map(|c| c.status).collect();
     assert_eq!(
         statuses,
