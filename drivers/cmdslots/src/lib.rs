@@ -204,11 +204,16 @@ pub mod fake {
     }
 
     /// Both DMA drivers' scenario of a device that goes bad (fatal status, needs reset)
-    /// after serving two of `queue`'s four outstanding reads, which the caller submitted
-    /// (tags 0..4). Polling alone never reads the status register (the two hang); the
-    /// clock does, once the commands waited `HEALTH_CHECK_INTERVAL_NS` with none
-    /// finishing, and then the two fail. Returns every completion, in order.
-    pub fn status_read_by_clock_not_by_polls(queue: &mut dyn BlockDevice) -> Vec<Completion> {
+    /// after serving two requests: `queue` is one of its queues, `segments` one page of
+    /// DMA memory. Four reads go out; polling alone never reads the status register (two
+    /// hang); the clock does, once the commands waited `HEALTH_CHECK_INTERVAL_NS` with
+    /// none finishing, and then the two fail, and so does a later read, at once.
+    pub fn status_read_by_clock_not_by_polls(queue: &mut dyn BlockDevice, segments: &[DmaSegment]) {
+        for tag in 0..4 {
+            queue
+                .submit(&data_request(tag, IoOp::Read, 0, segments), &NoCpuAccess)
+                .unwrap();
+        }
         let mut done = poll_until(queue, 4, 5000);
         assert_eq!(done.len(), 2, "polls alone answered {done:?}");
         let start = 5 * MS;
@@ -219,9 +224,14 @@ pub mod fake {
         assert!(queue.fault().is_none());
         queue.tick(start + crate::HEALTH_CHECK_INTERVAL_NS, TIMEOUT);
         done.extend(drain(queue));
-        assert_eq!(done.len(), 4, "{done:?}");
+        let statuses: Vec<_> = done.iter().map(|c| c.status).collect();
+        assert_eq!(
+            statuses,
+            [IoStatus::Ok, IoStatus::Ok, IoStatus::Error, IoStatus::Error]
+        );
         assert!(queue.fault().is_some_and(|f| f.kind == FaultKind::Fatal));
-        done
+        let later = data_request(9, IoOp::Read, 0, segments);
+        assert_eq!(complete_one(queue, &later), IoStatus::Error);
     }
 
     /// Polls until `count` completions came or `max_polls` polls passed.
