@@ -163,6 +163,37 @@ class PairedTest(unittest.TestCase):
         self.assertNotIn("host_guest_vcpu_run_percent",
                          paired.load_runs(self.root, SETTLE)[0])
 
+    def test_the_guests_vcpu_sleeps_and_preemptions_per_io(self):
+        write_run(self.root, QD32)
+        name = "fio-randread-4k-qd32-1j@xvdb@1"
+        # 12,000 I/Os over the 10 s busy: 6,000 sleeps (half a sleep per I/O) and 1,200
+        # preemptions; another thread's switches are not the guest's.
+        (self.root / "host-threads.txt").write_text(
+            f"BEGIN fio-paired {name} host_s=100.0 thread:CPU_3/TCG=1000000000,0,500,20 "
+            "thread:CPU_1/TCG=0,0,0,0\n"
+            f"END fio-paired {name} host_s=111.0 "
+            "thread:CPU_3/TCG=9000000000,1000000000,6500,1220 "
+            "thread:CPU_1/TCG=9000000000,0,90000,90000\n")
+        config = self.root / "paired-config.txt"
+        config.write_text(config.read_text().replace("ramp=1", "ramp=1 guest_pcpu=3"))
+        [row] = [r for r in paired.load_runs(self.root, SETTLE, 3)
+                 if r["backend"] == "blkdom" and r["round"] == 1]
+        self.assertAlmostEqual(row["host_guest_vcpu_us_per_io"], 8e6 / 12000)
+        self.assertAlmostEqual(row["host_guest_vcpu_sleeps_per_io"], 0.5)
+        self.assertAlmostEqual(row["host_guest_vcpu_preempted_per_io"], 0.1)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(paired.main(["--nested", str(self.root)]), 0)
+        self.assertIn("0.50/0.10", out.getvalue())
+        # A file from before the switches were recorded: run and wait, no switches.
+        (self.root / "host-threads.txt").write_text(
+            f"BEGIN fio-paired {name} host_s=100.0 thread:CPU_3/TCG=1000000000,0\n"
+            f"END fio-paired {name} host_s=111.0 thread:CPU_3/TCG=9000000000,1000000000\n")
+        [row] = [r for r in paired.load_runs(self.root, SETTLE, 3)
+                 if r["backend"] == "blkdom" and r["round"] == 1]
+        self.assertAlmostEqual(row["host_guest_vcpu_us_per_io"], 8e6 / 12000)
+        self.assertNotIn("host_guest_vcpu_sleeps_per_io", row)
+
     def test_no_results_is_an_error(self):
         err = io.StringIO()
         with redirect_stdout(io.StringIO()), unittest.mock.patch("sys.stderr", err):

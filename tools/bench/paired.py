@@ -95,7 +95,9 @@ def summarise(runs: list, order=()) -> list:
             figures = {}
             for field in ("iops", "mib_s", "p50_us", "p99_us", "backend_cpu_percent",
                           "guest_irq_per_io", "host_guest_vcpu_run_percent",
-                          "host_guest_vcpu_wait_percent", "host_guest_vcpu_us_per_io"):
+                          "host_guest_vcpu_wait_percent", "host_guest_vcpu_us_per_io",
+                          "host_guest_vcpu_sleeps_per_io",
+                          "host_guest_vcpu_preempted_per_io"):
                 values = [r[field] for r in rows if field in r]
                 if values:
                     figures[field] = spread(values)
@@ -130,7 +132,8 @@ def table_rows(summary: list) -> tuple:
     header = ["job", "dom0 IOPS", "blkdom IOPS", "blkdom / dom0 (pairs)", "won",
               "p50 us dom0 / blkdom", "p50 ratio (pairs)", "backend CPU % dom0 / blkdom",
               "guest irq/IO dom0 / blkdom", "guest vCPU ran/waited % dom0 / blkdom",
-              "guest vCPU us/IO dom0 / blkdom"]
+              "guest vCPU us/IO dom0 / blkdom",
+              "guest vCPU sleeps/preempted per IO dom0 / blkdom"]
     rows = []
     for entry in summary:
         base, ours = entry["backends"][BASELINE], entry["backends"][OURS]
@@ -152,6 +155,10 @@ def table_rows(summary: list) -> tuple:
             f"{median(ours, 'host_guest_vcpu_wait_percent', 0)}",
             f"{median(base, 'host_guest_vcpu_us_per_io', 0)} / "
             f"{median(ours, 'host_guest_vcpu_us_per_io', 0)}",
+            f"{median(base, 'host_guest_vcpu_sleeps_per_io', 2)}/"
+            f"{median(base, 'host_guest_vcpu_preempted_per_io', 2)} / "
+            f"{median(ours, 'host_guest_vcpu_sleeps_per_io', 2)}/"
+            f"{median(ours, 'host_guest_vcpu_preempted_per_io', 2)}",
         ])
     return header, rows
 

@@ -162,9 +162,10 @@ def read_cpu(path: Path):
 
 def read_host_threads(path: Path) -> dict:
     """host-threads.txt (tools/rig/run.sh, on the outer machine): per fio job edge
-    'BEGIN|END GUEST JOB host_s=S thread:NAME=RUN_NS,WAIT_NS... host_cpu=J,J,...', into
-    {(guest, job, edge): {"host_s": S, "threads": {name: [run_ns, wait_ns]},
-    "host_cpu": [jiffies...]}}; threads of the same name are added up."""
+    'BEGIN|END GUEST JOB host_s=S thread:NAME=RUN_NS,WAIT_NS[,SLEEPS,PREEMPTED]...
+    host_cpu=J,J,...', into {(guest, job, edge): {"host_s": S, "threads": {name: [run_ns,
+    wait_ns]}, "switches": {name: [sleeps, preempted]}, "host_cpu": [jiffies...]}};
+    threads of the same name are added up. Older files have no context switches."""
     edges = {}
     if not path.exists():
         return edges
@@ -173,17 +174,24 @@ def read_host_threads(path: Path) -> dict:
         fields = line.split()
         if len(fields) < 4 or fields[0] not in ("BEGIN", "END"):
             continue
-        edge = {"host_s": None, "threads": {}, "host_cpu": []}
+        edge = {"host_s": None, "threads": {}, "switches": {}, "host_cpu": []}
         try:
             for token in fields[3:]:
                 key, _, value = token.partition("=")
                 if key == "host_s":
                     edge["host_s"] = float(value)
                 elif key.startswith("thread:"):
-                    run, wait = (int(v) for v in value.split(","))
-                    total = edge["threads"].setdefault(key[len("thread:"):], [0, 0])
-                    total[0] += run
-                    total[1] += wait
+                    numbers = [int(v) for v in value.split(",")]
+                    if len(numbers) not in (2, 4):
+                        raise ValueError(token)
+                    name = key[len("thread:"):]
+                    total = edge["threads"].setdefault(name, [0, 0])
+                    total[0] += numbers[0]
+                    total[1] += numbers[1]
+                    if len(numbers) == 4:
+                        switches = edge["switches"].setdefault(name, [0, 0])
+                        switches[0] += numbers[2]
+                        switches[1] += numbers[3]
                 elif key == "host_cpu":
                     edge["host_cpu"] = [int(v) for v in value.split(",")]
         except ValueError:
@@ -232,7 +240,15 @@ def derive_host(row: dict, edges: dict, guest: str, job: str, guest_pcpu, settle
             # The guest's whole cost of one I/O (fio, its kernel, blkfront, interrupts,
             # its copies) in host CPU time: what a backend can shrink, or not.
             if row.get("iops", 0) > 0:
-                row["host_guest_vcpu_us_per_io"] = 1e6 * run / (row["iops"] * busy_wall)
+                ios = row["iops"] * busy_wall
+                row["host_guest_vcpu_us_per_io"] = 1e6 * run / ios
+                # Each sleep is a halt or a wait for QEMU's global lock (a futex), each
+                # preemption a host core taken by another thread.
+                if name in begin["switches"] and name in end["switches"]:
+                    sleeps, preempted = (after - before for after, before in
+                                         zip(end["switches"][name], begin["switches"][name]))
+                    row["host_guest_vcpu_sleeps_per_io"] = sleeps / ios
+                    row["host_guest_vcpu_preempted_per_io"] = preempted / ios
     row["host_vcpus_cores"] = vcpu_run / busy_wall
     before, after = begin["host_cpu"], end["host_cpu"]
     if len(before) >= 5 and len(after) == len(before):

@@ -133,22 +133,49 @@ qemu_pid=$!
 # The host's view of each fio job (host-threads.txt, read by tools/bench/report.py): as a
 # guest's job begins and ends ("[GUEST] rig-guest: begin|end JOB" on the console), the
 # CPU each QEMU thread has run and has waited for a host core (schedstat, ns; the
-# vCPU threads are named "CPU N/TCG"), and the host's /proc/stat CPU line. On this
-# 2-core machine a nested pCPU that spins holds a host core the other vCPUs then wait for.
+# vCPU threads are named "CPU N/TCG"), how often each has slept (voluntary context
+# switches: a halt, or a wait for QEMU's global lock) and been preempted, and the host's
+# /proc/stat CPU line. On this 2-core machine a nested pCPU that spins holds a host core
+# the other vCPUs then wait for.
+# RIG_PERF=1 also samples every QEMU thread's stack over each job with perf
+# (results/.../perf/GUEST-JOB.data; `perf report -i FILE --sort comm,sym`).
 : > "$results/host-threads.txt"
+rm -rf "$results/perf"
 host_threads_edge() {  # EDGE GUEST JOB
-  local qemu task name run wait _ record
+  local qemu task name run wait _ record key value sleeps preempted
   qemu=$(pgrep -P "$qemu_pid" | head -n 1 || true)
   [ -n "$qemu" ] || return 0
+  [ "$1" = END ] && host_perf_stop "$2-$3"
   record="$1 $2 $3 host_s=$(elapsed | tr -d ' ')"
   for task in /proc/"$qemu"/task/*; do
     { read -r name < "$task/comm" && read -r run wait _ < "$task/schedstat"; } 2>/dev/null ||
       continue
-    record+=" thread:${name// /_}=$run,$wait"
+    sleeps=0 preempted=0
+    while read -r key value; do
+      case $key in
+        voluntary_ctxt_switches:) sleeps=$value ;;
+        nonvoluntary_ctxt_switches:) preempted=$value ;;
+      esac
+    done < "$task/status" 2>/dev/null || true
+    record+=" thread:${name// /_}=$run,$wait,$sleeps,$preempted"
   done
   read -r _ name < /proc/stat
   record+=" host_cpu=${name// /,}"
   echo "$record" >> "$results/host-threads.txt"
+  [ "$1" = BEGIN ] && host_perf_start "$qemu" "$2-$3"
+  return 0
+}
+host_perf_start() {  # QEMU_PID NAME
+  [ "${RIG_PERF:-0}" = 1 ] || return 0
+  mkdir -p "$results/perf"
+  perf record -q -F 499 -g -p "$1" -o "$results/perf/$2.data" >/dev/null 2>&1 &
+  echo $! > "$results/perf/$2.pid"
+}
+host_perf_stop() {  # NAME
+  local pidfile=$results/perf/$1.pid
+  [ -f "$pidfile" ] || return 0
+  kill -INT "$(cat "$pidfile")" 2>/dev/null || true
+  rm -f "$pidfile"
 }
 # Progress on stdout while QEMU runs: the rig's markers, stamped with host seconds since
 # QEMU started (tail --pid stops following when QEMU is gone).
