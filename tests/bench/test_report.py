@@ -144,8 +144,11 @@ def write_run(root: Path, rounds: int = 2, systems=("linux-dom0", "blkdom")) -> 
                             f"notifications={values['notify']} events={values['notify'] // 2}")
                         counters.append(
                             f"{edge} {job} blkdom-pollers uptime=50.0 vcpu0: rings=0 loops=5 "
-                            f"busy=1 sleeps=2 vcpu1: rings=1 loops={values['loops']} "
-                            f"busy=9 sleeps={values['sleeps']}")
+                            f"busy=1 sleeps=2 notifications=3 notify-ns=999999 "
+                            f"vcpu1: rings=1 loops={values['loops']} "
+                            f"busy=9 sleeps={values['sleeps']} "
+                            f"notifications={values['notify']} "
+                            f"notify-ns={values['notify'] * 40000}")
             (directory / f"counters-{guest}.txt").write_text("\n".join(counters) + "\n")
             (directory / f"guest-{guest}.log").write_text("\n".join(console) + "\n")
     (root / "host-threads.txt").write_text("\n".join(host_threads) + "\n")
@@ -247,6 +250,8 @@ class ReportTest(unittest.TestCase):
         self.assertAlmostEqual(ours["events_per_s"]["median"], 1600 / 4, delta=1)
         self.assertAlmostEqual(ours["poller_loops_per_request"]["median"], 3.0, places=2)
         self.assertAlmostEqual(ours["poller_sleeps_per_s"]["median"], 160, delta=1)
+        # 40 us per send on vCPU 1; vCPU 0's sends did not change over the job.
+        self.assertAlmostEqual(ours["notify_us_per_send"]["median"], 40.0, places=2)
         # rd_req, wr_req, f_req and ds_req, named as Linux blkback's: the same sum for both.
         row = next(r for r in report.load_nested(self.nested)["runs"]
                    if r["system"] == "blkdom" and r["round"] == 1

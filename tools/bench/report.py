@@ -304,6 +304,10 @@ def derive_pollers(row: dict, deltas: dict) -> None:
     for name in ("loops", "busy", "sleeps"):
         row[f"poller_{name}_per_request"] = sum_matching(deltas, name) / requests
     row["poller_sleeps_per_s"] = sum_matching(deltas, "sleeps") / requests * row["iops"]
+    # What one event to the frontend cost blkdom (the send hypercall), when it says.
+    sends = sum_matching(deltas, "notifications")
+    if sends > 0:
+        row["notify_us_per_send"] = sum_matching(deltas, "notify-ns") / sends / 1e3
 
 
 def load_nested(nested: Path) -> dict:
@@ -388,7 +392,8 @@ def load_nested(nested: Path) -> dict:
 SUMMARY_FIELDS = ["iops", "mib_s", "p50_us", "p99_us", "backend_cpu_percent",
                   "guest_irqs_per_s", "guest_irqs_per_io", "hypercalls_per_request",
                   "notifications_per_s", "events_per_s", "poller_sleeps_per_s",
-                  "poller_loops_per_request", "host_guest_vcpu_run_percent",
+                  "poller_loops_per_request", "notify_us_per_send",
+                  "host_guest_vcpu_run_percent",
                   "host_guest_vcpu_wait_percent", "host_guest_vcpu_us_per_io",
                   "host_vcpus_cores", "host_busy_cores"]
 
@@ -496,7 +501,8 @@ COST_COLUMNS = [("{} hypercalls/req", "hypercalls_per_request", 3),
                 ("{}→guest notify/s", "notifications_per_s", 0),
                 ("guest→{} events/s", "events_per_s", 0),
                 ("{} sleeps/s", "poller_sleeps_per_s", 0),
-                ("{} poll loops/req", "poller_loops_per_request", 1)]
+                ("{} poll loops/req", "poller_loops_per_request", 1),
+                ("{} us/notify", "notify_us_per_send", 1)]
 
 
 def cost_table(summary: list) -> tuple:

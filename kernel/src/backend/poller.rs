@@ -114,6 +114,19 @@ pub struct PollerCounters {
     pub busy_loops: AtomicU64,
     pub sleeps: AtomicU64,
     pub rings: AtomicU32,
+    /// Event-channel sends to frontends, and the time spent in them (the hypercall: in a
+    /// PVH domain a VM exit, the floor under every response a sleeping frontend waits for).
+    pub notifications: AtomicU64,
+    pub notify_ns: AtomicU64,
+}
+
+/// Counts one event-channel send to a frontend, `ns` long, on the calling vCPU's poller.
+pub fn count_notification(ns: u64) {
+    let cpu = crate::smp::current().index.load(Ordering::Relaxed) as usize;
+    if let Some(slot) = POLLERS.get(cpu) {
+        slot.counters.notifications.fetch_add(1, Ordering::Relaxed);
+        slot.counters.notify_ns.fetch_add(ns, Ordering::Relaxed);
+    }
 }
 
 /// One vCPU's poller as the others reach it: its inbox (filled by the control path), its
@@ -151,6 +164,8 @@ impl PollerSlot {
                 busy_loops: AtomicU64::new(0),
                 sleeps: AtomicU64::new(0),
                 rings: AtomicU32::new(0),
+                notifications: AtomicU64::new(0),
+                notify_ns: AtomicU64::new(0),
             },
         }
     }
