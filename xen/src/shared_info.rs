@@ -143,17 +143,34 @@ pub struct XenClock {
 
 impl XenClock {
     /// `system_time + ((tsc - tsc_timestamp) << shift) * mul >> 32` (Xen's formula).
-    /// A TSC reading from before the timestamp (read on another pCPU, or before the
-    /// snapshot) gives `system_time`, never a time wrapped ~forever into the future.
+    ///
+    /// The difference is signed, as Xen means it. An HVM/PVH domain's TSC starts at 0
+    /// when the domain is created, and Xen stamps `tsc_timestamp` from the pCPU's last
+    /// calibration (every second) shifted into the domain's TSC: until the first
+    /// calibration after the domain was created, that is below zero (wrapped), and the
+    /// wrapped difference is the true one. A reading from before the timestamp (another
+    /// pCPU's, or an older snapshot's) gives `system_time`, never a time wrapped ~forever
+    /// into the future.
     pub fn system_time_at(&self, tsc: u64) -> u64 {
-        let delta = tsc.saturating_sub(self.tsc_timestamp);
-        let delta = if self.tsc_shift >= 0 {
-            delta << self.tsc_shift
+        let delta = tsc.wrapping_sub(self.tsc_timestamp) as i64;
+        let delta = u64::try_from(delta).unwrap_or(0);
+        self.system_time.wrapping_add(self.ticks_to_ns(delta))
+    }
+
+    /// `ticks` of the TSC in nanoseconds at this snapshot's rate.
+    pub fn ticks_to_ns(&self, ticks: u64) -> u64 {
+        let ticks = if self.tsc_shift >= 0 {
+            ticks << self.tsc_shift
         } else {
-            delta >> -i32::from(self.tsc_shift)
+            ticks >> -i32::from(self.tsc_shift)
         };
-        let scaled = (u128::from(delta) * u128::from(self.tsc_to_system_mul)) >> 32;
-        self.system_time.wrapping_add(scaled as u64)
+        ((u128::from(ticks) * u128::from(self.tsc_to_system_mul)) >> 32) as u64
+    }
+
+    /// Whether Xen has filled in the rate: with a zero multiplier every TSC reading
+    /// converts to the same time, and every difference to 0.
+    pub fn has_rate(&self) -> bool {
+        self.tsc_to_system_mul != 0
     }
 }
 
@@ -274,6 +291,17 @@ mod tests {
         // A reading just before the timestamp: no wrap into the far future.
         assert_eq!(clock.system_time_at(999), 5_000);
         assert_eq!(clock.system_time_at(0), 5_000);
+        // A timestamp below zero (a domain younger than the pCPU's last calibration):
+        // time runs from it, it does not stand still at `system_time`.
+        let young = XenClock {
+            tsc_timestamp: (-4000i64) as u64,
+            ..clock
+        };
+        assert_eq!(young.system_time_at(0), 7_000);
+        assert_eq!(young.system_time_at(2000), 8_000);
+        assert_eq!(clock.ticks_to_ns(2000), 1_000);
+        assert!(clock.has_rate());
+        assert!(!XenClock::default().has_rate());
         // Read back through the shared page.
         let page = SharedInfoPage::new(SharedMem::alloc_leaked(4096)).unwrap();
         let v0 = page.legacy_vcpu_info(0).unwrap();
