@@ -28,6 +28,9 @@ pub struct XenCpuid {
     pub vcpu_id: Option<u32>,
     /// Our domain id, if Xen reports it.
     pub domid: Option<DomId>,
+    /// The rate our TSC counts at in kHz (leaf base+3 ECX), 0 if the leaf is missing
+    /// or Xen does not say.
+    pub tsc_khz: u32,
 }
 
 impl XenCpuid {
@@ -54,6 +57,11 @@ impl XenCpuid {
         } else {
             (0, 0, 0, 0)
         };
+        let (_, _, tsc_khz, _) = if max_leaf >= base_leaf + LEAF_TIME {
+            cpuid(base_leaf + LEAF_TIME, 0)
+        } else {
+            (0, 0, 0, 0)
+        };
         Some(Self {
             base_leaf,
             max_leaf,
@@ -62,6 +70,7 @@ impl XenCpuid {
             hvm_features,
             vcpu_id: (hvm_features & XEN_HVM_CPUID_VCPU_ID_PRESENT != 0).then_some(vcpu),
             domid: (hvm_features & XEN_HVM_CPUID_DOMID_PRESENT != 0).then_some(domid as DomId),
+            tsc_khz,
         })
     }
 }
@@ -336,6 +345,7 @@ mod tests {
                 XEN_CPUID_SIGNATURE_EDX,
             ),
             1 => ((4 << 16) | 17, 0, 0, 0),
+            3 => (0, 0, 2_918_400, 1),
             4 => (features, 1, 9, 0),
             _ => (0, 0, 0, 0),
         }
@@ -352,9 +362,12 @@ mod tests {
         assert_eq!(info.vcpu_id, Some(1));
         assert_eq!(info.domid, Some(9));
         assert_ne!(info.hvm_features & XEN_HVM_CPUID_UPCALL_VECTOR, 0);
+        assert_eq!(info.tsc_khz, 2_918_400);
         // Old Xen without leaf 5: no ids.
         let old = XenCpuid::read(0x4000_0000, fake_cpuid(0x4000_0000, 0x4000_0002, flags)).unwrap();
         assert_eq!((old.vcpu_id, old.domid, old.hvm_features), (None, None, 0));
+        // Nor the time leaf: no TSC rate, not the next block's leaf read as one.
+        assert_eq!(old.tsc_khz, 0);
         // Not Xen.
         assert!(XenCpuid::read(0x4000_0000, |_, _| (0x4000_0001, 1, 2, 3)).is_none());
     }

@@ -10,7 +10,8 @@
 //! # Bringing up a PVH/HVM domain (what the kernel calls, in order)
 //!
 //! 1. `kernel/machine`'s hypervisor detection gives Xen's CPUID base leaf;
-//!    [`domain::XenCpuid::read`] adds version, and domid/vCPU id where Xen reports them.
+//!    [`domain::XenCpuid::read`] adds version, domid/vCPU id where Xen reports them, and
+//!    the rate the domain's TSC counts at ([`tsc::TscRate`] times with the raw TSC).
 //! 2. `unsafe { raw::hypercall::NativeHypervisor::detect() }`: `vmcall` or `vmmcall` from
 //!    the CPUID vendor (AMD/Hygon: `vmmcall`).
 //! 3. Take one RAM frame for `shared_info`, [`domain::map_shared_info`] it (Xen
@@ -58,6 +59,7 @@ pub mod hypercall;
 pub mod raw;
 pub mod ring;
 pub mod shared_info;
+pub mod tsc;
 pub mod xenstore;
 
 #[cfg(test)]

@@ -10,6 +10,10 @@ pub const XEN_CPUID_SIGNATURE_EDX: u32 = 0x4d4d_566e;
 
 /// Leaf base+1: EAX = major << 16 | minor.
 pub const LEAF_VERSION: u32 = 1;
+/// Leaf base+3, the time leaf. Subleaf 0: EAX = vtsc / TSC safe / RDTSCP flags, EBX =
+/// `tsc_mode`, ECX = the domain's TSC frequency in kHz (`d->arch.tsc_khz`: the rate the
+/// domain's RDTSC counts at, emulated, scaled or native), EDX = incarnation.
+pub const LEAF_TIME: u32 = 3;
 /// Leaf base+4: HVM features (EAX), vCPU id (EBX), domid (ECX).
 pub const LEAF_HVM_FEATURES: u32 = 4;
 
