@@ -116,11 +116,23 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
                     xen_domain::events::UPCALL_VECTOR,
                     xen.upcall_mode.get()
                 );
-                let costs = xen_domain::measure_costs(xen);
-                info!(
-                    "xen: costs: rdtsc {} ns, pause {} ns, hypercall {} ns",
-                    costs.rdtsc_ns, costs.pause_ns, costs.hypercall_ns
-                );
+                let tsc_khz = match hypervisor {
+                    Hypervisor::Xen { base_leaf, .. } => {
+                        xen_domain::cpuid(base_leaf).map_or(0, |leaves| leaves.tsc_khz)
+                    }
+                    _ => 0,
+                };
+                let costs = xen_domain::measure_costs(xen, tsc_khz);
+                match costs.rate {
+                    Some(rate) => info!(
+                        "xen: costs: rdtsc {}, pause {}, hypercall {} ({rate})",
+                        costs.rdtsc, costs.pause, costs.hypercall
+                    ),
+                    None => warn!(
+                        "xen: costs: rdtsc, pause and hypercall unknown (Xen's CPUID time \
+                         leaf gives 0 kHz and our vcpu_time_info no rate yet)"
+                    ),
+                }
             }
             Err(e) => error!("xen: platform set-up failed: {e}"),
         }

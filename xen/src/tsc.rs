@@ -104,7 +104,10 @@ mod tests {
         assert_eq!(Cost::per_op(123_157, 200, Some(rate)), Cost::Ns(211));
         assert_eq!(Cost::per_op(123_157, 200, Some(rate)).to_string(), "211 ns");
         // No overflow for a long burst (an hour at 3 GHz).
-        assert_eq!(TscRate::Khz(3_000_000).ticks_to_ns(10_800_000_000_000), 3_600_000_000_000);
+        assert_eq!(
+            TscRate::Khz(3_000_000).ticks_to_ns(10_800_000_000_000),
+            3_600_000_000_000
+        );
         assert!(rate.to_string().contains("2918400 kHz"));
     }
 

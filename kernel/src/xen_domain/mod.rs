@@ -15,7 +15,8 @@ use crate::smp::MAX_CPUS;
 use core::sync::atomic::{AtomicU64, Ordering};
 use xen::domain::{self as xd, ShutdownReason, UpcallMode};
 use xen::raw::hypercall::NativeHypervisor;
-use xen::shared_info::{SharedInfoPage, VcpuInfoView};
+use xen::shared_info::{SharedInfoPage, VcpuInfoView, XenClock};
+use xen::tsc::{Cost, TscRate};
 use xen::{SharedMem, XenError};
 
 pub struct XenDomain {
@@ -81,18 +82,36 @@ unsafe fn shared_page(paddr: u64, len: usize) -> SharedMem {
     unsafe { SharedMem::new(paddr as *mut u8, len) }
 }
 
-/// Maps `shared_info`, registers the boot vCPU's `vcpu_info` and routes its upcalls,
-/// and starts logging to the Xen console. Once, on the boot CPU, after memory set-up.
-/// Xen system time when the domain came up: log lines carry the time since then.
+/// The TSC when the domain came up, and the Xen system time of that reading (0 until
+/// our clock first has a rate): log lines carry the time since then.
+static BOOT_TSC: AtomicU64 = AtomicU64::new(0);
 static BOOT_NS: AtomicU64 = AtomicU64::new(0);
 
-/// Nanoseconds since the domain came up, once Xen's clock is readable.
+/// Nanoseconds since the domain came up, once Xen has given our clock a rate: before
+/// that, no time rather than a false 0.
 pub fn uptime_ns() -> Option<u64> {
-    let boot = BOOT_NS.load(Ordering::Relaxed);
-    (boot != 0).then(|| get().map(|xen| xen.now_ns().saturating_sub(boot)))?
+    let clock = get()?.clock().filter(XenClock::has_rate)?;
+    let tsc = xen::raw::cpu::read_tsc();
+    let now = clock.system_time_at(tsc);
+    let boot = match BOOT_NS.load(Ordering::Relaxed) {
+        0 => {
+            // The first reading: boot was the ticks since the boot TSC ago.
+            let since = clock.ticks_to_ns(tsc.saturating_sub(BOOT_TSC.load(Ordering::Relaxed)));
+            let boot = now.saturating_sub(since).max(1);
+            match BOOT_NS.compare_exchange(0, boot, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => boot,
+                Err(first) => first,
+            }
+        }
+        boot => boot,
+    };
+    Some(now.saturating_sub(boot))
 }
 
+/// Maps `shared_info`, registers the boot vCPU's `vcpu_info` and routes its upcalls,
+/// and starts logging to the Xen console. Once, on the boot CPU, after memory set-up.
 pub fn init() -> Result<&'static XenDomain, InitError> {
+    BOOT_TSC.store(xen::raw::cpu::read_tsc(), Ordering::Relaxed);
     // SAFETY: the caller checked CPUID for Xen; we run at CPL 0 as an HVM/PVH guest,
     // and the instruction is chosen from the CPU vendor.
     let hv = unsafe { NativeHypervisor::detect() };
@@ -113,7 +132,6 @@ pub fn init() -> Result<&'static XenDomain, InitError> {
         domain.shared.mask(port);
     }
     domain.register_vcpu_info(0)?;
-    BOOT_NS.store(domain.now_ns(), Ordering::Relaxed);
     events::init_vcpu(0)?;
     console::init(domain);
     Ok(domain)
@@ -135,49 +153,66 @@ impl XenDomain {
         self.vcpu_info.get(vcpu)?.get().copied()
     }
 
-    /// Xen system time in ns (the clock of `SCHEDOP_poll` deadlines).
-    pub fn now_ns(&self) -> u64 {
-        // This vCPU's own time info: Xen keeps it in step with the TSC of the pCPU the
-        // vCPU last ran on, which another vCPU's info is not (unless the TSC is invariant).
+    /// This vCPU's `vcpu_time_info` as Xen last wrote it (vCPU 0's before ours is
+    /// registered). Xen keeps it in step with the TSC of the pCPU the vCPU last ran on,
+    /// which another vCPU's info is not (unless the TSC is invariant).
+    fn clock(&self) -> Option<XenClock> {
         let cpu = crate::smp::current().index.load(Ordering::Relaxed) as usize;
-        let Some(clock) = self
-            .vcpu_info(cpu)
+        self.vcpu_info(cpu)
             .or_else(|| self.vcpu_info(0))
             .map(|i| i.clock())
-        else {
-            return 0;
-        };
+    }
+
+    /// Xen system time in ns (the clock of `SCHEDOP_poll` deadlines).
+    pub fn now_ns(&self) -> u64 {
         // The TSC after the snapshot, so it is never before the snapshot's timestamp.
-        clock.system_time_at(xen::raw::cpu::read_tsc())
+        self.clock()
+            .map_or(0, |clock| clock.system_time_at(xen::raw::cpu::read_tsc()))
     }
 }
 
-/// What the instructions a poll loop may use cost here, in ns each (averaged over a
-/// burst): under nesting, RDTSC or PAUSE that Xen intercepts, and every hypercall, are VM
-/// exits that an emulated CPU pays dearly for; the poller's design follows these numbers.
+/// What the instructions a poll loop may use cost here (the mean over a burst): under
+/// nesting, RDTSC or PAUSE that Xen intercepts, and every hypercall, are VM exits that an
+/// emulated CPU pays dearly for; the poller's design follows these numbers.
 pub struct InstructionCosts {
-    pub rdtsc_ns: u64,
-    pub pause_ns: u64,
-    pub hypercall_ns: u64,
+    pub rdtsc: Cost,
+    pub pause: Cost,
+    pub hypercall: Cost,
+    /// What converted TSC ticks to ns; `None`: every cost is unknown.
+    pub rate: Option<TscRate>,
 }
 
-pub fn measure_costs(xen: &XenDomain) -> InstructionCosts {
+/// What Xen's CPUID leaves at `base_leaf` (from hypervisor detection) say about us.
+pub fn cpuid(base_leaf: u32) -> Option<xd::XenCpuid> {
+    xd::XenCpuid::read(base_leaf, |leaf, subleaf| {
+        let r = crate::arch::cpu::cpuid(leaf, subleaf);
+        (r.eax, r.ebx, r.ecx, r.edx)
+    })
+}
+
+/// Times each burst with the raw TSC, so the figures do not depend on Xen having
+/// written our time info yet; `tsc_khz` is Xen's CPUID time leaf (0: not given).
+pub fn measure_costs(xen: &XenDomain, tsc_khz: u32) -> InstructionCosts {
     const ROUNDS: u64 = 200;
-    let per_round = |f: &dyn Fn()| {
-        let start = xen.now_ns();
+    let rate = TscRate::choose(tsc_khz, xen.clock());
+    let per_op = |f: &dyn Fn()| {
+        let start = xen::raw::cpu::read_tsc();
         for _ in 0..ROUNDS {
             f();
         }
-        xen.now_ns().saturating_sub(start) / ROUNDS
+        // A TSC that went backwards (another pCPU's) gives 0 ticks: unknown.
+        let ticks = xen::raw::cpu::read_tsc().saturating_sub(start);
+        Cost::per_op(ticks, ROUNDS, rate)
     };
     InstructionCosts {
-        rdtsc_ns: per_round(&|| {
+        rdtsc: per_op(&|| {
             core::hint::black_box(xen::raw::cpu::read_tsc());
         }),
-        pause_ns: per_round(&core::hint::spin_loop),
-        hypercall_ns: per_round(&|| {
+        pause: per_op(&core::hint::spin_loop),
+        hypercall: per_op(&|| {
             let _ = core::hint::black_box(xd::version(&xen.hv));
         }),
+        rate,
     }
 }
 
