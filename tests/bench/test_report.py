@@ -147,6 +147,7 @@ def write_run(root: Path, rounds: int = 2, systems=("linux-dom0", "blkdom")) -> 
                             f"busy=1 sleeps=2 notifications=3 notify-ns=999999 "
                             f"vcpu1: rings=1 loops={values['loops']} "
                             f"busy=9 sleeps={values['sleeps']} "
+                            f"stray-wakes={values['sleeps'] // 2} "
                             f"notifications={values['notify']} "
                             f"notify-ns={values['notify'] * 40000}")
             (directory / f"counters-{guest}.txt").write_text("\n".join(counters) + "\n")
@@ -250,6 +251,8 @@ class ReportTest(unittest.TestCase):
         self.assertAlmostEqual(ours["events_per_s"]["median"], 1600 / 4, delta=1)
         self.assertAlmostEqual(ours["poller_loops_per_request"]["median"], 3.0, places=2)
         self.assertAlmostEqual(ours["poller_sleeps_per_s"]["median"], 160, delta=1)
+        # Half of the sleeps ended in a wake-up for another vCPU.
+        self.assertAlmostEqual(ours["poller_stray_wakes_per_s"]["median"], 80, delta=1)
         # 40 us per send on vCPU 1; vCPU 0's sends did not change over the job.
         self.assertAlmostEqual(ours["notify_us_per_send"]["median"], 40.0, places=2)
         # rd_req, wr_req, f_req and ds_req, named as Linux blkback's: the same sum for both.

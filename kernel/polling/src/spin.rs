@@ -37,6 +37,8 @@ pub struct SpinPolicy {
     idle_since: Option<u64>,
     /// The poller is back from a sleep and has not found work yet.
     woke: bool,
+    /// The last wake-up was not for this poller: it looks once and sleeps again.
+    stray: bool,
 }
 
 impl SpinPolicy {
@@ -54,6 +56,7 @@ impl SpinPolicy {
             average_gap_ns: min_spell_ns,
             idle_since: None,
             woke: false,
+            stray: false,
         }
     }
 
@@ -68,10 +71,15 @@ impl SpinPolicy {
             self.average_gap_ns = (self.average_gap_ns * 7 + self.max_spell_ns) / 8;
         }
         self.woke = false;
+        self.stray = false;
     }
 
     /// The poller found nothing at `now`: spin on while the spell lasts, then sleep.
+    /// After a stray wake-up there is no spell: it sleeps again at once.
     pub fn on_idle(&mut self, now: u64) -> Decision {
+        if self.stray {
+            return Decision::Sleep;
+        }
         let since = *self.idle_since.get_or_insert(now);
         if now.saturating_sub(since) < self.spell_ns() {
             Decision::Spin
@@ -84,6 +92,7 @@ impl SpinPolicy {
     /// ring): the poller goes on, and its idle time is measured anew.
     pub fn on_sleep_abandoned(&mut self) {
         self.idle_since = None;
+        self.stray = false;
     }
 
     /// Back from a sleep. The time asleep is no gap a spin could have bridged: the idle
@@ -91,6 +100,19 @@ impl SpinPolicy {
     pub fn on_wake(&mut self) {
         self.idle_since = None;
         self.woke = true;
+        self.stray = false;
+    }
+
+    /// Back from a sleep that was not for this poller: none of its ports was pending and
+    /// its deadline had not come. Xen wakes every vCPU that polls more than one port at
+    /// any event of the domain (`evtchn_check_pollers`), so each frontend's kick to one
+    /// poller wakes every other sleeping one. Spinning a spell after such a wake-up would
+    /// turn that herd into busy pCPUs; the poller looks once and sleeps again, and its
+    /// average is left as it was (work found now is no miss of its spell).
+    pub fn on_stray_wake(&mut self) {
+        self.idle_since = None;
+        self.woke = false;
+        self.stray = true;
     }
 
     /// How long the poller spins now after its last work.
@@ -220,6 +242,28 @@ mod tests {
             policy.spell_ns(),
             2 * ((MIN_SPELL_NS * 7 + spell + 100 * US) / 8)
         );
+    }
+
+    #[test]
+    fn a_stray_wake_sleeps_again_at_once_and_moves_no_average() {
+        let mut policy = default_policy();
+        let spell = policy.spell_ns();
+        policy.on_stray_wake();
+        assert_eq!(policy.on_idle(1_000), Decision::Sleep);
+        // The final check found work after all: the poller spins its spell again.
+        policy.on_sleep_abandoned();
+        assert_eq!(policy.on_idle(2_000), Decision::Spin);
+        assert_eq!(policy.spell_ns(), spell);
+        // Work right after a stray wake-up is no miss of the spell.
+        policy.on_stray_wake();
+        policy.on_work(3_000);
+        assert_eq!(policy.spell_ns(), spell);
+        assert_eq!(policy.on_idle(3_001), Decision::Spin);
+        // A wake-up that was for the poller spins as before.
+        policy.on_stray_wake();
+        policy.on_wake();
+        assert_eq!(policy.on_idle(10_000), Decision::Spin);
+        assert_eq!(policy.on_idle(10_000 + spell), Decision::Sleep);
     }
 
     #[test]

@@ -428,12 +428,13 @@ impl Control {
             .map(|cpu| {
                 let c = &poller::POLLERS[cpu].counters;
                 format!(
-                    "vcpu{cpu}: rings={} loops={} busy={} sleeps={} notifications={} \
-                     notify-ns={}",
+                    "vcpu{cpu}: rings={} loops={} busy={} sleeps={} stray-wakes={} \
+                     notifications={} notify-ns={}",
                     c.rings.load(Ordering::Relaxed),
                     c.loops.load(Ordering::Relaxed),
                     c.busy_loops.load(Ordering::Relaxed),
                     c.sleeps.load(Ordering::Relaxed),
+                    c.stray_wakes.load(Ordering::Relaxed),
                     c.notifications.load(Ordering::Relaxed),
                     c.notify_ns.load(Ordering::Relaxed)
                 )

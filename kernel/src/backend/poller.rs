@@ -118,6 +118,9 @@ pub struct PollerCounters {
     /// PVH domain a VM exit, the floor under every response a sleeping frontend waits for).
     pub notifications: AtomicU64,
     pub notify_ns: AtomicU64,
+    /// Wake-ups from a sleep with none of the poller's ports pending and its deadline
+    /// not come: another vCPU's event (see `SpinPolicy::on_stray_wake`).
+    pub stray_wakes: AtomicU64,
 }
 
 /// Counts one event-channel send to a frontend, `ns` long, on the calling vCPU's poller.
@@ -166,6 +169,7 @@ impl PollerSlot {
                 rings: AtomicU32::new(0),
                 notifications: AtomicU64::new(0),
                 notify_ns: AtomicU64::new(0),
+                stray_wakes: AtomicU64::new(0),
             },
         }
     }
@@ -447,13 +451,19 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
             device_busy,
             notify_due,
         );
-        // Returns when one of the ports is pending, at the deadline, or on an interrupt.
+        // Returns when one of the ports is pending, at the deadline, or on an interrupt
+        // (and, since it polls more than one port, at any other event of the domain).
         let _ = xen::evtchn::poll(&xen.hv, &ports, deadline);
-        xen.shared.clear_pending(doorbell);
-        spin.on_wake();
         // Up to a second asleep: the grants the next polls unpin must not carry the
         // time before the sleep (they would look idle for that much longer).
         let woke = xen.now_ns();
+        if woke < deadline && !ports.iter().any(|&port| xen.shared.is_pending(port)) {
+            counters.stray_wakes.fetch_add(1, Ordering::Relaxed);
+            spin.on_stray_wake();
+        } else {
+            spin.on_wake();
+        }
+        xen.shared.clear_pending(doorbell);
         tick(&mut served, woke);
     }
 }
