@@ -233,7 +233,8 @@ pub fn yield_now<H: Hypervisor + ?Sized>(hv: &H) -> Result<(), XenError> {
 }
 
 /// `SCHEDOP_block`: sleep until an event is deliverable. Not wake-up safe on its own for
-/// HVM/PVH vCPUs: pollers use `evtchn::idle_wait` (see the `evtchn` module docs).
+/// HVM/PVH vCPUs: a sleep on upcalls uses `evtchn::idle_wait` (see the `evtchn` module
+/// docs).
 pub fn block<H: Hypervisor + ?Sized>(hv: &H) -> Result<(), XenError> {
     check(hv.hypercall(Hypercall::Sched(SchedOp::Block))).map(drop)
 }

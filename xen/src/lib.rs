@@ -31,8 +31,11 @@
 //!    CR0/CR3/CR4/EFER, entry, stack, argument); `Err(Exist)` → use INIT-SIPI instead.
 //! 9. Event channels: [`evtchn::bind_interdomain`] / [`evtchn::alloc_unbound`],
 //!    [`evtchn::bind_vcpu`] to the serving vCPU, register in that vCPU's
-//!    [`evtchn::HandlerTable`], [`evtchn::unmask`]. The poller calls
-//!    `dispatch_pending(&VcpuEvents { .. })` and sleeps with [`evtchn::idle_wait`].
+//!    [`evtchn::HandlerTable`], [`evtchn::unmask`], for ports served from upcalls
+//!    (`dispatch_pending(&VcpuEvents { .. })`). blkdom's pollers keep their ring ports
+//!    masked and sleep in [`evtchn::poll`] on them; [`evtchn::idle_wait`] is the
+//!    wake-up-safe sleep on upcalls, for a poller that must not be woken by other
+//!    vCPUs' events (a multi-port `SCHEDOP_poll` is: docs/design.md, "Stray wake-ups").
 //! 10. Grants: [`grant::map_batch`]/[`grant::unmap_batch`]/[`grant::copy_batch`] at
 //!     guest-physical pages from a [`grant::GrantMapArea`] (a hole in the memory map),
 //!     or [`grant::ForeignGrants`] for per-entry results over such an area (data
