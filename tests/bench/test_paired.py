@@ -194,6 +194,19 @@ class PairedTest(unittest.TestCase):
         self.assertAlmostEqual(row["host_guest_vcpu_us_per_io"], 8e6 / 12000)
         self.assertNotIn("host_guest_vcpu_sleeps_per_io", row)
 
+    def test_the_title_says_when_the_guests_thread_had_a_host_core_alone(self):
+        write_run(self.root, QD32)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            paired.main(["--nested", str(self.root)])
+        self.assertNotIn("host core 0", out.getvalue())
+        (self.root / "host-pinning.txt").write_text(
+            "CPU_0/TCG host-core=1\nCPU_3/TCG host-core=0\nqemu-system-x86 host-core=1\n")
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(paired.main(["--nested", str(self.root)]), 0)
+        self.assertIn("host core 0 for CPU_3/TCG alone", out.getvalue())
+
     def test_no_results_is_an_error(self):
         err = io.StringIO()
         with redirect_stdout(io.StringIO()), unittest.mock.patch("sys.stderr", err):

@@ -41,6 +41,13 @@ def read_config(nested: Path) -> dict:
         for word in path.read_text().split():
             key, _, value = word.partition("=")
             config[key] = value
+    # RIG_PIN_PCPU (tools/rig/run.sh): which QEMU thread had host core 0 to itself.
+    pinning = nested / "host-pinning.txt"
+    if pinning.exists():
+        alone = [line.split()[0] for line in pinning.read_text().splitlines()
+                 if line.endswith("host-core=0")]
+        if alone:
+            config["pinned_alone"] = alone[0]
     return config
 
 
@@ -170,7 +177,9 @@ def render(summary: list, config: dict, markdown: bool) -> str:
              "each job on both disks back to back (order alternating by round); "
              "ratios per pair, median (min-max); won = pairs where blkdom did better"
              + (f"; blkdom's command line: {config['blkdom'].replace(':', ' ')}"
-                if config.get("blkdom") else ""))
+                if config.get("blkdom") else "")
+             + (f"; host core 0 for {config['pinned_alone']} alone, the other threads on "
+                "core 1 (RIG_PIN_PCPU)" if config.get("pinned_alone") else ""))
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]

@@ -140,7 +140,7 @@ qemu_pid=$!
 # RIG_PERF=1 also samples every QEMU thread's stack over each job with perf
 # (results/.../perf/GUEST-JOB.data; `perf report -i FILE --sort comm,sym`).
 : > "$results/host-threads.txt"
-rm -rf "$results/perf"
+rm -rf "$results/perf" "$results/host-pinning.txt"
 host_threads_edge() {  # EDGE GUEST JOB
   local qemu task name run wait _ record key value sleeps preempted
   qemu=$(pgrep -P "$qemu_pid" | head -n 1 || true)
@@ -165,6 +165,25 @@ host_threads_edge() {  # EDGE GUEST JOB
   [ "$1" = BEGIN ] && host_perf_start "$qemu" "$2-$3"
   return 0
 }
+# RIG_PIN_PCPU=N (off by default: the rig's threads share the host's 2 cores): once dom0
+# is up, the QEMU thread of nested pCPU N (make bench's and bench-paired's fio guest is on
+# pCPU 3) gets host core 0 to itself and every other QEMU thread runs on core 1 (threads
+# QEMU starts later inherit it). A model of dedicated cores: the guest's emulated CPU is
+# never preempted by a backend's, whichever backend serves it.
+host_pin_threads() {
+  [ -n "${RIG_PIN_PCPU:-}" ] || return 0
+  local qemu task name core
+  qemu=$(pgrep -P "$qemu_pid" | head -n 1 || true)
+  [ -n "$qemu" ] || return 0
+  for task in /proc/"$qemu"/task/*; do
+    read -r name < "$task/comm" 2>/dev/null || continue
+    core=1
+    [ "$name" = "CPU $RIG_PIN_PCPU/TCG" ] && core=0
+    taskset -p -c "$core" "${task##*/}" > /dev/null 2>&1 &&
+      echo "${name// /_} host-core=$core" >> "$results/host-pinning.txt"
+  done
+  return 0
+}
 host_perf_start() {  # QEMU_PID NAME
   [ "${RIG_PERF:-0}" = 1 ] || return 0
   mkdir -p "$results/perf"
@@ -182,7 +201,9 @@ host_perf_stop() {  # NAME
 tail -n +1 -F --pid="$qemu_pid" "$serial" 2>/dev/null | while IFS= read -r line; do
   line=${line%$'\r'}
   case $line in
-    "rig: dom0 ready"*) echo "dom0-ready-host $(elapsed | tr -d ' ')" >> "$results/host-timings.txt" ;;
+    "rig: dom0 ready"*)
+      echo "dom0-ready-host $(elapsed | tr -d ' ')" >> "$results/host-timings.txt"
+      host_pin_threads ;;
   esac
   case $line in
     "["*"] rig-guest: begin "* | "["*"] rig-guest: end "*)
