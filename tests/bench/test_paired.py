@@ -55,6 +55,19 @@ def write_run(root: Path, iops: dict, job="fio-randread-4k-qd32-1j", p50_ns=None
     (root / "guest-fio-paired.log").write_text("\n".join(console) + "\n")
 
 
+
+def write_guest_thread_edges(root, name, guest_begin, other_begin, guest_end, other_end):
+    """host-threads.txt for job run `name` (edges 11 s apart): the guest's pCPU 3 thread
+    and another's (pCPU 1) counters at its begin and end; the config names pCPU 3."""
+    (root / "host-threads.txt").write_text(
+        f"BEGIN fio-paired {name} host_s=100.0 thread:CPU_3/TCG={guest_begin} "
+        f"thread:CPU_1/TCG={other_begin}\n"
+        f"END fio-paired {name} host_s=111.0 thread:CPU_3/TCG={guest_end} "
+        f"thread:CPU_1/TCG={other_end}\n")
+    config = root / "paired-config.txt"
+    if "guest_pcpu=" not in config.read_text():
+        config.write_text(config.read_text().replace("ramp=1", "ramp=1 guest_pcpu=3"))
+
 class PairedTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
@@ -144,13 +157,8 @@ class PairedTest(unittest.TestCase):
         name = "fio-randread-4k-qd32-1j@xvdb@1"
         # 11 s between the edges, 1 of them settle: the guest's pCPU 3 ran 8 s and waited
         # 1 s of the 10 s busy; its 12,000 I/Os (1,200 IOPS) cost 8 s / 12,000 each.
-        (self.root / "host-threads.txt").write_text(
-            f"BEGIN fio-paired {name} host_s=100.0 thread:CPU_3/TCG=1000000000,0 "
-            "thread:CPU_1/TCG=0,0\n"
-            f"END fio-paired {name} host_s=111.0 thread:CPU_3/TCG=9000000000,1000000000 "
-            "thread:CPU_1/TCG=9000000000,0\n")
-        config = self.root / "paired-config.txt"
-        config.write_text(config.read_text().replace("ramp=1", "ramp=1 guest_pcpu=3"))
+        write_guest_thread_edges(self.root, name, "1000000000,0", "0,0",
+                                 "9000000000,1000000000", "9000000000,0")
         out = io.StringIO()
         with redirect_stdout(out):
             self.assertEqual(paired.main(["--nested", str(self.root)]), 0)
@@ -168,14 +176,8 @@ class PairedTest(unittest.TestCase):
         name = "fio-randread-4k-qd32-1j@xvdb@1"
         # 12,000 I/Os over the 10 s busy: 6,000 sleeps (half a sleep per I/O) and 1,200
         # preemptions; another thread's switches are not the guest's.
-        (self.root / "host-threads.txt").write_text(
-            f"BEGIN fio-paired {name} host_s=100.0 thread:CPU_3/TCG=1000000000,0,500,20 "
-            "thread:CPU_1/TCG=0,0,0,0\n"
-            f"END fio-paired {name} host_s=111.0 "
-            "thread:CPU_3/TCG=9000000000,1000000000,6500,1220 "
-            "thread:CPU_1/TCG=9000000000,0,90000,90000\n")
-        config = self.root / "paired-config.txt"
-        config.write_text(config.read_text().replace("ramp=1", "ramp=1 guest_pcpu=3"))
+        write_guest_thread_edges(self.root, name, "1000000000,0,500,20", "0,0,0,0",
+                                 "9000000000,1000000000,6500,1220", "9000000000,0,90000,90000")
         [row] = [r for r in paired.load_runs(self.root, SETTLE, 3)
                  if r["backend"] == "blkdom" and r["round"] == 1]
         self.assertAlmostEqual(row["host_guest_vcpu_us_per_io"], 8e6 / 12000)
@@ -186,9 +188,8 @@ class PairedTest(unittest.TestCase):
             self.assertEqual(paired.main(["--nested", str(self.root)]), 0)
         self.assertIn("0.50/0.10", out.getvalue())
         # A file from before the switches were recorded: run and wait, no switches.
-        (self.root / "host-threads.txt").write_text(
-            f"BEGIN fio-paired {name} host_s=100.0 thread:CPU_3/TCG=1000000000,0\n"
-            f"END fio-paired {name} host_s=111.0 thread:CPU_3/TCG=9000000000,1000000000\n")
+        write_guest_thread_edges(self.root, name, "1000000000,0", "0,0",
+                                 "9000000000,1000000000", "9000000000,0")
         [row] = [r for r in paired.load_runs(self.root, SETTLE, 3)
                  if r["backend"] == "blkdom" and r["round"] == 1]
         self.assertAlmostEqual(row["host_guest_vcpu_us_per_io"], 8e6 / 12000)
