@@ -26,8 +26,9 @@ mod xen_domain;
 
 use boot::start_info::memmap_type_name;
 use log::{error, info, warn, LevelFilter};
-use machine::cmdline::Cmdline;
+use machine::cmdline::{Cmdline, PollIdle};
 use machine::hypervisor::Hypervisor;
+use xen::tsc::Cost;
 
 /// Printed once the kernel is ready; the test runners and the nested rig wait for it.
 pub const READY_MARKER: &str = "blkdom: up";
@@ -108,6 +109,8 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         Err(e) => info!("acpi: no power-off register ({e:?})"),
     }
 
+    // What a PAUSE costs here (measured with Xen's clock): the pollers' default idle.
+    let mut pause_ns = None;
     if hypervisor.is_xen() {
         match xen_domain::init() {
             Ok(xen) => {
@@ -123,6 +126,11 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
                     _ => 0,
                 };
                 let costs = xen_domain::measure_costs(xen, tsc_khz);
+                pause_ns = match costs.pause {
+                    Cost::Ns(ns) => Some(ns),
+                    Cost::BelowOneNs => Some(0),
+                    Cost::Unknown => None,
+                };
                 match costs.rate {
                     Some(rate) => info!(
                         "xen: costs: rdtsc {}, pause {}, hypercall {} ({rate})",
@@ -186,11 +194,25 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
                         machine::cmdline::MAX_SPIN_US
                     ),
                 }
-                match cmdline.poll_idle() {
-                    Ok(Some(idle)) => backend::poller::set_idle(idle),
-                    Ok(None) => {}
-                    Err(text) => error!("poll.idle={text}: want pause, yield or spin; using pause"),
-                }
+                let idle = match cmdline.poll_idle() {
+                    Ok(Some(idle)) => Some(idle),
+                    Ok(None) => None,
+                    Err(text) => {
+                        error!("poll.idle={text}: want auto, pause, yield or spin; using auto");
+                        None
+                    }
+                };
+                backend::poller::set_idle(idle.unwrap_or_else(|| {
+                    let idle = PollIdle::for_pause_cost(pause_ns);
+                    info!(
+                        "poll.idle: {} (auto: a PAUSE costs {} here; above {} ns it is emulated, \
+                         and a spinning poller looks again without one)",
+                        idle.name(),
+                        pause_ns.map_or("an unknown time".into(), |ns| alloc::format!("{ns} ns")),
+                        machine::cmdline::EMULATED_PAUSE_NS
+                    );
+                    idle
+                }));
                 match cmdline.persistent_grants() {
                     Ok(Some(offer)) => backend::set_persistent_grants(offer),
                     Ok(None) => {}
