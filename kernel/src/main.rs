@@ -109,8 +109,8 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         Err(e) => info!("acpi: no power-off register ({e:?})"),
     }
 
-    // What a PAUSE costs here (measured with Xen's clock): the pollers' default idle.
-    let mut pause_ns = None;
+    // What a PAUSE costs here (timed at boot): the pollers' default idle.
+    let mut pause = Cost::Unknown;
     if hypervisor.is_xen() {
         match xen_domain::init() {
             Ok(xen) => {
@@ -126,11 +126,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
                     _ => 0,
                 };
                 let costs = xen_domain::measure_costs(xen, tsc_khz);
-                pause_ns = match costs.pause {
-                    Cost::Ns(ns) => Some(ns),
-                    Cost::BelowOneNs => Some(0),
-                    Cost::Unknown => None,
-                };
+                pause = costs.pause;
                 match costs.rate {
                     Some(rate) => info!(
                         "xen: costs: rdtsc {}, pause {}, hypercall {} ({rate})",
@@ -194,21 +190,16 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
                         machine::cmdline::MAX_SPIN_US
                     ),
                 }
-                let idle = match cmdline.poll_idle() {
-                    Ok(Some(idle)) => Some(idle),
-                    Ok(None) => None,
-                    Err(text) => {
-                        error!("poll.idle={text}: want auto, pause, yield or spin; using auto");
-                        None
-                    }
-                };
+                let idle = cmdline.poll_idle().unwrap_or_else(|text| {
+                    error!("poll.idle={text}: want auto, pause, yield or spin; using auto");
+                    None
+                });
                 backend::poller::set_idle(idle.unwrap_or_else(|| {
-                    let idle = PollIdle::for_pause_cost(pause_ns);
+                    let idle = PollIdle::for_pause_cost(pause.ns());
                     info!(
-                        "poll.idle: {} (auto: a PAUSE costs {} here; above {} ns it is emulated, \
-                         and a spinning poller looks again without one)",
+                        "poll.idle: {} (auto: a PAUSE costs {pause} here; above {} ns it is \
+                         emulated, and a spinning poller looks again without one)",
                         idle.name(),
-                        pause_ns.map_or("an unknown time".into(), |ns| alloc::format!("{ns} ns")),
                         machine::cmdline::EMULATED_PAUSE_NS
                     );
                     idle

@@ -71,6 +71,15 @@ impl Cost {
             ns => Self::Ns(ns),
         }
     }
+
+    /// The cost in whole ns (0 below one), `None` when unknown.
+    pub fn ns(self) -> Option<u64> {
+        match self {
+            Self::Ns(ns) => Some(ns),
+            Self::BelowOneNs => Some(0),
+            Self::Unknown => None,
+        }
+    }
 }
 
 impl fmt::Display for Cost {
@@ -151,5 +160,12 @@ mod tests {
         // 200 in 3 ticks: 1 ns in all.
         assert_eq!(Cost::per_op(3, 200, rate), Cost::BelowOneNs);
         assert_eq!(Cost::BelowOneNs.to_string(), "<1 ns");
+    }
+
+    #[test]
+    fn a_cost_in_whole_ns_is_none_only_when_unknown() {
+        assert_eq!(Cost::Ns(322).ns(), Some(322));
+        assert_eq!(Cost::BelowOneNs.ns(), Some(0));
+        assert_eq!(Cost::Unknown.ns(), None);
     }
 }
