@@ -35,10 +35,19 @@ pub struct SpinPolicy {
     average_gap_ns: u64,
     /// When the current idle stretch began (`None`: not idle, or measuring anew).
     idle_since: Option<u64>,
-    /// The poller is back from a sleep and has not found work yet.
-    woke: bool,
-    /// The last wake-up was not for this poller: it looks once and sleeps again.
-    stray: bool,
+    /// How the last sleep ended, until the poller finds work.
+    wake: Wake,
+}
+
+/// How a poller's last sleep ended, as long as it has found no work since.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wake {
+    /// Work found since (or no sleep yet).
+    Settled,
+    /// Woken for this poller: work found next counts as a miss of the spell.
+    ForUs,
+    /// Woken for another vCPU: it looks once and sleeps again.
+    Stray,
 }
 
 impl SpinPolicy {
@@ -55,8 +64,7 @@ impl SpinPolicy {
             max_spell_ns,
             average_gap_ns: min_spell_ns,
             idle_since: None,
-            woke: false,
-            stray: false,
+            wake: Wake::Settled,
         }
     }
 
@@ -66,18 +74,17 @@ impl SpinPolicy {
         if let Some(since) = self.idle_since.take() {
             let gap = now.saturating_sub(since).min(self.max_spell_ns);
             self.average_gap_ns = (self.average_gap_ns * 7 + gap) / 8;
-        } else if self.woke {
+        } else if self.wake == Wake::ForUs {
             // Work right after a sleep: a longer spell might have caught it.
             self.average_gap_ns = (self.average_gap_ns * 7 + self.max_spell_ns) / 8;
         }
-        self.woke = false;
-        self.stray = false;
+        self.wake = Wake::Settled;
     }
 
     /// The poller found nothing at `now`: spin on while the spell lasts, then sleep.
     /// After a stray wake-up there is no spell: it sleeps again at once.
     pub fn on_idle(&mut self, now: u64) -> Decision {
-        if self.stray {
+        if self.wake == Wake::Stray {
             return Decision::Sleep;
         }
         let since = *self.idle_since.get_or_insert(now);
@@ -92,15 +99,16 @@ impl SpinPolicy {
     /// ring): the poller goes on, and its idle time is measured anew.
     pub fn on_sleep_abandoned(&mut self) {
         self.idle_since = None;
-        self.stray = false;
+        if self.wake == Wake::Stray {
+            self.wake = Wake::Settled;
+        }
     }
 
     /// Back from a sleep. The time asleep is no gap a spin could have bridged: the idle
     /// time is measured anew, and work found next counts as a miss of the spell.
     pub fn on_wake(&mut self) {
         self.idle_since = None;
-        self.woke = true;
-        self.stray = false;
+        self.wake = Wake::ForUs;
     }
 
     /// Back from a sleep that was not for this poller: none of its ports was pending and
@@ -111,8 +119,7 @@ impl SpinPolicy {
     /// average is left as it was (work found now is no miss of its spell).
     pub fn on_stray_wake(&mut self) {
         self.idle_since = None;
-        self.woke = false;
-        self.stray = true;
+        self.wake = Wake::Stray;
     }
 
     /// How long the poller spins now after its last work.
