@@ -195,6 +195,19 @@ class PairedTest(unittest.TestCase):
         self.assertAlmostEqual(row["host_guest_vcpu_us_per_io"], 8e6 / 12000)
         self.assertNotIn("host_guest_vcpu_sleeps_per_io", row)
 
+    def test_a_switch_count_that_fell_gives_no_figure(self):
+        write_run(self.root, QD32)
+        name = "fio-randread-4k-qd32-1j@xvdb@1"
+        # The end's preemptions read as 0 (its status file misread): no sleeps or
+        # preemptions per I/O for the job, the run and wait figures as ever.
+        write_guest_thread_edges(self.root, name, "1000000000,0,500,20", "0,0,0,0",
+                                 "9000000000,1000000000,6500,0", "9000000000,0,0,0")
+        [row] = [r for r in paired.load_runs(self.root, SETTLE, 3)
+                 if r["backend"] == "blkdom" and r["round"] == 1]
+        self.assertAlmostEqual(row["host_guest_vcpu_us_per_io"], 8e6 / 12000)
+        self.assertNotIn("host_guest_vcpu_sleeps_per_io", row)
+        self.assertNotIn("host_guest_vcpu_preempted_per_io", row)
+
     def test_the_title_says_when_the_guests_thread_had_a_host_core_alone(self):
         write_run(self.root, QD32)
         out = io.StringIO()

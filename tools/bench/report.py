@@ -247,8 +247,12 @@ def derive_host(row: dict, edges: dict, guest: str, job: str, guest_pcpu, settle
                 if name in begin["switches"] and name in end["switches"]:
                     sleeps, preempted = (after - before for after, before in
                                          zip(end["switches"][name], begin["switches"][name]))
-                    row["host_guest_vcpu_sleeps_per_io"] = sleeps / ios
-                    row["host_guest_vcpu_preempted_per_io"] = preempted / ios
+                    # The counts only grow: one that fell was misread (an edge's status
+                    # file read out of step), so the job gets no figure rather than a
+                    # negative one.
+                    if sleeps >= 0 and preempted >= 0:
+                        row["host_guest_vcpu_sleeps_per_io"] = sleeps / ios
+                        row["host_guest_vcpu_preempted_per_io"] = preempted / ios
     row["host_vcpus_cores"] = vcpu_run / busy_wall
     before, after = begin["host_cpu"], end["host_cpu"]
     if len(before) >= 5 and len(after) == len(before):

@@ -151,12 +151,15 @@ host_threads_edge() {  # EDGE GUEST JOB
     { read -r name < "$task/comm" && read -r run wait _ < "$task/schedstat"; } 2>/dev/null ||
       continue
     sleeps=0 preempted=0
+    # The status file in one read: bash's `read` from a file seeks back after each
+    # line, and /proc regenerates the text at the seek, so a line that changed length
+    # meanwhile ("R (running)" to "S (sleeping)") shifts the rest (a count read as 0).
     while read -r key value; do
       case $key in
         voluntary_ctxt_switches:) sleeps=$value ;;
         nonvoluntary_ctxt_switches:) preempted=$value ;;
       esac
-    done < "$task/status" 2>/dev/null || true
+    done <<< "$(cat "$task/status" 2>/dev/null)"
     record+=" thread:${name// /_}=$run,$wait,$sleeps,$preempted"
   done
   read -r _ name < /proc/stat
