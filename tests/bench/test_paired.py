@@ -171,15 +171,22 @@ class PairedTest(unittest.TestCase):
         self.assertNotIn("host_guest_vcpu_run_percent",
                          paired.load_runs(self.root, SETTLE)[0])
 
+    def blkdom_round_one(self, name, guest_begin, other_begin, guest_end, other_end):
+        """blkdom's first-round row of job NAME with these thread edges written."""
+        write_guest_thread_edges(self.root, name, guest_begin, other_begin, guest_end,
+                                 other_end)
+        [row] = [r for r in paired.load_runs(self.root, SETTLE, 3)
+                 if r["backend"] == "blkdom" and r["round"] == 1]
+        return row
+
     def test_the_guests_vcpu_sleeps_and_preemptions_per_io(self):
         write_run(self.root, QD32)
         name = "fio-randread-4k-qd32-1j@xvdb@1"
         # 12,000 I/Os over the 10 s busy: 6,000 sleeps (half a sleep per I/O) and 1,200
         # preemptions; another thread's switches are not the guest's.
-        write_guest_thread_edges(self.root, name, "1000000000,0,500,20", "0,0,0,0",
-                                 "9000000000,1000000000,6500,1220", "9000000000,0,90000,90000")
-        [row] = [r for r in paired.load_runs(self.root, SETTLE, 3)
-                 if r["backend"] == "blkdom" and r["round"] == 1]
+        row = self.blkdom_round_one(name, "1000000000,0,500,20", "0,0,0,0",
+                                    "9000000000,1000000000,6500,1220",
+                                    "9000000000,0,90000,90000")
         self.assertAlmostEqual(row["host_guest_vcpu_us_per_io"], 8e6 / 12000)
         self.assertAlmostEqual(row["host_guest_vcpu_sleeps_per_io"], 0.5)
         self.assertAlmostEqual(row["host_guest_vcpu_preempted_per_io"], 0.1)
@@ -188,10 +195,8 @@ class PairedTest(unittest.TestCase):
             self.assertEqual(paired.main(["--nested", str(self.root)]), 0)
         self.assertIn("0.50/0.10", out.getvalue())
         # A file from before the switches were recorded: run and wait, no switches.
-        write_guest_thread_edges(self.root, name, "1000000000,0", "0,0",
-                                 "9000000000,1000000000", "9000000000,0")
-        [row] = [r for r in paired.load_runs(self.root, SETTLE, 3)
-                 if r["backend"] == "blkdom" and r["round"] == 1]
+        row = self.blkdom_round_one(name, "1000000000,0", "0,0", "9000000000,1000000000",
+                                    "9000000000,0")
         self.assertAlmostEqual(row["host_guest_vcpu_us_per_io"], 8e6 / 12000)
         self.assertNotIn("host_guest_vcpu_sleeps_per_io", row)
 
@@ -200,10 +205,8 @@ class PairedTest(unittest.TestCase):
         name = "fio-randread-4k-qd32-1j@xvdb@1"
         # The end's preemptions read as 0 (its status file misread): no sleeps or
         # preemptions per I/O for the job, the run and wait figures as ever.
-        write_guest_thread_edges(self.root, name, "1000000000,0,500,20", "0,0,0,0",
-                                 "9000000000,1000000000,6500,0", "9000000000,0,0,0")
-        [row] = [r for r in paired.load_runs(self.root, SETTLE, 3)
-                 if r["backend"] == "blkdom" and r["round"] == 1]
+        row = self.blkdom_round_one(name, "1000000000,0,500,20", "0,0,0,0",
+                                    "9000000000,1000000000,6500,0", "9000000000,0,0,0")
         self.assertAlmostEqual(row["host_guest_vcpu_us_per_io"], 8e6 / 12000)
         self.assertNotIn("host_guest_vcpu_sleeps_per_io", row)
         self.assertNotIn("host_guest_vcpu_preempted_per_io", row)
