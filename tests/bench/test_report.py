@@ -233,6 +233,20 @@ class ReportTest(unittest.TestCase):
         data = report.load_nested(self.nested)
         self.assertIsNone(report.host_table(report.summarise(data["runs"])))
 
+    def test_the_title_gives_blkdoms_command_line_when_one_was_set(self):
+        def title():
+            data = report.load_nested(self.nested)
+            summary = report.summarise(data["runs"])
+            text = report.render_tables({"nested": {**data, "summary": summary}},
+                                        markdown=False)
+            return text.splitlines()[0]
+        self.assertNotIn("command line", title())
+        config = self.nested / "bench-config.txt"
+        config.write_text(config.read_text() + "blkdom=\n")
+        self.assertNotIn("command line", title())
+        config.write_text(config.read_text() + "blkdom=poll.idle=pause:notify.hold-us=0\n")
+        self.assertIn("; blkdom's command line: poll.idle=pause notify.hold-us=0;", title())
+
     def test_host_threads_lines_cut_short_are_skipped(self):
         path = self.nested / "host-threads.txt"
         lines = path.read_bytes().decode().rstrip("\n").split("\n")

@@ -745,7 +745,10 @@ def render_tables(report: dict, markdown: bool) -> str:
         rounds = len({r["round"] for r in nested["runs"]})
         order = " ".join(SHORT_LABELS[s] for s in present_systems(nested["summary"]))
         parts.append(f"Nested Xen, {rounds} round(s) of {order} in turn, "
-                     f"{config.get('runtime', '?')} s per job; medians (min–max over rounds):")
+                     f"{config.get('runtime', '?')} s per job"
+                     + (f"; blkdom's command line: {config['blkdom'].replace(':', ' ')}"
+                        if config.get("blkdom") else "")
+                     + "; medians (min–max over rounds):")
         parts.append(table(*main_table(nested["summary"])))
         parts.append("Costs (medians; blkdom hypercalls = grant map + unmap batches + event"
                      " sends per backend request; per second = per request x fio IOPS;"
