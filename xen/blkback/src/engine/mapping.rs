@@ -293,18 +293,28 @@ impl GrantMapper {
     /// Unmap what is queued (so the number of mapped grants never exceeds the bound),
     /// then map the batch with one call and, in one pass over the results, resolve each
     /// cache entry and record each transient mapping.
-    pub fn map_batch<G: GrantOps>(&mut self, grants: &mut G, stats: &mut RingStats) {
+    ///
+    /// Returns whether every segment acquired since the last batch is now known
+    /// (`status == 0` in `maps`): true when the batch held only transient maps and none
+    /// failed, so `resolve` has nothing to fill in or report. A cache entry in the batch
+    /// (segments that hit it while it was pending wait for `resolve` to copy its
+    /// mapping) or any failure makes it false. A hit on a pending entry can only be on
+    /// one inserted into this batch: entries are pending only between `acquire` and
+    /// `map_batch`, and a failed one is never a hit (`CacheSlot::Failed`).
+    pub fn map_batch<G: GrantOps>(&mut self, grants: &mut G, stats: &mut RingStats) -> bool {
         self.flush_unmaps(grants, stats);
         if self.requests.is_empty() {
-            return;
+            return true;
         }
         self.results.clear();
         self.results.resize(self.requests.len(), Err(MAP_PENDING));
         grants.map(&self.requests, &mut self.results);
         stats.map_batches += 1;
+        let mut known = true;
         for (target, result) in self.targets.iter().zip(&self.results) {
             match (*target, *result) {
                 (MapTarget::Cache(entry), result) => {
+                    known = false;
                     if result.is_err() {
                         stats.grant_failures += 1;
                     }
@@ -317,6 +327,7 @@ impl GrantMapper {
                     self.transient_mapped += 1;
                 }
                 (MapTarget::Segment(index), Err(status)) => {
+                    known = false;
                     stats.grant_failures += 1;
                     self.maps[index as usize].status = status;
                 }
@@ -324,6 +335,7 @@ impl GrantMapper {
         }
         self.requests.clear();
         self.targets.clear();
+        known
     }
 
     /// The mapping of `maps[index]` once its batch is mapped, or the status it failed
@@ -401,4 +413,75 @@ fn resolve_map(cache: &GrantCache, map: &mut SegmentMap) -> Result<MappedGrant, 
         map.status = 0;
     }
     Ok(map.grant)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::{GrantTable, GuestMemory, XenGrants};
+    use crate::grant::GNTST_GENERAL_ERROR;
+
+    /// Grants 1..=3 over pages 0..3 (maps of grant 3 fail), and a mapper over them
+    /// with 4 segments, persistent grants (a cache of 4) or not.
+    fn rig(
+        persistent: bool,
+    ) -> (
+        std::sync::Arc<GrantTable>,
+        XenGrants,
+        RingStats,
+        GrantMapper,
+    ) {
+        let table = GrantTable::new(GuestMemory::new(3));
+        for gref in 1..=3 {
+            table.grant(gref, gref as usize - 1, false);
+        }
+        table.fail_maps_of(3);
+        let mapper = GrantMapper::new(persistent, 4, 4, 8).unwrap();
+        (
+            table.clone(),
+            XenGrants(table),
+            RingStats::default(),
+            mapper,
+        )
+    }
+
+    #[test]
+    fn a_batch_is_known_only_when_its_maps_are_all_transient_and_all_succeeded() {
+        let (table, mut grants, mut stats, mut mapper) = rig(false);
+        assert!(!mapper.acquire(0, 1, true));
+        assert!(!mapper.acquire(1, 2, false));
+        assert!(mapper.map_batch(&mut grants, &mut stats));
+        // Known means filled in: nothing left for `resolve`.
+        assert!(mapper.maps(0..2).iter().all(|map| map.status == 0));
+        assert_eq!(mapper.resolve(0..2), Ok(()));
+        assert_eq!(table.live_mappings().0, 2);
+        // One failure in the batch: not known, and `resolve` reports it.
+        assert!(!mapper.acquire(2, 1, true));
+        assert!(!mapper.acquire(3, 3, true));
+        assert!(!mapper.map_batch(&mut grants, &mut stats));
+        assert_eq!(mapper.resolve(2..3), Ok(()));
+        assert_eq!(mapper.resolve(2..4), Err(GNTST_GENERAL_ERROR));
+        assert_eq!(stats.grant_failures, 1);
+        mapper.release(0..4);
+        mapper.flush_unmaps(&mut grants, &mut stats);
+        assert_eq!(table.live_mappings().0, 0);
+        assert_eq!(mapper.mapped(), 0);
+    }
+
+    #[test]
+    fn a_batch_with_a_cache_entry_is_not_known_until_resolved() {
+        let (table, mut grants, mut stats, mut mapper) = rig(true);
+        // A new entry, and a hit on it while it is pending: both wait for `resolve`.
+        assert!(!mapper.acquire(0, 1, true));
+        assert!(!mapper.acquire(1, 1, true));
+        assert!(mapper.maps(0..2).iter().all(|map| map.status != 0));
+        assert!(!mapper.map_batch(&mut grants, &mut stats));
+        assert_eq!(mapper.resolve(0..2), Ok(()));
+        let [first, second] = [mapper.maps(0..1)[0], mapper.maps(1..2)[0]];
+        assert_eq!((first.status, second.status), (0, 0));
+        assert_eq!(first.grant.buffer, second.grant.buffer);
+        mapper.release(0..2);
+        mapper.unmap_all(&mut grants, &mut stats);
+        assert_eq!(table.live_mappings().0, 0);
+    }
 }

@@ -125,9 +125,15 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         if self.submission.staged.is_empty() {
             return;
         }
-        self.mapper.map_batch(&mut self.grants, &mut self.stats);
+        // Transient maps that all succeeded are filled in by the batch itself: no second
+        // pass over the staged requests' segments (`map_batch`).
+        let known = self.mapper.map_batch(&mut self.grants, &mut self.stats);
         for n in 0..self.submission.staged.len() {
             let slot = self.submission.staged[n];
+            if known {
+                self.submit_or_defer(slot);
+                continue;
+            }
             match self.mapper.resolve(self.slots.segments(slot)) {
                 Ok(()) => self.submit_or_defer(slot),
                 Err(status) => self.fail(slot, RequestError::GrantFailed(status)),
