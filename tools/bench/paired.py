@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO / "tools" / "bench"))
 import fio_results  # noqa: E402  (tools/fio_results.py)
-from report import (derive_host, fmt, read_cpu, read_guest_irqs,  # noqa: E402
-                    read_host_threads, spread)  # (tools/bench/report.py)
+from report import (blkdom_cmdline_note, derive_host, fmt, read_cpu,  # noqa: E402
+                    read_guest_irqs, read_host_threads, spread)  # (tools/bench/report.py)
 
 GUEST = "fio-paired"
 # The guest's disks and who serves them (tests/xen/paired).
@@ -176,8 +176,7 @@ def render(summary: list, config: dict, markdown: bool) -> str:
              f"{config.get('rounds', '?')} round(s) of {config.get('runtime', '?')} s jobs, "
              "each job on both disks back to back (order alternating by round); "
              "ratios per pair, median (min-max); won = pairs where blkdom did better"
-             + (f"; blkdom's command line: {config['blkdom'].replace(':', ' ')}"
-                if config.get("blkdom") else "")
+             + blkdom_cmdline_note(config)
              + (f"; host core 0 for {config['pinned_alone']} alone, the other threads on "
                 "core 1 (RIG_PIN_PCPU)" if config.get("pinned_alone") else ""))
     if markdown:

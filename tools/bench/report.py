@@ -736,6 +736,13 @@ def build_report(nested: Path, engine_path, now: datetime.datetime) -> dict:
     return report
 
 
+def blkdom_cmdline_note(config: dict) -> str:
+    """A title's mention of blkdom's command line (a scenario's `blkdom=` config line,
+    ':' between words), empty when it had none."""
+    cmdline = config.get("blkdom")
+    return f"; blkdom's command line: {cmdline.replace(':', ' ')}" if cmdline else ""
+
+
 def render_tables(report: dict, markdown: bool) -> str:
     table = markdown_table if markdown else text_table
     parts = []
@@ -745,10 +752,8 @@ def render_tables(report: dict, markdown: bool) -> str:
         rounds = len({r["round"] for r in nested["runs"]})
         order = " ".join(SHORT_LABELS[s] for s in present_systems(nested["summary"]))
         parts.append(f"Nested Xen, {rounds} round(s) of {order} in turn, "
-                     f"{config.get('runtime', '?')} s per job"
-                     + (f"; blkdom's command line: {config['blkdom'].replace(':', ' ')}"
-                        if config.get("blkdom") else "")
-                     + "; medians (min–max over rounds):")
+                     f"{config.get('runtime', '?')} s per job{blkdom_cmdline_note(config)}"
+                     "; medians (min–max over rounds):")
         parts.append(table(*main_table(nested["summary"])))
         parts.append("Costs (medians; blkdom hypercalls = grant map + unmap batches + event"
                      " sends per backend request; per second = per request x fio IOPS;"
