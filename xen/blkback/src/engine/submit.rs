@@ -130,11 +130,12 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         let known = self.mapper.map_batch(&mut self.grants, &mut self.stats);
         for n in 0..self.submission.staged.len() {
             let slot = self.submission.staged[n];
-            if known {
-                self.submit_or_defer(slot);
-                continue;
-            }
-            match self.mapper.resolve(self.slots.segments(slot)) {
+            let mapped = if known {
+                Ok(())
+            } else {
+                self.mapper.resolve(self.slots.segments(slot))
+            };
+            match mapped {
                 Ok(()) => self.submit_or_defer(slot),
                 Err(status) => self.fail(slot, RequestError::GrantFailed(status)),
             }
