@@ -124,7 +124,7 @@ pub enum PollIdle {
 
 /// Above this a PAUSE is emulated rather than executed: on hardware it takes at most
 /// ~140 cycles (under 120 ns at 1.2 GHz); under QEMU's TCG it leaves the emulated CPU's
-/// loop and takes QEMU's global lock (218-348 ns at boot in the nested rig).
+/// loop and takes QEMU's global lock (218-867 ns at boot in the nested rig).
 pub const EMULATED_PAUSE_NS: u64 = 150;
 
 impl PollIdle {
@@ -307,7 +307,7 @@ mod tests {
 
     #[test]
     fn an_emulated_pause_means_spin_by_default() {
-        // The nested rig's PAUSE (218-348 ns) and a hardware one (~40-120 ns).
+        // The nested rig's PAUSE (218-867 ns) and a hardware one (~40-120 ns).
         assert_eq!(PollIdle::for_pause_cost(Some(218)), PollIdle::Spin);
         assert_eq!(
             PollIdle::for_pause_cost(Some(EMULATED_PAUSE_NS + 1)),
