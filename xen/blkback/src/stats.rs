@@ -102,6 +102,20 @@ ring_stats! {
     /// holds did not pay (no other response came within the window): moderation is
     /// off for now, and these are watched to see whether holding would pay again.
     notify_holds_declined => "notify-holds-declined",
+    /// Holds ended by their window running out (`notify.hold-us`, or 50 us for a
+    /// device): the frontend was still sending, or the device still busy. The five
+    /// `notify-holds-<why>` add up to the holds that ended (teardown aside).
+    notify_holds_deadline => "notify-holds-deadline",
+    /// Holds for requests on the device ended because none were left there.
+    notify_holds_drained => "notify-holds-drained",
+    /// Holds for the frontend's queue ended because it sent nothing for twice its
+    /// average gap between requests.
+    notify_holds_quiet => "notify-holds-quiet",
+    /// Holds for the frontend's queue ended because it was back at the depth it keeps
+    /// (or had filled its ring) and would send nothing more before it heard.
+    notify_holds_depth => "notify-holds-depth",
+    /// Holds ended because the poller was about to sleep.
+    notify_holds_sleep => "notify-holds-sleep",
     /// Times the frontend's producer index overflowed and the ring was halted.
     ring_overflows => "ring-overflows",
 }
@@ -165,7 +179,7 @@ mod tests {
         assert_eq!(total.device_busy, 8);
         let names: Vec<_> = total.fields().map(|(name, _)| name).collect();
         assert_eq!(names.last(), Some(&"ring-overflows"));
-        assert_eq!(names.len(), 30);
+        assert_eq!(names.len(), 35);
         assert_eq!(
             total.fields().find(|(name, _)| *name == "wr_req"),
             Some(("wr_req", 4))

@@ -4,7 +4,7 @@
 
 use blkdev::{BlockDevice, Completion, IoStatus};
 
-use super::notify::{Outlook, Release};
+use super::notify::{Outlook, Release, Why};
 use super::slots::Slot;
 use super::{worth_logging, Engine, EngineState, EventChannel};
 use crate::abi;
@@ -119,8 +119,8 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         if self.moderator.holding() {
             return match self.moderator.release(rsp_prod, self.outlook()) {
                 Release::No => false,
-                Release::Yes { since, wasted } => {
-                    self.stats.notify_holds_wasted += u64::from(wasted);
+                Release::Yes { since, wasted, why } => {
+                    self.count_release(wasted, why);
                     self.ring.notify_wanted_since(since) && self.send_notification()
                 }
             };
@@ -158,15 +158,26 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     /// depends on the poller's timer.
     pub(super) fn release_before_sleep(&mut self) {
         let outstanding = self.ring.frontend_outstanding(self.ring.req_prod());
-        if let Some(Release::Yes { since, wasted }) = self
+        if let Some(Release::Yes { since, wasted, why }) = self
             .moderator
             .release_idle(self.ring.rsp_prod(), outstanding)
         {
-            self.stats.notify_holds_wasted += u64::from(wasted);
+            self.count_release(wasted, why);
             if self.ring.notify_wanted_since(since) {
                 self.send_notification();
             }
         }
+    }
+
+    fn count_release(&mut self, wasted: bool, why: Why) {
+        self.stats.notify_holds_wasted += u64::from(wasted);
+        *match why {
+            Why::Deadline => &mut self.stats.notify_holds_deadline,
+            Why::Drained => &mut self.stats.notify_holds_drained,
+            Why::Quiet => &mut self.stats.notify_holds_quiet,
+            Why::Depth => &mut self.stats.notify_holds_depth,
+            Why::Sleep => &mut self.stats.notify_holds_sleep,
+        } += 1;
     }
 
     fn send_notification(&mut self) -> bool {

@@ -94,8 +94,25 @@ pub(super) enum Release {
     No,
     /// Release now (the ring macro over everything published after `since` says
     /// whether to send); `wasted`: no other response came while it was held, and the
-    /// frontend waited for nothing.
-    Yes { since: u32, wasted: bool },
+    /// frontend waited for nothing; `why`: what ended it (counted, so an operator
+    /// tuning `notify.hold-us` sees which bound cuts the batches).
+    Yes { since: u32, wasted: bool, why: Why },
+}
+
+/// What ended a hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Why {
+    /// Its window ran out.
+    Deadline,
+    /// Held for requests on the device, and none are left there.
+    Drained,
+    /// Held for the frontend's queue, and the frontend sent nothing for its quiet gap.
+    Quiet,
+    /// Held for the frontend's queue, and the frontend is back at its depth or has
+    /// filled its ring: it sends nothing more before it hears.
+    Depth,
+    /// The poller was about to sleep.
+    Sleep,
 }
 
 /// One ring's moderation state; times are the poller's clock in ns.
@@ -251,30 +268,35 @@ impl Moderator {
         let Some(held) = self.held else {
             return Release::No;
         };
-        let due = self.now >= held.deadline;
-        let more = if held.for_device {
-            outlook.busy
-        } else {
+        let why = if self.now >= held.deadline {
+            Why::Deadline
+        } else if held.for_device {
+            if outlook.busy {
+                return Release::No;
+            }
+            Why::Drained
+        } else if self.frontend_quiet() {
+            Why::Quiet
+        } else if !self.more_expected(outlook) {
             // Not `quiet` alone: a frontend back at its depth sends nothing more, and
             // waiting for its quiet gap would idle it (fio at QD4).
-            !self.frontend_quiet() && self.more_expected(outlook)
-        };
-        if !due && more {
+            Why::Depth
+        } else {
             return Release::No;
-        }
-        self.end(held, rsp_prod, outlook.outstanding)
+        };
+        self.end(held, rsp_prod, outlook.outstanding, why)
     }
 
     /// The poller is about to block: a held event goes out now (whatever was coming
     /// did not come while it spun). `None` when nothing was held.
     pub fn release_idle(&mut self, rsp_prod: u32, outstanding: u32) -> Option<Release> {
         let held = self.held?;
-        Some(self.end(held, rsp_prod, outstanding))
+        Some(self.end(held, rsp_prod, outstanding, Why::Sleep))
     }
 
-    /// A hold ends with `rsp_prod` published and `outstanding` requests at the
-    /// frontend.
-    fn end(&mut self, held: Held, rsp_prod: u32, outstanding: u32) -> Release {
+    /// A hold ends, for `why`, with `rsp_prod` published and `outstanding` requests at
+    /// the frontend.
+    fn end(&mut self, held: Held, rsp_prod: u32, outstanding: u32, why: Why) -> Release {
         let batch = rsp_prod != held.first;
         // A batch that came only after twice the window did not pay: the poll that
         // brought it was long (a large request copied before its response), and the
@@ -300,6 +322,7 @@ impl Moderator {
         Release::Yes {
             since: held.since,
             wasted: !batch,
+            why,
         }
     }
 
@@ -381,7 +404,8 @@ mod tests {
             f.m.release(3, full),
             Release::Yes {
                 since: 0,
-                wasted: false
+                wasted: false,
+                why: Why::Depth,
             }
         );
         assert!(f.holds(3, front(7)));
@@ -415,7 +439,8 @@ mod tests {
                 f.m.release(since + 1, front(1)),
                 Release::Yes {
                     since,
-                    wasted: true
+                    wasted: true,
+                    why: Why::Deadline,
                 }
             );
         }
@@ -455,7 +480,8 @@ mod tests {
             f.m.release(20, front(20)),
             Release::Yes {
                 since: 0,
-                wasted: false
+                wasted: false,
+                why: Why::Quiet,
             }
         );
     }
@@ -477,7 +503,8 @@ mod tests {
             f.m.release(4, front(4)),
             Release::Yes {
                 since: 0,
-                wasted: false
+                wasted: false,
+                why: Why::Depth,
             }
         );
     }
@@ -510,7 +537,8 @@ mod tests {
             f.m.release(3, BUSY),
             Release::Yes {
                 since: 0,
-                wasted: false
+                wasted: false,
+                why: Why::Deadline,
             }
         );
         assert!(f.holds(3, BUSY));
@@ -518,7 +546,8 @@ mod tests {
             f.m.release(5, front(1)),
             Release::Yes {
                 since: 3,
-                wasted: false
+                wasted: false,
+                why: Why::Drained,
             }
         );
         assert!(!f.m.holding());
@@ -534,7 +563,8 @@ mod tests {
             f.m.release_idle(1, 1),
             Some(Release::Yes {
                 since: 0,
-                wasted: true
+                wasted: true,
+                why: Why::Sleep,
             })
         );
         assert_eq!(f.m.release_idle(1, 1), None);

@@ -54,6 +54,18 @@ impl Seen {
     }
 }
 
+/// The holds that ended, by what ended them: deadline, device drained, frontend quiet,
+/// frontend at its depth, poller going to sleep.
+fn holds_ended(stats: &RingStats) -> [u64; 5] {
+    [
+        stats.notify_holds_deadline,
+        stats.notify_holds_drained,
+        stats.notify_holds_quiet,
+        stats.notify_holds_depth,
+        stats.notify_holds_sleep,
+    ]
+}
+
 fn config(window_ns: u64) -> EngineConfig {
     EngineConfig {
         notify_hold_ns: window_ns,
@@ -204,6 +216,7 @@ fn a_frontend_waiting_on_one_held_response_gets_it_at_the_deadline() {
     assert_eq!(rig.engine.notify_deadline(), None);
     let stats = rig.engine.stats();
     assert_eq!((stats.notifications, stats.notify_holds_wasted), (1, 1));
+    assert_eq!(holds_ended(&stats), [1, 0, 0, 0, 0]);
     assert_eq!(rig.responses().len(), 1);
 }
 
@@ -223,6 +236,7 @@ fn a_held_notification_goes_out_with_the_next_completion_when_nothing_else_is_in
         (stats.notifications_held, stats.notify_holds_wasted),
         (1, 0)
     );
+    assert_eq!(holds_ended(&stats), [0, 1, 0, 0, 0]);
 }
 
 #[test]
@@ -296,6 +310,13 @@ fn a_frontend_trickling_requests_to_an_instant_device_gets_batches() {
         on.notifications_per_request(),
         on.stats
     );
+    // Every hold ended for a reason counted (the last may still be open).
+    let ended: u64 = holds_ended(&on.stats).iter().sum();
+    assert!(
+        on.stats.notifications_held - ended <= 1,
+        "{ended} ended of {}",
+        on.stats.notifications_held
+    );
 }
 
 #[test]
@@ -323,6 +344,8 @@ fn a_frontend_with_its_whole_ring_answered_is_told_at_once() {
     // The first round was not held: nothing showed more to come yet.
     assert_eq!(rig.engine.stats().notifications_held, 2);
     assert_eq!(rig.engine.stats().notify_holds_wasted, 0);
+    // Both ended as the frontend reached its depth (its whole ring), not at the window.
+    assert_eq!(holds_ended(&rig.engine.stats()), [0, 0, 0, 2, 0]);
 }
 
 #[test]
@@ -393,4 +416,5 @@ fn a_poller_going_to_sleep_sends_the_held_notification_first() {
         (stats.notifications_held, stats.notify_holds_wasted),
         (1, 1)
     );
+    assert_eq!(holds_ended(&stats), [0, 0, 0, 0, 1]);
 }
