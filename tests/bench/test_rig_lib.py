@@ -231,11 +231,13 @@ class RigSweepTest(unittest.TestCase):
 
     def test_notify_counters_never_subtract_a_missing_sample(self):
         stats = ("queues=1 rd_req={} notifications={} responses={} notifications-held={} "
-                 "notify-holds-wasted=1 notify-holds-declined=0")
+                 "notify-holds-wasted=1 notify-holds-declined=0 notify-holds-deadline={} "
+                 "notify-holds-quiet=2 notify-holds-depth={} notify-holds-drained=0 "
+                 "notify-holds-sleep=3")
         (self.dir / "counters-g.txt").write_text(
-            "begin q32 " + stats.format(0, 0, 0, 0) + "\n"
-            "end q32 " + stats.format(1000, 100, 1000, 90) + "\n"
-            "begin q1 " + stats.format(1010, 101, 1010, 90) + "\n"
+            "begin q32 " + stats.format(0, 0, 0, 0, 0, 0) + "\n"
+            "end q32 " + stats.format(1000, 100, 1000, 90, 7, 83) + "\n"
+            "begin q1 " + stats.format(1010, 101, 1010, 90, 7, 83) + "\n"
             # The guest was gone when its last job's end was read: nothing.
             "end q1 \n")
         (self.dir / "guest-g.log").write_text(
@@ -247,7 +249,8 @@ class RigSweepTest(unittest.TestCase):
                 self.assertEqual(out, [
                     "rig: g q1: counters missing at the end of the job",
                     "rig: g q32: requests=1000 events=100 held=90 wasted=0 declined=0 "
-                    "guest_irqs=100 events/request=0.100 irqs/io=0.100"])
+                    "guest_irqs=100 ended_deadline=7 ended_quiet=0 ended_depth=83 "
+                    "ended_drained=0 ended_sleep=0 events/request=0.100 irqs/io=0.100"])
 
     def test_run_variants_alternates_rounds(self):
         # Stand-ins for the rig: each blkdom boot notes its command line, each guest writes

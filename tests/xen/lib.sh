@@ -408,7 +408,7 @@ variants_summary() {
 # counters-GUEST.txt: "begin|end JOB key=value..." lines of blkdom-stats, as
 # tests/xen/notify-sweep's job edge hook writes them) and the guest's blkif interrupts
 # (its console's "irq before|after JOB N" lines), with events per request and interrupts
-# per I/O; a job whose counters are missing at an edge says so.
+# per I/O, and what ended the holds; a job whose counters are missing at an edge says so.
 notify_counters() {
   local guest=$1
   awk -v guest="$guest" '
@@ -434,6 +434,11 @@ notify_counters() {
         printf "rig: %s %s: requests=%d events=%d held=%d wasted=%d declined=%d guest_irqs=%d", \
           guest, j, req, ev, delta(j, "notifications-held"), delta(j, "notify-holds-wasted"), \
           delta(j, "notify-holds-declined"), irqs
+        # What ended the holds (a blkdom without these counters gives 0s).
+        printf " ended_deadline=%d ended_quiet=%d ended_depth=%d ended_drained=%d ended_sleep=%d", \
+          delta(j, "notify-holds-deadline"), delta(j, "notify-holds-quiet"), \
+          delta(j, "notify-holds-depth"), delta(j, "notify-holds-drained"), \
+          delta(j, "notify-holds-sleep")
         if (req > 0) printf " events/request=%.3f irqs/io=%.3f", ev / req, irqs / req
         printf "\n"
       }
