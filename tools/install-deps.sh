@@ -92,9 +92,11 @@ if [ "$want_xen" = 1 ]; then
   # installing xen-hypervisor or linux-image here would rewrite this machine's boot
   # loader and initramfs. QEMU and fio are built from source packages (tools/rig/).
   # e2fsprogs: its mke2fs/e2fsck go into the guest image (the mkfs/fsck checks).
+  # busybox: tests/bench runs the rig's shell library under busybox sh and awk too, as
+  # dom0 runs it (without it those tests run under sh alone and one is skipped).
   for p in zstd cpio binutils dpkg-dev build-essential pkg-config ninja-build flex bison \
            libglib2.0-dev libpixman-1-dev libfdt-dev zlib1g-dev python3-venv python3-tomli \
-           libaio-dev seabios ipxe-qemu e2fsprogs; do
+           libaio-dev seabios ipxe-qemu e2fsprogs busybox; do
     need "$p"
   done
   # Building QEMU 10.0.2 needs meson >= 1.5 and python3-pycotap from backports.
