@@ -119,10 +119,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         if self.moderator.holding() {
             return match self.moderator.release(rsp_prod, self.outlook()) {
                 Release::No => false,
-                Release::Yes { since, wasted, why } => {
-                    self.count_release(wasted, why);
-                    self.ring.notify_wanted_since(since) && self.send_notification()
-                }
+                Release::Yes { since, wasted, why } => self.end_hold(since, wasted, why),
             };
         }
         self.moderator.observe(published.map(|_| rsp_prod));
@@ -162,14 +159,13 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             .moderator
             .release_idle(self.ring.rsp_prod(), outstanding)
         {
-            self.count_release(wasted, why);
-            if self.ring.notify_wanted_since(since) {
-                self.send_notification();
-            }
+            self.end_hold(since, wasted, why);
         }
     }
 
-    fn count_release(&mut self, wasted: bool, why: Why) {
+    /// A hold ended (`Release::Yes`): count it, and send the event if the frontend
+    /// still wants one for what was published since `since`. True if sent.
+    fn end_hold(&mut self, since: u32, wasted: bool, why: Why) -> bool {
         self.stats.notify_holds_wasted += u64::from(wasted);
         *match why {
             Why::Deadline => &mut self.stats.notify_holds_deadline,
@@ -178,6 +174,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             Why::Depth => &mut self.stats.notify_holds_depth,
             Why::Sleep => &mut self.stats.notify_holds_sleep,
         } += 1;
+        self.ring.notify_wanted_since(since) && self.send_notification()
     }
 
     fn send_notification(&mut self) -> bool {
