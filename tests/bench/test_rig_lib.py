@@ -185,6 +185,21 @@ class RigSweepTest(unittest.TestCase):
         self.assertEqual(result.stderr, "")
         return result.stdout
 
+    def test_blkdoms_command_line_from_dom0s_and_into_the_config(self):
+        # cmdline_arg stands in for dom0's /proc/cmdline.
+        stub = ('cmdline_arg() { [ "$1" = rig.x.blkdom ] && '
+                'echo "poll.idle=pause:notify.hold-us=0+poll.spin-us=20-200"; }; ')
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                self.assertEqual(self.run_lib(
+                    stub + 'blkdom_cmdline_from rig.x.blkdom; echo "[$BLKDOM_CMDLINE]"; '
+                    "blkdom_cmdline_config", shell),
+                    "[poll.idle=pause notify.hold-us=0 poll.spin-us=20-200]\n"
+                    "blkdom=poll.idle=pause:notify.hold-us=0:poll.spin-us=20-200\n")
+                self.assertEqual(self.run_lib(
+                    stub + "blkdom_cmdline_from rig.y.blkdom; blkdom_cmdline_config", shell),
+                    "blkdom=\n")
+
     def test_fio_read_stats_reads_the_read_side(self):
         (self.dir / "r.json").write_text(fio_json(1261.4, 20578304))
         (self.dir / "w.json").write_text(fio_json(0, 0, 500.0, 99000))

@@ -30,6 +30,13 @@ cmdline_arg() {
   done
 }
 
+# blkdom_cmdline_from KEY: BLKDOM_CMDLINE (boot_blkdom's) from dom0's KEY= (one word
+# there: ':' or '+' between blkdom's words). blkdom_cmdline_config: the "blkdom=" line of
+# a scenario's config file, ':' between words again (tools/bench/report.py and paired.py
+# name it in their titles; empty when blkdom had none).
+blkdom_cmdline_from() { BLKDOM_CMDLINE=$(cmdline_arg "$1" | tr ':+' '  '); }
+blkdom_cmdline_config() { echo "blkdom=$(echo "$BLKDOM_CMDLINE" | tr ' ' ':')"; }
+
 now() { cut -d' ' -f1 /proc/uptime; }
 seconds_since() { awk -v start="$1" -v end="$(now)" 'BEGIN { printf "%.2f", end - start }'; }
 timing() {
