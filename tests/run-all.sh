@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make test`: every tier that runs on this machine, with one closing line
 # `N passed, M failed` that counts them all.
-#   lint     rustfmt and clippy (-D warnings), host crates and the image
+#   lint     rustfmt and clippy (-D warnings), host crates and the image; a licence line
+#            in every source file (tools/spdx.py)
 #   tier 1   host `cargo test` of the logic crates
 #   tools    python unit tests of the fio JSON reader and the benchmark report (tests/bench)
 #   fuzz     every cargo-fuzz target for 15 s (tools/fuzz.sh)
@@ -39,7 +40,8 @@ lint_ok=0
 lint_failed=()
 for check in "fmt:cargo fmt --all -- --check" \
              "clippy-host:cargo clippy --workspace --exclude blkdom --all-targets -- -D warnings" \
-             "clippy-image:cargo clippy -p blkdom --target x86_64-unknown-none -- -D warnings"; do
+             "clippy-image:cargo clippy -p blkdom --target x86_64-unknown-none -- -D warnings" \
+             "spdx:python3 tools/spdx.py"; do
   name=${check%%:*}
   if ${check#*:} >"$logs/lint-$name.log" 2>&1; then
     passed=$((passed + 1)); lint_ok=$((lint_ok + 1))
@@ -47,7 +49,7 @@ for check in "fmt:cargo fmt --all -- --check" \
     failed=$((failed + 1)); lint_failed+=("lint: $name FAILED"); echo "lint: $name FAILED:"; tail -n 40 "$logs/lint-$name.log"
   fi
 done
-note lint "$lint_ok of 3 checks clean"
+note lint "$lint_ok of 4 checks clean"
 
 echo "== tier 1: host cargo test"
 cargo test 2>&1 | tee "$logs/tier1.log"
