@@ -566,7 +566,7 @@ def engine_rows(engine: dict) -> list:
              fmt(r["threaded_req_per_s"]), fmt(r["lockstep_req_per_s_per_core"]),
              fmt(r["lockstep_ns_per_req"], 1), fmt(r["plain_req_per_s_per_core"]),
              fmt(r["plain_ns_per_req"], 1),
-             # The kernel's ring access (xen::SharedMem), measured since 2026-12-01.
+             # The kernel's ring access (xen::SharedMem); older results lack it.
              fmt(r["kernel_req_per_s_per_core"]) if "kernel_ns_per_req" in r else "-",
              fmt(r["kernel_ns_per_req"], 1) if "kernel_ns_per_req" in r else "-",
              fmt(r["grant_batches_per_req"], 3)]

@@ -2,7 +2,7 @@
 # Builds qemu-system-x86_64 10.0.2 from Debian's bookworm-backports source package with the
 # nested-SVM fixes in tools/rig/qemu-*.patch (stock 10.0.x kills every PVH/HVM guest under
 # Xen). Cached in $BLKDOM_CACHE/rig/qemu-<hash of inputs>/; prints the binary's path.
-# Takes ~3 minutes on 2 cores; a lock keeps two builds from running at once.
+# Takes minutes; a lock keeps two builds from running at once.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 

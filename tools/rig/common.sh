@@ -90,8 +90,8 @@ scenario_list() {
 # with VT-d when it thinks the CPU has EPT ("Intel VT-d Shared EPT tables enabled"), but
 # the TCG CPU runs SVM: the VT-d then walks NPT-format tables and no IOTLB flush follows a
 # p2m change, so once a grant-mapped frame was unmapped and the same guest-physical page
-# mapped to another grant, the device kept DMAing to the old frame (measured: fio verify
-# read other blocks' data, a rebooted guest's kernel was overwritten). Separate VT-d
+# mapped to another grant, the device kept DMAing to the old frame (fio verify read
+# other blocks' data, a rebooted guest's kernel was overwritten). Separate VT-d
 # tables are flushed on every map and unmap. Real hardware has EPT with VT-d.
 # no-intremap: with interrupt remapping on, Xen runs its APICs in x2APIC mode, and every
 # interrupt of a passed-through device (MSI-X and INTx alike) reached pCPU 0 whatever

@@ -2,15 +2,15 @@
 //!
 //! A ring's requests wake the poller through its event channel, but a device's
 //! completions do not: NVMe and virtio queues are polled, with no interrupt behind them.
-//! A poller whose device still holds requests must come back on its own, soon: without
-//! this rule it slept its full second with a read done (BENCHMARKS.md, the emulated-NVMe
-//! section).
+//! A poller whose device still holds requests must come back on its own, soon: else it
+//! could sleep its full second with a read done.
 
 /// Longest sleep with nothing in flight; control work (vCPU 0) may ask for less.
 pub const MAX_SLEEP_NS: u64 = 1_000_000_000;
-/// Longest sleep while a device holds requests: a wake-up costs one hypercall (~0.1 ms
-/// under the nested rig), so 1 ms keeps that below a tenth of the vCPU and adds at most
-/// 1 ms to a request that outlived the spin window (an emulated NVMe takes ~10 ms).
+/// Longest sleep while a device holds requests: a wake-up costs a hypercall, expensive
+/// where the CPU is emulated, so waking every 1 ms keeps that a small share of the vCPU
+/// while adding at most 1 ms to a request that outlived the spin window (little next to
+/// an emulated device's latency).
 pub const DEVICE_WAIT_NS: u64 = 1_000_000;
 
 /// The absolute deadline of the next sleep starting at `now`: the control path's next

@@ -1,16 +1,16 @@
 //! How long an idle poller spins before it sleeps.
 //!
-//! A wake-up from `SCHEDOP_poll` costs a hypercall (~125 us under the nested rig) plus a
-//! cross-pCPU wake; a spin costs the pCPU it runs on. So the spell a poller keeps
+//! A wake-up from `SCHEDOP_poll` costs a hypercall (expensive where the CPU is emulated)
+//! plus a cross-pCPU wake; a spin costs the pCPU it runs on. So the spell a poller keeps
 //! spinning after its last work adapts to the gaps it sees between bursts of work: twice
 //! their running average (1/8 weight), within bounds. Work found right after a sleep
 //! counts as a gap of the longest spell: a longer spell might have caught it. Only work
 //! moves the average: an idle poller spins the spell it had per wake-up (about one a
 //! second), a fresh one twice the shortest bound.
 //!
-//! The default bounds come from tests/xen/spin-sweep (BENCHMARKS.md, "What the numbers
-//! are made of"): shorter spells lost a third of the QD32 and two thirds of the QD1
-//! IOPS, longer ones gained little. `poll.spin-us=` overrides them.
+//! The default bounds come from tests/xen/spin-sweep (results in BENCHMARKS.md): shorter
+//! spells put the poller to sleep in the gaps of a steady workload, so requests wait for
+//! wake-ups; longer ones spin for little more work. `poll.spin-us=` overrides them.
 
 /// The shortest spell by default.
 pub const MIN_SPELL_NS: u64 = 200_000;

@@ -6,12 +6,11 @@
 //! - `rep movsq`, what the image's `memcpy` (compiler_builtins, without `ermsb`) does
 //!   for the body of a copy. On hardware it is the fastest for 4 KiB.
 //! - A loop of eight 8-byte loads and eight stores per 64 bytes, in assembly so that the
-//!   compiler cannot turn it into SSE. Under QEMU's TCG (the nested rig) every iteration
-//!   of a `rep` string instruction is emulated on its own and 128-bit SSE moves are slow,
-//!   while plain 8-byte moves are translated into a few host instructions each: the loop
-//!   copies 4 KiB in ~0.43 us where `rep movsq` takes ~0.99 us and `rep movsb` (what
-//!   Linux's memcpy uses on a CPU with ERMS) ~7.8 us (qemu-x86_64 10.0.2, this machine;
-//!   natively 117 ns, 84 ns and 87 ns).
+//!   compiler cannot turn it into SSE. Under QEMU's TCG every iteration of a `rep`
+//!   string instruction is emulated on its own and 128-bit SSE moves are slow, while
+//!   plain 8-byte moves are translated into a few host instructions each: there the loop
+//!   is the faster way, by far (and `rep movsb`, Linux's memcpy on a CPU with ERMS, the
+//!   slowest); natively the three are close.
 
 use core::arch::asm;
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -112,9 +111,9 @@ fn tsc() -> u64 {
 }
 
 /// Times both ways on 4 KiB pages (256 copies per round, best of three rounds each,
-/// alternating, so a trapped RDTSC of ~0.1 ms under Xen's default `tsc_mode` weighs
-/// the same on both) and keeps the faster for every copy from now on. Call once at
-/// boot, on the boot CPU, before other CPUs run (they read the choice).
+/// alternating, so a trapped RDTSC, slow under Xen's default `tsc_mode`, weighs the
+/// same on both) and keeps the faster for every copy from now on. Call once at boot, on
+/// the boot CPU, before other CPUs run (they read the choice).
 pub fn calibrate() {
     const PAGE: usize = 4096;
     const COPIES: u64 = 256;

@@ -1,7 +1,7 @@
 //! Bounce buffers for a disk the device model emulates, under Xen. qemu-xen reaches an HVM
 //! domain's memory only through its map of guest RAM, and foreign grants are mapped above
-//! RAM, so such a device cannot DMA to them (measured: writes stored leftovers, reads
-//! landed nowhere). Each data segment goes through a page of this queue's own pool, in
+//! RAM, so such a device cannot DMA to them (writes would store leftovers, reads land
+//! nowhere). Each data segment goes through a page of this queue's own pool, in
 //! RAM: copied in from the grant before a write is submitted, copied out to the grant
 //! when a read completes (before the engine hears of it, while the grant is still mapped).
 //! Passed-through devices DMA through the IOMMU, which sees grant mappings: no bounce.
@@ -9,7 +9,7 @@
 //! A failed queue (`BlockDevice::fault`: a command past its deadline) answers what it
 //! held with errors while an emulated device may still be working on it: QEMU maps a
 //! command's memory when it starts it, so turning bus mastering off does not stop it
-//! writing a read's data there when it finally completes (measured in tier 2). That
+//! writing a read's data there when it finally completes (tier 2 shows it). That
 //! data lands in this pool only: a read's data is copied out to the guest on success
 //! alone, and the failed queue never uses a page of the pool again.
 

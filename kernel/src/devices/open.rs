@@ -238,11 +238,11 @@ impl Devices {
     /// NVMe controller (reset, admin queue, identify, the I/O queue pairs it grants; a
     /// namespace's queues are made when a disk opens it) and every virtio-blk device
     /// (with `virtio_queues` virtqueues). Each register and configuration access is a VM
-    /// exit, under Xen's HVM a round trip to the device model: a loaded nested rig took
-    /// 24 s to open an emulated disk at attach, past the 10 s libxl gives a backend to
-    /// reach InitWait. Done here, at boot, the attach takes queues. A device that fails
-    /// here is left as it was: its first disk opens it again, and fails or not as it
-    /// always did (the reason to its vbd's error nodes).
+    /// exit, under Xen's HVM a round trip to the device model, so on a loaded host opening
+    /// an emulated disk at attach can outlast the 10 s libxl gives a backend to reach
+    /// InitWait. Done here, at boot, the attach takes queues. A device that fails here is
+    /// left as it was: its first disk opens it again, and fails or not as it always did
+    /// (the reason to its vbd's error nodes).
     pub fn prepare(&mut self, virtio_queues: usize) {
         let functions = self.bus.functions();
         if let Some(nvme) = functions.iter().find(|f| f.is_nvme()) {
@@ -282,15 +282,15 @@ fn log_prepared(function: &Function, what: &str, error: Option<OpenError>) {
 /// Under Xen, whether the device model (qemu-xen) emulates this device rather than the
 /// toolstack passing it through. An emulated device's DMA goes through QEMU's map of guest
 /// RAM, which covers only the RAM ranges, while foreign grants are mapped in the
-/// memory-map hole above RAM (main::grant_map_hole). Measured in the nested rig
-/// (tests/xen/blkdom-hvm) without bounce buffers: requests completed, but writes stored
-/// whatever QEMU's bounce buffer held and reads landed nowhere. Such a device is driven
-/// through bounce buffers in RAM (devices/bounce.rs). A passed-through device DMAs
-/// through the IOMMU, whose tables map every guest-physical page of the domain, grant
-/// mappings included (tests/xen/blkdom-passthrough): straight to the guest's pages. The
-/// device's ids do not tell the two apart (the nested rig passes through the same QEMU
-/// NVMe that qemu-xen emulates); where it came from does. (Plain QEMU, no Xen: nothing
-/// is grant-mapped; the disk tests drive every device directly.)
+/// memory-map hole above RAM (main::grant_map_hole): without bounce buffers requests
+/// complete, but writes store whatever QEMU's bounce buffer held and reads land nowhere
+/// (tests/xen/blkdom-hvm). Such a device is driven through bounce buffers in RAM
+/// (devices/bounce.rs). A passed-through device DMAs through the IOMMU, whose tables map
+/// every guest-physical page of the domain, grant mappings included
+/// (tests/xen/blkdom-passthrough): straight to the guest's pages. The device's ids do not
+/// tell the two apart (the nested rig passes through the same QEMU NVMe that qemu-xen
+/// emulates); where it came from does. (Plain QEMU, no Xen: nothing is grant-mapped; the
+/// disk tests drive every device directly.)
 fn emulated_under_xen(function: &Function, options: &OpenOptions<'_>) -> bool {
     let emulated =
         crate::xen_domain::get().is_some() && !options.passed_through.contains(&function.address);

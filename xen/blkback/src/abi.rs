@@ -98,14 +98,11 @@ pub mod sring {
 /// offsets above stay the reference (the fake frontend encodes with them); the
 /// assertions below tie the two together.
 ///
-/// zerocopy (0.8, no_std) replaced offset reads here because it was no slower, measured
-/// on the parse path with 4 KiB reads: instructions per request (cachegrind, the bench's
-/// plain-memory loop) 783 -> 779 with persistent grants, 876 -> 872 without; CPU time per
-/// request over fixed work, medians of 25 alternating runs, 51.4 -> 50.1 ns (order 0) and
-/// 57.2 -> 54.3 ns (order 4); `make bench-engine` equal within the machine's noise. We
-/// still write no `unsafe` (`deny(unsafe_code)` holds): the `unsafe impl`s of
-/// `FromBytes`/`IntoBytes` come from zerocopy's derives, which check each layout (no
-/// hidden padding, every bit pattern valid) before emitting them.
+/// zerocopy (0.8, no_std) replaced offset reads here: the parse path is no slower with
+/// it, and the compiler checks the layouts instead of us. We still write no `unsafe`
+/// (`deny(unsafe_code)` holds): the `unsafe impl`s of `FromBytes`/`IntoBytes` come from
+/// zerocopy's derives, which check each layout (no hidden padding, every bit pattern
+/// valid) before emitting them.
 pub mod wire {
     use zerocopy::little_endian::{I16, U16, U32, U64};
     use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};

@@ -19,8 +19,8 @@ use zerocopy::IntoBytes;
 /// taken carry this many, the rest wait for the next poll. A poll answers what it took
 /// before it looks at the ring again, and a device that copies in `submit` (the RAM
 /// disk) copies everything a poll took before the first of those answers is published:
-/// 32 requests of 1 MiB would be 32 MiB copied (8-30 ms under the nested rig's
-/// emulation) while the frontend waits for its first response, where Linux blkback
+/// 32 requests of 1 MiB would be 32 MiB copied (milliseconds, far more where the CPU is
+/// emulated) while the frontend waits for its first response, where Linux blkback
 /// answers each request as its copy ends. 256 pages (1 MiB, the largest request of
 /// blkfront's usual `max_indirect_segments=256`) lets one such request through per poll
 /// and changes nothing for requests up to 32 KiB at the ring's usual 32 in flight.

@@ -238,9 +238,9 @@ impl GrantMapper {
     /// once on a hit on a mapped grant (returns true), else once the batch is mapped and
     /// `resolve` is called (false).
     // The transient path is inlined into the per-segment loops (with a plain `#[inline]`
-    // the compiler kept all of `acquire` out of line: ~14 more instructions per request
-    // with persistent grants off, cachegrind, bench_engine's plain loop); the cache's
-    // path stays one call, as it was (inlining it too costs the persistent path ~5).
+    // the compiler kept all of `acquire` out of line, a call per segment with persistent
+    // grants off); the cache's path stays one call, as inlining it too only added
+    // instructions to the persistent path.
     #[inline(always)]
     pub fn acquire(&mut self, index: usize, gref: u32, writable: bool) -> bool {
         if self.persistent {

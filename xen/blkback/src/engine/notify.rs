@@ -42,9 +42,9 @@ const WASTED_PENALTY: u8 = 2;
 const QUIET_GAPS: u64 = 2;
 /// The longest hold for requests on the device. At a fixed queue depth a device always
 /// has requests in flight, and the frontend sends no more until it hears of some: a
-/// hold that waited for the device to drain would leave it idle meanwhile. This is the
-/// window those holds were measured with (BENCHMARKS.md, bench-engine's moderation
-/// table); `notify.hold-us` bounds them too.
+/// hold that waited for the device to drain would leave it idle meanwhile, so this is
+/// short: enough to gather completions that come close together, little device idle
+/// time otherwise. `notify.hold-us` bounds them too.
 pub(super) const DEVICE_WINDOW_NS: u64 = 50_000;
 /// Holds for the frontend's queue in a row that found it sending nothing, after which
 /// it no longer counts as keeping several requests outstanding.
@@ -608,7 +608,7 @@ mod tests {
     #[test]
     fn holds_whose_batch_comes_long_after_the_deadline_stop_holding() {
         // 1 MiB reads at QD4 on a RAM disk: the response after the held one comes only
-        // at the end of the next poll, which copies a whole request (2 ms in the rig);
+        // at the end of the next poll, which copies a whole request (2 ms here);
         // it carried a batch, but late.
         let mut m = Moderator::new(5_000_000);
         let (mut now, mut prod) = (0, 0);

@@ -51,8 +51,8 @@ pub(crate) struct GuestCosts {
     pub irq_jitter: u64,
 }
 
-/// The rig's guest as its numbers suggest: ~1,260 IOPS at QD32 with one interrupt per
-/// request, ~0.8 ms of guest time per request of which about a third is the interrupt.
+/// The rig's guest, whose vCPU is emulated: hundreds of microseconds per step, about a
+/// third of a request's guest time spent taking its interrupt.
 pub(crate) const TCG_GUEST: GuestCosts = GuestCosts {
     irq: 250 * US,
     per_response: 30 * US,
@@ -428,9 +428,8 @@ fn a_fast_guest_gets_batches_whatever_the_window() {
 
 /// A hold for the frontend's queue ends once it is back at its depth: a QD4 guest
 /// reaps its whole depth at once, so what is held for its queue it waits for with
-/// nothing else to do. Before that rule (waiting for the guest's quiet gap instead) the
-/// model gave 1,166 IOPS held against 1,271 not, and the rig 632 against 846 at 64 KiB
-/// (BENCHMARKS.md).
+/// nothing else to do. Before that rule (waiting for the guest's quiet gap instead)
+/// holding cost such a guest throughput, in this model and on the rig.
 #[test]
 fn a_guest_at_a_small_depth_is_not_kept_waiting() {
     // make bench's 64 KiB and 1 MiB sequential jobs.
