@@ -7,11 +7,10 @@ use super::stripes::{Stripe, STRIPE_BYTES};
 use super::RamDiskQueue;
 use crate::{Completion, IoStatus};
 
-/// Bytes of discards a queue zeroes per `poll_completions`, at most. 1 MiB takes tens of
-/// microseconds to zero (memset runs at several GB/s, slower nested), about what the
-/// largest read or write (2 MiB) costs to copy, so a discard delays the other rings of
-/// its poller no more than one large request does, and far less than the 1 ms a poller
-/// with requests on its device may sleep. Smaller pieces would only add polls, larger
+/// Bytes of discards a queue zeroes per `poll_completions`, at most. Zeroing 1 MiB costs
+/// about what copying the largest read or write (2 MiB) does, so a discard delays the
+/// other rings of its poller no more than one large request does, and far less than the
+/// 1 ms a poller with requests on its device may sleep. Smaller pieces would only add polls, larger
 /// ones lengthen the stall.
 pub const DISCARD_BYTES_PER_POLL: usize = 1 << 20;
 /// What marking one whole stripe zero costs of that budget: a lock and a store, far less
