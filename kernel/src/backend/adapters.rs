@@ -9,13 +9,13 @@ use alloc::vec::Vec;
 use blkback::engine::EventChannel;
 use blkback::grant::{GrantOps, GrantStatus, MapRequest, MappedGrant};
 use blkback::ring::RingMemory;
-use blkback::xenstore::{StoreError, TxId, XenStore};
 use blkdev::BufferAccess;
 use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::DomId;
 use xen::grant::{CountedGrants, ForeignGrants, ForeignMapping, GrantMapArea};
 use xen::raw::hypercall::NativeHypervisor;
+use xen::xenbus::{StoreError, TxId, XenStore};
 use xen::xenstore::{Transaction, XsErrno, XsError};
 use xen::SharedMem;
 

@@ -17,9 +17,9 @@ use blkback::negotiate::{BlkifBackend, StepOutcome};
 use blkback::retry::{earliest, RetrySchedule, RETRY_NS};
 use blkback::watch::{WatchRouter, WatchWork};
 use blkback::xenbus_error::{self, Errno};
-use blkback::xenstore::{XenStore, NO_TRANSACTION};
 use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
+use xen::xenbus::{XenStore, NO_TRANSACTION};
 use xen::xenstore::Transaction;
 
 use crate::devices::open::PciBus;

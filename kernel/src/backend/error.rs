@@ -10,8 +10,8 @@ use backing::gpt::GptError;
 use backing::{Extent, RamName};
 use blkback::negotiate::NegotiationError;
 use blkback::xenbus_error::{errno, Errno};
-use blkback::xenstore::StoreError;
 use core::fmt;
+use xen::xenbus::StoreError;
 use xen::XenError;
 
 /// Why connecting a frontend's rings failed (after "connecting rings: " in `error`).

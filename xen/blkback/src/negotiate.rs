@@ -12,38 +12,10 @@ use blkdev::Geometry;
 use crate::abi::{Protocol, MAX_INDIRECT_SEGMENTS, MAX_RING_PAGE_ORDER};
 use crate::engine::Busy;
 use crate::xenbus_error::{self, errno, Errno};
-use crate::xenstore::{StoreError, XenStore, NO_TRANSACTION};
+use xen::xenbus::{StoreError, XenStore, NO_TRANSACTION};
 
-/// `enum xenbus_state`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum XenbusState {
-    Unknown = 0,
-    Initialising = 1,
-    InitWait = 2,
-    Initialised = 3,
-    Connected = 4,
-    Closing = 5,
-    Closed = 6,
-    Reconfiguring = 7,
-    Reconfigured = 8,
-}
-
-impl XenbusState {
-    /// Decode a `state` node; anything unexpected is `Unknown`.
-    pub fn parse(value: &str) -> Self {
-        match value.trim().parse::<u32>() {
-            Ok(1) => Self::Initialising,
-            Ok(2) => Self::InitWait,
-            Ok(3) => Self::Initialised,
-            Ok(4) => Self::Connected,
-            Ok(5) => Self::Closing,
-            Ok(6) => Self::Closed,
-            Ok(7) => Self::Reconfiguring,
-            Ok(8) => Self::Reconfigured,
-            _ => Self::Unknown,
-        }
-    }
-}
+/// The state `step` switches to, and [`BlkifBackend::state`].
+pub use xen::xenbus::XenbusState;
 
 /// `info` bits (`VDISK_*` in blkif.h).
 pub const VDISK_CDROM: u32 = 1;

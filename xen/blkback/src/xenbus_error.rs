@@ -8,7 +8,7 @@ use alloc::format;
 use alloc::string::String;
 
 use crate::negotiate::NegotiationError;
-use crate::xenstore::StoreError;
+use xen::xenbus::StoreError;
 
 /// The errno values the messages carry (Linux's numbers, positive as Linux writes them).
 pub mod errno {

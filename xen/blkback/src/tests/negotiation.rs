@@ -19,7 +19,7 @@ use crate::negotiate::{
 };
 use crate::retry::{earliest, RetrySchedule, RETRY_NS};
 use crate::xenbus_error::{errno, Errno};
-use crate::xenstore::{XenStore, NO_TRANSACTION};
+use xen::xenbus::{XenStore, NO_TRANSACTION};
 
 const BE: &str = "/local/domain/1/backend/vbd/5/51712";
 const FE: &str = "/local/domain/5/device/vbd/51712";

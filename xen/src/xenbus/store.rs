@@ -1,5 +1,5 @@
-//! The few xenstore operations negotiation needs. The kernel adapts the `xen` crate's
-//! client to this trait; tests use the in-memory store in `fake`.
+//! The few xenstore operations negotiation needs. The kernel adapts the client of
+//! [`crate::xenstore`] to this trait; tests use the in-memory store in `fake`.
 
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -40,4 +40,23 @@ pub trait XenStore {
     fn directory(&mut self, tx: TxId, path: &str) -> Result<Vec<String>, StoreError>;
     fn transaction_start(&mut self) -> Result<TxId, StoreError>;
     fn transaction_end(&mut self, tx: TxId, commit: bool) -> Result<(), StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::string::ToString;
+
+    #[test]
+    fn store_errors_say_what_failed() {
+        assert_eq!(StoreError::NotFound.to_string(), "no such node");
+        assert_eq!(
+            StoreError::Again.to_string(),
+            "transaction conflict (EAGAIN)"
+        );
+        assert_eq!(
+            StoreError::Failed("read a/b: Broken".into()).to_string(),
+            "read a/b: Broken"
+        );
+    }
 }

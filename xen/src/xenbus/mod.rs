@@ -1,0 +1,16 @@
+//! The device-class independent side of xenbus, for a backend (or frontend) of any
+//! device class: the `state` values, the few xenstore operations a handshake needs (the
+//! [`XenStore`] trait, which the kernel implements over [`crate::xenstore`]'s client),
+//! and, with the `fake` feature, an in-memory store for tests.
+//!
+//! * [`state`]: [`XenbusState`].
+//! * [`store`]: [`XenStore`], [`StoreError`], transactions.
+
+pub mod state;
+pub mod store;
+
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
+
+pub use state::XenbusState;
+pub use store::{StoreError, TxId, XenStore, NO_TRANSACTION};
