@@ -45,7 +45,6 @@ pub mod retry;
 pub mod ring;
 pub mod stats;
 pub mod watch;
-pub mod xenbus_error;
 
 /// Bytes of a cache line (x86-64): the unit two CPUs writing near each other contend for.
 pub const CACHE_LINE: usize = 64;

@@ -11,7 +11,7 @@ use blkdev::Geometry;
 
 use crate::abi::{Protocol, MAX_INDIRECT_SEGMENTS, MAX_RING_PAGE_ORDER};
 use crate::engine::Busy;
-use crate::xenbus_error::{self, errno, Errno};
+use xen::xenbus::error::{self as xenbus_error, errno, Errno};
 use xen::xenbus::{StoreError, XenStore, NO_TRANSACTION};
 
 /// The state `step` switches to, and [`BlkifBackend::state`].
@@ -141,6 +141,16 @@ impl core::fmt::Display for NegotiationError {
 }
 
 impl core::error::Error for NegotiationError {}
+
+impl Errno for NegotiationError {
+    fn errno(&self) -> u32 {
+        match self {
+            NegotiationError::Store(error) => error.errno(),
+            // Linux's connect_ring answers a bad frontend key with EINVAL.
+            NegotiationError::Frontend(_) => errno::EINVAL,
+        }
+    }
+}
 
 impl From<StoreError> for NegotiationError {
     fn from(error: StoreError) -> Self {

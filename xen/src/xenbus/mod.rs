@@ -4,8 +4,10 @@
 //! and, with the `fake` feature, an in-memory store for tests.
 //!
 //! * [`state`]: [`XenbusState`].
+//! * [`error`]: the error node Linux's `xenbus_dev_error` writes, and errnos.
 //! * [`store`]: [`XenStore`], [`StoreError`], transactions.
 
+pub mod error;
 pub mod state;
 pub mod store;
 

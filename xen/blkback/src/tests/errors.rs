@@ -4,6 +4,7 @@ use crate::engine::Busy;
 use crate::negotiate::NegotiationError;
 use crate::parse::{Rejected, RequestError};
 use crate::ring::RingError;
+use xen::xenbus::error::Errno;
 use xen::xenbus::StoreError;
 
 fn text(error: &dyn core::error::Error) -> String {
@@ -19,6 +20,16 @@ fn negotiation_errors() {
     assert_eq!(
         text(&NegotiationError::Frontend("ring-ref missing".into())),
         "ring-ref missing"
+    );
+    // The errno that goes with them to Linux's error node.
+    assert_eq!(
+        NegotiationError::Frontend("ring-page-order 5 > max 4".into()).errno(),
+        22
+    );
+    assert_eq!(NegotiationError::Store(StoreError::NotFound).errno(), 2);
+    assert_eq!(
+        NegotiationError::Store(StoreError::Failed("EACCES".into())).errno(),
+        5
     );
 }
 

@@ -18,7 +18,7 @@ use crate::negotiate::{
     XenbusState, DETACH_GRACE_NS,
 };
 use crate::retry::{earliest, RetrySchedule, RETRY_NS};
-use crate::xenbus_error::{errno, Errno};
+use xen::xenbus::error::{errno, Errno};
 use xen::xenbus::{XenStore, NO_TRANSACTION};
 
 const BE: &str = "/local/domain/1/backend/vbd/5/51712";
