@@ -15,10 +15,10 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use blkback::negotiate::{BlkifBackend, StepOutcome};
 use blkback::retry::{earliest, RetrySchedule, RETRY_NS};
-use blkback::watch::{WatchRouter, WatchWork};
 use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
 use xen::xenbus::error::{self as xenbus_error, Errno};
+use xen::xenbus::watch::{WatchRouter, WatchWork};
 use xen::xenbus::{XenStore, NO_TRANSACTION};
 use xen::xenstore::Transaction;
 

@@ -44,7 +44,6 @@ pub mod parse;
 pub mod retry;
 pub mod ring;
 pub mod stats;
-pub mod watch;
 
 /// Bytes of a cache line (x86-64): the unit two CPUs writing near each other contend for.
 pub const CACHE_LINE: usize = 64;

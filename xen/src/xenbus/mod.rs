@@ -6,10 +6,12 @@
 //! * [`state`]: [`XenbusState`].
 //! * [`error`]: the error node Linux's `xenbus_dev_error` writes, and errnos.
 //! * [`store`]: [`XenStore`], [`StoreError`], transactions.
+//! * [`watch`]: which devices a batch of watch events concerns.
 
 pub mod error;
 pub mod state;
 pub mod store;
+pub mod watch;
 
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
