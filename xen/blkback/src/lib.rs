@@ -41,7 +41,6 @@ pub mod engine;
 pub mod grant;
 pub mod negotiate;
 pub mod parse;
-pub mod retry;
 pub mod ring;
 pub mod stats;
 

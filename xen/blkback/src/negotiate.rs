@@ -12,6 +12,7 @@ use blkdev::Geometry;
 use crate::abi::{Protocol, MAX_INDIRECT_SEGMENTS, MAX_RING_PAGE_ORDER};
 use crate::engine::Busy;
 use xen::xenbus::error::{self as xenbus_error, errno, Errno};
+use xen::xenbus::retry::RETRY_NS;
 use xen::xenbus::{StoreError, XenStore, NO_TRANSACTION};
 
 /// The state `step` switches to, and [`BlkifBackend::state`].
@@ -121,6 +122,18 @@ pub enum StepOutcome {
     Failed(String),
     /// The backend directory is gone: everything is torn down, drop this object.
     Removed,
+}
+
+impl StepOutcome {
+    /// When, asked at `now`, this answer wants the next step; `None`: only at the next
+    /// watch event.
+    pub fn retry_due(&self, now: u64) -> Option<u64> {
+        match *self {
+            StepOutcome::Retry => Some(now.saturating_add(RETRY_NS)),
+            StepOutcome::RetryAt(deadline) => Some(deadline),
+            _ => None,
+        }
+    }
 }
 
 /// Errors while probing or reading the frontend.

@@ -7,8 +7,10 @@
 //! * [`error`]: the error node Linux's `xenbus_dev_error` writes, and errnos.
 //! * [`store`]: [`XenStore`], [`StoreError`], transactions.
 //! * [`watch`]: which devices a batch of watch events concerns.
+//! * [`retry`]: when a device is stepped again without a watch event.
 
 pub mod error;
+pub mod retry;
 pub mod state;
 pub mod store;
 pub mod watch;
