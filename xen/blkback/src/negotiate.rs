@@ -171,9 +171,6 @@ impl From<StoreError> for NegotiationError {
     }
 }
 
-/// Transactions are redone at most this often on `EAGAIN`.
-const TRANSACTION_ATTEMPTS: usize = 16;
-
 /// The backend node where blkdom says how the last resize went: "<sectors> sectors", or
 /// "refused: <reason>".
 pub const RESIZE_NODE: &str = "blkdom-resize";
@@ -799,21 +796,10 @@ impl BlkifBackend {
         store: &mut dyn XenStore,
         keys: &[(&str, String)],
     ) -> Result<(), NegotiationError> {
-        for _ in 0..TRANSACTION_ATTEMPTS {
-            let tx = store.transaction_start()?;
-            let written: Result<(), StoreError> = keys
-                .iter()
-                .try_for_each(|(key, value)| store.write(tx, &self.key(key), value));
-            if let Err(error) = written {
-                let _ = store.transaction_end(tx, false);
-                return Err(error.into());
-            }
-            match store.transaction_end(tx, true) {
-                Ok(()) => return Ok(()),
-                Err(StoreError::Again) => continue,
-                Err(error) => return Err(error.into()),
-            }
-        }
-        Err(StoreError::Again.into())
+        Ok(xen::xenbus::write_in_transaction(
+            store,
+            &self.backend_path,
+            keys,
+        )?)
     }
 }

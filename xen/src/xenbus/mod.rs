@@ -19,4 +19,4 @@ pub mod watch;
 pub mod fake;
 
 pub use state::XenbusState;
-pub use store::{StoreError, TxId, XenStore, NO_TRANSACTION};
+pub use store::{write_in_transaction, StoreError, TxId, XenStore, NO_TRANSACTION};

@@ -1,8 +1,11 @@
 //! The few xenstore operations negotiation needs. The kernel adapts the client of
 //! [`crate::xenstore`] to this trait; tests use the in-memory store in `fake`.
 
+use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
+
+use crate::xenstore::client::DEFAULT_TRANSACTION_ATTEMPTS;
 
 /// A transaction id; [`NO_TRANSACTION`] outside transactions.
 pub type TxId = u32;
@@ -42,9 +45,34 @@ pub trait XenStore {
     fn transaction_end(&mut self, tx: TxId, commit: bool) -> Result<(), StoreError>;
 }
 
+/// Writes `keys` under `directory` in one transaction (redone on `EAGAIN`).
+pub fn write_in_transaction(
+    store: &mut dyn XenStore,
+    directory: &str,
+    keys: &[(&str, String)],
+) -> Result<(), StoreError> {
+    for _ in 0..DEFAULT_TRANSACTION_ATTEMPTS {
+        let tx = store.transaction_start()?;
+        let written: Result<(), StoreError> = keys
+            .iter()
+            .try_for_each(|(key, value)| store.write(tx, &format!("{directory}/{key}"), value));
+        if let Err(error) = written {
+            let _ = store.transaction_end(tx, false);
+            return Err(error);
+        }
+        match store.transaction_end(tx, true) {
+            Ok(()) => return Ok(()),
+            Err(StoreError::Again) => continue,
+            Err(error) => return Err(error),
+        }
+    }
+    Err(StoreError::Again)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::xenbus::fake::MemStore;
     use alloc::string::ToString;
 
     #[test]
@@ -58,5 +86,24 @@ mod tests {
             StoreError::Failed("read a/b: Broken".into()).to_string(),
             "read a/b: Broken"
         );
+    }
+
+    #[test]
+    fn keys_are_written_in_one_transaction_redone_on_eagain() {
+        let mut store = MemStore::new();
+        store.refuse_commits = 2;
+        let keys = [("a", "1".to_string()), ("b", "2".to_string())];
+        assert_eq!(write_in_transaction(&mut store, "dev/0", &keys), Ok(()));
+        assert_eq!(store.commits, 1);
+        assert_eq!(
+            (store.get("dev/0/a"), store.get("dev/0/b")),
+            (Some("1"), Some("2"))
+        );
+        store.refuse_commits = DEFAULT_TRANSACTION_ATTEMPTS as usize;
+        assert_eq!(
+            write_in_transaction(&mut store, "dev/1", &keys),
+            Err(StoreError::Again)
+        );
+        assert_eq!((store.commits, store.get("dev/1/a")), (1, None));
     }
 }
