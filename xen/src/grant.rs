@@ -245,15 +245,15 @@ pub enum GrantStatus {
     NoSpace,
     /// Xen did not process the entry (the whole hypercall failed first).
     NotProcessed,
-    Unknown(i16),
+    Unknown(RawGrantStatus),
 }
 
 /// Put into `status` before a batch: Xen never writes it, so an entry still holding it
 /// after the call was not processed.
-const STATUS_NOT_PROCESSED: i16 = i16::MIN;
+const STATUS_NOT_PROCESSED: RawGrantStatus = i16::MIN;
 
 impl GrantStatus {
-    pub fn from_raw(status: i16) -> Self {
+    pub fn from_raw(status: RawGrantStatus) -> Self {
         match status {
             GNTST_OKAY => Self::Okay,
             GNTST_GENERAL_ERROR => Self::GeneralError,
@@ -464,7 +464,7 @@ impl core::error::Error for BatchError {}
 
 fn batch_result(
     call: Result<(), XenError>,
-    statuses: impl Iterator<Item = i16>,
+    statuses: impl Iterator<Item = RawGrantStatus>,
 ) -> Result<(), BatchError> {
     let mut first_bad = None;
     let mut failed = 0;
@@ -563,7 +563,7 @@ pub struct ForeignMapping {
 }
 
 /// The raw status an entry reports: `GNTST_general_error` for one Xen never processed.
-fn entry_status(status: i16) -> i16 {
+fn entry_status(status: RawGrantStatus) -> RawGrantStatus {
     if status == STATUS_NOT_PROCESSED {
         GNTST_GENERAL_ERROR
     } else {
@@ -625,7 +625,7 @@ impl ForeignGrants {
         hv: &H,
         count: usize,
         request: impl Fn(usize) -> (GrantRef, bool),
-        mut outcome: impl FnMut(usize, Result<ForeignMapping, i16>),
+        mut outcome: impl FnMut(usize, Result<ForeignMapping, RawGrantStatus>),
     ) -> usize {
         let mut mapped = 0;
         for first in (0..count).step_by(Self::CHUNK) {
@@ -674,7 +674,7 @@ impl ForeignGrants {
         hv: &H,
         count: usize,
         grant: impl Fn(usize) -> ForeignMapping,
-        mut outcome: impl FnMut(usize, Result<(), i16>),
+        mut outcome: impl FnMut(usize, Result<(), RawGrantStatus>),
     ) -> usize {
         let mut unmapped = 0;
         for first in (0..count).step_by(Self::CHUNK) {
@@ -801,7 +801,7 @@ impl<H: Hypervisor, C: Fn(i64) + Sync> CountedGrants<H, C> {
     fn counted<T>(
         &self,
         ops: &mut [T],
-        status: fn(&mut T) -> &mut i16,
+        status: fn(&mut T) -> &mut RawGrantStatus,
         sign: i64,
         call: impl FnOnce(&H, &mut [T]) -> i64,
     ) -> i64 {

@@ -12,11 +12,12 @@ use crate::fake::{
     CountingEvents, FrontRing, GrantTable, GuestMemory, MemStore, RingView, ShufflingDevice,
     XenGrants,
 };
-use crate::grant::{GrantOps, GrantStatus, MapRequest, MappedGrant};
+use crate::grant::{GrantOps, MapRequest, MappedGrant};
 use crate::negotiate::{
     BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection, QueueRing, StepOutcome,
     XenbusState, DETACH_GRACE_NS,
 };
+use xen::abi::grant_table::RawGrantStatus;
 use xen::xenbus::error::{errno, Errno};
 use xen::xenbus::retry::{earliest, RetrySchedule, RETRY_NS};
 use xen::xenbus::{XenStore, NO_TRANSACTION};
@@ -906,7 +907,7 @@ struct EngineHooks {
 #[derive(Debug)]
 enum EngineHooksError {
     /// A ring page the fake grant table would not map (its status).
-    RingMap(GrantStatus),
+    RingMap(RawGrantStatus),
     Ring(crate::engine::EngineError),
 }
 
