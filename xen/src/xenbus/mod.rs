@@ -3,7 +3,7 @@
 //! [`XenStore`] trait, which the kernel implements over [`crate::xenstore`]'s client),
 //! and, with the `fake` feature, an in-memory store for tests.
 //!
-//! * [`state`]: [`XenbusState`].
+//! * [`state`]: the values of a `state` node ([`XenbusState`]).
 //! * [`error`]: the error node Linux's `xenbus_dev_error` writes, and errnos.
 //! * [`store`]: [`XenStore`], [`StoreError`], transactions.
 //! * [`watch`]: which devices a batch of watch events concerns.
