@@ -1,6 +1,6 @@
 //! blkdom's Xen guest interface: the vendored ABI, hypercalls through a swappable
-//! [`Hypervisor`] trait, event channels, grant tables, a xenstore client and the PV
-//! console ring.
+//! [`Hypervisor`] trait, event channels, grant tables, a xenstore client, the
+//! device-class independent side of xenbus ([`xenbus`]) and the PV console ring.
 //!
 //! Everything except [`raw`] is safe code over two small abstractions: the
 //! [`Hypervisor`] trait (hypercalls) and [`SharedMem`] (memory shared with Xen or
@@ -46,7 +46,8 @@
 //!     [`grant::CountedGrants`] around its hypervisor.
 //! 11. [`domain::shutdown`] with `Poweroff` (control/shutdown = "poweroff") or `Crash`
 //!     (panic), so `xl` reports the right reason.
-#![cfg_attr(not(test), no_std)]
+// `xenbus::fake` holds host-only test doubles, which use std.
+#![cfg_attr(not(any(test, feature = "fake")), no_std)]
 #![deny(unsafe_code)]
 
 extern crate alloc;
@@ -63,6 +64,7 @@ pub mod raw;
 pub mod ring;
 pub mod shared_info;
 pub mod tsc;
+pub mod xenbus;
 pub mod xenstore;
 
 #[cfg(test)]

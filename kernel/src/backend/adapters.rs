@@ -7,15 +7,16 @@ use super::space::MapRegion;
 use alloc::string::String;
 use alloc::vec::Vec;
 use blkback::engine::EventChannel;
-use blkback::grant::{GrantOps, GrantStatus, MapRequest, MappedGrant};
+use blkback::grant::{GrantOps, MapRequest, MappedGrant};
 use blkback::ring::RingMemory;
-use blkback::xenstore::{StoreError, TxId, XenStore};
 use blkdev::BufferAccess;
 use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
+use xen::abi::grant_table::RawGrantStatus;
 use xen::abi::DomId;
 use xen::grant::{CountedGrants, ForeignGrants, ForeignMapping, GrantMapArea};
 use xen::raw::hypercall::NativeHypervisor;
+use xen::xenbus::{StoreError, TxId, XenStore};
 use xen::xenstore::{Transaction, XsErrno, XsError};
 use xen::SharedMem;
 
@@ -138,7 +139,11 @@ impl BufferAccess for FrontendGrants {
 }
 
 impl GrantOps for FrontendGrants {
-    fn map(&mut self, requests: &[MapRequest], results: &mut [Result<MappedGrant, GrantStatus>]) {
+    fn map(
+        &mut self,
+        requests: &[MapRequest],
+        results: &mut [Result<MappedGrant, RawGrantStatus>],
+    ) {
         let count = requests.len().min(results.len());
         self.grants.map(
             &self.hv,
@@ -153,7 +158,7 @@ impl GrantOps for FrontendGrants {
         );
     }
 
-    fn unmap(&mut self, grants: &[MappedGrant], results: &mut [Result<(), GrantStatus>]) {
+    fn unmap(&mut self, grants: &[MappedGrant], results: &mut [Result<(), RawGrantStatus>]) {
         let count = grants.len().min(results.len());
         self.grants.unmap(
             &self.hv,

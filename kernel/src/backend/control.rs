@@ -14,12 +14,12 @@ use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use blkback::negotiate::{BlkifBackend, StepOutcome};
-use blkback::retry::{earliest, RetrySchedule, RETRY_NS};
-use blkback::watch::{WatchRouter, WatchWork};
-use blkback::xenbus_error::{self, Errno};
-use blkback::xenstore::{XenStore, NO_TRANSACTION};
 use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
+use xen::xenbus::error::{self as xenbus_error, Errno};
+use xen::xenbus::retry::{earliest, RetrySchedule, RETRY_NS};
+use xen::xenbus::watch::{WatchRouter, WatchWork};
+use xen::xenbus::{XenStore, NO_TRANSACTION};
 use xen::xenstore::Transaction;
 
 use crate::devices::open::PciBus;
@@ -198,7 +198,7 @@ impl Control {
 
     /// The device at `path` is not served: the reason goes to its `hotplug-error` and
     /// `error` nodes, with its errno to where Linux's `xenbus_dev_fatal` writes it
-    /// (`blkback::xenbus_error`), and to the console; the device is kept as failed.
+    /// (`xen::xenbus::error`), and to the console; the device is kept as failed.
     fn fail(&mut self, store: &mut Store<'_>, path: String, reason: AttachError) {
         log::error!("blkback: {path}: {reason}");
         let text = reason.to_string();

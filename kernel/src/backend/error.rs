@@ -9,9 +9,9 @@ use alloc::vec::Vec;
 use backing::gpt::GptError;
 use backing::{Extent, RamName};
 use blkback::negotiate::NegotiationError;
-use blkback::xenbus_error::{errno, Errno};
-use blkback::xenstore::StoreError;
 use core::fmt;
+use xen::xenbus::error::{errno, Errno};
+use xen::xenbus::StoreError;
 use xen::XenError;
 
 /// Why connecting a frontend's rings failed (after "connecting rings: " in `error`).
@@ -299,7 +299,7 @@ impl fmt::Display for AttachError {
 impl core::error::Error for AttachError {}
 
 /// The errno before each message in Linux's error node
-/// (`blkback::xenbus_error`): EINVAL for configuration that cannot work, ENODEV for a
+/// (`xen::xenbus::error`): EINVAL for configuration that cannot work, ENODEV for a
 /// device or partition that is not there, EBUSY for one that serves another disk,
 /// ENOMEM/ENOSPC for memory or map space, EIO for the rest.
 impl Errno for AttachError {

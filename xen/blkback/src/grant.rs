@@ -3,16 +3,7 @@
 
 use alloc::vec::Vec;
 use blkdev::BufferAccess;
-
-/// `GNTST_*` status of one grant operation (0 is success).
-pub type GrantStatus = i16;
-
-/// `GNTST_general_error`.
-pub const GNTST_GENERAL_ERROR: GrantStatus = -1;
-/// `GNTST_bad_gntref`.
-pub const GNTST_BAD_GNTREF: GrantStatus = -3;
-/// `GNTST_permission_denied`.
-pub const GNTST_PERMISSION_DENIED: GrantStatus = -8;
+use xen::abi::grant_table::{RawGrantStatus, GNTST_GENERAL_ERROR};
 
 /// One page to map from the frontend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,9 +25,9 @@ pub struct MappedGrant {
 /// device) reads and writes mapped pages by their `buffer` id.
 pub trait GrantOps: BufferAccess {
     /// Map `requests`; `results[i]` receives the outcome of `requests[i]`.
-    fn map(&mut self, requests: &[MapRequest], results: &mut [Result<MappedGrant, GrantStatus>]);
+    fn map(&mut self, requests: &[MapRequest], results: &mut [Result<MappedGrant, RawGrantStatus>]);
     /// Unmap `grants`; `results[i]` receives the outcome of `grants[i]`.
-    fn unmap(&mut self, grants: &[MappedGrant], results: &mut [Result<(), GrantStatus>]);
+    fn unmap(&mut self, grants: &[MappedGrant], results: &mut [Result<(), RawGrantStatus>]);
 }
 
 const NIL: u32 = u32::MAX;
@@ -52,7 +43,7 @@ enum EntryState {
     Pending,
     Mapped(MappedGrant),
     /// The map failed; removed once nobody pins it.
-    Failed(GrantStatus),
+    Failed(RawGrantStatus),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -413,7 +404,7 @@ impl GrantCache {
     }
 
     /// Record the outcome of mapping an inserted entry.
-    pub fn resolve(&mut self, index: u32, result: Result<MappedGrant, GrantStatus>) {
+    pub fn resolve(&mut self, index: u32, result: Result<MappedGrant, RawGrantStatus>) {
         let entry = &mut self.entries[index as usize];
         debug_assert_eq!(entry.state, EntryState::Pending);
         entry.state = match result {
@@ -426,11 +417,11 @@ impl GrantCache {
     }
 
     /// The mapping behind a pinned entry, or the status its map failed with.
-    pub fn grant(&self, index: u32) -> Result<MappedGrant, GrantStatus> {
+    pub fn grant(&self, index: u32) -> Result<MappedGrant, RawGrantStatus> {
         match self.entries[index as usize].state {
             EntryState::Mapped(grant) => Ok(grant),
             EntryState::Failed(status) => Err(status),
-            EntryState::Pending | EntryState::Free => Err(crate::grant::GNTST_GENERAL_ERROR),
+            EntryState::Pending | EntryState::Free => Err(GNTST_GENERAL_ERROR),
         }
     }
 
@@ -488,6 +479,7 @@ impl GrantCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xen::abi::grant_table::GNTST_BAD_GNTREF;
 
     fn grant(gref: u32) -> MappedGrant {
         MappedGrant {

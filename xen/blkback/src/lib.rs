@@ -17,7 +17,7 @@
 //!   `BufferAccess` reads/writes a mapped page by that id (indirect pages, RAM disk).
 //! - [`engine::EventChannel`]: `EVTCHNOP_send` on the ring's bound port.
 //! - `blkdev::BlockDevice`: one handle per device queue, owned by the vCPU's poller.
-//! - [`xenstore::XenStore`] over the xenstore client, and [`negotiate::ConnectionHooks`]:
+//! - [`xen::xenbus::XenStore`] over the xenstore client, and [`negotiate::ConnectionHooks`]:
 //!   map rings, bind event channels to the serving vCPU, create one [`engine::Engine`]
 //!   per queue (queue `q` on poller `q mod n`); on disconnect call
 //!   [`engine::Engine::disconnect`] until it succeeds, then unmap rings and unbind.
@@ -41,12 +41,8 @@ pub mod engine;
 pub mod grant;
 pub mod negotiate;
 pub mod parse;
-pub mod retry;
 pub mod ring;
 pub mod stats;
-pub mod watch;
-pub mod xenbus_error;
-pub mod xenstore;
 
 /// Bytes of a cache line (x86-64): the unit two CPUs writing near each other contend for.
 pub const CACHE_LINE: usize = 64;

@@ -11,39 +11,12 @@ use blkdev::Geometry;
 
 use crate::abi::{Protocol, MAX_INDIRECT_SEGMENTS, MAX_RING_PAGE_ORDER};
 use crate::engine::Busy;
-use crate::xenbus_error::{self, errno, Errno};
-use crate::xenstore::{StoreError, XenStore, NO_TRANSACTION};
+use xen::xenbus::error::{self as xenbus_error, errno, Errno};
+use xen::xenbus::retry::RETRY_NS;
+use xen::xenbus::{StoreError, XenStore, NO_TRANSACTION};
 
-/// `enum xenbus_state`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum XenbusState {
-    Unknown = 0,
-    Initialising = 1,
-    InitWait = 2,
-    Initialised = 3,
-    Connected = 4,
-    Closing = 5,
-    Closed = 6,
-    Reconfiguring = 7,
-    Reconfigured = 8,
-}
-
-impl XenbusState {
-    /// Decode a `state` node; anything unexpected is `Unknown`.
-    pub fn parse(value: &str) -> Self {
-        match value.trim().parse::<u32>() {
-            Ok(1) => Self::Initialising,
-            Ok(2) => Self::InitWait,
-            Ok(3) => Self::Initialised,
-            Ok(4) => Self::Connected,
-            Ok(5) => Self::Closing,
-            Ok(6) => Self::Closed,
-            Ok(7) => Self::Reconfiguring,
-            Ok(8) => Self::Reconfigured,
-            _ => Self::Unknown,
-        }
-    }
-}
+/// The state `step` switches to, and [`BlkifBackend::state`].
+pub use xen::xenbus::XenbusState;
 
 /// `info` bits (`VDISK_*` in blkif.h).
 pub const VDISK_CDROM: u32 = 1;
@@ -151,6 +124,18 @@ pub enum StepOutcome {
     Removed,
 }
 
+impl StepOutcome {
+    /// When, asked at `now`, this answer wants the next step; `None`: only at the next
+    /// watch event.
+    pub fn retry_due(&self, now: u64) -> Option<u64> {
+        match *self {
+            StepOutcome::Retry => Some(now.saturating_add(RETRY_NS)),
+            StepOutcome::RetryAt(deadline) => Some(deadline),
+            _ => None,
+        }
+    }
+}
+
 /// Errors while probing or reading the frontend.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NegotiationError {
@@ -170,14 +155,21 @@ impl core::fmt::Display for NegotiationError {
 
 impl core::error::Error for NegotiationError {}
 
+impl Errno for NegotiationError {
+    fn errno(&self) -> u32 {
+        match self {
+            NegotiationError::Store(error) => error.errno(),
+            // Linux's connect_ring answers a bad frontend key with EINVAL.
+            NegotiationError::Frontend(_) => errno::EINVAL,
+        }
+    }
+}
+
 impl From<StoreError> for NegotiationError {
     fn from(error: StoreError) -> Self {
         NegotiationError::Store(error)
     }
 }
-
-/// Transactions are redone at most this often on `EAGAIN`.
-const TRANSACTION_ATTEMPTS: usize = 16;
 
 /// The backend node where blkdom says how the last resize went: "<sectors> sectors", or
 /// "refused: <reason>".
@@ -804,21 +796,10 @@ impl BlkifBackend {
         store: &mut dyn XenStore,
         keys: &[(&str, String)],
     ) -> Result<(), NegotiationError> {
-        for _ in 0..TRANSACTION_ATTEMPTS {
-            let tx = store.transaction_start()?;
-            let written: Result<(), StoreError> = keys
-                .iter()
-                .try_for_each(|(key, value)| store.write(tx, &self.key(key), value));
-            if let Err(error) = written {
-                let _ = store.transaction_end(tx, false);
-                return Err(error.into());
-            }
-            match store.transaction_end(tx, true) {
-                Ok(()) => return Ok(()),
-                Err(StoreError::Again) => continue,
-                Err(error) => return Err(error.into()),
-            }
-        }
-        Err(StoreError::Again.into())
+        Ok(xen::xenbus::write_in_transaction(
+            store,
+            &self.backend_path,
+            keys,
+        )?)
     }
 }

@@ -9,6 +9,7 @@ use crate::abi::{
     RSP_EOPNOTSUPP, RSP_ERROR, SECTORS_PER_PAGE, SECTOR_SHIFT,
 };
 use crate::ring::Response;
+use xen::abi::grant_table::RawGrantStatus;
 // The tests build slots by offset.
 #[cfg(test)]
 use crate::abi::request;
@@ -159,7 +160,7 @@ pub enum RequestError {
     /// Discard (or secure discard) is not offered by the device.
     DiscardUnsupported,
     /// A grant map, unmap or copy failed (status from Xen).
-    GrantFailed(i16),
+    GrantFailed(RawGrantStatus),
     /// The device refused the request.
     DeviceRefused,
     /// The device finished the request with an error.

@@ -4,6 +4,9 @@ use super::DomId;
 
 pub type GrantRef = u32;
 pub type GrantHandle = u32;
+/// `int16_t status` of a grant operation: a `GNTST_*` code (0 okay, negative an error),
+/// as Xen writes it. [`crate::grant::GrantStatus`] decodes it.
+pub type RawGrantStatus = i16;
 
 pub const GNTTABOP_MAP_GRANT_REF: u64 = 0;
 pub const GNTTABOP_UNMAP_GRANT_REF: u64 = 1;
@@ -49,7 +52,7 @@ pub struct GnttabMapGrantRef {
     pub ref_: GrantRef,
     pub dom: DomId,
     /// OUT: `GNTST_*`.
-    pub status: i16,
+    pub status: RawGrantStatus,
     /// OUT.
     pub handle: GrantHandle,
     /// OUT.
@@ -64,7 +67,7 @@ pub struct GnttabUnmapGrantRef {
     pub dev_bus_addr: u64,
     pub handle: GrantHandle,
     /// OUT: `GNTST_*`.
-    pub status: i16,
+    pub status: RawGrantStatus,
 }
 
 /// `struct gnttab_setup_table`; `frame_list` is a guest pointer to `u64` frames.
@@ -74,7 +77,7 @@ pub struct GnttabSetupTable {
     pub dom: DomId,
     pub nr_frames: u32,
     /// OUT.
-    pub status: i16,
+    pub status: RawGrantStatus,
     pub frame_list: u64,
 }
 
@@ -88,7 +91,7 @@ pub struct GnttabQuerySize {
     /// OUT: the domain's limit.
     pub max_nr_frames: u32,
     /// OUT.
-    pub status: i16,
+    pub status: RawGrantStatus,
 }
 
 /// `struct gnttab_copy_ptr`: `u` is a grant ref (with `GNTCOPY_*_gref`) or a GMFN.
@@ -112,24 +115,24 @@ pub struct GnttabCopy {
     pub len: u16,
     pub flags: u16,
     /// OUT.
-    pub status: i16,
+    pub status: RawGrantStatus,
 }
 
 /// `GNTST_*` per-operation status codes.
-pub const GNTST_OKAY: i16 = 0;
-pub const GNTST_GENERAL_ERROR: i16 = -1;
-pub const GNTST_BAD_DOMAIN: i16 = -2;
-pub const GNTST_BAD_GNTREF: i16 = -3;
-pub const GNTST_BAD_HANDLE: i16 = -4;
-pub const GNTST_BAD_VIRT_ADDR: i16 = -5;
-pub const GNTST_BAD_DEV_ADDR: i16 = -6;
-pub const GNTST_NO_DEVICE_SPACE: i16 = -7;
-pub const GNTST_PERMISSION_DENIED: i16 = -8;
-pub const GNTST_BAD_PAGE: i16 = -9;
-pub const GNTST_BAD_COPY_ARG: i16 = -10;
-pub const GNTST_ADDRESS_TOO_BIG: i16 = -11;
-pub const GNTST_EAGAIN: i16 = -12;
-pub const GNTST_NO_SPACE: i16 = -13;
+pub const GNTST_OKAY: RawGrantStatus = 0;
+pub const GNTST_GENERAL_ERROR: RawGrantStatus = -1;
+pub const GNTST_BAD_DOMAIN: RawGrantStatus = -2;
+pub const GNTST_BAD_GNTREF: RawGrantStatus = -3;
+pub const GNTST_BAD_HANDLE: RawGrantStatus = -4;
+pub const GNTST_BAD_VIRT_ADDR: RawGrantStatus = -5;
+pub const GNTST_BAD_DEV_ADDR: RawGrantStatus = -6;
+pub const GNTST_NO_DEVICE_SPACE: RawGrantStatus = -7;
+pub const GNTST_PERMISSION_DENIED: RawGrantStatus = -8;
+pub const GNTST_BAD_PAGE: RawGrantStatus = -9;
+pub const GNTST_BAD_COPY_ARG: RawGrantStatus = -10;
+pub const GNTST_ADDRESS_TOO_BIG: RawGrantStatus = -11;
+pub const GNTST_EAGAIN: RawGrantStatus = -12;
+pub const GNTST_NO_SPACE: RawGrantStatus = -13;
 
 #[cfg(test)]
 mod tests {

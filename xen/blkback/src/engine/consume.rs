@@ -7,12 +7,13 @@ use blkdev::BlockDevice;
 use super::slots::{Slot, Work};
 use super::{worth_logging, Engine, EngineState, EventChannel};
 use crate::abi::{self, wire, REQUEST_SIZE};
-use crate::grant::{GrantOps, MappedGrant, GNTST_GENERAL_ERROR};
+use crate::grant::{GrantOps, MappedGrant};
 use crate::parse::{
     check_data_access, check_discard, parse_request, DataOp, DirectRequest, DiscardRequest,
     IndirectRequest, Rejected, Request, RequestError, SegmentDesc,
 };
 use crate::ring::{Response, RingMemory};
+use xen::abi::grant_table::GNTST_GENERAL_ERROR;
 use zerocopy::IntoBytes;
 
 /// Data segments (pages of up to 4 KiB) one poll takes in, at most: once the requests

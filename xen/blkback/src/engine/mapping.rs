@@ -12,12 +12,13 @@ use core::ops::Range;
 
 use crate::abi::MAX_INDIRECT_PAGES;
 use crate::fallible;
-use crate::grant::{CacheSlot, GrantCache, GrantOps, GrantStatus, MapRequest, MappedGrant};
+use crate::grant::{CacheSlot, GrantCache, GrantOps, MapRequest, MappedGrant};
 use crate::stats::RingStats;
+use xen::abi::grant_table::RawGrantStatus;
 
 const NO_ENTRY: u32 = u32::MAX;
 /// Status of a transient segment whose map has not been issued yet.
-const MAP_PENDING: GrantStatus = i16::MIN;
+const MAP_PENDING: RawGrantStatus = i16::MIN;
 
 /// How one segment's (or indirect page's) page is mapped.
 #[derive(Clone, Copy, Debug, Default)]
@@ -26,7 +27,7 @@ pub(super) struct SegmentMap {
     /// Index in the persistent cache, or `NO_ENTRY` for a transient mapping.
     pub cache_entry: u32,
     /// 0 once `grant` is known; else `MAP_PENDING` or (transient) the map failure.
-    pub status: GrantStatus,
+    pub status: RawGrantStatus,
 }
 
 impl SegmentMap {
@@ -61,10 +62,10 @@ pub(super) struct GrantMapper {
     /// The round's map batch, and where each result goes.
     requests: Vec<MapRequest>,
     targets: Vec<MapTarget>,
-    results: Vec<Result<MappedGrant, GrantStatus>>,
+    results: Vec<Result<MappedGrant, RawGrantStatus>>,
     /// Grants to unmap in the next unmap batch.
     unmaps: Vec<MappedGrant>,
-    unmap_results: Vec<Result<(), GrantStatus>>,
+    unmap_results: Vec<Result<(), RawGrantStatus>>,
     /// Transient mappings held by requests.
     transient_mapped: usize,
     /// A grant was mapped for its request alone because the cache was at its limit
@@ -102,9 +103,9 @@ impl GrantMapper {
             + batch
                 * (size_of::<MapRequest>()
                     + size_of::<MapTarget>()
-                    + size_of::<Result<MappedGrant, GrantStatus>>()
+                    + size_of::<Result<MappedGrant, RawGrantStatus>>()
                     + size_of::<MappedGrant>()
-                    + size_of::<Result<(), GrantStatus>>())
+                    + size_of::<Result<(), RawGrantStatus>>())
     }
 
     pub fn persistent(&self) -> bool {
@@ -356,12 +357,12 @@ impl GrantMapper {
 
     /// The mapping of `maps[index]` once its batch is mapped, or the status it failed
     /// with.
-    pub fn resolve_one(&mut self, index: usize) -> Result<MappedGrant, GrantStatus> {
+    pub fn resolve_one(&mut self, index: usize) -> Result<MappedGrant, RawGrantStatus> {
         resolve_map(&self.cache, &mut self.maps[index])
     }
 
     /// Fill in the mapping of each segment in `segments`; the first failure, if any.
-    pub fn resolve(&mut self, segments: Range<usize>) -> Result<(), GrantStatus> {
+    pub fn resolve(&mut self, segments: Range<usize>) -> Result<(), RawGrantStatus> {
         let mut outcome = Ok(());
         for map in &mut self.maps[segments] {
             if map.status == 0 {
@@ -420,7 +421,7 @@ impl GrantMapper {
 
 /// The mapping behind `map` once its batch is mapped (filled in from the cache if need
 /// be), or the status it failed with.
-fn resolve_map(cache: &GrantCache, map: &mut SegmentMap) -> Result<MappedGrant, GrantStatus> {
+fn resolve_map(cache: &GrantCache, map: &mut SegmentMap) -> Result<MappedGrant, RawGrantStatus> {
     if map.status != 0 {
         if map.cache_entry == NO_ENTRY {
             return Err(map.status);
@@ -435,7 +436,7 @@ fn resolve_map(cache: &GrantCache, map: &mut SegmentMap) -> Result<MappedGrant, 
 mod tests {
     use super::*;
     use crate::fake::{GrantTable, GuestMemory, XenGrants};
-    use crate::grant::GNTST_GENERAL_ERROR;
+    use xen::abi::grant_table::GNTST_GENERAL_ERROR;
 
     /// Grants 1..=3 over pages 0..3 (maps of grant 3 fail), and a mapper over them
     /// with 4 segments, persistent grants (a cache of 4) or not.

@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use blkdev::BufferAccess;
 
 use crate::abi::{sring, x86_32, Protocol, PAGE_SIZE, REQUEST_SIZE, RESPONSE_SIZE};
-use crate::grant::{
-    GrantOps, GrantStatus, MapRequest, MappedGrant, GNTST_BAD_GNTREF, GNTST_GENERAL_ERROR,
-    GNTST_PERMISSION_DENIED,
-};
+use crate::grant::{GrantOps, MapRequest, MappedGrant};
 use crate::ring::{Response, RingMemory};
+use xen::abi::grant_table::{
+    RawGrantStatus, GNTST_BAD_GNTREF, GNTST_GENERAL_ERROR, GNTST_PERMISSION_DENIED,
+};
 
 const WORDS_PER_PAGE: usize = PAGE_SIZE / 4;
 
@@ -293,7 +293,7 @@ impl GrantTable {
         (table.map_calls, table.unmap_calls)
     }
 
-    fn map_one(table: &mut Table, request: &MapRequest) -> Result<MappedGrant, GrantStatus> {
+    fn map_one(table: &mut Table, request: &MapRequest) -> Result<MappedGrant, RawGrantStatus> {
         if table.fail_grefs.contains(&request.gref) {
             return Err(GNTST_GENERAL_ERROR);
         }
@@ -354,7 +354,11 @@ pub struct XenGrants(pub Arc<GrantTable>);
 // its own (the "grant ops (fake Xen)" column) and not as part of the engine's pass.
 impl GrantOps for XenGrants {
     #[cfg_attr(feature = "profile-passes", inline(never))]
-    fn map(&mut self, requests: &[MapRequest], results: &mut [Result<MappedGrant, GrantStatus>]) {
+    fn map(
+        &mut self,
+        requests: &[MapRequest],
+        results: &mut [Result<MappedGrant, RawGrantStatus>],
+    ) {
         let mut table = self.0.table.lock().unwrap();
         table.map_calls += 1;
         for (request, result) in requests.iter().zip(results.iter_mut()) {
@@ -363,7 +367,7 @@ impl GrantOps for XenGrants {
     }
 
     #[cfg_attr(feature = "profile-passes", inline(never))]
-    fn unmap(&mut self, grants: &[MappedGrant], results: &mut [Result<(), GrantStatus>]) {
+    fn unmap(&mut self, grants: &[MappedGrant], results: &mut [Result<(), RawGrantStatus>]) {
         let mut table = self.0.table.lock().unwrap();
         table.unmap_calls += 1;
         for (grant, result) in grants.iter().zip(results.iter_mut()) {
@@ -372,7 +376,7 @@ impl GrantOps for XenGrants {
                 .get_mut(grant.handle as usize)
                 .and_then(Option::take)
             else {
-                *result = Err(crate::grant::GNTST_GENERAL_ERROR);
+                *result = Err(GNTST_GENERAL_ERROR);
                 continue;
             };
             table.free_handles.push(grant.handle);

@@ -5,14 +5,13 @@
 pub mod memory;
 pub mod plain;
 pub mod wire;
-pub mod xenstore;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use memory::{FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
 pub use plain::{PlainGrants, PlainRing};
-pub use xenstore::MemStore;
+pub use xen::xenbus::fake::MemStore;
 
 use crate::engine::EventChannel;
 

@@ -12,8 +12,9 @@ use std::sync::atomic::{fence, Ordering};
 use blkdev::BufferAccess;
 
 use crate::abi::PAGE_SIZE;
-use crate::grant::{GrantOps, GrantStatus, MapRequest, MappedGrant, GNTST_BAD_GNTREF};
+use crate::grant::{GrantOps, MapRequest, MappedGrant};
 use crate::ring::RingMemory;
+use xen::abi::grant_table::{RawGrantStatus, GNTST_BAD_GNTREF};
 
 /// A ring in plain memory for one thread.
 #[derive(Clone, Debug)]
@@ -139,7 +140,11 @@ impl BufferAccess for PlainGrants {
 }
 
 impl GrantOps for PlainGrants {
-    fn map(&mut self, requests: &[MapRequest], results: &mut [Result<MappedGrant, GrantStatus>]) {
+    fn map(
+        &mut self,
+        requests: &[MapRequest],
+        results: &mut [Result<MappedGrant, RawGrantStatus>],
+    ) {
         self.map_calls.set(self.map_calls.get() + 1);
         self.maps.set(self.maps.get() + requests.len() as u64);
         for (request, result) in requests.iter().zip(results.iter_mut()) {
@@ -162,7 +167,7 @@ impl GrantOps for PlainGrants {
         }
     }
 
-    fn unmap(&mut self, grants: &[MappedGrant], results: &mut [Result<(), GrantStatus>]) {
+    fn unmap(&mut self, grants: &[MappedGrant], results: &mut [Result<(), RawGrantStatus>]) {
         self.unmap_calls.set(self.unmap_calls.get() + 1);
         self.unmaps.set(self.unmaps.get() + grants.len() as u64);
         for (grant, result) in grants.iter().zip(results.iter_mut()) {

@@ -4,20 +4,15 @@ use crate::engine::Busy;
 use crate::negotiate::NegotiationError;
 use crate::parse::{Rejected, RequestError};
 use crate::ring::RingError;
-use crate::xenstore::StoreError;
+use xen::xenbus::error::Errno;
+use xen::xenbus::StoreError;
 
 fn text(error: &dyn core::error::Error) -> String {
     error.to_string()
 }
 
 #[test]
-fn store_and_negotiation_errors() {
-    assert_eq!(text(&StoreError::NotFound), "no such node");
-    assert_eq!(text(&StoreError::Again), "transaction conflict (EAGAIN)");
-    assert_eq!(
-        text(&StoreError::Failed("read a/b: Broken".into())),
-        "read a/b: Broken"
-    );
+fn negotiation_errors() {
     assert_eq!(
         text(&NegotiationError::Store(StoreError::NotFound)),
         "xenstore: no such node"
@@ -25,6 +20,16 @@ fn store_and_negotiation_errors() {
     assert_eq!(
         text(&NegotiationError::Frontend("ring-ref missing".into())),
         "ring-ref missing"
+    );
+    // The errno that goes with them to Linux's error node.
+    assert_eq!(
+        NegotiationError::Frontend("ring-page-order 5 > max 4".into()).errno(),
+        22
+    );
+    assert_eq!(NegotiationError::Store(StoreError::NotFound).errno(), 2);
+    assert_eq!(
+        NegotiationError::Store(StoreError::Failed("EACCES".into())).errno(),
+        5
     );
 }
 

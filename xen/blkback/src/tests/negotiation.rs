@@ -12,14 +12,15 @@ use crate::fake::{
     CountingEvents, FrontRing, GrantTable, GuestMemory, MemStore, RingView, ShufflingDevice,
     XenGrants,
 };
-use crate::grant::{GrantOps, GrantStatus, MapRequest, MappedGrant};
+use crate::grant::{GrantOps, MapRequest, MappedGrant};
 use crate::negotiate::{
     BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection, QueueRing, StepOutcome,
     XenbusState, DETACH_GRACE_NS,
 };
-use crate::retry::{earliest, RetrySchedule, RETRY_NS};
-use crate::xenbus_error::{errno, Errno};
-use crate::xenstore::{XenStore, NO_TRANSACTION};
+use xen::abi::grant_table::RawGrantStatus;
+use xen::xenbus::error::{errno, Errno};
+use xen::xenbus::retry::{earliest, RetrySchedule, RETRY_NS};
+use xen::xenbus::{XenStore, NO_TRANSACTION};
 
 const BE: &str = "/local/domain/1/backend/vbd/5/51712";
 const FE: &str = "/local/domain/5/device/vbd/51712";
@@ -906,7 +907,7 @@ struct EngineHooks {
 #[derive(Debug)]
 enum EngineHooksError {
     /// A ring page the fake grant table would not map (its status).
-    RingMap(GrantStatus),
+    RingMap(RawGrantStatus),
     Ring(crate::engine::EngineError),
 }
 
@@ -1491,41 +1492,4 @@ fn state_flapping_under_the_control_loop_steps_every_event_promptly_and_settles(
             (stepped - at) / 1000
         );
     }
-}
-
-#[test]
-fn a_step_never_postpones_a_sooner_due_time_and_a_due_one_is_replaced() {
-    let mut schedule = RetrySchedule::new();
-    schedule.stepped(BE, Some(1_000 + RETRY_NS), 1_000);
-    // A watch event's step within those 5 ms answers the grace's end: still due soon.
-    schedule.stepped(
-        BE,
-        StepOutcome::RetryAt(9_000_000_000).retry_due(2_000),
-        2_000,
-    );
-    assert_eq!(schedule.next_in(2_000), Some(1_000 + RETRY_NS - 2_000));
-    // Stepped when due, it answers the grace's end: due then, not again at once.
-    schedule.stepped(BE, Some(9_000_000_000), 1_000 + RETRY_NS);
-    assert_eq!(
-        schedule.next_in(1_000 + RETRY_NS),
-        Some(9_000_000_000 - 1_000 - RETRY_NS)
-    );
-    // A sooner answer wins; nothing pending (Idle) clears it.
-    schedule.stepped(BE, Some(3_000_000_000), 2_000_000_000);
-    assert_eq!(schedule.next_in(0), Some(3_000_000_000));
-    schedule.stepped(BE, None, 2_500_000_000);
-    assert!(schedule.is_empty());
-    // A round steps each device once, named or due; queued events mean no sleep.
-    schedule.stepped("other", Some(10), 0);
-    assert_eq!(
-        schedule
-            .round([BE, "other", BE], 10)
-            .into_iter()
-            .collect::<Vec<_>>(),
-        [BE, "other"]
-    );
-    assert_eq!(schedule.next_wait(5, true, IDLE_NS), 0);
-    assert_eq!(schedule.next_wait(5, false, IDLE_NS), 5);
-    schedule.set("other", None);
-    assert_eq!(schedule.next_wait(5, false, IDLE_NS), IDLE_NS);
 }

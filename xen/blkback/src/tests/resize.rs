@@ -10,7 +10,7 @@ use crate::fake::wire::encode_direct;
 use crate::fake::MemStore;
 use crate::negotiate::{BackendParams, BlkifBackend, XenbusState, RESIZE_NODE};
 use crate::ring::Response;
-use crate::xenbus_error::errno;
+use xen::xenbus::error::errno;
 
 #[test]
 fn an_engine_serves_the_grown_part_once_refreshed() {

@@ -9,22 +9,8 @@
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::string::String;
 
-use crate::negotiate::StepOutcome;
-
 /// How soon a negotiation that waits for in-flight requests is stepped again.
 pub const RETRY_NS: u64 = 5_000_000;
-
-impl StepOutcome {
-    /// When, asked at `now`, this answer wants the next step; `None`: only at the next
-    /// watch event.
-    pub fn retry_due(&self, now: u64) -> Option<u64> {
-        match *self {
-            StepOutcome::Retry => Some(now.saturating_add(RETRY_NS)),
-            StepOutcome::RetryAt(deadline) => Some(deadline),
-            _ => None,
-        }
-    }
-}
 
 /// The earlier of two due times (`None` is never).
 pub fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
@@ -103,5 +89,48 @@ impl RetrySchedule {
 
     pub fn is_empty(&self) -> bool {
         self.due.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::vec::Vec;
+
+    const BE: &str = "/local/domain/1/backend/vbd/5/51712";
+    /// How long the control path sleeps with nothing due (its statistics period).
+    const IDLE_NS: u64 = 5_000_000_000;
+
+    #[test]
+    fn a_step_never_postpones_a_sooner_due_time_and_a_due_one_is_replaced() {
+        let mut schedule = RetrySchedule::new();
+        schedule.stepped(BE, Some(1_000 + RETRY_NS), 1_000);
+        // A watch event's step within those 5 ms answers the grace's end: still due soon.
+        schedule.stepped(BE, Some(9_000_000_000), 2_000);
+        assert_eq!(schedule.next_in(2_000), Some(1_000 + RETRY_NS - 2_000));
+        // Stepped when due, it answers the grace's end: due then, not again at once.
+        schedule.stepped(BE, Some(9_000_000_000), 1_000 + RETRY_NS);
+        assert_eq!(
+            schedule.next_in(1_000 + RETRY_NS),
+            Some(9_000_000_000 - 1_000 - RETRY_NS)
+        );
+        // A sooner answer wins; nothing pending (Idle) clears it.
+        schedule.stepped(BE, Some(3_000_000_000), 2_000_000_000);
+        assert_eq!(schedule.next_in(0), Some(3_000_000_000));
+        schedule.stepped(BE, None, 2_500_000_000);
+        assert!(schedule.is_empty());
+        // A round steps each device once, named or due; queued events mean no sleep.
+        schedule.stepped("other", Some(10), 0);
+        assert_eq!(
+            schedule
+                .round([BE, "other", BE], 10)
+                .into_iter()
+                .collect::<Vec<_>>(),
+            [BE, "other"]
+        );
+        assert_eq!(schedule.next_wait(5, true, IDLE_NS), 0);
+        assert_eq!(schedule.next_wait(5, false, IDLE_NS), 5);
+        schedule.set("other", None);
+        assert_eq!(schedule.next_wait(5, false, IDLE_NS), IDLE_NS);
     }
 }

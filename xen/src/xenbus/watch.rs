@@ -2,15 +2,13 @@
 //! steps only those: a frontend rewriting its own `state` node in a loop costs one step
 //! of its own device per event, however many devices there are.
 //!
-//! The control path watches, per device, the paths of [`BlkifBackend::watched_paths`]
-//! (the frontend's `state` node and the backend directory) with the device's backend
-//! path as token, and the whole device directory (`backend/vbd`) with one token of its
-//! own, for devices the toolstack adds or removes. Events of that directory watch under
+//! The control path watches, per device, the paths of blkback's
+//! `BlkifBackend::watched_paths` (the frontend's `state` node and the backend directory)
+//! with the device's backend path as token, and the whole device directory
+//! (`backend/vbd`) with one token of its own, for devices the toolstack adds or removes. Events of that directory watch under
 //! a device the control path holds (its own writes of `state`, the toolstack's `online`)
 //! concern that device alone; only a change at a level above the devices, or under a
 //! device it does not hold, needs a rescan of the directory.
-//!
-//! [`BlkifBackend::watched_paths`]: crate::negotiate::BlkifBackend::watched_paths
 
 use alloc::collections::BTreeSet;
 use alloc::format;

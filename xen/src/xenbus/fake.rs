@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::xenstore::{StoreError, TxId, XenStore, NO_TRANSACTION};
+use super::store::{StoreError, TxId, XenStore, NO_TRANSACTION};
 
 #[derive(Debug, Default)]
 pub struct MemStore {

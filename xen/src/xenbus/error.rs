@@ -7,8 +7,7 @@
 use alloc::format;
 use alloc::string::String;
 
-use crate::negotiate::NegotiationError;
-use crate::xenstore::StoreError;
+use super::store::StoreError;
 
 /// The errno values the messages carry (Linux's numbers, positive as Linux writes them).
 pub mod errno {
@@ -40,16 +39,6 @@ impl Errno for StoreError {
             StoreError::NotFound => errno::ENOENT,
             StoreError::Again => errno::EAGAIN,
             StoreError::Failed(_) => errno::EIO,
-        }
-    }
-}
-
-impl Errno for NegotiationError {
-    fn errno(&self) -> u32 {
-        match self {
-            NegotiationError::Store(error) => error.errno(),
-            // Linux's connect_ring answers a bad frontend key with EINVAL.
-            NegotiationError::Frontend(_) => errno::EINVAL,
         }
     }
 }
@@ -105,14 +94,8 @@ mod tests {
             error_text(errno::EINVAL, "params \"nvme:x\": bad"),
             "22 params \"nvme:x\": bad"
         );
-        assert_eq!(
-            NegotiationError::Frontend("ring-page-order 5 > max 4".into()).errno(),
-            22
-        );
-        assert_eq!(NegotiationError::Store(StoreError::NotFound).errno(), 2);
-        assert_eq!(
-            NegotiationError::Store(StoreError::Failed("EACCES".into())).errno(),
-            5
-        );
+        assert_eq!(StoreError::NotFound.errno(), 2);
+        assert_eq!(StoreError::Again.errno(), 11);
+        assert_eq!(StoreError::Failed("EACCES".into()).errno(), 5);
     }
 }
