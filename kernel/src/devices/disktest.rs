@@ -2,7 +2,7 @@
 //!
 //! Queue `q` runs on CPU `q` and owns region `q` of the disk (the last `TAIL_SECTORS`
 //! stay out of every region: the discard check uses them). Per queue: the seeded writes
-//! of `backing::pattern` (1 sector to 1 MiB each), each read back and compared, then a
+//! of `testhooks::pattern` (1 sector to 1 MiB each), each read back and compared, then a
 //! flush; then throughput: random 4 KiB reads and sequential 256 KiB reads at queue
 //! depth. The tier-2 runner recomputes the writes from the seed and compares the backing
 //! file after QEMU has exited. A slice (`nvme:1:offset=1M,size=8M`, `virtio:0:part=2`) is
@@ -21,13 +21,13 @@ use crate::power;
 use alloc::boxed::Box;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
-use backing::pattern::{self, Plan};
 use backing::{Backing, Region};
 use blkdev::{DmaSegment, Geometry, IoOp, IoRequest, IoStatus, SubmitError};
 use bootconfig::{Cmdline, Key};
 use core::fmt;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use log::{error, info};
+use testhooks::pattern::{self, Plan};
 
 /// Sectors at the end of the disk kept out of the write regions.
 pub const TAIL_SECTORS: u64 = 2048;
