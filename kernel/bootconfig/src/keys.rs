@@ -39,7 +39,26 @@ macro_rules! command_line_keys {
             $($key,)*
         }
 
-        /// Every key, in the order of [`Key`].
+        impl Key {
+            /// Every key, in the order of [`KEYS`].
+            pub const ALL: &[Key] = &[$(Key::$key,)*];
+
+            /// As written on the command line.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Key::$key => $name,)*
+                }
+            }
+
+            /// What it is for.
+            pub const fn role(self) -> Role {
+                match self {
+                    $(Key::$key => Role::$role,)*
+                }
+            }
+        }
+
+        /// Every key, in the order of [`Key`], with what README.md says of it.
         pub const KEYS: &[KeyDoc] = &[$(KeyDoc {
             key: Key::$key,
             name: $name,
@@ -147,14 +166,10 @@ command_line_keys! {
 }
 
 impl Key {
-    /// Its entry in [`KEYS`].
+    /// Its entry in [`KEYS`] (the kernel itself needs only [`Key::name`] and
+    /// [`Key::role`], which leave the descriptions out of the image).
     pub fn doc(self) -> &'static KeyDoc {
         &KEYS[self as usize]
-    }
-
-    /// As written on the command line.
-    pub fn name(self) -> &'static str {
-        self.doc().name
     }
 }
 
@@ -164,8 +179,11 @@ mod tests {
 
     #[test]
     fn every_key_has_its_own_entry_and_name() {
+        assert_eq!(Key::ALL.len(), KEYS.len());
         for (at, doc) in KEYS.iter().enumerate() {
             assert_eq!(doc.key as usize, at, "{}", doc.name);
+            assert_eq!(Key::ALL[at], doc.key);
+            assert_eq!((doc.key.name(), doc.key.role()), (doc.name, doc.role));
             assert!(
                 KEYS[..at].iter().all(|other| other.name != doc.name),
                 "{} twice",

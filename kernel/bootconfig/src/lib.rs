@@ -255,8 +255,8 @@ impl fmt::Display for BadValue<'_> {
 const SETTINGS: usize = {
     let mut count = 0;
     let mut at = 0;
-    while at < KEYS.len() {
-        if matches!(KEYS[at].role, Role::Setting) {
+    while at < Key::ALL.len() {
+        if matches!(Key::ALL[at].role(), Role::Setting) {
             count += 1;
         }
         at += 1;
