@@ -2,7 +2,8 @@
 //!
 //! Boot order: console and log first (so everything after can report), then the
 //! descriptor tables and traps (so faults are reported, not silent resets), then memory
-//! and the heap, then ACPI power control; then either the self-tests or normal service.
+//! and the heap, then ACPI power control; then either a test hook (an image built with the
+//! `test-hooks` feature: `hooks`) or normal service.
 #![no_std]
 #![no_main]
 
@@ -16,16 +17,18 @@ mod bootinfo;
 mod console;
 mod devices;
 mod firmware;
+mod hooks;
 mod logger;
 mod mm;
 mod physmem;
 mod power;
+#[cfg(feature = "test-hooks")]
 mod selftest;
 mod smp;
 mod xen_domain;
 
 use boot::start_info::memmap_type_name;
-use bootconfig::{Cmdline, Config, Key};
+use bootconfig::{Cmdline, Config};
 use log::{error, info, warn, LevelFilter};
 use machine::hypervisor::Hypervisor;
 use polling::idle::{PollIdle, EMULATED_PAUSE_NS};
@@ -109,7 +112,6 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     log_grant_limits(&config.grants);
     log_device_timeout(config.device_timeout_ns);
 
-    let selftest = cmdline.has(Key::Selftest);
     let firmware = firmware::Firmware::read(info.start_info.rsdp_paddr);
     match power::init(&firmware) {
         Ok(power) => info!("acpi: PM1a control at port {:#x}", power.pm1a_control_port),
@@ -154,37 +156,10 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     }
     start_cpus(&hypervisor, &firmware);
     // Configuration space, said once; the bus is walked on first use and kept.
-    let mut bus = devices::open::PciBus::new(&firmware);
+    let bus = devices::open::PciBus::new(&firmware);
 
-    if let Some(what) = cmdline.value(Key::Crashtest) {
-        crash_test(what);
-    }
-    if let Some(spec) = cmdline.value(Key::Disktest) {
-        devices::disk_test(spec, &cmdline, bus);
-    }
-    if let Some(spec) = cmdline.value(Key::Faulttest) {
-        devices::fault_test(spec, &cmdline, config.device_timeout_ns, bus);
-    }
-    if let Some(steps) = cmdline.value(Key::Registrytest) {
-        backend::registry_test(steps, bus);
-    }
-    if selftest {
-        let expected_cpus = cmdline
-            .value(Key::SelftestExpectCpus)
-            .and_then(|n| n.parse().ok());
-        let (_, failed) = selftest::run(
-            cmdline.has(Key::SelftestInjectFailure),
-            expected_cpus,
-            hypervisor.is_xen(),
-            cmdline.has(Key::SelftestAwaitDom0),
-        );
-        power::report_verdict(if failed == 0 {
-            power::Verdict::Pass
-        } else {
-            power::Verdict::Fail
-        });
-        power::power_off();
-    }
+    // A test hook named on the command line runs instead of the service, and powers off.
+    let mut bus = hooks::run(&cmdline, &config, hypervisor.is_xen(), bus);
 
     if hypervisor.is_xen() && xen_domain::get().is_some() {
         match grant_map_hole(&info, &mut bus) {
@@ -361,23 +336,6 @@ fn log_memory_map(info: &bootinfo::BootInfo) {
             info.memmap_dropped,
             info.memmap().len()
         );
-    }
-}
-
-/// `crashtest=page-fault|panic|hang`: fail on purpose, so the runners can check that a
-/// fault is reported and stops the kernel, and that a hang is cut off by the timeout.
-fn crash_test(what: &str) {
-    warn!("crashtest={what}: failing on purpose");
-    match what {
-        "page-fault" => {
-            // SAFETY: deliberately reads an address no page table maps; the page-fault
-            // handler reports it and stops the kernel, so the read never returns.
-            let value = unsafe { core::ptr::read_volatile(0x0000_7fff_0bad_0000 as *const u64) };
-            error!("read of an unmapped address returned {value:#x}");
-        }
-        "panic" => panic!("crashtest panic"),
-        "hang" => arch::cpu::halt_forever(),
-        other => warn!("crashtest={other} unknown (page-fault|panic|hang); ignored"),
     }
 }
 

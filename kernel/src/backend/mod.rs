@@ -12,12 +12,14 @@ pub mod disk;
 mod error;
 pub mod poller;
 mod registry;
+#[cfg(feature = "test-hooks")]
 mod registrytest;
 pub mod space;
 mod vbd;
 
 use bootconfig::{Config, PollerConfig};
 use control::Control;
+#[cfg(feature = "test-hooks")]
 pub use registrytest::registry_test;
 
 use crate::xen_domain;
