@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make test`: every tier that runs on this machine, with one closing line
 # `N passed, M failed` that counts them all.
-#   lint     rustfmt and clippy (-D warnings), host crates and the image; a licence line
-#            in every source file (tools/spdx.py)
+#   lint     rustfmt and clippy (-D warnings), host crates and the image (with and without
+#            its test hooks); a licence line in every source file (tools/spdx.py)
 #   tier 1   host `cargo test` of the logic crates
 #   tools    python unit tests of the fio JSON reader and the benchmark report (tests/bench)
 #   fuzz     every cargo-fuzz target for 15 s (tools/fuzz.sh)
@@ -38,10 +38,12 @@ count_plain() { # stage logfile status
 echo "== lint"
 lint_ok=0
 lint_failed=()
-for check in "fmt:cargo fmt --all -- --check" \
+lint_checks=("fmt:cargo fmt --all -- --check" \
              "clippy-host:cargo clippy --workspace --exclude blkdom --all-targets -- -D warnings" \
              "clippy-image:cargo clippy -p blkdom --target x86_64-unknown-none -- -D warnings" \
-             "spdx:python3 tools/spdx.py"; do
+             "clippy-image-hooks:cargo clippy -p blkdom --target x86_64-unknown-none --features test-hooks -- -D warnings" \
+             "spdx:python3 tools/spdx.py")
+for check in "${lint_checks[@]}"; do
   name=${check%%:*}
   if ${check#*:} >"$logs/lint-$name.log" 2>&1; then
     passed=$((passed + 1)); lint_ok=$((lint_ok + 1))
@@ -49,7 +51,7 @@ for check in "fmt:cargo fmt --all -- --check" \
     failed=$((failed + 1)); lint_failed+=("lint: $name FAILED"); echo "lint: $name FAILED:"; tail -n 40 "$logs/lint-$name.log"
   fi
 done
-note lint "$lint_ok of 4 checks clean"
+note lint "$lint_ok of ${#lint_checks[@]} checks clean"
 
 echo "== tier 1: host cargo test"
 cargo test 2>&1 | tee "$logs/tier1.log"
@@ -71,9 +73,10 @@ echo "== fuzz: every cargo-fuzz target, 15 s each"
 tools/fuzz.sh 15 2>&1 | tee "$logs/fuzz.log"
 count_plain fuzz "$logs/fuzz.log" "${PIPESTATUS[0]}"
 
-echo "== tier 2: image under plain QEMU"
+echo "== tier 2: the test image under plain QEMU (and the production image: no test hooks, boots)"
 if make --no-print-directory image 2>&1 | tee "$logs/image.log"; then
-  python3 tests/qemu/tier2.py --image target/x86_64-unknown-none/release/blkdom 2>&1 | tee "$logs/tier2.log"
+  python3 tests/qemu/tier2.py --image target/test-hooks/x86_64-unknown-none/release/blkdom \
+    --production-image target/x86_64-unknown-none/release/blkdom 2>&1 | tee "$logs/tier2.log"
   count_plain "tier 2" "$logs/tier2.log" "${PIPESTATUS[0]}"
 else
   failed=$((failed + 1)); note "tier 2" "FAILED: image did not build"

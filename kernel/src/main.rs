@@ -2,7 +2,8 @@
 //!
 //! Boot order: console and log first (so everything after can report), then the
 //! descriptor tables and traps (so faults are reported, not silent resets), then memory
-//! and the heap, then ACPI power control; then either the self-tests or normal service.
+//! and the heap, then ACPI power control; then either a test hook (an image built with the
+//! `test-hooks` feature: `hooks`) or normal service.
 #![no_std]
 #![no_main]
 
@@ -16,18 +17,21 @@ mod bootinfo;
 mod console;
 mod devices;
 mod firmware;
+mod hooks;
 mod logger;
 mod mm;
 mod physmem;
 mod power;
+#[cfg(feature = "test-hooks")]
 mod selftest;
 mod smp;
 mod xen_domain;
 
 use boot::start_info::memmap_type_name;
+use bootconfig::{Cmdline, Config};
 use log::{error, info, warn, LevelFilter};
-use machine::cmdline::{Cmdline, PollIdle};
 use machine::hypervisor::Hypervisor;
+use polling::idle::{PollIdle, EMULATED_PAUSE_NS};
 use xen::tsc::Cost;
 
 /// Printed once the kernel is ready; the test runners and the nested rig wait for it.
@@ -47,13 +51,11 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
             power::crash("bad boot information");
         }
     };
+    // The command line, read once: from here on each setting goes to the code it tunes.
     let cmdline = Cmdline::new(info.cmdline());
-    match cmdline.log_level() {
-        Ok(Some(level)) => log::set_max_level(level),
-        Ok(None) => {}
-        Err(bad) => {
-            warn!("loglevel={bad} not understood (use off|error|warn|info|debug|trace or 0..5)")
-        }
+    let (mut config, bad_values) = Config::parse(&cmdline);
+    if let Some(level) = config.log_level {
+        log::set_max_level(level);
     }
 
     info!("blkdom {} starting", env!("CARGO_PKG_VERSION"));
@@ -67,6 +69,14 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
             ""
         }
     );
+    // Each refused value keeps its default; the others apply.
+    for bad in bad_values.iter() {
+        if bad.is_warning() {
+            warn!("{bad}");
+        } else {
+            error!("{bad}");
+        }
+    }
     info!(
         "start info at {:#x}: version {}, {} modules, rsdp {:#x}",
         start_info_paddr,
@@ -99,10 +109,9 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         mm::free_frame_bytes() >> 20
     );
     arch::copy::calibrate();
-    backend::grants::configure(grant_limits(&cmdline));
-    devices::set_device_timeout_ns(device_timeout_ns(&cmdline));
+    log_grant_limits(&config.grants);
+    log_device_timeout(config.device_timeout_ns);
 
-    let selftest = cmdline.has("selftest");
     let firmware = firmware::Firmware::read(info.start_info.rsdp_paddr);
     match power::init(&firmware) {
         Ok(power) => info!("acpi: PM1a control at port {:#x}", power.pm1a_control_port),
@@ -147,78 +156,26 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     }
     start_cpus(&hypervisor, &firmware);
     // Configuration space, said once; the bus is walked on first use and kept.
-    let mut bus = devices::open::PciBus::new(&firmware);
+    let bus = devices::open::PciBus::new(&firmware);
 
-    if let Some(what) = cmdline.value("crashtest") {
-        crash_test(what);
-    }
-    if let Some(spec) = cmdline.value("disktest") {
-        devices::disk_test(spec, &cmdline, bus);
-    }
-    if let Some(spec) = cmdline.value("faulttest") {
-        devices::fault_test(spec, &cmdline, bus);
-    }
-    if let Some(steps) = cmdline.value("registrytest") {
-        backend::registry_test(steps, bus);
-    }
-    if selftest {
-        let expected_cpus = cmdline
-            .value("selftest.expect-cpus")
-            .and_then(|n| n.parse().ok());
-        let (_, failed) = selftest::run(
-            cmdline.has("selftest.inject-failure"),
-            expected_cpus,
-            hypervisor.is_xen(),
-            cmdline.has("selftest.await-dom0"),
-        );
-        power::report_verdict(if failed == 0 {
-            power::Verdict::Pass
-        } else {
-            power::Verdict::Fail
-        });
-        power::power_off();
-    }
+    // A test hook named on the command line runs instead of the service, and powers off.
+    let mut bus = hooks::run(&cmdline, &config, hypervisor.is_xen(), bus);
 
     if hypervisor.is_xen() && xen_domain::get().is_some() {
         match grant_map_hole(&info, &mut bus) {
             Some(hole) => {
-                match cmdline.spin_window_us() {
-                    Ok(Some((min, max))) => backend::poller::set_spin_window(min * 1000, max * 1000),
-                    Ok(None) => {}
-                    Err(text) => error!(
-                        "poll.spin-us={text}: want <min>-<max> microseconds, 0 < min <= max <= {}; using the defaults",
-                        machine::cmdline::MAX_SPIN_US
-                    ),
-                }
-                let idle = cmdline.poll_idle().unwrap_or_else(|text| {
-                    error!("poll.idle={text}: want auto, pause, yield or spin; using auto");
-                    None
-                });
-                backend::poller::set_idle(idle.unwrap_or_else(|| {
+                // `auto` is settled here, before any poller starts: by what a PAUSE costs.
+                config.poller.idle.get_or_insert_with(|| {
                     let idle = PollIdle::for_pause_cost(pause.ns());
                     info!(
-                        "poll.idle: {} (auto: a PAUSE costs {pause} here; above {} ns it is \
-                         emulated, and a spinning poller looks again without one)",
+                        "poll.idle: {} (auto: a PAUSE costs {pause} here; above \
+                         {EMULATED_PAUSE_NS} ns it is emulated, and a spinning poller looks \
+                         again without one)",
                         idle.name(),
-                        machine::cmdline::EMULATED_PAUSE_NS
                     );
                     idle
-                }));
-                match cmdline.persistent_grants() {
-                    Ok(Some(offer)) => backend::set_persistent_grants(offer),
-                    Ok(None) => {}
-                    Err(text) => error!("grants.persistent={text}: want on or off; using on"),
-                }
-                match cmdline.notify_hold_us() {
-                    Ok(Some(us)) => backend::poller::set_notify_hold(us * 1000),
-                    Ok(None) => {}
-                    Err(text) => error!(
-                        "notify.hold-us={text}: want microseconds, 0 (never) to {}; using the default ({} us)",
-                        machine::cmdline::MAX_NOTIFY_HOLD_US,
-                        machine::cmdline::DEFAULT_NOTIFY_HOLD_US
-                    ),
-                }
-                backend::serve(hole, bus)
+                });
+                backend::serve(hole, bus, &config)
             }
             None => error!("blkback: no hole in the memory map for grant mappings"),
         }
@@ -233,13 +190,8 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     power::power_off();
 }
 
-/// The grant limits (`grants.max-total=`, `grants.max-per-ring=`, `grants.idle-s=`): each
-/// bad value is reported and its default kept; the others still apply.
-fn grant_limits(cmdline: &Cmdline<'_>) -> blkback::budget::GrantLimits {
-    let limits = blkback::budget::GrantLimits::from_command_line(
-        |key, max| cmdline.number_up_to(key, max),
-        |bad| error!("{bad}"),
-    );
+/// Says what the grant limits (`grants.*`) allow.
+fn log_grant_limits(limits: &blkback::budget::GrantLimits) {
     info!(
         "grants: at most {} persistent grants mapped by all rings together, {} by one ring",
         limits.max_total, limits.max_per_ring
@@ -248,25 +200,10 @@ fn grant_limits(cmdline: &Cmdline<'_>) -> blkback::budget::GrantLimits {
         0 => info!("grants: unused persistent grants stay mapped (grants.idle-s=0)"),
         secs => info!("grants: persistent grants unused for {secs} s are unmapped"),
     }
-    limits
 }
 
-/// The device deadline (`device.timeout-ms=`, ns; 0: none): a bad value is reported and
-/// the default kept.
-fn device_timeout_ns(cmdline: &Cmdline<'_>) -> u64 {
-    let default = blkback::engine::DEFAULT_DEVICE_TIMEOUT_NS;
-    let ns = match cmdline.device_timeout_ms() {
-        Ok(None) => default,
-        Ok(Some(ms)) => ms * 1_000_000,
-        Err(text) => {
-            error!(
-                "device.timeout-ms={text}: want a whole number of milliseconds 0..={}; using {}",
-                machine::cmdline::MAX_DEVICE_TIMEOUT_MS,
-                default / 1_000_000
-            );
-            default
-        }
-    };
+/// Says what the device deadline (`device.timeout-ms=`) does.
+fn log_device_timeout(ns: u64) {
     match ns {
         0 => info!("devices: commands have no deadline (device.timeout-ms=0)"),
         ns => info!(
@@ -274,7 +211,6 @@ fn device_timeout_ns(cmdline: &Cmdline<'_>) -> u64 {
             ns / 1_000_000
         ),
     }
-    ns
 }
 
 /// Where foreign grants get mapped: the largest stretch below 4 GiB (identity mapped)
@@ -400,23 +336,6 @@ fn log_memory_map(info: &bootinfo::BootInfo) {
             info.memmap_dropped,
             info.memmap().len()
         );
-    }
-}
-
-/// `crashtest=page-fault|panic|hang`: fail on purpose, so the runners can check that a
-/// fault is reported and stops the kernel, and that a hang is cut off by the timeout.
-fn crash_test(what: &str) {
-    warn!("crashtest={what}: failing on purpose");
-    match what {
-        "page-fault" => {
-            // SAFETY: deliberately reads an address no page table maps; the page-fault
-            // handler reports it and stops the kernel, so the read never returns.
-            let value = unsafe { core::ptr::read_volatile(0x0000_7fff_0bad_0000 as *const u64) };
-            error!("read of an unmapped address returned {value:#x}");
-        }
-        "panic" => panic!("crashtest panic"),
-        "hang" => arch::cpu::halt_forever(),
-        other => warn!("crashtest={other} unknown (page-fault|panic|hang); ignored"),
     }
 }
 

@@ -144,6 +144,7 @@ pub fn allocate_frame() -> Result<u64, FrameError> {
     FRAMES.lock().allocate()
 }
 
+#[cfg(feature = "test-hooks")]
 pub fn free_frame(paddr: u64) -> Result<(), FrameError> {
     FRAMES.lock().free(paddr, 1)
 }

@@ -232,6 +232,7 @@ fn idle_loop() -> ! {
 pub enum RunError {
     NoSuchCpu,
     Busy,
+    #[cfg(feature = "test-hooks")]
     Timeout,
 }
 
@@ -240,6 +241,7 @@ impl core::fmt::Display for RunError {
         f.write_str(match self {
             RunError::NoSuchCpu => "no such CPU online",
             RunError::Busy => "the CPU is busy",
+            #[cfg(feature = "test-hooks")]
             RunError::Timeout => "the CPU did not finish in time",
         })
     }
@@ -248,6 +250,7 @@ impl core::fmt::Display for RunError {
 impl core::error::Error for RunError {}
 
 /// Runs `work(cpu_index)` on CPU `index` and waits (up to `timeout_ms`) for it to finish.
+#[cfg(feature = "test-hooks")]
 pub fn run_on(index: usize, work: fn(usize), timeout_ms: u64) -> Result<(), RunError> {
     let cpu = cpu(index).ok_or(RunError::NoSuchCpu)?;
     if index == current().index.load(Ordering::Relaxed) as usize {
@@ -276,6 +279,7 @@ pub fn start_on(index: usize, work: fn(usize)) -> Result<(), RunError> {
     Ok(())
 }
 
+#[cfg(feature = "test-hooks")]
 pub fn wakeups(index: usize) -> u64 {
     CPUS.get(index)
         .map_or(0, |c| c.wakeups.load(Ordering::Relaxed))

@@ -1,4 +1,4 @@
-"""The disk test's seeded writes, recomputed on the host (mirror of drivers/backing/src/pattern.rs).
+"""The disk test's seeded writes, recomputed on the host (mirror of kernel/testhooks/src/pattern.rs).
 
 Queue q owns region q of the disk; write i of queue q covers `sectors` sectors at `sector`,
 filled with little-endian 64-bit words, the word at absolute byte 8k being

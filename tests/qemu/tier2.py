@@ -2,6 +2,11 @@
 """Test tier 2: the image booted under plain QEMU (PVH entry, TCG), judged by the
 isa-debug-exit status and the serial log, each boot under a hard timeout.
 
+`--image` is the test image (built with `--features test-hooks`: the self-tests, disk,
+fault, registry and crash tests run through it). `--production-image` is the image an
+operator runs: checked to carry no test hook (its symbols and strings, against the test
+image's) and booted once.
+
 Prints `tier2: <name> ... ok|FAILED` per test and ends with `tier2: N passed, M failed`.
 On a failure the last 50 log lines of that boot are printed.
 """
@@ -11,6 +16,7 @@ import os
 import random
 import re
 import struct
+import subprocess
 import sys
 import zlib
 
@@ -125,6 +131,51 @@ def test_four_cpus_start(suite):
     started = [l for l in r.lines() if " up (APIC id " in l]
     ok = r.verdict == "poweroff" and "cpu: 4 of 4 CPUs online" in r.log and len(started) == 3
     suite.record("boot.four-cpus-online", ok, f"verdict {r.verdict}, {len(started)} APs reported", r)
+
+
+# The test hooks' code: kernel modules (and the testhooks crate) the production image must
+# not have, by the symbol names `nm` demangles. Their distinctive messages, for what the
+# compiler may have inlined (crash_test): none may be in the production image.
+HOOK_MODULES = re.compile(r"(^|[^A-Za-z0-9_])(selftest|disktest|faulttest|registrytest|testhooks)::")
+HOOK_STRINGS = [b"crashtest panic", b"failing on purpose", b"deliberate failure",
+                b"registrytest: done", b"faulttest: PASS", b"disktest: "]
+
+
+def hook_traces(image):
+    """What of the test hooks `image` carries: (symbols, strings)."""
+    out = subprocess.run(["nm", "--demangle", image], check=True, capture_output=True, text=True).stdout
+    symbols = sorted({line.split(None, 2)[-1] for line in out.splitlines() if HOOK_MODULES.search(line)})
+    with open(image, "rb") as f:
+        data = f.read()
+    return symbols, [s.decode() for s in HOOK_STRINGS if s in data]
+
+
+def test_production_image_has_no_test_hooks(suite, production):
+    # The check must be able to fail: the test image has every trace it looks for.
+    symbols, strings = hook_traces(suite.image)
+    missing = [s.decode() for s in HOOK_STRINGS if s.decode() not in strings]
+    ok = len(symbols) >= 10 and not missing
+    suite.record("image.test-image-has-the-hooks", ok,
+                 f"{len(symbols)} hook symbols" + (f"; lacks {missing}" if missing else ""))
+    symbols, strings = hook_traces(production)
+    ok = not symbols and not strings
+    suite.record("image.production-has-no-test-hook", ok,
+                 "no hook symbol or message" if ok else f"symbols {symbols[:5]}, strings {strings}")
+
+
+def test_production_image_boots(suite, production):
+    # Test hooks named to the production image are said to be absent, and it comes up.
+    append = "loglevel=info selftest disktest=ram:1M"
+    r = q.boot(production, append, f"{suite.log_dir}/production.log")
+    problems = [f"log lacks {n!r}" for n in [q.READY_MARKER, "powering off",
+                                              "test hook selftest not in this image",
+                                              "test hook disktest not in this image"] if n not in r.log]
+    if r.verdict != "poweroff":
+        problems.append(f"verdict {r.verdict}, expected an ACPI power-off")
+    if r.selftests():
+        problems.append("self-tests ran")
+    suite.record("image.production-boots-without-hooks", not problems,
+                 "; ".join(problems) or f"up and powered off in {r.seconds:.2f} s", r)
 
 
 DISK_BYTES = 64 << 20
@@ -510,7 +561,8 @@ def test_device_faults(suite):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--image", required=True)
+    parser.add_argument("--image", required=True, help="the test image (built with --features test-hooks)")
+    parser.add_argument("--production-image", help="the production image: checked for test hooks, booted once")
     parser.add_argument("--log-dir", default="target/qemu/tier2")
     parser.add_argument("--seed", type=int, help="seed of the disk tests' writes (default: random, printed)")
     parser.add_argument("--only", help="run only the tests whose function name contains this (e.g. device_faults)")
@@ -532,6 +584,16 @@ def main():
         try:
             test(suite)
         except Exception as e:  # a runner bug is a failure, not a crash of the suite
+            suite.record(test.__name__, False, f"runner error: {e!r}")
+    for test in [test_production_image_has_no_test_hooks, test_production_image_boots]:
+        if args.only and args.only not in test.__name__:
+            continue
+        if not args.production_image:
+            print(f"tier2: {test.__name__} not run: no --production-image")
+            continue
+        try:
+            test(suite, args.production_image)
+        except Exception as e:
             suite.record(test.__name__, False, f"runner error: {e!r}")
     print(f"tier2: {suite.passed} passed, {suite.failed} failed")
     return 0 if suite.failed == 0 else 1

@@ -9,9 +9,16 @@ wait_gone() {
   return 1
 }
 
+# The self-tests are test hooks: they boot the test image (tools/rig/run.sh copies it to
+# images/blkdom-test), in the driver domain's own configuration.
 selftests_under_xen() {
   local id summary i value
-  create_domain blkdom "$XL_DIR/blkdom.cfg" 'cmdline="selftest selftest.expect-cpus=2 selftest.await-dom0 loglevel=info"' || return 1
+  if [ ! -f "$RIG/images/blkdom-test" ]; then
+    fail "blkdom test image present (run make image)"
+    return 1
+  fi
+  create_domain blkdom "$XL_DIR/blkdom.cfg" 'kernel="/rig/images/blkdom-test"' \
+    'cmdline="selftest selftest.expect-cpus=2 selftest.await-dom0 loglevel=info"' || return 1
   id=$(domid_of blkdom)
   # The xenstore self-test leaves a key; once it has, dom0 reads it and answers with a
   # write of its own, which blkdom's watch must see (xen.watch-sees-dom0-write).

@@ -79,6 +79,9 @@ qemu=$("$RIG_DIR/build-qemu.sh")
 images=$("$RIG_DIR/build-images.sh")
 # BLKDOM_IMAGE= (set, empty) runs without an image, e.g. when it does not build.
 blkdom_image=${BLKDOM_IMAGE-$REPO_DIR/target/x86_64-unknown-none/release/blkdom}
+# The test image (`make image` builds it beside the production one): the self-tests under
+# Xen boot it (tests/xen/platform.sh), as the production image has no test hooks.
+blkdom_test_image=${BLKDOM_TEST_IMAGE-$REPO_DIR/target/test-hooks/x86_64-unknown-none/release/blkdom}
 
 results=$REPO_DIR/results/xen/$scenario
 rm -rf "$results"
@@ -101,6 +104,11 @@ if [ -n "$blkdom_image" ] && [ -f "$blkdom_image" ]; then
   objcopy -O elf32-i386 "$blkdom_image" "$work/in/images/blkdom.elf32"
 else
   rig_log "no blkdom image (${blkdom_image:-none given}); blkdom scenarios will fail"
+fi
+if [ -n "$blkdom_test_image" ] && [ -f "$blkdom_test_image" ]; then
+  cp "$blkdom_test_image" "$work/in/images/blkdom-test"
+else
+  rig_log "no blkdom test image (${blkdom_test_image:-none given}); the self-tests under Xen will fail"
 fi
 tar -cf "$work/in.img" -C "$work/in" .
 truncate -s 64M "$work/out.img"

@@ -1,9 +1,9 @@
-//! What backs a disk, chosen by a string, and the seeded write patterns of the disk test.
+//! What backs a disk, chosen by a string (the disk test's seeded write patterns are in
+//! `kernel/testhooks`, beside the test).
 //!
-//! Both are pure functions so the kernel and the host (the tier-2 runner recomputes the
-//! patterns in Python, `tests/qemu/disk_pattern.py`) agree on them. A disk can be a slice
-//! of a device: `extent` checks that it fits and keeps the slices of a device apart,
-//! `gpt` finds a partition in a GUID partition table.
+//! Pure functions, so `cargo test` covers them. A disk can be a slice of a device:
+//! `extent` checks that it fits and keeps the slices of a device apart, `gpt` finds a
+//! partition in a GUID partition table.
 #![cfg_attr(not(test), no_std)]
 #![deny(unsafe_code)]
 
@@ -11,7 +11,6 @@ extern crate alloc;
 
 pub mod extent;
 pub mod gpt;
-pub mod pattern;
 pub mod resize;
 pub mod spec;
 

@@ -1,8 +1,9 @@
-//! The pollers' timing policy: how long an idle poller spins before it sleeps, and how
-//! long it may block before it must look at its ring and device again. Kept out of the
-//! image so `cargo test` covers it.
+//! The pollers' timing policy: how long an idle poller spins before it sleeps, what it
+//! does between looks while it spins, and how long it may block before it must look at
+//! its ring and device again. Kept out of the image so `cargo test` covers it.
 #![cfg_attr(not(test), no_std)]
 #![deny(unsafe_code)]
 
+pub mod idle;
 pub mod sleep;
 pub mod spin;

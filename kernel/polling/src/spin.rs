@@ -16,6 +16,8 @@
 pub const MIN_SPELL_NS: u64 = 200_000;
 /// The longest spell by default.
 pub const MAX_SPELL_NS: u64 = 5_000_000;
+/// The longest bound accepted (`poll.spin-us=`): beyond it a poller is simply a busy loop.
+pub const SPELL_LIMIT_NS: u64 = 100_000_000;
 
 /// What an idle poller does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -155,6 +155,7 @@ pub fn calibrate() {
 /// Both ways copy exactly the bytes asked for: every length in blocks up to 8 KiB, at
 /// aligned and unaligned addresses, with the bytes around the target untouched. A
 /// failure names the way, the length and the offset.
+#[cfg(feature = "test-hooks")]
 pub fn self_check() -> Result<(), (&'static str, usize, usize)> {
     const MAX: usize = 8192;
     let source: alloc::vec::Vec<u8> = (0..MAX + 64).map(|i| (i * 7 + 3) as u8).collect();

@@ -3,7 +3,7 @@
 //! `x86_64` crate's mapper, with page-table frames from the frame allocator.
 
 use x86_64::registers::control::Cr3;
-use x86_64::structures::paging::mapper::{MapToError, UnmapError};
+use x86_64::structures::paging::mapper::MapToError;
 use x86_64::structures::paging::{
     FrameAllocator, Mapper, OffsetPageTable, Page, PageTable, PageTableFlags, PhysFrame, Size4KiB,
     Translate,
@@ -43,6 +43,7 @@ pub enum MapError {
     AlreadyMapped,
     InsideHugePage,
     OutOfFrames,
+    #[cfg(feature = "test-hooks")]
     NotMapped,
 }
 
@@ -52,6 +53,7 @@ impl core::fmt::Display for MapError {
             MapError::AlreadyMapped => "the page is already mapped",
             MapError::InsideHugePage => "the page lies inside a huge page",
             MapError::OutOfFrames => "no frame left for a page table",
+            #[cfg(feature = "test-hooks")]
             MapError::NotMapped => "the page is not mapped",
         })
     }
@@ -86,11 +88,14 @@ pub fn map_page(virt: u64, phys: u64, flags: PageTableFlags) -> Result<(), MapEr
 }
 
 /// Unmaps the 4 KiB page at `virt`; returns the frame it mapped.
+#[cfg(feature = "test-hooks")]
 pub fn unmap_page(virt: u64) -> Result<u64, MapError> {
     let page = Page::<Size4KiB>::containing_address(VirtAddr::new(virt));
     with_mapper(|mapper| {
         let (frame, flush) = mapper.unmap(page).map_err(|e| match e {
-            UnmapError::ParentEntryHugePage => MapError::InsideHugePage,
+            x86_64::structures::paging::mapper::UnmapError::ParentEntryHugePage => {
+                MapError::InsideHugePage
+            }
             _ => MapError::NotMapped,
         })?;
         flush.flush();

@@ -161,6 +161,7 @@ pub fn set_interrupt_handler(vector: u8, handler: InterruptHandler) {
 static BREAKPOINTS: AtomicU64 = AtomicU64::new(0);
 static SPURIOUS_INTERRUPTS: AtomicU64 = AtomicU64::new(0);
 
+#[cfg(feature = "test-hooks")]
 pub fn breakpoint_count() -> u64 {
     BREAKPOINTS.load(Ordering::Relaxed)
 }
@@ -174,6 +175,7 @@ static CAUGHT_CR2: AtomicU64 = AtomicU64::new(0);
 
 /// A fault that a probe caught instead of stopping the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg(feature = "test-hooks")]
 pub struct CaughtFault {
     pub vector: u8,
     pub error_code: u64,
@@ -181,6 +183,7 @@ pub struct CaughtFault {
     pub address: u64,
 }
 
+#[cfg(feature = "test-hooks")]
 impl core::fmt::Display for CaughtFault {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(
@@ -191,8 +194,10 @@ impl core::fmt::Display for CaughtFault {
     }
 }
 
+#[cfg(feature = "test-hooks")]
 impl core::error::Error for CaughtFault {}
 
+#[cfg(feature = "test-hooks")]
 fn take_caught() -> Option<CaughtFault> {
     let vector = CAUGHT_VECTOR.swap(u64::MAX, Ordering::AcqRel);
     (vector != u64::MAX).then(|| CaughtFault {
@@ -203,6 +208,7 @@ fn take_caught() -> Option<CaughtFault> {
 }
 
 /// Reads a u64 at `addr`, returning the fault instead of stopping if the read faults.
+#[cfg(feature = "test-hooks")]
 pub fn probe_read(addr: u64) -> Result<u64, CaughtFault> {
     let value: u64;
     CAUGHT_VECTOR.store(u64::MAX, Ordering::Release);
@@ -228,6 +234,7 @@ pub fn probe_read(addr: u64) -> Result<u64, CaughtFault> {
 }
 
 /// Executes `ud2` under a probe: always returns the caught #UD.
+#[cfg(feature = "test-hooks")]
 pub fn probe_invalid_opcode() -> Result<(), CaughtFault> {
     CAUGHT_VECTOR.store(u64::MAX, Ordering::Release);
     // SAFETY: as in `probe_read`; `ud2` raises #UD and the handler resumes at label 2.

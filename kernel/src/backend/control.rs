@@ -8,12 +8,14 @@ use super::error::{AttachError, ResizeRefusal};
 use super::poller;
 use super::registry::Registry;
 use super::space;
-use super::vbd::{backend_params, Vbd, VbdHooks};
+use super::vbd::{backend_params, Connecting, Vbd, VbdHooks};
 use alloc::collections::BTreeMap;
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
+use blkback::budget::GrantBudget;
 use blkback::negotiate::{BlkifBackend, StepOutcome};
+use bootconfig::Config;
 use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
 use xen::xenbus::error::{self as xenbus_error, Errno};
@@ -54,10 +56,15 @@ pub struct Control {
     first_round: bool,
     /// Every disk and device opened, and what stays of them between vbds.
     registry: Registry,
+    /// The domain's budget of persistent grants, made from `grants.*`: only the control
+    /// path takes from it (a ring's poller reads its cap from its `GrantShare`).
+    budget: GrantBudget,
+    /// The command line's settings, for each vbd and ring made.
+    config: Config,
 }
 
 impl Control {
-    pub fn new(bus: PciBus) -> Option<Control> {
+    pub fn new(bus: PciBus, config: &Config) -> Option<Control> {
         let xen = xen_domain::get()?;
         let store_port = xen::domain::store_params(&xen.hv).ok().map(|p| p.evtchn);
         let domid =
@@ -87,6 +94,8 @@ impl Control {
             retries: RetrySchedule::new(),
             first_round: true,
             registry: Registry::new(bus),
+            budget: GrantBudget::new(config.grants),
+            config: *config,
         })
     }
 
@@ -159,7 +168,8 @@ impl Control {
                 return self.fail(store, path, reason);
             }
         };
-        match BlkifBackend::probe(store, &path, backend_params(&disk)) {
+        let offer = backend_params(&disk, self.config.persistent_grants);
+        match BlkifBackend::probe(store, &path, offer) {
             Ok(backend) => {
                 for watched in backend.watched_paths() {
                     if let Err(e) = store.0.watch(&watched, &path) {
@@ -247,7 +257,12 @@ impl Control {
         };
         let now = xen_domain::now_ns();
         let mut due = None;
-        match vbd.backend.step(store, &mut vbd.hooks) {
+        let mut hooks = Connecting {
+            vbd: &mut vbd.hooks,
+            budget: &mut self.budget,
+            config: &self.config,
+        };
+        match vbd.backend.step(store, &mut hooks) {
             Ok(outcome @ (StepOutcome::Retry | StepOutcome::RetryAt(_))) => {
                 due = outcome.retry_due(now)
             }
@@ -440,7 +455,11 @@ impl Control {
                 )
             })
             .collect();
-        let (limits, grant_rings, grant_share) = super::grants::summary();
+        let (limits, grant_rings, grant_share) = (
+            self.budget.limits(),
+            self.budget.rings(),
+            self.budget.share(),
+        );
         // mapped-pages stays last (the rig's checks anchor on it).
         lines.push((
             None,

@@ -10,21 +10,32 @@ pub mod adapters;
 mod control;
 pub mod disk;
 mod error;
-pub mod grants;
 pub mod poller;
 mod registry;
+#[cfg(feature = "test-hooks")]
 mod registrytest;
 pub mod space;
 mod vbd;
-pub use vbd::set_persistent_grants;
 
+use bootconfig::{Config, PollerConfig};
 use control::Control;
+#[cfg(feature = "test-hooks")]
 pub use registrytest::registry_test;
 
 use crate::xen_domain;
 
-/// Starts a poller on every other vCPU and runs vCPU 0's (with the control path).
-pub fn serve(hole: machine::frames::PhysRange, bus: crate::devices::open::PciBus) -> ! {
+/// How the pollers of the other vCPUs run: set once, from the command line, before they
+/// start. `smp::start_on` hands a vCPU a bare function (its mailbox holds one word), so
+/// they find it here rather than as an argument.
+static POLLER_CONFIG: spin::Once<PollerConfig> = spin::Once::new();
+
+/// Starts a poller on every other vCPU and runs vCPU 0's (with the control path), as
+/// `config` says.
+pub fn serve(
+    hole: machine::frames::PhysRange,
+    bus: crate::devices::open::PciBus,
+    config: &Config,
+) -> ! {
     let rings = space::init(hole);
     log::info!(
         "blkback: map space {:#x}-{:#x} ({} MiB, {} rings)",
@@ -33,13 +44,14 @@ pub fn serve(hole: machine::frames::PhysRange, bus: crate::devices::open::PciBus
         hole.len() >> 20,
         rings
     );
+    let pollers = POLLER_CONFIG.call_once(|| config.poller);
     for cpu in 1..crate::smp::online_count() {
         if crate::smp::start_on(cpu, start_poller).is_err() {
             log::error!("blkback: vCPU {cpu} did not take its poller");
         }
     }
     xen_domain::control::listen();
-    let mut control = Control::new(bus);
+    let mut control = Control::new(bus, config);
     if control.is_none() {
         log::error!("blkback: no xenstore control path: serving nothing");
     }
@@ -47,9 +59,13 @@ pub fn serve(hole: machine::frames::PhysRange, bus: crate::devices::open::PciBus
     poller::run(
         0,
         control.as_mut().map(|c| c as &mut dyn poller::ControlWork),
+        pollers,
     )
 }
 
 fn start_poller(cpu: usize) {
-    poller::run(cpu, None)
+    let config = POLLER_CONFIG
+        .get()
+        .expect("serve sets it before it starts pollers");
+    poller::run(cpu, None, config)
 }

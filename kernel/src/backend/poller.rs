@@ -21,10 +21,11 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkback::engine::Engine;
 use blkback::stats::RingStats;
-use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use machine::cmdline::PollIdle;
+use bootconfig::PollerConfig;
+use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use polling::idle::PollIdle;
 use polling::sleep::{sleep_deadline, MAX_SLEEP_NS};
-use polling::spin::{Decision, SpinPolicy, MAX_SPELL_NS, MIN_SPELL_NS};
+use polling::spin::{Decision, SpinPolicy};
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::DOMID_SELF;
 use xen::ring::RingConnection;
@@ -33,42 +34,6 @@ pub type BlkEngine = Engine<SharedRing, FrontendGrants, DeviceQueue, Notify>;
 
 /// Requests taken from a ring per pass (bounded work per poll, XSA-332).
 const POLL_BUDGET: usize = 64;
-/// The spin window in use (how long a poller spins after its last work adapts within
-/// it: `polling::spin::SpinPolicy`): the defaults, or `poll.spin-us=` from the command
-/// line (set before any poller starts).
-static SPELL_BOUNDS_NS: [AtomicU64; 2] =
-    [AtomicU64::new(MIN_SPELL_NS), AtomicU64::new(MAX_SPELL_NS)];
-
-/// Sets the pollers' spin window (before they start).
-pub fn set_spin_window(min_ns: u64, max_ns: u64) {
-    SPELL_BOUNDS_NS[0].store(min_ns, Ordering::Relaxed);
-    SPELL_BOUNDS_NS[1].store(max_ns, Ordering::Relaxed);
-}
-
-/// What a spinning poller does between looks at its rings (`poll.idle=`; set before any
-/// poller starts): `PollIdle` as a number, `PollIdle::from_u8` reads it back.
-static IDLE: AtomicU8 = AtomicU8::new(PollIdle::Pause as u8);
-
-/// Sets what a spinning poller does between looks (before they start).
-pub fn set_idle(idle: PollIdle) {
-    IDLE.store(idle as u8, Ordering::Relaxed);
-}
-
-/// How long a ring's engine may hold an event to its frontend while more responses
-/// are on their way (`blkback::engine` `notify` module; 0 = never): the default, or
-/// `notify.hold-us=` from the command line (set before any ring connects).
-static NOTIFY_HOLD_NS: AtomicU64 = AtomicU64::new(machine::cmdline::DEFAULT_NOTIFY_HOLD_US * 1000);
-
-/// Sets the notification hold window (before any ring connects).
-pub fn set_notify_hold(ns: u64) {
-    NOTIFY_HOLD_NS.store(ns, Ordering::Relaxed);
-}
-
-/// The notification hold window new rings get.
-pub fn notify_hold_ns() -> u64 {
-    NOTIFY_HOLD_NS.load(Ordering::Relaxed)
-}
-
 /// How often a poller publishes its rings' counters for the control path (which puts
 /// them in xenstore every 5 s): by time, as loops cost anything from nanoseconds to
 /// the ~100 us of a trapped RDTSC.
@@ -298,8 +263,8 @@ pub static RAM_KICK_SENT: AtomicBool = AtomicBool::new(false);
 /// then, not at its next statistics round up to 5 s later.
 static FAULT_NEWS: AtomicBool = AtomicBool::new(false);
 
-/// The poll loop of this vCPU; never returns.
-pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
+/// The poll loop of this vCPU, run as `config` says; never returns.
+pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &PollerConfig) -> ! {
     let xen = xen_domain::get().expect("pollers run under Xen");
     let slot = &POLLERS[cpu];
     let counters = &slot.counters;
@@ -321,10 +286,10 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
         );
     };
     rebuild_ports(&served, &mut ports, &control);
-    let min_spell_ns = SPELL_BOUNDS_NS[0].load(Ordering::Relaxed);
-    let max_spell_ns = SPELL_BOUNDS_NS[1].load(Ordering::Relaxed);
+    let (min_spell_ns, max_spell_ns) = (config.spin_min_ns, config.spin_max_ns);
     let mut spin = SpinPolicy::new(min_spell_ns, max_spell_ns);
-    let idle = PollIdle::from_u8(IDLE.load(Ordering::Relaxed));
+    // `auto` was settled at boot (main); the default only if it was not.
+    let idle = config.idle.unwrap_or_default();
     let mut control_due = 0u64;
     let mut next_ring_stats = 0u64;
     log::info!(
@@ -332,7 +297,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>) -> ! {
         min_spell_ns / 1000,
         max_spell_ns / 1000,
         idle.name(),
-        notify_hold_ns() / 1000
+        config.notify_hold_ns / 1000
     );
     loop {
         counters.loops.fetch_add(1, Ordering::Relaxed);

@@ -26,16 +26,22 @@ struct Space {
     free: alloc::vec::Vec<u32>,
 }
 
-static SPACE: spin::Mutex<Option<Space>> = spin::Mutex::new(None);
+/// The map space, set once at start-up. Shared: the control path (vCPU 0) takes a
+/// region when a ring connects, and the poller that releases the ring, on any vCPU,
+/// gives it back.
+static SPACE: spin::Once<spin::Mutex<Space>> = spin::Once::new();
 
-/// Takes `hole` (from the memory map) as the map space; returns how many rings fit.
+/// Takes `hole` (from the memory map) as the map space; returns how many rings fit. Only
+/// the first call sets it.
 pub fn init(hole: PhysRange) -> u32 {
     let regions = (hole.len() / REGION_BYTES) as u32;
-    *SPACE.lock() = Some(Space {
-        base: hole.start,
-        free: (0..regions).rev().collect(),
+    let space = SPACE.call_once(|| {
+        spin::Mutex::new(Space {
+            base: hole.start,
+            free: (0..regions).rev().collect(),
+        })
     });
-    regions
+    space.lock().free.len() as u32
 }
 
 fn region(base: u64, index: u32) -> MapRegion {
@@ -50,16 +56,15 @@ fn region(base: u64, index: u32) -> MapRegion {
 
 /// A free region, or `None` when every region is in use.
 pub fn alloc() -> Option<MapRegion> {
-    let mut space = SPACE.lock();
-    let space = space.as_mut()?;
+    let mut space = SPACE.get()?.lock();
     let index = space.free.pop()?;
     Some(region(space.base, index))
 }
 
 /// Returns a region whose pages are all unmapped again.
 fn free(region: MapRegion) {
-    if let Some(space) = SPACE.lock().as_mut() {
-        space.free.push(region.index);
+    if let Some(space) = SPACE.get() {
+        space.lock().free.push(region.index);
     }
 }
 
@@ -78,5 +83,5 @@ pub fn release(region: MapRegion, leaked: u64) {
 }
 
 pub fn available() -> usize {
-    SPACE.lock().as_ref().map_or(0, |s| s.free.len())
+    SPACE.get().map_or(0, |s| s.lock().free.len())
 }

@@ -6,17 +6,17 @@
 use super::adapters::{self, FrontendGrants, Notify, SharedRing};
 use super::disk::Disk;
 use super::error::ConnectError;
-use super::grants;
 use super::poller::{self, QueueControl, ServedQueue};
 use super::space;
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use blkback::budget::GrantShare;
+use blkback::budget::{GrantBudget, GrantShare};
 use blkback::engine::{Busy, Engine, EngineConfig, EngineError};
 use blkback::negotiate::{BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection};
 use blkback::stats::Refusals;
-use core::sync::atomic::{AtomicBool, Ordering};
+use bootconfig::Config;
+use core::sync::atomic::Ordering;
 use xen::ring::RingConnection;
 
 use crate::xen_domain;
@@ -57,12 +57,24 @@ pub(super) struct VbdHooks {
 const _: () =
     assert!(2 * blkback::budget::GrantLimits::MAX_PER_RING_LIMIT <= space::GRANT_PAGES_PER_RING);
 
+/// A vbd's hooks as its negotiation steps them, with what the control path lends them
+/// for the step: the domain's budget of persistent grants (rings join it when they
+/// connect with persistent grants and leave once released) and the command line's
+/// settings.
+pub(super) struct Connecting<'a> {
+    pub(super) vbd: &'a mut VbdHooks,
+    pub(super) budget: &'a mut GrantBudget,
+    pub(super) config: &'a Config,
+}
+
 impl VbdHooks {
     fn connect_queue(
         &mut self,
         connection: &FrontendConnection,
         q: usize,
         cpu: usize,
+        budget: &mut GrantBudget,
+        settings: &Config,
     ) -> Result<(), ConnectError> {
         let xen = xen_domain::get().ok_or(ConnectError::NoXen)?;
         let ring = &connection.queues[q];
@@ -70,14 +82,14 @@ impl VbdHooks {
         config.max_indirect_segments = connection.max_indirect_segments;
         // The cache is sized for the most one ring may hold; the ring's share of the
         // domain's budget caps it further while it runs.
-        let limits = grants::limits();
+        let limits = budget.limits();
         config.persistent_grant_limit = Some(limits.max_per_ring as usize);
         config.idle_release_ns = limits.idle_ns();
         config.read_only = connection.read_only;
         config.discard = connection.discard;
         config.protocol = connection.protocol;
-        config.notify_hold_ns = super::poller::notify_hold_ns();
-        config.device_timeout_ns = crate::devices::device_timeout_ns();
+        config.notify_hold_ns = settings.poller.notify_hold_ns;
+        config.device_timeout_ns = settings.device_timeout_ns;
         // The frontend chose the ring's size: refuse it before taking anything if its
         // engine would not fit in the heap (an allocation failure would abort).
         let needed = config.memory_needed();
@@ -153,7 +165,10 @@ impl VbdHooks {
             }
         };
         let share = connection.persistent_grants.then(|| {
-            let share = grants::join();
+            let share = budget.join();
+            // Every other ring's cap dropped: their pollers are woken so that they evict
+            // down to it now rather than at their next event.
+            poller::ring_all_doorbells();
             engine.set_grant_share(share.clone());
             share
         });
@@ -208,7 +223,7 @@ impl VbdHooks {
     }
 }
 
-impl ConnectionHooks for VbdHooks {
+impl ConnectionHooks for Connecting<'_> {
     type Error = ConnectError;
 
     fn connect(&mut self, connection: &FrontendConnection) -> Result<(), ConnectError> {
@@ -217,12 +232,26 @@ impl ConnectionHooks for VbdHooks {
         // otherwise all share one vCPU).
         let first = poller::least_loaded(cpus);
         for q in 0..connection.queues.len() {
-            self.connect_queue(connection, q, serving_cpu(first, q, cpus))?;
+            let cpu = serving_cpu(first, q, cpus);
+            self.vbd
+                .connect_queue(connection, q, cpu, self.budget, self.config)?;
         }
         Ok(())
     }
 
     fn disconnect(&mut self) -> Result<(), Busy> {
+        self.vbd.disconnect(self.budget)
+    }
+
+    fn now_ns(&self) -> u64 {
+        xen_domain::now_ns()
+    }
+}
+
+impl VbdHooks {
+    /// Has the pollers release every ring; once they all have, gives back what the
+    /// connection held (device queues, grant shares).
+    fn disconnect(&mut self, budget: &mut GrantBudget) -> Result<(), Busy> {
         for (cpu, control, _) in &self.queues {
             if !control.detach.swap(true, Ordering::AcqRel) {
                 poller::ring_doorbell(*cpu);
@@ -240,7 +269,7 @@ impl ConnectionHooks for VbdHooks {
         for (_, control, share) in self.queues.drain(..) {
             // Its grants are unmapped: the other rings may cache more.
             if let Some(share) = share {
-                grants::leave(&share);
+                budget.leave(&share);
             }
             self.leaked_pages += control.leaked_pages.load(Ordering::Acquire);
             self.refusals.add_ring(&control.stats.lock());
@@ -250,10 +279,6 @@ impl ConnectionHooks for VbdHooks {
         }
         Ok(())
     }
-
-    fn now_ns(&self) -> u64 {
-        xen_domain::now_ns()
-    }
 }
 
 /// The vCPU that serves queue `q` of a device whose first queue went to `first`:
@@ -262,20 +287,12 @@ fn serving_cpu(first: usize, q: usize, cpus: usize) -> usize {
     (first + q) % cpus
 }
 
-/// Whether frontends are offered persistent grants (`grants.persistent=`; set before
-/// any device is probed).
-static PERSISTENT_GRANTS: AtomicBool = AtomicBool::new(true);
-
-/// Sets whether frontends are offered persistent grants (at boot).
-pub fn set_persistent_grants(offer: bool) {
-    PERSISTENT_GRANTS.store(offer, Ordering::Relaxed);
-}
-
-/// What the backend offers a frontend for `disk`.
-pub(super) fn backend_params(disk: &Disk) -> BackendParams {
+/// What the backend offers a frontend for `disk` (`persistent_grants`: whether it offers
+/// persistent grants, `grants.persistent=`).
+pub(super) fn backend_params(disk: &Disk, persistent_grants: bool) -> BackendParams {
     let queues = disk.max_queues(crate::smp::online_count().max(1));
     BackendParams {
-        persistent_grants: PERSISTENT_GRANTS.load(Ordering::Relaxed),
+        persistent_grants,
         ..BackendParams::new(queues as u32, disk.geometry())
     }
 }

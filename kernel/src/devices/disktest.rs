@@ -2,7 +2,7 @@
 //!
 //! Queue `q` runs on CPU `q` and owns region `q` of the disk (the last `TAIL_SECTORS`
 //! stay out of every region: the discard check uses them). Per queue: the seeded writes
-//! of `backing::pattern` (1 sector to 1 MiB each), each read back and compared, then a
+//! of `testhooks::pattern` (1 sector to 1 MiB each), each read back and compared, then a
 //! flush; then throughput: random 4 KiB reads and sequential 256 KiB reads at queue
 //! depth. The tier-2 runner recomputes the writes from the seed and compares the backing
 //! file after QEMU has exited. A slice (`nvme:1:offset=1M,size=8M`, `virtio:0:part=2`) is
@@ -21,13 +21,13 @@ use crate::power;
 use alloc::boxed::Box;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
-use backing::pattern::{self, Plan};
 use backing::{Backing, Region};
 use blkdev::{DmaSegment, Geometry, IoOp, IoRequest, IoStatus, SubmitError};
+use bootconfig::{Cmdline, Key};
 use core::fmt;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use log::{error, info};
-use machine::cmdline::Cmdline;
+use testhooks::pattern::{self, Plan};
 
 /// Sectors at the end of the disk kept out of the write regions.
 pub const TAIL_SECTORS: u64 = 2048;
@@ -94,13 +94,13 @@ pub fn disk_test(spec: &str, cmdline: &Cmdline, bus: open::PciBus) -> ! {
 
 fn number<T: core::str::FromStr>(
     cmdline: &Cmdline,
-    key: &'static str,
+    key: Key,
     default: T,
 ) -> Result<T, DiskTestError> {
     match cmdline.value(key) {
         None => Ok(default),
         Some(text) => text.parse().map_err(|_| DiskTestError::NotANumber {
-            key,
+            key: key.name(),
             text: text.into(),
         }),
     }
@@ -112,14 +112,14 @@ fn run(spec: &str, cmdline: &Cmdline, bus: open::PciBus) -> Result<(), DiskTestE
         reason: e.to_string(),
     })?;
     let params = Params {
-        seed: number(cmdline, "disktest.seed", 1)?,
-        writes: number(cmdline, "disktest.writes", 24)?,
-        random_reads: number(cmdline, "disktest.random-reads", 2000)?,
-        sequential_bytes: number::<u64>(cmdline, "disktest.sequential-mib", 16)? << 20,
-        bounce: cmdline.has("disktest.bounce"),
+        seed: number(cmdline, Key::DisktestSeed, 1)?,
+        writes: number(cmdline, Key::DisktestWrites, 24)?,
+        random_reads: number(cmdline, Key::DisktestRandomReads, 2000)?,
+        sequential_bytes: number::<u64>(cmdline, Key::DisktestSequentialMib, 16)? << 20,
+        bounce: cmdline.has(Key::DisktestBounce),
     };
     let cpus = crate::smp::online_count();
-    let wanted: usize = number(cmdline, "disktest.queues", cpus)?;
+    let wanted: usize = number(cmdline, Key::DisktestQueues, cpus)?;
     if wanted == 0 || wanted > cpus {
         return Err(DiskTestError::QueueCount { wanted, cpus });
     }
@@ -130,7 +130,7 @@ fn run(spec: &str, cmdline: &Cmdline, bus: open::PciBus) -> Result<(), DiskTestE
     );
 
     let options = open::OpenOptions {
-        nvme_prp_only: cmdline.has("disktest.nvme-prp-only"),
+        nvme_prp_only: cmdline.has(Key::DisktestNvmePrpOnly),
         bounce: params.bounce,
         ..Default::default()
     };

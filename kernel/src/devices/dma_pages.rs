@@ -5,7 +5,9 @@
 
 use super::hal::PAGE;
 use crate::physmem;
-use blkdev::{BufferAccess, DmaSegment};
+use blkdev::BufferAccess;
+#[cfg(feature = "test-hooks")]
+use blkdev::DmaSegment;
 
 #[derive(Clone, Copy)]
 pub struct DmaPages {
@@ -16,6 +18,7 @@ pub struct DmaPages {
 
 impl DmaPages {
     /// No pages: for requests without data.
+    #[cfg(feature = "test-hooks")]
     pub const NONE: DmaPages = DmaPages { base: 0, pages: 0 };
 
     /// Physical address of `len` bytes at `offset` of page `buffer`, if that is one of
@@ -27,6 +30,7 @@ impl DmaPages {
     }
 
     /// Copies `data` into the pages along `segments` (which name these pages).
+    #[cfg(feature = "test-hooks")]
     pub fn scatter(&self, segments: &[DmaSegment], data: &[u8]) {
         let mut at = 0;
         for s in segments {
@@ -38,6 +42,7 @@ impl DmaPages {
     }
 
     /// Copies the pages along `segments` (which name these pages) into `data`.
+    #[cfg(feature = "test-hooks")]
     pub fn gather(&self, segments: &[DmaSegment], data: &mut [u8]) {
         let mut at = 0;
         for s in segments {

@@ -27,8 +27,8 @@ use crate::power;
 use alloc::format;
 use alloc::string::String;
 use blkdev::{DmaSegment, FaultKind, IoOp, IoRequest, IoStatus};
+use bootconfig::{Cmdline, Key};
 use log::{error, info};
-use machine::cmdline::Cmdline;
 
 const PAGE: u64 = 4096;
 /// Sectors per read (one page).
@@ -36,9 +36,10 @@ const READ_SECTORS: u64 = 8;
 /// What the stalled read's page holds before, and must hold after.
 const PAINT: u8 = 0xa5;
 
-/// Runs the fault test and powers off with its verdict.
-pub fn fault_test(spec: &str, cmdline: &Cmdline, bus: PciBus) -> ! {
-    let verdict = match run(spec, cmdline, bus) {
+/// Runs the fault test and powers off with its verdict; a command may take
+/// `device_timeout_ns` (`device.timeout-ms=`).
+pub fn fault_test(spec: &str, cmdline: &Cmdline, device_timeout_ns: u64, bus: PciBus) -> ! {
+    let verdict = match run(spec, cmdline, device_timeout_ns, bus) {
         Ok(()) => {
             info!("faulttest: PASS");
             power::Verdict::Pass
@@ -52,12 +53,12 @@ pub fn fault_test(spec: &str, cmdline: &Cmdline, bus: PciBus) -> ! {
     power::power_off()
 }
 
-fn number(cmdline: &Cmdline, key: &str, default: u64) -> Result<u64, String> {
+fn number(cmdline: &Cmdline, key: Key, default: u64) -> Result<u64, String> {
     match cmdline.value(key) {
         None => Ok(default),
         Some(text) => text
             .parse()
-            .map_err(|_| format!("{key}={text}: want a whole number")),
+            .map_err(|_| format!("{}={text}: want a whole number", key.name())),
     }
 }
 
@@ -108,12 +109,13 @@ fn now_ns() -> u64 {
 }
 
 /// Submits `request` on `queue` and polls until its completion (ticking the queue with
-/// the deadline, as a poller does), for at most `limit_us`.
+/// the deadline `timeout_ns`, as a poller does), for at most `limit_us`.
 fn complete(
     queue: &mut Queue,
     request: &IoRequest<'_>,
     pages: &DmaPages,
     limit_us: u64,
+    timeout_ns: u64,
 ) -> Result<IoStatus, String> {
     queue
         .submit(request, pages)
@@ -129,7 +131,7 @@ fn complete(
         if let Some(status) = status {
             return Ok(status);
         }
-        queue.tick(now_ns(), super::device_timeout_ns());
+        queue.tick(now_ns(), timeout_ns);
         if now_us() - start > limit_us {
             return Err(format!(
                 "read of sector {} got no completion in {} ms",
@@ -157,12 +159,12 @@ fn open_one(devices: &mut Devices, spec: &str, bounce: bool) -> Result<Queue, St
         .ok_or_else(|| format!("{spec}: no queue"))
 }
 
-fn run(spec: &str, cmdline: &Cmdline, bus: PciBus) -> Result<(), String> {
+fn run(spec: &str, cmdline: &Cmdline, timeout_ns: u64, bus: PciBus) -> Result<(), String> {
     hal::calibrate_clock();
-    let error_sector = number(cmdline, "faulttest.error-sector", 2048)?;
-    let stall_sector = number(cmdline, "faulttest.stall-sector", 0)?;
-    let late_ms = number(cmdline, "faulttest.late-ms", 0)?;
-    let timeout_ms = super::device_timeout_ns() / 1_000_000;
+    let error_sector = number(cmdline, Key::FaulttestErrorSector, 2048)?;
+    let stall_sector = number(cmdline, Key::FaulttestStallSector, 0)?;
+    let late_ms = number(cmdline, Key::FaulttestLateMs, 0)?;
+    let timeout_ms = timeout_ns / 1_000_000;
     if timeout_ms == 0 || error_sector < READ_SECTORS {
         return Err("faulttest needs device.timeout-ms > 0 and faulttest.error-sector >= 8".into());
     }
@@ -176,7 +178,13 @@ fn run(spec: &str, cmdline: &Cmdline, bus: PciBus) -> Result<(), String> {
         (2, error_sector, IoStatus::Error),
         (3, error_sector + READ_SECTORS, IoStatus::Ok),
     ] {
-        let got = complete(&mut failing, &page.read(tag, sector), &page.pages, limit)?;
+        let got = complete(
+            &mut failing,
+            &page.read(tag, sector),
+            &page.pages,
+            limit,
+            timeout_ns,
+        )?;
         if got != want {
             return Err(format!(
                 "{spec}: read of sector {sector} completed {got:?}, expected {want:?}"
@@ -193,13 +201,12 @@ fn run(spec: &str, cmdline: &Cmdline, bus: PciBus) -> Result<(), String> {
     );
 
     // 2. A stalled command, while the other device keeps serving.
-    let Some(stall_spec) = cmdline.value("faulttest.stall") else {
+    let Some(stall_spec) = cmdline.value(Key::FaulttestStall) else {
         return Ok(());
     };
-    let mut stalling = open_one(&mut devices, stall_spec, cmdline.has("faulttest.bounce"))?;
+    let mut stalling = open_one(&mut devices, stall_spec, cmdline.has(Key::FaulttestBounce))?;
     let stalled = Page::new()?;
     stalled.fill(PAINT);
-    let timeout_ns = super::device_timeout_ns();
     stalling.tick(now_ns(), timeout_ns);
     let start = now_us();
     stalling
@@ -215,7 +222,13 @@ fn run(spec: &str, cmdline: &Cmdline, bus: PciBus) -> Result<(), String> {
             break done;
         }
         tag += 1;
-        let got = complete(&mut failing, &page.read(tag, 0), &page.pages, limit)?;
+        let got = complete(
+            &mut failing,
+            &page.read(tag, 0),
+            &page.pages,
+            limit,
+            timeout_ns,
+        )?;
         if got != IoStatus::Ok {
             return Err(format!(
                 "{spec}: a read completed {got:?} while {stall_spec} stalled"
@@ -252,7 +265,13 @@ fn run(spec: &str, cmdline: &Cmdline, bus: PciBus) -> Result<(), String> {
         "faulttest: {stall_spec}: the stalled read answered Error after {waited_ms} ms (deadline {timeout_ms} ms): {fault}; {spec} served {served} reads meanwhile"
     );
     let before = now_us();
-    let got = complete(&mut stalling, &page.read(11, 0), &page.pages, 1_000_000)?;
+    let got = complete(
+        &mut stalling,
+        &page.read(11, 0),
+        &page.pages,
+        1_000_000,
+        timeout_ns,
+    )?;
     if got != IoStatus::Error {
         return Err(format!(
             "{stall_spec}: a read after the fault completed {got:?}"
@@ -281,7 +300,13 @@ fn run(spec: &str, cmdline: &Cmdline, bus: PciBus) -> Result<(), String> {
     }
 
     // 4. The other device was never touched by it.
-    let got = complete(&mut failing, &page.read(tag + 1, 0), &page.pages, limit)?;
+    let got = complete(
+        &mut failing,
+        &page.read(tag + 1, 0),
+        &page.pages,
+        limit,
+        timeout_ns,
+    )?;
     if got != IoStatus::Ok || failing.fault().is_some() {
         return Err(format!(
             "{spec}: after {stall_spec} failed: {got:?}, {:?}",

@@ -300,6 +300,7 @@ pub fn now_ns() -> u64 {
 }
 
 /// Microseconds since an arbitrary start.
+#[cfg(feature = "test-hooks")]
 pub fn now_us() -> u64 {
     now_ns() / 1000
 }

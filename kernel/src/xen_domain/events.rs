@@ -6,11 +6,12 @@ use super::{failed, get, InitError};
 use crate::arch::{apic, trap};
 use crate::smp::{self, MAX_CPUS};
 use core::sync::atomic::{AtomicU64, Ordering};
-use xen::abi::event_channel::EvtchnPort;
 use xen::domain::UpcallMode;
-use xen::evtchn::{self, EventHandler, HandlerTable};
+use xen::evtchn::HandlerTable;
 use xen::shared_info::VcpuEvents;
-use xen::XenError;
+// Handlers are registered by the self-tests only.
+#[cfg(feature = "test-hooks")]
+use xen::{abi::event_channel::EvtchnPort, evtchn, evtchn::EventHandler, XenError};
 
 /// The vector Xen raises for event channels on every vCPU.
 pub const UPCALL_VECTOR: u8 = 0xf3;
@@ -84,6 +85,7 @@ fn on_upcall(_frame: &mut trap::TrapFrame) {
 }
 
 /// Binds `port` to `vcpu`, registers its handler there, and unmasks it.
+#[cfg(feature = "test-hooks")]
 pub fn register(
     port: EvtchnPort,
     vcpu: u32,
@@ -106,6 +108,7 @@ pub fn register(
 }
 
 /// Removes `port`'s handler (the port itself is closed by its owner).
+#[cfg(feature = "test-hooks")]
 pub fn unregister(port: EvtchnPort, vcpu: u32) {
     if let Some(slot) = EVENTS.get(vcpu as usize) {
         x86_64::instructions::interrupts::without_interrupts(|| {
@@ -117,6 +120,7 @@ pub fn unregister(port: EvtchnPort, vcpu: u32) {
 }
 
 /// (upcalls taken, handlers dispatched) on `vcpu`.
+#[cfg(feature = "test-hooks")]
 pub fn counters(vcpu: usize) -> (u64, u64) {
     let slot = &EVENTS[vcpu];
     (

@@ -13,11 +13,16 @@ const STORE_TIMEOUT_NS: u64 = 10_000_000_000;
 type Signal = PortSignal<NativeHypervisor, fn() -> u64>;
 pub type Client = XenstoreClient<SharedXenstoreRing<Signal>>;
 
-static STORE: spin::Mutex<Option<Client>> = spin::Mutex::new(None);
+/// The domain's one xenstore connection, set once at boot. Global: the control path,
+/// the toolstack's shutdown watch and the self-tests all talk through it, one at a time.
+static STORE: spin::Once<spin::Mutex<Client>> = spin::Once::new();
 
-/// Connects to xenstored through the ring the toolstack set up for us.
+/// Connects to xenstored through the ring the toolstack set up for us (once).
 pub fn init() -> Result<(), InitError> {
     let domain = get().ok_or(InitError::NotInitialised)?;
+    if STORE.is_completed() {
+        return Ok(());
+    }
     let params = xen::domain::store_params(&domain.hv).map_err(failed("xenstore parameters"))?;
     if params.pfn >= crate::arch::paging::IDENTITY_MAPPED_LIMIT >> 12 {
         return Err(InitError::Hypercall(
@@ -37,7 +42,7 @@ pub fn init() -> Result<(), InitError> {
     // through this client.
     let mem = unsafe { shared_page(params.pfn << 12, 4096) };
     let ring = SharedXenstoreRing::new(mem, signal).ok_or(InitError::NoFrame)?;
-    *STORE.lock() = Some(XenstoreClient::new(ring));
+    STORE.call_once(|| spin::Mutex::new(XenstoreClient::new(ring)));
     log::info!(
         "xen: xenstore ring at pfn {:#x}, event channel {}",
         params.pfn,
@@ -48,5 +53,5 @@ pub fn init() -> Result<(), InitError> {
 
 /// Runs `f` with the xenstore client; `None` when there is no xenstore connection.
 pub fn with<R>(f: impl FnOnce(&mut Client) -> R) -> Option<R> {
-    STORE.lock().as_mut().map(f)
+    STORE.get().map(|store| f(&mut store.lock()))
 }

@@ -14,7 +14,6 @@
 
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::fmt;
 use core::sync::atomic::{AtomicU32, Ordering};
 
 /// The domain's grant limits (kernel command line `grants.*`).
@@ -66,107 +65,11 @@ impl GrantLimits {
     pub fn idle_ns(&self) -> u64 {
         u64::from(self.idle_secs) * 1_000_000_000
     }
-
-    /// The limits a kernel command line sets. `number(key, max)` reads `key`'s value as
-    /// a whole number up to `max` (the kernel passes `Cmdline::number_up_to`): `Ok(None)`
-    /// when the key is not there, `Err` with the text when its value is not such a
-    /// number. A bad value keeps that limit's default and goes to `bad` (the kernel logs
-    /// it; the domain keeps serving); the other keys still apply.
-    pub fn from_command_line<'a>(
-        mut number: impl FnMut(&str, u64) -> Result<Option<u64>, &'a str>,
-        mut bad: impl FnMut(BadGrantValue<'a>),
-    ) -> GrantLimits {
-        let mut limits = GrantLimits::DEFAULT;
-        for key in GrantKey::ALL {
-            let max = key.max();
-            match number(key.name(), u64::from(max)) {
-                Ok(None) => {}
-                Ok(Some(value)) => {
-                    *limits.field(key) = u32::try_from(value).map_or(max, |v| v.min(max));
-                }
-                Err(text) => bad(BadGrantValue {
-                    key,
-                    text,
-                    max,
-                    default: *limits.field(key),
-                }),
-            }
-        }
-        limits
-    }
-
-    fn field(&mut self, key: GrantKey) -> &mut u32 {
-        match key {
-            GrantKey::MaxTotal => &mut self.max_total,
-            GrantKey::MaxPerRing => &mut self.max_per_ring,
-            GrantKey::IdleSecs => &mut self.idle_secs,
-        }
-    }
 }
 
 impl Default for GrantLimits {
     fn default() -> Self {
         Self::DEFAULT
-    }
-}
-
-/// The command-line keys of [`GrantLimits`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GrantKey {
-    MaxTotal,
-    MaxPerRing,
-    IdleSecs,
-}
-
-impl GrantKey {
-    pub const ALL: [GrantKey; 3] = [GrantKey::MaxTotal, GrantKey::MaxPerRing, GrantKey::IdleSecs];
-
-    /// The key on the kernel command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            GrantKey::MaxTotal => "grants.max-total",
-            GrantKey::MaxPerRing => "grants.max-per-ring",
-            GrantKey::IdleSecs => "grants.idle-s",
-        }
-    }
-
-    fn max(self) -> u32 {
-        match self {
-            GrantKey::MaxTotal => GrantLimits::MAX_TOTAL_LIMIT,
-            GrantKey::MaxPerRing => GrantLimits::MAX_PER_RING_LIMIT,
-            GrantKey::IdleSecs => GrantLimits::MAX_IDLE_SECS,
-        }
-    }
-
-    fn meaning(self) -> &'static str {
-        match self {
-            GrantKey::MaxTotal => "persistent grants mapped by all rings together",
-            GrantKey::MaxPerRing => "persistent grants mapped by one ring",
-            GrantKey::IdleSecs => "seconds before an unused persistent grant is unmapped, 0 never",
-        }
-    }
-}
-
-/// A `grants.*` value that is not a number in its range.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BadGrantValue<'a> {
-    pub key: GrantKey,
-    pub text: &'a str,
-    max: u32,
-    default: u32,
-}
-
-impl fmt::Display for BadGrantValue<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}={}: want a whole number 0..={} ({}); using {}",
-            self.key.name(),
-            self.text,
-            self.max,
-            self.key.meaning(),
-            self.default
-        )
     }
 }
 
@@ -210,12 +113,6 @@ impl GrantBudget {
         self.limits
     }
 
-    /// New limits (before any ring joins: the rings' caches were sized by the old ones).
-    pub fn set_limits(&mut self, limits: GrantLimits) {
-        self.limits = limits;
-        self.rebalance();
-    }
-
     /// Rings that cache grants now.
     pub fn rings(&self) -> usize {
         self.rings.len()
@@ -253,7 +150,6 @@ impl GrantBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use alloc::string::{String, ToString};
 
     #[test]
     fn shares_are_equal_bounded_per_ring_and_never_add_up_past_the_total() {
@@ -299,90 +195,5 @@ mod tests {
         assert_eq!(limits.idle_ns(), 60_000_000_000);
         assert_eq!(limits.share(1), 8448);
         assert_eq!(limits.share(16), 4096);
-    }
-
-    /// Every limit at its maximum.
-    const AT_THE_MAXIMA: GrantLimits = GrantLimits {
-        max_total: GrantLimits::MAX_TOTAL_LIMIT,
-        max_per_ring: GrantLimits::MAX_PER_RING_LIMIT,
-        idle_secs: GrantLimits::MAX_IDLE_SECS,
-    };
-
-    /// The limits as `Cmdline::number_up_to` reads them from `line`, with the messages
-    /// about bad values.
-    fn from_line(line: &str) -> (GrantLimits, Vec<String>) {
-        let cmdline = machine::cmdline::Cmdline::new(line);
-        let mut bad = Vec::new();
-        let limits = GrantLimits::from_command_line(
-            |key, max| cmdline.number_up_to(key, max),
-            |value| bad.push(value.to_string()),
-        );
-        (limits, bad)
-    }
-
-    #[test]
-    fn command_line_values_are_checked_and_bad_ones_keep_the_default() {
-        assert_eq!(from_line("selftest"), (GrantLimits::default(), vec![]));
-        let (limits, bad) =
-            from_line("grants.max-total=4096 grants.max-per-ring=0 grants.idle-s=0");
-        assert!(bad.is_empty(), "{bad:?}");
-        assert_eq!(
-            limits,
-            GrantLimits {
-                max_total: 4096,
-                max_per_ring: 0,
-                idle_secs: 0
-            }
-        );
-        assert_eq!(limits.idle_ns(), 0);
-        for (key, value) in [
-            (GrantKey::MaxTotal, "lots"),
-            (GrantKey::MaxTotal, "-1"),
-            (GrantKey::MaxTotal, "4194305"),
-            (GrantKey::MaxTotal, "99999999999999999999"),
-            (GrantKey::MaxPerRing, "16385"),
-            (GrantKey::MaxPerRing, ""),
-            (GrantKey::IdleSecs, "86401"),
-            (GrantKey::IdleSecs, "1.5"),
-        ] {
-            let line = format!("{}={value}", key.name());
-            let (limits, bad) = from_line(&line);
-            assert_eq!(limits, GrantLimits::default(), "{line}");
-            assert_eq!(bad.len(), 1, "{line}");
-            assert!(bad[0].starts_with(&line), "{line}: {bad:?}");
-        }
-        // A bad value keeps its default; the good ones apply.
-        let (limits, bad) =
-            from_line("grants.max-per-ring=99999 grants.max-total=2048 grants.idle-s=x");
-        assert_eq!(
-            limits,
-            GrantLimits {
-                max_total: 2048,
-                ..GrantLimits::default()
-            }
-        );
-        assert_eq!(
-            bad,
-            [
-                "grants.max-per-ring=99999: want a whole number 0..=16384 (persistent grants \
-                 mapped by one ring); using 8448",
-                "grants.idle-s=x: want a whole number 0..=86400 (seconds before an unused \
-                 persistent grant is unmapped, 0 never); using 60"
-            ]
-        );
-        // The limits exactly at their bounds are taken.
-        let (limits, bad) =
-            from_line("grants.max-total=4194304 grants.max-per-ring=16384 grants.idle-s=86400");
-        assert!(bad.is_empty(), "{bad:?}");
-        assert_eq!(limits, AT_THE_MAXIMA);
-    }
-
-    /// Whatever `number` answers, no limit goes past its maximum.
-    #[test]
-    fn a_reader_past_the_maximum_is_held_to_it() {
-        let limits = GrantLimits::from_command_line(|_, max| Ok(Some(max + 1)), |_| {});
-        assert_eq!(limits, AT_THE_MAXIMA);
-        let limits = GrantLimits::from_command_line(|_, _| Ok(Some(u64::MAX)), |_| {});
-        assert_eq!(limits.max_total, GrantLimits::MAX_TOTAL_LIMIT);
     }
 }

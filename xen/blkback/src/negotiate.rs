@@ -35,12 +35,16 @@ pub struct BackendParams {
 }
 
 impl BackendParams {
+    /// Frontends are offered persistent grants unless the kernel command line says
+    /// `grants.persistent=off`.
+    pub const OFFER_PERSISTENT_GRANTS: bool = true;
+
     pub fn new(max_queues: u32, geometry: Geometry) -> Self {
         Self {
             max_queues,
             max_ring_page_order: MAX_RING_PAGE_ORDER,
             max_indirect_segments: MAX_INDIRECT_SEGMENTS,
-            persistent_grants: true,
+            persistent_grants: Self::OFFER_PERSISTENT_GRANTS,
             geometry,
         }
     }

@@ -32,6 +32,7 @@ mod submit;
 pub use consume::SEGMENTS_PER_POLL;
 use mapping::GrantMapper;
 use notify::Moderator;
+pub use notify::{DEFAULT_NOTIFY_HOLD_NS, MAX_NOTIFY_HOLD_NS};
 use slots::{segment_area, SlotTable};
 use submit::Submission;
 
@@ -75,6 +76,8 @@ pub struct EngineConfig {
 
 /// The default deadline of a device command: 30 s, Linux's `io_timeout`.
 pub const DEFAULT_DEVICE_TIMEOUT_NS: u64 = 30_000_000_000;
+/// The longest deadline accepted (the kernel command line's `device.timeout-ms=`): an hour.
+pub const MAX_DEVICE_TIMEOUT_NS: u64 = 3_600_000_000_000;
 
 impl EngineConfig {
     pub fn new(ring_order: u32, persistent_grants: bool) -> Self {

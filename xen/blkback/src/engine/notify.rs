@@ -28,6 +28,13 @@
 //! idle). The poller passes the time in (`Engine::poll_at`) and never sleeps past
 //! `Engine::notify_deadline`.
 
+/// The hold window by default (`EngineConfig::notify_hold_ns`; the kernel command line's
+/// `notify.hold-us=`), chosen from the simulated guest's table
+/// (`tests/notify_guest.rs`, `notify_guest_table`).
+pub const DEFAULT_NOTIFY_HOLD_NS: u64 = 5_000_000;
+/// The longest hold window accepted (`notify.hold-us=`).
+pub const MAX_NOTIFY_HOLD_NS: u64 = 20_000_000;
+
 /// Windows are scored up to this; a hold needs at least `HOLD_SCORE`.
 const SCORE_MAX: u8 = 7;
 const HOLD_SCORE: u8 = 4;

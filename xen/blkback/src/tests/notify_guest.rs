@@ -365,9 +365,8 @@ const QD1: Phase = Phase {
     requests: 300,
 };
 
-/// The kernel's default window (`machine::cmdline::DEFAULT_NOTIFY_HOLD_US`, chosen
-/// from `notify_guest_table`).
-const DEFAULT_WINDOW_NS: u64 = 5_000 * US;
+/// The kernel's default window (chosen from `notify_guest_table`).
+const DEFAULT_WINDOW_NS: u64 = crate::engine::DEFAULT_NOTIFY_HOLD_NS;
 
 /// Runs QD32 then QD1 with moderation off and with `window`, and checks what holding
 /// must never cost: QD1 held at most twice after QD32 (until the frontend shows it no

@@ -1,0 +1,545 @@
+//! The kernel command line and the configuration read from it.
+//!
+//! The command line is parsed once, at boot, into a [`Config`]; the kernel hands each
+//! part of it to the code it tunes (the pollers, the control path, the rings' engines).
+//! Each default and limit lives beside the policy it tunes (`polling`, `blkback`) and is
+//! read from there. A bad value is reported ([`BadValue`], with the range it wants) and
+//! its default kept; the other keys still apply. [`keys::KEYS`] lists every key, with the
+//! test hooks', for README.md.
+#![cfg_attr(not(test), no_std)]
+#![deny(unsafe_code)]
+
+pub mod cmdline;
+pub mod keys;
+
+pub use cmdline::Cmdline;
+pub use keys::{Key, KeyDoc, Role, KEYS};
+
+use blkback::budget::GrantLimits;
+use blkback::engine::{
+    DEFAULT_DEVICE_TIMEOUT_NS, DEFAULT_NOTIFY_HOLD_NS, MAX_DEVICE_TIMEOUT_NS, MAX_NOTIFY_HOLD_NS,
+};
+use blkback::negotiate::BackendParams;
+use core::fmt;
+use log::LevelFilter;
+use polling::idle::PollIdle;
+use polling::spin::{MAX_SPELL_NS, MIN_SPELL_NS, SPELL_LIMIT_NS};
+
+/// Everything the command line sets for the service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// `loglevel=`; `None` keeps the level the kernel starts with (info).
+    pub log_level: Option<LevelFilter>,
+    pub poller: PollerConfig,
+    /// `grants.max-total=`, `grants.max-per-ring=`, `grants.idle-s=`: the domain's grant
+    /// budget is made from them.
+    pub grants: GrantLimits,
+    /// `grants.persistent=`: offer frontends persistent grants.
+    pub persistent_grants: bool,
+    /// `device.timeout-ms=`, in ns: how long a device command may take before its device
+    /// is failed and stopped (0: forever).
+    pub device_timeout_ns: u64,
+}
+
+/// How the pollers run and answer their rings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PollerConfig {
+    /// `poll.spin-us=`: the bounds of a poller's adaptive spin (`polling::spin`), in ns.
+    pub spin_min_ns: u64,
+    pub spin_max_ns: u64,
+    /// `poll.idle=`; `None` for `auto`: the kernel chooses with
+    /// [`PollIdle::for_pause_cost`] once it has timed a PAUSE, before any poller starts.
+    pub idle: Option<PollIdle>,
+    /// `notify.hold-us=`, in ns: how long a ring's engine may hold an event to its
+    /// frontend while more responses are on their way (0: never).
+    pub notify_hold_ns: u64,
+}
+
+impl Config {
+    /// Every setting at its default.
+    pub const DEFAULT: Config = Config {
+        log_level: None,
+        poller: PollerConfig {
+            spin_min_ns: MIN_SPELL_NS,
+            spin_max_ns: MAX_SPELL_NS,
+            idle: None,
+            notify_hold_ns: DEFAULT_NOTIFY_HOLD_NS,
+        },
+        grants: GrantLimits::DEFAULT,
+        persistent_grants: BackendParams::OFFER_PERSISTENT_GRANTS,
+        device_timeout_ns: DEFAULT_DEVICE_TIMEOUT_NS,
+    };
+
+    /// The configuration `cmdline` sets, and the values it had to refuse (each keeps its
+    /// default). Takes no heap: it runs before memory is set up.
+    pub fn parse<'a>(cmdline: &Cmdline<'a>) -> (Config, BadValues<'a>) {
+        let mut config = Config::DEFAULT;
+        let mut bad = BadValues::default();
+        let mut refuse = |key: Key, text: &'a str| bad.push(BadValue { key, text });
+        match cmdline.value(Key::LogLevel) {
+            None => {}
+            Some(text) => match parse_level(text) {
+                Some(level) => config.log_level = Some(level),
+                None => refuse(Key::LogLevel, text),
+            },
+        }
+        match spin_window_ns(cmdline) {
+            Ok(None) => {}
+            Ok(Some((min, max))) => {
+                config.poller.spin_min_ns = min;
+                config.poller.spin_max_ns = max;
+            }
+            Err(text) => refuse(Key::PollSpinUs, text),
+        }
+        match cmdline.value(Key::PollIdle) {
+            None | Some("auto") => {}
+            Some(text) => match PollIdle::from_name(text) {
+                Some(idle) => config.poller.idle = Some(idle),
+                None => refuse(Key::PollIdle, text),
+            },
+        }
+        match cmdline.number_up_to(Key::NotifyHoldUs, MAX_NOTIFY_HOLD_NS / 1000) {
+            Ok(None) => {}
+            Ok(Some(us)) => config.poller.notify_hold_ns = us * 1000,
+            Err(text) => refuse(Key::NotifyHoldUs, text),
+        }
+        let grants = &mut config.grants;
+        for (key, limit) in [
+            (Key::GrantsMaxTotal, &mut grants.max_total),
+            (Key::GrantsMaxPerRing, &mut grants.max_per_ring),
+            (Key::GrantsIdleS, &mut grants.idle_secs),
+        ] {
+            let (_, max, _) = grant_bounds(key);
+            match cmdline.number_up_to(key, u64::from(max)) {
+                Ok(None) => {}
+                Ok(Some(value)) => *limit = u32::try_from(value).map_or(max, |v| v.min(max)),
+                Err(text) => refuse(key, text),
+            }
+        }
+        match cmdline.value(Key::GrantsPersistent) {
+            None => {}
+            Some("on") => config.persistent_grants = true,
+            Some("off") => config.persistent_grants = false,
+            Some(text) => refuse(Key::GrantsPersistent, text),
+        }
+        match cmdline.number_up_to(Key::DeviceTimeoutMs, MAX_DEVICE_TIMEOUT_NS / 1_000_000) {
+            Ok(None) => {}
+            Ok(Some(ms)) => config.device_timeout_ns = ms * 1_000_000,
+            Err(text) => refuse(Key::DeviceTimeoutMs, text),
+        }
+        (config, bad)
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// `poll.spin-us=<min>-<max>` in ns. `Err` holds the text when it is not two numbers of
+/// microseconds with 0 < min <= max <= `SPELL_LIMIT_NS`.
+fn spin_window_ns<'a>(cmdline: &Cmdline<'a>) -> Result<Option<(u64, u64)>, &'a str> {
+    let Some(text) = cmdline.value(Key::PollSpinUs) else {
+        return Ok(None);
+    };
+    let (min, max) = text.split_once('-').ok_or(text)?;
+    let (min, max) = (
+        min.parse::<u64>().map_err(|_| text)?,
+        max.parse::<u64>().map_err(|_| text)?,
+    );
+    if min == 0 || min > max || max > SPELL_LIMIT_NS / 1000 {
+        return Err(text);
+    }
+    Ok(Some((min * 1000, max * 1000)))
+}
+
+fn parse_level(text: &str) -> Option<LevelFilter> {
+    let by_number = [
+        LevelFilter::Off,
+        LevelFilter::Error,
+        LevelFilter::Warn,
+        LevelFilter::Info,
+        LevelFilter::Debug,
+        LevelFilter::Trace,
+    ];
+    if let Ok(n) = text.parse::<usize>() {
+        return by_number.get(n).copied();
+    }
+    by_number
+        .into_iter()
+        .find(|level| level.as_str().eq_ignore_ascii_case(text))
+}
+
+/// A key of [`GrantLimits`]: its default, its maximum and what it counts.
+fn grant_bounds(key: Key) -> (u32, u32, &'static str) {
+    let default = GrantLimits::DEFAULT;
+    match key {
+        Key::GrantsMaxTotal => (
+            default.max_total,
+            GrantLimits::MAX_TOTAL_LIMIT,
+            "persistent grants mapped by all rings together",
+        ),
+        Key::GrantsMaxPerRing => (
+            default.max_per_ring,
+            GrantLimits::MAX_PER_RING_LIMIT,
+            "persistent grants mapped by one ring",
+        ),
+        _ => (
+            default.idle_secs,
+            GrantLimits::MAX_IDLE_SECS,
+            "seconds before an unused persistent grant is unmapped, 0 never",
+        ),
+    }
+}
+
+/// A value the command line gave that its key does not take. Shown as the console says
+/// it: the key, the value, what the key wants and what is used instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadValue<'a> {
+    pub key: Key,
+    pub text: &'a str,
+}
+
+impl BadValue<'_> {
+    /// A bad log level only warns (the log goes on at its level); every other bad value
+    /// is an error.
+    pub fn is_warning(&self) -> bool {
+        self.key == Key::LogLevel
+    }
+}
+
+impl fmt::Display for BadValue<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (key, text) = (self.key.name(), self.text);
+        match self.key {
+            Key::LogLevel => write!(
+                f,
+                "{key}={text} not understood (use off|error|warn|info|debug|trace or 0..5)"
+            ),
+            Key::PollSpinUs => write!(
+                f,
+                "{key}={text}: want <min>-<max> microseconds, 0 < min <= max <= {}; using \
+                 the defaults",
+                SPELL_LIMIT_NS / 1000
+            ),
+            Key::PollIdle => write!(
+                f,
+                "{key}={text}: want auto, pause, yield or spin; using auto"
+            ),
+            Key::NotifyHoldUs => write!(
+                f,
+                "{key}={text}: want microseconds, 0 (never) to {}; using the default ({} us)",
+                MAX_NOTIFY_HOLD_NS / 1000,
+                DEFAULT_NOTIFY_HOLD_NS / 1000
+            ),
+            Key::GrantsPersistent => write!(f, "{key}={text}: want on or off; using on"),
+            Key::DeviceTimeoutMs => write!(
+                f,
+                "{key}={text}: want a whole number of milliseconds 0..={}; using {}",
+                MAX_DEVICE_TIMEOUT_NS / 1_000_000,
+                DEFAULT_DEVICE_TIMEOUT_NS / 1_000_000
+            ),
+            grant => {
+                let (default, max, meaning) = grant_bounds(grant);
+                write!(
+                    f,
+                    "{key}={text}: want a whole number 0..={max} ({meaning}); using {default}"
+                )
+            }
+        }
+    }
+}
+
+/// The settings' keys: each is refused at most once.
+const SETTINGS: usize = {
+    let mut count = 0;
+    let mut at = 0;
+    while at < Key::ALL.len() {
+        if matches!(Key::ALL[at].role(), Role::Setting) {
+            count += 1;
+        }
+        at += 1;
+    }
+    count
+};
+
+/// The values [`Config::parse`] refused, in the order it read their keys.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BadValues<'a> {
+    values: [Option<BadValue<'a>>; SETTINGS],
+}
+
+impl<'a> BadValues<'a> {
+    fn push(&mut self, value: BadValue<'a>) {
+        if let Some(slot) = self.values.iter_mut().find(|slot| slot.is_none()) {
+            *slot = Some(value);
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &BadValue<'a>> {
+        self.values.iter().flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> (Config, Vec<String>) {
+        let (config, bad) = Config::parse(&Cmdline::new(line));
+        (config, bad.iter().map(ToString::to_string).collect())
+    }
+
+    fn parse_good(line: &str) -> Config {
+        let (config, bad) = parse(line);
+        assert!(bad.is_empty(), "{line}: {bad:?}");
+        config
+    }
+
+    /// The one value `line` gives for `key`, refused: its message, and that every setting
+    /// kept its default.
+    fn refused(key: &str, value: &str) -> String {
+        let line = format!("{key}={value}");
+        let (config, bad) = parse(&line);
+        assert_eq!(config, Config::DEFAULT, "{line}");
+        assert_eq!(bad.len(), 1, "{line}: {bad:?}");
+        assert!(bad[0].starts_with(&line), "{line}: {bad:?}");
+        bad[0].clone()
+    }
+
+    #[test]
+    fn nothing_given_is_every_default() {
+        assert_eq!(parse_good(""), Config::DEFAULT);
+        assert_eq!(parse_good("selftest disktest=nvme:1 x=y"), Config::DEFAULT);
+    }
+
+    #[test]
+    fn log_levels_by_name_and_number() {
+        let level = |line: &str| parse_good(line).log_level;
+        assert_eq!(level("loglevel=WARN"), Some(LevelFilter::Warn));
+        assert_eq!(level("loglevel=5"), Some(LevelFilter::Trace));
+        assert_eq!(level("loglevel=off"), Some(LevelFilter::Off));
+        assert_eq!(
+            level("loglevel=info loglevel=debug"),
+            Some(LevelFilter::Debug)
+        );
+        for bad in ["loud", "6", ""] {
+            assert_eq!(
+                refused("loglevel", bad),
+                format!(
+                    "loglevel={bad} not understood (use off|error|warn|info|debug|trace or 0..5)"
+                )
+            );
+        }
+        let (_, bad) = Config::parse(&Cmdline::new("loglevel=loud poll.idle=x"));
+        let warnings: Vec<bool> = bad.iter().map(BadValue::is_warning).collect();
+        assert_eq!(warnings, [true, false]);
+    }
+
+    #[test]
+    fn spin_window_is_two_ordered_bounds() {
+        let window = |line: &str| {
+            let poller = parse_good(line).poller;
+            (poller.spin_min_ns, poller.spin_max_ns)
+        };
+        assert_eq!(window("poll.spin-us=50-1000"), (50_000, 1_000_000));
+        assert_eq!(window("poll.spin-us=7-7"), (7_000, 7_000));
+        assert_eq!(window("poll.spin-us=1-100000"), (1_000, 100_000_000));
+        for bad in ["0-10", "10-5", "5", "a-9", "1-100001", "-5", "5-"] {
+            assert_eq!(
+                refused("poll.spin-us", bad),
+                format!(
+                    "poll.spin-us={bad}: want <min>-<max> microseconds, 0 < min <= max <= \
+                     100000; using the defaults"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn poll_idle_is_auto_pause_yield_or_spin() {
+        let cases = [
+            ("x", None),
+            ("poll.idle=yield", Some(PollIdle::Yield)),
+            ("poll.idle=yield poll.idle=pause", Some(PollIdle::Pause)),
+            ("poll.idle=spin", Some(PollIdle::Spin)),
+            ("poll.idle=spin poll.idle=auto", None),
+        ];
+        for (line, idle) in cases {
+            assert_eq!(parse_good(line).poller.idle, idle, "{line}");
+        }
+        for bad in ["", "spinning", "Yield", "yield,pause"] {
+            assert_eq!(
+                refused("poll.idle", bad),
+                format!("poll.idle={bad}: want auto, pause, yield or spin; using auto")
+            );
+        }
+    }
+
+    #[test]
+    fn notify_hold_is_microseconds_up_to_the_cap() {
+        let hold = |line: &str| parse_good(line).poller.notify_hold_ns;
+        assert_eq!(hold("notify.hold-us=0"), 0);
+        assert_eq!(hold("notify.hold-us=200 notify.hold-us=20000"), 20_000_000);
+        for bad in ["", "-1", "20001", "5us", "1.5"] {
+            assert_eq!(
+                refused("notify.hold-us", bad),
+                format!(
+                    "notify.hold-us={bad}: want microseconds, 0 (never) to 20000; using the \
+                     default (5000 us)"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn persistent_grants_are_on_or_off() {
+        assert!(!parse_good("grants.persistent=off").persistent_grants);
+        assert!(parse_good("grants.persistent=off grants.persistent=on").persistent_grants);
+        for bad in ["", "0", "Off", "no"] {
+            assert_eq!(
+                refused("grants.persistent", bad),
+                format!("grants.persistent={bad}: want on or off; using on")
+            );
+        }
+    }
+
+    #[test]
+    fn device_timeout_is_milliseconds_up_to_an_hour() {
+        let timeout = |line: &str| parse_good(line).device_timeout_ns;
+        assert_eq!(timeout("device.timeout-ms=2500"), 2_500_000_000);
+        assert_eq!(timeout("device.timeout-ms=0"), 0);
+        assert_eq!(timeout("device.timeout-ms=3600000"), MAX_DEVICE_TIMEOUT_NS);
+        for bad in ["3600001", "-1", "30s", "", "1e3"] {
+            assert_eq!(
+                refused("device.timeout-ms", bad),
+                format!(
+                    "device.timeout-ms={bad}: want a whole number of milliseconds \
+                     0..=3600000; using 30000"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn grant_limits_are_checked_and_bad_ones_keep_the_default() {
+        let limits = parse_good("grants.max-total=4096 grants.max-per-ring=0 grants.idle-s=0");
+        assert_eq!(
+            limits.grants,
+            GrantLimits {
+                max_total: 4096,
+                max_per_ring: 0,
+                idle_secs: 0
+            }
+        );
+        for (key, value) in [
+            ("grants.max-total", "lots"),
+            ("grants.max-total", "-1"),
+            ("grants.max-total", "4194305"),
+            ("grants.max-total", "99999999999999999999"),
+            ("grants.max-per-ring", "16385"),
+            ("grants.max-per-ring", ""),
+            ("grants.idle-s", "86401"),
+            ("grants.idle-s", "1.5"),
+        ] {
+            refused(key, value);
+        }
+        // A bad value keeps its default; the good ones apply.
+        let (config, bad) =
+            parse("grants.max-per-ring=99999 grants.max-total=2048 grants.idle-s=x");
+        assert_eq!(
+            config.grants,
+            GrantLimits {
+                max_total: 2048,
+                ..GrantLimits::default()
+            }
+        );
+        assert_eq!(
+            bad,
+            [
+                "grants.max-per-ring=99999: want a whole number 0..=16384 (persistent grants \
+                 mapped by one ring); using 8448",
+                "grants.idle-s=x: want a whole number 0..=86400 (seconds before an unused \
+                 persistent grant is unmapped, 0 never); using 60"
+            ]
+        );
+        // The limits exactly at their bounds are taken.
+        let limits =
+            parse_good("grants.max-total=4194304 grants.max-per-ring=16384 grants.idle-s=86400");
+        assert_eq!(
+            limits.grants,
+            GrantLimits {
+                max_total: GrantLimits::MAX_TOTAL_LIMIT,
+                max_per_ring: GrantLimits::MAX_PER_RING_LIMIT,
+                idle_secs: GrantLimits::MAX_IDLE_SECS,
+            }
+        );
+    }
+
+    #[test]
+    fn every_bad_setting_is_reported_and_the_good_ones_apply() {
+        let line = "loglevel=loud poll.spin-us=9-1 poll.idle=nap notify.hold-us=x \
+                    grants.max-total=y grants.max-per-ring=z grants.idle-s=w \
+                    grants.persistent=maybe device.timeout-ms=never";
+        let (config, bad) = parse(line);
+        assert_eq!(config, Config::DEFAULT);
+        assert_eq!(bad.len(), SETTINGS);
+        let (config, bad) = parse("grants.idle-s=w notify.hold-us=7 device.timeout-ms=never");
+        assert_eq!(config.poller.notify_hold_ns, 7_000);
+        assert_eq!(bad.len(), 2);
+    }
+
+    /// The list's defaults and ranges for the settings are the ones the parser uses.
+    #[test]
+    fn the_key_list_says_the_defaults_and_limits_in_use() {
+        let d = Config::DEFAULT;
+        let expected = [
+            (Key::LogLevel, "info".to_string(), "0 to 5".to_string()),
+            (
+                Key::PollSpinUs,
+                format!(
+                    "{}-{}",
+                    d.poller.spin_min_ns / 1000,
+                    d.poller.spin_max_ns / 1000
+                ),
+                format!("<= {}", SPELL_LIMIT_NS / 1000),
+            ),
+            (Key::PollIdle, "auto".into(), "spin".into()),
+            (
+                Key::GrantsMaxTotal,
+                d.grants.max_total.to_string(),
+                format!("to {}", GrantLimits::MAX_TOTAL_LIMIT),
+            ),
+            (
+                Key::GrantsMaxPerRing,
+                d.grants.max_per_ring.to_string(),
+                format!("to {}", GrantLimits::MAX_PER_RING_LIMIT),
+            ),
+            (
+                Key::GrantsIdleS,
+                d.grants.idle_secs.to_string(),
+                format!("to {} seconds", GrantLimits::MAX_IDLE_SECS),
+            ),
+            (Key::GrantsPersistent, "on".into(), "on, off".into()),
+            (
+                Key::NotifyHoldUs,
+                (d.poller.notify_hold_ns / 1000).to_string(),
+                format!("to {} microseconds", MAX_NOTIFY_HOLD_NS / 1000),
+            ),
+            (
+                Key::DeviceTimeoutMs,
+                (d.device_timeout_ns / 1_000_000).to_string(),
+                format!("to {} milliseconds", MAX_DEVICE_TIMEOUT_NS / 1_000_000),
+            ),
+        ];
+        assert!(d.persistent_grants);
+        assert_eq!(expected.len(), SETTINGS);
+        for (key, default, range) in expected {
+            let doc = key.doc();
+            assert_eq!(doc.role, Role::Setting, "{}", doc.name);
+            assert_eq!(doc.default, default, "{}", doc.name);
+            assert!(doc.range.contains(&range), "{}: {:?}", doc.name, doc.range);
+        }
+    }
+}
