@@ -57,9 +57,9 @@ bench-engine:
 # then Linux blkback in an HVM driver domain and blkdom as HVM on a passed-through NVMe
 # controller, alternating A B C D E A B C D E, BENCH_REPEATS rounds, BENCH_RUNTIME s per
 # job, BENCH_JOBS / BENCH_SYSTEMS to cut the lists), then tools/bench/report.py: the
-# table, results/bench/<UTC time>/bench.json and docs/bench-iops-by-block-size.svg. 64
-# minutes at the defaults on 2026-12-01 (2 rounds of 17 jobs x 5 systems; the repeats
-# show the noise).
+# table, results/bench/<UTC time>/bench.json and docs/bench-iops-by-block-size.svg.
+# Over an hour at the defaults (2 rounds of 17 jobs x 5 systems; the repeats show the
+# noise).
 BENCH_RUNTIME ?= 10
 bench: deps-xen
 	@mkdir -p results/bench
@@ -74,7 +74,7 @@ bench: deps-xen
 # PAIRED_JOBS, BENCH_RUNTIME s per job; the two halves of each pair are one job apart,
 # so the outer machine's drift between make bench's turns does not enter the ratios.
 # Then tools/bench/paired.py: per job the ratio of each pair, median and min-max.
-# About 12 minutes at the defaults (3 rounds of 6 jobs, 10 s each) on 2026-12-01.
+# Defaults: 3 rounds of 6 jobs, 10 s each.
 bench-paired: deps-xen
 	@rc=0; if $(MAKE) --no-print-directory image; then \
 	  $(RIG)/run.sh paired --runtime $(BENCH_RUNTIME) || rc=$$?; \

@@ -235,8 +235,8 @@ fn grant_map_hole(
     // Stay clear of the 0xF0000000+ area where Xen and firmware put special pages, and,
     // booted as HVM, of the PCI hole: the memory map leaves it out, so only the BARs
     // show where it starts (hvmloader lowers it from 0xF0000000 when BARs need room).
-    // Addresses only (one configuration read per BAR register): sizing every BAR of
-    // every device took 14 s of a loaded nested rig's boot.
+    // Addresses only (one configuration read per BAR register): sizing a BAR takes
+    // several accesses, each a VM exit, too many for every BAR of every device at boot.
     let bars = bus.memory_bar_addresses();
     let lowest_bar = bars
         .iter()

@@ -35,8 +35,8 @@ pub type BlkEngine = Engine<SharedRing, FrontendGrants, DeviceQueue, Notify>;
 /// Requests taken from a ring per pass (bounded work per poll, XSA-332).
 const POLL_BUDGET: usize = 64;
 /// How often a poller publishes its rings' counters for the control path (which puts
-/// them in xenstore every 5 s): by time, as loops cost anything from nanoseconds to
-/// the ~100 us of a trapped RDTSC.
+/// them in xenstore every 5 s): by time, as a loop costs anything from nanoseconds to
+/// a trapped RDTSC's round trip through Xen.
 const RING_STATS_PERIOD_NS: u64 = 500_000_000;
 
 /// Shared between the control path and the poller serving one queue.

@@ -2,7 +2,7 @@
 //! is attached, the code on the way marks the end of each phase (`lap`), and the attach
 //! logs the summary: time per phase, and the configuration-space and device-register
 //! accesses made meanwhile (each a VM exit; under Xen's HVM a round trip to the device
-//! model in dom0, which a loaded nested rig pays dearly for; registers are counted on
+//! model in dom0, slow on a loaded or emulated host; registers are counted on
 //! vCPU 0 only, where the control path runs). Control path only: nothing here is reached
 //! from a poller, and `lap` without a running stopwatch does nothing.
 
