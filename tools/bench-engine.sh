@@ -8,6 +8,6 @@
 # BENCH_JSON=FILE also writes the results as JSON (make bench: results/bench/engine.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BENCH_SECONDS="${1:-2}" cargo run --quiet --release -p blkback --features fake --example bench_engine
+BENCH_SECONDS="${1:-2}" cargo run --quiet --release -p blkdom-blkback --features fake --example bench_engine
 echo
-BENCH_SECONDS="${1:-2}" exec cargo run --quiet --release -p blkback --features fake --example bench_large
+BENCH_SECONDS="${1:-2}" exec cargo run --quiet --release -p blkdom-blkback --features fake --example bench_large

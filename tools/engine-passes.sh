@@ -15,7 +15,7 @@ bin="${PASSES_BIN:-}"
 if [ -z "$bin" ]; then
   target="${PASSES_TARGET_DIR:-$PWD/target/passes}"
   CARGO_PROFILE_RELEASE_DEBUG=true CARGO_TARGET_DIR="$target" \
-    cargo build --quiet --release -p blkback --features fake,profile-passes --example bench_engine
+    cargo build --quiet --release -p blkdom-blkback --features fake,profile-passes --example bench_engine
   bin="$target/release/examples/bench_engine"
 fi
 configs=("$@")

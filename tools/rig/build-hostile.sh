@@ -10,7 +10,7 @@ target=x86_64-unknown-linux-gnu   # the host's own target: no extra rustup targe
 target_dir=${CARGO_TARGET_DIR:-$REPO_DIR/target}
 # An explicit --target keeps these flags (and the artifacts) apart from host builds.
 (cd "$REPO_DIR" && RUSTFLAGS="-C target-feature=+crt-static" nice -n 10 \
-  cargo build -q -p hostile --release --target "$target") >&2 ||
+  cargo build -q -p blkdom-hostile --release --target "$target") >&2 ||
   rig_die "building tools/hostile failed"
 built=$target_dir/$target/release/hostile
 # A dynamic program names its loader (INTERP); the guest has no libraries to load.

@@ -1,6 +1,6 @@
 //! Host micro-benchmark of the event-channel hot path: raise N ports on a shared_info
 //! page (as Xen would), then one `HandlerTable::dispatch_pending` pass.
-//! `cargo run --release -p xen --example scan_bench`
+//! `cargo run --release -p blkdom-xen --example scan_bench`
 
 use std::time::Instant;
 use xen::evtchn::HandlerTable;

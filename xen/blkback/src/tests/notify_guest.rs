@@ -449,7 +449,7 @@ fn a_guest_at_a_small_depth_is_not_kept_waiting() {
     }
 }
 
-/// Prints what each window gives in the model (`cargo test -p blkback --lib
+/// Prints what each window gives in the model (`cargo test -p blkdom-blkback --lib
 /// notify_guest_table -- --ignored --nocapture`): how the defaults were chosen.
 #[test]
 #[ignore]
