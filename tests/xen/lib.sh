@@ -544,91 +544,11 @@ emulated_nvme_disk() {
   truncate -s "${NVME_MIB}M" "$NVME_IMAGE" || { fail "NVMe backing file $NVME_IMAGE"; return 1; }
 }
 
-# --- a GPT written with busybox (printf, dd, crc32), for slices by partition -------------
-# bytes_le VALUE COUNT: VALUE as COUNT little-endian bytes (octal escapes for printf,
-# built without a fork per byte: dom0 runs under TCG).
-bytes_le() {
-  local value=$1 count=$2 out= byte
-  while [ "$count" -gt 0 ]; do
-    byte=$((value & 255))
-    out="$out\\$((byte >> 6))$(((byte >> 3) & 7))$((byte & 7))"
-    value=$((value >> 8))
-    count=$((count - 1))
-  done
-  printf "$out"
-}
-# bytes_hex HEX: the bytes a hex string spells, in its order.
-bytes_hex() {
-  local hex=$1 out= pair byte
-  while [ -n "$hex" ]; do
-    pair=${hex%"${hex#??}"}
-    hex=${hex#??}
-    byte=$((0x$pair))
-    out="$out\\$((byte >> 6))$(((byte >> 3) & 7))$((byte & 7))"
-  done
-  printf "$out"
-}
-# utf16_name NAME: a GPT partition name field: 72 bytes, ASCII as UTF-16LE, zero-padded.
-utf16_name() {
-  local name=$1 char
-  while [ -n "$name" ]; do
-    char=${name%"${name#?}"}
-    name=${name#?}
-    printf '%s\000' "$char"
-  done
-  head -c $((72 - 2 * ${#1})) /dev/zero
-}
-# crc32_of FILE: its CRC-32 (IEEE 802.3, as GPT and busybox's crc32 compute it).
-crc32_of() {
-  set -- $(crc32 "$1")
-  echo $((0x$1))
-}
-# write_gpt FILE BYTES PARTS: a protective MBR and a primary GPT (512-byte blocks, 128
-# entries of 128 bytes from LBA 2, usable LBAs 34..end-34) over the start of FILE, a disk
-# of BYTES; PARTS has a line "number first-LBA last-LBA name" per partition (type Linux
-# filesystem data). No backup table: blkdom reads the primary only. tests/bench/
-# test_rig_lib.py parses what it writes.
-write_gpt() {
-  local file=$1 blocks=$(($2 / 512)) parts=$3 dir number entry rc
-  dir=$(mktemp -d) || return 1
-  for number in $(seq 128); do
-    entry=$(echo "$parts" | awk -v n="$number" '$1 == n { print $2, $3, $4 }')
-    if [ -z "$entry" ]; then
-      head -c 128 /dev/zero
-      continue
-    fi
-    set -- $entry
-    bytes_hex af3dc60f838472478e793d69d8477de4   # Linux filesystem data
-    bytes_le $((0x0101010101010101 * number)) 8  # the unique GUID: the number's bytes
-    bytes_le $((0x0101010101010101 * number)) 8
-    bytes_le "$1" 8
-    bytes_le "$2" 8
-    bytes_le 0 8
-    utf16_name "$3"
-  done > "$dir/entries"
-  gpt_header() {  # gpt_header CRC: the 92 bytes of the header, its CRC field CRC
-    printf 'EFI PART'
-    bytes_le 65536 4; bytes_le 92 4; bytes_le "$1" 4; bytes_le 0 4
-    bytes_le 1 8; bytes_le $((blocks - 1)) 8; bytes_le 34 8; bytes_le $((blocks - 34)) 8
-    printf 'blkdom-rig-gpt!!'   # the disk GUID
-    bytes_le 2 8; bytes_le 128 4; bytes_le 128 4; bytes_le "$(crc32_of "$dir/entries")" 4
-  }
-  gpt_header 0 > "$dir/header0"
-  gpt_header "$(crc32_of "$dir/header0")" > "$dir/header"
-  {
-    head -c 446 /dev/zero
-    bytes_hex 00000200eeffffff   # not bootable, CHS 0/0/2, type 0xEE, CHS end max
-    bytes_le 1 4
-    bytes_le $((blocks - 1 > 4294967295 ? 4294967295 : blocks - 1)) 4
-    head -c 48 /dev/zero
-    bytes_hex 55aa
-  } > "$dir/mbr"
-  dd if="$dir/mbr" of="$file" bs=512 conv=notrunc 2>/dev/null &&
-    dd if="$dir/header" of="$file" bs=512 seek=1 conv=notrunc 2>/dev/null &&
-    dd if="$dir/entries" of="$file" bs=512 seek=2 conv=notrunc 2>/dev/null
-  rc=$?
-  rm -rf "$dir"
-  return $rc
+# gpt_onto FILE: the GPT of the scenario's rig-gpt header (tools/rig/run.sh wrote it on the
+# host into images/gpt.img with drivers/backing's gpt-image: the disk's first blocks) over
+# the start of FILE.
+gpt_onto() {
+  [ -f "$RIG/images/gpt.img" ] && dd if="$RIG/images/gpt.img" of="$1" conv=notrunc 2>/dev/null
 }
 # slice_pattern NAME BYTES: BYTES bytes of lines that name NAME. The guests'
 # slice-fill/slice-check jobs (tools/rig/initramfs/guest-init) make the same bytes.
