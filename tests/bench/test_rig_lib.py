@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Host tests of the nested rig's shell helpers (tests/xen/lib.sh): those that read
+"""Host tests of the nested rig's shell helpers (tests/xen/lib.sh, which sources
+tests/xen/lib/*.sh from $RIG: here the repository): those that read
 blkdom's statistics (pollers_value, blkdom_holds_nothing, with a fake xenstore-read first
 on PATH) and its log (blkdom_logged, with a fake xl and console log), what the scenarios
 check blkdom's log with, the GPT of tests/xen/blkdom-operator (made on the host by
@@ -52,7 +53,7 @@ class RigLibTest(unittest.TestCase):
     def run_lib(self, line: str, script: str, shell) -> str:
         (self.fake / "pollers").write_text(line + "\n")
         env = {"PATH": f"{self.fake}:/usr/bin:/bin", "FAKE": str(self.fake),
-               "RIG": "/nonexistent"}
+               "RIG": str(REPO)}
         result = subprocess.run([*shell, "-c", f'. "{LIB}"; {script}'], env=env,
                                 capture_output=True, text=True, timeout=30)
         self.assertEqual(result.stderr, "")
@@ -181,7 +182,7 @@ class RigSweepTest(unittest.TestCase):
         self.tmp.cleanup()
 
     def run_lib(self, script: str, shell) -> str:
-        env = {"PATH": f"{self.dir}/bin:/usr/bin:/bin", "RIG": "/nonexistent",
+        env = {"PATH": f"{self.dir}/bin:/usr/bin:/bin", "RIG": str(REPO),
                "RESULTS": str(self.dir)}
         result = subprocess.run([*shell, "-c", f'. "{LIB}"; {script}'], env=env,
                                 capture_output=True, text=True, timeout=30)
@@ -470,10 +471,13 @@ class RigGptTest(unittest.TestCase):
     def test_gpt_onto_without_a_table_fails(self):
         image = self.dir / "disk.img"
         image.write_bytes(bytes(4096))
+        rig = self.dir / "rig-without-images"
+        rig.mkdir()
+        (rig / "tests").symlink_to(REPO / "tests")
         for shell in SHELLS:
             with self.subTest(shell=shell[0]):
                 out = self.run_sh(f'. "{LIB}"; gpt_onto "{image}" && echo wrote || echo none',
-                                  shell, self.dir)
+                                  shell, rig)
                 self.assertEqual(out, b"none\n")
                 self.assertEqual(image.read_bytes(), bytes(4096))
 
