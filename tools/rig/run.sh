@@ -97,6 +97,14 @@ cp -r "$REPO_DIR/tests/xen" "$work/in/tests/"
 cp -r "$REPO_DIR/tools/xl" "$REPO_DIR/tools/blkdom-stat" "$work/in/tools/"
 # dom0.cpio.zst: also the Linux driver domain's initramfs (tools/xl/linux-dd.cfg).
 cp "$images/vmlinuz" "$images/guest.cpio.zst" "$images/dom0.cpio.zst" "$work/in/images/"
+# A scenario's rig-gpt table, made on the host by the project's GPT code.
+gpt=$(scenario_field "$file" gpt)
+if [ -n "$gpt" ]; then
+  # shellcheck disable=SC2086 # the header's words are the tool's arguments
+  (cd "$REPO_DIR" && nice -n 10 cargo run -q --manifest-path drivers/backing/Cargo.toml \
+    --example gpt-image -- "$work/in/images/gpt.img" $gpt) ||
+    rig_die "$file: gpt-image could not write the table of its rig-gpt header ($gpt)"
+fi
 if [ -n "$blkdom_image" ] && [ -f "$blkdom_image" ]; then
   cp "$blkdom_image" "$work/in/images/blkdom"
   # The same image in a 32-bit ELF container, for HVM boot (tools/xl/blkdom-hvm.cfg): the
@@ -105,13 +113,6 @@ if [ -n "$blkdom_image" ] && [ -f "$blkdom_image" ]; then
   objcopy -O elf32-i386 "$blkdom_image" "$work/in/images/blkdom.elf32"
 else
   rig_log "no blkdom image (${blkdom_image:-none given}); blkdom scenarios will fail"
-fi
-gpt=$(scenario_field "$file" gpt)
-if [ -n "$gpt" ]; then
-  # shellcheck disable=SC2086 # the header's words are the tool's arguments
-  (cd "$REPO_DIR" && nice -n 10 cargo run -q --manifest-path drivers/backing/Cargo.toml \
-    --example gpt-image -- "$work/in/images/gpt.img" $gpt) ||
-    rig_die "$file: gpt-image could not write the table of its rig-gpt header ($gpt)"
 fi
 tar -cf "$work/in.img" -C "$work/in" .
 truncate -s 64M "$work/out.img"
