@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Host tests of the nested rig's shell helpers (tests/xen/lib.sh): those that read
+"""Host tests of the nested rig's shell helpers (tests/xen/lib.sh, which sources
+tests/xen/lib/*.sh from $RIG: here the repository): those that read
 blkdom's statistics (pollers_value, blkdom_holds_nothing, with a fake xenstore-read first
 on PATH) and its log (blkdom_logged, with a fake xl and console log), what the scenarios
-check blkdom's log with, and the GPT dom0 writes for tests/xen/blkdom-operator (write_gpt, read back by
-a parser of its own here, with zlib's CRC-32) and the pattern its guests write
-(slice_pattern, the same in the guests' init), and what the sweeps print from fio's JSON,
-the backend's CPU and blkdom's counters (fio_read_stats, job_stats, variants_summary,
-notify_counters). Under sh, and under busybox sh (dom0's shell in the rig) when it is installed:
+check blkdom's log with, the GPT of tests/xen/blkdom-operator (made on the host by
+drivers/backing's gpt-image from the scenario's rig-gpt header, put on the disk by
+gpt_onto, read back by a parser of its own here, with zlib's CRC-32), the pattern its
+guests write (slice_pattern, the same in the guests' init), and what the sweeps print
+from fio's JSON, the backend's CPU and blkdom's counters (fio_read_stats, job_stats,
+variants_summary, notify_counters). Under sh, and under busybox sh (dom0's shell in the
+rig) when it is installed:
 
     python3 -m unittest discover -s tests/bench -v
 """
@@ -20,8 +23,9 @@ import unittest
 import zlib
 from pathlib import Path
 
-LIB = Path(__file__).resolve().parents[1] / "xen" / "lib.sh"
-GUEST_INIT = Path(__file__).resolve().parents[2] / "tools" / "rig" / "initramfs" / "guest-init"
+REPO = Path(__file__).resolve().parents[2]
+LIB = REPO / "tests" / "xen" / "lib.sh"
+GUEST_INIT = REPO / "tools" / "rig" / "initramfs" / "guest-init"
 SHELLS = [["sh"]] + ([["busybox", "sh"]] if shutil.which("busybox") else [])
 
 
@@ -49,7 +53,7 @@ class RigLibTest(unittest.TestCase):
     def run_lib(self, line: str, script: str, shell) -> str:
         (self.fake / "pollers").write_text(line + "\n")
         env = {"PATH": f"{self.fake}:/usr/bin:/bin", "FAKE": str(self.fake),
-               "RIG": "/nonexistent"}
+               "RIG": str(REPO)}
         result = subprocess.run([*shell, "-c", f'. "{LIB}"; {script}'], env=env,
                                 capture_output=True, text=True, timeout=30)
         self.assertEqual(result.stderr, "")
@@ -178,7 +182,7 @@ class RigSweepTest(unittest.TestCase):
         self.tmp.cleanup()
 
     def run_lib(self, script: str, shell) -> str:
-        env = {"PATH": f"{self.dir}/bin:/usr/bin:/bin", "RIG": "/nonexistent",
+        env = {"PATH": f"{self.dir}/bin:/usr/bin:/bin", "RIG": str(REPO),
                "RESULTS": str(self.dir)}
         result = subprocess.run([*shell, "-c", f'. "{LIB}"; {script}'], env=env,
                                 capture_output=True, text=True, timeout=30)
@@ -362,46 +366,70 @@ n=0
 # GPT's "Linux filesystem data" type, as stored (mixed-endian GUID).
 LINUX_DATA = bytes.fromhex("af3dc60f838472478e793d69d8477de4")
 DISK_BYTES = 256 << 20
+# tests/xen/blkdom-operator's table: partitions at 100M and 228M, 16 MiB each.
 PARTS = [(1, 204800, 237567, "p1-data"), (2, 466944, 499711, "guest7")]
+OPERATOR = REPO / "tests" / "xen" / "blkdom-operator"
+
+
+def rig_gpt_header(scenario: Path) -> list:
+    """The words of a scenario's "# rig-gpt:" header (tools/rig/run.sh hands them to
+    gpt-image)."""
+    found = re.search(r"^# rig-gpt: *(.*)$", scenario.read_text(), re.MULTILINE)
+    return found.group(1).split() if found else []
 
 
 class RigGptTest(unittest.TestCase):
-    """write_gpt and slice_pattern, run under each shell with a crc32 of zlib's on PATH
-    (busybox's own is checked against it separately: dom0 uses busybox's)."""
+    """The GPT of tests/xen/blkdom-operator: made on the host from its rig-gpt header by
+    drivers/backing's gpt-image (as tools/rig/run.sh makes it), put over the start of a
+    disk by lib.sh's gpt_onto under each shell, and read back by a parser of its own here
+    (with zlib's CRC-32). And the pattern its guests write (slice_pattern)."""
 
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
         self.dir = Path(self.tmp.name)
-        (self.dir / "bin").mkdir()
-        crc32 = self.dir / "bin" / "crc32"
-        crc32.write_text("#!/usr/bin/env python3\nimport sys, zlib\n"
-                         "print('%08x %s' % (zlib.crc32(open(sys.argv[1], 'rb').read()), "
-                         "sys.argv[1]))\n")
-        crc32.chmod(0o755)
 
     def tearDown(self):
         self.tmp.cleanup()
 
-    def run_sh(self, script: str, shell) -> bytes:
-        env = {"PATH": f"{self.dir / 'bin'}:/usr/bin:/bin", "RIG": "/nonexistent",
-               "TMPDIR": str(self.dir)}
+    def run_sh(self, script: str, shell, rig: Path = REPO) -> bytes:
+        env = {"PATH": "/usr/bin:/bin", "RIG": str(rig), "TMPDIR": str(self.dir)}
         result = subprocess.run([*shell, "-c", script], env=env, capture_output=True,
                                 timeout=60)
         self.assertEqual(result.stderr, b"")
         self.assertEqual(result.returncode, 0)
         return result.stdout
 
+    def test_the_header_is_the_scenarios_disk(self):
+        words = rig_gpt_header(OPERATOR)
+        self.assertEqual(words[1:], [f"{n}:{first}:{last}:{name}"
+                                     for n, first, last, name in PARTS])
+        nvme_mib = self.run_sh(f'. "{LIB}"; echo "$NVME_MIB"', SHELLS[0]).decode().strip()
+        self.assertEqual(words[0], f"{nvme_mib}M", "the table is for lib.sh's NVMe disk")
+        self.assertEqual(DISK_BYTES, int(nvme_mib) << 20)
+
     def written_gpt(self, shell) -> bytes:
+        """The host's table (images/gpt.img of an input disk) put on a fresh disk by dom0's
+        gpt_onto; the disk's first 2 MiB."""
+        rig = self.dir / "rig"
+        if not rig.exists():
+            (rig / "images").mkdir(parents=True)
+            (rig / "tests").symlink_to(REPO / "tests")
+            result = subprocess.run(
+                ["cargo", "run", "-q", "--manifest-path",
+                 str(REPO / "drivers" / "backing" / "Cargo.toml"), "--example", "gpt-image",
+                 "--", str(rig / "images" / "gpt.img"), *rig_gpt_header(OPERATOR)],
+                capture_output=True, text=True, timeout=600)
+            self.assertEqual(result.returncode, 0, result.stderr)
         image = self.dir / "disk.img"
         with open(image, "wb") as f:
             f.truncate(DISK_BYTES)
-        parts = "\n".join(f"{n} {first} {last} {name}" for n, first, last, name in PARTS)
-        self.run_sh(f'. "{LIB}"; write_gpt "{image}" {DISK_BYTES} "{parts}"', shell)
+        self.run_sh(f'. "{LIB}"; gpt_onto "{image}"', shell, rig)
         self.assertEqual(image.stat().st_size, DISK_BYTES)
         with open(image, "rb") as f:
             return f.read(2 << 20)
 
-    def test_write_gpt(self):
+    @unittest.skipUnless(shutil.which("cargo"), "no cargo to build gpt-image with")
+    def test_the_operators_gpt(self):
         blocks = DISK_BYTES // 512
         for shell in SHELLS:
             with self.subTest(shell=shell[0]):
@@ -436,16 +464,22 @@ class RigGptTest(unittest.TestCase):
                     self.assertEqual(entry[56:], name.encode("utf-16-le").ljust(72, b"\0"))
                 # Nothing else written: the rest of the header's block and what follows
                 # the entry array are zero.
+                self.assertEqual(disk[0:446], bytes(446))
                 self.assertEqual(disk[512 + 92:1024], bytes(512 - 92))
                 self.assertEqual(disk[1024 + 128 * 128:], bytes(len(disk) - 1024 - 128 * 128))
 
-    @unittest.skipUnless(shutil.which("busybox"), "no busybox")
-    def test_busybox_crc32_is_gpts_crc(self):
-        data = self.dir / "data"
-        data.write_bytes(b"123456789")
-        out = subprocess.run(["busybox", "crc32", str(data)], capture_output=True, text=True,
-                             timeout=30).stdout
-        self.assertEqual(out.split()[0], "%08x" % zlib.crc32(b"123456789"))
+    def test_gpt_onto_without_a_table_fails(self):
+        image = self.dir / "disk.img"
+        image.write_bytes(bytes(4096))
+        rig = self.dir / "rig-without-images"
+        rig.mkdir()
+        (rig / "tests").symlink_to(REPO / "tests")
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                out = self.run_sh(f'. "{LIB}"; gpt_onto "{image}" && echo wrote || echo none',
+                                  shell, rig)
+                self.assertEqual(out, b"none\n")
+                self.assertEqual(image.read_bytes(), bytes(4096))
 
     def test_slice_pattern_is_the_guests(self):
         guest = re.search(r"^slice_pattern\(\) \{\n.*?^\}\n", GUEST_INIT.read_text(),

@@ -58,6 +58,10 @@ fi
 #               command line (spaces and commas become '+': a comma would split -initrd)
 #   rig-devices passthrough: the outer QEMU gets an IOMMU and the disks dom0 hands to an
 #               HVM driver domain (an NVMe controller with 2 namespaces, a virtio-blk disk)
+#   rig-gpt     DISK_SIZE NUMBER:FIRST_LBA:LAST_LBA:NAME...: a GPT for a disk of that size,
+#               written on the host by the project's GPT code (drivers/backing's example
+#               gpt-image) into images/gpt.img (the disk's first 34 blocks), which dom0
+#               writes over the start of the disk (tests/xen/lib/disks.sh, gpt_onto)
 file=$REPO_DIR/tests/xen/$scenario
 [ -n "$scenario" ] && [ -f "$file" ] ||
   rig_die "usage: $0 SCENARIO... | --suite NAME [--runtime SECONDS] (scenarios: $(scenario_list))"
@@ -96,6 +100,14 @@ cp -r "$REPO_DIR/tests/xen" "$work/in/tests/"
 cp -r "$REPO_DIR/tools/xl" "$REPO_DIR/tools/blkdom-stat" "$work/in/tools/"
 # dom0.cpio.zst: also the Linux driver domain's initramfs (tools/xl/linux-dd.cfg).
 cp "$images/vmlinuz" "$images/guest.cpio.zst" "$images/dom0.cpio.zst" "$work/in/images/"
+# A scenario's rig-gpt table, made on the host by the project's GPT code.
+gpt=$(scenario_field "$file" gpt)
+if [ -n "$gpt" ]; then
+  # shellcheck disable=SC2086 # the header's words are the tool's arguments
+  (cd "$REPO_DIR" && nice -n 10 cargo run -q --manifest-path drivers/backing/Cargo.toml \
+    --example gpt-image -- "$work/in/images/gpt.img" $gpt) ||
+    rig_die "$file: gpt-image could not write the table of its rig-gpt header ($gpt)"
+fi
 if [ -n "$blkdom_image" ] && [ -f "$blkdom_image" ]; then
   cp "$blkdom_image" "$work/in/images/blkdom"
   # The same image in a 32-bit ELF container, for HVM boot (tools/xl/blkdom-hvm.cfg): the

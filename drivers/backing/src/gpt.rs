@@ -4,7 +4,10 @@
 //!
 //! Use: [`header_location`] says which bytes to read for the header, [`Header::parse`]
 //! checks them, [`Header::entries_location`] says which bytes hold the entry array, and
-//! [`Header::find`] checks those and finds the partition.
+//! [`Header::find`] checks those and finds the partition. [`write`] makes tables on the
+//! host (the rig's disk images).
+
+pub mod write;
 
 use crate::extent::Extent;
 use crate::spec::PartName;
@@ -496,22 +499,7 @@ impl Header {
         };
         let entry = entry(number);
         let (first, last) = (u64_at(entry, 32), u64_at(entry, 40));
-        if first > last {
-            return Err(GptError::PartitionInverted {
-                number,
-                first,
-                last,
-            });
-        }
-        if first < self.first_usable || last > self.last_usable {
-            return Err(GptError::PartitionOutsideUsable {
-                number,
-                first,
-                last,
-                first_usable: self.first_usable,
-                last_usable: self.last_usable,
-            });
-        }
+        check_lbas(number, first, last, self.first_usable, self.last_usable)?;
         // last <= last_usable < disk_blocks, and the disk's bytes fit 64 bits.
         let block = u64::from(self.block_size);
         let extent = Extent::new(first * block, (last - first + 1) * block)
@@ -523,6 +511,34 @@ impl Header {
             extent,
         })
     }
+}
+
+/// Partition `number`'s LBAs (inclusive) are in order and within the usable LBAs: what
+/// the parser accepts of an entry and the writer (`write`) writes.
+fn check_lbas(
+    number: u32,
+    first: u64,
+    last: u64,
+    first_usable: u64,
+    last_usable: u64,
+) -> Result<(), GptError> {
+    if first > last {
+        return Err(GptError::PartitionInverted {
+            number,
+            first,
+            last,
+        });
+    }
+    if first < first_usable || last > last_usable {
+        return Err(GptError::PartitionOutsideUsable {
+            number,
+            first,
+            last,
+            first_usable,
+            last_usable,
+        });
+    }
+    Ok(())
 }
 
 /// A GPT name field (72 bytes of UTF-16LE, ended by a zero unit or the field's end) is
