@@ -35,8 +35,8 @@ record_negotiation() {
 }
 
 # watch_domain NAME SECONDS PID FILE: kills PID when domain NAME is gone (four checks in a
-# row: a guest that reboots is absent while xl re-creates it, which took over 20 s on a
-# loaded machine) or SECONDS have passed, writing the reason to FILE. Checks every 10 s:
+# row: a guest that reboots is absent while xl re-creates it, which can take tens of
+# seconds on a loaded machine) or SECONDS have passed, writing the reason to FILE. Checks every 10 s:
 # each xl call costs dom0 (the baseline's backend) real CPU under TCG.
 watch_domain() {
   local name=$1 limit=$2 pid=$3 reason=$4 waited=0 missing=0
@@ -94,8 +94,8 @@ run_fio_guest() {
   watch_domain "$name" "$budget" "$tail_pid" "$reason" &
   watch_pid=$!
   cr=$(printf '\r')
-  # No command substitution per line: a fork costs dom0 tens of ms under TCG, and fio's
-  # JSON is hundreds of lines (the markers would reach dom0 seconds late).
+  # No command substitution per line: a fork is slow in an emulated dom0, and fio's
+  # JSON is hundreds of lines (the markers would reach dom0 late).
   while IFS= read -r line; do
     line=${line%"$cr"}
     # Guest console lines go to the serial log too, except the fio JSON itself.
