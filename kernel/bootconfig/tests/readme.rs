@@ -94,6 +94,61 @@ fn readme_lists_every_key_and_no_other() {
     );
 }
 
+/// The cells of a table row, `\|` kept inside a cell.
+fn cells(row: &str) -> Vec<String> {
+    let mut cells = Vec::new();
+    let mut rest = row.trim();
+    while let Some(after) = rest.strip_prefix('|') {
+        let cell = first_cell(rest);
+        if after.trim().is_empty() {
+            break;
+        }
+        cells.push(cell.trim().to_string());
+        rest = &after[cell.len()..];
+    }
+    cells
+}
+
+#[test]
+fn readme_gives_each_setting_the_default_in_use() {
+    let text = readme();
+    let mut default_column = None;
+    let mut checked = 0;
+    for line in text.lines() {
+        if !line.trim_start().starts_with('|') {
+            default_column = None;
+            continue;
+        }
+        let row = cells(line);
+        if default_column.is_none() {
+            default_column = row.iter().position(|cell| cell == "default");
+            continue;
+        }
+        let (Some(column), [key, ..]) = (default_column, row.as_slice()) else {
+            continue;
+        };
+        let Some(doc) = keys_in(key)
+            .first()
+            .and_then(|name| KEYS.iter().find(|k| k.name == name))
+            .filter(|doc| doc.role == Role::Setting)
+        else {
+            continue;
+        };
+        let shown = row.get(column).map_or("", |cell| cell.trim_matches('`'));
+        assert_eq!(
+            shown, doc.default,
+            "README.md gives {} the default {shown:?}; the kernel uses {:?}",
+            doc.name, doc.default
+        );
+        checked += 1;
+    }
+    let settings = KEYS.iter().filter(|k| k.role == Role::Setting).count();
+    assert_eq!(
+        checked, settings,
+        "README.md's settings table has no default column for every setting"
+    );
+}
+
 #[test]
 fn readme_keeps_test_hooks_out_of_the_settings_table() {
     for table in command_line_tables(&readme()) {
