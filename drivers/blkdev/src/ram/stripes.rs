@@ -3,7 +3,7 @@
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::ops::Range;
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use spin::{Mutex, Once};
 
 use crate::{Geometry, SECTOR_SIZE};
@@ -141,8 +141,12 @@ pub(super) struct Store {
     /// Memory freed from stripes, kept for writes into stripes without memory (room for
     /// `SPARE_STRIPES` reserved when the disk is made: pushing never allocates).
     pub(super) spare: Mutex<Vec<Box<[u8]>>>,
-    /// A discard marked or trimmed stripes, or the disk shrank: `maintain` has work.
-    pub(super) dirty: AtomicBool,
+    /// One bit per stripe `maintain` is to look at (a discard marked or trimmed it, or
+    /// it lies beyond a shrunk end), for every stripe the disk can grow to: set by the
+    /// I/O path without a lock or an allocation, and `maintain` visits only these.
+    pub(super) noted: Box<[AtomicU64]>,
+    /// Bits set in `noted` (at least: counted before a bit is set).
+    pub(super) noted_count: AtomicUsize,
     /// A write found no spare stripe: `maintain` should allocate some.
     pub(super) wants_memory: AtomicBool,
     /// The last allocation for the spare stripes failed: writes that need memory fail
@@ -150,8 +154,9 @@ pub(super) struct Store {
     pub(super) out_of_memory: AtomicBool,
     /// Set with `wants_memory`, for whoever runs `maintain` (shared by several disks).
     pub(super) signal: Option<&'static AtomicBool>,
-    /// Resizing and maintenance, one at a time (the control path's own work).
-    pub(super) control: Mutex<()>,
+    /// Resizing and maintenance, one at a time (the control path's own work); holds the
+    /// stripe `maintain` goes on from.
+    pub(super) control: Mutex<usize>,
 }
 
 impl Store {
@@ -162,6 +167,36 @@ impl Store {
 
     pub(super) fn capacity_bytes(&self) -> usize {
         (self.sectors.load(Ordering::Acquire) * SECTOR_SIZE) as usize
+    }
+
+    /// Stripe `index` has work for `maintain`.
+    pub(super) fn note(&self, index: usize) {
+        let (word, bit) = (index / 64, 1u64 << (index % 64));
+        let Some(word) = self.noted.get(word) else {
+            return;
+        };
+        if word.load(Ordering::Acquire) & bit != 0 {
+            return;
+        }
+        // Counted first, so `maintain` (which clears the bit, then counts down) never
+        // counts below zero.
+        self.noted_count.fetch_add(1, Ordering::AcqRel);
+        if word.fetch_or(bit, Ordering::AcqRel) & bit != 0 {
+            self.noted_count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Clears stripe `index`'s note; true if it was set.
+    pub(super) fn take_note(&self, index: usize) -> bool {
+        let (word, bit) = (index / 64, 1u64 << (index % 64));
+        let taken = self
+            .noted
+            .get(word)
+            .is_some_and(|word| word.fetch_and(!bit, Ordering::AcqRel) & bit != 0);
+        if taken {
+            self.noted_count.fetch_sub(1, Ordering::AcqRel);
+        }
+        taken
     }
 
     fn take_spare(&self) -> Option<Box<[u8]>> {

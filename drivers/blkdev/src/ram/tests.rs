@@ -233,6 +233,21 @@ pub(super) fn discard_now(queue: &mut RamDiskQueue, sector: u64, nr_sectors: u64
     while collect(queue).is_empty() {}
 }
 
+/// Runs `maintain` until it has no work left; what the calls did together.
+pub(super) fn maintain_all(disk: &RamDisk) -> Maintenance {
+    let mut all = Maintenance::default();
+    for _ in 0..100_000 {
+        let done = disk.maintain();
+        all.freed += done.freed;
+        all.allocated += done.allocated;
+        all.visited += done.visited;
+        if !done.more {
+            return all;
+        }
+    }
+    panic!("maintenance never finished");
+}
+
 pub(super) const STRIPE_SECTORS: u64 = (STRIPE_BYTES / 512) as u64;
 
 #[test]
