@@ -1,10 +1,9 @@
 //! The control path's care of a RAM disk's memory: freeing and spare stripes.
 
-use alloc::boxed::Box;
 use core::sync::atomic::Ordering;
 
 use super::discard::DISCARD_BYTES_PER_POLL;
-use super::stripes::{stripe_memory, SPARE_STRIPES, STRIPE_BYTES};
+use super::stripes::{stripe_memory, StripeMemory, SPARE_STRIPES, STRIPE_BYTES};
 use super::RamDisk;
 
 /// Work one [`RamDisk::maintain`] does at most, in bytes zeroed or scanned (as a
@@ -75,7 +74,10 @@ impl RamDisk {
                 if let Some(memory) = stripe.memory.take() {
                     stripe.zero = false;
                     drop(stripe);
-                    done.freed += store.give_back(memory);
+                    let freed = store.give_back(memory);
+                    // Zeroed on its way to the heap.
+                    cost += freed as usize;
+                    done.freed += freed;
                 }
             }
             budget = budget.saturating_sub(cost);
@@ -86,7 +88,7 @@ impl RamDisk {
                 let spare = store.spare.lock();
                 spare.capacity() - spare.len()
             };
-            let mut fresh: [Option<Box<[u8]>>; SPARE_STRIPES] = Default::default();
+            let mut fresh: [Option<StripeMemory>; SPARE_STRIPES] = Default::default();
             for slot in fresh.iter_mut().take(room) {
                 *slot = stripe_memory();
                 if slot.is_none() {

@@ -12,7 +12,9 @@
 //! whole is marked zero at once (it reads back as zeroes from then on), the partial ends
 //! are zeroed in place; the control path's [`RamDisk::maintain`] then frees the memory of
 //! zero stripes (and of stripes a partial discard left all zero), looking only at the
-//! stripes discards noted, a bounded piece per call. The I/O path never
+//! stripes discards noted, a bounded piece per call. Memory goes back to the heap zeroed
+//! (a freed stripe's, or a dropped disk's): the heap's next user never sees a guest's
+//! data. The I/O path never
 //! allocates or frees: a write into a stripe whose memory went back takes a stripe from
 //! the disk's spare ones (refilled by `maintain`, from freed stripes or, when asked, from
 //! the heap); with none spare the write waits (`QueueFull`: the engine retries it) and the

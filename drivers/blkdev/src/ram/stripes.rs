@@ -2,7 +2,7 @@
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
-use core::ops::Range;
+use core::ops::{Deref, DerefMut, Range};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use spin::{Mutex, Once};
 
@@ -19,10 +19,35 @@ pub(super) const CHUNK_STRIPES: usize = 256;
 /// Stripes a disk keeps ready for writes into stripes whose memory went back (1 MiB).
 pub const SPARE_STRIPES: usize = 16;
 
+/// One stripe's memory. Zeroed when it goes back to the heap (dropped): whatever the heap
+/// hands it to next (another disk, a bounce page a short device read leaves unwritten)
+/// must never see this guest's data.
+#[derive(Debug)]
+pub(super) struct StripeMemory(Box<[u8]>);
+
+impl Drop for StripeMemory {
+    fn drop(&mut self) {
+        self.0.fill(0);
+    }
+}
+
+impl Deref for StripeMemory {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl DerefMut for StripeMemory {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
 /// One stripe: its memory, unless a discard gave it back.
 #[derive(Debug, Default)]
 pub(super) struct Stripe {
-    pub(super) memory: Option<Box<[u8]>>,
+    pub(super) memory: Option<StripeMemory>,
     /// The stripe reads as zeroes whatever its memory holds (a discard covered it whole).
     pub(super) zero: bool,
     /// A discard zeroed part of it: `maintain` looks whether all of it is zero now.
@@ -45,12 +70,13 @@ impl core::ops::Deref for LockedStripe {
 /// One chunk of the stripe table: `CHUNK_STRIPES` stripes.
 pub(super) type Chunk = Box<[LockedStripe]>;
 
-/// `STRIPE_BYTES` of zeroed memory, or `None` (the heap is short).
-pub(super) fn stripe_memory() -> Option<Box<[u8]>> {
+/// `STRIPE_BYTES` of zeroed memory (the heap may hand back anything), or `None` (the
+/// heap is short).
+pub(super) fn stripe_memory() -> Option<StripeMemory> {
     let mut memory = Vec::new();
     memory.try_reserve_exact(STRIPE_BYTES).ok()?;
     memory.resize(STRIPE_BYTES, 0);
-    Some(memory.into_boxed_slice())
+    Some(StripeMemory(memory.into_boxed_slice()))
 }
 
 /// A chunk of the stripe table (stripes without memory yet), or `None`.
@@ -140,7 +166,7 @@ pub(super) struct Store {
     pub(super) freed: AtomicU64,
     /// Memory freed from stripes, kept for writes into stripes without memory (room for
     /// `SPARE_STRIPES` reserved when the disk is made: pushing never allocates).
-    pub(super) spare: Mutex<Vec<Box<[u8]>>>,
+    pub(super) spare: Mutex<Vec<StripeMemory>>,
     /// One bit per stripe `maintain` is to look at (a discard marked or trimmed it, or
     /// it lies beyond a shrunk end), for every stripe the disk can grow to: set by the
     /// I/O path without a lock or an allocation, and `maintain` visits only these.
@@ -199,7 +225,7 @@ impl Store {
         taken
     }
 
-    fn take_spare(&self) -> Option<Box<[u8]>> {
+    fn take_spare(&self) -> Option<StripeMemory> {
         let taken = self.spare.lock().pop();
         if taken.is_none() && !self.wants_memory.swap(true, Ordering::AcqRel) {
             if let Some(signal) = self.signal {
@@ -210,13 +236,14 @@ impl Store {
     }
 
     /// Memory of a stripe that no longer needs it: spare, or back to the heap.
-    pub(super) fn give_back(&self, memory: Box<[u8]>) -> u64 {
+    pub(super) fn give_back(&self, memory: StripeMemory) -> u64 {
         let mut spare = self.spare.lock();
         if spare.len() < spare.capacity() {
             spare.push(memory);
             return 0;
         }
         drop(spare);
+        // Zeroed as it goes (`StripeMemory`'s drop).
         drop(memory);
         self.resident
             .fetch_sub(STRIPE_BYTES as u64, Ordering::Relaxed);
