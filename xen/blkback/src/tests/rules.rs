@@ -292,7 +292,9 @@ fn producer_index_moving_backwards_halts_the_ring() {
 #[test]
 fn consumer_never_runs_more_than_a_ring_ahead_of_responses() {
     // The device holds every completion: the backend may consume 32 requests, then must
-    // stop (RING_REQUEST_CONS_OVERFLOW) even though the frontend claims more.
+    // stop even though the frontend claims more. The producer check does it (a frontend
+    // claiming more than a ring ahead of the responses halts the ring): the consumer
+    // stops at the producer index it checked, so it cannot run further ahead.
     let disk = RamDisk::new(DISK_SECTORS);
     let device = ShufflingDevice::new(disk.queue(64), 1, 100);
     device.hold.store(true, Ordering::SeqCst);
@@ -311,6 +313,8 @@ fn consumer_never_runs_more_than_a_ring_ahead_of_responses() {
     rig.front.set_req_prod(33);
     assert_eq!(rig.engine.poll(100).consumed, 0);
     assert_eq!(rig.engine.state(), EngineState::Halted);
+    assert_eq!(rig.engine.in_flight(), 32);
+    assert_eq!(rig.engine.stats().ring_overflows, 1);
     hold.store(false, Ordering::SeqCst);
     rig.engine.poll(100);
     assert_eq!(
