@@ -434,9 +434,36 @@ fn bad_first_or_last_sect_answers_error_and_unmaps_indirect_pages() {
     assert_eq!(wide.engine.stats().bad_requests, 1);
 }
 
+/// A device queue that counts the requests it is given.
+struct CountingDevice {
+    queue: blkdev::RamDiskQueue,
+    submitted: Arc<AtomicUsize>,
+}
+
+impl BlockDevice for CountingDevice {
+    blkdev::forward_to!(queue: geometry, queue_depth, poll_completions);
+
+    fn submit(
+        &mut self,
+        request: &IoRequest<'_>,
+        buffers: &dyn BufferAccess,
+    ) -> Result<(), SubmitError> {
+        self.submitted.fetch_add(1, Ordering::SeqCst);
+        self.queue.submit(request, buffers)
+    }
+}
+
 #[test]
 fn out_of_range_and_overflowing_sectors_answer_error() {
-    let (mut rig, _) = Rig::ram(0, true);
+    // The engine refuses them itself: the device (whose own check would refuse them
+    // too) never sees one, and nothing is mapped for them.
+    let disk = RamDisk::new(DISK_SECTORS);
+    let submitted = Arc::new(AtomicUsize::new(0));
+    let device = CountingDevice {
+        queue: disk.queue(64),
+        submitted: submitted.clone(),
+    };
+    let mut rig = Rig::new(EngineConfig::new(0, true), device);
     let (_, gref) = rig.data_page(0);
     rig.send(&encode_direct(
         abi::OP_READ,
@@ -472,6 +499,13 @@ fn out_of_range_and_overflowing_sectors_answer_error() {
             err(5, abi::OP_DISCARD, RSP_ERROR),
         ]
     );
+    let stats = rig.engine.stats();
+    assert_eq!(
+        (stats.bad_requests, stats.device_errors, stats.map_batches),
+        (4, 0, 1),
+        "refused by the engine; only the valid read mapped"
+    );
+    assert_eq!(submitted.load(Ordering::SeqCst), 1, "the valid read alone");
 }
 
 #[test]
