@@ -976,23 +976,32 @@ fn ring_memory_is_checked_before_it_is_taken() {
         needed > 4 << 20,
         "order 4 with 512 segments needs {needed} bytes"
     );
+    let disk = RamDisk::new(DISK_SECTORS);
     let build = |budget: usize| {
         let memory = GuestMemory::new(16);
         let table = GrantTable::new(memory.clone());
-        let disk = RamDisk::new(DISK_SECTORS);
-        Engine::new_within(
+        let (ring, grants, queue, events) = (
             RingView::new(memory, (0..16).collect()),
             XenGrants(table),
             disk.queue(512),
             CountingEvents::default(),
-            config,
-            budget,
-        )
-        .map_err(|refused| refused.error)
+        );
+        // What the engine itself allocates, from here (its inputs are made).
+        let before = super::counting::held();
+        super::counting::reset_peak();
+        let built = Engine::new_within(ring, grants, queue, events, config, budget)
+            .map_err(|refused| refused.error);
+        let taken = (super::counting::peak() - before) as usize;
+        let held = (super::counting::held() - before) as usize;
+        (built, taken, held)
     };
-    let Err(error) = build(needed - 1) else {
+    let (Err(error), taken, _) = build(needed - 1) else {
         panic!("an engine beyond its budget was built")
     };
+    assert!(
+        taken < 4096,
+        "refused before taking its memory ({taken} bytes)"
+    );
     assert_eq!(error, EngineError::OutOfMemory { slots: 512, needed });
     assert_eq!(
         error.to_string(),
@@ -1001,8 +1010,16 @@ fn ring_memory_is_checked_before_it_is_taken() {
             needed.div_ceil(1024)
         )
     );
-    let engine = build(needed).expect("fits its budget");
+    let (engine, taken, held) = build(needed);
+    let engine = engine.expect("fits its budget");
     assert_eq!(engine.cache_capacity(), 512 * (512 + 1));
+    // What it says it needs is what it takes, at its peak too: the budget check above
+    // holds for the memory really allocated.
+    assert_eq!(
+        (taken, held),
+        (needed, needed),
+        "bytes taken at the peak and held, against the bytes said"
+    );
 }
 
 /// A device queue lent to an engine (by the kernel, from its disk's pool), marked so the
