@@ -394,7 +394,8 @@ def test_bad_slices_fail_precisely(suite):
 def test_registry_slices(suite):
     # The device registry without Xen (registrytest=): slices of one NVMe namespace and of
     # one virtio disk (4 virtqueues, 2 CPUs), overlaps refused naming both ranges, queues
-    # reused after a release, virtqueues running out, bad slices refused.
+    # reused after a release, virtqueues running out, bad slices refused, a slice over the
+    # partition table of a partition serving refused.
     gpt = gpt_image(TIER2_PARTITIONS)
     nvme_image = disk_image(suite, "registry-nvme", gpt)
     virtio_image = disk_image(suite, "registry-virtio", gpt)
@@ -423,6 +424,11 @@ def test_registry_slices(suite):
          "(8M at 60M)) ends beyond the device (67108864 bytes, 64M)"),
         # Not on the bus: the bus is walked once more, then the same refusal as ever.
         ("+virtio:1", ": refused: virtio:1: no virtio-blk device number 1 on the PCI bus"),
+        # A slice over the GPT that part=name:blkdom-b was found by: its guest could
+        # rewrite the table.
+        ("+nvme:1:offset=0,size=1M", ": refused: nvme:1:offset=0,size=1M (bytes 0..1048576 (1M at 0)) covers the "
+         "partition table (bytes 512..17408 (16896 at 512)) that nvme:1:part=name:blkdom-b, which serves another "
+         "disk, was found by: its guest could rewrite the table"),
     ]
     extra = ["-drive", f"file={nvme_image},format=raw,if=none,id=disk0", "-device", "nvme,drive=disk0,serial=x",
              "-drive", f"file={virtio_image},format=raw,if=none,id=disk1",

@@ -136,11 +136,34 @@ pub fn check_slice(extent: Extent, device_bytes: u64, block_size: u32) -> Result
 pub struct Claim<K, T> {
     pub device: K,
     pub extent: Extent,
+    /// Bytes of the device outside `extent` that the disk was found by (a `part=`
+    /// disk's partition table): no other disk may cover them while this one serves,
+    /// or its guest could rewrite them and have the next lookup find another range.
+    pub table: Option<Extent>,
     pub owner: T,
 }
 
+/// How a range meets a claim on its device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConflictKind {
+    /// The range shares a byte with the claim's.
+    Overlaps,
+    /// The range covers bytes of the table the claim's disk was found by.
+    CoversTable,
+    /// The table the new disk was found by lies (partly) in the claim's range.
+    TableCovered,
+}
+
+/// Why a range cannot serve a disk: the claim in its way, and how.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Conflict<'a, K, T> {
+    pub kind: ConflictKind,
+    pub claim: &'a Claim<K, T>,
+}
+
 /// The ranges of devices (named by `K`) that serve disks now, each with its owner `T`
-/// (e.g. the spec that asked for it). No two on one device overlap.
+/// (e.g. the spec that asked for it). No two on one device overlap, and none covers
+/// the table another was found by.
 #[derive(Clone, Debug)]
 pub struct Ranges<K, T> {
     claims: Vec<Claim<K, T>>,
@@ -157,25 +180,72 @@ impl<K: PartialEq, T> Ranges<K, T> {
         Self::default()
     }
 
-    /// A claim on `device` that shares a byte with `extent`, if any.
-    pub fn overlap(&self, device: &K, extent: Extent) -> Option<&Claim<K, T>> {
-        self.claims
-            .iter()
-            .find(|c| c.device == *device && c.extent.overlaps(&extent))
+    /// The first claim on `device` other than the one at `skip` that a disk on
+    /// `extent`, found by `table`, may not serve next to: one it overlaps, then one whose
+    /// table it covers, then one holding its table.
+    fn conflict_at(
+        &self,
+        device: &K,
+        extent: Extent,
+        table: Option<Extent>,
+        skip: Option<usize>,
+    ) -> Option<(usize, ConflictKind)> {
+        let others = || {
+            self.claims
+                .iter()
+                .enumerate()
+                .filter(move |(i, c)| Some(*i) != skip && c.device == *device)
+        };
+        let meets = |kind, hit: &dyn Fn(&Claim<K, T>) -> bool| {
+            others().find(|(_, c)| hit(c)).map(|(i, _)| (i, kind))
+        };
+        meets(ConflictKind::Overlaps, &|c| c.extent.overlaps(&extent))
+            .or_else(|| {
+                meets(ConflictKind::CoversTable, &|c| {
+                    c.table.is_some_and(|t| t.overlaps(&extent))
+                })
+            })
+            .or_else(|| {
+                let table = table?;
+                meets(ConflictKind::TableCovered, &|c| c.extent.overlaps(&table))
+            })
     }
 
-    /// Claims `extent` of `device` for `owner`, or returns the claim it overlaps.
-    pub fn claim(&mut self, device: K, extent: Extent, owner: T) -> Result<(), &Claim<K, T>> {
-        let overlapping = self
-            .claims
-            .iter()
-            .position(|c| c.device == device && c.extent.overlaps(&extent));
-        if let Some(at) = overlapping {
-            return Err(&self.claims[at]);
+    fn conflict_with(&self, (at, kind): (usize, ConflictKind)) -> Conflict<'_, K, T> {
+        Conflict {
+            kind,
+            claim: &self.claims[at],
+        }
+    }
+
+    /// What keeps a disk on `extent` of `device`, found by `table`, from serving: the
+    /// claim it overlaps, whose table it covers, or that holds its table.
+    pub fn conflict(
+        &self,
+        device: &K,
+        extent: Extent,
+        table: Option<Extent>,
+    ) -> Option<Conflict<'_, K, T>> {
+        self.conflict_at(device, extent, table, None)
+            .map(|found| self.conflict_with(found))
+    }
+
+    /// Claims `extent` of `device` (and keeps others off `table`, the bytes the disk
+    /// was found by) for `owner`, or returns what is in the way ([`Ranges::conflict`]).
+    pub fn claim(
+        &mut self,
+        device: K,
+        extent: Extent,
+        table: Option<Extent>,
+        owner: T,
+    ) -> Result<(), Conflict<'_, K, T>> {
+        if let Some(found) = self.conflict_at(&device, extent, table, None) {
+            return Err(self.conflict_with(found));
         }
         self.claims.push(Claim {
             device,
             extent,
+            table,
             owner,
         });
         Ok(())
@@ -191,9 +261,14 @@ impl<K: PartialEq, T> Ranges<K, T> {
     }
 
     /// Moves the claim of exactly `old` on `device` to `new` (a disk that grows or
-    /// shrinks), unless `new` shares a byte with another claim on the device: then that
-    /// claim. `Ok(false)` if no claim of `old` is held.
-    pub fn resize(&mut self, device: &K, old: Extent, new: Extent) -> Result<bool, &Claim<K, T>> {
+    /// shrinks), unless `new` meets another claim on the device as [`Ranges::conflict`]
+    /// says: then that claim. `Ok(false)` if no claim of `old` is held.
+    pub fn resize(
+        &mut self,
+        device: &K,
+        old: Extent,
+        new: Extent,
+    ) -> Result<bool, Conflict<'_, K, T>> {
         let Some(at) = self
             .claims
             .iter()
@@ -201,13 +276,9 @@ impl<K: PartialEq, T> Ranges<K, T> {
         else {
             return Ok(false);
         };
-        let overlapping = self
-            .claims
-            .iter()
-            .enumerate()
-            .position(|(i, c)| i != at && c.device == *device && c.extent.overlaps(&new));
-        if let Some(other) = overlapping {
-            return Err(&self.claims[other]);
+        let table = self.claims[at].table;
+        if let Some(found) = self.conflict_at(device, new, table, Some(at)) {
+            return Err(self.conflict_with(found));
         }
         self.claims[at].extent = new;
         Ok(true)
@@ -321,28 +392,43 @@ mod tests {
             .contains("does not start at a multiple of 4096 bytes"));
     }
 
+    /// The owner of what keeps a plain disk (no table) off `extent` of `device`.
+    fn in_the_way(
+        ranges: &Ranges<u32, &'static str>,
+        device: u32,
+        extent: Extent,
+    ) -> Option<&'static str> {
+        ranges
+            .conflict(&device, extent, None)
+            .map(|c| c.claim.owner)
+    }
+
     #[test]
     fn ranges_refuse_overlaps_on_one_device_only() {
         let mut ranges: Ranges<u32, &str> = Ranges::new();
         assert!(ranges.is_empty());
-        assert_eq!(ranges.claim(1, e(0, 4096), "a"), Ok(()));
-        assert_eq!(ranges.claim(1, e(4096, 4096), "b"), Ok(()));
+        assert_eq!(ranges.claim(1, e(0, 4096), None, "a"), Ok(()));
+        assert_eq!(ranges.claim(1, e(4096, 4096), None, "b"), Ok(()));
         // Another device: the same bytes are other bytes.
-        assert_eq!(ranges.claim(2, e(0, 1 << 30), "whole 2"), Ok(()));
+        assert_eq!(ranges.claim(2, e(0, 1 << 30), None, "whole 2"), Ok(()));
         assert_eq!(ranges.len(), 3);
-        let refused = ranges.claim(1, e(2048, 4096), "c").unwrap_err();
-        assert_eq!((refused.extent, refused.owner), (e(0, 4096), "a"));
+        let refused = ranges.claim(1, e(2048, 4096), None, "c").unwrap_err();
+        assert_eq!(refused.kind, ConflictKind::Overlaps);
+        assert_eq!(
+            (refused.claim.extent, refused.claim.owner),
+            (e(0, 4096), "a")
+        );
         // A whole device overlaps any slice on it, and a slice the whole device.
-        let refused = ranges.claim(1, e(0, 1 << 30), "whole 1").unwrap_err();
-        assert_eq!(refused.owner, "a");
-        assert_eq!(ranges.overlap(&2, e(8192, 512)).unwrap().owner, "whole 2");
-        assert!(ranges.overlap(&1, e(8192, 512)).is_none());
+        let refused = ranges.claim(1, e(0, 1 << 30), None, "whole 1").unwrap_err();
+        assert_eq!(refused.claim.owner, "a");
+        assert_eq!(in_the_way(&ranges, 2, e(8192, 512)), Some("whole 2"));
+        assert_eq!(in_the_way(&ranges, 1, e(8192, 512)), None);
         assert_eq!(ranges.on(&1).count(), 2);
         // Released, the range is free again; releasing what is not held changes nothing.
         assert_eq!(ranges.release(&1, e(0, 4096)), Some("a"));
         assert_eq!(ranges.release(&1, e(0, 4096)), None);
         assert_eq!(ranges.release(&1, e(4096, 8192)), None);
-        assert_eq!(ranges.claim(1, e(2048, 2048), "c"), Ok(()));
+        assert_eq!(ranges.claim(1, e(2048, 2048), None, "c"), Ok(()));
         assert_eq!(ranges.len(), 3);
         assert_eq!(ranges.release(&2, e(0, 1 << 30)), Some("whole 2"));
         assert_eq!(ranges.on(&2).count(), 0);
@@ -351,22 +437,80 @@ mod tests {
     #[test]
     fn a_claim_grows_up_to_its_neighbour_only() {
         let mut ranges: Ranges<u32, &str> = Ranges::new();
-        ranges.claim(1, e(0, 4096), "a").unwrap();
-        ranges.claim(1, e(16384, 4096), "b").unwrap();
-        ranges.claim(2, e(4096, 4096), "other device").unwrap();
+        ranges.claim(1, e(0, 4096), None, "a").unwrap();
+        ranges.claim(1, e(16384, 4096), None, "b").unwrap();
+        ranges
+            .claim(2, e(4096, 4096), None, "other device")
+            .unwrap();
         // Up to b's first byte: fine (the other device's claim is no neighbour).
         assert_eq!(ranges.resize(&1, e(0, 4096), e(0, 16384)), Ok(true));
-        assert_eq!(ranges.overlap(&1, e(8192, 1)).unwrap().owner, "a");
+        assert_eq!(in_the_way(&ranges, 1, e(8192, 1)), Some("a"));
         // One byte into b: refused, naming b; a keeps its range.
         let refused = ranges.resize(&1, e(0, 16384), e(0, 16385)).unwrap_err();
-        assert_eq!((refused.owner, refused.extent), ("b", e(16384, 4096)));
-        assert!(ranges
-            .overlap(&1, e(0, 16384))
-            .is_some_and(|c| c.owner == "a"));
+        assert_eq!(
+            (refused.claim.owner, refused.claim.extent),
+            ("b", e(16384, 4096))
+        );
+        assert_eq!(in_the_way(&ranges, 1, e(0, 16384)), Some("a"));
         assert_eq!(ranges.release(&1, e(0, 16384)), Some("a"));
         // A claim not held is not resized.
         assert_eq!(ranges.resize(&1, e(0, 16384), e(0, 4096)), Ok(false));
         // Shrinking never meets anyone.
         assert_eq!(ranges.resize(&1, e(16384, 4096), e(16384, 512)), Ok(true));
+    }
+
+    #[test]
+    fn no_disk_covers_the_table_another_was_found_by() {
+        let mib = 1 << 20;
+        // A partition at 1 MiB found by a table in bytes 512..17408 (header and entries).
+        let table = e(512, 16896);
+        let mut ranges: Ranges<u32, &str> = Ranges::new();
+        ranges.claim(1, e(mib, mib), Some(table), "part=1").unwrap();
+        // A slice over the table is refused (its guest could rewrite the table), one
+        // past it is not, and another device's bytes are other bytes.
+        let refused = ranges
+            .claim(1, e(0, 64 * 1024), None, "offset=0")
+            .unwrap_err();
+        assert_eq!(
+            (refused.kind, refused.claim.owner),
+            (ConflictKind::CoversTable, "part=1")
+        );
+        assert_eq!(ranges.claim(1, e(4 * mib, mib), None, "offset=4M"), Ok(()));
+        assert_eq!(ranges.claim(2, e(0, mib), None, "other device"), Ok(()));
+        // A second partition found by the same table: tables may share bytes.
+        assert_eq!(
+            ranges.claim(1, e(2 * mib, mib), Some(table), "part=2"),
+            Ok(())
+        );
+        // While either partition serves; once both are gone the bytes are free.
+        ranges.release(&1, e(mib, mib));
+        assert_eq!(in_the_way(&ranges, 1, e(8192, 4096)), Some("part=2"));
+        ranges.release(&1, e(2 * mib, mib));
+        assert_eq!(ranges.claim(1, e(0, 64 * 1024), None, "offset=0"), Ok(()));
+        // The other way round: a partition whose table lies in a slice serving now.
+        let refused = ranges
+            .claim(1, e(mib, mib), Some(table), "part=1")
+            .unwrap_err();
+        assert_eq!(
+            (refused.kind, refused.claim.owner),
+            (ConflictKind::TableCovered, "offset=0")
+        );
+        // A slice grown into a table is refused too (tables here need not lie at the
+        // device's start, as a GPT's does).
+        let mut ranges: Ranges<u32, &str> = Ranges::new();
+        ranges
+            .claim(1, e(mib, mib), Some(e(4 * mib, 16384)), "part=1")
+            .unwrap();
+        ranges
+            .claim(1, e(3 * mib, 4096), None, "offset=3M")
+            .unwrap();
+        let refused = ranges
+            .resize(&1, e(3 * mib, 4096), e(3 * mib, 2 * mib))
+            .unwrap_err();
+        assert_eq!(refused.kind, ConflictKind::CoversTable);
+        assert_eq!(
+            ranges.resize(&1, e(3 * mib, 4096), e(3 * mib, mib)),
+            Ok(true)
+        );
     }
 }

@@ -100,6 +100,13 @@ pub enum GptError {
         bytes: u64,
         disk_blocks: u64,
     },
+    /// The entry array (LBAs `lba..end`) does not end before the first usable LBA: a
+    /// partition could hold it.
+    EntriesInUsable {
+        lba: u64,
+        end: u64,
+        first_usable: u64,
+    },
     /// Fewer bytes than the entry array were given.
     ShortEntries {
         have: usize,
@@ -202,6 +209,14 @@ impl fmt::Display for GptError {
             } => write!(
                 f,
                 "the entry array ({bytes} bytes at LBA {lba}) ends beyond the disk's {disk_blocks} blocks"
+            ),
+            GptError::EntriesInUsable {
+                lba,
+                end,
+                first_usable,
+            } => write!(
+                f,
+                "the entry array (LBAs {lba}..{end}) does not end before the first usable LBA {first_usable}: a partition could hold it"
             ),
             GptError::ShortEntries { have, need } => {
                 write!(f, "{have} bytes of entry array read, {need} needed")
@@ -339,8 +354,9 @@ pub struct Partition {
 impl Header {
     /// Checks the header in `block` (the bytes of LBA 1) of a disk of `disk_bytes` in
     /// blocks of `block_size`: signature, header size, header CRC32, that it is the
-    /// primary (at LBA 1), the usable LBAs (in order, on the disk), the entry size and
-    /// count, and that the entry array lies on the disk after the header.
+    /// primary (at LBA 1), the usable LBAs (in order, on the disk, after the header),
+    /// the entry size and count, and that the entry array lies on the disk after the
+    /// header and before the usable LBAs: no partition holds any of the table.
     pub fn parse(block: &[u8], block_size: u32, disk_bytes: u64) -> Result<Header, GptError> {
         header_location(block_size, disk_bytes)?;
         let disk_blocks = disk_bytes / u64::from(block_size);
@@ -415,14 +431,24 @@ impl Header {
             return Err(GptError::EntriesOverHeader { lba: entries_lba });
         }
         let blocks = bytes.div_ceil(u64::from(block_size));
-        if entries_lba
+        let Some(end) = entries_lba
             .checked_add(blocks)
-            .is_none_or(|end| end > disk_blocks)
-        {
+            .filter(|end| *end <= disk_blocks)
+        else {
             return Err(GptError::EntriesBeyondDisk {
                 lba: entries_lba,
                 bytes,
                 disk_blocks,
+            });
+        };
+        // As the UEFI specification lays it out: the array ends before the first usable
+        // LBA, so no partition (each checked to lie in the usable LBAs) holds it, nor
+        // the header before it.
+        if end > first_usable {
+            return Err(GptError::EntriesInUsable {
+                lba: entries_lba,
+                end,
+                first_usable,
             });
         }
         Ok(Header {
@@ -444,6 +470,17 @@ impl Header {
             self.entries_lba * u64::from(self.block_size),
             bytes as usize,
         )
+    }
+
+    /// The bytes of the table this parser reads, from the header's block to the entry
+    /// array's end (on the disk, before the usable LBAs: `parse` checked it). A disk
+    /// that can write them could point a partition found here somewhere else the next
+    /// time it is looked up.
+    pub fn table_extent(&self) -> Extent {
+        let (at, len) = self.entries_location();
+        let block = u64::from(self.block_size);
+        let end = (at + len as u64).div_ceil(block) * block;
+        Extent::new(block, end - block).expect("inside the disk, whose size fits 64 bits")
     }
 
     /// Checks the entry array `entries` (the bytes at `entries_location`) against the

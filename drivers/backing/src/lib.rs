@@ -14,7 +14,7 @@ pub mod gpt;
 pub mod resize;
 pub mod spec;
 
-pub use extent::{check_slice, Extent, Ranges, SliceError};
+pub use extent::{check_slice, Conflict, ConflictKind, Extent, Ranges, SliceError};
 pub use resize::{new_size, ResizeRefused};
 pub use spec::{
     parse_backing, Backing, DeviceId, PartName, RamName, Region, SpecError, SLICE_ALIGN,

@@ -394,11 +394,13 @@ impl Control {
             .chain(self.registry.named_ram_disks());
         for disk in disks {
             let done = disk.maintain();
-            if done.freed > 0 || done.allocated > 0 {
+            // Freeing goes a bounded piece per call (the disk asks for the next one):
+            // one line when it ends, not one a call.
+            if done.allocated > 0 || (done.freed > 0 && !done.more) {
                 log::info!(
-                    "blkback: RAM disk of {} MiB: {} KiB freed, {} KiB taken for writes, {} KiB held",
+                    "blkback: RAM disk of {} MiB: {} KiB freed since it was made, {} KiB taken for writes, {} KiB held",
                     disk.sectors() >> 11,
-                    done.freed >> 10,
+                    disk.freed_bytes() >> 10,
                     done.allocated >> 10,
                     disk.resident_bytes() >> 10
                 );

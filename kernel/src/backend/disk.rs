@@ -21,8 +21,9 @@ use blkdev::{
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Set by a RAM disk whose write found no memory (its discards gave stripes back and
-/// none is spare): the control path is to run `RamDisk::maintain` soon. Every RAM disk
-/// is made with it; pollers look at it once a loop.
+/// none is spare), or whose maintenance has work left: the control path is to run
+/// `RamDisk::maintain` soon. Every RAM disk is made with it; pollers look at it once a
+/// loop.
 pub static RAM_MEMORY_WANTED: AtomicBool = AtomicBool::new(false);
 
 /// One device queue, owned by the poller that serves the ring: the device's own, or

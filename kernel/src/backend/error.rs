@@ -110,6 +110,21 @@ pub enum DiskError {
         serving_extent: Extent,
         serving_whole: bool,
     },
+    /// The disk's range covers the partition table a disk serving was found by.
+    CoversTable {
+        spec: String,
+        extent: Extent,
+        /// The spec of the disk serving, and the table's bytes.
+        serving: String,
+        table: Extent,
+    },
+    /// The partition table the disk was found by lies in the range of a disk serving.
+    TableCovered {
+        spec: String,
+        table: Extent,
+        serving: String,
+        serving_extent: Extent,
+    },
     /// Every virtqueue of the virtio device serves another disk.
     NoQueueLeft {
         spec: String,
@@ -176,6 +191,24 @@ impl fmt::Display for DiskError {
                     part(*serving_whole)
                 )
             }
+            DiskError::CoversTable {
+                spec,
+                extent,
+                serving,
+                table,
+            } => write!(
+                f,
+                "{spec} ({extent}) covers the partition table ({table}) that {serving}, which serves another disk, was found by: its guest could rewrite the table"
+            ),
+            DiskError::TableCovered {
+                spec,
+                table,
+                serving,
+                serving_extent,
+            } => write!(
+                f,
+                "{spec}: the partition table it is found by ({table}) lies in {serving} ({serving_extent}), which serves another disk: that guest could rewrite the table"
+            ),
             DiskError::NoQueueLeft { spec, made } => write!(
                 f,
                 "{spec}: all {made} virtqueues of the device serve other disks (each disk takes up to one per vCPU; a device with more queues serves more disks)"
@@ -219,6 +252,13 @@ pub enum ResizeRefusal {
         serving: String,
         serving_extent: Extent,
     },
+    /// The grown slice would cover the partition table a disk serving was found by.
+    CoversTable {
+        spec: String,
+        extent: Extent,
+        serving: String,
+        table: Extent,
+    },
 }
 
 impl fmt::Display for ResizeRefusal {
@@ -249,6 +289,16 @@ impl fmt::Display for ResizeRefusal {
                 "{spec} grown to {extent} would overlap {serving}, which serves another disk \
                  ({serving_extent})"
             ),
+            ResizeRefusal::CoversTable {
+                spec,
+                extent,
+                serving,
+                table,
+            } => write!(
+                f,
+                "{spec} grown to {extent} would cover the partition table ({table}) that \
+                 {serving}, which serves another disk, was found by"
+            ),
         }
     }
 }
@@ -266,7 +316,8 @@ impl Errno for ResizeRefusal {
             | ResizeRefusal::Ram(blkdev::ResizeError::Empty) => errno::EINVAL,
             ResizeRefusal::Ram(blkdev::ResizeError::InUse { .. })
             | ResizeRefusal::SliceShrinks { .. }
-            | ResizeRefusal::Overlaps { .. } => errno::EBUSY,
+            | ResizeRefusal::Overlaps { .. }
+            | ResizeRefusal::CoversTable { .. } => errno::EBUSY,
             ResizeRefusal::Ram(blkdev::ResizeError::OutOfMemory { .. })
             | ResizeRefusal::RamDoesNotFit { .. } => errno::ENOMEM,
             ResizeRefusal::Ram(blkdev::ResizeError::TooLarge { .. }) | ResizeRefusal::Slice(_) => {
@@ -317,7 +368,10 @@ impl Errno for DiskError {
         match self {
             DiskError::Params { .. } | DiskError::RamSizeMismatch { .. } => errno::EINVAL,
             DiskError::Slice { .. } => errno::EINVAL,
-            DiskError::RamInUse(_) | DiskError::Overlaps { .. } => errno::EBUSY,
+            DiskError::RamInUse(_)
+            | DiskError::Overlaps { .. }
+            | DiskError::CoversTable { .. }
+            | DiskError::TableCovered { .. } => errno::EBUSY,
             DiskError::NoQueueLeft { .. } | DiskError::NoQueue { .. } => errno::EBUSY,
             DiskError::RamDoesNotFit { .. } => errno::ENOMEM,
             DiskError::DeviceFailed { .. } => errno::EIO,

@@ -250,7 +250,8 @@ fn doorbell_pair() -> Option<(EvtchnPort, EvtchnPort)> {
 pub trait ControlWork {
     fn port(&self) -> Option<EvtchnPort>;
     fn run(&mut self) -> Option<u64>;
-    /// A RAM disk asked for memory (`disk::RAM_MEMORY_WANTED`): give it some now.
+    /// A RAM disk asked for memory or has maintenance left (`disk::RAM_MEMORY_WANTED`):
+    /// run it now.
     fn maintain_memory(&mut self);
 }
 
@@ -347,7 +348,11 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         }
         if super::disk::RAM_MEMORY_WANTED.load(Ordering::Relaxed) {
             match control.as_mut() {
-                Some(control) => control.maintain_memory(),
+                Some(control) => {
+                    control.maintain_memory();
+                    // Set again: maintenance has more to do, a bounded piece a loop.
+                    work |= super::disk::RAM_MEMORY_WANTED.load(Ordering::Relaxed);
+                }
                 None if !RAM_KICK_SENT.swap(true, Ordering::AcqRel) => ring_doorbell(0),
                 None => {}
             }

@@ -11,7 +11,10 @@
 //! - Several disks can share a device, each on its own range (a slice: a GPT partition or
 //!   an explicit extent); ranges on one device must not overlap (two guests would write
 //!   the same blocks; Linux's block hotplug script likewise refuses a device another
-//!   domain has open for writing), and a whole-device disk overlaps every slice.
+//!   domain has open for writing), and a whole-device disk overlaps every slice. Nor may
+//!   a disk cover the partition table a `part=` disk serving was found by (its guest
+//!   could rewrite the table, and the next lookup would find another guest's data), nor
+//!   a `part=` disk be found by a table inside a disk serving.
 //! - Queues: a disk takes up to one per vCPU. An NVMe disk whose pool is empty gets new
 //!   queue pairs from its controller (which grants 4 per vCPU, shared by all its
 //!   namespaces); a virtio device makes all its virtqueues (up to 4 per vCPU) at its one
@@ -29,7 +32,10 @@ use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use backing::{check_slice, parse_backing, Backing, DeviceId, Extent, RamName, Ranges, Region};
+use backing::{
+    check_slice, parse_backing, Backing, Conflict, ConflictKind, DeviceId, Extent, RamName, Ranges,
+    Region,
+};
 use blkdev::{BlockDevice, Geometry, RamDisk, SharedCapacity};
 use core::sync::atomic::{AtomicU64, Ordering};
 use pci::PciAddress;
@@ -166,16 +172,22 @@ impl Registry {
         let new = Extent::new(old.start(), bytes).ok_or(ResizeRefusal::NotASlice)?;
         check_slice(new, device_bytes, pool.geometry.logical_block_size)
             .map_err(ResizeRefusal::Slice)?;
-        match self.serving.resize(&device.device, old, new) {
-            Ok(_) => {}
-            Err(claim) => {
-                return Err(ResizeRefusal::Overlaps {
+        if let Err(Conflict { kind, claim }) = self.serving.resize(&device.device, old, new) {
+            let serving = claim.owner.clone();
+            return Err(match (kind, claim.table) {
+                (ConflictKind::CoversTable, Some(table)) => ResizeRefusal::CoversTable {
                     spec: served.into(),
                     extent: new,
-                    serving: claim.owner.clone(),
+                    serving,
+                    table,
+                },
+                _ => ResizeRefusal::Overlaps {
+                    spec: served.into(),
+                    extent: new,
+                    serving,
                     serving_extent: claim.extent,
-                })
-            }
+                },
+            });
         }
         device.extent = new;
         device.geometry.sectors = sectors;
@@ -272,11 +284,11 @@ impl Registry {
             None => None,
         };
         if let Some(extent) = known {
-            self.check_free(spec, device, extent)?;
+            self.check_free(spec, device, extent, None)?;
         }
         let mut queues = self.take_queues(at, fresh, spec, backing, passed_through)?;
         let placed = match known {
-            Some(extent) => Ok(extent),
+            Some(extent) => Ok((extent, None)),
             None => self
                 .tables
                 .locate(region, &mut queues)
@@ -284,13 +296,16 @@ impl Registry {
                     spec: spec.into(),
                     error,
                 })
-                .and_then(|extent| self.check_free(spec, device, extent).map(|()| extent)),
+                .and_then(|(extent, table)| {
+                    self.check_free(spec, device, extent, table)
+                        .map(|()| (extent, table))
+                }),
         };
         if known.is_none() {
             crate::devices::stopwatch::lap("table");
         }
-        let extent = match placed {
-            Ok(extent) => extent,
+        let (extent, table) = match placed {
+            Ok(placed) => placed,
             Err(error) => {
                 self.pools[at].idle.append(&mut queues);
                 return Err(error);
@@ -330,7 +345,7 @@ impl Registry {
         let bounced_bytes = pool.bounced_bytes.clone();
         let device_model = pool.device_model;
         let geometry = idle.first().map_or(geometry, |q| q.geometry());
-        if let Err(error) = self.claim(spec, device, extent) {
+        if let Err(error) = self.claim(spec, device, extent, table) {
             self.pools[at]
                 .idle
                 .extend(idle.into_iter().map(DeviceQueue::into_device));
@@ -349,36 +364,71 @@ impl Registry {
         })
     }
 
-    /// Claims `extent` of `device` for the disk `spec` names, unless a disk serves bytes
-    /// of it.
-    fn claim(&mut self, spec: &str, device: DeviceId, extent: Extent) -> Result<(), DiskError> {
-        self.check_free(spec, device, extent)?;
-        // Nothing overlaps it (checked just now): the claim holds.
-        let claimed = self.serving.claim(device, extent, spec.into()).is_ok();
+    /// Claims `extent` of `device` for the disk `spec` names (found by the partition
+    /// table in `table`), unless another disk is in its way (`check_free`).
+    fn claim(
+        &mut self,
+        spec: &str,
+        device: DeviceId,
+        extent: Extent,
+        table: Option<Extent>,
+    ) -> Result<(), DiskError> {
+        self.check_free(spec, device, extent, table)?;
+        // Nothing is in the way (checked just now): the claim holds.
+        let claimed = self
+            .serving
+            .claim(device, extent, table, spec.into())
+            .is_ok();
         debug_assert!(claimed);
         Ok(())
     }
 
-    /// Refuses `extent` of `device` if a disk serves bytes of it.
-    fn check_free(&self, spec: &str, device: DeviceId, extent: Extent) -> Result<(), DiskError> {
-        let Some(serving) = self.serving.overlap(&device, extent) else {
+    /// Refuses `extent` of `device` (found by the partition table in `table`) if a disk
+    /// serves bytes of it, or of its table, or it covers the table a disk serving was
+    /// found by (a guest there could rewrite the table, and the next lookup of a
+    /// partition would find whatever it says: another guest's data).
+    fn check_free(
+        &self,
+        spec: &str,
+        device: DeviceId,
+        extent: Extent,
+        table: Option<Extent>,
+    ) -> Result<(), DiskError> {
+        let Some(Conflict { kind, claim }) = self.serving.conflict(&device, extent, table) else {
             return Ok(());
         };
-        let device_bytes = self
-            .pools
-            .iter()
-            .find(|p| p.device == device)
-            .map_or(0, |p| {
-                p.geometry.sectors.saturating_mul(blkdev::SECTOR_SIZE)
-            });
-        let whole = |e: Extent| e.start() == 0 && e.len() == device_bytes;
-        Err(DiskError::Overlaps {
-            spec: spec.into(),
-            extent,
-            whole: whole(extent),
-            serving: serving.owner.clone(),
-            serving_extent: serving.extent,
-            serving_whole: whole(serving.extent),
+        let serving = claim.owner.clone();
+        Err(match (kind, claim.table, table) {
+            (ConflictKind::CoversTable, Some(table), _) => DiskError::CoversTable {
+                spec: spec.into(),
+                extent,
+                serving,
+                table,
+            },
+            (ConflictKind::TableCovered, _, Some(table)) => DiskError::TableCovered {
+                spec: spec.into(),
+                table,
+                serving,
+                serving_extent: claim.extent,
+            },
+            _ => {
+                let device_bytes = self
+                    .pools
+                    .iter()
+                    .find(|p| p.device == device)
+                    .map_or(0, |p| {
+                        p.geometry.sectors.saturating_mul(blkdev::SECTOR_SIZE)
+                    });
+                let whole = |e: Extent| e.start() == 0 && e.len() == device_bytes;
+                DiskError::Overlaps {
+                    spec: spec.into(),
+                    extent,
+                    whole: whole(extent),
+                    serving,
+                    serving_extent: claim.extent,
+                    serving_whole: whole(claim.extent),
+                }
+            }
         })
     }
 

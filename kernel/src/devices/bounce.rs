@@ -13,7 +13,7 @@
 //! data lands in this pool only: a read's data is copied out to the guest on success
 //! alone, and the failed queue never uses a page of the pool again.
 
-use super::hal::allocate_pages;
+use super::hal::allocate_dma;
 use super::open::Queue;
 use crate::physmem;
 use alloc::sync::Arc;
@@ -62,12 +62,10 @@ pub struct BounceQueue {
 
 impl BounceQueue {
     pub fn new(inner: Queue, bounced_bytes: Arc<AtomicU64>) -> Option<BounceQueue> {
-        // Not zeroed (4 MiB a queue, every byte of it a write under emulation): a write
-        // copies the guest's data into a page before the device reads it, and a read
-        // copies out what the device wrote there, on success only, and only the bytes
-        // of the segment the device was given. What a page held before (an earlier
-        // request's data, whichever guest's) never leaves it otherwise.
-        let pool = allocate_pages(POOL_PAGES)?;
+        // Zeroed: the heap hands back memory other disks' guests wrote (a RAM disk's
+        // stripes, another pool), and a device that reports a read done without writing
+        // all of it (short, or faulty) would have that copied out to this guest.
+        let pool = allocate_dma(POOL_PAGES)?;
         Some(BounceQueue {
             inner,
             pool,

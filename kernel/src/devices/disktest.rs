@@ -147,7 +147,7 @@ fn run(spec: &str, cmdline: &Cmdline, bus: open::PciBus) -> Result<(), DiskTestE
     let window = match region {
         Region::Whole => None,
         _ => {
-            let extent = TableReader::default()
+            let (extent, _table) = TableReader::default()
                 .locate(region, &mut disk.queues)
                 .map_err(|error| DiskTestError::Region {
                     spec: spec.into(),

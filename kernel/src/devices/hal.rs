@@ -234,17 +234,6 @@ pub fn allocate_dma(pages: usize) -> Option<u64> {
     (!memory.is_null()).then_some(memory as u64)
 }
 
-/// `pages` page-aligned pages from the heap, not zeroed (for memory the CPU fills before
-/// any device reads it, and the device before the CPU reads it: bounce buffers), so
-/// none of it is touched here. Set-up only: never freed.
-pub fn allocate_pages(pages: usize) -> Option<u64> {
-    let bytes = pages.max(1).checked_mul(PAGE as usize)?;
-    let layout = core::alloc::Layout::from_size_align(bytes, PAGE as usize).ok()?;
-    // SAFETY: the layout has a non-zero size.
-    let memory = unsafe { alloc::alloc::alloc(layout) };
-    (!memory.is_null()).then_some(memory as u64)
-}
-
 /// TSC ticks per microsecond, once calibrated.
 static TSC_PER_US: AtomicU64 = AtomicU64::new(0);
 

@@ -102,14 +102,15 @@ pub struct TableReader {
 }
 
 impl TableReader {
-    /// The extent of `region` on the device `queues` drive; for a partition, its GPT is
-    /// read through the last of them (idle: nothing in flight). A queue that does not
-    /// answer leaves `queues`.
+    /// The extent of `region` on the device `queues` drive, and for a partition the
+    /// bytes of the table it was found by (no other disk may cover them while it
+    /// serves); its GPT is read through the last of the queues (idle: nothing in
+    /// flight). A queue that does not answer leaves `queues`.
     pub fn locate(
         &mut self,
         region: Region,
         queues: &mut Vec<Queue>,
-    ) -> Result<Extent, RegionError> {
+    ) -> Result<(Extent, Option<Extent>), RegionError> {
         let queue = queues.last_mut().ok_or(RegionError::NoQueue)?;
         let geometry = queue.geometry();
         let wanted = match region {
@@ -117,7 +118,8 @@ impl TableReader {
             Region::PartitionNamed(name) => Wanted::Name(name),
             Region::Whole | Region::Extent { .. } => {
                 return without_table(region, &geometry)
-                    .unwrap_or(Err(RegionError::Slice(SliceError::Empty)));
+                    .unwrap_or(Err(RegionError::Slice(SliceError::Empty)))
+                    .map(|extent| (extent, None));
             }
         };
         let device_bytes = geometry.sectors.saturating_mul(blkdev::SECTOR_SIZE);
@@ -134,7 +136,7 @@ impl TableReader {
             let entries = self.read(queue, "entry array", at, blocks)?;
             let found = header.find(&entries, wanted).map_err(RegionError::Gpt)?;
             check_slice(found.extent, device_bytes, block_size).map_err(RegionError::Slice)?;
-            Ok(found.extent)
+            Ok((found.extent, Some(header.table_extent())))
         })();
         if let Err(RegionError::Read {
             why: ReadError::Timeout,

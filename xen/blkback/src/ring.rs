@@ -1,7 +1,7 @@
 //! The back end of a blkif shared ring: request copy-out, response write-out and the
 //! index/event arithmetic of Xen's `ring.h` macros (`RING_HAS_UNCONSUMED_REQUESTS`,
-//! `RING_REQUEST_PROD_OVERFLOW`, `RING_REQUEST_CONS_OVERFLOW`,
-//! `RING_PUSH_RESPONSES_AND_CHECK_NOTIFY`, `RING_FINAL_CHECK_FOR_REQUESTS`), for either
+//! `RING_REQUEST_PROD_OVERFLOW`, `RING_PUSH_RESPONSES_AND_CHECK_NOTIFY`,
+//! `RING_FINAL_CHECK_FOR_REQUESTS`), for either
 //! ABI: an x86_32 frontend's slots are 108 bytes, copied out and translated to the
 //! x86_64 layout the parser reads, and its responses are written in its own 12 bytes.
 
@@ -167,12 +167,6 @@ impl<M: RingMemory> BackRing<M> {
     pub fn prod_overflows(&self, req_prod: u32) -> bool {
         let produced = req_prod.wrapping_sub(self.rsp_prod_pvt);
         produced > self.slots || produced < self.outstanding()
-    }
-
-    /// `RING_REQUEST_CONS_OVERFLOW`: consuming another request would leave no slot for
-    /// its response.
-    pub fn cons_overflows(&self) -> bool {
-        self.req_cons.wrapping_sub(self.rsp_prod_pvt) >= self.slots
     }
 
     /// `RING_HAS_UNCONSUMED_REQUESTS` against a given producer index.

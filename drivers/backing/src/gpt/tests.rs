@@ -168,6 +168,8 @@ fn larger_entries_and_headers_are_read() {
     let mut t = three();
     t.entry_size = 256;
     t.header_size = 512;
+    // 32 KiB of entries from LBA 2.
+    t.first_usable = 66;
     let disk = t.image();
     assert_eq!(
         find_in(&disk, 512, Wanted::Number(4)).unwrap().first_lba,
@@ -406,10 +408,18 @@ fn every_header_field_is_checked() {
             Err(GptError::EntriesOverHeader { lba })
         );
     }
-    // 16 KiB of entries from LBA 8160 end at 8192: on the disk; one later, not.
+    // 16 KiB of entries from LBA 8160 end at 8192: on the disk (then refused for lying
+    // after the usable LBAs' start); one later, not on the disk.
     let mut t = three();
     t.entries_lba = 8160;
-    assert!(check(t.clone()).is_ok());
+    assert_eq!(
+        Header::parse(&t.header(0), 512, 8192 * 512),
+        Err(GptError::EntriesInUsable {
+            lba: 8160,
+            end: 8192,
+            first_usable: 34
+        })
+    );
     t.entries_lba = 8161;
     assert_eq!(
         Header::parse(&t.header(0), 512, 8192 * 512),
@@ -424,6 +434,66 @@ fn every_header_field_is_checked() {
         Header::parse(&t.header(0), 512, 8192 * 512),
         Err(GptError::EntriesBeyondDisk { .. })
     ));
+}
+
+#[test]
+fn the_table_lies_before_the_usable_lbas() {
+    // (first usable LBA, entry array LBA): the usable LBAs start at or before the
+    // array's end (so before the header too), or lie before an array moved after them.
+    // Partition 5 lies over the table: in the usable LBAs if those were all checked.
+    for (first_usable, lba) in [(0, 2), (1, 2), (2, 2), (33, 2), (2, 8000)] {
+        let mut t = three().with(5, 2, 40, "over the table");
+        (t.first_usable, t.entries_lba) = (first_usable, lba);
+        assert_eq!(
+            find_in(&t.image(), 512, Wanted::Number(5)),
+            Err(GptError::EntriesInUsable {
+                lba,
+                end: lba + 32,
+                first_usable
+            }),
+            "first usable {first_usable}, entries at {lba}"
+        );
+    }
+    // Right up to it is fine, and an array moved further in (sgdisk -j) too.
+    assert!(find_in(&three().image(), 512, Wanted::Number(1)).is_ok());
+    let mut t = three();
+    (t.first_usable, t.entries_lba) = (1056, 1024);
+    assert_eq!(
+        find_in(&t.image(), 512, Wanted::Number(1))
+            .unwrap()
+            .first_lba,
+        2048
+    );
+    assert!(GptError::EntriesInUsable {
+        lba: 2,
+        end: 34,
+        first_usable: 33
+    }
+    .to_string()
+    .contains("a partition could hold it"));
+}
+
+#[test]
+fn the_table_extent_is_the_header_and_the_entry_array() {
+    let disk = three().image();
+    let header = Header::parse(&disk[512..1024], 512, disk.len() as u64).unwrap();
+    assert_eq!(
+        header.table_extent(),
+        Extent::new(512, 512 + 16384).unwrap()
+    );
+    // Entries further in: the extent runs from the header to their end; a last block
+    // the array fills in part counts whole.
+    let mut t = Table::new(4096, 1024);
+    t.entries_lba = 3;
+    t.entry_count = 33;
+    t.first_usable = 6;
+    let disk = t.image();
+    let header = Header::parse(&disk[4096..8192], 4096, disk.len() as u64).unwrap();
+    assert_eq!(
+        header.table_extent(),
+        Extent::new(4096, 4 * 4096).unwrap(),
+        "LBAs 1..5"
+    );
 }
 
 #[test]

@@ -1,7 +1,6 @@
 //! Discards, carried out by a queue a bounded piece per poll.
 
 use core::ops::Range;
-use core::sync::atomic::Ordering;
 
 use super::stripes::{Stripe, STRIPE_BYTES};
 use super::RamDiskQueue;
@@ -51,7 +50,7 @@ impl RamDiskQueue {
                 Ok(())
             });
             if marked || !whole {
-                store.dirty.store(true, Ordering::Release);
+                store.note(at / STRIPE_BYTES);
             }
             discard.next += take;
             let cost = if whole && !secure { MARK_COST } else { take };

@@ -1,11 +1,19 @@
 //! The control path's care of a RAM disk's memory: freeing and spare stripes.
 
-use alloc::boxed::Box;
 use core::sync::atomic::Ordering;
-use spin::Once;
 
-use super::stripes::{stripe_memory, SPARE_STRIPES, STRIPE_BYTES};
+use super::discard::DISCARD_BYTES_PER_POLL;
+use super::stripes::{stripe_memory, StripeMemory, SPARE_STRIPES, STRIPE_BYTES};
 use super::RamDisk;
+
+/// Work one [`RamDisk::maintain`] does at most, in bytes zeroed or scanned (as a
+/// discard's poll): a guest that discards and rewrites stripes in a loop makes the
+/// control path's vCPU do this much per call, whatever the disk's size.
+const MAINTAIN_BUDGET: usize = DISCARD_BYTES_PER_POLL;
+/// What looking at a noted stripe costs of it (a lock, a few stores): as marking one.
+const VISIT_COST: usize = MAINTAIN_BUDGET / 256;
+/// What reading one word of the note bitmap (64 stripes) costs of it.
+const WORD_COST: usize = 64;
 
 /// What one [`RamDisk::maintain`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -14,6 +22,10 @@ pub struct Maintenance {
     pub freed: u64,
     /// Bytes allocated for the spare stripes (asked for by a write).
     pub allocated: u64,
+    /// Stripes looked at.
+    pub visited: u64,
+    /// Work is left for another call (the signal, if the disk has one, was set).
+    pub more: bool,
 }
 
 impl RamDisk {
@@ -22,28 +34,53 @@ impl RamDisk {
     /// them all zero) or lie beyond a shrunk end (up to `SPARE_STRIPES` of it kept spare
     /// for writes into such stripes), and when a write asked for memory, allocates spare
     /// stripes (fallibly; if none can be had, writes that need memory fail until some can).
+    ///
+    /// Only stripes a discard or a shrink noted are looked at, from where the last call
+    /// stopped, and no more than a bounded amount of work per call: with work left,
+    /// `more` is set (and the disk's signal, so whoever runs this comes back soon).
     pub fn maintain(&self) -> Maintenance {
         let store = &*self.store;
-        let _one = store.control.lock();
+        let mut cursor = store.control.lock();
         let mut done = Maintenance::default();
-        if store.dirty.swap(false, Ordering::AcqRel) {
-            let capacity = store.capacity_bytes().div_ceil(STRIPE_BYTES);
-            let chunks = store.chunks.iter().map_while(Once::get);
-            for (index, stripe) in chunks.flat_map(|chunk| chunk.iter()).enumerate() {
-                let mut stripe = stripe.lock();
-                if core::mem::take(&mut stripe.trimmed)
-                    && stripe.first_data(0..STRIPE_BYTES).is_none()
-                {
+        let mut budget = MAINTAIN_BUDGET;
+        let stripes = store.noted.len() * 64;
+        let capacity = store.capacity_bytes().div_ceil(STRIPE_BYTES);
+        while budget > 0 && stripes > 0 && store.noted_count.load(Ordering::Acquire) > 0 {
+            let at = *cursor % stripes;
+            let word = store.noted[at / 64].load(Ordering::Acquire) & (!0u64 << (at % 64));
+            if word == 0 {
+                *cursor = (at / 64 + 1) * 64 % stripes;
+                budget = budget.saturating_sub(WORD_COST);
+                continue;
+            }
+            let index = at - at % 64 + word.trailing_zeros() as usize;
+            *cursor = (index + 1) % stripes;
+            if !store.take_note(index) {
+                continue;
+            }
+            let Some(stripe) = store.stripe(index) else {
+                continue;
+            };
+            done.visited += 1;
+            let mut cost = VISIT_COST;
+            let mut stripe = stripe.lock();
+            if core::mem::take(&mut stripe.trimmed) {
+                cost += STRIPE_BYTES;
+                if stripe.first_data(0..STRIPE_BYTES).is_none() {
                     stripe.zero = true;
                 }
-                if stripe.memory.is_some() && (stripe.zero || index >= capacity) {
-                    if let Some(memory) = stripe.memory.take() {
-                        stripe.zero = false;
-                        drop(stripe);
-                        done.freed += store.give_back(memory);
-                    }
+            }
+            if stripe.memory.is_some() && (stripe.zero || index >= capacity) {
+                if let Some(memory) = stripe.memory.take() {
+                    stripe.zero = false;
+                    drop(stripe);
+                    let freed = store.give_back(memory);
+                    // Zeroed on its way to the heap.
+                    cost += freed as usize;
+                    done.freed += freed;
                 }
             }
+            budget = budget.saturating_sub(cost);
         }
         if store.wants_memory.load(Ordering::Acquire) {
             // Allocated without the spare lock held (writers take it).
@@ -51,7 +88,7 @@ impl RamDisk {
                 let spare = store.spare.lock();
                 spare.capacity() - spare.len()
             };
-            let mut fresh: [Option<Box<[u8]>>; SPARE_STRIPES] = Default::default();
+            let mut fresh: [Option<StripeMemory>; SPARE_STRIPES] = Default::default();
             for slot in fresh.iter_mut().take(room) {
                 *slot = stripe_memory();
                 if slot.is_none() {
@@ -72,6 +109,12 @@ impl RamDisk {
                 .store(spare.is_empty(), Ordering::Release);
             store.wants_memory.store(false, Ordering::Release);
         }
+        done.more = store.noted_count.load(Ordering::Acquire) > 0;
+        if done.more {
+            if let Some(signal) = store.signal {
+                signal.store(true, Ordering::Release);
+            }
+        }
         done
     }
 }
@@ -79,7 +122,7 @@ impl RamDisk {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ram::tests::{collect, discard_now, write_page, STRIPE_SECTORS};
+    use crate::ram::tests::{collect, discard_now, maintain_all, write_page, STRIPE_SECTORS};
     use crate::{IoStatus, SubmitError};
     use core::sync::atomic::AtomicBool;
 
@@ -102,7 +145,7 @@ mod tests {
         assert!(bytes[zero_to..].iter().all(|&b| b == 0x77));
         // Nothing is freed on the I/O path.
         assert_eq!(disk.resident_bytes(), full);
-        let done = disk.maintain();
+        let done = maintain_all(&disk);
         // 40 stripes: 16 kept spare, 24 back to the heap.
         assert_eq!(done.freed, 24 * STRIPE_BYTES as u64);
         assert_eq!(disk.freed_bytes(), done.freed);
@@ -124,7 +167,7 @@ mod tests {
             50 * STRIPE_SECTORS + STRIPE_SECTORS / 2,
             STRIPE_SECTORS / 2,
         );
-        assert_eq!(disk.maintain().freed, STRIPE_BYTES as u64);
+        assert_eq!(maintain_all(&disk).freed, STRIPE_BYTES as u64);
     }
 
     #[test]
@@ -135,7 +178,9 @@ mod tests {
             RamDisk::try_new(RamDisk::plain(stripes * STRIPE_SECTORS), 0, Some(&SIGNAL)).unwrap();
         let mut queue = disk.queue(32);
         discard_now(&mut queue, 0, stripes * STRIPE_SECTORS);
-        disk.maintain();
+        maintain_all(&disk);
+        // Set while maintenance had work left.
+        SIGNAL.store(false, Ordering::Release);
         assert_eq!(
             disk.resident_bytes(),
             (SPARE_STRIPES * STRIPE_BYTES) as u64,
@@ -169,6 +214,75 @@ mod tests {
         disk.read_at(SPARE_STRIPES * STRIPE_BYTES, &mut stripe);
         assert!(stripe[4096..8192].iter().all(|&b| b == 0x44));
         assert!(stripe[8192..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn maintenance_looks_only_at_stripes_a_discard_touched() {
+        // A large disk, one sector discarded: one stripe to look at, not the disk.
+        let stripes = 1024;
+        let disk = RamDisk::new(stripes * STRIPE_SECTORS);
+        disk.write_at(0, &vec![0x66; stripes as usize * STRIPE_BYTES]);
+        let mut queue = disk.queue(8);
+        discard_now(&mut queue, 700 * STRIPE_SECTORS + 3, 1);
+        let done = disk.maintain();
+        assert_eq!((done.visited, done.freed, done.more), (1, 0, false));
+        assert_eq!(disk.maintain(), Maintenance::default(), "nothing left");
+        // Once its other sectors are gone too, the stripe is all zero: freed (spare).
+        discard_now(&mut queue, 700 * STRIPE_SECTORS, 3);
+        discard_now(&mut queue, 700 * STRIPE_SECTORS + 4, STRIPE_SECTORS - 4);
+        let done = disk.maintain();
+        assert_eq!((done.visited, done.more), (1, false));
+        let mut stripe = vec![0xff; STRIPE_BYTES];
+        disk.read_at(700 * STRIPE_BYTES, &mut stripe);
+        assert!(stripe.iter().all(|&b| b == 0));
+        disk.read_at(699 * STRIPE_BYTES, &mut stripe);
+        assert!(stripe.iter().all(|&b| b == 0x66));
+    }
+
+    #[test]
+    fn maintenance_is_a_bounded_piece_per_call_and_resumes() {
+        static SIGNAL: AtomicBool = AtomicBool::new(false);
+        let stripes = 256u64;
+        let disk =
+            RamDisk::try_new(RamDisk::plain(stripes * STRIPE_SECTORS), 0, Some(&SIGNAL)).unwrap();
+        disk.write_at(0, &vec![0x66; stripes as usize * STRIPE_BYTES]);
+        let mut queue = disk.queue(8);
+        // The second half of every stripe discarded: each must be scanned (64 KiB),
+        // and each still holds data.
+        let half = STRIPE_SECTORS / 2;
+        for n in 0..stripes {
+            discard_now(&mut queue, n * STRIPE_SECTORS + half, half);
+        }
+        // 1 MiB of scanning per call: 16 stripes at most.
+        let done = disk.maintain();
+        assert_eq!((done.visited, done.freed, done.more), (16, 0, true));
+        assert!(SIGNAL.swap(false, Ordering::AcqRel), "asks to be run again");
+        // The first half of stripe 3, behind where the last call stopped: the stripe is
+        // all zero now, and found when maintenance comes round again.
+        discard_now(&mut queue, 3 * STRIPE_SECTORS, half);
+        let mut calls = 1;
+        let mut visited = done.visited;
+        loop {
+            let done = disk.maintain();
+            calls += 1;
+            assert!(done.visited <= 16, "{} stripes in one call", done.visited);
+            visited += done.visited;
+            if !done.more {
+                break;
+            }
+        }
+        assert_eq!(calls, 17, "257 visits, 16 a call");
+        assert_eq!(visited, stripes + 1, "each once, stripe 3 twice");
+        assert_eq!(
+            disk.resident_bytes(),
+            (stripes as usize * STRIPE_BYTES) as u64
+        );
+        let mut stripe = vec![0xff; STRIPE_BYTES];
+        disk.read_at(3 * STRIPE_BYTES, &mut stripe);
+        assert!(stripe.iter().all(|&b| b == 0));
+        disk.read_at(4 * STRIPE_BYTES, &mut stripe);
+        assert!(stripe[..STRIPE_BYTES / 2].iter().all(|&b| b == 0x66));
+        assert_eq!(disk.maintain(), Maintenance::default(), "nothing left");
     }
 
     /// The second page of stripe `stripe`.

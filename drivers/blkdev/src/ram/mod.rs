@@ -11,7 +11,10 @@
 //! is made or grows. A discard gives memory back as Linux's brd does: a stripe it covers
 //! whole is marked zero at once (it reads back as zeroes from then on), the partial ends
 //! are zeroed in place; the control path's [`RamDisk::maintain`] then frees the memory of
-//! zero stripes (and of stripes a partial discard left all zero). The I/O path never
+//! zero stripes (and of stripes a partial discard left all zero), looking only at the
+//! stripes discards noted, a bounded piece per call. Memory goes back to the heap zeroed
+//! (a freed stripe's, or a dropped disk's): the heap's next user never sees a guest's
+//! data. The I/O path never
 //! allocates or frees: a write into a stripe whose memory went back takes a stripe from
 //! the disk's spare ones (refilled by `maintain`, from freed stripes or, when asked, from
 //! the heap); with none spare the write waits (`QueueFull`: the engine retries it) and the
@@ -29,7 +32,7 @@ mod tests;
 use alloc::collections::VecDeque;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use spin::{Mutex, MutexGuard, Once};
 
 use crate::{
@@ -97,7 +100,7 @@ impl RamDisk {
 
     /// A zero-filled disk of `geometry`, all of it backed by memory now (allocated
     /// fallibly), able to grow to `max_sectors`; `signal` is set when a write asks for
-    /// memory (see [`RamDisk::maintain`]).
+    /// memory or maintenance has work left (see [`RamDisk::maintain`]).
     pub fn try_new(
         geometry: Geometry,
         max_sectors: u64,
@@ -118,6 +121,11 @@ impl RamDisk {
         spare
             .try_reserve_exact(SPARE_STRIPES)
             .map_err(|_| out_of_memory)?;
+        let mut noted = Vec::new();
+        noted
+            .try_reserve_exact(max_stripes.div_ceil(64))
+            .map_err(|_| out_of_memory)?;
+        noted.resize_with(max_stripes.div_ceil(64), AtomicU64::default);
         let disk = RamDisk {
             store: Arc::new(Store {
                 geometry,
@@ -127,11 +135,12 @@ impl RamDisk {
                 resident: AtomicU64::new(0),
                 freed: AtomicU64::new(0),
                 spare: Mutex::new(spare),
-                dirty: AtomicBool::new(false),
+                noted: noted.into_boxed_slice(),
+                noted_count: AtomicUsize::new(0),
                 wants_memory: AtomicBool::new(false),
                 out_of_memory: AtomicBool::new(false),
                 signal,
-                control: Mutex::new(()),
+                control: Mutex::new(0),
             }),
         };
         if geometry.sectors > 0 {

@@ -78,7 +78,10 @@ impl RamDisk {
                 self.store.sectors.store(old, Ordering::Release);
                 return Err(refusal);
             }
-            self.store.dirty.store(true, Ordering::Release);
+            // Memory beyond the new end goes back at the next maintenance.
+            for index in Self::stripes_between(sectors, old) {
+                self.store.note(index);
+            }
         }
         Ok(())
     }
@@ -171,7 +174,7 @@ impl RamDisk {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ram::tests::{collect, discard_now, write_page, STRIPE_SECTORS};
+    use crate::ram::tests::{collect, discard_now, maintain_all, write_page, STRIPE_SECTORS};
     use crate::{BlockDevice, IoStatus, SubmitError};
 
     #[test]
@@ -189,7 +192,7 @@ mod tests {
         // Bytes beyond the end, still backed (a write racing the shrink could leave them)
         // must not show when the disk grows again.
         disk.write_at((end * 512) as usize + 4096, &[0x99; 4096]);
-        disk.maintain();
+        maintain_all(&disk);
         disk.write_at((end * 512) as usize + 4096, &[0x99; 4096]);
         assert_eq!(disk.memory_to_grow(end), 0);
         // Stripe 8 holds the stale page, 291 more need memory, and a table chunk.
@@ -244,7 +247,7 @@ mod tests {
         discard_now(&mut queue, data, 8);
         disk.resize(16 * STRIPE_SECTORS).unwrap();
         assert_eq!(disk.resident_bytes(), 64 * STRIPE_BYTES as u64);
-        let done = disk.maintain();
+        let done = maintain_all(&disk);
         // 48 stripes beyond the end: 16 kept spare, 32 freed.
         assert_eq!(done.freed, 32 * STRIPE_BYTES as u64);
         assert_eq!(disk.resident_bytes(), 32 * STRIPE_BYTES as u64);

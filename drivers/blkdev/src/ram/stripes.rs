@@ -2,8 +2,8 @@
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
-use core::ops::Range;
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use core::ops::{Deref, DerefMut, Range};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use spin::{Mutex, Once};
 
 use crate::{Geometry, SECTOR_SIZE};
@@ -19,10 +19,35 @@ pub(super) const CHUNK_STRIPES: usize = 256;
 /// Stripes a disk keeps ready for writes into stripes whose memory went back (1 MiB).
 pub const SPARE_STRIPES: usize = 16;
 
+/// One stripe's memory. Zeroed when it goes back to the heap (dropped): whatever the heap
+/// hands it to next (another disk, a bounce page a short device read leaves unwritten)
+/// must never see this guest's data.
+#[derive(Debug)]
+pub(super) struct StripeMemory(Box<[u8]>);
+
+impl Drop for StripeMemory {
+    fn drop(&mut self) {
+        self.0.fill(0);
+    }
+}
+
+impl Deref for StripeMemory {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl DerefMut for StripeMemory {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
 /// One stripe: its memory, unless a discard gave it back.
 #[derive(Debug, Default)]
 pub(super) struct Stripe {
-    pub(super) memory: Option<Box<[u8]>>,
+    pub(super) memory: Option<StripeMemory>,
     /// The stripe reads as zeroes whatever its memory holds (a discard covered it whole).
     pub(super) zero: bool,
     /// A discard zeroed part of it: `maintain` looks whether all of it is zero now.
@@ -45,12 +70,13 @@ impl core::ops::Deref for LockedStripe {
 /// One chunk of the stripe table: `CHUNK_STRIPES` stripes.
 pub(super) type Chunk = Box<[LockedStripe]>;
 
-/// `STRIPE_BYTES` of zeroed memory, or `None` (the heap is short).
-pub(super) fn stripe_memory() -> Option<Box<[u8]>> {
+/// `STRIPE_BYTES` of zeroed memory (the heap may hand back anything), or `None` (the
+/// heap is short).
+pub(super) fn stripe_memory() -> Option<StripeMemory> {
     let mut memory = Vec::new();
     memory.try_reserve_exact(STRIPE_BYTES).ok()?;
     memory.resize(STRIPE_BYTES, 0);
-    Some(memory.into_boxed_slice())
+    Some(StripeMemory(memory.into_boxed_slice()))
 }
 
 /// A chunk of the stripe table (stripes without memory yet), or `None`.
@@ -140,9 +166,13 @@ pub(super) struct Store {
     pub(super) freed: AtomicU64,
     /// Memory freed from stripes, kept for writes into stripes without memory (room for
     /// `SPARE_STRIPES` reserved when the disk is made: pushing never allocates).
-    pub(super) spare: Mutex<Vec<Box<[u8]>>>,
-    /// A discard marked or trimmed stripes, or the disk shrank: `maintain` has work.
-    pub(super) dirty: AtomicBool,
+    pub(super) spare: Mutex<Vec<StripeMemory>>,
+    /// One bit per stripe `maintain` is to look at (a discard marked or trimmed it, or
+    /// it lies beyond a shrunk end), for every stripe the disk can grow to: set by the
+    /// I/O path without a lock or an allocation, and `maintain` visits only these.
+    pub(super) noted: Box<[AtomicU64]>,
+    /// Bits set in `noted` (at least: counted before a bit is set).
+    pub(super) noted_count: AtomicUsize,
     /// A write found no spare stripe: `maintain` should allocate some.
     pub(super) wants_memory: AtomicBool,
     /// The last allocation for the spare stripes failed: writes that need memory fail
@@ -150,8 +180,9 @@ pub(super) struct Store {
     pub(super) out_of_memory: AtomicBool,
     /// Set with `wants_memory`, for whoever runs `maintain` (shared by several disks).
     pub(super) signal: Option<&'static AtomicBool>,
-    /// Resizing and maintenance, one at a time (the control path's own work).
-    pub(super) control: Mutex<()>,
+    /// Resizing and maintenance, one at a time (the control path's own work); holds the
+    /// stripe `maintain` goes on from.
+    pub(super) control: Mutex<usize>,
 }
 
 impl Store {
@@ -164,7 +195,37 @@ impl Store {
         (self.sectors.load(Ordering::Acquire) * SECTOR_SIZE) as usize
     }
 
-    fn take_spare(&self) -> Option<Box<[u8]>> {
+    /// Stripe `index` has work for `maintain`.
+    pub(super) fn note(&self, index: usize) {
+        let (word, bit) = (index / 64, 1u64 << (index % 64));
+        let Some(word) = self.noted.get(word) else {
+            return;
+        };
+        if word.load(Ordering::Acquire) & bit != 0 {
+            return;
+        }
+        // Counted first, so `maintain` (which clears the bit, then counts down) never
+        // counts below zero.
+        self.noted_count.fetch_add(1, Ordering::AcqRel);
+        if word.fetch_or(bit, Ordering::AcqRel) & bit != 0 {
+            self.noted_count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Clears stripe `index`'s note; true if it was set.
+    pub(super) fn take_note(&self, index: usize) -> bool {
+        let (word, bit) = (index / 64, 1u64 << (index % 64));
+        let taken = self
+            .noted
+            .get(word)
+            .is_some_and(|word| word.fetch_and(!bit, Ordering::AcqRel) & bit != 0);
+        if taken {
+            self.noted_count.fetch_sub(1, Ordering::AcqRel);
+        }
+        taken
+    }
+
+    fn take_spare(&self) -> Option<StripeMemory> {
         let taken = self.spare.lock().pop();
         if taken.is_none() && !self.wants_memory.swap(true, Ordering::AcqRel) {
             if let Some(signal) = self.signal {
@@ -175,13 +236,14 @@ impl Store {
     }
 
     /// Memory of a stripe that no longer needs it: spare, or back to the heap.
-    pub(super) fn give_back(&self, memory: Box<[u8]>) -> u64 {
+    pub(super) fn give_back(&self, memory: StripeMemory) -> u64 {
         let mut spare = self.spare.lock();
         if spare.len() < spare.capacity() {
             spare.push(memory);
             return 0;
         }
         drop(spare);
+        // Zeroed as it goes (`StripeMemory`'s drop).
         drop(memory);
         self.resident
             .fetch_sub(STRIPE_BYTES as u64, Ordering::Relaxed);

@@ -1,7 +1,117 @@
 use super::*;
 use crate::DmaSegment;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+
+/// What the tests' allocator fills a stripe-sized block with when it hands one out: the
+/// heap may give back anything, another disk's data included.
+const POISON: u8 = 0xA5;
+
+thread_local! {
+    /// Stripe-sized blocks this thread gave back to the heap holding a byte that is not
+    /// zero (data the heap's next user could see).
+    static DIRTY_FREES: Cell<usize> = const { Cell::new(0) };
+}
+
+fn dirty_frees() -> usize {
+    DIRTY_FREES.with(Cell::get)
+}
+
+/// The allocator of this crate's tests: the system's, but stripe-sized blocks come
+/// poisoned and are looked at when they go back.
+struct Inspecting;
+
+#[global_allocator]
+static ALLOCATOR: Inspecting = Inspecting;
+
+#[allow(unsafe_code, reason = "a test allocator that watches stripe memory")]
+mod inspecting {
+    use super::{Inspecting, DIRTY_FREES, POISON, STRIPE_BYTES};
+    use std::alloc::{GlobalAlloc, Layout, System};
+
+    // SAFETY: every block comes from and goes back to `System` with the caller's layout;
+    // the bytes written and read lie inside the block (its size is the layout's), and a
+    // stripe-sized block is written whole when it is handed out, so every byte read when
+    // it goes back was written.
+    unsafe impl GlobalAlloc for Inspecting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: the caller's layout, handed on.
+            let block = unsafe { System.alloc(layout) };
+            if !block.is_null() && layout.size() == STRIPE_BYTES {
+                // SAFETY: the block is `STRIPE_BYTES` long.
+                unsafe { block.write_bytes(POISON, STRIPE_BYTES) };
+            }
+            block
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: the caller's layout, handed on.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+
+        unsafe fn realloc(&self, block: *mut u8, layout: Layout, size: usize) -> *mut u8 {
+            // SAFETY: the caller's block, layout and size, handed on.
+            let moved = unsafe { System.realloc(block, layout, size) };
+            if !moved.is_null() && size == STRIPE_BYTES && layout.size() < size {
+                // SAFETY: the bytes past the old size, inside the new block.
+                unsafe {
+                    moved
+                        .add(layout.size())
+                        .write_bytes(POISON, size - layout.size())
+                };
+            }
+            moved
+        }
+
+        unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
+            if layout.size() == STRIPE_BYTES {
+                // SAFETY: the caller's block, all of it written (see the impl).
+                let bytes = unsafe { std::slice::from_raw_parts(block, STRIPE_BYTES) };
+                if bytes.iter().any(|&b| b != 0) {
+                    let _ = DIRTY_FREES.try_with(|dirty| dirty.set(dirty.get() + 1));
+                }
+            }
+            // SAFETY: the caller's block and layout, handed on.
+            unsafe { System.dealloc(block, layout) }
+        }
+    }
+}
+
+#[test]
+fn memory_a_disk_lets_go_holds_none_of_its_data() {
+    let stripes = 48;
+    let disk = RamDisk::try_new(RamDisk::plain(stripes * STRIPE_SECTORS), 0, None).unwrap();
+    let full = stripes as usize * STRIPE_BYTES;
+    let mut bytes = vec![0xff; full];
+    disk.read_at(0, &mut bytes);
+    assert!(
+        bytes.iter().all(|&b| b == 0),
+        "poisoned memory zeroed first"
+    );
+    disk.write_at(0, &vec![0x5A; full]);
+    let mut queue = disk.queue(8);
+    discard_now(&mut queue, 0, 40 * STRIPE_SECTORS);
+    let before = dirty_frees();
+    // 40 stripes emptied: 16 kept spare (still holding the data), 24 to the heap.
+    assert_eq!(maintain_all(&disk).freed, 24 * STRIPE_BYTES as u64);
+    assert_eq!(dirty_frees(), before, "freed stripes were zeroed");
+    // A write into an empty stripe once the spare ones are used takes fresh memory from
+    // the allocator (poisoned here): the rest of that stripe reads zero.
+    for n in 0..=SPARE_STRIPES as u64 {
+        while write_page(&mut queue, 1, n * STRIPE_SECTORS, 0x11) == Err(SubmitError::QueueFull) {
+            disk.maintain();
+        }
+        collect(&mut queue);
+    }
+    let mut stripe = vec![0xff; STRIPE_BYTES];
+    disk.read_at(SPARE_STRIPES * STRIPE_BYTES, &mut stripe);
+    assert!(stripe[..4096].iter().all(|&b| b == 0x11));
+    assert!(stripe[4096..].iter().all(|&b| b == 0));
+    // The disk's last handles go: its stripes (8 hold data) and spare memory too.
+    drop(queue);
+    drop(disk);
+    assert_eq!(dirty_frees(), before, "a dropped disk's memory was zeroed");
+}
 
 /// Pages named by number, for buffer access in tests.
 #[derive(Default)]
@@ -231,6 +341,21 @@ pub(super) fn discard_now(queue: &mut RamDiskQueue, sector: u64, nr_sectors: u64
     };
     queue.submit(&discard, &Pages::default()).unwrap();
     while collect(queue).is_empty() {}
+}
+
+/// Runs `maintain` until it has no work left; what the calls did together.
+pub(super) fn maintain_all(disk: &RamDisk) -> Maintenance {
+    let mut all = Maintenance::default();
+    for _ in 0..100_000 {
+        let done = disk.maintain();
+        all.freed += done.freed;
+        all.allocated += done.allocated;
+        all.visited += done.visited;
+        if !done.more {
+            return all;
+        }
+    }
+    panic!("maintenance never finished");
 }
 
 pub(super) const STRIPE_SECTORS: u64 = (STRIPE_BYTES / 512) as u64;

@@ -48,10 +48,13 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         }
         let (mut consumed, mut segments) = (0, 0);
         let mut raw = [0u8; REQUEST_SIZE];
+        // No RING_REQUEST_CONS_OVERFLOW check (Linux has one): it cannot fire after the
+        // check above. That keeps `req_prod` within a ring of the responses, the loop
+        // stops at this same `req_prod`, and a response moves both ends alike: the
+        // requests outstanding never pass a ring.
         while consumed < budget
             && segments < SEGMENTS_PER_POLL
             && self.ring.req_cons() != req_prod
-            && !self.ring.cons_overflows()
             && self.submission.deferred.is_empty()
         {
             self.ring.take_request_into(&mut raw);

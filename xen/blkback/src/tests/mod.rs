@@ -2,6 +2,7 @@
 //! threaded fake blkfront against a reference disk.
 
 mod budget;
+mod counting;
 mod device_faults;
 mod errors;
 mod fake_frontend;

@@ -292,7 +292,9 @@ fn producer_index_moving_backwards_halts_the_ring() {
 #[test]
 fn consumer_never_runs_more_than_a_ring_ahead_of_responses() {
     // The device holds every completion: the backend may consume 32 requests, then must
-    // stop (RING_REQUEST_CONS_OVERFLOW) even though the frontend claims more.
+    // stop even though the frontend claims more. The producer check does it (a frontend
+    // claiming more than a ring ahead of the responses halts the ring): the consumer
+    // stops at the producer index it checked, so it cannot run further ahead.
     let disk = RamDisk::new(DISK_SECTORS);
     let device = ShufflingDevice::new(disk.queue(64), 1, 100);
     device.hold.store(true, Ordering::SeqCst);
@@ -311,6 +313,8 @@ fn consumer_never_runs_more_than_a_ring_ahead_of_responses() {
     rig.front.set_req_prod(33);
     assert_eq!(rig.engine.poll(100).consumed, 0);
     assert_eq!(rig.engine.state(), EngineState::Halted);
+    assert_eq!(rig.engine.in_flight(), 32);
+    assert_eq!(rig.engine.stats().ring_overflows, 1);
     hold.store(false, Ordering::SeqCst);
     rig.engine.poll(100);
     assert_eq!(
@@ -430,9 +434,36 @@ fn bad_first_or_last_sect_answers_error_and_unmaps_indirect_pages() {
     assert_eq!(wide.engine.stats().bad_requests, 1);
 }
 
+/// A device queue that counts the requests it is given.
+struct CountingDevice {
+    queue: blkdev::RamDiskQueue,
+    submitted: Arc<AtomicUsize>,
+}
+
+impl BlockDevice for CountingDevice {
+    blkdev::forward_to!(queue: geometry, queue_depth, poll_completions);
+
+    fn submit(
+        &mut self,
+        request: &IoRequest<'_>,
+        buffers: &dyn BufferAccess,
+    ) -> Result<(), SubmitError> {
+        self.submitted.fetch_add(1, Ordering::SeqCst);
+        self.queue.submit(request, buffers)
+    }
+}
+
 #[test]
 fn out_of_range_and_overflowing_sectors_answer_error() {
-    let (mut rig, _) = Rig::ram(0, true);
+    // The engine refuses them itself: the device (whose own check would refuse them
+    // too) never sees one, and nothing is mapped for them.
+    let disk = RamDisk::new(DISK_SECTORS);
+    let submitted = Arc::new(AtomicUsize::new(0));
+    let device = CountingDevice {
+        queue: disk.queue(64),
+        submitted: submitted.clone(),
+    };
+    let mut rig = Rig::new(EngineConfig::new(0, true), device);
     let (_, gref) = rig.data_page(0);
     rig.send(&encode_direct(
         abi::OP_READ,
@@ -468,6 +499,13 @@ fn out_of_range_and_overflowing_sectors_answer_error() {
             err(5, abi::OP_DISCARD, RSP_ERROR),
         ]
     );
+    let stats = rig.engine.stats();
+    assert_eq!(
+        (stats.bad_requests, stats.device_errors, stats.map_batches),
+        (4, 0, 1),
+        "refused by the engine; only the valid read mapped"
+    );
+    assert_eq!(submitted.load(Ordering::SeqCst), 1, "the valid read alone");
 }
 
 #[test]
@@ -938,23 +976,32 @@ fn ring_memory_is_checked_before_it_is_taken() {
         needed > 4 << 20,
         "order 4 with 512 segments needs {needed} bytes"
     );
+    let disk = RamDisk::new(DISK_SECTORS);
     let build = |budget: usize| {
         let memory = GuestMemory::new(16);
         let table = GrantTable::new(memory.clone());
-        let disk = RamDisk::new(DISK_SECTORS);
-        Engine::new_within(
+        let (ring, grants, queue, events) = (
             RingView::new(memory, (0..16).collect()),
             XenGrants(table),
             disk.queue(512),
             CountingEvents::default(),
-            config,
-            budget,
-        )
-        .map_err(|refused| refused.error)
+        );
+        // What the engine itself allocates, from here (its inputs are made).
+        let before = super::counting::held();
+        super::counting::reset_peak();
+        let built = Engine::new_within(ring, grants, queue, events, config, budget)
+            .map_err(|refused| refused.error);
+        let taken = (super::counting::peak() - before) as usize;
+        let held = (super::counting::held() - before) as usize;
+        (built, taken, held)
     };
-    let Err(error) = build(needed - 1) else {
+    let (Err(error), taken, _) = build(needed - 1) else {
         panic!("an engine beyond its budget was built")
     };
+    assert!(
+        taken < 4096,
+        "refused before taking its memory ({taken} bytes)"
+    );
     assert_eq!(error, EngineError::OutOfMemory { slots: 512, needed });
     assert_eq!(
         error.to_string(),
@@ -963,8 +1010,16 @@ fn ring_memory_is_checked_before_it_is_taken() {
             needed.div_ceil(1024)
         )
     );
-    let engine = build(needed).expect("fits its budget");
+    let (engine, taken, held) = build(needed);
+    let engine = engine.expect("fits its budget");
     assert_eq!(engine.cache_capacity(), 512 * (512 + 1));
+    // What it says it needs is what it takes, at its peak too: the budget check above
+    // holds for the memory really allocated.
+    assert_eq!(
+        (taken, held),
+        (needed, needed),
+        "bytes taken at the peak and held, against the bytes said"
+    );
 }
 
 /// A device queue lent to an engine (by the kernel, from its disk's pool), marked so the
