@@ -283,8 +283,9 @@ fn start_cpus(hypervisor: &Hypervisor, firmware: &firmware::Firmware) {
 /// Our domain id and name, as xenstore has them.
 fn log_identity() {
     let identity = xen_domain::store::with(|xs| {
+        use xen::xenbus::keys::{DOMID, NAME};
         let tx = xen::xenstore::Transaction::NONE;
-        (xs.read_string(tx, "domid"), xs.read_string(tx, "name"))
+        (xs.read_string(tx, DOMID), xs.read_string(tx, NAME))
     });
     match identity {
         Some((Ok(domid), Ok(name))) => info!("xen: this is domain {domid}, named \"{name}\""),

@@ -369,15 +369,16 @@ fn xen_event_channel_loopback() -> TestResult {
 /// Xen only: a key written to our xenstore home reads back, and a watch on it fires
 /// (once when registered, as xenstored always does, and again on our own write).
 fn xen_xenstore_write_read_watch() -> TestResult {
+    use testhooks::keys::SELFTEST;
     use xen::xenstore::Transaction;
     let result = crate::xen_domain::store::with(|xs| {
         let tx = Transaction::NONE;
-        xs.watch("data/blkdom-selftest", "selftest")?;
+        xs.watch(SELFTEST, "selftest")?;
         let initial = xs.wait_watch_event()?;
-        xs.write(tx, "data/blkdom-selftest", b"written-by-blkdom")?;
-        let value = xs.read_string(tx, "data/blkdom-selftest")?;
+        xs.write(tx, SELFTEST, b"written-by-blkdom")?;
+        let value = xs.read_string(tx, SELFTEST)?;
         let fired = xs.wait_watch_event()?;
-        xs.unwatch("data/blkdom-selftest", "selftest")?;
+        xs.unwatch(SELFTEST, "selftest")?;
         Ok::<_, xen::xenstore::XsError>((initial, value, fired))
     });
     let Some(result) = result else {
@@ -396,7 +397,7 @@ fn xen_xenstore_write_read_watch() -> TestResult {
         fired.token
     );
     check!(
-        fired.path.ends_with("data/blkdom-selftest"),
+        fired.path.ends_with(SELFTEST),
         "watch fired for {:?}",
         fired.path
     );
@@ -406,23 +407,24 @@ fn xen_xenstore_write_read_watch() -> TestResult {
 /// Xen only, with the rig: after reading the key of the xenstore test, dom0 writes
 /// `data/blkdom-ack = seen`; our watch must deliver that (a dom0 write seen by a watch).
 fn xen_watch_sees_dom0_write() -> TestResult {
+    use testhooks::keys::ACK;
     use xen::xenstore::Transaction;
     let seen = crate::xen_domain::store::with(|xs| {
-        xs.watch("data/blkdom-ack", "ack")?;
+        xs.watch(ACK, "ack")?;
         // Each wait is bounded by the client's timeout; about two minutes in all.
         let mut seen = false;
         for _ in 0..12 {
             let event = xs.wait_watch_event();
             if event.is_ok()
                 && xs
-                    .read_string(Transaction::NONE, "data/blkdom-ack")
+                    .read_string(Transaction::NONE, ACK)
                     .is_ok_and(|v| v.trim() == "seen")
             {
                 seen = true;
                 break;
             }
         }
-        xs.unwatch("data/blkdom-ack", "ack")?;
+        xs.unwatch(ACK, "ack")?;
         Ok::<_, xen::xenstore::XsError>(seen)
     });
     check!(

@@ -14,11 +14,15 @@ use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use blkback::budget::GrantBudget;
+use blkback::keys::{PARAMS, POLLERS, REPORT, STATS, VBD_DIRECTORY};
 use blkback::negotiate::{BlkifBackend, StepOutcome};
 use bootconfig::Config;
 use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
 use xen::xenbus::error::{self as xenbus_error, Errno};
+use xen::xenbus::keys::{
+    numbered, pci_backend_directory, DOMID, ERROR, HOTPLUG_ERROR, HOTPLUG_STATUS, NUM_DEVS, VDEVFN,
+};
 use xen::xenbus::retry::{earliest, RetrySchedule, RETRY_NS};
 use xen::xenbus::watch::{WatchRouter, WatchWork};
 use xen::xenbus::{XenStore, NO_TRANSACTION};
@@ -28,18 +32,11 @@ use crate::devices::open::PciBus;
 use crate::devices::stopwatch;
 use crate::xen_domain;
 
-/// The device directory, relative to our home, and the token of its watch.
-const VBD_DIRECTORY: &str = "backend/vbd";
+/// The token of the watch on the device directory (`VBD_DIRECTORY`, under our home).
 const VBD_WATCH_TOKEN: &str = "vbd";
 /// How often the control path publishes statistics to xenstore.
 const STATS_PERIOD_NS: u64 = 5_000_000_000;
-/// The node statistics go to, under each backend path (its own writes are not news).
-const STATS_NODE: &str = "blkdom-stats";
-/// Each poller's loops, busy loops and sleeps, under our own domain's `data/`.
-const POLLERS_NODE: &str = "data/blkdom-pollers";
-/// Writing anything non-empty here (`xenstore-write /local/domain/<id>/data/blkdom-report
-/// 1` in dom0) prints the statistics on blkdom's console.
-const REPORT_NODE: &str = "data/blkdom-report";
+/// The token of the watch on `REPORT`.
 const REPORT_TOKEN: &str = "report";
 
 /// The control path: discovery, negotiation, statistics.
@@ -68,7 +65,7 @@ impl Control {
         let xen = xen_domain::get()?;
         let store_port = xen::domain::store_params(&xen.hv).ok().map(|p| p.evtchn);
         let domid =
-            xen_domain::store::with(|xs| xs.read_u64(Transaction::NONE, "domid"))?.ok()? as u32;
+            xen_domain::store::with(|xs| xs.read_u64(Transaction::NONE, DOMID))?.ok()? as u32;
         let watched = xen_domain::store::with(|xs| xs.watch(VBD_DIRECTORY, VBD_WATCH_TOKEN))?;
         if let Err(e) = watched {
             log::error!("blkback: cannot watch backend/vbd: {e:?}");
@@ -77,11 +74,11 @@ impl Control {
         // Under data/, which the toolstack lets a domain write (control/ only has the
         // nodes libxl made); created empty, and an operator's write fires the watch.
         let reportable = xen_domain::store::with(|xs| {
-            xs.write(Transaction::NONE, REPORT_NODE, b"")?;
-            xs.watch(REPORT_NODE, REPORT_TOKEN)
+            xs.write(Transaction::NONE, REPORT, b"")?;
+            xs.watch(REPORT, REPORT_TOKEN)
         });
         if let Some(Err(e)) = reportable {
-            log::warn!("blkback: no statistics on request ({REPORT_NODE}): {e:?}");
+            log::warn!("blkback: no statistics on request ({REPORT}): {e:?}");
         }
         let regions = space::available();
         log::info!("blkback: domain {domid} serving vbds; map space for {regions} rings");
@@ -122,7 +119,7 @@ impl Control {
         path: &str,
     ) -> Result<(Disk, String), AttachError> {
         let params = store
-            .read(NO_TRANSACTION, &format!("{path}/params"))
+            .read(NO_TRANSACTION, &format!("{path}/{PARAMS}"))
             .map_err(AttachError::NoParams)?;
         let passed_through = self.passed_through(store);
         stopwatch::lap("xenstore");
@@ -139,20 +136,21 @@ impl Control {
     /// nodes cannot be read (every device is then treated as emulated: bounced, slower,
     /// still correct; `bounced-bytes` in blkdom-stats shows it).
     fn passed_through(&self, store: &mut Store<'_>) -> Vec<pci::PciAddress> {
-        let base = format!("/local/domain/0/backend/pci/{}/0", self.domid);
-        let Ok(count) = store.read(NO_TRANSACTION, &format!("{base}/num_devs")) else {
+        let base = pci_backend_directory(self.domid);
+        let Ok(count) = store.read(NO_TRANSACTION, &format!("{base}/{NUM_DEVS}")) else {
             return Vec::new();
         };
         let count: u32 = count.trim().parse().unwrap_or(0);
         (0..count.min(256))
             .filter_map(|n| {
-                let devfn = store.read(NO_TRANSACTION, &format!("{base}/vdevfn-{n}"));
+                let key = numbered(VDEVFN, n);
+                let devfn = store.read(NO_TRANSACTION, &format!("{base}/{key}"));
                 let found = devfn
                     .as_deref()
                     .ok()
                     .and_then(pci::PciAddress::from_xen_vdevfn);
                 if found.is_none() {
-                    log::warn!("blkback: {base}/vdevfn-{n}: {devfn:?}: not a devfn");
+                    log::warn!("blkback: {base}/{key}: {devfn:?}: not a devfn");
                 }
                 found
             })
@@ -212,13 +210,13 @@ impl Control {
     fn fail(&mut self, store: &mut Store<'_>, path: String, reason: AttachError) {
         log::error!("blkback: {path}: {reason}");
         let text = reason.to_string();
-        let _ = store.write(NO_TRANSACTION, &format!("{path}/hotplug-error"), &text);
-        let _ = store.write(NO_TRANSACTION, &format!("{path}/error"), &text);
+        let _ = store.write(NO_TRANSACTION, &format!("{path}/{HOTPLUG_ERROR}"), &text);
+        let _ = store.write(NO_TRANSACTION, &format!("{path}/{ERROR}"), &text);
         if let Some(node) = xenbus_error::error_node(&path) {
             let linux = xenbus_error::error_text(reason.errno(), &text);
             let _ = store.write(NO_TRANSACTION, &node, &linux);
         }
-        let _ = store.write(NO_TRANSACTION, &format!("{path}/hotplug-status"), "error");
+        let _ = store.write(NO_TRANSACTION, &format!("{path}/{HOTPLUG_STATUS}"), "error");
         self.failed.insert(path, reason);
     }
 
@@ -304,7 +302,7 @@ impl Control {
                 log::error!("blkback: {}: publishing the new size: {e}", vbd.hooks.name);
             }
         }
-        let Ok(asked) = store.read(NO_TRANSACTION, &format!("{path}/params")) else {
+        let Ok(asked) = store.read(NO_TRANSACTION, &format!("{path}/{PARAMS}")) else {
             return false;
         };
         let asked = asked.trim();
@@ -485,8 +483,8 @@ impl Control {
     fn publish_stats(&mut self, store: &mut Store<'_>) {
         for (path, line) in self.stats_lines() {
             let node = match path {
-                Some(path) => format!("{path}/{STATS_NODE}"),
-                None => String::from(POLLERS_NODE),
+                Some(path) => format!("{path}/{STATS}"),
+                None => String::from(POLLERS),
             };
             let _ = store.write(NO_TRANSACTION, &node, &line);
         }
@@ -497,7 +495,7 @@ impl Control {
     fn report_if_asked(&mut self, store: &mut Store<'_>) {
         let asked = store
             .0
-            .read_string(Transaction::NONE, REPORT_NODE)
+            .read_string(Transaction::NONE, REPORT)
             .is_ok_and(|value| !value.trim().is_empty());
         if !asked {
             return;
@@ -514,7 +512,7 @@ impl Control {
         for (path, reason) in &self.failed {
             log::info!("blkdom: report: {path}: failed: {reason}");
         }
-        let _ = store.0.write(Transaction::NONE, REPORT_NODE, b"");
+        let _ = store.0.write(Transaction::NONE, REPORT, b"");
     }
 }
 
@@ -535,7 +533,7 @@ impl poller::ControlWork for Control {
             home: &home,
             directory: VBD_DIRECTORY,
             directory_token: VBD_WATCH_TOKEN,
-            ignored_node: STATS_NODE,
+            ignored_node: STATS,
         };
         let result = xen_domain::store::with(|xs| {
             // Drain what arrived (the client queued events while waiting for replies too)

@@ -3,21 +3,22 @@
 //! xl refuses to ask) and act on the request.
 
 use xen::domain::ShutdownReason;
+use xen::xenbus::keys::{CONTROL_FEATURE_POWEROFF, CONTROL_FEATURE_REBOOT, CONTROL_SHUTDOWN};
 use xen::xenstore::Transaction;
 
-pub const SHUTDOWN_NODE: &str = "control/shutdown";
+/// The token of the watch on `CONTROL_SHUTDOWN`.
 pub const SHUTDOWN_TOKEN: &str = "control-shutdown";
 
 /// Tells the toolstack we handle power-off and reboot requests, and watches for them.
 pub fn listen() {
     let done = super::store::with(|xs| {
-        xs.write(Transaction::NONE, "control/feature-poweroff", b"1")?;
-        xs.write(Transaction::NONE, "control/feature-reboot", b"1")?;
-        xs.watch(SHUTDOWN_NODE, SHUTDOWN_TOKEN)
+        xs.write(Transaction::NONE, CONTROL_FEATURE_POWEROFF, b"1")?;
+        xs.write(Transaction::NONE, CONTROL_FEATURE_REBOOT, b"1")?;
+        xs.watch(CONTROL_SHUTDOWN, SHUTDOWN_TOKEN)
     });
     match done {
-        Some(Ok(())) => log::info!("xen: listening for xl shutdown/reboot on {SHUTDOWN_NODE}"),
-        Some(Err(e)) => log::warn!("xen: cannot listen on {SHUTDOWN_NODE}: {e:?}"),
+        Some(Ok(())) => log::info!("xen: listening for xl shutdown/reboot on {CONTROL_SHUTDOWN}"),
+        Some(Err(e)) => log::warn!("xen: cannot listen on {CONTROL_SHUTDOWN}: {e:?}"),
         None => {}
     }
 }
@@ -25,7 +26,7 @@ pub fn listen() {
 /// The request waiting in `control/shutdown`, acknowledged (emptied) as Linux does.
 pub fn take_request() -> Option<ShutdownReason> {
     let request = super::store::with(|xs| {
-        let value = xs.read_string(Transaction::NONE, SHUTDOWN_NODE).ok()?;
+        let value = xs.read_string(Transaction::NONE, CONTROL_SHUTDOWN).ok()?;
         let reason = match value.trim() {
             "" => return None,
             "poweroff" | "halt" => ShutdownReason::Poweroff,
@@ -37,7 +38,7 @@ pub fn take_request() -> Option<ShutdownReason> {
                 return None;
             }
         };
-        let _ = xs.write(Transaction::NONE, SHUTDOWN_NODE, b"");
+        let _ = xs.write(Transaction::NONE, CONTROL_SHUTDOWN, b"");
         Some(reason)
     })?;
     request

@@ -39,6 +39,7 @@ pub mod abi;
 pub mod budget;
 pub mod engine;
 pub mod grant;
+pub mod keys;
 pub mod negotiate;
 pub mod parse;
 pub mod ring;

@@ -11,7 +11,15 @@ use blkdev::Geometry;
 
 use crate::abi::{Protocol, MAX_INDIRECT_SEGMENTS, MAX_RING_PAGE_ORDER};
 use crate::engine::Busy;
+use crate::keys::{
+    self, numbered, DEVICE_TYPE, DISCARD_ALIGNMENT, DISCARD_ENABLE, DISCARD_GRANULARITY,
+    DISCARD_SECURE, EVENT_CHANNEL, FAULT, FEATURE_BARRIER, FEATURE_DISCARD, FEATURE_FLUSH_CACHE,
+    FEATURE_MAX_INDIRECT_SEGMENTS, FEATURE_PERSISTENT, INFO, MODE, MULTI_QUEUE_MAX_QUEUES,
+    MULTI_QUEUE_NUM_QUEUES, PARAMS, PHYSICAL_SECTOR_SIZE, PROTOCOL, QUEUE_N, RESIZE,
+    RING_PAGE_ORDER, RING_REF, RING_REF_N, SECTORS, SECTOR_SIZE,
+};
 use xen::xenbus::error::{self as xenbus_error, errno, Errno};
+use xen::xenbus::keys::{ERROR, FRONTEND, FRONTEND_ID, HOTPLUG_STATUS, ONLINE, STATE};
 use xen::xenbus::retry::RETRY_NS;
 use xen::xenbus::{StoreError, XenStore, NO_TRANSACTION};
 
@@ -175,14 +183,6 @@ impl From<StoreError> for NegotiationError {
     }
 }
 
-/// The backend node where blkdom says how the last resize went: "<sectors> sectors", or
-/// "refused: <reason>".
-pub const RESIZE_NODE: &str = "blkdom-resize";
-
-/// The backend node where blkdom says the disk's device failed (what happened, and
-/// whether the device could be stopped); written once, when it is first seen.
-pub const FAULT_NODE: &str = "blkdom-fault";
-
 /// The backend of one vbd (`/local/domain/<us>/backend/vbd/<fe>/<dev>`).
 #[derive(Debug)]
 pub struct BlkifBackend {
@@ -241,13 +241,13 @@ impl BlkifBackend {
         backend_path: &str,
         params: BackendParams,
     ) -> Result<Self, NegotiationError> {
-        let frontend_path = store.read(NO_TRANSACTION, &format!("{backend_path}/frontend"))?;
-        let frontend_id = required_u32(store, &format!("{backend_path}/frontend-id"))?;
+        let frontend_path = store.read(NO_TRANSACTION, &format!("{backend_path}/{FRONTEND}"))?;
+        let frontend_id = required_u32(store, &format!("{backend_path}/{FRONTEND_ID}"))?;
         let frontend_id = u16::try_from(frontend_id).map_err(|_| {
-            NegotiationError::Frontend(format!("frontend-id {frontend_id} out of range"))
+            NegotiationError::Frontend(format!("{FRONTEND_ID} {frontend_id} out of range"))
         })?;
         let mode = store
-            .read(NO_TRANSACTION, &format!("{backend_path}/mode"))
+            .read(NO_TRANSACTION, &format!("{backend_path}/{MODE}"))
             .ok();
         // Linux's rule (`!strchr(mode, 'w')`): writable when `mode` has a `w` ("w", or
         // "w!" for a disk shared writable by force); "r", or anything else, is read-only.
@@ -258,14 +258,14 @@ impl BlkifBackend {
         // says (a CD is not written; xl makes them read-only too).
         let cdrom = [backend_path, frontend_path.trim()].iter().any(|dir| {
             store
-                .read(NO_TRANSACTION, &format!("{dir}/device-type"))
+                .read(NO_TRANSACTION, &format!("{dir}/{DEVICE_TYPE}"))
                 .is_ok_and(|kind| kind.trim() == "cdrom")
         });
         let read_only = params.geometry.read_only || mode_read_only || cdrom;
         // As Linux's `xenbus_read_unsigned(.., "discard-enable", 1)`: only a number 0
         // turns discard off; absent or unreadable leaves it on.
         let discard = store
-            .read(NO_TRANSACTION, &format!("{backend_path}/discard-enable"))
+            .read(NO_TRANSACTION, &format!("{backend_path}/{DISCARD_ENABLE}"))
             .map_or(true, |value| value.trim().parse::<u32>() != Ok(0));
         let mut backend = Self {
             backend_path: backend_path.to_string(),
@@ -284,16 +284,16 @@ impl BlkifBackend {
         };
         let early = [
             (
-                "feature-max-indirect-segments",
+                FEATURE_MAX_INDIRECT_SEGMENTS,
                 params.max_indirect_segments.to_string(),
             ),
-            ("multi-queue-max-queues", params.max_queues.to_string()),
+            (MULTI_QUEUE_MAX_QUEUES, params.max_queues.to_string()),
             (
-                "max-ring-page-order",
+                keys::MAX_RING_PAGE_ORDER,
                 params.max_ring_page_order.to_string(),
             ),
             // No hotplug script runs for us: say the device is ready ourselves.
-            ("hotplug-status", "connected".to_string()),
+            (HOTPLUG_STATUS, "connected".to_string()),
         ];
         for (key, value) in &early {
             store.write(NO_TRANSACTION, &backend.key(key), value)?;
@@ -329,7 +329,7 @@ impl BlkifBackend {
     /// Paths whose watches should call `step`.
     pub fn watched_paths(&self) -> [String; 2] {
         [
-            format!("{}/state", self.frontend_path),
+            format!("{}/{STATE}", self.frontend_path),
             self.backend_path.clone(),
         ]
     }
@@ -341,7 +341,7 @@ impl BlkifBackend {
     fn switch(&mut self, store: &mut dyn XenStore, state: XenbusState) -> Result<(), StoreError> {
         store.write(
             NO_TRANSACTION,
-            &self.key("state"),
+            &self.key(STATE),
             &(state as u32).to_string(),
         )?;
         self.state = state;
@@ -358,7 +358,7 @@ impl BlkifBackend {
             return Ok(StepOutcome::Removed);
         }
         if matches!(
-            store.read(NO_TRANSACTION, &self.key("state")),
+            store.read(NO_TRANSACTION, &self.key(STATE)),
             Err(StoreError::NotFound)
         ) {
             // The toolstack removed the device: tear down, then forget it.
@@ -379,7 +379,7 @@ impl BlkifBackend {
             self.releasing = false;
         }
         let frontend_state =
-            match store.read(NO_TRANSACTION, &format!("{}/state", self.frontend_path)) {
+            match store.read(NO_TRANSACTION, &format!("{}/{STATE}", self.frontend_path)) {
                 Ok(value) => XenbusState::parse(&value),
                 // Gone, or no longer ours to read: xenstored refuses reads of a dying
                 // domain's nodes (EACCES) before the toolstack removes them. Either way the
@@ -497,7 +497,7 @@ impl BlkifBackend {
     /// is closed the backend is to go away.
     fn detached_by_toolstack(&self, store: &mut dyn XenStore) -> bool {
         store
-            .read(NO_TRANSACTION, &self.key("online"))
+            .read(NO_TRANSACTION, &self.key(ONLINE))
             .is_ok_and(|value| value.trim() == "0")
     }
 
@@ -587,7 +587,7 @@ impl BlkifBackend {
     /// engine already checks requests against the new size). As Linux's
     /// `xen_vbd_resize`: `sectors` and, while connected, `state` again, in one
     /// transaction (redone on `EAGAIN`), so a connected blkfront re-reads the size; a
-    /// later connection publishes it too. [`RESIZE_NODE`] says so, and an error node
+    /// later connection publishes it too. [`RESIZE`] says so, and an error node
     /// left by an earlier refused resize goes.
     pub fn resized(
         &mut self,
@@ -596,11 +596,11 @@ impl BlkifBackend {
     ) -> Result<(), NegotiationError> {
         self.params.geometry.sectors = sectors;
         let mut keys = alloc::vec![
-            ("sectors", sectors.to_string()),
-            (RESIZE_NODE, format!("{sectors} sectors")),
+            (SECTORS, sectors.to_string()),
+            (RESIZE, format!("{sectors} sectors")),
         ];
         if self.state == XenbusState::Connected {
-            keys.push(("state", (self.state as u32).to_string()));
+            keys.push((STATE, (self.state as u32).to_string()));
         }
         self.write_in_transaction(store, &keys)?;
         self.remove_error_directory(store);
@@ -612,7 +612,7 @@ impl BlkifBackend {
     }
 
     /// An operator's resize is refused: the disk keeps its size and `params` is written
-    /// back as `served` (what the disk is), the reason goes to [`RESIZE_NODE`] and, with
+    /// back as `served` (what the disk is), the reason goes to [`RESIZE`] and, with
     /// its errno, where Linux's `xenbus_dev_error` leaves it; the disk keeps serving.
     pub fn refuse_resize(
         &self,
@@ -622,10 +622,10 @@ impl BlkifBackend {
         reason: &str,
     ) -> Result<(), NegotiationError> {
         log::error!("blkback: {}: resize refused: {reason}", self.backend_path);
-        store.write(NO_TRANSACTION, &self.key("params"), served)?;
+        store.write(NO_TRANSACTION, &self.key(PARAMS), served)?;
         store.write(
             NO_TRANSACTION,
-            &self.key(RESIZE_NODE),
+            &self.key(RESIZE),
             &format!("refused: {reason}"),
         )?;
         if let Some(node) = xenbus_error::error_node(&self.backend_path) {
@@ -641,7 +641,7 @@ impl BlkifBackend {
 
     /// The disk's device failed (a command got no completion within the deadline, the
     /// device reported a fatal error, or a queue of another disk on it did): the reason
-    /// goes to [`FAULT_NODE`] and, as EIO, where Linux's `xenbus_dev_error` leaves it.
+    /// goes to [`FAULT`] and, as EIO, where Linux's `xenbus_dev_error` leaves it.
     /// The vbd stays as it is: every request is answered `BLKIF_RSP_ERROR` (the guest
     /// sees I/O errors) until the frontend closes, which works as ever.
     pub fn device_failed(
@@ -650,7 +650,7 @@ impl BlkifBackend {
         reason: &str,
     ) -> Result<(), NegotiationError> {
         log::error!("blkback: {}: device failed: {reason}", self.backend_path);
-        store.write(NO_TRANSACTION, &self.key(FAULT_NODE), reason)?;
+        store.write(NO_TRANSACTION, &self.key(FAULT), reason)?;
         if let Some(node) = xenbus_error::error_node(&self.backend_path) {
             let text = format!("device failed: {reason}");
             store.write(
@@ -672,7 +672,7 @@ impl BlkifBackend {
     ) -> Result<StepOutcome, NegotiationError> {
         log::error!("blkback: {}: {}", self.backend_path, reason);
         self.refused_connections += 1;
-        store.write(NO_TRANSACTION, &self.key("error"), &reason)?;
+        store.write(NO_TRANSACTION, &self.key(ERROR), &reason)?;
         if let Some(node) = xenbus_error::error_node(&self.backend_path) {
             store.write(
                 NO_TRANSACTION,
@@ -691,22 +691,22 @@ impl BlkifBackend {
     ) -> Result<FrontendConnection, NegotiationError> {
         let fe = &self.frontend_path;
         let bad = |reason: String| Err(NegotiationError::Frontend(reason));
-        let ring_order = read_u32(store, &format!("{fe}/ring-page-order"))?.unwrap_or(0);
+        let ring_order = read_u32(store, &format!("{fe}/{RING_PAGE_ORDER}"))?.unwrap_or(0);
         if ring_order > self.params.max_ring_page_order {
             return bad(format!(
-                "ring-page-order {ring_order} > max {}",
+                "{RING_PAGE_ORDER} {ring_order} > max {}",
                 self.params.max_ring_page_order
             ));
         }
-        let queue_count = read_u32(store, &format!("{fe}/multi-queue-num-queues"))?.unwrap_or(1);
+        let queue_count = read_u32(store, &format!("{fe}/{MULTI_QUEUE_NUM_QUEUES}"))?.unwrap_or(1);
         if queue_count == 0 || queue_count > self.params.max_queues {
             return bad(format!(
-                "multi-queue-num-queues {queue_count}: must be 1..={}",
+                "{MULTI_QUEUE_NUM_QUEUES} {queue_count}: must be 1..={}",
                 self.params.max_queues
             ));
         }
         // Absent: x86_64 (every 64-bit frontend writes it; Linux would assume x86_32).
-        let protocol = match store.read(NO_TRANSACTION, &format!("{fe}/protocol")) {
+        let protocol = match store.read(NO_TRANSACTION, &format!("{fe}/{PROTOCOL}")) {
             Err(StoreError::NotFound) => Protocol::X86_64,
             Ok(value) => match Protocol::parse(&value) {
                 Some(protocol) => protocol,
@@ -719,24 +719,27 @@ impl BlkifBackend {
             Err(error) => return Err(error.into()),
         };
         let persistent = self.params.persistent_grants
-            && read_u32(store, &format!("{fe}/feature-persistent"))?.unwrap_or(0) == 1;
+            && read_u32(store, &format!("{fe}/{FEATURE_PERSISTENT}"))?.unwrap_or(0) == 1;
         let mut queues = Vec::with_capacity(queue_count as usize);
         for q in 0..queue_count {
             let dir = if queue_count == 1 {
                 fe.clone()
             } else {
-                format!("{fe}/queue-{q}")
+                format!("{fe}/{}", numbered(QUEUE_N, q))
             };
-            let event_channel = required_u32(store, &format!("{dir}/event-channel"))?;
+            let event_channel = required_u32(store, &format!("{dir}/{EVENT_CHANNEL}"))?;
             let ring_refs = if ring_order == 0 {
                 // Frontends write `ring-ref` for a one-page ring (some write `ring-ref0`).
-                match read_u32(store, &format!("{dir}/ring-ref"))? {
+                match read_u32(store, &format!("{dir}/{RING_REF}"))? {
                     Some(gref) => alloc::vec![gref],
-                    None => alloc::vec![required_u32(store, &format!("{dir}/ring-ref0"))?],
+                    None => alloc::vec![required_u32(
+                        store,
+                        &format!("{dir}/{}", numbered(RING_REF_N, 0))
+                    )?],
                 }
             } else {
                 (0..1u32 << ring_order)
-                    .map(|i| required_u32(store, &format!("{dir}/ring-ref{i}")))
+                    .map(|i| required_u32(store, &format!("{dir}/{}", numbered(RING_REF_N, i))))
                     .collect::<Result<Vec<u32>, _>>()?
             };
             queues.push(QueueRing {
@@ -776,20 +779,20 @@ impl BlkifBackend {
         let discard = g.discard.filter(|_| self.discard && !self.read_only);
         let flag = |on: bool| if on { "1" } else { "0" }.to_string();
         let mut keys = alloc::vec![
-            ("feature-flush-cache", flag(g.flush)),
+            (FEATURE_FLUSH_CACHE, flag(g.flush)),
             // Barriers are served as flushes.
-            ("feature-barrier", flag(g.flush)),
-            ("feature-persistent", flag(persistent)),
-            ("sectors", g.sectors.to_string()),
-            ("info", self.info().to_string()),
-            ("sector-size", g.logical_block_size.to_string()),
-            ("physical-sector-size", g.physical_block_size.to_string()),
-            ("feature-discard", flag(discard.is_some())),
+            (FEATURE_BARRIER, flag(g.flush)),
+            (FEATURE_PERSISTENT, flag(persistent)),
+            (SECTORS, g.sectors.to_string()),
+            (INFO, self.info().to_string()),
+            (SECTOR_SIZE, g.logical_block_size.to_string()),
+            (PHYSICAL_SECTOR_SIZE, g.physical_block_size.to_string()),
+            (FEATURE_DISCARD, flag(discard.is_some())),
         ];
         if let Some(discard) = discard {
-            keys.push(("discard-granularity", discard.granularity.to_string()));
-            keys.push(("discard-alignment", discard.alignment.to_string()));
-            keys.push(("discard-secure", flag(discard.secure)));
+            keys.push((DISCARD_GRANULARITY, discard.granularity.to_string()));
+            keys.push((DISCARD_ALIGNMENT, discard.alignment.to_string()));
+            keys.push((DISCARD_SECURE, flag(discard.secure)));
         }
         self.write_in_transaction(store, &keys)
     }

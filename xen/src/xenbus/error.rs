@@ -7,6 +7,7 @@
 use alloc::format;
 use alloc::string::String;
 
+use super::keys::ERROR;
 use super::store::StoreError;
 
 /// The errno values the messages carry (Linux's numbers, positive as Linux writes them).
@@ -57,7 +58,7 @@ pub fn error_directory(backend_path: &str) -> Option<String> {
 
 /// The node Linux writes for the backend at `backend_path`: `<error directory>/error`.
 pub fn error_node(backend_path: &str) -> Option<String> {
-    error_directory(backend_path).map(|dir| format!("{dir}/error"))
+    error_directory(backend_path).map(|dir| format!("{dir}/{ERROR}"))
 }
 
 /// What the node holds: "<errno> <message>", as `xenbus_va_dev_error` formats it.

@@ -5,11 +5,13 @@
 //!
 //! * [`state`]: the values of a `state` node ([`XenbusState`]).
 //! * [`error`]: the error node Linux's `xenbus_dev_error` writes, and errnos.
+//! * [`keys`]: the keys of a device's and a domain's directories blkdom uses, by name.
 //! * [`store`]: [`XenStore`], [`StoreError`], transactions.
 //! * [`watch`]: which devices a batch of watch events concerns.
 //! * [`retry`]: when a device is stepped again without a watch event.
 
 pub mod error;
+pub mod keys;
 pub mod retry;
 pub mod state;
 pub mod store;

@@ -8,7 +8,8 @@ use crate::abi::{self, RSP_ERROR, RSP_OKAY};
 use crate::engine::EngineConfig;
 use crate::fake::wire::encode_direct;
 use crate::fake::MemStore;
-use crate::negotiate::{BackendParams, BlkifBackend, XenbusState, RESIZE_NODE};
+use crate::keys::{FAULT, RESIZE};
+use crate::negotiate::{BackendParams, BlkifBackend, XenbusState};
 use crate::ring::Response;
 use xen::xenbus::error::errno;
 
@@ -68,10 +69,7 @@ fn a_resize_is_published_as_linux_does_sectors_and_state_in_one_transaction() {
     let transactions = store.commits;
     backend.resized(&mut store, 4096).unwrap();
     assert_eq!(store.get(&format!("{BE}/sectors")), Some("4096"));
-    assert_eq!(
-        store.get(&format!("{BE}/{RESIZE_NODE}")),
-        Some("4096 sectors")
-    );
+    assert_eq!(store.get(&format!("{BE}/{RESIZE}")), Some("4096 sectors"));
     // `state` rewritten (Connected again): the frontend's watch fires and blkfront
     // reads `sectors` anew.
     let written: Vec<&str> = store.writes.iter().map(|(k, _)| k.as_str()).collect();
@@ -126,7 +124,7 @@ fn a_refused_resize_says_why_and_puts_params_back() {
         .unwrap();
     assert_eq!(store.get(&format!("{BE}/params")), Some("ram:1M"));
     assert_eq!(
-        store.get(&format!("{BE}/{RESIZE_NODE}")),
+        store.get(&format!("{BE}/{RESIZE}")),
         Some("refused: sector 1000 holds data beyond the new end")
     );
     assert_eq!(
@@ -154,7 +152,7 @@ fn a_failed_device_is_reported_and_the_vbd_stays_connected() {
         .device_failed(&mut store, "a command got no completion in 30000 ms")
         .unwrap();
     assert_eq!(
-        store.get(&format!("{BE}/{}", crate::negotiate::FAULT_NODE)),
+        store.get(&format!("{BE}/{FAULT}")),
         Some("a command got no completion in 30000 ms")
     );
     assert_eq!(

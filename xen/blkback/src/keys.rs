@@ -1,0 +1,109 @@
+//! The xenstore keys of a vbd, and of blkdom's own directory for its vbds, by name: the
+//! toolstack's, the frontend's, and those blkdom publishes. The keys any xenbus device
+//! has (`state`, `frontend`, `online`, ...) and the domain's own (`domid`,
+//! `control/shutdown`, ...) are in [`xen::xenbus::keys`]; README.md's "Xenstore keys"
+//! lists the keys of both lists, each under its [`Place`], and
+//! `tests/xenstore_keys.rs` checks that they agree and that blkdom's sources name no
+//! key with a string literal.
+//!
+//! A key with a number in its name is written with a placeholder (`ring-ref<N>`) and
+//! made with [`numbered`].
+
+pub use xen::xenbus::keys::{numbered, Key, Place};
+
+/// The backing store (`target=`); rewritten by an operator to resize the disk.
+pub const PARAMS: &str = "params";
+/// Writable if it has a `w`.
+pub const MODE: &str = "mode";
+/// `cdrom` makes a CD-ROM (in the backend's directory or the frontend's).
+pub const DEVICE_TYPE: &str = "device-type";
+/// `0` turns discard off.
+pub const DISCARD_ENABLE: &str = "discard-enable";
+
+pub const FEATURE_MAX_INDIRECT_SEGMENTS: &str = "feature-max-indirect-segments";
+pub const MULTI_QUEUE_MAX_QUEUES: &str = "multi-queue-max-queues";
+pub const MAX_RING_PAGE_ORDER: &str = "max-ring-page-order";
+pub const SECTORS: &str = "sectors";
+/// `VDISK_*` bits.
+pub const INFO: &str = "info";
+pub const SECTOR_SIZE: &str = "sector-size";
+pub const PHYSICAL_SECTOR_SIZE: &str = "physical-sector-size";
+pub const FEATURE_FLUSH_CACHE: &str = "feature-flush-cache";
+pub const FEATURE_BARRIER: &str = "feature-barrier";
+/// Offered by the backend, asked for by the frontend.
+pub const FEATURE_PERSISTENT: &str = "feature-persistent";
+pub const FEATURE_DISCARD: &str = "feature-discard";
+pub const DISCARD_GRANULARITY: &str = "discard-granularity";
+pub const DISCARD_ALIGNMENT: &str = "discard-alignment";
+pub const DISCARD_SECURE: &str = "discard-secure";
+/// The disk's counters, one line of `name=value` words.
+pub const STATS: &str = "blkdom-stats";
+/// How the last resize went: "<sectors> sectors", or "refused: <reason>".
+pub const RESIZE: &str = "blkdom-resize";
+/// Why the disk's device failed; written once, when it is first seen.
+pub const FAULT: &str = "blkdom-fault";
+
+pub const RING_PAGE_ORDER: &str = "ring-page-order";
+pub const MULTI_QUEUE_NUM_QUEUES: &str = "multi-queue-num-queues";
+pub const PROTOCOL: &str = "protocol";
+/// A ring's event channel, in the frontend's directory (one queue) or its queue's.
+pub const EVENT_CHANNEL: &str = "event-channel";
+/// A one-page ring's grant.
+pub const RING_REF: &str = "ring-ref";
+/// Page N's grant of a ring of several pages.
+pub const RING_REF_N: &str = "ring-ref<N>";
+/// Queue N's directory under the frontend's, with its [`EVENT_CHANNEL`] and
+/// [`RING_REF`] or [`RING_REF_N`] (several queues).
+pub const QUEUE_N: &str = "queue-<N>";
+
+/// The vbds the toolstack creates, under blkdom's own directory (watched).
+pub const VBD_DIRECTORY: &str = "backend/vbd";
+/// The pollers' counters.
+pub const POLLERS: &str = "data/blkdom-pollers";
+/// Writing anything non-empty here (`xenstore-write /local/domain/<id>/data/blkdom-report
+/// 1` in dom0) has the statistics printed on the console.
+pub const REPORT: &str = "data/blkdom-report";
+
+/// Every key of a vbd and of blkdom's own directory blkdom uses, where it uses it.
+pub const ALL: &[Key] = &[
+    Key::new(PARAMS, Place::BackendRead),
+    Key::new(MODE, Place::BackendRead),
+    Key::new(DEVICE_TYPE, Place::BackendRead),
+    Key::new(DISCARD_ENABLE, Place::BackendRead),
+    Key::new(FEATURE_MAX_INDIRECT_SEGMENTS, Place::BackendWritten),
+    Key::new(MULTI_QUEUE_MAX_QUEUES, Place::BackendWritten),
+    Key::new(MAX_RING_PAGE_ORDER, Place::BackendWritten),
+    Key::new(SECTORS, Place::BackendWritten),
+    Key::new(INFO, Place::BackendWritten),
+    Key::new(SECTOR_SIZE, Place::BackendWritten),
+    Key::new(PHYSICAL_SECTOR_SIZE, Place::BackendWritten),
+    Key::new(FEATURE_FLUSH_CACHE, Place::BackendWritten),
+    Key::new(FEATURE_BARRIER, Place::BackendWritten),
+    Key::new(FEATURE_PERSISTENT, Place::BackendWritten),
+    Key::new(FEATURE_DISCARD, Place::BackendWritten),
+    Key::new(DISCARD_GRANULARITY, Place::BackendWritten),
+    Key::new(DISCARD_ALIGNMENT, Place::BackendWritten),
+    Key::new(DISCARD_SECURE, Place::BackendWritten),
+    Key::new(STATS, Place::BackendWritten),
+    Key::new(RESIZE, Place::BackendWritten),
+    Key::new(FAULT, Place::BackendWritten),
+    // Written back as served when a resize is refused.
+    Key::new(PARAMS, Place::BackendWritten),
+    Key::new(RING_PAGE_ORDER, Place::FrontendRead),
+    Key::new(MULTI_QUEUE_NUM_QUEUES, Place::FrontendRead),
+    Key::new(PROTOCOL, Place::FrontendRead),
+    Key::new(FEATURE_PERSISTENT, Place::FrontendRead),
+    Key::new(EVENT_CHANNEL, Place::FrontendRead),
+    Key::new(RING_REF, Place::FrontendRead),
+    Key::new(RING_REF_N, Place::FrontendRead),
+    // Several queues: each queue's keys in its QUEUE_N directory.
+    Key::new("queue-<N>/event-channel", Place::FrontendRead),
+    Key::new("queue-<N>/ring-ref", Place::FrontendRead),
+    Key::new("queue-<N>/ring-ref<M>", Place::FrontendRead),
+    Key::new(DEVICE_TYPE, Place::FrontendRead),
+    Key::new(VBD_DIRECTORY, Place::Home),
+    Key::new(POLLERS, Place::Home),
+    Key::new(REPORT, Place::Home),
+    // Linux's error node, made by `xen::xenbus::error::error_node` from the backend path.
+    Key::new("error/backend/vbd/<domid>/<devid>/error", Place::Home),
+];

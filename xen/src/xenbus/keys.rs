@@ -1,0 +1,109 @@
+//! The xenstore keys of any xenbus device and of a domain's own directory that blkdom
+//! reads or writes, by name. The vbd's own keys are in `blkback::keys`; README.md's
+//! "Xenstore keys" lists the keys of both lists, each under its [`Place`], and
+//! `xen/blkback/tests/xenstore_keys.rs` checks that the two agree.
+//!
+//! A key with a number in its name is written with a placeholder (`vdevfn-<N>`) and
+//! made with [`numbered`].
+
+use alloc::format;
+use alloc::string::{String, ToString};
+
+/// Where a key lives, and which side writes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Place {
+    /// The device's backend directory (`/local/domain/<backend>/backend/<class>/<domid>/<devid>/`),
+    /// written by the toolstack or an operator, read by the backend.
+    BackendRead,
+    /// The device's backend directory, written by the backend.
+    BackendWritten,
+    /// The frontend's directory (the backend's [`FRONTEND`]), read by the backend.
+    FrontendRead,
+    /// The domain's own directory (`/local/domain/<domid>/`).
+    Home,
+    /// dom0's pci backend directory for the domain ([`pci_backend_directory`]), read.
+    PciBackend,
+}
+
+/// A key and where it lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Key {
+    /// The key's path under its directory, with placeholders (`<N>`) for numbers.
+    pub name: &'static str,
+    pub place: Place,
+}
+
+impl Key {
+    pub const fn new(name: &'static str, place: Place) -> Self {
+        Self { name, place }
+    }
+}
+
+/// The device's xenbus state ([`super::XenbusState`]), in both directories.
+pub const STATE: &str = "state";
+/// The path of the frontend's directory.
+pub const FRONTEND: &str = "frontend";
+pub const FRONTEND_ID: &str = "frontend-id";
+/// `0` once the toolstack detached the device.
+pub const ONLINE: &str = "online";
+/// What the hotplug scripts would have said: `connected`, or `error`.
+pub const HOTPLUG_STATUS: &str = "hotplug-status";
+pub const HOTPLUG_ERROR: &str = "hotplug-error";
+/// Why the device is not served; also the node of the error directory
+/// ([`super::error::error_node`]).
+pub const ERROR: &str = "error";
+
+pub const DOMID: &str = "domid";
+pub const NAME: &str = "name";
+/// `xl shutdown`/`xl reboot`'s request.
+pub const CONTROL_SHUTDOWN: &str = "control/shutdown";
+pub const CONTROL_FEATURE_POWEROFF: &str = "control/feature-poweroff";
+pub const CONTROL_FEATURE_REBOOT: &str = "control/feature-reboot";
+
+/// How many PCI devices libxl passed through.
+pub const NUM_DEVS: &str = "num_devs";
+/// Where passed-through device N sits on the domain's bus.
+pub const VDEVFN: &str = "vdevfn-<N>";
+
+/// Every key of this list blkdom uses, where it uses it.
+pub const ALL: &[Key] = &[
+    Key::new(FRONTEND, Place::BackendRead),
+    Key::new(FRONTEND_ID, Place::BackendRead),
+    Key::new(ONLINE, Place::BackendRead),
+    Key::new(STATE, Place::BackendWritten),
+    Key::new(HOTPLUG_STATUS, Place::BackendWritten),
+    Key::new(HOTPLUG_ERROR, Place::BackendWritten),
+    Key::new(ERROR, Place::BackendWritten),
+    Key::new(STATE, Place::FrontendRead),
+    Key::new(DOMID, Place::Home),
+    Key::new(NAME, Place::Home),
+    Key::new(CONTROL_SHUTDOWN, Place::Home),
+    Key::new(CONTROL_FEATURE_POWEROFF, Place::Home),
+    Key::new(CONTROL_FEATURE_REBOOT, Place::Home),
+    Key::new(NUM_DEVS, Place::PciBackend),
+    Key::new(VDEVFN, Place::PciBackend),
+];
+
+/// `key` with its placeholder `<N>` replaced by `n` (`vdevfn-<N>`, 2: `vdevfn-2`).
+pub fn numbered(key: &str, n: u32) -> String {
+    key.replacen("<N>", &n.to_string(), 1)
+}
+
+/// dom0's pci backend directory for domain `domid`, where libxl lists the devices it
+/// passed through ([`NUM_DEVS`], [`VDEVFN`]).
+pub fn pci_backend_directory(domid: u32) -> String {
+    format!("/local/domain/0/backend/pci/{domid}/0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbered_keys_fill_their_placeholder() {
+        assert_eq!(numbered(VDEVFN, 2), "vdevfn-2");
+        assert_eq!(numbered("queue-<N>", 10), "queue-10");
+        assert_eq!(numbered(STATE, 1), "state");
+        assert_eq!(pci_backend_directory(3), "/local/domain/0/backend/pci/3/0");
+    }
+}
