@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT OR Apache-2.0
 # blkdom — build, run and test.
 #   make          build the image and the test image and print their sizes
 #   make run      boot the image under plain QEMU and show its log

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Links the image at its physical address (linker.ld) and generates the 256 trap entry
 //! stubs, which differ only in their vector number and whether the CPU pushes an error code.
 use std::fmt::Write;

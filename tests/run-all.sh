@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT OR Apache-2.0
 # `make test`: every tier that runs on this machine, with one closing line
 # `N passed, M failed` that counts them all.
 #   lint     rustfmt and clippy (-D warnings), host crates and the image (with and without

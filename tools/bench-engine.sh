@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT OR Apache-2.0
 # Host benchmark of the blkif engine (frontend thread + poller over shared memory, null
 # device, 4 KiB reads, ring order 0 and 4, 1 and 2 queues, persistent grants on and off;
 # requests/s and ns per request per poller core), then large requests (the engine in front

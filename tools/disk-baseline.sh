@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: MIT OR Apache-2.0
 # Linux baseline for the tier-2 disk test's throughput numbers: boots the host's Debian
 # kernel under the same QEMU set-up as tests/qemu/tier2.py (q35, TCG, -smp N, 64 MiB raw
 # file) with the same NVMe or virtio-blk device, and runs fio with the disk test's access

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT OR Apache-2.0
 # Instructions per request of each pass of the blkif engine (copy, parse, dispatch,
 # check, stage, submit, reap, respond), counted by valgrind's cachegrind over
 # bench_engine's plain loop (BENCH_PROFILE) built with the `profile-passes` feature,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT OR Apache-2.0
 """The one reader of fio's JSON output (--output-format=json, group_reporting: one job
 entry) for every table of the repository: tools/rig/summarize.py (make demo and the rig
 scenarios) and tools/bench/report.py (make bench). Standard library only; the scripts

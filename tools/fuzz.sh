@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT OR Apache-2.0
 # Run every cargo-fuzz target in fuzz/ for a bounded time, starting from the committed
 # seed corpus (fuzz/corpus/<target>); new inputs go to target/fuzz/corpus, crashes to
 # fuzz/artifacts/<target>.

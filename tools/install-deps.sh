@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT OR Apache-2.0
 # Installs what building and testing blkdom needs, idempotently.
 #   tools/install-deps.sh          tier 1 + 2 (Rust target, QEMU from bookworm-backports)
 #   tools/install-deps.sh --xen    also what the nested Xen rig needs (tools/rig/)

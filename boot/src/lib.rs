@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! PVH entry for blkdom.
 //!
 //! A PVH loader (Xen's domain builder, or QEMU's `-kernel`) finds the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `hvm_start_info` as Xen's `public/arch-x86/hvm/start_info.h` defines it (version 1).
 //!
 //! Both Xen's PVH domain builder and QEMU's PVH option ROM hand the kernel this

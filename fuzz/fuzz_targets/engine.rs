@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The whole engine against a hostile frontend: the input is a script of ring writes,
 //! producer-index games, indirect-page and grant tampering, device stalls, polls, and
 //! the ring's grant cap moving while time passes (idle release).

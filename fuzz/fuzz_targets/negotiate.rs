@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The xenbus state machine against a hostile frontend (and toolstack): arbitrary values
 //! in every key it reads, arbitrary state changes, removal of the backend directory, a
 //! kernel side that is sometimes busy. It must not panic, and whatever it connects must

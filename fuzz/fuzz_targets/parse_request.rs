@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The request parser and the device checks on arbitrary slot bytes: no panic, and
 //! whatever is accepted satisfies the rules of design.md §4.
 #![no_main]

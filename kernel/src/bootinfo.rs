@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Reads what the PVH loader left for us: `hvm_start_info`, the command line and the
 //! memory map, copied into kernel-owned storage before anything can overwrite them.
 

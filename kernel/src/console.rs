@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Byte sinks for the log: COM1 (a 16550 UART) under plain QEMU, and I/O port 0xE9,
 //! which Xen prints on its own serial console as `(dN) ...` lines for PVH/HVM guests
 //! (QEMU's `-debugcon` captures it too). The Xen console ring joins these with the Xen

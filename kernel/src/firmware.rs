@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Firmware tables through the boot identity map: the ACPI parsers of
 //! `machine::acpi` read physical memory through `IdentityMemory`. The tables do not
 //! change: `Firmware` reads what blkdom needs once, at boot.

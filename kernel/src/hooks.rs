@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The test hooks: `crashtest=`, `disktest=`, `faulttest=`, `registrytest=` and
 //! `selftest` (README's test-hook table; `bootconfig::keys`). A hook named on the command
 //! line runs instead of the service, reports and powers off. Only the image built with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The `log` backend: every record goes to the console sinks, one line each.
 
 use core::fmt::Write;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! blkdom: a Xen block-backend driver domain, as one PVH-bootable image.
 //!
 //! Boot order: console and log first (so everything after can report), then the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Physical memory: the frame allocator filled from the PVH memory map, and the kernel
 //! heap (`linked_list_allocator`, for set-up only: the I/O path never allocates).
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Physical memory through the boot identity map: the one place the kernel reads and
 //! writes memory it names by physical address (DMA memory and bounce pools, foreign
 //! pages mapped into our map space, firmware tables, the boot information).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Ways to stop: orderly power-off, crash, and the test verdict for QEMU's
 //! `isa-debug-exit` device.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! In-kernel self-tests, run with the `selftest` command-line switch under plain QEMU
 //! (test tier 2). Each test prints `selftest: <name> ... ok` or `... FAILED: <why>`; the
 //! summary line `selftest: N passed, M failed` and the `isa-debug-exit` verdict follow.

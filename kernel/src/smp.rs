@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! CPUs: per-CPU data (reached through GS), starting the other CPUs, and handing them
 //! work. Each CPU will run its own poller; this module only brings them up and lets the
 //! boot CPU run a function on another CPU (wake-up by IPI, no spinning while idle).

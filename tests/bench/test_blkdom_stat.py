@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT OR Apache-2.0
 """Host tests of tools/blkdom-stat (no Xen needed):
 
     python3 -m unittest discover -s tests/bench -v

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT OR Apache-2.0
 """Host tests of tools/fio_results.py, the fio JSON reader of both the demo table
 (tools/rig/summarize.py) and make bench's report (tools/bench/report.py):
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT OR Apache-2.0
 """Host tests of tools/bench/paired.py (make bench-paired's table) against a paired run
 written in the layout tests/xen/paired leaves (no Xen needed):
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT OR Apache-2.0
 """Host tests of the nested rig's shell helpers (tests/xen/lib.sh, which sources
 tests/xen/lib/*.sh from $RIG: here the repository): those that read
 blkdom's statistics (pollers_value, blkdom_holds_nothing, with a fake xenstore-read first

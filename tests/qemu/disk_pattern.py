@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT OR Apache-2.0
 """The disk test's seeded writes, recomputed on the host (mirror of kernel/testhooks/src/pattern.rs).
 
 Queue q owns region q of the disk; write i of queue q covers `sectors` sectors at `sector`,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT OR Apache-2.0
 """Boot the blkdom image under plain QEMU (PVH loader via -kernel, TCG) and judge it.
 
 The image reports through COM1 (kept as a log file) and ends with one of:

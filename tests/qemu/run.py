@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT OR Apache-2.0
 """`make run`: boot the image under plain QEMU and show its log."""
 
 import argparse

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT OR Apache-2.0
 """Test tier 2: the image booted under plain QEMU (PVH entry, TCG), judged by the
 isa-debug-exit status and the serial log, each boot under a hard timeout.
 

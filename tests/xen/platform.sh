@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT OR Apache-2.0
 # blkdom's Xen platform checks (sourced after lib.sh by blkdom-platform and smoke).
 # wait_gone NAME SECONDS: true once the domain no longer exists.
 wait_gone() {

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT OR Apache-2.0
 """Instructions per request of each engine pass, from cg_annotate's file:function table
 on stdin (a cg_diff of two BENCH_PROFILE runs; tools/engine-passes.sh).
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT OR Apache-2.0
 """Table of `make bench-paired` (tests/xen/paired): Linux blkback in dom0 and blkdom, job
 by job in one guest.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT OR Apache-2.0
 """Report of `make bench`: one bench.json per run, a table of medians and a plot.
 
     python3 tools/bench/report.py [--nested results/xen/bench] [--engine FILE]

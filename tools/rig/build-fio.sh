@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT OR Apache-2.0
 # Builds a static fio (libaio engine, no Ceph/Gluster/RDMA) from Debian's source package
 # for the guest initramfs. Cached in $BLKDOM_CACHE/rig/fio-<hash>/fio; prints its path.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT OR Apache-2.0
 # Builds tools/hostile (the hostile frontend the guest of tests/xen/hostile runs) as a
 # static Linux x86_64 program (glibc linked in: the guest has no libraries), stripped,
 # into $BLKDOM_CACHE/rig/hostile-<hash>/hostile; prints that path. Cargo rebuilds only

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT OR Apache-2.0
 # Assembles what the nested Xen rig boots, from Debian bookworm packages:
 #   xen            Xen 4.17 (multiboot ELF; QEMU's -kernel loads it)
 #   vmlinuz        Linux 6.1 (dom0 kernel and the PV guests' kernel)

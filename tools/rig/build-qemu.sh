@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT OR Apache-2.0
 # Builds qemu-system-x86_64 10.0.2 from Debian's bookworm-backports source package with the
 # nested-SVM fixes in tools/rig/qemu-*.patch (stock 10.0.x kills every PVH/HVM guest under
 # Xen). Cached in $BLKDOM_CACHE/rig/qemu-<hash of inputs>/; prints the binary's path.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT OR Apache-2.0
 # Builds everything the nested Xen rig boots (each step is cached and skipped when its
 # inputs are unchanged): the patched QEMU, a static fio, the dom0 and guest initramfs.
 set -euo pipefail

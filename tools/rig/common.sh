@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT OR Apache-2.0
 # Shared settings for the nested Xen rig scripts (sourced, not run).
 # Everything built or downloaded lives outside git, under $BLKDOM_CACHE, keyed by a hash
 # of its inputs so that a change of patch, package version or script rebuilds it.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT OR Apache-2.0
 # Boots Xen 4.17 + a Linux dom0 under qemu-system-x86_64 (TCG) and runs ONE scenario from
 # tests/xen/ inside dom0, non-interactively:
 #   tools/rig/run.sh SCENARIO... [--runtime SECONDS]   (fio seconds per job, default 20)

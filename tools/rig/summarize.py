@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT OR Apache-2.0
 """Summarises a nested-Xen rig run: a table of fio results per backend and job, plus the
 timings and negotiated blkif keys the scenario recorded.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Host micro-benchmark of the event-channel hot path: raise N ports on a shared_info
 //! page (as Xen would), then one `HandlerTable::dispatch_pending` pass.
 //! `cargo run --release -p blkdom-xen --example scan_bench`

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The byte rings of Xen's PV protocols (xenstore, console): a power-of-two data area
 //! and free-running 32-bit producer/consumer indices in shared memory. The producer
 //! writes data, then publishes the index (release); the consumer observes the index

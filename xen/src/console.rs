@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The PV console ring (`HVM_PARAM_CONSOLE_PFN`, kicked through
 //! `HVM_PARAM_CONSOLE_EVTCHN`): what `xl console` and xenconsoled's guest log show.
 //!

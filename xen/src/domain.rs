@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Bring-up of a PVH/HVM domain: Xen's CPUID leaves, `shared_info`, HVM parameters
 //! (xenstore and console rings), event upcall delivery, `vcpu_info` placement, starting
 //! secondary vCPUs, and shutdown.

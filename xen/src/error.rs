@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Hypercall errors: Xen returns `-errno` (`public/errno.h`).
 
 use crate::abi::errno::*;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Event channels: typed wrappers over `event_channel_op`, the 2-level pending-bit scan
 //! with per-vCPU port ownership, a handler table, and the idle protocol a poller uses to
 //! sleep without losing a wake-up.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A fake Xen for host tests: keeps just enough state to answer the hypercalls the
 //! crate issues, records every call, and injects failures on request.
 

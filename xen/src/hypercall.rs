@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Hypercalls as typed requests behind the [`Hypervisor`] trait.
 //!
 //! Each [`Hypercall`] variant carries Rust references to the ABI structs it passes, so

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! blkdom's Xen guest interface: the vendored ABI, hypercalls through a swappable
 //! [`Hypervisor`] trait, event channels, grant tables, a xenstore client, the
 //! device-class independent side of xenbus ([`xenbus`]) and the PV console ring.

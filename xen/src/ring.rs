@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A frontend's ring as a backend holds it besides its engine: the ring's pages mapped at
 //! consecutive guest-physical pages, and its event channel bound. Made whole or not at
 //! all ([`RingConnection::connect`] gives back what it took when a later step fails),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Views of the `shared_info` page and of `vcpu_info` slots, through [`SharedMem`].
 
 use crate::abi::event_channel::EvtchnPort;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Timing with the raw TSC, converted to nanoseconds without reading Xen's clock.
 //!
 //! Right after boot Xen's `vcpu_time_info` may not give a moving clock yet, but the rate

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Byte ranges of a device: whether a slice fits its device, and which ranges serve
 //! disks now (two disks on one device must not overlap: two guests would write the same
 //! blocks).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The GUID partition table, as far as finding one partition takes: the primary header
 //! (LBA 1) and its entry array, every field that is used checked first. The backup
 //! table (at the disk's end) is not read: a damaged primary is refused, not repaired.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What backs a disk, chosen by a string (the disk test's seeded write patterns are in
 //! `kernel/testhooks`, beside the test).
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Online resize: what an operator may change of a served disk's `params` (xl's
 //! `target=`). Rewriting `params` with another size asks for the disk to grow (or
 //! shrink); everything else about the backing store stays as it is.

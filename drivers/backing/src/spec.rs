@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `nvme:<nsid>[:<slice>]`, `virtio:<index>[:<slice>]`, `ram:<size>[:<name>]`.
 //!
 //! A slice is one range of the device: `part=<n>` (GPT partition number, from 1),

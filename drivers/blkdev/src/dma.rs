@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What a DMA driver needs from the machine beside its device: DMA memory and time.
 //!
 //! DMA memory is named by [`DmaRegion`]s, which only a [`Dma`] implementation makes

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The block-device interface the blkif engine drives, two in-memory devices, and a
 //! slice of a device as a device of its own.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A device that completes every request at once and moves no data: for measuring the
 //! engine alone.
 

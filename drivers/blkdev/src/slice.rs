@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A slice of a device as a disk of its own: sectors `[start, start + sectors)` of the
 //! device are sectors `[0, sectors)` of the slice. Every request is checked against the
 //! slice before it is moved by `start` and handed on, so nothing one slice's guest sends

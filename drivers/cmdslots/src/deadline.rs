@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Deadlines and the device's health: when a queue must fail, and failing it.
 
 use blkdev::{DeviceFault, Dma, FaultKind};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The command slots the DMA block drivers (NVMe, virtio-blk) share: a fixed table,
 //! allocated once.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Submission and completion entries.
 
 /// Bytes of one submission queue entry (CC.IOSQES = 6).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Controller bring-up and the admin queue.
 
 use crate::command::{CompletionEntry, Opcode, SubmissionEntry, CQ_ENTRY_LEN, SQ_ENTRY_LEN};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! An in-process NVMe controller for the tests: registers, admin commands, I/O queues
 //! with PRP walking as the spec describes, a disk in memory, and injectable faults.
 //! It plays the device either on each doorbell write (`hold = false`) or when a test

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! An NVMe driver for polled I/O.
 //!
 //! [`Controller`] resets and enables the controller, runs the admin queue (identify,

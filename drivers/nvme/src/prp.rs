@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Splitting a request's segments into NVMe commands whose data PRPs can describe.
 //!
 //! A PRP list names whole pages after the first entry: the first segment may start

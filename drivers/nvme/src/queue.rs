@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! One I/O submission/completion queue pair, as a `blkdev::BlockDevice`.
 //!
 //! Every command has an `cmdslots` slot, whose index is its command id. With at most

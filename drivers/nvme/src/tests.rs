@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 use crate::command::CommandStatus;
 use crate::fake::{FakeController, FakeHal};
 use crate::*;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Base address registers: decoding and sizing.
 
 use crate::{update_command, ConfigAccess, PciAddress, COMMAND_IO_SPACE, COMMAND_MEMORY_SPACE};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The capability list: a walk bounded against loops, MSI-X and virtio vendor
 //! capabilities.
 

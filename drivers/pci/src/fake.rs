@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A fake configuration space for tests: functions as 256-byte arrays, with BARs that
 //! answer the all-ones probe like hardware (address bits below the size read as zero).
 

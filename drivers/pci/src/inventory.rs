@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What one walk of the bus found, kept. A driver domain gets its devices from the
 //! toolstack before it starts, so the walk at boot serves every later look-up; each
 //! configuration access is a VM exit (under Xen's HVM a round trip to the device model

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! PCI configuration-space logic, independent of how the space is reached: the kernel
 //! supplies a [`ConfigAccess`] (port 0xCF8/0xCFC or ECAM), the tests a fake.
 //!

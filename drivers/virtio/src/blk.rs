@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The virtio-blk device and its queues.
 
 use blkdev::range_fits;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! An in-process virtio-blk device over the PCI transport, for the tests: common
 //! configuration, notifications, split rings with indirect descriptors, a disk in
 //! memory, and injectable faults. It serves a queue on each notification, or only when

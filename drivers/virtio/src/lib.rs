@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A virtio-blk driver for polled I/O over the virtio 1.x ("modern") PCI transport.
 //!
 //! [`VirtioBlk`] resets the device, negotiates features and sets up one split

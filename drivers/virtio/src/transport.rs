@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The virtio PCI common configuration window.
 
 use crate::Hal;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A split virtqueue: descriptor table, available ring, used ring (virtio 1.x §2.7).
 //! The indices are free-running 16-bit counters; a ring position is the index modulo
 //! the queue size (a power of two).

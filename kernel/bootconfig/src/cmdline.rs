@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The kernel command line: space-separated `key` or `key=value` words; the last word of
 //! a key wins. Only the keys of [`crate::keys::KEYS`] can be read: every reader takes a
 //! [`Key`].

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Every key of the kernel command line, in one list. A [`Key`] is the only way to read
 //! a value from a [`crate::Cmdline`], and the macro below declares each key and its entry
 //! of [`KEYS`] together, so no code can read a key the list does not have. README.md's

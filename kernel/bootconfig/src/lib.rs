@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The kernel command line and the configuration read from it.
 //!
 //! The command line is parsed once, at boot, into a [`Config`]; the kernel hands each

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! README.md's command-line reference lists exactly the keys the kernel reads
 //! (`bootconfig::KEYS`), and keeps the test hooks out of the settings' table.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The few ACPI tables blkdom reads, parsed from physical memory through a trait so the
 //! parser runs against fake tables on the host: RSDP → RSDT/XSDT → FADT (power-off
 //! register), table lookup by signature, the MADT (processors) and the MCFG (PCI ECAM).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Physical frame allocator over the firmware memory map.
 //!
 //! It holds free physical ranges in a fixed array (it runs before the heap exists),

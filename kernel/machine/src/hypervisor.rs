@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Which hypervisor runs us, from the CPUID leaves 0x40000000 + k·0x100.
 //!
 //! Xen moves its leaves to 0x40000100 when it also offers Viridian (Hyper-V) leaves, so

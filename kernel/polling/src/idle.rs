@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What a spinning poller does between two looks at its rings (`poll.idle=`).
 
 /// What an idle poller does between two looks at its rings while it spins.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The pollers' timing policy: how long an idle poller spins before it sleeps, what it
 //! does between looks while it spins, and how long it may block before it must look at
 //! its ring and device again. Kept out of the image so `cargo test` covers it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! How long an idle poller may block in `SCHEDOP_poll`.
 //!
 //! A ring's requests wake the poller through its event channel, but a device's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! How long an idle poller spins before it sleeps.
 //!
 //! A wake-up from `SCHEDOP_poll` costs a hypercall (expensive where the CPU is emulated)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Starting application processors the PC way (INIT, start-up IPI), used under plain
 //! QEMU. A start-up IPI starts the CPU in 16-bit real mode at `vector << 12`, so a small
 //! trampoline is copied to `TRAMPOLINE_PADDR`; it climbs to long mode with the boot

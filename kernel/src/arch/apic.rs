@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The local APIC, in xAPIC (MMIO) mode: this CPU's id, end-of-interrupt, and the
 //! inter-processor interrupts used to start and wake other CPUs.
 

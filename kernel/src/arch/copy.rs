@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Bulk copies of whole 64-byte blocks (the data of block requests: grant pages, RAM-disk
 //! stripes, bounce pages, indirect pages), by whichever of two ways this CPU runs
 //! faster, measured once at boot ([`calibrate`]), as Linux picks its RAID and XOR

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! CPUID, control registers and halting.
 
 use core::arch::x86_64::{__cpuid_count, CpuidResult};

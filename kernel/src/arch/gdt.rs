@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Per-CPU GDT and TSS. The TSS carries the interrupt stacks (IST) that the double-fault,
 //! NMI and machine-check gates switch to, so a blown kernel stack still gets reported.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! x86_64 processor set-up: descriptor tables, traps, paging, CPU identification.
 //! All of the kernel's privileged instructions live under this module.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Page-table changes after boot. `boot` identity-maps 0..4 GiB with 2 MiB pages; the
 //! kernel maps 4 KiB pages elsewhere (grant mappings, MMIO, tests) through the
 //! `x86_64` crate's mapper, with page-table frames from the frame allocator.

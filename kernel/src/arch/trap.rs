@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Interrupt descriptor table, trap entry, and what happens on each vector.
 //!
 //! Every vector enters through a generated stub (build.rs) that pushes a uniform

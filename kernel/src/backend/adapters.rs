@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The blkif engine's small traits over the real thing: ring pages and foreign grants
 //! mapped at guest-physical addresses of our map space, `EVTCHNOP_send`, and the
 //! xenstore client.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The control path (on vCPU 0, between polls): discovery of the devices the toolstack
 //! creates under our `backend/vbd` directory, their watch events, the statistics
 //! published to xenstore every few seconds, and the report an operator asks for.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The backing store of one vbd, as its `params` (xl's `target=`) names it: a RAM disk,
 //! an NVMe namespace or a virtio-blk device, whole or a slice of it. Every ring's engine
 //! drives its own device queue through `DeviceQueue`, a boxed `BlockDevice` (a slice's

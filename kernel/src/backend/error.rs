@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Why a vbd could not be set up or connected. Their texts go to the vbd's xenstore
 //! `hotplug-error`/`error` nodes and to the console, which operators and the tests
 //! read: each `Display` keeps the wording it had as a formatted string.

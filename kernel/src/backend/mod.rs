@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The block backend service. The control path (on vCPU 0, between polls) watches our
 //! `backend/vbd` directory in xenstore; for each device the toolstack creates it parses
 //! `params`, makes the backing store, and runs the blkif negotiation from the `blkback`

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! One poller per vCPU. Each owns the rings whose queue index maps to its vCPU (queue q
 //! on vCPU q mod n), their engines and device queues: nothing on the I/O path is shared
 //! or locked. New rings arrive through the vCPU's inbox (an atomic flag, then a lock

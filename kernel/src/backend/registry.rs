@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The device registry: every disk and device the control path has made, and what stays
 //! of them after their vbd is gone. Owned by `Control` (vCPU 0), handed by `&mut` to the
 //! code that opens or releases disks; nothing here is reached from the pollers.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Guest-physical space for foreign mappings: a hole in our memory map (identity
 //! mapped, below 4 GiB), cut into one region per ring: 16 pages for the ring itself
 //! (order 4 at most, consecutive so the ring is one virtual range) followed by the

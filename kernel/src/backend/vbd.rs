@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! One vbd's lifecycle: its blkif negotiation and what its connection holds. On connect
 //! each queue's ring is mapped, its event channel bound, and its engine handed to the
 //! poller of a vCPU; on disconnect the pollers drain and release them, and the device

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Bounce buffers for a disk the device model emulates, under Xen. qemu-xen reaches an HVM
 //! domain's memory only through its map of guest RAM, and foreign grants are mapped above
 //! RAM, so such a device cannot DMA to them (writes would store leftovers, reads land

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `disktest=<backing>`: drive a disk from every CPU at once and check what comes back.
 //!
 //! Queue `q` runs on CPU `q` and owns region `q` of the disk (the last `TAIL_SECTORS`

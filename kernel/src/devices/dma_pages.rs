@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! CPU access to whole pages of DMA memory a kernel-side user allocated (the disk test's
 //! buffers, the partition-table reader's): for a device that copies with the CPU (the RAM
 //! disk; DMA devices never call it). Any address outside those pages is refused, so the

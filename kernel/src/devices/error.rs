@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Why a disk could not be opened. The texts reach the console and, under Xen, the vbd's
 //! `hotplug-error`/`error` nodes (after the disk's name): each `Display` keeps the
 //! wording it had as a formatted string.

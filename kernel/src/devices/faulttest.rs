@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `faulttest=<target>`: device faults on real (QEMU's) devices, for tier 2. A test hook:
 //! nothing runs unless the command line names it.
 //!

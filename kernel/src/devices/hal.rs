@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What the device drivers need from the machine: PCI configuration access (ECAM from
 //! the MCFG, or ports 0xCF8/0xCFC), uncached mappings of device registers, DMA memory,
 //! and a microsecond clock calibrated against the PIT.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Real disks: finding them on PCI, bringing up their drivers, and (in the test image)
 //! the disk and fault tests that tier 2 runs against QEMU's NVMe and virtio-blk devices.
 

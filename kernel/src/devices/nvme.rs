@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! NVMe: bring a controller up once (reset, admin queue, the I/O queue pairs it grants),
 //! then give every disk on it (each namespace, each open) I/O queues from that pool.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! From a backing-store name to ready device queues.
 
 use super::error::OpenError;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Where on its device a disk lies: the whole device, an explicit extent, or a GPT
 //! partition, whose table is read through one of the device's queues before any disk has
 //! them. The checks are `backing::check_slice` and `backing::gpt` (host-tested); this is

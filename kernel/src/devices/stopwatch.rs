@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Where the time of opening a disk goes: the control path starts a stopwatch when a vbd
 //! is attached, the code on the way marks the end of each phase (`lap`), and the attach
 //! logs the summary: time per phase, and the configuration-space and device-register

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! virtio-blk over the modern PCI transport: find the capability windows, map their
 //! BARs, bring the device up with one virtqueue per CPU (as many as it offers).
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The log on the Xen PV console ring, so `xl console` and xenconsoled's log show it.
 
 use super::{shared_page, XenDomain};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The toolstack's control requests: `xl shutdown`/`xl reboot` write
 //! `control/shutdown`; we advertise that we listen (`control/feature-*`, without which
 //! xl refuses to ask) and act on the request.

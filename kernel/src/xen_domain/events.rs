@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Event-channel delivery: each vCPU gets upcalls on `UPCALL_VECTOR` and dispatches the
 //! ports bound to it from its own handler table. A port is bound to exactly one vCPU, so
 //! tables are never shared; each table's lock only orders registration against dispatch.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The kernel side of Xen domain bring-up (`xen::domain`). The `xen` crate holds the
 //! ABI and the host-tested logic (hypercall wrappers, event scan, xenstore client,
 //! console ring); this module holds what needs the running kernel: frames for

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The xenstore connection: the `xen` crate's client over the shared ring page, kicked
 //! through the store event channel and waiting with `SCHEDOP_poll` (the port stays
 //! masked, so no upcall competes for it). Control path only: one lock for the domain.

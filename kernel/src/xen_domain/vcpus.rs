@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Starting the domain's other vCPUs the Xen way: a PVH vCPU has no real mode to take a
 //! start-up IPI into, so it is given its 64-bit register state (`VCPUOP_initialise`)
 //! and then brought up (`VCPUOP_up`). Booted as HVM, hvmloader has already initialised

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The xenstore keys the test image's self-tests use, in blkdom's own directory. README.md's
 //! "Xenstore keys" lists them apart from the keys of the production image
 //! (`xen/blkback/tests/xenstore_keys.rs` checks it).

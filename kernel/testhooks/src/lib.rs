@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What the image's test hooks compute, apart from the devices they drive: the disk
 //! test's seeded writes (`pattern`, which the tier-2 runner recomputes in Python,
 //! `tests/qemu/disk_pattern.py`), the registry test's steps (`registry`) and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Seeded disk-test writes: where each write goes and what it writes.
 //!
 //! Queue `q` of a test owns region `q` of the disk (so concurrent queues never overlap

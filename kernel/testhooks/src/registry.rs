@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `registrytest=<step>;<step>;...`: a step `+<target>` opens a disk as a vbd's `params`
 //! would and keeps it; `-<n>` releases the disk of step `n` (counting the `+` steps
 //! from 0).

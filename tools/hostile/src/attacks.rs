@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The attacks on one connected ring, over any ring memory and any backend: in the guest
 //! the pages are shared with blkdom through gntalloc, in the tests below they are
 //! blkback's fake guest memory served by the real engine. Each attack says what it saw

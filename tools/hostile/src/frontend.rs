@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The frontend's side of the xenbus handshake, written by hand so that any key can be
 //! wrong: a virtual block device of this guest (`device/vbd/<id>`, made by the toolstack
 //! like any disk; the guest loaded no blkfront, so nobody else drives it), its rings

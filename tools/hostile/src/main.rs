@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! hostile: a blkfront in user space that attacks the backend of its guest's disks
 //! (tests/xen/hostile). It runs in a Linux PV guest that loaded no blkfront, so the
 //! disks the toolstack gave the guest are its own to drive: it writes the frontend's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The guest's Xen devices, and the only unsafe code: `/dev/xen/gntalloc` (pages granted
 //! to another domain, mapped here), `/dev/xen/evtchn` (event channels) and
 //! `/dev/xen/xenbus` (the kernel's xenstore connection, as a byte stream).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Engine throughput on the host: 4 KiB reads (one grant each) against a null device,
 //! ring order 0 and 4, one and two queues served by one poller, persistent grants on and
 //! off (off: every request maps and unmaps its grant through the fake grant table, so

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Large requests on the host: the engine in front of a RAM disk, as blkdom serves a
 //! guest in PVH mode, with the ring and the guest's pages in plain memory (copies are
 //! `memcpy`s, as on mapped pages). One ring of 32 slots kept full (fio's QD32), reads

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The blkif wire format (x86_64 ABI, and the x86_32 ABI translated to it) and
 //! shared-ring layout, from Xen's `public/io/blkif.h` and `public/io/ring.h`. Requests
 //! are decoded from byte copies (through the `wire` views of those copies), never read in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! One budget of persistently mapped grants for the whole driver domain, shared fairly
 //! between the rings that cache grants.
 //!

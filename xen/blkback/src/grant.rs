@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Grant mapping: the trait over Xen's `GNTTABOP_map_grant_ref`/`unmap_grant_ref` and the
 //! bounded cache of persistently mapped grants.
 

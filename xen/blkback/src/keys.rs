@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The xenstore keys of a vbd, and of blkdom's own directory for its vbds, by name: the
 //! toolstack's, the frontend's, and those blkdom publishes. The keys any xenbus device
 //! has (`state`, `frontend`, `online`, ...) and the domain's own (`domid`,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The blkif backend engine: everything between a frontend's shared ring and a block
 //! device, as pure logic over small traits (ring memory, grants, event channel,
 //! xenstore, block device) so that it is tested on the host against a fake Xen (`fake`).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Backend side of the xenbus handshake for one virtual block device, as a state
 //! machine over [`XenStore`]. The kernel calls [`BlkifBackend::probe`] once, then
 //! [`BlkifBackend::step`] whenever a watch on the frontend's `state` or on the backend

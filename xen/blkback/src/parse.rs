@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Decoding and checking requests. Input is always a private copy of a ring slot (or of
 //! an indirect page): nothing here reads shared memory, so nothing can change under it.
 

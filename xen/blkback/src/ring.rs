@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The back end of a blkif shared ring: request copy-out, response write-out and the
 //! index/event arithmetic of Xen's `ring.h` macros (`RING_HAS_UNCONSUMED_REQUESTS`,
 //! `RING_REQUEST_PROD_OVERFLOW`, `RING_PUSH_RESPONSES_AND_CHECK_NOTIFY`,

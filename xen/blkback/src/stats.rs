@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Per-ring counters, updated by the ring's own poller only (no atomics needed).
 //!
 //! The first seven carry the names and meanings of Linux blkback's per-vbd statistics

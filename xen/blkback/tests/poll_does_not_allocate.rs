@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The hot path allocates nothing: after set-up, polling a busy ring (persistent and
 //! transient grants, direct and indirect requests, errors, completions, notifications,
 //! a cap that moves, idle grants released) makes no heap allocation on the polling

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Two queues served by two pollers share no written cache line on the I/O path.
 //!
 //! blkdom serves queue q of a disk on vCPU q mod n, each with its own engine, ring,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! README.md's "Xenstore keys" reference lists exactly the keys blkdom uses, each in the
 //! table of its place: those of `xen::xenbus::keys::ALL` and `blkback::keys::ALL`, and
 //! the self-tests' (`testhooks::keys::ALL`) in a table of their own. And no xenstore

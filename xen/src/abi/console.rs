@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The PV console ring (`public/io/console.h`).
 
 pub const XENCONS_IN_SIZE: usize = 1024;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Xen's CPUID leaves (`public/arch-x86/cpuid.h`). The base leaf is 0x40000000 or, when
 //! Viridian leaves are offered, the next free 0x100 boundary; `kernel/machine`'s
 //! hypervisor detection finds it, these offsets are relative to it.

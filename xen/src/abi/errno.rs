@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Xen's errno values (`public/errno.h`). Hypercalls return them negated.
 
 pub const EPERM: i32 = 1;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `event_channel_op` (`public/event_channel.h`).
 
 use super::DomId;

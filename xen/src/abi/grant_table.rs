@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `grant_table_op` and grant entries, v1 (`public/grant_table.h`).
 
 use super::DomId;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `hvm_op` (`public/hvm/hvm_op.h`) and HVM parameters (`public/hvm/params.h`).
 
 use super::DomId;

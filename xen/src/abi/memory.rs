@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `memory_op` (`public/memory.h`).
 
 use super::DomId;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Xen's public ABI, hand-written from `xen/include/public/` (x86_64 layout).
 //!
 //! Every struct carries a layout test. The expected sizes and offsets were produced by

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `sched_op` (`public/sched.h`).
 
 pub const SCHEDOP_YIELD: u64 = 0;

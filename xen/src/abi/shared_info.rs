@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `shared_info` and `vcpu_info` (`public/xen.h`, `public/arch-x86/xen*.h`), x86_64.
 //!
 //! These structs describe the page Xen shares with the domain. blkdom never holds a

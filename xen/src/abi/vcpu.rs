@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `vcpu_op` (`public/vcpu.h`) and the HVM/PVH vCPU start context
 //! (`public/hvm/hvm_vcpu.h`).
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! `xen_version` hypercall (`public/version.h`, `public/features.h`).
 
 pub const XENVER_VERSION: u64 = 0;

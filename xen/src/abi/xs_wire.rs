@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The xenstore wire format (`public/io/xs_wire.h`).
 
 /// `enum xsd_sockmsg_type`.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The guest-physical pages foreign grants are mapped at.
 
 use super::free_list::{FreeError, IndexFreeList};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Batched map / unmap / copy of other domains' grants, one hypercall a batch, with
 //! every status checked.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A hypervisor wrapper that counts the foreign pages mapped through it.
 
 use super::batch::STATUS_NOT_PROCESSED;

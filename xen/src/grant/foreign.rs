@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! One domain's grants mapped page by page into a map area, with a result per entry.
 
 use super::area::GrantMapArea;

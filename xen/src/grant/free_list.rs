@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A free list of indices, for our grant refs and the map area's pages.
 
 use alloc::vec;

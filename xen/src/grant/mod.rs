@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Grant tables: our own grants (a free list of grant refs over the v1 entry table) and
 //! batched map / unmap / copy of other domains' grants with every status checked.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Our own grant table: the v1 entries we grant other domains access through, and the
 //! mapping of its frames into our physmap.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Interrupt-flag control for the idle protocol (`crate::evtchn::idle_wait`).
 
 use crate::evtchn::CpuIdle;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Issuing hypercalls from an HVM/PVH guest: `vmcall` on Intel (and other VMX vendors),
 //! `vmmcall` on AMD and Hygon, chosen once from the CPUID vendor string. No hypercall
 //! page is needed. ABI: index in RAX, arguments in RDI, RSI, RDX, R10, R8, result in RAX.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! [`SharedMem`]: a window of memory that Xen or another domain writes concurrently.
 //!
 //! No Rust reference to the memory ever exists: every access is an atomic load, store

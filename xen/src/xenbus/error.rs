@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Errors where Linux's backends leave them. `xenbus_dev_error`/`xenbus_dev_fatal` write
 //! "<errno> <message>" to `error/<device node>/error` under the backend domain's own
 //! home (`/local/domain/<backend>/error/backend/vbd/<fe>/<dev>/error`), which the

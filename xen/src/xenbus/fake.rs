@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! An in-memory xenstore with transactions (buffered until commit, optionally failing
 //! with `EAGAIN`) and removal of subtrees.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The xenstore keys of any xenbus device and of a domain's own directory that blkdom
 //! reads or writes, by name. The vbd's own keys are in `blkback::keys`; README.md's
 //! "Xenstore keys" lists the keys of both lists, each under its [`Place`], and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The device-class independent side of xenbus, for a backend (or frontend) of any
 //! device class: the `state` values, the few xenstore operations a handshake needs (the
 //! [`XenStore`] trait, which the kernel implements over [`crate::xenstore`]'s client),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! When the control path steps a device again without a watch event, from what its last
 //! step answered: soon ([`RETRY_NS`]) after a `Retry` (requests draining, a refused
 //! connection's rings still held, a resize the pollers have not taken in yet), at its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The state a xenbus device's `state` node holds.
 
 /// `enum xenbus_state`.

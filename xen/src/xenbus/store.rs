@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The few xenstore operations negotiation needs. The kernel adapts the client of
 //! [`crate::xenstore`] to this trait; tests use the in-memory store in `fake`.
 

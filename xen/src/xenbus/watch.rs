@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Which devices a batch of xenstore watch events concerns, so that the control path
 //! steps only those: a frontend rewriting its own `state` node in a loop costs one step
 //! of its own device per event, however many devices there are.

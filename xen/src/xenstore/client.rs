@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The xenstore client: one request in flight at a time; replies are matched by request
 //! id, watch events that arrive in between are queued for [`XenstoreClient::take_watch_event`].
 

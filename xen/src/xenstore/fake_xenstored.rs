@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A small xenstored for host tests, serving the far side of a real ring page: a node
 //! tree with permissions, watches (fired on registration and on changes), transactions
 //! (EAGAIN on conflict or on request), injected errors, and a configurable number of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A xenstore client over the shared ring page (`HVM_PARAM_STORE_PFN`, notified through
 //! `HVM_PARAM_STORE_EVTCHN`). Control path: it allocates.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The xenstore ring as a byte stream.
 //!
 //! `xenstore_domain_interface` holds two 1024-byte rings (see `crate::byte_ring`): we

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The xenstore wire format: a 16-byte header (`struct xsd_sockmsg`, little endian on
 //! x86) followed by `len <= 4096` payload bytes, mostly NUL-terminated strings.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 use super::*;
 
 /// A GPT written the way the UEFI specification lays it out (what sgdisk and parted

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Discards, carried out by a queue a bounded piece per poll.
 
 use core::ops::Range;

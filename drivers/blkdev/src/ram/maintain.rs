@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The control path's care of a RAM disk's memory: freeing and spare stripes.
 
 use core::sync::atomic::Ordering;

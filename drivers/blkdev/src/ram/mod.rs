@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A RAM disk: the backing store for PVH mode and for tests. Queues are separate handles
 //! over one shared store; each keeps its own completion FIFO.
 //!

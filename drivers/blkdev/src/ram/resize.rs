@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Growing and shrinking a RAM disk while its queues serve it.
 
 use core::ops::Range;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The striped store shared by a RAM disk's queues, and its stripes.
 
 use alloc::boxed::Box;

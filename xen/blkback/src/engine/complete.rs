@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Completion: collect what the device finished, give back grants, answer requests, and
 //! publish the responses (after the unmaps queued before them) with a notification when
 //! the frontend asked for one.

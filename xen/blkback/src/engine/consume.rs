@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Taking requests off the ring: copy each slot out once, parse and check it, give it a
 //! slot (copying indirect descriptors out of their granted pages), and stage its grants;
 //! a request that fails a check is answered at once.

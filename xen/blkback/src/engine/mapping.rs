@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Grant mapping for requests: the persistent-grant cache, the round's map batch, the
 //! unmap batch, and how each segment's page is mapped.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The per-queue engine: one ring of one frontend, driven by the poller of its vCPU.
 //!
 //! `poll(budget)` consumes at most `budget` requests (each copied out of the ring once,

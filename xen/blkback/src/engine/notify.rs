@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Notification moderation: when the frontend asks for an event but more of its
 //! requests are about to be answered, hold the event for a short window so one event
 //! carries the batch.

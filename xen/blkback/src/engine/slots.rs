@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The slot table: one slot per request between taking it off the ring and answering
 //! it, the free list, and the segment area where each slot's descriptors live.
 

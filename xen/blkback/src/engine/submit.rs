@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Submission: a checked request's grants go into the round's map batch, the batch is
 //! mapped with one call, and the requests go to the device in order (deferred while the
 //! device is full or a barrier waits for what came before it).

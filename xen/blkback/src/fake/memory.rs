@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Guest pages as atomics (so two threads may share them without undefined behaviour),
 //! a grant table over them, and both sides' views of a shared ring.
 

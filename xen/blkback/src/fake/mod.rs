@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Host stand-ins for Xen, shared between threads: guest pages, the grant table, event
 //! channels, the frontend's side of the ring, and devices that hold or reorder
 //! completions. The fake frontend writes the same pages the backend reads.

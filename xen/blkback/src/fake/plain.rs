@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Plain-memory stand-ins for one thread: a ring whose slot copies are `memcpy`s and
 //! guest pages behind a grant table whose mapped pages are read and written with
 //! `memcpy`, as the kernel's are (`FrontendGrants`: a check that the page holds a

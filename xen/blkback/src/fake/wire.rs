@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Encoders for the frontend side of the wire format (what Linux blkfront writes), used
 //! by the fake frontend, fuzzers and benchmarks; and what a 32-bit x86 frontend writes
 //! (`x86_32_*`), field by field at its own offsets.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The domain's grant budget and idle release, against engines over the fake Xen: caps
 //! shared between rings, eviction when a share shrinks, I/O beyond the cap, grants
 //! unmapped after the idle timeout and never while a request pins them.

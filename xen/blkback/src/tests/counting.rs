@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The allocator of this crate's tests: the system's, counting the bytes each thread
 //! holds, so a test measures what a piece of code really allocates.
 #![allow(unsafe_code, reason = "a test allocator that counts bytes")]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Device faults under the engine, with the real NVMe and virtio drivers over their fake
 //! devices (`nvme::fake`, `virtio::fake`): a command that fails answers its request, and
 //! only it, with an error; a command the device never completes is answered with an error

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! What the crate's errors say (they reach the log and xenstore `error` nodes).
 
 use crate::engine::Busy;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A fake Linux blkfront on its own thread, against engines polled on other threads
 //! over shared guest memory, checked against a reference copy of the disk.
 //!

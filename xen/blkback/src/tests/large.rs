@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Large requests: how much one poll takes in, and what the grant cache holds for a
 //! ring of them.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Engine tests over the fake Xen: one named test per rule of design.md §4, and the
 //! threaded fake blkfront against a reference disk.
 

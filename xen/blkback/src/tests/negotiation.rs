@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! The xenbus handshake against an in-memory xenstore, and end to end with engines.
 
 use std::sync::atomic::Ordering;

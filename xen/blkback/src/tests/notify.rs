@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Notification moderation (`engine/notify.rs`) against a simulated blkfront on a
 //! virtual clock: the frontend takes responses only when an event arrives (its
 //! interrupt), re-arms `rsp_event` as Linux's `RING_FINAL_CHECK_FOR_RESPONSES` does, and

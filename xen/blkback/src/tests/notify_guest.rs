@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! Notification moderation against a model of the rig's guest: Linux blkfront and fio
 //! on one vCPU that emulation makes slow (tests/xen/notify-sweep). Unlike the frontend
 //! of `tests/notify.rs`, this guest does one thing at a time: its interrupt handler

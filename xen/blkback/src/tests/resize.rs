@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A disk resized while its rings run: the engine checks against the new capacity once
 //! refreshed, and the backend publishes it as Linux's `xen_vbd_resize` does.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! One test per rule of design.md §4 (and the ring-protocol checks around them).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
 //! A 32-bit x86 frontend (`protocol` = `x86_32-abi`): its slots are 108 bytes, `id`
 //! 4-byte aligned right after the first four bytes, and its responses 12 bytes. The
 //! requests here are written byte by byte at the x86_32 offsets (`blkif.h` as a 32-bit
