@@ -66,7 +66,8 @@ pub(super) struct GrantMapper {
     /// Grants to unmap in the next unmap batch.
     unmaps: Vec<MappedGrant>,
     unmap_results: Vec<Result<(), RawGrantStatus>>,
-    /// Transient mappings held by requests.
+    /// Transient mappings held by requests, counted from when they are queued (so a
+    /// round's batch counts before it is mapped) until they are released.
     transient_mapped: usize,
     /// A grant was mapped for its request alone because the cache was at its limit
     /// since the engine last looked (`take_capped`).
@@ -112,7 +113,8 @@ impl GrantMapper {
         self.persistent
     }
 
-    /// Grants mapped right now, cached or transient.
+    /// Grants mapped right now, cached or transient (with those queued in the round's
+    /// batch, which is mapped before the poll ends).
     pub fn mapped(&self) -> usize {
         self.cache.mapped() + self.transient_mapped
     }
@@ -268,6 +270,7 @@ impl GrantMapper {
         self.requests.push(MapRequest { gref, writable });
         self.targets.push(MapTarget::Segment(index as u32));
         self.maps[index] = SegmentMap::pending(NO_ENTRY);
+        self.transient_mapped += 1;
     }
 
     /// `gref`'s entry in the persistent cache, pinned: a hit (usually mapped already),
@@ -341,12 +344,13 @@ impl GrantMapper {
                     let map = &mut self.maps[index as usize];
                     map.grant = grant;
                     map.status = 0;
-                    self.transient_mapped += 1;
                 }
                 (MapTarget::Segment(index), Err(status)) => {
                     known = false;
                     stats.grant_failures += 1;
                     self.maps[index as usize].status = status;
+                    // Counted when queued; nothing to release.
+                    self.transient_mapped -= 1;
                 }
             }
         }
