@@ -1,6 +1,9 @@
 //! Taking requests off the ring: copy each slot out once, parse and check it, give it a
 //! slot (copying indirect descriptors out of their granted pages), and stage its grants;
-//! a request that fails a check is answered at once.
+//! a request that fails a check is answered at once. A request is taken only while the
+//! ring's grants in flight leave room for the largest request: otherwise it waits in the
+//! ring, untouched, until requests of this ring finish (or the budget's pool gives the
+//! ring more credit).
 
 use blkdev::BlockDevice;
 
@@ -53,6 +56,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             && self.ring.req_cons() != req_prod
             && !self.ring.cons_overflows()
             && self.submission.deferred.is_empty()
+            && self.mapper.may_take_request()
         {
             self.ring.take_request_into(&mut raw);
             consumed += 1;
@@ -71,6 +75,11 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             }
         }
         self.flush_staged();
+        let waiting = !self.mapper.may_take_request() && self.ring.req_cons() != req_prod;
+        if waiting != self.map_waiting {
+            self.map_waiting = waiting;
+            self.stats.grant_waits += u64::from(waiting);
+        }
         consumed
     }
 
