@@ -566,16 +566,20 @@ mod tests {
             "settled: no pool access"
         );
         assert_eq!(budget.in_flight_free(), 100, "the reserve");
-        // A second ring: targets drop to 450. `a` uses 800 of its 900: it gives back
-        // 100 at once, and takes nothing new (its limit is its target).
+        // A second ring: targets drop to 450. `a` uses all its 900: it gives back
+        // nothing yet, and takes nothing new (its limit is its target).
         let b = budget.join(demand).unwrap();
         let mut b_credit = b.credit();
-        assert_eq!(a_credit.follow(450, 800, 100), Some(450));
-        assert_eq!((a_credit.held(), budget.in_flight_free()), (800, 200));
-        // `b` holds nothing: it takes one request's worth from the reserve, and what
-        // the pool has above the reserve.
+        assert_eq!(a_credit.follow(450, 900, 100), Some(450));
+        assert_eq!((a_credit.held(), budget.in_flight_free()), (900, 100));
+        // `b` holds nothing: it takes one request's worth from the reserve, no more.
         assert_eq!(b_credit.follow(450, 0, 100), Some(100));
-        assert_eq!(budget.in_flight_free(), 100);
+        assert_eq!(budget.in_flight_free(), 0);
+        assert_eq!(b_credit.follow(450, 0, 100), None);
+        // Some of `a`'s requests finish: it gives back what it no longer uses above
+        // its target, which first refills the reserve.
+        assert_eq!(a_credit.follow(450, 800, 100), None);
+        assert_eq!((a_credit.held(), budget.in_flight_free()), (800, 100));
         assert_eq!(b_credit.follow(450, 0, 100), None);
         // `a`'s requests finish: its credit goes back down to its target, `b` takes it.
         assert_eq!(a_credit.follow(450, 300, 100), None);
