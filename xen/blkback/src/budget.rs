@@ -29,8 +29,10 @@
 //!   (the rest as its requests finish; it takes no new ones until it is below), a ring
 //!   below takes what the pool has. The pool keeps [`InFlightLimits::reserve`] for
 //!   rings that hold less than one request's worth, so a ring that connects serves a
-//!   request at once whatever the others hold. A ring joins only if its target would
-//!   leave room for one of its largest requests (otherwise its connection is refused).
+//!   request at once whatever the others hold (unless another that just connected took
+//!   the reserve first: it is refilled by the next credit given back). A ring joins
+//!   only if its target would leave room for one of its largest requests (otherwise
+//!   its connection is refused).
 
 use alloc::sync::Arc;
 use alloc::vec::Vec;
