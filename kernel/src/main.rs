@@ -197,6 +197,12 @@ fn log_grant_limits(limits: &blkback::budget::GrantLimits) {
         "grants: at most {} persistent grants mapped by all rings together, {} by one ring",
         limits.max_total, limits.max_per_ring
     );
+    let in_flight = blkback::budget::InFlightLimits::DEFAULT;
+    info!(
+        "grants: at most {} grants mapped for requests in flight by all rings together, {} by \
+         one ring (a ring at its share leaves requests waiting in its ring)",
+        in_flight.total, in_flight.per_ring
+    );
     match limits.idle_secs {
         0 => info!("grants: unused persistent grants stay mapped (grants.idle-s=0)"),
         secs => info!("grants: persistent grants unused for {secs} s are unmapped"),

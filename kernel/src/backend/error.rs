@@ -38,6 +38,9 @@ pub enum ConnectError {
     /// The mapped ring does not fit what the frontend negotiated, or the ring's engine
     /// does not fit in the heap (`blkback::engine::EngineError` says which).
     Engine(blkback::engine::EngineError),
+    /// The domain's budget for grants of requests in flight cannot give another ring
+    /// room for one request.
+    NoGrantShare(blkback::budget::NoShare),
 }
 
 impl ConnectError {
@@ -75,6 +78,7 @@ impl fmt::Display for ConnectError {
                 write!(f, "ring: {error:?}")
             }
             ConnectError::Engine(error) => write!(f, "{error}"),
+            ConnectError::NoGrantShare(refused) => write!(f, "{refused}"),
         }
     }
 }
@@ -400,7 +404,7 @@ impl Errno for ConnectError {
     fn errno(&self) -> u32 {
         match self {
             ConnectError::NoXen => errno::ENODEV,
-            ConnectError::NoMapSpace => errno::ENOSPC,
+            ConnectError::NoMapSpace | ConnectError::NoGrantShare(_) => errno::ENOSPC,
             // The frontend's grants or event channel: what it wrote does not work.
             ConnectError::MapRing { .. } | ConnectError::BindEventChannel { .. } => errno::EINVAL,
             ConnectError::AllQueuesServing { .. } => errno::EBUSY,

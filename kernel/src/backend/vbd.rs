@@ -33,8 +33,8 @@ pub(super) struct VbdHooks {
     pub(super) name: String,
     pub(super) disk: Disk,
     /// Each connected queue's control block, with the vCPU that serves it and its
-    /// share of the domain's grant budget (with persistent grants).
-    pub(super) queues: Vec<(usize, Arc<QueueControl>, Option<GrantShare>)>,
+    /// share of the domain's grant budget.
+    pub(super) queues: Vec<(usize, Arc<QueueControl>, GrantShare)>,
     /// Leaked pages of earlier connections (unmap failures), for the stats.
     pub(super) leaked_pages: u64,
     /// What the rings of earlier connections refused (a ring's counters go with it).
@@ -53,15 +53,17 @@ pub(super) struct VbdHooks {
     pub(super) fault_reported: bool,
 }
 
-// A ring's cache never fills more than half of its map region: the other half stays for
-// the grants of requests in flight, mapped per request.
-const _: () =
-    assert!(2 * blkback::budget::GrantLimits::MAX_PER_RING_LIMIT <= space::GRANT_PAGES_PER_RING);
+// A ring's cache and the grants of its requests in flight (mapped per request) never fill
+// more than its map region.
+const _: () = assert!(
+    blkback::budget::GrantLimits::MAX_PER_RING_LIMIT
+        + blkback::budget::InFlightLimits::DEFAULT.per_ring
+        <= space::GRANT_PAGES_PER_RING
+);
 
 /// A vbd's hooks as its negotiation steps them, with what the control path lends them
-/// for the step: the domain's budget of persistent grants (rings join it when they
-/// connect with persistent grants and leave once released) and the command line's
-/// settings.
+/// for the step: the domain's grant budget (every ring joins it when it connects and
+/// leaves once released) and the command line's settings.
 pub(super) struct Connecting<'a> {
     pub(super) vbd: &'a mut VbdHooks,
     pub(super) budget: &'a mut GrantBudget,
@@ -165,14 +167,20 @@ impl VbdHooks {
                 return Err(ConnectError::Engine(refused.error));
             }
         };
-        let share = connection.persistent_grants.then(|| {
-            let share = budget.join();
-            // Every other ring's cap dropped: their pollers are woken so that they evict
-            // down to it now rather than at their next event.
-            poller::ring_all_doorbells();
-            engine.set_grant_share(share.clone());
-            share
-        });
+        let share = match budget.join(engine.grant_demand()) {
+            Ok(share) => share,
+            Err(full) => {
+                let (_, _, device, _) = engine.into_parts();
+                self.disk.give_back(device);
+                undo(ring_conn);
+                return Err(ConnectError::NoGrantShare(full));
+            }
+        };
+        // Every other ring's shares dropped: their pollers are woken so that they evict
+        // down to their cap and give back credit for grants in flight now rather than at
+        // their next event.
+        poller::ring_all_doorbells();
+        engine.set_grant_share(share.clone());
         // The engine read the disk's capacity as it is now: nothing to acknowledge.
         let control = Arc::new(QueueControl {
             resize_epoch: self.resize_epoch.into(),
@@ -268,10 +276,9 @@ impl VbdHooks {
             });
         }
         for (_, control, share) in self.queues.drain(..) {
-            // Its grants are unmapped: the other rings may cache more.
-            if let Some(share) = share {
-                budget.leave(&share);
-            }
+            // Its grants are unmapped and its credit given back: the other rings may
+            // have more.
+            budget.leave(&share);
             self.leaked_pages += control.leaked_pages.load(Ordering::Acquire);
             self.refusals.add_ring(&control.stats.lock());
             if let Some(device) = control.device.lock().take() {

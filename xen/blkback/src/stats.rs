@@ -9,8 +9,8 @@
 /// shown in xenstore and on the console can never disagree.
 macro_rules! ring_stats {
     ($($(#[doc = $doc:literal])* $field:ident => $name:literal,)*) => {
-        /// Counters of one ring. `grants_mapped`, `persistent_grants` and `grant_cap`
-        /// are levels, the rest only grow.
+        /// Counters of one ring. `grants_mapped`, `persistent_grants`, `grant_cap` and
+        /// `in_flight_cap` are levels, the rest only grow.
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
         pub struct RingStats {
             $($(#[doc = $doc])* pub $field: u64,)*
@@ -81,6 +81,12 @@ ring_stats! {
     idle_released => "idle-released",
     /// Persistent grants unmapped because the ring's cap dropped below what it held.
     cap_evicted => "cap-evicted",
+    /// The most grants the ring may have mapped for its requests in flight now: what it
+    /// holds of the domain's budget for them.
+    in_flight_cap => "in-flight-cap",
+    /// Times the ring left requests waiting in its ring because its grants in flight
+    /// were at `in-flight-cap` (taken once its own requests gave grants back).
+    grant_waits => "grant-waits",
     /// GNTTABOP_map_grant_ref hypercalls (each maps a batch).
     map_batches => "map-batches",
     /// GNTTABOP_unmap_grant_ref hypercalls.
@@ -180,7 +186,7 @@ mod tests {
         assert_eq!(total.device_busy, 8);
         let names: Vec<_> = total.fields().map(|(name, _)| name).collect();
         assert_eq!(names.last(), Some(&"ring-overflows"));
-        assert_eq!(names.len(), 35);
+        assert_eq!(names.len(), 37);
         assert_eq!(
             total.fields().find(|(name, _)| *name == "wr_req"),
             Some(("wr_req", 4))

@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! The hot path allocates nothing: after set-up, polling a busy ring (persistent and
 //! transient grants, direct and indirect requests, errors, completions, notifications,
-//! a cap that moves, idle grants released) makes no heap allocation on the polling
-//! thread.
+//! a cap that moves, credit for grants in flight taken and given back, idle grants
+//! released) makes no heap allocation on the polling thread.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use blkback::abi;
-use blkback::budget::{GrantBudget, GrantLimits};
+use blkback::budget::{GrantBudget, GrantLimits, InFlightLimits};
 use blkback::engine::{Engine, EngineConfig};
 use blkback::fake::wire::{encode_direct, encode_indirect, encode_segment};
 use blkback::fake::{CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
@@ -73,11 +73,21 @@ fn polling_allocates_nothing() {
             config,
         )
         .unwrap();
-        let mut budget = GrantBudget::new(GrantLimits {
-            max_total: 40,
-            ..GrantLimits::default()
-        });
-        engine.set_grant_share(budget.join());
+        // Room in flight for two requests of 512 segments alone, one with another ring
+        // (which comes and goes below): the ring's credit moves both ways.
+        let mut budget = GrantBudget::with_in_flight(
+            GrantLimits {
+                max_total: 40,
+                ..GrantLimits::default()
+            },
+            InFlightLimits {
+                total: 2560,
+                per_ring: 2048,
+                reserve: 512,
+            },
+        );
+        let demand = engine.grant_demand();
+        engine.set_grant_share(budget.join(demand).unwrap());
         // Descriptors of an indirect request in the page of gref 50.
         for i in 0..20u32 {
             let seg = SegmentDesc {
@@ -130,7 +140,7 @@ fn polling_allocates_nothing() {
             if loops.is_multiple_of(5) {
                 let after_control = allocations();
                 match other.take() {
-                    None => other = Some(budget.join()),
+                    None => other = Some(budget.join(demand).unwrap()),
                     Some(share) => budget.leave(&share),
                 }
                 ALLOCATIONS.with(|count| count.set(after_control));

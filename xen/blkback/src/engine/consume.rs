@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Taking requests off the ring: copy each slot out once, parse and check it, give it a
 //! slot (copying indirect descriptors out of their granted pages), and stage its grants;
-//! a request that fails a check is answered at once.
+//! a request that fails a check is answered at once. A request is taken only while the
+//! ring's grants in flight leave room for the largest request: otherwise it waits in the
+//! ring, untouched, until requests of this ring finish (or the budget's pool gives the
+//! ring more credit).
 
 use blkdev::BlockDevice;
 
@@ -57,6 +60,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             && segments < SEGMENTS_PER_POLL
             && self.ring.req_cons() != req_prod
             && self.submission.deferred.is_empty()
+            && self.mapper.may_take_request()
         {
             self.ring.take_request_into(&mut raw);
             consumed += 1;
@@ -75,6 +79,11 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             }
         }
         self.flush_staged();
+        let waiting = !self.mapper.may_take_request() && self.ring.req_cons() != req_prod;
+        if waiting != self.map_waiting {
+            self.map_waiting = waiting;
+            self.stats.grant_waits += u64::from(waiting);
+        }
         consumed
     }
 

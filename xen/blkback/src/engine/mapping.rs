@@ -4,7 +4,10 @@
 //!
 //! Persistent grants are mapped read-write (they are reused for both directions) and
 //! stay mapped, pinned while a request uses them; the rest are mapped for one request
-//! and unmapped when it finishes.
+//! and unmapped when it finishes. Those transient maps count against the ring's part of
+//! the domain's budget for grants in flight (`budget.rs`): the ring takes a request
+//! only while what it has mapped or queued leaves room for the largest request it may
+//! send (`may_take_request`), so it never has more than its limit mapped.
 
 use alloc::collections::TryReserveError;
 use alloc::vec::Vec;
@@ -67,20 +70,32 @@ pub(super) struct GrantMapper {
     /// Grants to unmap in the next unmap batch.
     unmaps: Vec<MappedGrant>,
     unmap_results: Vec<Result<(), RawGrantStatus>>,
-    /// Transient mappings held by requests.
+    /// Transient mappings held by requests, counted from when they are queued (so a
+    /// round's batch counts before it is mapped) until they are released.
     transient_mapped: usize,
+    /// The most grants one request maps for itself (its segments; its indirect pages
+    /// are given back before its data is mapped).
+    request_maps: usize,
+    /// A request is taken only while `transient_mapped` is below this: the ring's
+    /// limit for grants in flight, less `request_maps`, plus one (0: none is taken).
+    take_below: usize,
+    /// That limit.
+    in_flight_limit: usize,
     /// A grant was mapped for its request alone because the cache was at its limit
     /// since the engine last looked (`take_capped`).
     capped: bool,
 }
 
 impl GrantMapper {
-    /// `segments` is the size of the segment area; a batch holds up to `batch` maps.
+    /// `segments` is the size of the segment area; a batch holds up to `batch` maps;
+    /// one request maps at most `request_maps` grants. No limit on grants in flight until
+    /// `set_in_flight_limit`.
     pub fn new(
         persistent: bool,
         cache_capacity: usize,
         segments: usize,
         batch: usize,
+        request_maps: usize,
     ) -> Result<Self, TryReserveError> {
         Ok(Self {
             persistent,
@@ -93,6 +108,9 @@ impl GrantMapper {
             unmaps: fallible::with_capacity(batch)?,
             unmap_results: fallible::with_capacity(batch)?,
             transient_mapped: 0,
+            request_maps,
+            take_below: usize::MAX,
+            in_flight_limit: usize::MAX,
             capped: false,
         })
     }
@@ -113,9 +131,39 @@ impl GrantMapper {
         self.persistent
     }
 
-    /// Grants mapped right now, cached or transient.
+    /// Grants mapped right now, cached or transient (with those queued in the round's
+    /// batch, which is mapped before the poll ends).
     pub fn mapped(&self) -> usize {
         self.cache.mapped() + self.transient_mapped
+    }
+
+    /// Grants mapped (or queued) for requests alone.
+    pub fn in_flight(&self) -> usize {
+        self.transient_mapped
+    }
+
+    /// The most grants one request maps for itself.
+    pub fn request_maps(&self) -> usize {
+        self.request_maps
+    }
+
+    /// Whether a request may be taken: the grants it may map, on top of those mapped for
+    /// requests now, stay within the ring's limit.
+    #[inline(always)]
+    pub fn may_take_request(&self) -> bool {
+        self.transient_mapped < self.take_below
+    }
+
+    /// Map at most `limit` grants for requests in flight from now on (those mapped
+    /// already stay until their requests finish).
+    pub fn set_in_flight_limit(&mut self, limit: usize) {
+        self.in_flight_limit = limit;
+        self.take_below = limit.saturating_add(1).saturating_sub(self.request_maps);
+    }
+
+    /// The most grants mapped for requests in flight now.
+    pub fn in_flight_limit(&self) -> usize {
+        self.in_flight_limit
     }
 
     /// Grants held in the persistent cache.
@@ -269,6 +317,7 @@ impl GrantMapper {
         self.requests.push(MapRequest { gref, writable });
         self.targets.push(MapTarget::Segment(index as u32));
         self.maps[index] = SegmentMap::pending(NO_ENTRY);
+        self.transient_mapped += 1;
     }
 
     /// `gref`'s entry in the persistent cache, pinned: a hit (usually mapped already),
@@ -342,12 +391,13 @@ impl GrantMapper {
                     let map = &mut self.maps[index as usize];
                     map.grant = grant;
                     map.status = 0;
-                    self.transient_mapped += 1;
                 }
                 (MapTarget::Segment(index), Err(status)) => {
                     known = false;
                     stats.grant_failures += 1;
                     self.maps[index as usize].status = status;
+                    // Counted when queued; nothing to release.
+                    self.transient_mapped -= 1;
                 }
             }
         }
@@ -454,7 +504,7 @@ mod tests {
             table.grant(gref, gref as usize - 1, false);
         }
         table.fail_maps_of(3);
-        let mapper = GrantMapper::new(persistent, 4, 4, 8).unwrap();
+        let mapper = GrantMapper::new(persistent, 4, 4, 8, 2).unwrap();
         (
             table.clone(),
             XenGrants(table),
@@ -484,6 +534,35 @@ mod tests {
         mapper.flush_unmaps(&mut grants, &mut stats);
         assert_eq!(table.live_mappings().0, 0);
         assert_eq!(mapper.mapped(), 0);
+    }
+
+    #[test]
+    fn grants_in_flight_count_from_their_queueing_and_bound_the_requests_taken() {
+        // Requests of up to 2 grants, at most 3 mapped.
+        let (table, mut grants, mut stats, mut mapper) = rig(false);
+        assert!(mapper.may_take_request(), "no limit until one is set");
+        mapper.set_in_flight_limit(3);
+        assert!(mapper.may_take_request());
+        assert!(!mapper.acquire(0, 1, true));
+        // Queued is counted: the round's batch is not mapped yet.
+        assert_eq!((mapper.in_flight(), table.live_mappings().0), (1, 0));
+        assert!(mapper.may_take_request(), "1 + 2 <= 3");
+        assert!(!mapper.acquire(1, 3, true));
+        assert!(!mapper.may_take_request(), "2 + 2 > 3");
+        // Grant 3 does not map: it no longer counts.
+        assert!(!mapper.map_batch(&mut grants, &mut stats));
+        assert_eq!((mapper.in_flight(), table.live_mappings().0), (1, 1));
+        assert!(mapper.may_take_request());
+        mapper.release(0..2);
+        assert_eq!(mapper.in_flight(), 0);
+        // A limit below one request's grants takes none.
+        mapper.set_in_flight_limit(1);
+        assert!(!mapper.may_take_request());
+        assert_eq!(mapper.in_flight_limit(), 1);
+        mapper.set_in_flight_limit(2);
+        assert!(mapper.may_take_request());
+        mapper.flush_unmaps(&mut grants, &mut stats);
+        assert_eq!(table.live_mappings().0, 0);
     }
 
     #[test]

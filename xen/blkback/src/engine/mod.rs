@@ -15,7 +15,7 @@ use alloc::vec::Vec;
 use blkdev::{BlockDevice, Completion, DeviceFault, Geometry};
 
 use crate::abi::{self, wire, Protocol, MAX_SEGMENTS_PER_REQUEST};
-use crate::budget::{GrantLimits, GrantShare};
+use crate::budget::{GrantLimits, GrantShare, InFlightCredit, RingDemand};
 use crate::fallible;
 use crate::grant::GrantOps;
 use crate::parse::RequestError;
@@ -100,6 +100,12 @@ impl EngineConfig {
     /// ([`Engine::memory_needed`]).
     pub fn memory_needed(&self) -> usize {
         Sizing::new(self).memory_needed()
+    }
+
+    /// What a ring with this configuration asks of the domain's grant budget
+    /// ([`Engine::grant_demand`]).
+    pub fn grant_demand(&self) -> RingDemand {
+        Sizing::new(self).grant_demand(self.persistent_grants)
     }
 }
 
@@ -200,6 +206,15 @@ impl Sizing {
         }
     }
 
+    fn grant_demand(&self, persistent: bool) -> RingDemand {
+        let request_maps = self.max_segments as u32;
+        RingDemand {
+            persistent,
+            request_maps,
+            ring_maps: (self.slots as u32).saturating_mul(request_maps),
+        }
+    }
+
     fn memory_needed(&self) -> usize {
         SlotTable::memory_needed(self.slots, self.max_segments)
             + GrantMapper::memory_needed(
@@ -252,6 +267,7 @@ impl WorkingSet {
                 cache_capacity,
                 segment_area(slots, max_segments),
                 batch,
+                max_segments,
             )
             .map_err(|_| out_of_memory)?,
             submission: Submission::new(slots, max_segments).map_err(|_| out_of_memory)?,
@@ -314,6 +330,12 @@ pub struct Engine<M, G, D, E> {
     event_pending: bool,
     /// The ring's share of the domain's grant budget, read at every poll.
     share: Option<GrantShare>,
+    /// What the ring holds of the domain's credit for grants in flight (from its share's
+    /// pool; unbounded without a share).
+    credit: InFlightCredit,
+    /// The last `consume` left requests in the ring because the ring's grants in flight
+    /// were at its limit (counted once per wait in `grant_waits`).
+    map_waiting: bool,
     /// `EngineConfig::idle_release_ns`.
     idle_release_ns: u64,
     /// When to send or hold the frontend's events.
@@ -395,6 +417,8 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             indirect_page: working.indirect_page,
             event_pending: false,
             share: None,
+            credit: InFlightCredit::unbounded(),
+            map_waiting: false,
             idle_release_ns: config.idle_release_ns,
             moderator: Moderator::new(config.notify_hold_ns),
             device_timeout_ns: config.device_timeout_ns,
@@ -403,20 +427,45 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         })
     }
 
-    /// Cap the persistent-grant cache by `share` from now on: each poll reads it, and a
-    /// ring holding more than its cap unmaps unpinned grants down to it (at most one
-    /// unmap batch per poll); at the cap, further grants are mapped per request.
+    /// Follow `share` from now on: each poll reads it. A ring holding more than its
+    /// cache's cap unmaps unpinned grants down to it (at most one unmap batch per poll);
+    /// at the cap, further grants are mapped per request. Grants mapped per request are
+    /// bounded by the credit the ring holds, moved towards the share's target through
+    /// the budget's pool (`budget::InFlightCredit`): a ring at its limit leaves requests
+    /// in the ring until its requests in flight give grants back. Credit held under an
+    /// earlier share goes back to that share's pool.
     pub fn set_grant_share(&mut self, share: GrantShare) {
+        self.credit = share.credit();
         self.share = Some(share);
         self.apply_grant_share();
     }
 
-    /// Follow the share's cap, and evict one bounded batch if the cache is above it.
+    /// What this ring asks of the domain's grant budget (as
+    /// [`EngineConfig::grant_demand`]).
+    pub fn grant_demand(&self) -> RingDemand {
+        let request_maps = self.mapper.request_maps() as u32;
+        RingDemand {
+            persistent: self.mapper.persistent(),
+            request_maps,
+            ring_maps: self.ring.slots().saturating_mul(request_maps),
+        }
+    }
+
+    /// Follow the share's cap and target, and evict one bounded batch if the cache is
+    /// above its cap. Once the ring holds its target, one load and two compares.
     fn apply_grant_share(&mut self) {
         let Some(share) = &self.share else { return };
-        let cap = share.cap();
+        let (cap, in_flight) = share.caps();
+        let cap = cap as usize;
         if cap != self.mapper.cache_limit() {
             self.mapper.set_cache_limit(cap);
+        }
+        let request_maps = self.mapper.request_maps() as u32;
+        if let Some(limit) = self
+            .credit
+            .follow(in_flight, self.mapper.in_flight(), request_maps)
+        {
+            self.mapper.set_in_flight_limit(limit as usize);
         }
         self.stats.cap_evicted +=
             self.mapper
@@ -464,6 +513,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             grants_mapped: self.mapper.mapped() as u64,
             persistent_grants: self.mapper.persistent_mapped() as u64,
             grant_cap: self.mapper.cache_limit() as u64,
+            in_flight_cap: self.mapper.in_flight_limit().min(u32::MAX as usize) as u64,
             ..self.stats
         }
     }
@@ -567,13 +617,25 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     /// was coming did not come while it spun, and no hold depends on its timer), then
     /// re-arm `req_event` and look once more (`RING_FINAL_CHECK_FOR_REQUESTS`). True
     /// means nothing is pending and the poller may sleep until the event channel (or
-    /// the device) wakes it.
+    /// the device) wakes it. Requests left in the ring because its grants in flight are
+    /// at its limit do not keep it awake while its own requests are on the device: the
+    /// poller comes back for those soon (`in_flight`), and they give grants back. A ring
+    /// waiting for credit other rings give back keeps it polling.
     pub fn prepare_to_sleep(&mut self) -> bool {
         self.release_before_sleep();
         if self.state != EngineState::Running {
             return true;
         }
-        self.submission.deferred.is_empty() && !self.ring.final_check_for_requests()
+        let requests = self.ring.final_check_for_requests();
+        self.submission.deferred.is_empty()
+            && (!requests || (!self.mapper.may_take_request() && self.submission.in_flight > 0))
+    }
+
+    /// Requests wait in the ring because the ring's grants in flight are at its limit.
+    pub fn waits_for_grants(&self) -> bool {
+        self.state == EngineState::Running
+            && !self.mapper.may_take_request()
+            && self.ring.unconsumed(self.ring.req_prod()) > 0
     }
 
     /// Stop taking requests, fail the ones the device never accepted, finish the rest

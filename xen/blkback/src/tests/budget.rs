@@ -1,17 +1,25 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! The domain's grant budget and idle release, against engines over the fake Xen: caps
 //! shared between rings, eviction when a share shrinks, I/O beyond the cap, grants
-//! unmapped after the idle timeout and never while a request pins them.
+//! unmapped after the idle timeout and never while a request pins them; grants of
+//! requests in flight bounded for the domain, with every request answered.
 
-use blkdev::{RamDisk, RamDiskQueue};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use blkdev::{NullDisk, RamDisk, RamDiskQueue};
 
 use super::{page_bytes, whole_page, Rig, DISK_SECTORS};
 use crate::abi::{self, RSP_OKAY};
-use crate::budget::{GrantBudget, GrantLimits, GrantShare};
-use crate::engine::EngineConfig;
-use crate::fake::wire::encode_direct;
-use crate::fake::ShufflingDevice;
+use crate::budget::{GrantBudget, GrantLimits, GrantShare, InFlightLimits};
+use crate::engine::{Engine, EngineConfig};
+use crate::fake::wire::{encode_direct, encode_indirect, encode_segment};
+use crate::fake::{
+    null_disk, CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, ShufflingDevice,
+    XenGrants,
+};
 use crate::parse::SegmentDesc;
+use crate::ring::Response;
 
 const SECOND: u64 = 1_000_000_000;
 
@@ -113,7 +121,8 @@ fn the_budget_caps_every_ring_and_all_rings_together() {
     let mut pages = Vec::new();
     for _ in 0..5 {
         let mut rig = persistent_ring(&disk, EngineConfig::new(0, true));
-        rig.engine.set_grant_share(budget.join());
+        rig.engine
+            .set_grant_share(budget.join(rig.engine.grant_demand()).unwrap());
         pages.push(grant_pages(&mut rig, 60));
         rings.push(rig);
     }
@@ -139,7 +148,9 @@ fn the_budget_caps_every_ring_and_all_rings_together() {
     }
     // A sixth ring: every cap drops to 16 and each ring is down to it after a poll.
     let mut sixth = persistent_ring(&disk, EngineConfig::new(0, true));
-    sixth.engine.set_grant_share(budget.join());
+    sixth
+        .engine
+        .set_grant_share(budget.join(sixth.engine.grant_demand()).unwrap());
     let sixth_pages = grant_pages(&mut sixth, 60);
     read_blocks(&mut sixth, &sixth_pages, &mut id);
     rings.push(sixth);
@@ -159,10 +170,11 @@ fn a_ring_whose_share_shrinks_evicts_down_to_it_in_bounded_batches() {
         max_total: 400,
         ..GrantLimits::default()
     });
-    rig.engine.set_grant_share(budget.join());
+    let demand = rig.engine.grant_demand();
+    rig.engine.set_grant_share(budget.join(demand).unwrap());
     let pages = cache_many(&mut rig, 400);
     // Three more rings join: the share drops to 100. Nothing moves before the poll.
-    let others: Vec<GrantShare> = (0..3).map(|_| budget.join()).collect();
+    let others: Vec<GrantShare> = (0..3).map(|_| budget.join(demand).unwrap()).collect();
     assert_eq!(others[0].cap(), 100);
     assert_eq!(rig.engine.cached_grants(), 400);
     let unmap_calls = rig.table.calls().1;
@@ -320,7 +332,7 @@ fn a_grant_pinned_by_a_request_in_flight_is_never_released() {
     assert_eq!(rig.responses().len(), 1);
     // 9 s later a request pins a again, with b; the device holds it.
     rig.engine.tick(t0 + 9 * SECOND);
-    hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    hold.store(true, Ordering::SeqCst);
     rig.send(&encode_direct(
         abi::OP_READ,
         2,
@@ -340,7 +352,7 @@ fn a_grant_pinned_by_a_request_in_flight_is_never_released() {
     assert_eq!((rig.table.maps_of(a), rig.table.maps_of(b)), (1, 1));
     assert_eq!(rig.engine.stats().cap_evicted, 0);
     // The request completes with the right data; then the cap takes them.
-    hold.store(false, std::sync::atomic::Ordering::SeqCst);
+    hold.store(false, Ordering::SeqCst);
     rig.engine.set_grant_share(GrantShare::fixed(2));
     while rig.engine.in_flight() > 0 {
         rig.engine.poll(8);
@@ -352,4 +364,229 @@ fn a_grant_pinned_by_a_request_in_flight_is_never_released() {
     assert_eq!(rig.engine.tick(t0 + 3609 * SECOND), 0);
     assert_eq!(rig.engine.tick(t0 + 3610 * SECOND), 2);
     assert_eq!(rig.table.live_mappings().0, 0);
+}
+
+/// Guests' rings over one fake grant table, so its live mappings are all the domain
+/// has mapped: each a ring of 32 slots without persistent grants, on a device that
+/// holds its completions while told to, sending reads of 512 segments (2 MiB) through
+/// one indirect page.
+struct Domain {
+    table: Arc<GrantTable>,
+    memory: Arc<GuestMemory>,
+    budget: GrantBudget,
+    guests: Vec<Guest>,
+}
+
+struct Guest {
+    front: FrontRing,
+    engine: Engine<RingView, XenGrants, ShufflingDevice<NullDisk>, CountingEvents>,
+    share: GrantShare,
+    hold: Arc<AtomicBool>,
+    sent: u64,
+    answers: Vec<Response>,
+}
+
+/// The indirect page's grant: it lists grants 1000..1512 (writable data pages).
+const INDIRECT_GREF: u32 = 999;
+const GUESTS_MAX: usize = 8;
+
+impl Domain {
+    fn new(in_flight: InFlightLimits) -> Self {
+        let data = GUESTS_MAX;
+        let memory = GuestMemory::new(GUESTS_MAX + abi::MAX_INDIRECT_SEGMENTS as usize + 1);
+        let table = GrantTable::new(memory.clone());
+        let indirect = data + abi::MAX_INDIRECT_SEGMENTS as usize;
+        table.grant(INDIRECT_GREF, indirect, true);
+        for i in 0..abi::MAX_INDIRECT_SEGMENTS as usize {
+            let gref = 1000 + i as u32;
+            table.grant(gref, data + i, false);
+            let segment = encode_segment(&whole_page(gref));
+            memory.write(indirect, i * abi::SEGMENT_SIZE, &segment);
+        }
+        Domain {
+            table,
+            memory,
+            budget: GrantBudget::with_in_flight(GrantLimits::DEFAULT, in_flight),
+            guests: Vec::new(),
+        }
+    }
+
+    /// A guest connects (its ring joins the budget); returns its index.
+    fn connect(&mut self) -> usize {
+        let page = self.guests.len();
+        let ring = || RingView::new(self.memory.clone(), vec![page]);
+        let front = FrontRing::new(ring(), 0);
+        let device = ShufflingDevice::new(null_disk(64), page as u64, 50);
+        let hold = device.hold.clone();
+        hold.store(true, Ordering::SeqCst);
+        let mut engine = Engine::new(
+            ring(),
+            XenGrants(self.table.clone()),
+            device,
+            CountingEvents::default(),
+            EngineConfig::new(0, false),
+        )
+        .unwrap();
+        let share = self.budget.join(engine.grant_demand()).unwrap();
+        engine.set_grant_share(share.clone());
+        self.guests.push(Guest {
+            front,
+            engine,
+            share,
+            hold,
+            sent: 0,
+            answers: Vec::new(),
+        });
+        page
+    }
+
+    /// Guest `g` sends `count` reads of 512 segments.
+    fn send(&mut self, g: usize, count: usize) {
+        let guest = &mut self.guests[g];
+        for _ in 0..count {
+            let raw = encode_indirect(abi::OP_READ, guest.sent, 0, 512, &[INDIRECT_GREF]);
+            guest.front.put_request(&raw);
+            guest.sent += 1;
+        }
+        guest.front.push_requests();
+    }
+
+    /// Poll guest `g`'s ring once, take its answers, and check that the domain never
+    /// had more mapped than its budget for grants in flight.
+    fn poll(&mut self, g: usize) {
+        let guest = &mut self.guests[g];
+        guest.engine.poll(64);
+        let answers = &mut guest.answers;
+        guest.front.take_responses(|r| answers.push(r));
+        let (live, peak) = self.table.live_mappings();
+        let total = self.budget.in_flight_limits().total as usize;
+        assert!(peak <= total, "{peak} grants mapped at once (now {live})");
+    }
+
+    fn poll_all(&mut self, rounds: usize) {
+        for _ in 0..rounds {
+            for g in 0..self.guests.len() {
+                self.poll(g);
+            }
+        }
+    }
+
+    fn release(&mut self, g: usize) {
+        self.guests[g].hold.store(false, Ordering::SeqCst);
+    }
+
+    /// Poll every ring until each guest but `except` has all its answers, all OK.
+    fn answer_all_but(&mut self, except: usize) {
+        let mut rounds = 0;
+        while self
+            .guests
+            .iter()
+            .enumerate()
+            .any(|(g, guest)| g != except && guest.answers.len() < guest.sent as usize)
+        {
+            self.poll_all(1);
+            rounds += 1;
+            assert!(rounds < 10_000, "requests left unanswered");
+        }
+        for guest in &self.guests {
+            assert!(guest.answers.iter().all(|r| r.status == RSP_OKAY));
+        }
+    }
+
+    fn in_flight(&self, g: usize) -> usize {
+        self.guests[g].engine.in_flight()
+    }
+}
+
+#[test]
+fn rings_full_of_large_requests_never_map_more_than_the_domains_budget_and_all_are_answered() {
+    // Four guests' rings, 32 requests of 512 segments each (16,384 grants per ring),
+    // under a budget of 4,608 grants in flight (512 kept in reserve): each ring gets
+    // 1,024, two requests at a time.
+    let mut domain = Domain::new(InFlightLimits {
+        total: 4608,
+        per_ring: 2048,
+        reserve: 512,
+    });
+    for _ in 0..4 {
+        let g = domain.connect();
+        domain.send(g, 32);
+    }
+    domain.poll_all(40);
+    for g in 0..4 {
+        let guest = &domain.guests[g];
+        assert_eq!(domain.in_flight(g), 2, "guest {g}");
+        assert_eq!(guest.share.in_flight(), 1024);
+        assert!(guest.engine.waits_for_grants());
+        let stats = guest.engine.stats();
+        assert_eq!((stats.in_flight_cap, stats.grant_waits), (1024, 1));
+        assert!(guest.answers.is_empty());
+    }
+    assert_eq!(domain.table.live_mappings(), (4096, 4096));
+    // The devices answer, out of order: every request is taken in turn and answered.
+    for g in 0..4 {
+        domain.release(g);
+    }
+    domain.answer_all_but(usize::MAX);
+    for guest in &domain.guests {
+        let mut ids: Vec<u64> = guest.answers.iter().map(|r| r.id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, (0..32).collect::<Vec<u64>>());
+        let stats = guest.engine.stats();
+        assert_eq!((stats.errors, stats.reads), (0, 32));
+    }
+    assert_eq!(domain.table.live_mappings(), (0, 4096));
+    // The credit the rings hold and the pool's add up to the budget.
+    let held: u32 = domain
+        .guests
+        .iter()
+        .map(|g| g.engine.stats().in_flight_cap as u32)
+        .sum();
+    assert_eq!(held + domain.budget.in_flight_free(), 4608);
+}
+
+#[test]
+fn another_guest_connects_and_is_served_while_the_first_holds_its_share() {
+    let mut domain = Domain::new(InFlightLimits {
+        total: 2560,
+        per_ring: 1024,
+        reserve: 512,
+    });
+    // The first guest's ring is full, its device holds what it took: two requests,
+    // all of its share. It may sleep: its own requests on the device give back.
+    let first = domain.connect();
+    domain.send(first, 32);
+    domain.poll_all(10);
+    assert_eq!(domain.in_flight(first), 2);
+    assert!(domain.guests[first].engine.waits_for_grants());
+    assert!(domain.guests[first].engine.prepare_to_sleep());
+    // A second guest connects and is served at once, from the pool.
+    let second = domain.connect();
+    domain.release(second);
+    domain.send(second, 4);
+    domain.answer_all_but(first);
+    // A third: every share drops to 682, the first still has 1,024 on its device. The
+    // second gives back what it does not use, and the third, holding less than a
+    // request's worth, may take from the reserve: it is served too.
+    let third = domain.connect();
+    domain.release(third);
+    domain.send(third, 4);
+    domain.answer_all_but(first);
+    // A fourth, with the reserve taken: it takes what the pool has, not a request's
+    // worth, so it waits with nothing in flight and keeps its poller polling (no
+    // sleep, no error) until the others give back.
+    let fourth = domain.connect();
+    domain.release(fourth);
+    domain.send(fourth, 4);
+    domain.poll(fourth);
+    let waiting = &mut domain.guests[fourth];
+    assert!(waiting.engine.waits_for_grants());
+    assert_eq!(waiting.engine.in_flight(), 0);
+    assert!(!waiting.engine.prepare_to_sleep());
+    domain.answer_all_but(first);
+    // The first guest's device answers: it is served to the end.
+    assert!(domain.guests[first].answers.is_empty());
+    domain.release(first);
+    domain.answer_all_but(usize::MAX);
+    assert_eq!(domain.table.live_mappings().0, 0);
 }
