@@ -238,6 +238,7 @@ impl Registry {
             RamDisk::plain(bytes / blkdev::SECTOR_SIZE),
             heap / blkdev::SECTOR_SIZE,
             Some(&RAM_MEMORY_WANTED),
+            None,
         )
         .map_err(|_| DiskError::RamDoesNotFit {
             bytes,
