@@ -4,6 +4,7 @@
 
 use crate::arch::paging::IDENTITY_MAPPED_LIMIT;
 use crate::bootinfo::BootInfo;
+use blkdev::HeapBudget;
 use boot::start_info::{memmap_type, HvmModlistEntry};
 use core::alloc::GlobalAlloc;
 use linked_list_allocator::LockedHeap;
@@ -157,6 +158,26 @@ pub fn free_frame_bytes() -> u64 {
 /// Bytes of heap not in use now.
 pub fn heap_free() -> usize {
     HEAP.lock().free()
+}
+
+/// Heap no disk or ring may take. The control path allocates infallibly (a failed
+/// allocation aborts the domain), so the reserve must hold what it allocates once disks
+/// and rings have taken all the rest: the state of each vbd the toolstack adds (paths,
+/// negotiation, watches: a few KiB, kept while it is refused too), each round's
+/// passing strings (xenstore replies of 4 KiB at most, a statistics line per vbd), and
+/// the small tables a disk or ring makes infallibly once its bulk memory was granted (a
+/// device queue's command slots or a RAM disk queue's completions, tens of KiB). Those
+/// tables, for every ring the map space allows (`backend::space`: about 21), take under
+/// 1 MiB of it; the rest holds a few hundred vbds.
+pub const CONTROL_RESERVE: u64 = 4 << 20;
+
+/// The heap as disks and rings may use it: RAM disks' stripes, rings' engines, device
+/// queues and bounce pages are taken only from its room (`blkdev::HeapBudget`).
+pub static DISK_MEMORY: HeapBudget = HeapBudget::new(CONTROL_RESERVE, heap_free);
+
+/// Bytes a ring's engine may take now (`DISK_MEMORY`'s room).
+pub fn ring_room() -> usize {
+    usize::try_from(DISK_MEMORY.room()).unwrap_or(usize::MAX)
 }
 
 /// Bytes of heap in use now.

@@ -13,11 +13,13 @@
 extern crate alloc;
 
 pub mod dma;
+pub mod heap;
 mod null;
 mod ram;
 mod slice;
 
 pub use dma::{Dma, DmaRegion};
+pub use heap::{HeapBudget, NoRoom};
 pub use null::NullDisk;
 pub use ram::{Maintenance, OutOfMemory, RamDisk, RamDiskQueue, ResizeError};
 pub use slice::{SharedCapacity, Slice, SliceError};

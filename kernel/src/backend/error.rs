@@ -176,7 +176,7 @@ impl fmt::Display for DiskError {
             DiskError::RamInUse(name) => write!(f, "RAM disk {name} is in use by another disk"),
             DiskError::RamDoesNotFit { bytes, free_bytes } => write!(
                 f,
-                "ram:{} MiB does not fit: {} MiB of memory free",
+                "ram:{} MiB does not fit: {} MiB of memory free for disks",
                 bytes >> 20,
                 free_bytes >> 20
             ),
@@ -274,7 +274,7 @@ impl fmt::Display for ResizeRefusal {
             ResizeRefusal::Ram(error) => write!(f, "{error}"),
             ResizeRefusal::RamDoesNotFit { needed, free } => write!(
                 f,
-                "growing needs {} MiB of memory, {} MiB are free",
+                "growing needs {} MiB of memory, {} MiB are free for disks",
                 needed.div_ceil(1 << 20),
                 free >> 20
             ),

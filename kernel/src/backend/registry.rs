@@ -41,7 +41,8 @@ use blkdev::{BlockDevice, Geometry, RamDisk, SharedCapacity};
 use core::sync::atomic::{AtomicU64, Ordering};
 use pci::PciAddress;
 
-/// Room kept free next to a RAM disk for rings and engines (tens of MiB at most).
+/// Room kept free next to a RAM disk for rings and engines (tens of MiB at most), on top
+/// of the control path's reserve (`mm::DISK_MEMORY`).
 const RAM_DISK_HEADROOM: u64 = 32 << 20;
 /// Virtqueues asked of a virtio device at its one open, per vCPU: room for several disks
 /// on it (each takes up to one per vCPU), as an NVMe controller's pool.
@@ -135,10 +136,11 @@ impl Registry {
 
     /// Grows (or, a RAM disk, shrinks) `disk` to `bytes` while it serves: its spec
     /// (`served`) was checked to allow it (`backing::new_size`). A RAM disk's new part must
-    /// fit the heap with room to spare; a slice grows only, inside its device and up to
-    /// the next range serving a disk (its claim moves with it), and every queue of the
-    /// disk sees the new length at its next request. The caller has each ring's engine
-    /// refresh its capacity before the new size is published.
+    /// fit the room for disks (`mm::DISK_MEMORY`) with room to spare; a slice grows only,
+    /// inside its device and up to the next range serving a disk (its claim moves with
+    /// it), and every queue of the disk sees the new length at its next request. The
+    /// caller has each ring's engine refresh its capacity before the new size is
+    /// published.
     pub fn resize(
         &mut self,
         served: &str,
@@ -149,7 +151,7 @@ impl Registry {
         let device = match disk {
             Disk::Ram(disk) => {
                 let needed = disk.memory_to_grow(sectors);
-                let free = crate::mm::heap_free() as u64;
+                let free = crate::mm::DISK_MEMORY.room();
                 if needed > 0 && needed + RAM_DISK_HEADROOM > free {
                     return Err(ResizeRefusal::RamDoesNotFit { needed, free });
                 }
@@ -226,7 +228,9 @@ impl Registry {
             }
             return Ok(disk.clone());
         }
-        let room = crate::mm::heap_free() as u64;
+        // Not the control path's reserve, nor the memory discarded RAM disks gave back
+        // and will want again for their guests' writes.
+        let room = crate::mm::DISK_MEMORY.room();
         if bytes + RAM_DISK_HEADROOM > room {
             return Err(DiskError::RamDoesNotFit {
                 bytes,
@@ -239,6 +243,7 @@ impl Registry {
             RamDisk::plain(bytes / blkdev::SECTOR_SIZE),
             heap / blkdev::SECTOR_SIZE,
             Some(&RAM_MEMORY_WANTED),
+            Some(&crate::mm::DISK_MEMORY),
         )
         .map_err(|_| DiskError::RamDoesNotFit {
             bytes,

@@ -94,9 +94,10 @@ impl VbdHooks {
         config.notify_hold_ns = settings.poller.notify_hold_ns;
         config.device_timeout_ns = settings.device_timeout_ns;
         // The frontend chose the ring's size: refuse it before taking anything if its
-        // engine would not fit in the heap (an allocation failure would abort).
+        // engine would not fit the room for rings (the heap less the control path's
+        // reserve and what RAM disks were promised: `mm::DISK_MEMORY`).
         let needed = config.memory_needed();
-        if needed > crate::mm::heap_free() {
+        if needed > crate::mm::ring_room() {
             return Err(ConnectError::Engine(EngineError::OutOfMemory {
                 slots: blkback::abi::ring_slots(connection.ring_order) as usize,
                 needed,
@@ -155,7 +156,7 @@ impl VbdHooks {
             device,
             Notify { hv: xen.hv, port },
             config,
-            crate::mm::heap_free(),
+            crate::mm::ring_room(),
         );
         let mut engine = match engine {
             Ok(engine) => engine,

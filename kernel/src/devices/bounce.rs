@@ -29,11 +29,12 @@ const PAGE: usize = 4096;
 /// Pages per queue: room for the largest request (512 indirect segments) twice over.
 pub const POOL_PAGES: usize = 1024;
 
-/// One segment of a request in flight: its bounce page and, for a read, where its data
-/// goes on completion.
+/// One segment of a request in flight, kept at the index of its bounce page (a page is
+/// in one request at a time): for a read, where its data goes on completion.
 #[derive(Clone, Copy)]
 struct Piece {
-    page: u16,
+    /// The request's next page, or `NO_PAGE`.
+    next: u16,
     /// A read's destination: the frontend's bytes as `BufferAccess::cpu_address`
     /// checked them at submit (0 for a write, which copies nothing out).
     target: u64,
@@ -41,19 +42,33 @@ struct Piece {
     len: u32,
 }
 
-/// The bounce state of one tag (reused, so the hot path does not allocate once warm).
-#[derive(Default)]
+/// The end of a request's chain of pages.
+const NO_PAGE: u16 = u16::MAX;
+/// Tags a queue keeps room for when it is made: a ring's slots, the engine's tags.
+const TAGS: usize = blkback::abi::ring_slots(blkback::abi::MAX_RING_PAGE_ORDER) as usize;
+
+/// The bounce state of one tag: its pages are a chain through `BounceQueue::pieces`.
+#[derive(Clone, Copy)]
 struct InFlight {
     active: bool,
     read: bool,
-    pieces: Vec<Piece>,
+    first: u16,
 }
+
+const IDLE: InFlight = InFlight {
+    active: false,
+    read: false,
+    first: NO_PAGE,
+};
 
 pub struct BounceQueue {
     inner: Queue,
     /// Physical (= identity-mapped virtual) address of the pool's first page.
     pool: u64,
     free: Vec<u16>,
+    /// One per pool page. With `in_flight` and `segments`, made with the queue: the
+    /// I/O path allocates nothing, however many segments a guest's requests carry.
+    pieces: Vec<Piece>,
     in_flight: Vec<InFlight>,
     segments: Vec<DmaSegment>,
     /// Bytes copied through the pool (in and out), shared by the device's queues: a
@@ -67,14 +82,29 @@ impl BounceQueue {
         // stripes, another pool), and a device that reports a read done without writing
         // all of it (short, or faulty) would have that copied out to this guest.
         let pool = allocate_dma(POOL_PAGES)?;
+        let unused = Piece {
+            next: NO_PAGE,
+            target: 0,
+            offset: 0,
+            len: 0,
+        };
         Some(BounceQueue {
             inner,
             pool,
             free: (0..POOL_PAGES as u16).rev().collect(),
-            in_flight: Vec::new(),
+            pieces: alloc::vec![unused; POOL_PAGES],
+            in_flight: alloc::vec![IDLE; TAGS],
             segments: Vec::with_capacity(POOL_PAGES),
             bounced_bytes,
         })
+    }
+
+    /// Puts the pages of the chain from `first` back on the free list.
+    fn give_back(&mut self, mut page: u16) {
+        while let Some(piece) = self.pieces.get(usize::from(page)) {
+            self.free.push(page);
+            page = piece.next;
+        }
     }
 }
 
@@ -104,12 +134,16 @@ impl BlockDevice for BounceQueue {
         }
         let tag = request.tag as usize;
         if self.in_flight.len() <= tag {
-            self.in_flight.resize_with(tag + 1, InFlight::default);
+            // Beyond a ring's slots: the test hooks' tags alone; taken fallibly.
+            let more = tag + 1 - self.in_flight.len();
+            self.in_flight
+                .try_reserve_exact(more)
+                .map_err(|_| SubmitError::Invalid)?;
+            self.in_flight.resize(tag + 1, IDLE);
         }
         let read = request.op == IoOp::Read;
         self.segments.clear();
-        let mut pieces = core::mem::take(&mut self.in_flight[tag].pieces);
-        pieces.clear();
+        let (mut first, mut last) = (NO_PAGE, NO_PAGE);
         let mut copied = true;
         for segment in request.segments {
             let (offset, len) = (segment.offset as usize, segment.len as usize);
@@ -125,12 +159,17 @@ impl BlockDevice for BounceQueue {
             } else {
                 Some(0)
             };
-            pieces.push(Piece {
-                page,
+            self.pieces[usize::from(page)] = Piece {
+                next: NO_PAGE,
                 target: target.unwrap_or(0),
                 offset: segment.offset,
                 len: segment.len,
-            });
+            };
+            match self.pieces.get_mut(usize::from(last)) {
+                Some(previous) => previous.next = page,
+                None => first = page,
+            }
+            last = page;
             if offset + len > PAGE || target.is_none() {
                 copied = false;
                 break;
@@ -164,26 +203,27 @@ impl BlockDevice for BounceQueue {
             Err(SubmitError::Invalid)
         };
         if submitted.is_err() {
-            self.free.extend(pieces.iter().map(|p| p.page));
-            pieces.clear();
+            self.give_back(first);
         }
-        let entry = &mut self.in_flight[tag];
-        entry.pieces = pieces;
-        entry.active = submitted.is_ok();
-        entry.read = read;
+        self.in_flight[tag] = InFlight {
+            active: submitted.is_ok(),
+            read,
+            first: if submitted.is_ok() { first } else { NO_PAGE },
+        };
         submitted
     }
 
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
         let pool = self.pool;
-        let (in_flight, free) = (&mut self.in_flight, &mut self.free);
+        let (in_flight, pieces, free) = (&mut self.in_flight, &self.pieces, &mut self.free);
         let bounced_bytes = &self.bounced_bytes;
         self.inner.poll_completions(&mut |completion| {
             if let Some(entry) = in_flight.get_mut(completion.tag as usize) {
                 if entry.active {
-                    for piece in &entry.pieces {
+                    let mut page = entry.first;
+                    while let Some(piece) = pieces.get(usize::from(page)) {
                         if entry.read && completion.status == IoStatus::Ok {
-                            let from = page_address(pool, piece.page) + piece.offset as u64;
+                            let from = page_address(pool, page) + piece.offset as u64;
                             // SAFETY: `from` is inside this queue's pool page, which the
                             // device has finished with (its completion is here); `target`
                             // is what `BufferAccess::cpu_address` gave at submit for
@@ -193,9 +233,10 @@ impl BlockDevice for BounceQueue {
                             unsafe { physmem::copy(from, piece.target, piece.len as usize) };
                             bounced_bytes.fetch_add(u64::from(piece.len), Ordering::Relaxed);
                         }
-                        free.push(piece.page);
+                        free.push(page);
+                        page = piece.next;
                     }
-                    entry.active = false;
+                    *entry = IDLE;
                 }
             }
             sink(completion)

@@ -226,9 +226,11 @@ impl PciConfig {
 
 /// `pages` zeroed, page-aligned pages for DMA, from the heap. The heap lies in the
 /// identity-mapped low 4 GiB, so its addresses are physical (bus) addresses. Set-up only:
-/// never freed.
+/// never freed. Device queues and bounce pages are a disk's bulk memory: taken only from
+/// the room for disks (`mm::DISK_MEMORY`), never the control path's reserve.
 pub fn allocate_dma(pages: usize) -> Option<u64> {
     let bytes = pages.max(1).checked_mul(PAGE as usize)?;
+    crate::mm::DISK_MEMORY.fits(bytes as u64).ok()?;
     let layout = core::alloc::Layout::from_size_align(bytes, PAGE as usize).ok()?;
     // SAFETY: the layout has a non-zero size.
     let memory = unsafe { alloc::alloc::alloc_zeroed(layout) };

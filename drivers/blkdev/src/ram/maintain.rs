@@ -34,7 +34,9 @@ impl RamDisk {
     /// stripes that read as zero (a discard covered them, or its partial pieces left
     /// them all zero) or lie beyond a shrunk end (up to `SPARE_STRIPES` of it kept spare
     /// for writes into such stripes), and when a write asked for memory, allocates spare
-    /// stripes (fallibly; if none can be had, writes that need memory fail until some can).
+    /// stripes (fallibly, and with a heap budget only from its room: not the reserve, nor
+    /// what other disks were promised; if none can be had, writes that need memory fail
+    /// until some can). Memory it gives back stays promised to the disk in the budget.
     ///
     /// Only stripes a discard or a shrink noted are looked at, from where the last call
     /// stopped, and no more than a bounded amount of work per call: with work left,
@@ -83,12 +85,15 @@ impl RamDisk {
             }
             budget = budget.saturating_sub(cost);
         }
+        // What was freed is promised to the disk before it takes any back.
+        store.settle();
         if store.wants_memory.load(Ordering::Acquire) {
-            // Allocated without the spare lock held (writers take it).
-            let room = {
+            // Allocated without the spare lock held (writers take it); never from the
+            // heap's reserve nor from what other disks were promised.
+            let room = store.stripes_to_take({
                 let spare = store.spare.lock();
                 spare.capacity() - spare.len()
-            };
+            });
             let mut fresh: [Option<StripeMemory>; SPARE_STRIPES] = Default::default();
             for slot in fresh.iter_mut().take(room) {
                 *slot = stripe_memory();
@@ -109,6 +114,7 @@ impl RamDisk {
                 .out_of_memory
                 .store(spare.is_empty(), Ordering::Release);
             store.wants_memory.store(false, Ordering::Release);
+            store.settle();
         }
         done.more = store.noted_count.load(Ordering::Acquire) > 0;
         if done.more {
@@ -175,8 +181,13 @@ mod tests {
     fn writes_into_freed_stripes_take_spare_memory_then_wait_for_more() {
         static SIGNAL: AtomicBool = AtomicBool::new(false);
         let stripes = 40;
-        let disk =
-            RamDisk::try_new(RamDisk::plain(stripes * STRIPE_SECTORS), 0, Some(&SIGNAL)).unwrap();
+        let disk = RamDisk::try_new(
+            RamDisk::plain(stripes * STRIPE_SECTORS),
+            0,
+            Some(&SIGNAL),
+            None,
+        )
+        .unwrap();
         let mut queue = disk.queue(32);
         discard_now(&mut queue, 0, stripes * STRIPE_SECTORS);
         maintain_all(&disk);
@@ -244,8 +255,13 @@ mod tests {
     fn maintenance_is_a_bounded_piece_per_call_and_resumes() {
         static SIGNAL: AtomicBool = AtomicBool::new(false);
         let stripes = 256u64;
-        let disk =
-            RamDisk::try_new(RamDisk::plain(stripes * STRIPE_SECTORS), 0, Some(&SIGNAL)).unwrap();
+        let disk = RamDisk::try_new(
+            RamDisk::plain(stripes * STRIPE_SECTORS),
+            0,
+            Some(&SIGNAL),
+            None,
+        )
+        .unwrap();
         disk.write_at(0, &vec![0x66; stripes as usize * STRIPE_BYTES]);
         let mut queue = disk.queue(8);
         // The second half of every stripe discarded: each must be scanned (64 KiB),
@@ -284,6 +300,51 @@ mod tests {
         disk.read_at(4 * STRIPE_BYTES, &mut stripe);
         assert!(stripe[..STRIPE_BYTES / 2].iter().all(|&b| b == 0x66));
         assert_eq!(disk.maintain(), Maintenance::default(), "nothing left");
+    }
+
+    #[test]
+    fn spare_stripes_are_never_taken_from_the_heaps_reserve() {
+        let reserve = 4 << 20;
+        let heap = crate::heap::fake::budget(reserve, 1 << 30);
+        let stripes = 40;
+        let disk = RamDisk::try_new(
+            RamDisk::plain(stripes * STRIPE_SECTORS),
+            0,
+            None,
+            Some(heap),
+        )
+        .unwrap();
+        let mut queue = disk.queue(32);
+        discard_now(&mut queue, 0, stripes * STRIPE_SECTORS);
+        maintain_all(&disk);
+        for n in 0..SPARE_STRIPES as u64 {
+            write_page(&mut queue, n as u32, n * STRIPE_SECTORS + 8, 0x33).unwrap();
+        }
+        collect(&mut queue);
+        let next = sector_in(SPARE_STRIPES);
+        assert_eq!(
+            write_page(&mut queue, 20, next, 0x44),
+            Err(SubmitError::QueueFull)
+        );
+        // The heap has three and a half stripes beyond its reserve: three are taken.
+        crate::heap::fake::set_free(reserve as usize + 7 * STRIPE_BYTES / 2);
+        let done = disk.maintain();
+        assert_eq!(done.allocated, 3 * STRIPE_BYTES as u64);
+        write_page(&mut queue, 20, next, 0x44).unwrap();
+        assert_eq!(collect(&mut queue)[0].status, IoStatus::Ok);
+        // None beyond it: the next writes into empty stripes after the last spare one
+        // fail rather than wait for memory that cannot come.
+        crate::heap::fake::set_free(reserve as usize + STRIPE_BYTES - 1);
+        for n in 1..3 {
+            write_page(&mut queue, 20, sector_in(SPARE_STRIPES + n), 0x44).unwrap();
+        }
+        assert_eq!(
+            write_page(&mut queue, 21, sector_in(SPARE_STRIPES + 3), 0x44),
+            Err(SubmitError::QueueFull)
+        );
+        assert_eq!(disk.maintain().allocated, 0);
+        write_page(&mut queue, 21, sector_in(SPARE_STRIPES + 3), 0x44).unwrap();
+        assert_eq!(collect(&mut queue)[2].status, IoStatus::Error);
     }
 
     /// The second page of stripe `stripe`.

@@ -19,7 +19,10 @@
 //! allocates or frees: a write into a stripe whose memory went back takes a stripe from
 //! the disk's spare ones (refilled by `maintain`, from freed stripes or, when asked, from
 //! the heap); with none spare the write waits (`QueueFull`: the engine retries it) and the
-//! disk asks for memory (`wants_memory`, and the signal it was made with). The disk can
+//! disk asks for memory (`wants_memory`, and the signal it was made with). Given the
+//! heap's budget ([`crate::HeapBudget`]), the disk takes memory only from its room (never
+//! the control path's reserve), and what it gave back stays promised to it there: no
+//! other disk or ring takes what its guest's next writes will want. The disk can
 //! grow and shrink while queues serve it ([`RamDisk::resize`]): its capacity is one atomic
 //! every queue reads per request.
 
@@ -37,8 +40,8 @@ use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use spin::{Mutex, MutexGuard, Once};
 
 use crate::{
-    BlockDevice, BufferAccess, Completion, CompletionQueue, DiscardGeometry, Geometry, IoOp,
-    IoRequest, IoStatus, SubmitError, SECTOR_SIZE,
+    BlockDevice, BufferAccess, Completion, CompletionQueue, DiscardGeometry, Geometry, HeapBudget,
+    IoOp, IoRequest, IoStatus, SubmitError, SECTOR_SIZE,
 };
 use discard::PendingDiscard;
 pub use maintain::Maintenance;
@@ -96,16 +99,19 @@ impl RamDisk {
     /// A zero-filled disk with the given geometry (e.g. read-only, 4 KiB sectors). Panics
     /// when the memory cannot be had (tests; the kernel uses [`RamDisk::try_new`]).
     pub fn with_geometry(geometry: Geometry) -> Self {
-        Self::try_new(geometry, geometry.sectors, None).expect("RAM disk memory")
+        Self::try_new(geometry, geometry.sectors, None, None).expect("RAM disk memory")
     }
 
     /// A zero-filled disk of `geometry`, all of it backed by memory now (allocated
     /// fallibly), able to grow to `max_sectors`; `signal` is set when a write asks for
-    /// memory or maintenance has work left (see [`RamDisk::maintain`]).
+    /// memory or maintenance has work left (see [`RamDisk::maintain`]). With `heap`, the
+    /// disk takes stripes only from its room (refused if they do not fit it now), and
+    /// what discards free stays promised to the disk there.
     pub fn try_new(
         geometry: Geometry,
         max_sectors: u64,
         signal: Option<&'static AtomicBool>,
+        heap: Option<&'static HeapBudget>,
     ) -> Result<Self, OutOfMemory> {
         let bytes = geometry.sectors * SECTOR_SIZE;
         let out_of_memory = OutOfMemory { bytes };
@@ -141,6 +147,8 @@ impl RamDisk {
                 wants_memory: AtomicBool::new(false),
                 out_of_memory: AtomicBool::new(false),
                 signal,
+                heap,
+                promised: AtomicU64::new(0),
                 control: Mutex::new(0),
             }),
         };

@@ -63,7 +63,9 @@ impl RamDisk {
             });
         }
         if sectors > old {
-            return self.grow(old, sectors);
+            let grown = self.grow(old, sectors);
+            self.store.settle();
+            return grown;
         }
         if sectors < old {
             let data = |disk: &RamDisk| {
@@ -83,6 +85,8 @@ impl RamDisk {
             for index in Self::stripes_between(sectors, old) {
                 self.store.note(index);
             }
+            // What lies beyond the new end is not wanted again.
+            self.store.settle();
         }
         Ok(())
     }
@@ -117,9 +121,17 @@ impl RamDisk {
         first..end
     }
 
-    /// Backs sectors `[old, new)` with zeroed memory, then publishes `new`.
+    /// Backs sectors `[old, new)` with zeroed memory, then publishes `new` (`old` is
+    /// the capacity now). With a heap budget, refused unless all of it fits the room: not
+    /// the reserve, nor what RAM disks were promised, this one's too (a growth is new
+    /// memory, not memory the disk gave back).
     pub(super) fn grow(&self, old: u64, new: u64) -> Result<(), ResizeError> {
         let store = &*self.store;
+        if let Some(heap) = store.heap {
+            let needed = self.memory_to_grow(new);
+            heap.fits(needed)
+                .map_err(|_| ResizeError::OutOfMemory { bytes: needed })?;
+        }
         let old_bytes = (old * SECTOR_SIZE) as usize;
         let new_bytes = (new * SECTOR_SIZE) as usize;
         let stripes = Self::stripes_between(old, new);
@@ -183,6 +195,7 @@ mod tests {
         let disk = RamDisk::try_new(
             RamDisk::plain(16 * STRIPE_SECTORS),
             300 * STRIPE_SECTORS,
+            None,
             None,
         )
         .unwrap();

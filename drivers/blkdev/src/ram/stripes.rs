@@ -7,7 +7,7 @@ use core::ops::{Deref, DerefMut, Range};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use spin::{Mutex, Once};
 
-use crate::{Geometry, SECTOR_SIZE};
+use crate::{Geometry, HeapBudget, SECTOR_SIZE};
 
 /// Bytes per lock of the store, and the unit memory is given back in. Queues served by
 /// different vCPUs take a stripe's lock only for the pieces they copy, so they meet only
@@ -181,6 +181,11 @@ pub(super) struct Store {
     pub(super) out_of_memory: AtomicBool,
     /// Set with `wants_memory`, for whoever runs `maintain` (shared by several disks).
     pub(super) signal: Option<&'static AtomicBool>,
+    /// The heap's budget for disks: stripes are taken from its room alone, and what
+    /// the disk gave back and will want again is promised to it there.
+    pub(super) heap: Option<&'static HeapBudget>,
+    /// Bytes promised to the disk in `heap`, as last told (`settle`).
+    pub(super) promised: AtomicU64,
     /// Resizing and maintenance, one at a time (the control path's own work); holds the
     /// stripe `maintain` goes on from.
     pub(super) control: Mutex<usize>,
@@ -224,6 +229,33 @@ impl Store {
             self.noted_count.fetch_sub(1, Ordering::AcqRel);
         }
         taken
+    }
+
+    /// Bytes backing every stripe of the capacity would take beyond the memory the disk
+    /// holds (its stripes' and the spare ones): what it gave back and will want again
+    /// when its guest writes there.
+    fn wanted(&self) -> u64 {
+        let stripes = self.capacity_bytes().div_ceil(STRIPE_BYTES) as u64;
+        (stripes * STRIPE_BYTES as u64).saturating_sub(self.resident.load(Ordering::Relaxed))
+    }
+
+    /// Tells the heap's budget what the disk is promised now (after its memory or its
+    /// capacity changed; the control path's, one at a time).
+    pub(super) fn settle(&self) {
+        if let Some(heap) = self.heap {
+            let now = self.wanted();
+            heap.repromise(self.promised.swap(now, Ordering::AcqRel), now);
+        }
+    }
+
+    /// How many of `at_most` new stripes the disk may take from the heap now: none of
+    /// the reserve, nor of what other disks were promised (of its own promise, all).
+    pub(super) fn stripes_to_take(&self, at_most: usize) -> usize {
+        let Some(heap) = self.heap else {
+            return at_most;
+        };
+        let room = heap.room_besides(self.promised.load(Ordering::Acquire));
+        at_most.min(usize::try_from(room / STRIPE_BYTES as u64).unwrap_or(usize::MAX))
     }
 
     fn take_spare(&self) -> Option<StripeMemory> {
@@ -272,5 +304,14 @@ impl Store {
             done += take;
         }
         Ok(())
+    }
+}
+
+impl Drop for Store {
+    /// The disk's memory goes back to the heap: so does what it was promised.
+    fn drop(&mut self) {
+        if let Some(heap) = self.heap {
+            heap.repromise(*self.promised.get_mut(), 0);
+        }
     }
 }

@@ -81,7 +81,7 @@ mod inspecting {
 #[test]
 fn memory_a_disk_lets_go_holds_none_of_its_data() {
     let stripes = 48;
-    let disk = RamDisk::try_new(RamDisk::plain(stripes * STRIPE_SECTORS), 0, None).unwrap();
+    let disk = RamDisk::try_new(RamDisk::plain(stripes * STRIPE_SECTORS), 0, None, None).unwrap();
     let full = stripes as usize * STRIPE_BYTES;
     let mut bytes = vec![0xff; full];
     disk.read_at(0, &mut bytes);
@@ -112,6 +112,58 @@ fn memory_a_disk_lets_go_holds_none_of_its_data() {
     drop(queue);
     drop(disk);
     assert_eq!(dirty_frees(), before, "a dropped disk's memory was zeroed");
+}
+
+#[test]
+fn a_disk_is_refused_the_memory_a_discarded_disk_will_want_back() {
+    use crate::heap::fake;
+    let stripe = STRIPE_BYTES as u64;
+    let reserve = 4 << 20;
+    let heap = fake::budget(reserve, 1 << 30);
+    let made = |stripes: u64, max: u64| {
+        RamDisk::try_new(
+            RamDisk::plain(stripes * STRIPE_SECTORS),
+            max * STRIPE_SECTORS,
+            None,
+            Some(heap),
+        )
+    };
+    let disk = made(64, 0).unwrap();
+    assert_eq!(heap.promised(), 0, "all its memory is in hand");
+    let mut queue = disk.queue(32);
+    discard_now(&mut queue, 0, 64 * STRIPE_SECTORS);
+    maintain_all(&disk);
+    // 48 stripes went back to the heap (16 are kept spare): the disk wants them again
+    // when its guest writes there.
+    assert_eq!(heap.promised(), 48 * stripe);
+    // The heap has them free, and 8 stripes more.
+    fake::set_free(reserve as usize + 56 * STRIPE_BYTES);
+    assert_eq!(heap.room(), 8 * stripe);
+    assert_eq!(
+        made(16, 0).map(drop),
+        Err(OutOfMemory { bytes: 16 * stripe })
+    );
+    let small = made(4, 64).unwrap();
+    assert_eq!(
+        small.resize(16 * STRIPE_SECTORS),
+        Err(ResizeError::OutOfMemory { bytes: 12 * stripe })
+    );
+    small.resize(10 * STRIPE_SECTORS).unwrap();
+    // The discarded disk takes back its own: its guest writes into 32 of its stripes
+    // (16 from the spare ones, 16 from the heap).
+    for n in 0..32 {
+        while write_page(&mut queue, 1, n * STRIPE_SECTORS, 0x11) == Err(SubmitError::QueueFull) {
+            disk.maintain();
+        }
+        assert_eq!(collect(&mut queue)[0].status, IoStatus::Ok);
+    }
+    assert_eq!(heap.promised(), 32 * stripe);
+    // A disk that goes takes its promise along.
+    drop(queue);
+    drop(disk);
+    assert_eq!(heap.promised(), 0);
+    drop(small);
+    assert_eq!(heap.promised(), 0);
 }
 
 /// Pages named by number, for buffer access in tests.

@@ -7,6 +7,7 @@ mod counting;
 mod device_faults;
 mod errors;
 mod fake_frontend;
+mod heap;
 mod large;
 mod negotiation;
 mod notify;

@@ -16,7 +16,7 @@ use xen::xenbus::error::errno;
 
 #[test]
 fn an_engine_serves_the_grown_part_once_refreshed() {
-    let disk = RamDisk::try_new(RamDisk::plain(2048), 4096, None).unwrap();
+    let disk = RamDisk::try_new(RamDisk::plain(2048), 4096, None, None).unwrap();
     let mut rig = Rig::new(EngineConfig::new(0, false), disk.queue(64));
     let (_, gref) = rig.data_page(0x3c);
     let write = |id| encode_direct(abi::OP_WRITE, id, 2048, &[whole_page(gref)]);
