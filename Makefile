@@ -15,7 +15,7 @@ TEST_TARGET_DIR := target/test-hooks
 TEST_IMAGE := $(TEST_TARGET_DIR)/$(TARGET)/release/blkdom
 CARGO ?= cargo
 
-.PHONY: all deps image run test test-host test-qemu lint fuzz bench-engine bench bench-paired
+.PHONY: all deps image run test test-host test-qemu lint fuzz fuzz-long bench-engine bench bench-paired
 
 all: image
 
@@ -48,6 +48,16 @@ test-qemu: image
 FUZZ_SECONDS ?= 60
 fuzz:
 	tools/fuzz.sh $(FUZZ_SECONDS)
+
+# make fuzz-long (not in CI, not in make test): every target for FUZZ_LONG_SECONDS (an
+# hour each by default: five hours for the five targets), one at a time, niced; each
+# continues from what earlier runs found (target/fuzz/corpus/). The logs, any crashing
+# input and a summary (runs, coverage, crashes: summary.txt, summary.json) go to
+# results/fuzz/<UTC time>/. FUZZ_TARGETS="gpt x86_32" runs only those.
+FUZZ_LONG_SECONDS ?= 3600
+fuzz-long:
+	@out=results/fuzz/$$(date -u +%Y%m%dT%H%M%SZ); mkdir -p $$out; \
+	  FUZZ_RESULTS=$$out nice -n 10 tools/fuzz.sh $(FUZZ_LONG_SECONDS)
 
 # Host benchmark of the blkif engine (a benchmark, not a test).
 bench-engine:
