@@ -43,6 +43,13 @@ impl BusMaster {
         self.stop_confirms
     }
 
+    /// `Dma::resume_dma`: on again, and no longer stopped.
+    pub fn resume(&mut self) -> bool {
+        self.on = true;
+        self.stopped = None;
+        true
+    }
+
     /// Whether the device may reach memory now (a refusal is counted).
     pub fn allows(&mut self) -> bool {
         if !self.on {
@@ -301,6 +308,9 @@ unsafe impl<M: DeviceModel> Dma for FakeHal<M> {
     }
     fn dma_stopped(&self) -> Option<bool> {
         self.with(|m| m.bus_master().stopped)
+    }
+    fn resume_dma(&self) -> bool {
+        self.with(|m| m.bus_master().resume())
     }
 }
 
