@@ -49,7 +49,10 @@ fn bring_up(
     let switch = DmaSwitch::new(pci, function.address);
     let mut controller = nvme::Controller::init(
         DeviceHal::nvme(registers, switch),
-        nvme::InitConfig::default(),
+        nvme::InitConfig {
+            recovery: cmdslots::RecoveryConfig::NEVER,
+            ..nvme::InitConfig::default()
+        },
     )
     .map_err(|e| fail("bring-up", e))?;
     let wanted = (crate::smp::online_count() * NVME_QUEUES_PER_CPU).min(usize::from(u16::MAX - 1));
