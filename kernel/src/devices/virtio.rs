@@ -53,8 +53,12 @@ pub fn open(
         error,
     };
     let switch = DmaSwitch::new(&pci, function.address);
-    let mut blk = VirtioBlk::init(DeviceHal::virtio(windows, switch), regions)
-        .map_err(|e| fail("bring-up", e))?;
+    let mut blk = VirtioBlk::init(
+        DeviceHal::virtio(windows, switch),
+        regions,
+        cmdslots::RecoveryConfig::NEVER,
+    )
+    .map_err(|e| fail("bring-up", e))?;
     let config = *blk.config();
     super::stopwatch::lap("bring-up");
     let count = wanted_queues.min(usize::from(config.num_queues)).max(1);

@@ -181,13 +181,16 @@ fn nvme_rigs_recovering(
     (hal, controller, rigs)
 }
 
-/// `count` rigs, each over its own virtqueue of one fake virtio-blk device.
+/// `count` rigs, each over its own virtqueue of one fake virtio-blk device, never
+/// recovered (as `nvme_rigs`).
 fn virtio_rigs(
     fake: virtio::fake::FakeDevice,
     count: u16,
 ) -> (virtio::fake::FakeHal, Vec<VirtioRig>) {
     let hal = virtio::fake::FakeHal::new(fake);
-    let mut device = virtio::VirtioBlk::init(hal.clone(), virtio::fake::regions()).unwrap();
+    let mut device =
+        virtio::VirtioBlk::init(hal.clone(), virtio::fake::regions(), RecoveryConfig::NEVER)
+            .unwrap();
     let queues = (0..count)
         .map(|_| device.create_queue(64).unwrap())
         .collect();
