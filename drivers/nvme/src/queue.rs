@@ -616,7 +616,7 @@ impl<H: Hal> LinkedQueue for IoQueue<H> {
         self.cq_head = 0;
         self.phase = true;
         self.link.synced();
-        log::error!(
+        log::warn!(
             "nvme: q{} serves again after the controller reset; {failed} requests it held fail",
             self.qid
         );

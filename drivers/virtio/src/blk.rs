@@ -819,7 +819,7 @@ impl<H: Hal> LinkedQueue for BlkQueue<H> {
         let failed = self.slots.fail_all();
         self.ring.restart();
         self.link.synced();
-        log::error!(
+        log::warn!(
             "virtio: q{} serves again after the device reset; {failed} requests it held fail",
             self.index
         );

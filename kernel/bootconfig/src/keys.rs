@@ -163,6 +163,9 @@ command_line_keys! {
     FaulttestStallSector "faulttest.stall-sector" TestOption,
         default "0", range "a sector",
         "where the stalled read goes";
+    FaulttestAfterReset "faulttest.after-reset" TestOption,
+        default "", range "a target",
+        "a disk on the stalling device read after its reset, with device.max-resets > 0";
     FaulttestLateMs "faulttest.late-ms" TestOption,
         default "0", range "milliseconds",
         "how late the stalling device completes";
