@@ -50,11 +50,14 @@ fn a_stalled_request_resets_the_device_and_only_the_lost_requests_fail() {
     assert!(drain(&mut queues[1]).is_empty());
     // The stalled request ran at the reset, bus mastering off: nothing landed.
     assert!(hal.holds_only(&stalled[0], 0xa5));
+    // From fresh rings: the device serves what is sent now, nothing left from before.
+    let served = hal.with(|m| m.served.len());
     for (n, queue) in queues.iter_mut().enumerate() {
         let what = (10 + 2 * n as u32, 128 + 8 * n as u64, 0x50 + n as u8);
         assert!(writes_and_reads_back(queue, &hal, &fine, what));
         assert_eq!(queue.fault(), None);
     }
+    assert_eq!(hal.with(|m| m.served.len()), served + 4);
     let violations = hal.with(|m| m.violations.clone());
     assert!(violations.is_empty(), "{violations:?}");
 }
