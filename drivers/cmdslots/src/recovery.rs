@@ -421,7 +421,11 @@ impl Recoverer {
         if self.shared.max_resets == 0 || self.failed() {
             return Action::Idle;
         }
-        if self.shared.served.swap(false, Ordering::AcqRel) {
+        // Looked at before it is written: the queues read `word` on the same line at
+        // every call, and the control path comes here at every round.
+        if self.shared.served.load(Ordering::Acquire)
+            && self.shared.served.swap(false, Ordering::AcqRel)
+        {
             self.in_a_row = 0;
         }
         if !self.resetting() {
