@@ -530,7 +530,8 @@ def test_device_faults(suite):
     # path emulated devices take under Xen), not for direct DMA: a real device stops at
     # bus mastering off. A virtio-blk device is not stalled here: QEMU drains its
     # requests when its bus mastering goes off (the vCPU waits for the stall); the host
-    # tests stall one. The error sector is 2048, as the config says.
+    # tests stall one. The error sector is 2048, as the config says. That case runs
+    # without recovery (device.max-resets=0); the last one recovers the stalled device.
     blkdebug = os.path.join(os.path.dirname(suite.log_dir.rstrip("/")) or ".", "blkdebug-sector.conf")
     os.makedirs(os.path.dirname(blkdebug) or ".", exist_ok=True)
     with open(blkdebug, "w") as f:
@@ -538,9 +539,18 @@ def test_device_faults(suite):
     image = disk_image(suite, "faults-error")
     failing = ["-drive", f"if=none,id=disk0,format=raw,file=blkdebug:{blkdebug}:{image}"]
     stalling = ["-blockdev", "driver=null-co,node-name=stall0,size=67108864,latency-ns=4000000000,read-zeroes=on"]
+    # A controller whose first namespace takes 3 s a read (null-co's latency holds every
+    # read: QEMU 10.0's blkdebug cannot delay one) and whose second answers at once: with
+    # recovery (device.max-resets, default 3) the stalled read is aborted or the
+    # controller reset, after which both namespaces serve.
+    recovering = ["-blockdev", "driver=null-co,node-name=slow0,size=67108864,latency-ns=3000000000,read-zeroes=on",
+                  "-blockdev", "driver=null-co,node-name=fast0,size=67108864,read-zeroes=on",
+                  "-device", "nvme,id=nvme0,serial=recovers",
+                  "-device", "nvme-ns,drive=slow0,bus=nvme0,nsid=1",
+                  "-device", "nvme-ns,drive=fast0,bus=nvme0,nsid=2"]
     cases = [
         ("faults.virtio-error-and-nvme-stall",
-         "faulttest=virtio:0 faulttest.stall=nvme:1 faulttest.bounce faulttest.late-ms=4000 device.timeout-ms=1000",
+         "faulttest=virtio:0 faulttest.stall=nvme:1 faulttest.bounce faulttest.late-ms=4000 device.timeout-ms=1000 device.max-resets=0",
          failing + ["-device", "virtio-blk-pci,drive=disk0"] + stalling + ["-device", "nvme,drive=stall0,serial=stall"],
          ["virtio:0: the read of sector 2048 answered Error, the reads around it Ok; the device serves on",
           "nvme:1: the stalled read answered Error after", "device stopped (bus mastering off)",
@@ -551,6 +561,15 @@ def test_device_faults(suite):
          "faulttest=nvme:1",
          failing + ["-device", "nvme,drive=disk0,serial=x"],
          ["nvme:1: the read of sector 2048 answered Error, the reads around it Ok; the device serves on"]),
+        ("faults.nvme-stall-recovers",
+         "faulttest=virtio:0 faulttest.stall=nvme:1 faulttest.after-reset=nvme:2 faulttest.bounce faulttest.late-ms=3000 device.timeout-ms=1000",
+         failing + ["-device", "virtio-blk-pci,drive=disk0"] + recovering,
+         ["nvme: q1 command 0 got no completion in", "nvme: the controller: resetting",
+          "nvme: q1 serves again after the controller reset; 1 requests it held fail",
+          "bus mastering on again", "the device recovered",
+          "nvme:1: nothing of the stalled read reached memory",
+          "nvme:2: 8 reads after the reset answered Ok within the deadline",
+          "nvme:1: a read after the reset answered Ok", "virtio:0 still serves"]),
     ]
     for name, append, extra, needles in cases:
         r = suite.boot(name, append + " loglevel=info", timeout=60, extra=extra)
@@ -560,6 +579,9 @@ def test_device_faults(suite):
         detail = f"in {r.seconds:.1f} s"
         if stalled:
             detail += f"; stalled read answered after {stalled.group(1)} ms (deadline 1000 ms), {stalled.group(2)} reads served on the other device meanwhile"
+        abort = re.search(r"nvme: q1 command 0 (not aborted|aborted)|nvme: abort of q1 command 0: [^\n]*", r.log)
+        if abort and "resetting" in r.log:
+            detail += f"; abort: {abort.group(0).split(': ', 1)[1]}, then a reset"
         failed = [l for l in r.lines() if "faulttest: FAIL" in l]
         if failed:
             problems.append(failed[0].split("faulttest: ", 1)[1])

@@ -4,7 +4,11 @@
 use crate::command::{CompletionEntry, Opcode, SubmissionEntry, CQ_ENTRY_LEN, SQ_ENTRY_LEN};
 use crate::queue::IoQueue;
 use crate::{CommandStatus, Hal, PAGE_SIZE};
+use alloc::vec::Vec;
 use blkdev::DmaRegion;
+use cmdslots::{Recoverer, RecoveryConfig};
+
+mod recover;
 
 pub(crate) mod reg {
     pub const CAP: usize = 0x00;
@@ -53,6 +57,13 @@ pub enum NvmeError {
     },
     /// All the I/O queues the controller granted are in use.
     NoQueueLeft,
+    /// After a reset the controller granted fewer I/O queues than it had made.
+    FewerQueues {
+        granted: u16,
+        made: u16,
+    },
+    /// Bus mastering did not turn back on after a reset.
+    DmaNotResumed,
 }
 
 impl core::fmt::Display for NvmeError {
@@ -81,6 +92,11 @@ impl core::fmt::Display for NvmeError {
                 "namespace format with {block_size}-byte blocks and {metadata} metadata bytes"
             ),
             NvmeError::NoQueueLeft => write!(f, "no I/O queue left"),
+            NvmeError::FewerQueues { granted, made } => write!(
+                f,
+                "after the reset the controller granted {granted} I/O queues, not the {made} made"
+            ),
+            NvmeError::DmaNotResumed => write!(f, "bus mastering did not turn back on"),
         }
     }
 }
@@ -215,6 +231,8 @@ pub struct InitConfig {
     pub admin_timeout_ms: u64,
     /// Upper bound for a ready transition when CAP.TO says more (or nothing).
     pub max_ready_timeout_ms: u64,
+    /// How a controller whose command times out recovers (`Controller::recover`).
+    pub recovery: RecoveryConfig,
 }
 
 impl Default for InitConfig {
@@ -223,6 +241,7 @@ impl Default for InitConfig {
             admin_entries: 32,
             admin_timeout_ms: 5_000,
             max_ready_timeout_ms: 30_000,
+            recovery: RecoveryConfig::DEFAULT,
         }
     }
 }
@@ -247,6 +266,15 @@ struct AdminQueue {
     next_command_id: u16,
 }
 
+/// An I/O queue pair as it was created: a reset makes it again, the same.
+#[derive(Clone, Copy, Debug)]
+struct CreatedQueue {
+    qid: u16,
+    entries: u16,
+    sq: DmaRegion,
+    cq: DmaRegion,
+}
+
 /// An enabled controller with its admin queue.
 pub struct Controller<H: Hal> {
     hal: H,
@@ -259,6 +287,12 @@ pub struct Controller<H: Hal> {
     scratch: DmaRegion,
     io_queues_granted: u16,
     next_qid: u16,
+    /// CAP.TO, bounded by `InitConfig::max_ready_timeout_ms`.
+    ready_timeout_ms: u64,
+    /// Every I/O queue pair created, for a reset to make again.
+    created: Vec<CreatedQueue>,
+    /// The controller's recovery after a timeout or a fatal status (`recover`).
+    recoverer: Recoverer,
 }
 
 fn read_u64<H: Hal>(hal: &H, offset: usize) -> u64 {
@@ -365,6 +399,9 @@ impl<H: Hal> Controller<H> {
             scratch,
             io_queues_granted: 0,
             next_qid: 1,
+            ready_timeout_ms,
+            created: Vec::new(),
+            recoverer: Recoverer::new(config.recovery),
         };
         let page = controller.identify(1, 0)?;
         controller.identity = ControllerIdentity::parse(&page);
@@ -395,10 +432,15 @@ impl<H: Hal> Controller<H> {
         self.caps.max_queue_entries
     }
 
-    /// A queue of it failed and stopped the controller (`blkdev::Dma::stop_dma`): it
-    /// reaches no memory any more, and no new queue of it would work.
+    /// The controller was given up (a queue of it failed without recovery, or it did
+    /// not come back from its resets): it reaches no memory any more, and no new queue
+    /// of it would work.
     pub fn is_stopped(&self) -> bool {
-        self.hal.dma_stopped().is_some()
+        if self.recoverer.max_resets() == 0 {
+            self.hal.dma_stopped().is_some()
+        } else {
+            self.recoverer.failed()
+        }
     }
 
     /// True when CSTS.CFS reports a fatal controller error.
@@ -424,7 +466,16 @@ impl<H: Hal> Controller<H> {
     }
 
     /// Runs one admin command to completion.
-    fn admin_command(&mut self, mut entry: SubmissionEntry) -> Result<CompletionEntry, NvmeError> {
+    fn admin_command(&mut self, entry: SubmissionEntry) -> Result<CompletionEntry, NvmeError> {
+        self.admin_command_within(entry, self.config.admin_timeout_ms)
+    }
+
+    /// Runs one admin command to completion, waiting for it at most `timeout_ms`.
+    fn admin_command_within(
+        &mut self,
+        mut entry: SubmissionEntry,
+        timeout_ms: u64,
+    ) -> Result<CompletionEntry, NvmeError> {
         let opcode = entry.bytes[0];
         let admin = &mut self.admin;
         let command_id = admin.next_command_id;
@@ -473,7 +524,7 @@ impl<H: Hal> Controller<H> {
                 }
                 return Ok(completion);
             }
-            if waited_us >= self.config.admin_timeout_ms * 1000 {
+            if waited_us >= timeout_ms * 1000 {
                 let fatal = self.hal.read_register(reg::CSTS) & reg::CSTS_FATAL != 0;
                 return Err(if fatal {
                     NvmeError::ControllerFatal
@@ -575,6 +626,34 @@ impl<H: Hal> Controller<H> {
             .hal
             .allocate_dma(cq_pages)
             .ok_or(NvmeError::OutOfDmaMemory)?;
+        self.create_pair(qid, entries, sq, cq)?;
+        self.next_qid += 1;
+        self.created.push(CreatedQueue {
+            qid,
+            entries,
+            sq,
+            cq,
+        });
+        IoQueue::new(
+            self.hal.clone(),
+            &self.caps,
+            namespace,
+            (qid, entries),
+            (sq, cq),
+            self.recoverer.link(),
+        )
+    }
+}
+
+impl<H: Hal> Controller<H> {
+    /// Has the controller make I/O queue pair `qid`, `entries` deep, in `sq` and `cq`.
+    fn create_pair(
+        &mut self,
+        qid: u16,
+        entries: u16,
+        sq: DmaRegion,
+        cq: DmaRegion,
+    ) -> Result<(), NvmeError> {
         let size = u32::from(entries - 1) << 16;
         // Completion queue first: the submission queue names it. Physically contiguous,
         // interrupts off.
@@ -590,16 +669,7 @@ impl<H: Hal> Controller<H> {
                 .with_cdw(10, size | u32::from(qid))
                 .with_cdw(11, (u32::from(qid) << 16) | 1),
         )?;
-        self.next_qid += 1;
-        IoQueue::new(
-            self.hal.clone(),
-            &self.caps,
-            namespace,
-            qid,
-            entries,
-            sq,
-            cq,
-        )
+        Ok(())
     }
 }
 

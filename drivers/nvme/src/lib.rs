@@ -57,4 +57,6 @@ pub unsafe trait Hal: blkdev::Dma {
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 #[cfg(test)]
+mod recovery_tests;
+#[cfg(test)]
 mod tests;

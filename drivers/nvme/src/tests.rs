@@ -7,20 +7,46 @@ use cmdslots::fake::{
     a_device_that_cannot_be_stopped_is_reported_so, a_stalled_command_fails_after_its_deadline,
     complete_one, data_request, drain, status_read_by_clock_not_by_polls, NoCpuAccess, MS, TIMEOUT,
 };
+use cmdslots::RecoveryConfig;
 
 fn bring_up(fake: FakeController, queues: u16, entries: u16) -> (FakeHal, Vec<IoQueue<FakeHal>>) {
+    let (hal, _, queues) = bring_up_with(fake, queues, entries, RecoveryConfig::DEFAULT);
+    (hal, queues)
+}
+
+/// A controller that is never recovered (`device.max-resets=0`): a queue with an
+/// overdue command, or a fatal controller, fails for good at once.
+fn bring_up_without_recovery(
+    fake: FakeController,
+    queues: u16,
+    entries: u16,
+) -> (FakeHal, Vec<IoQueue<FakeHal>>) {
+    let (hal, _, queues) = bring_up_with(fake, queues, entries, RecoveryConfig::NEVER);
+    (hal, queues)
+}
+
+pub(crate) fn bring_up_with(
+    fake: FakeController,
+    queues: u16,
+    entries: u16,
+    recovery: RecoveryConfig,
+) -> (FakeHal, Controller<FakeHal>, Vec<IoQueue<FakeHal>>) {
     let hal = FakeHal::new(fake);
-    let mut controller = Controller::init(hal.clone(), InitConfig::default()).unwrap();
+    let config = InitConfig {
+        recovery,
+        ..InitConfig::default()
+    };
+    let mut controller = Controller::init(hal.clone(), config).unwrap();
     let namespace = controller.namespace(1).unwrap();
     let granted = controller.request_io_queues(queues).unwrap();
     let queues = (0..granted)
         .map(|_| controller.create_io_queue(&namespace, entries).unwrap())
         .collect();
-    (hal, queues)
+    (hal, controller, queues)
 }
 
 /// One whole fresh page as the only segment.
-fn one_page(hal: &FakeHal) -> [DmaSegment; 1] {
+pub(crate) fn one_page(hal: &FakeHal) -> [DmaSegment; 1] {
     [DmaSegment {
         buffer: hal.with(|m| m.memory.allocate(1)).unwrap(),
         offset: 0,
@@ -507,10 +533,11 @@ fn preflush_write_waits_for_its_flush() {
 }
 
 #[test]
-fn controller_fatal_status_fails_outstanding_requests_and_later_ones_at_its_status_check() {
+fn without_recovery_a_fatal_controller_fails_outstanding_requests_and_later_ones_at_its_status_check(
+) {
     let mut fake = FakeController::new(1 << 20);
     fake.fatal_after = Some(2);
-    let (hal, mut queues) = bring_up(fake, 1, 8);
+    let (hal, mut queues) = bring_up_without_recovery(fake, 1, 8);
     let segment = one_page(&hal);
     status_read_by_clock_not_by_polls(&mut queues[0], &segment);
     assert!(queues[0].is_dead());
@@ -776,29 +803,30 @@ fn errors_display_their_cause() {
 }
 
 #[test]
-fn a_stalled_command_fails_after_its_deadline_and_the_controller_is_stopped_first() {
+fn without_recovery_a_stalled_command_fails_after_its_deadline_and_the_controller_is_stopped_first()
+{
     let mut fake = FakeController::new(1 << 20);
     fake.stall_lba = Some(64);
-    let (hal, mut queues) = bring_up(fake, 2, 8);
+    let (hal, mut queues) = bring_up_without_recovery(fake, 2, 8);
     let (first, rest) = queues.split_at_mut(1);
     a_stalled_command_fails_after_its_deadline(&mut first[0], &mut rest[0], &hal, 64);
     assert!(hal.with(|m| m.violations.is_empty()));
 }
 
 #[test]
-fn a_controller_that_cannot_be_stopped_is_reported_so() {
+fn without_recovery_a_controller_that_cannot_be_stopped_is_reported_so() {
     let mut fake = FakeController::new(1 << 20);
     fake.stall_lba = Some(8);
     fake.bus.stop_confirms = false;
-    let (hal, mut queues) = bring_up(fake, 1, 8);
+    let (hal, mut queues) = bring_up_without_recovery(fake, 1, 8);
     a_device_that_cannot_be_stopped_is_reported_so(&mut queues[0], &hal, 8);
 }
 
 #[test]
-fn requests_in_flight_when_the_queue_fails_all_fail_and_their_slots_come_back() {
+fn without_recovery_requests_in_flight_when_the_queue_fails_all_fail_and_their_slots_come_back() {
     let mut fake = FakeController::new(1 << 20);
     fake.stall_lba = Some(0);
-    let (hal, mut queues) = bring_up(fake, 1, 8);
+    let (hal, mut queues) = bring_up_without_recovery(fake, 1, 8);
     let queue = &mut queues[0];
     queue.tick(5 * MS, TIMEOUT);
     let page = one_page(&hal);

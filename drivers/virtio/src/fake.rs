@@ -4,8 +4,8 @@
 //! memory, and injectable faults. It serves a queue on each notification, or only when
 //! a test calls `process` (`hold`). Faults: an I/O error for requests touching one
 //! sector (`fail_sector`), requests touching another taken and never answered
-//! (`stall_sector`, until `finish_stalled`), refused request kinds, NEEDS_RESET after some
-//! requests, and bus mastering: once the driver stops the device's DMA, it reads,
+//! (`stall_sector`, until `finish_stalled`, or a reset, which drops them), refused
+//! request kinds, NEEDS_RESET after some requests, and bus mastering: once the driver stops the device's DMA, it reads,
 //! writes and posts nothing (`dma_blocked` counts what it would have done).
 
 extern crate std;
@@ -71,6 +71,8 @@ pub struct FakeDevice {
     pub stall_sector: Option<u64>,
     /// Requests held by `stall_sector`: (queue, chain head).
     pub stalled: Vec<(u16, u16)>,
+    /// Device resets (status 0 written after the device was set up).
+    pub resets: usize,
     /// Bus mastering: off (the driver's `stop_dma`), the device reaches no memory.
     pub bus: BusMaster,
     feature_select: u32,
@@ -109,6 +111,7 @@ impl FakeDevice {
             reset_after: None,
             stall_sector: None,
             stalled: Vec::new(),
+            resets: 0,
             bus: BusMaster::default(),
             feature_select: 0,
             driver_feature_select: 0,
@@ -192,6 +195,9 @@ impl FakeDevice {
             0x14 => {
                 let new = value as u8;
                 if new == 0 {
+                    if self.status != 0 {
+                        self.reset();
+                    }
                     self.status = 0;
                     self.accepted = 0;
                     self.queues = vec![Queue::default(); 8];
@@ -236,6 +242,19 @@ impl FakeDevice {
             o => self
                 .violations
                 .push(format!("write to common register {o:#x}")),
+        }
+    }
+
+    /// A device reset: the held requests run first (their data moves if bus mastering
+    /// allows, as QEMU finishes what it started) and are dropped with every queue:
+    /// nothing goes to a used ring for them.
+    fn reset(&mut self) {
+        self.resets += 1;
+        for (q, head) in core::mem::take(&mut self.stalled) {
+            if self.bus.allows() {
+                let queue = self.queues[usize::from(q)];
+                self.serve(q, queue, head);
+            }
         }
     }
 

@@ -74,4 +74,6 @@ pub mod feature {
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 #[cfg(test)]
+mod recovery_tests;
+#[cfg(test)]
 mod tests;

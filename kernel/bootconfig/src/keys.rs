@@ -101,7 +101,12 @@ command_line_keys! {
          their way";
     DeviceTimeoutMs "device.timeout-ms" Setting,
         default "30000", range "0 (never) to 3600000 milliseconds",
-        "how long a device command may take before its device is failed and stopped";
+        "how long a device command may take before it is aborted and, if that does not \
+         bring it back, its device reset";
+    DeviceMaxResets "device.max-resets" Setting,
+        default "3", range "0 (never reset: fail at once) to 100",
+        "resets in a row, without a command completed between them, before a device is \
+         given up (stopped, every request failed)";
 
     Selftest "selftest" TestHook,
         default "", range "",
@@ -158,6 +163,9 @@ command_line_keys! {
     FaulttestStallSector "faulttest.stall-sector" TestOption,
         default "0", range "a sector",
         "where the stalled read goes";
+    FaulttestAfterReset "faulttest.after-reset" TestOption,
+        default "", range "a target",
+        "a disk on the stalling device read after its reset, with device.max-resets > 0";
     FaulttestLateMs "faulttest.late-ms" TestOption,
         default "0", range "milliseconds",
         "how late the stalling device completes";

@@ -91,7 +91,7 @@ impl Control {
             next_stats: 0,
             retries: RetrySchedule::new(),
             first_round: true,
-            registry: Registry::new(bus),
+            registry: Registry::new(bus, crate::devices::recovery(config.device_max_resets)),
             budget: GrantBudget::new(config.grants),
             config: *config,
         })
@@ -529,6 +529,22 @@ impl poller::ControlWork for Control {
     }
 
     fn run(&mut self) -> Option<u64> {
+        // A device a queue asked to recover first: its queues' requests wait meanwhile.
+        crate::devices::RECOVERY_WANTED.store(false, Ordering::Release);
+        let now = xen_domain::now_ns();
+        let recovery_due = self.registry.recover(now);
+        let wait = self.run_store();
+        match (wait, recovery_due) {
+            (Some(wait), Some(due)) => Some(wait.min(due.saturating_sub(xen_domain::now_ns()))),
+            (wait, _) => wait,
+        }
+    }
+}
+
+impl Control {
+    /// The control path's round on xenstore: watch events, negotiations, faults,
+    /// statistics, the report. How soon it wants the next.
+    fn run_store(&mut self) -> Option<u64> {
         let home = format!("/local/domain/{}", self.domid);
         let router = WatchRouter {
             home: &home,

@@ -392,7 +392,9 @@ impl Errno for DiskError {
             },
             DiskError::Device { error, .. } => match error {
                 OpenError::NoNvme | OpenError::NoVirtio { .. } => errno::ENODEV,
-                OpenError::VirtioInUse(_) | OpenError::NvmeQueuesInUse(_) => errno::EBUSY,
+                OpenError::VirtioInUse(_)
+                | OpenError::NvmeQueuesInUse(_)
+                | OpenError::Resetting(_) => errno::EBUSY,
                 OpenError::NoBounceMemory => errno::ENOMEM,
                 _ => errno::EIO,
             },

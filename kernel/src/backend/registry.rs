@@ -80,8 +80,8 @@ impl Registry {
     /// The registry of the devices on `bus`, brought up now (`Devices::prepare`): an
     /// attach then takes queues, where bringing a device up would cost it a VM exit to
     /// the device model per register access.
-    pub fn new(bus: PciBus) -> Registry {
-        let mut devices = Devices::new(bus);
+    pub fn new(bus: PciBus, recovery: cmdslots::RecoveryConfig) -> Registry {
+        let mut devices = Devices::new(bus, recovery);
         devices.prepare(crate::smp::online_count().max(1) * VIRTIO_QUEUES_PER_CPU);
         Registry {
             ram_disks: BTreeMap::new(),
@@ -197,6 +197,12 @@ impl Registry {
         device.description = format!("{new} of {}", pool.description);
         capacity.set(sectors);
         Ok(())
+    }
+
+    /// Every device's recovery step (`Devices::recover`); the earliest time one wants
+    /// its next.
+    pub fn recover(&mut self, now: u64) -> Option<u64> {
+        self.devices.recover(now)
     }
 
     /// Every named RAM disk (kept here between their vbds).

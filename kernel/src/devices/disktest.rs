@@ -136,7 +136,8 @@ fn run(spec: &str, cmdline: &Cmdline, bus: open::PciBus) -> Result<(), DiskTestE
         ..Default::default()
     };
     // Both opens below go through one `Devices`, as the control path's do.
-    let mut devices = open::Devices::new(bus);
+    // No command is expected to time out here: no recovery to run.
+    let mut devices = open::Devices::new(bus, cmdslots::RecoveryConfig::NEVER);
     super::stopwatch::start();
     let opened = devices.open(backing, wanted, options);
     if let Some(cost) = super::stopwatch::finish() {

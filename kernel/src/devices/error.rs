@@ -58,6 +58,8 @@ pub enum OpenError {
     /// A queue of the controller failed and stopped it (bus mastering off): it serves
     /// no new disk until blkdom restarts.
     NvmeStopped(PciAddress),
+    /// The device is being reset after a command timed out: no new queue now.
+    Resetting(PciAddress),
     VirtioLegacy(PciAddress),
     /// The virtio driver failed at `step` (bring-up, virtqueue).
     Virtio {
@@ -113,6 +115,10 @@ impl fmt::Display for OpenError {
             OpenError::NvmeStopped(device) => write!(
                 f,
                 "nvme {device}: the controller failed and was stopped; it serves no disk until blkdom restarts"
+            ),
+            OpenError::Resetting(device) => write!(
+                f,
+                "{device}: the device is being reset after a command timed out; try again"
             ),
             OpenError::VirtioLegacy(device) => write!(
                 f,
