@@ -14,6 +14,7 @@ extern crate alloc;
 pub mod dma;
 mod null;
 mod ram;
+pub mod shutdown;
 mod slice;
 
 pub use dma::{Dma, DmaRegion};
