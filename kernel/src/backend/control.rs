@@ -24,6 +24,8 @@ use xen::xenbus::watch::{WatchRouter, WatchWork};
 use xen::xenbus::{XenStore, NO_TRANSACTION};
 use xen::xenstore::Transaction;
 
+mod shutdown;
+
 use crate::devices::open::PciBus;
 use crate::devices::stopwatch;
 use crate::xen_domain;
@@ -61,6 +63,8 @@ pub struct Control {
     budget: GrantBudget,
     /// The command line's settings, for each vbd and ring made.
     config: Config,
+    /// `xl shutdown` or `xl reboot` asked for a clean shutdown, under way.
+    shutdown: Option<shutdown::Shutdown>,
 }
 
 impl Control {
@@ -96,6 +100,7 @@ impl Control {
             registry: Registry::new(bus),
             budget: GrantBudget::new(config.grants),
             config: *config,
+            shutdown: None,
         })
     }
 
@@ -528,6 +533,9 @@ impl poller::ControlWork for Control {
     }
 
     fn run(&mut self) -> Option<u64> {
+        if self.shutdown.is_some() {
+            return self.shutdown_step();
+        }
         let home = format!("/local/domain/{}", self.domid);
         let router = WatchRouter {
             home: &home,
@@ -602,7 +610,8 @@ impl poller::ControlWork for Control {
         let Some(wait) = result else {
             // A control request arrived (or xenstore is gone): look at it outside the lock.
             if let Some(reason) = xen_domain::control::take_request() {
-                xen_domain::control::obey(reason);
+                self.begin_shutdown(reason);
+                return self.shutdown_step();
             }
             return Some(RETRY_NS);
         };

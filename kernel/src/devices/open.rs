@@ -1,7 +1,7 @@
 //! From a backing-store name to ready device queues.
 
 use super::error::OpenError;
-use super::hal::{self, PciConfig};
+use super::hal::{self, DeviceHal, PciConfig};
 use super::nvme::NvmeControllers;
 use super::stopwatch;
 use crate::firmware::Firmware;
@@ -14,6 +14,7 @@ use backing::Backing;
 use blkdev::BlockDevice;
 use core::sync::atomic::AtomicU64;
 use pci::{Bar, BarError, Function, Inventory, PciAddress};
+use virtio::VirtioBlk;
 
 pub type Queue = Box<dyn BlockDevice + Send>;
 
@@ -148,6 +149,8 @@ pub struct Devices {
     prepared_virtio: Vec<(PciAddress, OpenedDisk)>,
     /// Virtio devices in use: one disk each (opening one again would reset it).
     virtio_in_use: Vec<PciAddress>,
+    /// Every virtio device brought up (prepared or in use), reset at shutdown.
+    virtio_devices: Vec<(PciAddress, VirtioBlk<DeviceHal>)>,
     /// Each device's bounce counter, shared by every open of it (an NVMe controller is
     /// opened once per disk on it).
     bounce_counters: Vec<(PciAddress, Arc<AtomicU64>)>,
@@ -160,6 +163,7 @@ impl Devices {
             nvme: NvmeControllers::default(),
             prepared_virtio: Vec::new(),
             virtio_in_use: Vec::new(),
+            virtio_devices: Vec::new(),
             bounce_counters: Vec::new(),
         }
     }
@@ -224,7 +228,12 @@ impl Devices {
                     .position(|(address, _)| *address == function.address);
                 let mut disk = match prepared {
                     Some(at) => self.prepared_virtio.swap_remove(at).1,
-                    None => super::virtio::open(&mut self.bus, function, wanted_queues)?,
+                    None => {
+                        let (disk, device) =
+                            super::virtio::open(&mut self.bus, function, wanted_queues)?;
+                        self.virtio_devices.push((function.address, device));
+                        disk
+                    }
                 };
                 self.virtio_in_use.push(function.address);
                 disk.bounced_bytes = self.bounce_counter(function.address);
@@ -253,13 +262,29 @@ impl Devices {
         for virtio in functions.iter().filter(|f| f.is_virtio_blk()) {
             stopwatch::start();
             match super::virtio::open(&mut self.bus, *virtio, virtio_queues) {
-                Ok(disk) => {
+                Ok((disk, device)) => {
                     self.prepared_virtio.push((virtio.address, disk));
+                    self.virtio_devices.push((virtio.address, device));
                     log_prepared(virtio, "virtio-blk device", None);
                 }
                 Err(error) => log_prepared(virtio, "virtio-blk device", Some(error)),
             }
         }
+    }
+}
+
+impl Devices {
+    /// Every device brought up, named by what stopping it does: NVMe controllers by
+    /// their shutdown notification, virtio devices by a reset.
+    pub(super) fn stoppable(&mut self) -> Vec<(String, &mut dyn blkdev::shutdown::Stop)> {
+        let mut devices: Vec<(String, &mut dyn blkdev::shutdown::Stop)> = Vec::new();
+        for (address, controller) in self.nvme.iter_mut() {
+            devices.push((format!("nvme {address}: shutdown notification"), controller));
+        }
+        for (address, device) in &mut self.virtio_devices {
+            devices.push((format!("virtio-blk {address}: reset"), device));
+        }
+        devices
     }
 }
 

@@ -15,11 +15,12 @@ use virtio::{PciRegions, VirtioBlk};
 const QUEUE_SIZE: u16 = 128;
 const QUEUE_SIZE_DIRECT: u16 = 1024;
 
+/// The device's queues, and the device (to reset it at shutdown).
 pub fn open(
     bus: &mut PciBus,
     function: Function,
     wanted_queues: usize,
-) -> Result<OpenedDisk, OpenError> {
+) -> Result<(OpenedDisk, VirtioBlk<DeviceHal>), OpenError> {
     let pci = *bus.config();
     let caps: Vec<VirtioCap> = pci::virtio_capabilities(pci.access(), function.address).collect();
     let first = |wanted: fn(&VirtioCapKind) -> bool| caps.iter().find(|c| wanted(&c.kind)).copied();
@@ -69,7 +70,7 @@ pub fn open(
     }
     blk.start();
     super::stopwatch::lap("queues");
-    Ok(OpenedDisk {
+    let disk = OpenedDisk {
         description: format!(
             "virtio-blk {} ({:04x}:{:04x}): {} sectors, block {} B, seg_max {:?}, {} of {} queue(s) of {}, {} descriptors",
             function.address,
@@ -86,5 +87,6 @@ pub fn open(
         queues,
         bounced_bytes: Default::default(),
         device_model: false,
-    })
+    };
+    Ok((disk, blk))
 }

@@ -43,9 +43,10 @@ pub fn take_request() -> Option<ShutdownReason> {
     request
 }
 
-/// Acts on a request: the log is flushed, then Xen is told why we stop.
+/// Acts on a request, once blkdom has shut down (`backend::control`'s shutdown): the
+/// log is flushed, then Xen is told why we stop.
 pub fn obey(reason: ShutdownReason) -> ! {
-    log::info!("xen: toolstack asked for {reason:?}; stopping");
+    log::info!("xen: {reason:?} as the toolstack asked; stopping");
     log::logger().flush();
     super::shutdown(reason);
     crate::arch::cpu::halt_forever()
