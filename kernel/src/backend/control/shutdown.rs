@@ -73,7 +73,7 @@ impl Control {
         let now = xen_domain::now_ns();
         let shutdown = Shutdown::new(reason, now, self.config.device_timeout_ns);
         log::info!(
-            "blkdom: {reason:?} asked by the toolstack: closing {} disk(s) (their requests answered, nothing new taken; given up after {} ms), then flushing and stopping the devices",
+            "blkdom: {reason:?} asked by the toolstack: closing {} disk(s) (their requests answered, nothing new taken; waited for at most {} ms), then flushing and stopping the devices",
             self.vbds.len(),
             (shutdown.drain_deadline - now) / 1_000_000
         );
