@@ -2,7 +2,7 @@
 //! `control/shutdown`; we advertise that we listen (`control/feature-*`, without which
 //! xl refuses to ask) and act on the request.
 
-use xen::domain::ShutdownReason;
+use xen::domain::{ShutdownReason, UpcallMode};
 use xen::xenstore::Transaction;
 
 pub const SHUTDOWN_NODE: &str = "control/shutdown";
@@ -10,6 +10,14 @@ pub const SHUTDOWN_TOKEN: &str = "control-shutdown";
 
 /// Tells the toolstack we handle power-off and reboot requests, and watches for them.
 pub fn listen() {
+    if let Some(xen) = super::get() {
+        // An HVM blkdom is offered xl shutdown only with this (`announce_pv_control`).
+        if xen.upcall_mode.get() == Some(&UpcallMode::PerVcpuVector) {
+            if let Err(e) = xen::domain::announce_pv_control(&xen.hv) {
+                log::warn!("xen: cannot announce PV control (HVM_PARAM_CALLBACK_IRQ): {e:?}");
+            }
+        }
+    }
     let done = super::store::with(|xs| {
         xs.write(Transaction::NONE, "control/feature-poweroff", b"1")?;
         xs.write(Transaction::NONE, "control/feature-reboot", b"1")?;
