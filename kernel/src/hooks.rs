@@ -19,7 +19,7 @@ pub fn run(cmdline: &Cmdline<'_>, config: &Config, under_xen: bool, bus: PciBus)
         crash_test(what);
     }
     if let Some(spec) = cmdline.value(Key::Disktest) {
-        devices::disk_test(spec, cmdline, bus);
+        devices::disk_test(spec, cmdline, config.device_timeout_ns, bus);
     }
     if let Some(spec) = cmdline.value(Key::Faulttest) {
         devices::fault_test(spec, cmdline, config, bus);

@@ -30,7 +30,9 @@ use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use blkdev::{Completion, IoStatus, SubmitError};
 
-pub use deadline::{queue_fault, scan_interval, Overdue, HEALTH_CHECK_INTERVAL_NS};
+pub use deadline::{
+    answered_within, queue_fault, scan_interval, Overdue, HEALTH_CHECK_INTERVAL_NS,
+};
 pub use recovery::{Access, QueueLink, Recoverer, RecoveryConfig, RecoveryStep};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -27,6 +27,12 @@ pub(crate) mod reg {
     pub const CC_IOCQES_16: u32 = 4 << 20;
     pub const CSTS_READY: u32 = 1;
     pub const CSTS_FATAL: u32 = 1 << 1;
+    /// CC.SHN (bits 15:14): 01b asks for a normal shutdown.
+    pub const CC_SHN_MASK: u32 = 0b11 << 14;
+    pub const CC_SHN_NORMAL: u32 = 0b01 << 14;
+    /// CSTS.SHST (bits 3:2): 10b says the shutdown is complete.
+    pub const CSTS_SHST_MASK: u32 = 0b11 << 2;
+    pub const CSTS_SHST_COMPLETE: u32 = 0b10 << 2;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,6 +158,9 @@ pub struct ControllerIdentity {
     /// Controller, CNS 06h): 0 when none is reported. A controller may skip a range
     /// above it without an error (QEMU's does), so discards are split to fit.
     pub dmrsl: u32,
+    /// RTD3 Entry Latency: how long the controller says a shutdown may take, in
+    /// microseconds (0: it does not say).
+    pub rtd3e_us: u32,
 }
 
 fn trimmed(bytes: &[u8]) -> &str {
@@ -173,6 +182,7 @@ impl ControllerIdentity {
             sgls: u32::from_le_bytes(page[536..540].try_into().expect("4")),
             volatile_write_cache: page[525] & 1 != 0,
             dmrsl: 0,
+            rtd3e_us: u32::from_le_bytes(page[88..92].try_into().expect("4")),
         };
         identity.serial.copy_from_slice(&page[4..24]);
         identity.model.copy_from_slice(&page[24..64]);
@@ -245,6 +255,11 @@ impl Default for InitConfig {
         }
     }
 }
+
+/// How long a shutdown is waited for (as Linux's `shutdown_timeout`): what RTD3E says,
+/// rounded up to whole seconds, at least 5 s and at most 60 s.
+pub const SHUTDOWN_MIN_MS: u64 = 5_000;
+pub const SHUTDOWN_MAX_MS: u64 = 60_000;
 
 /// Identify CNS 06h: the I/O command set specific Identify Controller page (NVMe 1.4
 /// controllers onwards, with command sets; CSI 0 is the NVM command set).
@@ -441,6 +456,32 @@ impl<H: Hal> Controller<H> {
         } else {
             self.recoverer.failed()
         }
+    }
+
+    /// Asks for a normal shutdown (CC.SHN = 01b, CC.EN left set): the controller writes
+    /// back whatever it caches and says so in CSTS.SHST (`shutdown_complete`). Nothing
+    /// may be submitted to it afterwards.
+    pub fn begin_shutdown(&mut self) {
+        let cc = self.hal.read_register(reg::CC);
+        self.hal
+            .write_register(reg::CC, (cc & !reg::CC_SHN_MASK) | reg::CC_SHN_NORMAL);
+    }
+
+    /// Whether the shutdown `begin_shutdown` asked for is complete (CSTS.SHST = 10b);
+    /// `ControllerFatal` if CSTS.CFS says the controller failed.
+    pub fn shutdown_complete(&self) -> Result<bool, NvmeError> {
+        let csts = self.hal.read_register(reg::CSTS);
+        if csts & reg::CSTS_FATAL != 0 {
+            return Err(NvmeError::ControllerFatal);
+        }
+        Ok(csts & reg::CSTS_SHST_MASK == reg::CSTS_SHST_COMPLETE)
+    }
+
+    /// How long to wait for a shutdown: RTD3E rounded up to whole seconds, within
+    /// [`SHUTDOWN_MIN_MS`] and [`SHUTDOWN_MAX_MS`].
+    pub fn shutdown_timeout_ms(&self) -> u64 {
+        let seconds = u64::from(self.identity.rtd3e_us).div_ceil(1_000_000);
+        (seconds * 1000).clamp(SHUTDOWN_MIN_MS, SHUTDOWN_MAX_MS)
     }
 
     /// True when CSTS.CFS reports a fatal controller error.
@@ -670,6 +711,23 @@ impl<H: Hal> Controller<H> {
                 .with_cdw(11, (u32::from(qid) << 16) | 1),
         )?;
         Ok(())
+    }
+}
+
+/// A controller stops by its normal shutdown notification.
+impl<H: Hal> blkdev::shutdown::Stop for Controller<H> {
+    fn begin_stop(&mut self) -> Result<(), alloc::string::String> {
+        self.begin_shutdown();
+        Ok(())
+    }
+
+    fn stopped(&mut self) -> Result<bool, alloc::string::String> {
+        self.shutdown_complete()
+            .map_err(|e| alloc::string::ToString::to_string(&e))
+    }
+
+    fn stop_deadline_ns(&self) -> u64 {
+        self.shutdown_timeout_ms() * 1_000_000
     }
 }
 

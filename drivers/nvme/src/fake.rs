@@ -66,6 +66,14 @@ pub struct FakeController {
     pub vwc: bool,
     pub namespace_count: u32,
     pub cap_to: u8,
+    /// Identify Controller's RTD3E (microseconds a shutdown may take; 0: not said).
+    pub rtd3e_us: u32,
+    /// After a shutdown notification (CC.SHN = 01b), CSTS.SHST says "complete" at this
+    /// read of CSTS (`Some(0)`: at once); `None`: never (it stays "in progress").
+    pub shutdown_after_reads: Option<u32>,
+    /// Shutdown notifications received (CC.SHN going from 00b to 01b).
+    pub shutdowns: usize,
+    shutdown_reads_left: Option<u32>,
     pub never_ready: bool,
     pub hold: bool,
     pub queues_granted: u16,
@@ -121,6 +129,10 @@ impl FakeController {
             vwc: true,
             namespace_count: 1,
             cap_to: 20,
+            rtd3e_us: 0,
+            shutdown_after_reads: Some(0),
+            shutdowns: 0,
+            shutdown_reads_left: None,
             never_ready: false,
             hold: false,
             queues_granted: 8,
@@ -161,13 +173,23 @@ impl FakeController {
         4 << self.dstrd
     }
 
-    pub fn read_register(&self, offset: usize) -> u32 {
+    pub fn read_register(&mut self, offset: usize) -> u32 {
         match offset {
             0x00 => self.cap() as u32,
             0x04 => (self.cap() >> 32) as u32,
             0x08 => 0x0001_0400,
             0x14 => self.cc,
-            0x1c => self.csts,
+            0x1c => {
+                if let Some(left) = self.shutdown_reads_left {
+                    if left == 0 {
+                        self.csts = (self.csts & !(0b11 << 2)) | (0b10 << 2);
+                        self.shutdown_reads_left = None;
+                    } else {
+                        self.shutdown_reads_left = Some(left - 1);
+                    }
+                }
+                self.csts
+            }
             0x24 => self.aqa,
             _ => 0,
         }
@@ -178,7 +200,18 @@ impl FakeController {
             0x0c | 0x10 => {}
             0x14 => {
                 let was = self.cc & 1;
+                let shutdown = (value >> 14) & 0b11 == 0b01 && (self.cc >> 14) & 0b11 == 0;
+                if shutdown && value & 1 == 0 {
+                    self.violations
+                        .push("shutdown notification with CC.EN clear".into());
+                }
                 self.cc = value;
+                if shutdown {
+                    self.shutdowns += 1;
+                    // "Shutdown processing occurring" until it is done.
+                    self.csts = (self.csts & !(0b11 << 2)) | (0b01 << 2);
+                    self.shutdown_reads_left = self.shutdown_after_reads;
+                }
                 if was == 0 && value & 1 == 1 {
                     self.enable();
                 } else if value & 1 == 0 {
@@ -196,6 +229,11 @@ impl FakeController {
             0x30 => self.acq = (self.acq & !0xffff_ffff) | u64::from(value),
             0x34 => self.acq = (self.acq & 0xffff_ffff) | (u64::from(value) << 32),
             o if o >= 0x1000 => {
+                if (self.cc >> 14) & 0b11 != 0 {
+                    self.violations.push(format!(
+                        "doorbell write at {o:#x} after the shutdown notification"
+                    ));
+                }
                 let index = (o - 0x1000) / self.stride();
                 if (o - 0x1000) % self.stride() != 0 {
                     self.violations
@@ -403,6 +441,7 @@ impl FakeController {
                             m
                         });
                         page[77] = self.mdts;
+                        page[88..92].copy_from_slice(&self.rtd3e_us.to_le_bytes());
                         page[516..520].copy_from_slice(&self.namespace_count.to_le_bytes());
                         page[520] = if self.dsm { 1 << 2 } else { 0 };
                         page[525] = u8::from(self.vwc);

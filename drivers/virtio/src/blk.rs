@@ -22,6 +22,8 @@ const REQUEST_OUT: u32 = 1;
 const REQUEST_FLUSH: u32 = 4;
 const REQUEST_DISCARD: u32 = 11;
 const STATUS_OK: u8 = 0;
+/// How long a reset may take (device status back to 0).
+pub const RESET_TIMEOUT_MS: u64 = 1000;
 const STATUS_UNSUPPORTED: u8 = 2;
 
 /// Descriptors in one indirect table (one page): header, data, status.
@@ -165,7 +167,7 @@ fn reset_device<H: Hal>(common: &Common<H>) -> Result<(), VirtioError> {
     common.set_status(0);
     let mut waited = 0;
     while common.status() != 0 {
-        if waited >= 1_000_000 {
+        if waited >= RESET_TIMEOUT_MS * 1000 {
             return Err(VirtioError::ResetTimeout);
         }
         common.hal.delay_us(100);
@@ -392,6 +394,34 @@ impl<H: Hal> VirtioBlk<H> {
     /// Tells the device the driver is ready (after its queues are set up).
     pub fn start(&self) {
         self.common.add_status(status::DRIVER_OK);
+    }
+
+    /// Resets the device (device status 0): it stops using its queues and forgets them.
+    /// Done once the status reads 0 again (`reset_complete`). Its queues must not be
+    /// used afterwards.
+    pub fn begin_reset(&self) {
+        self.common.set_status(0);
+    }
+
+    /// Whether the reset `begin_reset` asked for is done.
+    pub fn reset_complete(&self) -> bool {
+        self.common.status() == 0
+    }
+}
+
+/// A device stops by a reset.
+impl<H: Hal> blkdev::shutdown::Stop for VirtioBlk<H> {
+    fn begin_stop(&mut self) -> Result<(), alloc::string::String> {
+        self.begin_reset();
+        Ok(())
+    }
+
+    fn stopped(&mut self) -> Result<bool, alloc::string::String> {
+        Ok(self.reset_complete())
+    }
+
+    fn stop_deadline_ns(&self) -> u64 {
+        RESET_TIMEOUT_MS * 1_000_000
     }
 }
 

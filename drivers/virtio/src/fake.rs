@@ -71,10 +71,15 @@ pub struct FakeDevice {
     pub stall_sector: Option<u64>,
     /// Requests held by `stall_sector`: (queue, chain head).
     pub stalled: Vec<(u16, u16)>,
-    /// Device resets (status 0 written after the device was set up).
-    pub resets: usize,
     /// Bus mastering: off (the driver's `stop_dma`), the device reaches no memory.
     pub bus: BusMaster,
+    /// A reset (status 0 written) is done at this read of the device status (`Some(0)`:
+    /// at once); `None`: never (the status keeps reading what it was).
+    pub reset_after_reads: Option<u32>,
+    /// Resets asked for (status 0 written).
+    pub resets: usize,
+    /// A reset asked for and not done yet: reads of the status left until it is.
+    resetting: Option<Option<u32>>,
     feature_select: u32,
     driver_feature_select: u32,
     queue_select: u16,
@@ -111,8 +116,10 @@ impl FakeDevice {
             reset_after: None,
             stall_sector: None,
             stalled: Vec::new(),
-            resets: 0,
             bus: BusMaster::default(),
+            reset_after_reads: Some(0),
+            resets: 0,
+            resetting: None,
             feature_select: 0,
             driver_feature_select: 0,
             queue_select: 0,
@@ -147,7 +154,14 @@ impl FakeDevice {
         match address - COMMON {
             0x04 => (self.offered >> (32 * self.feature_select)) & 0xffff_ffff,
             0x12 => u64::from(max_queues),
-            0x14 => u64::from(self.status),
+            0x14 => {
+                match self.resetting {
+                    Some(Some(0)) => self.reset(),
+                    Some(Some(left)) => self.resetting = Some(Some(left - 1)),
+                    _ => {}
+                }
+                u64::from(self.status)
+            }
             0x18 => {
                 let q = self.queue_select;
                 if q >= max_queues {
@@ -195,12 +209,11 @@ impl FakeDevice {
             0x14 => {
                 let new = value as u8;
                 if new == 0 {
-                    if self.status != 0 {
+                    self.resets += 1;
+                    self.resetting = Some(self.reset_after_reads);
+                    if self.reset_after_reads == Some(0) {
                         self.reset();
                     }
-                    self.status = 0;
-                    self.accepted = 0;
-                    self.queues = vec![Queue::default(); 8];
                     return;
                 }
                 if new & 8 != 0 && self.status & 8 == 0 {
@@ -247,15 +260,19 @@ impl FakeDevice {
 
     /// A device reset: the held requests run first (their data moves if bus mastering
     /// allows, as QEMU finishes what it started) and are dropped with every queue:
-    /// nothing goes to a used ring for them.
+    /// nothing goes to a used ring for them. The device forgets its driver: status 0,
+    /// no features, no queues.
     fn reset(&mut self) {
-        self.resets += 1;
         for (q, head) in core::mem::take(&mut self.stalled) {
             if self.bus.allows() {
                 let queue = self.queues[usize::from(q)];
                 self.serve(q, queue, head);
             }
         }
+        self.status = 0;
+        self.accepted = 0;
+        self.queues = vec![Queue::default(); 8];
+        self.resetting = None;
     }
 
     pub fn process(&mut self) {

@@ -23,7 +23,7 @@ mod blk;
 mod transport;
 mod virtqueue;
 
-pub use blk::{BlkConfig, BlkQueue, VirtioBlk, VirtioError};
+pub use blk::{BlkConfig, BlkQueue, VirtioBlk, VirtioError, RESET_TIMEOUT_MS};
 pub use transport::PciRegions;
 
 /// What the driver needs from the kernel: DMA memory and time, and MMIO at the

@@ -493,3 +493,83 @@ fn without_recovery_a_virtio_device_that_cannot_be_stopped_is_reported_so() {
     let (hal, mut queues) = bring_up_without_recovery(fake, 1, 8);
     a_device_that_cannot_be_stopped_is_reported_so(&mut queues[0], &hal, 8);
 }
+
+/// The shutdown's clock in these tests: 1 ms per look.
+struct Steps(u64);
+
+impl blkdev::shutdown::Clock for Steps {
+    fn now_ns(&mut self) -> u64 {
+        self.0
+    }
+    fn relax(&mut self) {
+        self.0 += 1_000_000;
+    }
+}
+
+fn device_and_queue(fake: FakeDevice) -> (FakeHal, VirtioBlk<FakeHal>, BlkQueue<FakeHal>) {
+    let hal = FakeHal::new(fake);
+    let mut device = VirtioBlk::init(hal.clone(), crate::fake::regions()).unwrap();
+    let queue = device.create_queue(16).unwrap();
+    device.start();
+    (hal, device, queue)
+}
+
+#[test]
+fn a_shutdown_flushes_the_cache_then_resets_the_device() {
+    use blkdev::shutdown::{flush_all, stop_all, Outcome};
+    let (hal, mut device, mut queue) = device_and_queue(FakeDevice::new(1 << 20));
+    let data = segments(&hal, 1, 0, 4096);
+    assert_eq!(
+        complete_one(&mut queue, &data_request(1, IoOp::Write, 8, &data)),
+        IoStatus::Ok
+    );
+    assert_eq!(
+        flush_all(&mut [&mut queue], 1_000_000_000, &mut Steps(0)),
+        [Outcome::Done { ns: 0 }]
+    );
+    hal.with(|m| {
+        assert_eq!(m.served.last().unwrap().kind, 4, "VIRTIO_BLK_T_FLUSH");
+        assert_eq!(m.resets, 1, "only init's reset before the flush");
+    });
+    assert_eq!(
+        stop_all(&mut [&mut device], &mut Steps(0)),
+        [Outcome::Done { ns: 0 }]
+    );
+    hal.with(|m| {
+        assert_eq!(m.resets, 2);
+        assert_eq!(m.status, 0);
+    });
+    no_violations(&hal);
+}
+
+#[test]
+fn without_the_flush_feature_nothing_is_flushed() {
+    let mut fake = FakeDevice::new(1 << 20);
+    fake.offered &= !feature::BLK_FLUSH;
+    let (hal, _device, mut queue) = device_and_queue(fake);
+    assert_eq!(
+        blkdev::shutdown::flush_all(&mut [&mut queue], 1_000_000_000, &mut Steps(0)),
+        [blkdev::shutdown::Outcome::NotNeeded]
+    );
+    assert!(hal.with(|m| m.served.is_empty()));
+}
+
+#[test]
+fn a_reset_that_does_not_finish_is_given_up_after_its_deadline() {
+    use blkdev::shutdown::{stop_all, Outcome};
+    let (hal, mut device, _queue) = device_and_queue(FakeDevice::new(1 << 20));
+    hal.with(|m| m.reset_after_reads = None);
+    assert_eq!(
+        stop_all(&mut [&mut device], &mut Steps(0)),
+        [Outcome::GivenUp {
+            ns: RESET_TIMEOUT_MS * 1_000_000
+        }]
+    );
+    assert_ne!(hal.with(|m| m.status), 0);
+    hal.with(|m| m.reset_after_reads = Some(20));
+    assert_eq!(
+        stop_all(&mut [&mut device], &mut Steps(0)),
+        [Outcome::Done { ns: 20_000_000 }]
+    );
+    assert_eq!(hal.with(|m| (m.resets, m.status)), (3, 0));
+}

@@ -147,6 +147,10 @@ command_line_keys! {
     DisktestBounce "disktest.bounce" TestOption,
         default "", range "",
         "the disk test through bounce buffers, as an emulated device under Xen";
+    DisktestShutdown "disktest.shutdown" TestOption,
+        default "", range "",
+        "after the disk test, shut the device down as xl shutdown does (flush, NVMe \
+         shutdown notification, virtio reset)";
     Registrytest "registrytest" TestHook,
         default "", range "<step>;...: +<target> opens, -<n> releases the n-th opened",
         "open and release disks through the device registry, log each outcome, power off";

@@ -29,6 +29,8 @@ use xen::xenbus::watch::{WatchRouter, WatchWork};
 use xen::xenbus::{XenStore, NO_TRANSACTION};
 use xen::xenstore::Transaction;
 
+mod shutdown;
+
 use crate::devices::open::PciBus;
 use crate::devices::stopwatch;
 use crate::xen_domain;
@@ -59,6 +61,8 @@ pub struct Control {
     budget: GrantBudget,
     /// The command line's settings, for each vbd and ring made.
     config: Config,
+    /// `xl shutdown` or `xl reboot` asked for a clean shutdown, under way.
+    shutdown: Option<shutdown::Shutdown>,
 }
 
 impl Control {
@@ -94,6 +98,7 @@ impl Control {
             registry: Registry::new(bus, crate::devices::recovery(config.device_max_resets)),
             budget: GrantBudget::new(config.grants),
             config: *config,
+            shutdown: None,
         })
     }
 
@@ -529,11 +534,16 @@ impl poller::ControlWork for Control {
     }
 
     fn run(&mut self) -> Option<u64> {
-        // A device a queue asked to recover first: its queues' requests wait meanwhile.
+        // A device a queue asked to recover first: its queues' requests wait meanwhile
+        // (during a shutdown too: the drain waits for them).
         crate::devices::RECOVERY_WANTED.store(false, Ordering::Release);
         let now = xen_domain::now_ns();
         let recovery_due = self.registry.recover(now);
-        let wait = self.run_store();
+        let wait = if self.shutdown.is_some() {
+            self.shutdown_step()
+        } else {
+            self.run_store()
+        };
         match (wait, recovery_due) {
             (Some(wait), Some(due)) => Some(wait.min(due.saturating_sub(xen_domain::now_ns()))),
             (wait, _) => wait,
@@ -619,7 +629,8 @@ impl Control {
         let Some(wait) = result else {
             // A control request arrived (or xenstore is gone): look at it outside the lock.
             if let Some(reason) = xen_domain::control::take_request() {
-                xen_domain::control::obey(reason);
+                self.begin_shutdown(reason);
+                return self.shutdown_step();
             }
             return Some(RETRY_NS);
         };

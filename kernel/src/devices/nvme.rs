@@ -99,6 +99,15 @@ impl NvmeControllers {
         due
     }
 
+    /// Every controller brought up, with where it sits.
+    pub fn iter_mut(
+        &mut self,
+    ) -> impl Iterator<Item = (PciAddress, &mut nvme::Controller<DeviceHal>)> {
+        self.0
+            .iter_mut()
+            .map(|(address, controller)| (*address, controller))
+    }
+
     /// Brings the controller at `function` up before any disk names it.
     pub fn prepare(&mut self, bus: &mut PciBus, function: &Function) -> Result<(), OpenError> {
         self.up(bus, function).map(|_| ())

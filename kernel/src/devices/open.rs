@@ -2,7 +2,7 @@
 //! From a backing-store name to ready device queues.
 
 use super::error::OpenError;
-use super::hal::{self, PciConfig};
+use super::hal::{self, DeviceHal, PciConfig};
 use super::nvme::NvmeControllers;
 use super::stopwatch;
 use crate::firmware::Firmware;
@@ -15,6 +15,7 @@ use backing::Backing;
 use blkdev::BlockDevice;
 use core::sync::atomic::AtomicU64;
 use pci::{Bar, BarError, Function, Inventory, PciAddress};
+use virtio::VirtioBlk;
 
 pub type Queue = Box<dyn BlockDevice + Send>;
 
@@ -149,7 +150,8 @@ pub struct Devices {
     prepared_virtio: Vec<(PciAddress, OpenedDisk)>,
     /// Virtio devices in use: one disk each (opening one again would reset it).
     virtio_in_use: Vec<PciAddress>,
-    /// Every virtio device opened, kept to recover it when a request times out.
+    /// Every virtio device brought up (prepared or in use): kept to recover it when a
+    /// request times out, and to reset it at shutdown.
     virtio: Vec<(PciAddress, virtio::VirtioBlk<hal::DeviceHal>)>,
     /// How a device whose command times out recovers.
     recovery: cmdslots::RecoveryConfig,
@@ -293,6 +295,21 @@ impl Devices {
                 Err(error) => log_prepared(virtio, "virtio-blk device", Some(error)),
             }
         }
+    }
+}
+
+impl Devices {
+    /// Every device brought up, named by what stopping it does: NVMe controllers by
+    /// their shutdown notification, virtio devices by a reset.
+    pub(super) fn stoppable(&mut self) -> Vec<(String, &mut dyn blkdev::shutdown::Stop)> {
+        let mut devices: Vec<(String, &mut dyn blkdev::shutdown::Stop)> = Vec::new();
+        for (address, controller) in self.nvme.iter_mut() {
+            devices.push((format!("nvme {address}: shutdown notification"), controller));
+        }
+        for (address, device) in &mut self.virtio {
+            devices.push((format!("virtio-blk {address}: reset"), device));
+        }
+        devices
     }
 }
 

@@ -19,7 +19,7 @@ const QUEUE_SIZE_DIRECT: u16 = 1024;
 
 /// Opens the virtio-blk device at `function` with up to `wanted_queues` virtqueues; the
 /// device itself is kept by the caller, to recover it (`VirtioBlk::recover`) as
-/// `recovery` says when a request times out.
+/// `recovery` says when a request times out, and to reset it at shutdown.
 pub fn open(
     bus: &mut PciBus,
     function: Function,
