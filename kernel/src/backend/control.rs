@@ -585,7 +585,19 @@ impl Control {
                     });
                 }
             }
+            if xs.take_lost_watch_events() {
+                // A flood (a guest rewriting its frontend nodes in a loop) overran the
+                // client's queue: look at everything the dropped events could have named.
+                log::warn!("xenstore: watch events dropped (a flood); rescanning every device");
+                work.rescan = true;
+                report_request = true;
+                control_request |= xs
+                    .read_string(Transaction::NONE, xen::xenbus::keys::CONTROL_SHUTDOWN)
+                    .is_ok_and(|value| !value.trim().is_empty());
+            }
             if control_request {
+                // Rescan next round if the request was not one to act on.
+                self.first_round |= work.rescan;
                 return None;
             }
             self.first_round = false;
