@@ -169,7 +169,7 @@ impl core::fmt::Display for NegotiationError {
 impl core::error::Error for NegotiationError {}
 
 impl Errno for NegotiationError {
-    fn errno(&self) -> u32 {
+    fn errno(&self) -> i32 {
         match self {
             NegotiationError::Store(error) => error.errno(),
             // Linux's connect_ring answers a bad frontend key with EINVAL.
@@ -675,7 +675,7 @@ impl BlkifBackend {
         &self,
         store: &mut dyn XenStore,
         served: &str,
-        errno: u32,
+        errno: i32,
         reason: &str,
     ) -> Result<(), NegotiationError> {
         log::error!("blkback: {}: resize refused: {reason}", self.backend_path);
@@ -724,7 +724,7 @@ impl BlkifBackend {
     fn fail(
         &mut self,
         store: &mut dyn XenStore,
-        errno: u32,
+        errno: i32,
         reason: String,
     ) -> Result<StepOutcome, NegotiationError> {
         log::error!("blkback: {}: {}", self.backend_path, reason);

@@ -53,7 +53,7 @@ impl core::fmt::Display for GrantMapFailed {
 impl core::error::Error for GrantMapFailed {}
 
 impl Errno for GrantMapFailed {
-    fn errno(&self) -> u32 {
+    fn errno(&self) -> i32 {
         errno::EIO
     }
 }
@@ -924,7 +924,7 @@ impl core::fmt::Display for EngineHooksError {
 impl core::error::Error for EngineHooksError {}
 
 impl Errno for EngineHooksError {
-    fn errno(&self) -> u32 {
+    fn errno(&self) -> i32 {
         errno::EINVAL
     }
 }
