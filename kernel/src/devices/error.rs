@@ -16,6 +16,10 @@ pub enum OpenError {
     /// A virtio device serves one disk (opening it again would reset it).
     VirtioInUse(PciAddress),
     NoBounceMemory,
+    /// A RAM disk of this many bytes does not fit the memory free for disks.
+    RamDoesNotFit {
+        bytes: u64,
+    },
     BarUnreadable {
         device: PciAddress,
         bar: u8,
@@ -78,6 +82,9 @@ impl fmt::Display for OpenError {
             }
             OpenError::VirtioInUse(device) => write!(f, "virtio-blk {device} is already in use"),
             OpenError::NoBounceMemory => f.write_str("no memory for bounce buffers"),
+            OpenError::RamDoesNotFit { bytes } => {
+                write!(f, "ram:{} KiB does not fit the memory free for disks", bytes / 1024)
+            }
             OpenError::BarUnreadable { device, bar, error } => {
                 write!(f, "{device}: BAR {bar}: {error:?}")
             }

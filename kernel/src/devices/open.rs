@@ -208,7 +208,15 @@ impl Devices {
         let wanted_queues = wanted_queues.max(1);
         match backing {
             Backing::Ram { bytes, .. } => {
-                let disk = blkdev::RamDisk::new(bytes / blkdev::SECTOR_SIZE);
+                // The registry opens the vbds' RAM disks itself; this is the self-tests'.
+                let sectors = bytes / blkdev::SECTOR_SIZE;
+                let disk = blkdev::RamDisk::try_new(
+                    blkdev::RamDisk::plain(sectors),
+                    sectors,
+                    None,
+                    Some(&crate::mm::DISK_MEMORY),
+                )
+                .map_err(|_| OpenError::RamDoesNotFit { bytes })?;
                 Ok(OpenedDisk {
                     description: format!("RAM disk of {} KiB", bytes / 1024),
                     queues: (0..wanted_queues)
