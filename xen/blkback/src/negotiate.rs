@@ -15,9 +15,9 @@ use crate::engine::Busy;
 use crate::keys::{
     self, numbered, DEVICE_TYPE, DISCARD_ALIGNMENT, DISCARD_ENABLE, DISCARD_GRANULARITY,
     DISCARD_SECURE, EVENT_CHANNEL, FAULT, FEATURE_BARRIER, FEATURE_DISCARD, FEATURE_FLUSH_CACHE,
-    FEATURE_MAX_INDIRECT_SEGMENTS, FEATURE_PERSISTENT, INFO, MODE, MULTI_QUEUE_MAX_QUEUES,
-    MULTI_QUEUE_NUM_QUEUES, PARAMS, PHYSICAL_SECTOR_SIZE, PROTOCOL, QUEUE_N, RESIZE,
-    RING_PAGE_ORDER, RING_REF, RING_REF_N, SECTORS, SECTOR_SIZE,
+    FEATURE_LARGE_SECTOR_SIZE, FEATURE_MAX_INDIRECT_SEGMENTS, FEATURE_PERSISTENT, INFO, MODE,
+    MULTI_QUEUE_MAX_QUEUES, MULTI_QUEUE_NUM_QUEUES, PARAMS, PHYSICAL_SECTOR_SIZE, PROTOCOL,
+    QUEUE_N, RESIZE, RING_PAGE_ORDER, RING_REF, RING_REF_N, SECTORS, SECTOR_SIZE,
 };
 use xen::xenbus::error::{self as xenbus_error, errno, Errno};
 use xen::xenbus::keys::{ERROR, FRONTEND, FRONTEND_ID, HOTPLUG_STATUS, ONLINE, STATE};
@@ -627,7 +627,7 @@ impl BlkifBackend {
             self.releasing = hooks.disconnect().is_err();
             return self.fail(store, reason.errno(), format!("connecting rings: {reason}"));
         }
-        self.publish_device(store, connection.persistent_grants)?;
+        self.publish_device(store)?;
         self.switch(store, XenbusState::Connected)?;
         log::info!(
             "blkback: {} connected: {} queue(s), ring order {}, persistent grants {}, {}",
@@ -775,6 +775,23 @@ impl BlkifBackend {
             },
             Err(error) => return Err(error.into()),
         };
+        // Linux's blkfront (and Windows' since it has the key) counts every sector
+        // quantity in 512-byte units and takes `sector-size` as the logical block size,
+        // as blkdom serves them. A frontend with `feature-large-sector-size` counts in
+        // `sector-size` units instead (QEMU's qdisk serves that): on a disk whose blocks
+        // are not 512 bytes it would reach the wrong sectors, so it is refused. With
+        // 512-byte blocks the two counts are the same.
+        let block_size = self.params.geometry.logical_block_size;
+        let large_sectors = read_u32(store, &format!("{fe}/{FEATURE_LARGE_SECTOR_SIZE}"))?;
+        if large_sectors.is_some_and(|flag| flag != 0) && block_size != 512 {
+            return bad(format!(
+                "{FEATURE_LARGE_SECTOR_SIZE}: the frontend counts sectors in units of \
+                 {SECTOR_SIZE} ({block_size} bytes); blkdom counts 512-byte sectors (as \
+                 Linux blkback does): refused rather than serve the wrong sectors"
+            ));
+        }
+        // Both sides write what they offer (Linux since 2022; before, blkback wrote the
+        // result, which every blkfront reads the same way): used when both offer.
         let persistent = self.params.persistent_grants
             && read_u32(store, &format!("{fe}/{FEATURE_PERSISTENT}"))?.unwrap_or(0) == 1;
         let mut queues = Vec::with_capacity(queue_count as usize);
@@ -825,11 +842,7 @@ impl BlkifBackend {
     }
 
     /// Publish the device in one transaction (redone on `EAGAIN`).
-    fn publish_device(
-        &self,
-        store: &mut dyn XenStore,
-        persistent: bool,
-    ) -> Result<(), NegotiationError> {
+    fn publish_device(&self, store: &mut dyn XenStore) -> Result<(), NegotiationError> {
         let g = self.params.geometry;
         // Discard is offered when the device has it, the disk is writable and the
         // toolstack did not turn it off.
@@ -839,7 +852,10 @@ impl BlkifBackend {
             (FEATURE_FLUSH_CACHE, flag(g.flush)),
             // Barriers are served as flushes.
             (FEATURE_BARRIER, flag(g.flush)),
-            (FEATURE_PERSISTENT, flag(persistent)),
+            // The offer, not the result (Linux since 2022, "xen-blkback: Advertise
+            // feature-persistent as user requested"): a frontend uses persistent grants
+            // when it offered them and this says 1, as blkdom does when both did.
+            (FEATURE_PERSISTENT, flag(self.params.persistent_grants)),
             (SECTORS, g.sectors.to_string()),
             (INFO, self.info().to_string()),
             (SECTOR_SIZE, g.logical_block_size.to_string()),
