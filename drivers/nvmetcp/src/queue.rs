@@ -703,11 +703,9 @@ impl<const N: usize> Queue<N> {
             return Err(ProtocolError::WrongDirection(th.cid));
         }
         let end = th.offset.checked_add(th.len);
-        // One R2T at a time (MAXR2T 0), none for data already in the capsule, the next
-        // bytes in order, inside the buffer.
+        // One R2T at a time (MAXR2T 0), the next bytes in order, inside the buffer. Data
+        // that went in the capsule counts as sent, so no R2T fits after it.
         let ok = th.len > 0
-            && !s.inline
-            && !s.tx_busy
             && s.r2t.is_none()
             && th.offset == s.done
             && end.is_some_and(|e| e <= s.data_len());
@@ -744,10 +742,9 @@ impl<const N: usize> Queue<N> {
                 });
             }
         }
+        // (A success has all data moved, so nothing is left to send: only a failure
+        // finds the slot still sending.)
         if s.tx_busy {
-            if status.is_success() {
-                return Err(ProtocolError::ResponseDuringTransfer(cid));
-            }
             // A failure while the host still sends: take back what is queued, let a PDU
             // already on the wire finish (the stream cannot skip), then complete.
             s.state = SlotState::Deferred;

@@ -124,6 +124,13 @@ struct Target {
     ioccsz: u32,
     mdts: u8,
     maxcmd: u16,
+    sgls: u32,
+    /// Identify Namespace: size override, FLBAS, NLBAF, and format 0's metadata size
+    /// and LBADS.
+    ns_blocks: Option<u64>,
+    flbas: u8,
+    nlbaf: u8,
+    lbaf0: (u16, u8),
     cap: u64,
     cc: u32,
     /// CSTS reads that report not-ready before RDY.
@@ -170,6 +177,11 @@ impl Target {
             ioccsz: (64 + 4096) / 16,
             mdts: 5,
             maxcmd: 64,
+            sgls: 1,
+            ns_blocks: None,
+            flbas: 0,
+            nlbaf: 0,
+            lbaf0: (0, 9),
             // MQES 127, TO 2 (1 s), CSS NVM.
             cap: 127 | (2 << 24) | (1 << 37),
             cc: 0,
@@ -419,7 +431,7 @@ impl Target {
                         id[514..516].copy_from_slice(&self.maxcmd.to_le_bytes());
                         id[520..522].copy_from_slice(&(1u16 << 2).to_le_bytes());
                         id[525] = 1;
-                        id[536..540].copy_from_slice(&1u32.to_le_bytes());
+                        id[536..540].copy_from_slice(&self.sgls.to_le_bytes());
                         id[1792..1796].copy_from_slice(&self.ioccsz.to_le_bytes());
                     }
                     sqe::CNS_NAMESPACE => {
@@ -428,9 +440,13 @@ impl Target {
                             self.respond(cid, Status::new(0, 0x0b), 0);
                             return;
                         }
-                        let blocks = (self.disk.len() / BLOCK) as u64;
+                        let blocks = self.ns_blocks.unwrap_or((self.disk.len() / BLOCK) as u64);
                         id[0..8].copy_from_slice(&blocks.to_le_bytes());
-                        id[128 + 2] = 9;
+                        id[25] = self.nlbaf;
+                        id[26] = self.flbas;
+                        id[128..130].copy_from_slice(&self.lbaf0.0.to_le_bytes());
+                        id[128 + 2] = self.lbaf0.1;
+                        id[132 + 2] = 12;
                     }
                     c => panic!("cns {c}"),
                 }
@@ -1208,7 +1224,7 @@ fn bad_cases() -> Vec<BadCase> {
                 c2h_pdu(
                     r,
                     0,
-                    &[0; 4096],
+                    &[7; 4096],
                     pdu::FLAG_DATA_SUCCESS | pdu::FLAG_DATA_LAST,
                 )
             }),
@@ -1297,6 +1313,18 @@ fn bad_cases() -> Vec<BadCase> {
             P::Terminated { fes: 5 },
         ),
         (
+            "termination with a data offset",
+            Box::new(|_| {
+                let mut p = term_pdu(1);
+                p[3] = 24;
+                p
+            }),
+            P::BadDataOffset {
+                pdu_type: pdu::C2H_TERM,
+                pdo: 24,
+            },
+        ),
+        (
             "termination too long",
             Box::new(|_| {
                 let mut p = term_pdu(1);
@@ -1369,6 +1397,10 @@ fn bad_pdus_fail_with_their_error_and_stay_failed() {
             }
             assert_eq!(r, Err(with_cid(want, cid)), "{name}, in pieces of {cut}");
             assert_eq!(q.error(), Some(with_cid(want, cid)), "{name}");
+            assert!(
+                port.bufs[&1].iter().all(|&b| b == 0),
+                "{name}: no data lands from a bad PDU"
+            );
             // Failed for good: nothing goes out, nothing more is taken in.
             assert_eq!(
                 feed(&mut q, &mut port, &resp_pdu(cids[0], Status::SUCCESS, 0)),
@@ -1570,4 +1602,79 @@ fn oversized_payloads_are_refused() {
             Payload::ToHost(crate::MAX_DATA_LEN)
         )
         .is_ok());
+}
+
+#[test]
+fn answers_for_finished_commands_are_refused() {
+    let last = pdu::FLAG_DATA_LAST | pdu::FLAG_DATA_SUCCESS;
+    // Completed, not yet taken: its slot still holds it.
+    let (mut q, mut port, [rd, ..]) = scripted();
+    feed(&mut q, &mut port, &c2h_pdu(rd, 0, &[5; 8192], last)).unwrap();
+    assert_eq!(
+        feed(&mut q, &mut port, &resp_pdu(rd, Status::SUCCESS, 0)),
+        Err(ProtocolError::UnknownCommand(rd))
+    );
+    // Taken: the slot is free, with the same generation until it is used again.
+    let (mut q, mut port, [rd, ..]) = scripted();
+    feed(&mut q, &mut port, &c2h_pdu(rd, 0, &[5; 8192], last)).unwrap();
+    assert_eq!(q.next_completion().map(|c| c.tag), Some(1));
+    assert_eq!(
+        feed(&mut q, &mut port, &c2h_pdu(rd, 0, &[5; 8], 0)),
+        Err(ProtocolError::UnknownCommand(rd))
+    );
+}
+
+#[test]
+fn controllers_and_namespaces_this_host_cannot_use_are_refused() {
+    let unsupported = |mutate: fn(&mut Target)| {
+        let mut t = Target::new();
+        mutate(&mut t);
+        bring_up(&mut t, &mut Rng(17), 5000).1
+    };
+    assert_eq!(
+        unsupported(|t| t.sgls = 0),
+        Err(Error::Unsupported("SGLs (SGLS)"))
+    );
+    assert_eq!(
+        unsupported(|t| t.cap &= !(1 << 37)),
+        Err(Error::Unsupported("the NVM command set (CAP.CSS)"))
+    );
+    assert!(
+        matches!(unsupported(|t| t.cap &= !0xffff), Err(Error::Unsupported(m)) if m.contains("MQES"))
+    );
+    assert_eq!(
+        unsupported(|t| t.lbaf0 = (8, 9)),
+        Err(Error::Unsupported("namespaces with metadata"))
+    );
+    let lbads = Err(Error::Unsupported("the namespace's block size (LBADS)"));
+    assert_eq!(unsupported(|t| t.lbaf0 = (0, 8)), lbads);
+    assert_eq!(unsupported(|t| t.lbaf0 = (0, 17)), lbads);
+    assert!(
+        matches!(unsupported(|t| t.flbas = 1), Err(Error::Unsupported(m)) if m.contains("FLBAS"))
+    );
+    assert_eq!(
+        unsupported(|t| t.ns_blocks = Some(0)),
+        Err(Error::NamespaceMissing(1))
+    );
+    // Format 1 (4 KiB blocks) chosen by FLBAS when the namespace lists it.
+    let mut t = Target::new();
+    t.nlbaf = 1;
+    t.flbas = 1;
+    let (s, r, _) = bring_up(&mut t, &mut Rng(17), 5000);
+    r.unwrap();
+    assert_eq!(s.namespace().unwrap().block_size, 4096);
+}
+
+#[test]
+fn without_mdts_requests_are_bounded_by_the_command_format() {
+    let (mut at, mut it) = (Target::new(), Target::new());
+    at.mdts = 0;
+    let mut rng = Rng(19);
+    let mut io = live_io::<4>(&mut at, &mut it, &mut rng);
+    assert_eq!(
+        io.read(1, 0, 65537),
+        Err(SubmitError::BadLength),
+        "NLB is 16 bits"
+    );
+    assert!(io.read(1, 0, 65536).is_ok());
 }
