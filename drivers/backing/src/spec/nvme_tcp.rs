@@ -166,7 +166,7 @@ fn ipv4(text: &str) -> Option<[u8; 4]> {
         }
         *byte = part.parse().ok()?;
     }
-    Some(addr)
+    parts.next().is_none().then_some(addr)
 }
 
 /// Parses an `nvme-tcp:` target.
