@@ -20,6 +20,7 @@
 //!   CSTS.RDY, Identify controller and namespace) and keep-alive afterwards;
 //!   [`IoSession`]: one I/O queue (Connect with the admin queue's controller ID, then
 //!   block I/O).
+//! - [`reconnect`]: when to try again after the target went away, and when to stop.
 //!
 //! Everything the target sends is untrusted: a PDU that breaks the protocol fails its
 //! connection with a [`ProtocolError`]; nothing here panics on the target's input.
@@ -28,10 +29,12 @@
 
 pub mod pdu;
 mod queue;
+pub mod reconnect;
 mod session;
 pub mod sqe;
 
 pub use queue::{Completion, DataPort, Payload, Queue, QueueKind, SubmitError, MAX_DATA_LEN};
+pub use reconnect::{Action, Reconnect, ReconnectPolicy};
 pub use session::{
     AdminSession, ControllerInfo, HostIdentity, IoSession, NamespaceInfo, SessionState,
     ADMIN_QUEUE_SLOTS,
