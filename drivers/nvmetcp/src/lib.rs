@@ -91,6 +91,9 @@ pub enum ProtocolError {
     },
     /// SUCCESS without LAST_PDU in a C2HData PDU.
     SuccessWithoutLast(u16),
+    /// LAST_PDU on a C2HData PDU that does not end the transfer, or missing on the one
+    /// that does.
+    BadLastFlag(u16),
     /// A successful completion before all the data of a read arrived.
     ShortRead {
         cid: u16,

@@ -677,6 +677,12 @@ impl<const N: usize> Queue<N> {
                 expected: len,
             });
         }
+        // LAST marks the PDU that ends the transfer, and only that one (FreeBSD's host
+        // checks the same).
+        let last = ch.flags & pdu::FLAG_DATA_LAST != 0;
+        if last != (th.offset + th.len == len) {
+            return Err(ProtocolError::BadLastFlag(th.cid));
+        }
         let data = RxData {
             slot: index,
             offset: th.offset,

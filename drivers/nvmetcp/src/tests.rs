@@ -1235,6 +1235,16 @@ fn bad_cases() -> Vec<BadCase> {
             },
         ),
         (
+            "c2h last before the end",
+            Box::new(|[r, ..]| c2h_pdu(r, 0, &[0; 4096], pdu::FLAG_DATA_LAST)),
+            P::BadLastFlag(0),
+        ),
+        (
+            "c2h end without last",
+            Box::new(|[r, ..]| c2h_pdu(r, 0, &[0; 8192], 0)),
+            P::BadLastFlag(0),
+        ),
+        (
             "response before read data",
             Box::new(|[r, ..]| resp_pdu(r, Status::SUCCESS, 0)),
             P::ShortRead {
@@ -1358,6 +1368,7 @@ fn with_cid(e: ProtocolError, cid: u16) -> ProtocolError {
             len,
         },
         P::SuccessWithoutLast(0) => P::SuccessWithoutLast(cid),
+        P::BadLastFlag(0) => P::BadLastFlag(cid),
         P::ShortRead {
             cid: 0,
             received,
