@@ -112,6 +112,8 @@ pub enum ProtocolError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Error {
     Protocol(ProtocolError),
+    /// The target refused Connect (admin or I/O queue).
+    ConnectRefused(ConnectRefusal),
     /// A bring-up command failed; `what` names it.
     Command {
         what: &'static str,
@@ -130,6 +132,69 @@ pub enum Error {
     Timeout(&'static str),
 }
 
+/// Why a target refused Connect, from its status and, for invalid parameters, the
+/// attribute and byte offset it names (Connect response dword 0: IATTR bit 16, IPO bits
+/// 0..16; Linux's nvmf_log_connect_error reads them the same way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectRefusal {
+    /// The subsystem NQN names no subsystem on that port (Linux nvmet: Connect Invalid
+    /// Parameters pointing at SUBNQN in the data).
+    UnknownSubsystem,
+    /// The host NQN is not among the subsystem's allowed hosts (Connect Invalid Host).
+    HostNotAllowed,
+    /// An I/O queue's controller ID is unknown to the target (the association is gone).
+    UnknownController,
+    /// Connect Controller Busy.
+    Busy,
+    /// Another invalid parameter: in the data (`data`) or the command, at byte `offset`.
+    InvalidParameter {
+        data: bool,
+        offset: u16,
+    },
+    Other(Status),
+}
+
+impl ConnectRefusal {
+    /// Offsets in Connect's data (struct nvmf_connect_data).
+    const DATA_CNTLID: u16 = 16;
+    const DATA_SUBNQN: u16 = 256;
+
+    pub fn from_completion(status: Status, result: u64) -> Self {
+        let (data, offset) = (result & (1 << 16) != 0, result as u16);
+        match (status.code_type(), status.code()) {
+            (1, 0x82) if data && offset == Self::DATA_SUBNQN => ConnectRefusal::UnknownSubsystem,
+            (1, 0x82) if data && offset == Self::DATA_CNTLID => ConnectRefusal::UnknownController,
+            (1, 0x82) => ConnectRefusal::InvalidParameter { data, offset },
+            (1, 0x84) => ConnectRefusal::HostNotAllowed,
+            (1, 0x81) => ConnectRefusal::Busy,
+            _ => ConnectRefusal::Other(status),
+        }
+    }
+}
+
+impl core::fmt::Display for ConnectRefusal {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ConnectRefusal::UnknownSubsystem => {
+                f.write_str("the target has no subsystem of that NQN")
+            }
+            ConnectRefusal::HostNotAllowed => {
+                f.write_str("the subsystem does not allow this host NQN (its allowed hosts)")
+            }
+            ConnectRefusal::UnknownController => {
+                f.write_str("the target does not know the controller ID")
+            }
+            ConnectRefusal::Busy => f.write_str("the controller is busy"),
+            ConnectRefusal::InvalidParameter { data, offset } => write!(
+                f,
+                "invalid parameter at byte {offset} of the Connect {}",
+                if *data { "data" } else { "command" }
+            ),
+            ConnectRefusal::Other(status) => write!(f, "{status}"),
+        }
+    }
+}
+
 impl From<ProtocolError> for Error {
     fn from(e: ProtocolError) -> Self {
         Error::Protocol(e)
@@ -140,6 +205,7 @@ impl core::fmt::Display for Error {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             Error::Protocol(e) => write!(f, "NVMe/TCP protocol error: {e:?}"),
+            Error::ConnectRefused(why) => write!(f, "Connect refused: {why}"),
             Error::Command { what, status } => write!(f, "{what} failed: {status}"),
             Error::NamespaceMissing(nsid) => write!(f, "namespace {nsid} does not exist"),
             Error::Unsupported(what) => write!(f, "target does not support {what}"),

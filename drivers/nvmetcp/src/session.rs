@@ -8,7 +8,7 @@
 
 use crate::queue::{Completion, DataPort, Payload, Queue, QueueKind, SubmitError};
 use crate::sqe::{self, Status};
-use crate::{Error, ProtocolError};
+use crate::{ConnectRefusal, Error, ProtocolError};
 
 /// Command slots on the admin queue: bring-up runs one command at a time, keep-alive
 /// adds one.
@@ -357,6 +357,10 @@ impl AdminSession {
             Step::AwaitIcResp | Step::Live => "unexpected command",
         };
         if !c.status.is_success() {
+            if self.step == Step::Connect {
+                let why = ConnectRefusal::from_completion(c.status, c.result);
+                return Err(Error::ConnectRefused(why));
+            }
             // Identify Namespace on an unknown NSID: "Invalid Namespace or Format".
             if self.step == Step::IdentifyNamespace && c.status == Status::new(0, 0x0b) {
                 return Err(Error::NamespaceMissing(self.nsid));
@@ -643,10 +647,8 @@ impl<const N: usize> IoSession<N> {
             }
             if let Some(c) = self.queue.next_completion() {
                 if !c.status.is_success() {
-                    let e = Error::Command {
-                        what: "Connect (I/O queue)",
-                        status: c.status,
-                    };
+                    let why = ConnectRefusal::from_completion(c.status, c.result);
+                    let e = Error::ConnectRefused(why);
                     self.error = Some(e);
                     return Err(e);
                 }

@@ -9,7 +9,7 @@ use crate::pdu;
 use crate::queue::{Completion, DataPort, Payload, Queue, QueueKind, SubmitError};
 use crate::session::{AdminSession, HostIdentity, IoSession, SessionState};
 use crate::sqe::{self, Status};
-use crate::{Error, ProtocolError};
+use crate::{ConnectRefusal, Error, ProtocolError};
 
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:blkdom-test-host";
 const SUBNQN: &str = "nqn.2026-01.org.example:disk1";
@@ -146,7 +146,8 @@ struct Target {
     /// Most bytes per R2T.
     r2t_chunk: u32,
     /// Connect fails with this status.
-    connect_status: Option<Status>,
+    /// Connect fails with this status and dword 0.
+    connect_status: Option<(Status, u64)>,
     /// Keep-alives are not answered.
     mute_keep_alive: bool,
     cntlid: u16,
@@ -393,7 +394,7 @@ impl Target {
                         hostnqn: nqn(512),
                     });
                     match self.connect_status {
-                        Some(s) => self.respond(cid, s, 0),
+                        Some((s, result)) => self.respond(cid, s, result),
                         None => self.respond(cid, ok, u64::from(self.cntlid)),
                     }
                 }
@@ -689,18 +690,64 @@ fn bring_up_failures_are_typed() {
         Err(Error::NamespaceMissing(1))
     );
 
-    let mut t = Target::new();
-    let invalid_host = Status::new(1, 0x84);
-    t.connect_status = Some(invalid_host);
-    let (s, r, _) = bring_up(&mut t, &mut rng, 5000);
-    assert_eq!(
-        r,
-        Err(Error::Command {
-            what: "Connect (admin queue)",
-            status: invalid_host
-        })
-    );
-    assert_eq!(s.state(), SessionState::Failed(r.unwrap_err()));
+    // As Linux nvmet answers: DNR set, IATTR (bit 16) and IPO (the offset in Connect's
+    // data) in dword 0.
+    let refusals = [
+        ((1, 0x84), (1 << 16) | 512, ConnectRefusal::HostNotAllowed),
+        ((1, 0x82), (1 << 16) | 256, ConnectRefusal::UnknownSubsystem),
+        ((1, 0x82), (1 << 16) | 16, ConnectRefusal::UnknownController),
+        (
+            (1, 0x82),
+            256,
+            ConnectRefusal::InvalidParameter {
+                data: false,
+                offset: 256,
+            },
+        ),
+        (
+            (1, 0x82),
+            (1 << 16) | 512,
+            ConnectRefusal::InvalidParameter {
+                data: true,
+                offset: 512,
+            },
+        ),
+        (
+            (1, 0x82),
+            16,
+            ConnectRefusal::InvalidParameter {
+                data: false,
+                offset: 16,
+            },
+        ),
+        ((1, 0x81), 0, ConnectRefusal::Busy),
+        ((0, 0x06), 0, ConnectRefusal::Other(Status::new(0, 0x06))),
+    ];
+    for ((sct, sc), result, want) in refusals {
+        let mut t = Target::new();
+        let status = Status::new(sct, sc);
+        t.connect_status = Some((Status(status.0 | 1 << 14), result));
+        let (s, r, _) = bring_up(&mut t, &mut rng, 5000);
+        let want = match want {
+            ConnectRefusal::Other(_) => ConnectRefusal::Other(Status(status.0 | 1 << 14)),
+            w => w,
+        };
+        assert_eq!(r, Err(Error::ConnectRefused(want)));
+        assert_eq!(s.state(), SessionState::Failed(r.unwrap_err()));
+    }
+    let unknown = Error::ConnectRefused(ConnectRefusal::UnknownSubsystem);
+    assert!(unknown.to_string().contains("no subsystem"));
+    // An I/O queue's Connect refused the same way.
+    let (mut at, mut it) = (Target::new(), Target::new());
+    let (admin, r, _) = bring_up(&mut at, &mut rng, 5000);
+    r.unwrap();
+    it.connect_status = Some((Status::new(1, 0x82), (1 << 16) | 16));
+    let (ctrl, ns) = (admin.controller().unwrap(), admin.namespace().unwrap());
+    let mut io = IoSession::<4>::new(&identity(), &ctrl, ns, 1);
+    let mut port = MemPort::default();
+    let r = pump(&mut it, &mut rng, &mut IoEnd(&mut io, &mut port));
+    let e = Error::ConnectRefused(ConnectRefusal::UnknownController);
+    assert_eq!((r, io.state()), (Err(e), SessionState::Failed(e)));
 
     let mut t = Target::new();
     t.csts_polls_before_ready = u32::MAX;
