@@ -106,6 +106,9 @@ pub enum ProtocolError {
     Terminated {
         fes: u16,
     },
+    /// Not a broken rule: the TCP connection under the queue closed, was reset or could
+    /// not be made (reported by the caller).
+    ConnectionLost,
 }
 
 /// Why a session is not (or no longer) usable.
@@ -204,6 +207,9 @@ impl From<ProtocolError> for Error {
 impl core::fmt::Display for Error {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
+            Error::Protocol(ProtocolError::ConnectionLost) => {
+                f.write_str("the TCP connection to the target was lost")
+            }
             Error::Protocol(e) => write!(f, "NVMe/TCP protocol error: {e:?}"),
             Error::ConnectRefused(why) => write!(f, "Connect refused: {why}"),
             Error::Command { what, status } => write!(f, "{what} failed: {status}"),

@@ -235,7 +235,8 @@ impl<const N: usize> Queue<N> {
         N - self.free_len
     }
 
-    /// Marks the connection failed from outside (the TCP connection broke).
+    /// Marks the connection failed from outside (`ProtocolError::ConnectionLost`: the
+    /// TCP connection broke).
     pub fn fail(&mut self, e: ProtocolError) {
         self.error.get_or_insert(e);
     }

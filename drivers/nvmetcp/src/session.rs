@@ -219,9 +219,10 @@ impl AdminSession {
     }
 
     /// The connection broke underneath (reset, closed, unreachable).
-    pub fn connection_lost(&mut self, e: ProtocolError) {
-        self.queue.fail(e);
-        self.error.get_or_insert(Error::Protocol(e));
+    pub fn connection_lost(&mut self) {
+        self.queue.fail(ProtocolError::ConnectionLost);
+        self.error
+            .get_or_insert(Error::Protocol(ProtocolError::ConnectionLost));
     }
 
     /// When [`poll`](Self::poll) next has something to do.
@@ -667,10 +668,11 @@ impl<const N: usize> IoSession<N> {
         }
     }
 
-    /// The connection broke underneath.
-    pub fn connection_lost(&mut self, e: ProtocolError) {
-        self.queue.fail(e);
-        self.error.get_or_insert(Error::Protocol(e));
+    /// The connection broke underneath (reset, closed, unreachable).
+    pub fn connection_lost(&mut self) {
+        self.queue.fail(ProtocolError::ConnectionLost);
+        self.error
+            .get_or_insert(Error::Protocol(ProtocolError::ConnectionLost));
     }
 
     /// Tags of every command not completed (to be held and sent again on a new

@@ -1736,3 +1736,98 @@ fn without_mdts_requests_are_bounded_by_the_command_format() {
     );
     assert!(io.read(1, 0, 65536).is_ok());
 }
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Read(u64, u32),
+    Write(u64, u32),
+}
+
+fn submit_op<const N: usize>(io: &mut IoSession<N>, tag: u64, op: Op) {
+    match op {
+        Op::Read(lba, blocks) => io.read(tag, lba, blocks).unwrap(),
+        Op::Write(lba, blocks) => io.write(tag, lba, blocks).unwrap(),
+    }
+}
+
+#[test]
+fn requests_held_across_a_lost_connection_are_replayed_on_a_new_association() {
+    // Seeds where the loss fell between the first and the last completion.
+    let mut split = 0;
+    for seed in 1..15 {
+        let mut rng = Rng(seed);
+        let (mut at, mut it) = (Target::new(), Target::new());
+        at.maxh2cdata = 4096;
+        let mut io = live_io::<8>(&mut at, &mut it, &mut rng);
+        it.r2t_chunk = 8192;
+        let mut port = MemPort::default();
+        let mut model = it.disk.clone();
+        let mut ops = HashMap::new();
+        for tag in 0..8u64 {
+            let (lba, blocks) = (tag * 32, 1 + rng.below(31) as u32);
+            let range = lba as usize * BLOCK..(lba as usize + blocks as usize) * BLOCK;
+            let op = if rng.below(2) == 0 {
+                let data: Vec<u8> = (0..range.len()).map(|_| rng.next() as u8).collect();
+                model[range].copy_from_slice(&data);
+                port.bufs.insert(tag, data);
+                Op::Write(lba, blocks)
+            } else {
+                port.bufs.insert(tag, vec![0; range.len()]);
+                Op::Read(lba, blocks)
+            };
+            ops.insert(tag, op);
+            submit_op(&mut io, tag, op);
+        }
+        // Part of the traffic gets through, then the connection drops: some commands are
+        // done, some half sent, some not started.
+        let mut done = Vec::new();
+        let mut out = vec![0u8; 3000];
+        // What the target sent that has not reached the host yet (lost with the link).
+        let mut in_flight = Vec::new();
+        for _ in 0..rng.below(12) {
+            let n = io.transmit(&mut out[..1 + rng.below(3000)], &mut port);
+            it.input(&out[..n]);
+            in_flight.append(&mut it.out);
+            let k = rng.below(in_flight.len() + 1);
+            let arrived: Vec<u8> = in_flight.drain(..k).collect();
+            io.receive(&arrived, &mut port).unwrap();
+            while let Some(c) = io.next_completion() {
+                done.push(c.tag);
+            }
+        }
+        io.connection_lost();
+        let lost = Error::Protocol(ProtocolError::ConnectionLost);
+        assert_eq!(io.state(), SessionState::Failed(lost));
+        assert!(lost
+            .to_string()
+            .contains("connection to the target was lost"));
+        assert_eq!(io.read(99, 0, 1), Err(SubmitError::Failed));
+        let mut held = Vec::new();
+        io.drain(|tag| held.push(tag));
+        held.sort_unstable();
+        split += usize::from(!done.is_empty() && !held.is_empty());
+        let mut expect: Vec<u64> = (0..8).filter(|t| !done.contains(t)).collect();
+        expect.sort_unstable();
+        assert_eq!(held, expect, "seed {seed}: held = not completed");
+
+        // The target comes back with its disk; a new association, the held requests
+        // sent again (a write twice is harmless, a read reads again).
+        let (mut at2, mut it2) = (Target::new(), Target::new());
+        at2.disk = it.disk.clone();
+        let mut io2 = live_io::<8>(&mut at2, &mut it2, &mut rng);
+        for &tag in &held {
+            submit_op(&mut io2, tag, ops[&tag]);
+        }
+        let replayed = run_io(&mut io2, &mut it2, &mut port, &mut rng).unwrap();
+        assert_eq!(replayed.len(), held.len());
+        assert!(replayed.iter().all(|c| c.status.is_success()));
+        assert_eq!(it2.disk, model, "seed {seed}");
+        for (tag, op) in &ops {
+            if let Op::Read(lba, blocks) = *op {
+                let range = lba as usize * BLOCK..(lba as usize + blocks as usize) * BLOCK;
+                assert_eq!(port.bufs[tag], model[range], "seed {seed} read {tag}");
+            }
+        }
+    }
+    assert!(split >= 3, "only {split} seeds lost the link mid-way");
+}
