@@ -194,6 +194,8 @@ impl Control {
                     pending_resize: None,
                     refused_params: None,
                     fault_reported: false,
+                    limit_keys: Default::default(),
+                    limits_epoch: 0,
                 };
                 self.vbds.insert(path, Vbd { backend, hooks });
             }
@@ -282,6 +284,9 @@ impl Control {
         }
         // A refused connection whose rings the pollers still hold: stepped again until
         // they let go, so its device queues and grant shares come back at once.
+        if vbd.hooks.limit_keys.step(store, path).is_some() {
+            vbd.hooks.apply_limits();
+        }
         let soon = vbd.backend.releasing() | self.resize_step(store, path);
         let due = earliest(due, soon.then(|| now.saturating_add(RETRY_NS)));
         self.retries.stepped(path, due, now);

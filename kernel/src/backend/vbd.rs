@@ -14,6 +14,7 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkback::budget::{GrantBudget, GrantShare};
 use blkback::engine::{Busy, Engine, EngineConfig, EngineError};
+use blkback::limits::LimitKeys;
 use blkback::negotiate::{BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection};
 use blkback::stats::Refusals;
 use bootconfig::Config;
@@ -51,6 +52,11 @@ pub(super) struct VbdHooks {
     pub(super) refused_params: Option<String>,
     /// The disk's device failed and that is in xenstore (once: it stays failed).
     pub(super) fault_reported: bool,
+    /// The vbd's `limit-*` keys and the I/O limits in force, split between the rings
+    /// that serve it.
+    pub(super) limit_keys: LimitKeys,
+    /// Changes of the limits so far; each connected queue's poller takes the latest.
+    pub(super) limits_epoch: u64,
 }
 
 // A ring's cache and the grants of its requests in flight (mapped per request) never fill
@@ -182,10 +188,14 @@ impl VbdHooks {
         // their next event.
         poller::ring_all_doorbells();
         engine.set_grant_share(share.clone());
+        let limits = self.limit_keys.limits().per_queue(connection.queues.len());
+        engine.set_limits(&limits);
         // The engine read the disk's capacity as it is now: nothing to acknowledge.
         let control = Arc::new(QueueControl {
             resize_epoch: self.resize_epoch.into(),
             resize_acked: self.resize_epoch.into(),
+            limits: spin::Mutex::new(limits),
+            limits_epoch: self.limits_epoch.into(),
             ..QueueControl::default()
         });
         self.queues.push((cpu, control.clone(), share));
@@ -198,6 +208,7 @@ impl VbdHooks {
                 control,
                 resize_seen: self.resize_epoch,
                 fault_seen: false,
+                limits_seen: self.limits_epoch,
             },
         );
         Ok(())
@@ -221,6 +232,21 @@ impl VbdHooks {
             control
                 .resize_epoch
                 .store(self.resize_epoch, Ordering::Release);
+            poller::ring_doorbell(*cpu);
+        }
+    }
+
+    /// The vbd's I/O limits changed: each connected queue enforces its part of them from
+    /// its poller's next pass (woken if it sleeps, so a ring waiting under the old
+    /// limits is looked at under the new ones).
+    pub(super) fn apply_limits(&mut self) {
+        self.limits_epoch += 1;
+        let limits = self.limit_keys.limits().per_queue(self.queues.len());
+        for (cpu, control, _) in &self.queues {
+            *control.limits.lock() = limits;
+            control
+                .limits_epoch
+                .store(self.limits_epoch, Ordering::Release);
             poller::ring_doorbell(*cpu);
         }
     }

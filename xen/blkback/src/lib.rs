@@ -41,6 +41,7 @@ pub mod budget;
 pub mod engine;
 pub mod grant;
 pub mod keys;
+pub mod limits;
 pub mod negotiate;
 pub mod parse;
 pub mod ring;

@@ -9,6 +9,7 @@ mod errors;
 mod fake_frontend;
 mod heap;
 mod large;
+mod limits;
 mod negotiation;
 mod notify;
 mod notify_guest;
