@@ -186,11 +186,8 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
                 Work::Data(DataOp::Read) => Class::Read,
                 _ => Class::Write,
             };
-            // A discard moves no data: an operation, no bytes.
-            let bytes = match work {
-                Work::Discard { .. } => 0,
-                _ => nr_sectors * blkdev::SECTOR_SIZE,
-            };
+            // A discard comes with 0 sectors: it moves no data, an operation, no bytes.
+            let bytes = nr_sectors * blkdev::SECTOR_SIZE;
             self.throttle.limiter.charge_bytes(class, bytes, self.now);
         }
         match work {
