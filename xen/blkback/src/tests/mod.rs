@@ -6,6 +6,7 @@ mod budget;
 mod counting;
 mod device_faults;
 mod errors;
+mod fairness;
 mod fake_frontend;
 mod heap;
 mod large;
