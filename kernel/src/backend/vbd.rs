@@ -14,7 +14,7 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkback::budget::{GrantBudget, GrantShare};
 use blkback::engine::{Busy, Engine, EngineConfig, EngineError};
-use blkback::limits::LimitKeys;
+use blkback::limits::{IoLimits, LimitKeys, QueueUse};
 use blkback::negotiate::{BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection};
 use blkback::stats::Refusals;
 use bootconfig::Config;
@@ -57,6 +57,9 @@ pub(super) struct VbdHooks {
     pub(super) limit_keys: LimitKeys,
     /// Changes of the limits so far; each connected queue's poller takes the latest.
     pub(super) limits_epoch: u64,
+    /// Each connected queue's counters when its part of the limits was last split
+    /// (`rebalance_limits`).
+    pub(super) limit_use: Vec<QueueUse>,
 }
 
 // A ring's cache and the grants of its requests in flight (mapped per request) never fill
@@ -240,10 +243,59 @@ impl VbdHooks {
     /// its poller's next pass (woken if it sleeps, so a ring waiting under the old
     /// limits is looked at under the new ones).
     pub(super) fn apply_limits(&mut self) {
-        self.limits_epoch += 1;
         let limits = self.limit_keys.limits().per_queue(self.queues.len());
-        for (cpu, control, _) in &self.queues {
-            *control.limits.lock() = limits;
+        let parts = alloc::vec![limits; self.queues.len()];
+        self.hand_limits(&parts, 0);
+        self.limit_use.clear();
+    }
+
+    /// Whether the limits are split between queues by use (`rebalance_limits` is due
+    /// every `LIMIT_SPLIT_NS`).
+    pub(super) fn splits_limits(&self) -> bool {
+        self.queues.len() > 1 && !self.limit_keys.limits().is_unlimited()
+    }
+
+    /// Splits the limits again between the connected queues, by what each let through
+    /// since the last split (`IoLimits::split_by_use`), so that a guest busy on one of
+    /// several queues gets nearly the whole limit; a queue's part is handed to it only
+    /// if it moved by more than 1/20. Called every `LIMIT_SPLIT_NS` by the control path.
+    pub(super) fn rebalance_limits(&mut self) {
+        if !self.splits_limits() {
+            return;
+        }
+        let now: Vec<QueueUse> = self
+            .queues
+            .iter()
+            .map(|(_, control, _)| QueueUse::of(&control.stats.lock()))
+            .collect();
+        let earlier = core::mem::replace(&mut self.limit_use, now);
+        if earlier.len() != self.limit_use.len() {
+            // Queues came or went since: this is the baseline.
+            return;
+        }
+        let used: Vec<QueueUse> = self
+            .limit_use
+            .iter()
+            .zip(&earlier)
+            .map(|(now, earlier)| now.since(*earlier))
+            .collect();
+        let parts = self.limit_keys.limits().split_by_use(&used);
+        self.hand_limits(&parts, 20);
+    }
+
+    /// Gives queue i its part `parts[i]` of the limits, through its control block (its
+    /// poller takes it at its next pass, woken if it sleeps): every part if `parts_of`
+    /// is 0, else only those that moved by more than 1/`parts_of` of a rate.
+    fn hand_limits(&mut self, parts: &[IoLimits], parts_of: u64) {
+        self.limits_epoch += 1;
+        for ((cpu, control, _), part) in self.queues.iter().zip(parts) {
+            {
+                let mut limits = control.limits.lock();
+                if parts_of != 0 && !limits.differs_from(part, parts_of) {
+                    continue;
+                }
+                *limits = *part;
+            }
             control
                 .limits_epoch
                 .store(self.limits_epoch, Ordering::Release);

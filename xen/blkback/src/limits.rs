@@ -220,6 +220,89 @@ impl IoLimits {
     }
 }
 
+/// What one queue of a disk did over a span: requests and bytes it let through.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueUse {
+    pub ops: u64,
+    pub bytes: u64,
+}
+
+impl QueueUse {
+    /// A ring's counters as a running total (`RingStats`: requests of every kind, bytes
+    /// read and written).
+    pub fn of(stats: &crate::stats::RingStats) -> Self {
+        QueueUse {
+            ops: stats.reads + stats.writes + stats.flushes + stats.discards,
+            bytes: (stats.sectors_read + stats.sectors_written) * 512,
+        }
+    }
+
+    /// What was done since `earlier` (0 where a counter went back: a ring reconnected).
+    pub fn since(self, earlier: QueueUse) -> Self {
+        QueueUse {
+            ops: self.ops.saturating_sub(earlier.ops),
+            bytes: self.bytes.saturating_sub(earlier.bytes),
+        }
+    }
+}
+
+impl IoLimits {
+    /// Each queue's part of these limits in proportion to what it used over the last
+    /// span (`used`, one per queue), so that a guest that keeps one of several queues
+    /// busy gets nearly the whole limit. Every queue keeps a floor of 1/16 of an even
+    /// share of what was used (an idle queue can start at once, and is given more at the
+    /// next split); nothing used: an even split ([`IoLimits::per_queue`]). Operations
+    /// are split by requests, bytes by bytes; a limited rate never becomes 0. The parts
+    /// add up to the limit (give or take rounding up). On the control path: allocates.
+    pub fn split_by_use(&self, used: &[QueueUse]) -> Vec<IoLimits> {
+        let queues = used.len().max(1);
+        let even = self.per_queue(queues);
+        let part = |rate: u64, weights: &[u64], q: usize| -> u64 {
+            let total: u64 = weights.iter().sum();
+            if rate == 0 || total == 0 {
+                return if rate == 0 {
+                    0
+                } else {
+                    rate.div_ceil(queues as u64)
+                };
+            }
+            let floor = (total / (16 * queues as u64)).max(1);
+            let sum = total + floor * queues as u64;
+            let share = u128::from(rate) * u128::from(weights[q] + floor) / u128::from(sum);
+            (share as u64).max(1)
+        };
+        let ops: Vec<u64> = used.iter().map(|u| u.ops).collect();
+        let bytes: Vec<u64> = used.iter().map(|u| u.bytes).collect();
+        (0..used.len())
+            .map(|q| IoLimits {
+                iops: Rates {
+                    total: part(self.iops.total, &ops, q),
+                    read: part(self.iops.read, &ops, q),
+                    write: part(self.iops.write, &ops, q),
+                },
+                bytes: Rates {
+                    total: part(self.bytes.total, &bytes, q),
+                    read: part(self.bytes.read, &bytes, q),
+                    write: part(self.bytes.write, &bytes, q),
+                },
+                ..even
+            })
+            .collect()
+    }
+
+    /// Whether `other` differs from these limits by more than `1/parts` of any rate (or
+    /// limits another rate, or has another burst): a new split worth handing to a ring.
+    pub fn differs_from(&self, other: &IoLimits, parts: u64) -> bool {
+        self.burst_ms != other.burst_ms
+            || self
+                .rates()
+                .iter()
+                .zip(other.rates())
+                // A rate limited on one side only differs by all of it.
+                .any(|(&a, b)| a.abs_diff(b) > a.max(b) / parts.max(1))
+    }
+}
+
 /// The limits as an operator reads them in `blkdom-limits`: `none`, or the limited
 /// rates (`iops=1000 read-bytes-per-sec=8388608 burst-ms=100`).
 impl fmt::Display for IoLimits {
@@ -344,9 +427,10 @@ impl Limiter {
         self.active
     }
 
-    /// Enforce `limits` from `now` on. A bucket whose rate changed starts full, its debt
-    /// forgiven (an operator who raises a limit sees it at once); the others keep their
-    /// state. A rate of 0 lifts that limit.
+    /// Enforce `limits` from `now` on. A bucket whose rate changed keeps its debt in
+    /// units (requests, bytes), repaid at the new rate: raised tenfold, a second behind
+    /// becomes a tenth; a bucket not behind stays as it was, with no new burst. A rate
+    /// of 0 lifts that limit (a limit set again later starts with its burst).
     pub fn set(&mut self, limits: &IoLimits, now: u64) {
         for (bucket, rate) in self.buckets.iter_mut().zip(limits.rates()) {
             let ns_per_unit = if rate == 0 {
@@ -356,9 +440,19 @@ impl Limiter {
                 ((1_000_000_000u128 << 32) / u128::from(rate)) as u64
             };
             if ns_per_unit != bucket.ns_per_unit {
+                // The debt is kept in units, repaid at the new rate: a change (an
+                // operator's, or a new split between queues) never hands out a burst.
+                let debt = bucket.tat.saturating_sub(now);
+                let debt = match bucket.ns_per_unit {
+                    0 => 0,
+                    old => {
+                        let scaled = u128::from(debt) * u128::from(ns_per_unit) / u128::from(old);
+                        scaled.min(u128::from(u64::MAX)) as u64
+                    }
+                };
                 *bucket = Bucket {
                     ns_per_unit,
-                    tat: bucket.tat.min(now),
+                    tat: now.saturating_add(debt),
                 };
             }
         }
@@ -680,20 +774,25 @@ mod tests {
     }
 
     #[test]
-    fn a_limit_changed_online_takes_effect_and_forgives_the_old_debt() {
+    fn a_limit_changed_online_takes_effect_and_keeps_the_debt_in_units() {
         let mut l = limiter(&[(LIMIT_IOPS, "10"), (LIMIT_BURST_MS, "1")], 0);
         assert_eq!(admitted(&mut l, Class::Read, 0, 0, SEC), 10 + 1);
-        // In debt at the old rate until about 1.1 s; raised at 1 s it goes at once.
+        // 100 ms behind at 10 IOPS (one request) at 1 s, less the 1 ms burst.
         assert!(!l.admits(Class::Read, SEC));
+        assert_eq!(l.due(Class::Read), SEC + 99 * MS);
+        // Raised to 1000: that request's debt is 1 ms now.
         l.set(&limits(&[(LIMIT_IOPS, "1000"), (LIMIT_BURST_MS, "1")]), SEC);
+        assert_eq!(l.due(Class::Read), SEC);
         assert!(l.admits(Class::Read, SEC));
-        assert_eq!(admitted(&mut l, Class::Read, 0, SEC, SEC), 1000 + 1);
+        // rate x (span + burst) - the one request of debt carried over.
+        assert_eq!(admitted(&mut l, Class::Read, 0, SEC, SEC), 1000);
         // Lowered: the new rate from then on.
         l.set(
             &limits(&[(LIMIT_IOPS, "50"), (LIMIT_BURST_MS, "1")]),
             2 * SEC,
         );
-        assert_eq!(admitted(&mut l, Class::Read, 0, 2 * SEC, 2 * SEC), 100 + 1);
+        // 50 x 2.001 s, less the 1 ms (one request) behind at 1000 IOPS carried over.
+        assert_eq!(admitted(&mut l, Class::Read, 0, 2 * SEC, 2 * SEC), 100);
         // A key rewritten to the same value keeps the bucket's state (no free burst).
         let before = l;
         l.set(
@@ -742,6 +841,84 @@ mod tests {
         // Near the end of time the clock saturates instead of wrapping.
         l.charge_op(Class::Read, u64::MAX - 10);
         assert_eq!(l.buckets[TOTAL_IOPS].tat, u64::MAX);
+    }
+
+    #[test]
+    fn a_split_by_use_follows_the_busy_queue() {
+        let disk = limits(&[(LIMIT_IOPS, "1000"), (LIMIT_READ_BYTES, "64M")]);
+        let busy = QueueUse {
+            ops: 5000,
+            bytes: 5000 * 4096,
+        };
+        let idle = QueueUse::default();
+        // One busy queue of two gets 97% (the idle one keeps 1/16 of an even share of
+        // what was used: 156 of 5312 weight).
+        let parts = disk.split_by_use(&[busy, idle]);
+        assert_eq!(parts[0].iops.total, 970);
+        assert_eq!(parts[1].iops.total, 29);
+        assert_eq!(parts[0].bytes.read, 65_135_073);
+        assert_eq!(parts[0].burst_ms, disk.burst_ms);
+        // Both busy alike: even.
+        let parts = disk.split_by_use(&[busy, busy]);
+        assert_eq!((parts[0].iops.total, parts[1].iops.total), (500, 500));
+        // Nothing used: even, limits kept.
+        let parts = disk.split_by_use(&[idle, idle, idle]);
+        assert!(parts.iter().all(|p| *p == disk.per_queue(3)));
+        // Unlimited rates stay unlimited; a tiny limit never becomes 0.
+        let tiny = limits(&[(LIMIT_WRITE_IOPS, "1")]);
+        let parts = tiny.split_by_use(&[busy, idle]);
+        assert_eq!((parts[0].iops.write, parts[1].iops.write), (1, 1));
+        assert_eq!(parts[0].iops.total, 0);
+        // Proportional when nobody is held: 800 and 100 used of 1000, each with head room
+        // (the next split follows if the first wants more).
+        let parts = disk.split_by_use(&[
+            QueueUse { ops: 800, bytes: 0 },
+            QueueUse { ops: 100, bytes: 0 },
+        ]);
+        assert_eq!((parts[0].iops.total, parts[1].iops.total), (866, 133));
+        // Bytes are split by bytes: 64M read limit, no bytes used: even.
+        assert_eq!(parts[0].bytes.read, 32 << 20);
+    }
+
+    #[test]
+    fn a_split_counts_what_each_ring_did_since_the_last() {
+        let stats = crate::stats::RingStats {
+            reads: 10,
+            writes: 5,
+            flushes: 2,
+            discards: 1,
+            sectors_read: 8,
+            sectors_written: 16,
+            ..Default::default()
+        };
+        let now = QueueUse::of(&stats);
+        assert_eq!(
+            now,
+            QueueUse {
+                ops: 18,
+                bytes: 24 * 512
+            }
+        );
+        let before = QueueUse { ops: 8, bytes: 512 };
+        assert_eq!(
+            now.since(before),
+            QueueUse {
+                ops: 10,
+                bytes: 23 * 512
+            }
+        );
+        // A ring that reconnected counts from 0 again: nothing negative.
+        assert_eq!(before.since(now), QueueUse::default());
+    }
+
+    #[test]
+    fn only_a_split_that_moved_is_worth_handing_over() {
+        let a = limits(&[(LIMIT_IOPS, "1000")]);
+        assert!(!a.differs_from(&limits(&[(LIMIT_IOPS, "960")]), 20));
+        assert!(a.differs_from(&limits(&[(LIMIT_IOPS, "940")]), 20));
+        assert!(a.differs_from(&limits(&[(LIMIT_IOPS, "1000"), (LIMIT_READ_IOPS, "5")]), 20));
+        assert!(a.differs_from(&limits(&[(LIMIT_IOPS, "1000"), (LIMIT_BURST_MS, "5")]), 20));
+        assert!(!a.differs_from(&a, 20));
     }
 
     mod keys {
