@@ -11,9 +11,9 @@ use std::cell::Cell;
 use blkback::abi;
 use blkback::budget::{GrantBudget, GrantLimits, InFlightLimits};
 use blkback::engine::{Engine, EngineConfig};
-use blkback::limits::{IoLimits, Rates};
 use blkback::fake::wire::{encode_direct, encode_indirect, encode_segment};
 use blkback::fake::{CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
+use blkback::limits::{IoLimits, Rates};
 use blkback::parse::SegmentDesc;
 use blkdev::RamDisk;
 
