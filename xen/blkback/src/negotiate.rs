@@ -169,7 +169,7 @@ impl core::fmt::Display for NegotiationError {
 impl core::error::Error for NegotiationError {}
 
 impl Errno for NegotiationError {
-    fn errno(&self) -> u32 {
+    fn errno(&self) -> i32 {
         match self {
             NegotiationError::Store(error) => error.errno(),
             // Linux's connect_ring answers a bad frontend key with EINVAL.
@@ -216,6 +216,9 @@ pub struct BlkifBackend {
     /// When the backend first said Closed to a toolstack that had detached the device:
     /// from then on it only waits out [`DETACH_GRACE_NS`] and removes its directory.
     closed_for_toolstack_at: Option<u64>,
+    /// blkdom is shutting down (`shut_down`): the device closes whatever the frontend
+    /// does, and `step` connects nothing again.
+    shutting_down: bool,
 }
 
 fn read_u32(store: &mut dyn XenStore, path: &str) -> Result<Option<u32>, NegotiationError> {
@@ -282,6 +285,7 @@ impl BlkifBackend {
             releasing: false,
             refused_connections: 0,
             closed_for_toolstack_at: None,
+            shutting_down: false,
         };
         let early = [
             (
@@ -358,10 +362,13 @@ impl BlkifBackend {
         if self.removed {
             return Ok(StepOutcome::Removed);
         }
-        if matches!(
-            store.read(NO_TRANSACTION, &self.key(STATE)),
-            Err(StoreError::NotFound)
-        ) {
+        if self.shutting_down {
+            if self.state == XenbusState::Closed {
+                return Ok(StepOutcome::Idle);
+            }
+            return self.shut_down(store, hooks);
+        }
+        if self.removed_by_toolstack(store) {
             // The toolstack removed the device: tear down, then forget it.
             if hooks.disconnect().is_err() {
                 return Ok(StepOutcome::Retry);
@@ -494,6 +501,55 @@ impl BlkifBackend {
         Ok(StepOutcome::Switched(XenbusState::Closed))
     }
 
+    /// blkdom is going away (`xl shutdown`, `xl reboot`): the device closes as it does
+    /// when its frontend closes, on the backend's initiative. The rings stop taking
+    /// requests, those in flight are answered, and everything is unmapped and unbound
+    /// (the hooks' `disconnect`), while the backend says Closing (Linux's blkfront then
+    /// fails the disk's I/O and closes); once it is all released, Closed. `Retry` while
+    /// requests drain, then `Switched(Closed)` (also for a device closed already). From
+    /// the first call on, `step` only finishes this.
+    pub fn shut_down<H: ConnectionHooks + ?Sized>(
+        &mut self,
+        store: &mut dyn XenStore,
+        hooks: &mut H,
+    ) -> Result<StepOutcome, NegotiationError> {
+        if self.removed {
+            return Ok(StepOutcome::Removed);
+        }
+        self.shutting_down = true;
+        let gone = self.removed_by_toolstack(store);
+        if hooks.disconnect().is_err() {
+            if !gone && self.state != XenbusState::Closing && self.state != XenbusState::Closed {
+                self.switch(store, XenbusState::Closing)?;
+            }
+            return Ok(StepOutcome::Retry);
+        }
+        self.tearing_down = false;
+        self.releasing = false;
+        if gone {
+            // The toolstack removed the device meanwhile: nothing to write it to.
+            self.removed = true;
+            self.state = XenbusState::Closed;
+            return Ok(StepOutcome::Removed);
+        }
+        if self.state != XenbusState::Closed {
+            // The frontend hears Closing first, as when a frontend's close drains.
+            if self.state != XenbusState::Closing {
+                self.switch(store, XenbusState::Closing)?;
+            }
+            self.switch(store, XenbusState::Closed)?;
+        }
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    }
+
+    /// The toolstack removed the device (its `state` node is gone).
+    fn removed_by_toolstack(&self, store: &mut dyn XenStore) -> bool {
+        matches!(
+            store.read(NO_TRANSACTION, &self.key(STATE)),
+            Err(StoreError::NotFound)
+        )
+    }
+
     /// `xl block-detach` writes `online` = 0 (and our state = Closing); once the device
     /// is closed the backend is to go away.
     fn detached_by_toolstack(&self, store: &mut dyn XenStore) -> bool {
@@ -619,7 +675,7 @@ impl BlkifBackend {
         &self,
         store: &mut dyn XenStore,
         served: &str,
-        errno: u32,
+        errno: i32,
         reason: &str,
     ) -> Result<(), NegotiationError> {
         log::error!("blkback: {}: resize refused: {reason}", self.backend_path);
@@ -668,7 +724,7 @@ impl BlkifBackend {
     fn fail(
         &mut self,
         store: &mut dyn XenStore,
-        errno: u32,
+        errno: i32,
         reason: String,
     ) -> Result<StepOutcome, NegotiationError> {
         log::error!("blkback: {}: {}", self.backend_path, reason);

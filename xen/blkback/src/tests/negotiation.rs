@@ -53,7 +53,7 @@ impl core::fmt::Display for GrantMapFailed {
 impl core::error::Error for GrantMapFailed {}
 
 impl Errno for GrantMapFailed {
-    fn errno(&self) -> u32 {
+    fn errno(&self) -> i32 {
         errno::EIO
     }
 }
@@ -924,7 +924,7 @@ impl core::fmt::Display for EngineHooksError {
 impl core::error::Error for EngineHooksError {}
 
 impl Errno for EngineHooksError {
-    fn errno(&self) -> u32 {
+    fn errno(&self) -> i32 {
         errno::EINVAL
     }
 }
@@ -1158,6 +1158,7 @@ fn end_to_end_connect_io_close_with_in_flight_and_reconnect() {
 /// (page 10, writable by the backend); the device's requests complete at once.
 struct ConnectedEngine {
     store: MemStore,
+    backend: BlkifBackend,
     hooks: EngineHooks,
     front: FrontRing,
 }
@@ -1197,6 +1198,7 @@ impl ConnectedEngine {
         );
         Self {
             store,
+            backend,
             hooks,
             front,
         }
@@ -1493,4 +1495,122 @@ fn state_flapping_under_the_control_loop_steps_every_event_promptly_and_settles(
             (stepped - at) / 1000
         );
     }
+}
+
+#[test]
+fn shutting_down_says_closing_while_requests_drain_then_closed_and_never_reconnects() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks::default();
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Connected))
+    );
+    let written = store.writes.len();
+    hooks.busy_replies = 2;
+    assert_eq!(
+        backend.shut_down(&mut store, &mut hooks),
+        Ok(StepOutcome::Retry)
+    );
+    assert_eq!(state(&store), "5", "Closing while requests drain");
+    assert_eq!(
+        backend.shut_down(&mut store, &mut hooks),
+        Ok(StepOutcome::Retry)
+    );
+    assert_eq!(
+        backend.shut_down(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    );
+    assert_eq!(states_written(&store, written), ["5", "6"]);
+    // The frontend still says Connected (or closes, or starts over): nothing connects.
+    for frontend in ["4", "6", "1", "3"] {
+        store.set(&format!("{FE}/state"), frontend);
+        assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Idle));
+    }
+    assert_eq!(hooks.connects.len(), 1);
+    assert_eq!(states_written(&store, written), ["5", "6"]);
+}
+
+#[test]
+fn shutting_down_a_device_whose_frontend_never_connected_says_closing_then_closed() {
+    let (mut store, mut backend) = probed_single_ring();
+    let mut hooks = RecordingHooks::default();
+    let written = store.writes.len();
+    assert_eq!(
+        backend.shut_down(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    );
+    assert_eq!(states_written(&store, written), ["5", "6"]);
+    // A device closed already writes nothing more.
+    assert_eq!(
+        backend.shut_down(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    );
+    assert_eq!(states_written(&store, written), ["5", "6"]);
+}
+
+#[test]
+fn shutting_down_a_device_the_toolstack_removed_meanwhile_writes_nothing() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks::default();
+    backend.step(&mut store, &mut hooks).unwrap();
+    hooks.busy_replies = 1;
+    assert_eq!(
+        backend.shut_down(&mut store, &mut hooks),
+        Ok(StepOutcome::Retry)
+    );
+    store.rm(NO_TRANSACTION, BE).unwrap();
+    let written = store.writes.len();
+    assert_eq!(
+        backend.shut_down(&mut store, &mut hooks),
+        Ok(StepOutcome::Removed)
+    );
+    assert_eq!(store.writes.len(), written);
+    assert!(store.get(&format!("{BE}/state")).is_none());
+}
+
+#[test]
+fn a_shutdown_answers_the_requests_in_flight_takes_no_new_one_and_unmaps_everything() {
+    let mut rig = ConnectedEngine::new(&[]);
+    let table = rig.hooks.table.clone();
+    table.grant(511, 11, false);
+    let hold = |rig: &mut ConnectedEngine, on| {
+        let engine = &mut rig.hooks.engines[0].0;
+        engine.device().hold.store(on, Ordering::SeqCst);
+    };
+    hold(&mut rig, true);
+    rig.front
+        .put_request(&encode_direct(abi::OP_WRITE, 42, 8, &[whole_page(510)]));
+    rig.front.push_requests();
+    rig.hooks.engines[0].0.poll(8);
+    assert_eq!(rig.hooks.engines[0].0.in_flight(), 1);
+
+    let ConnectedEngine {
+        store,
+        backend,
+        hooks,
+        ..
+    } = &mut rig;
+    assert_eq!(backend.shut_down(store, hooks), Ok(StepOutcome::Retry));
+    assert_eq!(state(store), "5");
+    // Pushed after the shutdown began: not taken.
+    rig.front
+        .put_request(&encode_direct(abi::OP_WRITE, 43, 16, &[whole_page(511)]));
+    rig.front.push_requests();
+    assert_eq!(
+        rig.backend.shut_down(&mut rig.store, &mut rig.hooks),
+        Ok(StepOutcome::Retry)
+    );
+    hold(&mut rig, false);
+    assert_eq!(
+        rig.backend.shut_down(&mut rig.store, &mut rig.hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    );
+    assert_eq!(state(&rig.store), "6");
+    let mut responses = Vec::new();
+    rig.front
+        .take_responses(|r| responses.push((r.id, r.status)));
+    assert_eq!(responses, [(42, RSP_OKAY)]);
+    assert_eq!(table.live_mappings().0, 0, "ring and data pages unmapped");
 }
