@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! The whole engine against a hostile frontend: the input is a script of ring writes,
-//! producer-index games, indirect-page and grant tampering, device stalls, polls, and
-//! the ring's grant cap moving while time passes (idle release).
+//! producer-index games, indirect-page and grant tampering, device stalls, polls, the
+//! ring's grant cap moving while time passes (idle release), and I/O limits set,
+//! changed and lifted (requests held back, never failed, answered at teardown).
 //! The engine must not panic, must keep the ring invariants, must respect the grant
 //! bound, and must end with nothing mapped after a disconnect.
 #![no_main]
@@ -11,6 +12,7 @@ use std::sync::atomic::Ordering;
 use blkback::abi::{self, sring, REQUEST_SIZE};
 use blkback::budget::GrantShare;
 use blkback::engine::{Engine, EngineConfig};
+use blkback::limits::{IoLimits, Rates};
 use blkback::fake::{
     CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, ShufflingDevice, XenGrants,
 };
@@ -84,6 +86,21 @@ fuzz_target!(|data: &[u8]| {
     .expect("engine");
     let slots = abi::ring_slots(order);
     let mut now = 0u64;
+    // I/O limits: `iops` requests a second (0: none) and 1 MiB/s of writes, 1 ms burst.
+    let limits = |iops: u64| IoLimits {
+        iops: Rates {
+            total: iops,
+            ..Rates::default()
+        },
+        bytes: Rates {
+            write: if iops == 0 { 0 } else { 1 << 20 },
+            ..Rates::default()
+        },
+        burst_ms: 1,
+    };
+    if setup & 32 != 0 {
+        engine.set_limits(&limits(1000));
+    }
 
     while let Some(action) = script.byte() {
         match action % 8 {
@@ -128,6 +145,9 @@ fuzz_target!(|data: &[u8]| {
                 if step & 1 == 1 {
                     engine.set_grant_share(GrantShare::fixed(u32::from(step >> 1) % 12));
                 }
+                if step & 0x80 != 0 {
+                    engine.set_limits(&limits(u64::from(step & 0x3f) * 200));
+                }
                 now += u64::from(step) * 50_000_000;
                 engine.tick(now);
             }
@@ -155,6 +175,11 @@ fuzz_target!(|data: &[u8]| {
             ring.rsp_prod_pvt(),
             "every written response is published by the end of a poll"
         );
+        if let Some(due) = engine.throttle_deadline() {
+            // A held request is due when its buckets allow it: within the debt one
+            // request (at most 64 segments, 256 KiB at 1 MiB/s) can run up.
+            assert!(due <= now + 300_000_000, "a held request waits too long");
+        }
         assert!(engine.cached_grants() <= engine.cache_capacity());
         if let Some(limit) = limit {
             assert!(engine.cached_grants() <= limit);

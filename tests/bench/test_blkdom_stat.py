@@ -212,6 +212,27 @@ class BlkdomStatTest(FakeXenstore):
         (self.fake / "store").write_text(store_lines())
         self.assertFalse(self.run_tool("-1").stdout.splitlines()[-1].startswith("grants:"))
 
+    def test_limits_of_the_disks_that_have_them(self):
+        lines = store_lines(budget=True).splitlines()
+        # mq is limited and waited; web's limits were lifted ("none": no line).
+        lines.append(f"0\t{BE}/3/51712/blkdom-limits\tiops=2000 burst-ms=100")
+        lines.append(f"0\t{BE}/4/51728/blkdom-limits\tnone")
+        lines = [line.replace("leaked-pages=0", "throttle-waits=42 throttle-ns=3500000000 "
+                              "leaked-pages=0") if "3/51712/blkdom-stats" in line else line
+                 for line in lines]
+        (self.fake / "store").write_text("\n".join(lines) + "\n")
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                result = self.run_tool("-1", shell=shell)
+                out = result.stdout.splitlines()
+                self.assertEqual(out[-1], "limits: mq xvda: iops=2000 burst-ms=100; "
+                                          "throttle-waits=42 throttle-ms=3500")
+                self.assertTrue(out[-2].startswith("grants: "), result.stdout)
+        # No disk with limits: no line.
+        (self.fake / "store").write_text(store_lines(budget=True))
+        self.assertFalse(any(line.startswith("limits:")
+                             for line in self.run_tool("-1").stdout.splitlines()))
+
     def test_heap(self):
         (self.fake / "store").write_text(store_lines(budget=True, heap=True))
         for shell in SHELLS:

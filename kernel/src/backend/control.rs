@@ -39,6 +39,9 @@ use crate::xen_domain;
 const VBD_WATCH_TOKEN: &str = "vbd";
 /// How often the control path publishes statistics to xenstore.
 const STATS_PERIOD_NS: u64 = 5_000_000_000;
+/// How often the I/O limits of a disk with several queues are split again by use
+/// (`VbdHooks::rebalance_limits`): the pollers publish their counters every 0.5 s.
+const LIMIT_SPLIT_NS: u64 = 500_000_000;
 /// The token of the watch on `REPORT`.
 const REPORT_TOKEN: &str = "report";
 
@@ -50,6 +53,8 @@ pub struct Control {
     failed: BTreeMap<String, AttachError>,
     store_port: Option<EvtchnPort>,
     next_stats: u64,
+    /// When the I/O limits of disks with several queues are next split by use.
+    next_limit_split: u64,
     /// Devices to step again without a watch event, and when: every 5 ms while a
     /// negotiation waits for in-flight requests, once at its end for a detach's grace.
     retries: RetrySchedule,
@@ -93,6 +98,7 @@ impl Control {
             failed: BTreeMap::new(),
             store_port,
             next_stats: 0,
+            next_limit_split: 0,
             retries: RetrySchedule::new(),
             first_round: true,
             registry: Registry::new(bus, crate::devices::recovery(config.device_max_resets)),
@@ -199,6 +205,9 @@ impl Control {
                     pending_resize: None,
                     refused_params: None,
                     fault_reported: false,
+                    limit_keys: Default::default(),
+                    limits_epoch: 0,
+                    limit_use: Vec::new(),
                 };
                 self.vbds.insert(path, Vbd { backend, hooks });
             }
@@ -287,6 +296,9 @@ impl Control {
         }
         // A refused connection whose rings the pollers still hold: stepped again until
         // they let go, so its device queues and grant shares come back at once.
+        if vbd.hooks.limit_keys.step(store, path).is_some() {
+            vbd.hooks.apply_limits();
+        }
         let soon = vbd.backend.releasing() | self.resize_step(store, path);
         let due = earliest(due, soon.then(|| now.saturating_add(RETRY_NS)));
         self.retries.stepped(path, due, now);
@@ -620,6 +632,13 @@ impl Control {
             }
             self.report_faults(&mut store);
             let now = xen_domain::now_ns();
+            let splitting = self.vbds.values().any(|vbd| vbd.hooks.splits_limits());
+            if splitting && now >= self.next_limit_split {
+                for vbd in self.vbds.values_mut() {
+                    vbd.hooks.rebalance_limits();
+                }
+                self.next_limit_split = now + LIMIT_SPLIT_NS;
+            }
             if now >= self.next_stats {
                 self.maintain_ram_disks();
                 self.publish_stats(&mut store);
@@ -632,9 +651,14 @@ impl Control {
             // to the wait for those replies: they are taken at once, not at the next due
             // time (up to the statistics' 5 s away).
             let queued = store.0.has_watch_events();
+            let longest = if splitting {
+                LIMIT_SPLIT_NS
+            } else {
+                STATS_PERIOD_NS
+            };
             Some(
                 self.retries
-                    .next_wait(xen_domain::now_ns(), queued, STATS_PERIOD_NS),
+                    .next_wait(xen_domain::now_ns(), queued, longest),
             )
         })
         .flatten();

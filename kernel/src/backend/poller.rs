@@ -21,6 +21,7 @@ use alloc::boxed::Box;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkback::engine::Engine;
+use blkback::limits::IoLimits;
 use blkback::stats::RingStats;
 use bootconfig::PollerConfig;
 use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
@@ -60,6 +61,11 @@ pub struct QueueControl {
     /// The ring's device queue failed (set once by the poller; the control path reports
     /// it in xenstore).
     pub fault: spin::Mutex<Option<blkdev::DeviceFault>>,
+    /// The ring's part of its disk's I/O limits, set by control, which then raises
+    /// `limits_epoch`: the poller locks `limits` only when the epoch moved (an operator
+    /// changed them), never on the I/O path.
+    pub limits: spin::Mutex<IoLimits>,
+    pub limits_epoch: AtomicU64,
 }
 
 pub struct ServedQueue {
@@ -72,6 +78,8 @@ pub struct ServedQueue {
     pub resize_seen: u64,
     /// The engine's device fault is in `control.fault`.
     pub fault_seen: bool,
+    /// The last `control.limits_epoch` the engine took its limits from.
+    pub limits_seen: u64,
 }
 
 /// What a poller counts, for `data/blkdom-pollers`.
@@ -348,6 +356,11 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
                 queue.resize_seen = resize;
                 queue.control.resize_acked.store(resize, Ordering::Release);
             }
+            let limits = queue.control.limits_epoch.load(Ordering::Acquire);
+            if limits != queue.limits_seen {
+                queue.engine.set_limits(&queue.control.limits.lock());
+                queue.limits_seen = limits;
+            }
             work |= queue.engine.poll_at(POLL_BUDGET, now).did_work();
             i += 1;
         }
@@ -420,11 +433,18 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         counters.sleeps.fetch_add(1, Ordering::Relaxed);
         // Device completions raise no event: with requests on a device, come back soon.
         // `prepare_to_sleep` sent every held notification; a held deadline would still
-        // bound the sleep.
+        // bound the sleep. A ring at its I/O limits is looked at again when its buckets
+        // let its next request go (one wake-up per due request, no periodic timer).
         let device_busy = served.iter().any(|q| q.engine.in_flight() > 0);
         let notify_due = served
             .iter()
-            .filter_map(|q| q.engine.notify_deadline())
+            .filter_map(|q| {
+                q.engine
+                    .notify_deadline()
+                    .into_iter()
+                    .chain(q.engine.throttle_deadline())
+                    .min()
+            })
             .min();
         let deadline = sleep_deadline(
             now,

@@ -14,6 +14,7 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkback::budget::{GrantBudget, GrantShare};
 use blkback::engine::{Busy, Engine, EngineConfig, EngineError};
+use blkback::limits::{IoLimits, LimitKeys, QueueUse};
 use blkback::negotiate::{BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection};
 use blkback::stats::Refusals;
 use bootconfig::Config;
@@ -51,6 +52,14 @@ pub(super) struct VbdHooks {
     pub(super) refused_params: Option<String>,
     /// The disk's device failed and that is in xenstore (once: it stays failed).
     pub(super) fault_reported: bool,
+    /// The vbd's `limit-*` keys and the I/O limits in force, split between the rings
+    /// that serve it.
+    pub(super) limit_keys: LimitKeys,
+    /// Changes of the limits so far; each connected queue's poller takes the latest.
+    pub(super) limits_epoch: u64,
+    /// Each connected queue's counters when its part of the limits was last split
+    /// (`rebalance_limits`).
+    pub(super) limit_use: Vec<QueueUse>,
 }
 
 // A ring's cache and the grants of its requests in flight (mapped per request) never fill
@@ -182,10 +191,14 @@ impl VbdHooks {
         // their next event.
         poller::ring_all_doorbells();
         engine.set_grant_share(share.clone());
+        let limits = self.limit_keys.limits().per_queue(connection.queues.len());
+        engine.set_limits(&limits);
         // The engine read the disk's capacity as it is now: nothing to acknowledge.
         let control = Arc::new(QueueControl {
             resize_epoch: self.resize_epoch.into(),
             resize_acked: self.resize_epoch.into(),
+            limits: spin::Mutex::new(limits),
+            limits_epoch: self.limits_epoch.into(),
             ..QueueControl::default()
         });
         self.queues.push((cpu, control.clone(), share));
@@ -198,6 +211,7 @@ impl VbdHooks {
                 control,
                 resize_seen: self.resize_epoch,
                 fault_seen: false,
+                limits_seen: self.limits_epoch,
             },
         );
         Ok(())
@@ -221,6 +235,70 @@ impl VbdHooks {
             control
                 .resize_epoch
                 .store(self.resize_epoch, Ordering::Release);
+            poller::ring_doorbell(*cpu);
+        }
+    }
+
+    /// The vbd's I/O limits changed: each connected queue enforces its part of them from
+    /// its poller's next pass (woken if it sleeps, so a ring waiting under the old
+    /// limits is looked at under the new ones).
+    pub(super) fn apply_limits(&mut self) {
+        let limits = self.limit_keys.limits().per_queue(self.queues.len());
+        let parts = alloc::vec![limits; self.queues.len()];
+        self.hand_limits(&parts, 0);
+        self.limit_use.clear();
+    }
+
+    /// Whether the limits are split between queues by use (`rebalance_limits` is due
+    /// every `LIMIT_SPLIT_NS`).
+    pub(super) fn splits_limits(&self) -> bool {
+        self.queues.len() > 1 && !self.limit_keys.limits().is_unlimited()
+    }
+
+    /// Splits the limits again between the connected queues, by what each let through
+    /// since the last split (`IoLimits::split_by_use`), so that a guest busy on one of
+    /// several queues gets nearly the whole limit; a queue's part is handed to it only
+    /// if it moved by more than 1/20. Called every `LIMIT_SPLIT_NS` by the control path.
+    pub(super) fn rebalance_limits(&mut self) {
+        if !self.splits_limits() {
+            return;
+        }
+        let now: Vec<QueueUse> = self
+            .queues
+            .iter()
+            .map(|(_, control, _)| QueueUse::of(&control.stats.lock()))
+            .collect();
+        let earlier = core::mem::replace(&mut self.limit_use, now);
+        if earlier.len() != self.limit_use.len() {
+            // Queues came or went since: this is the baseline.
+            return;
+        }
+        let used: Vec<QueueUse> = self
+            .limit_use
+            .iter()
+            .zip(&earlier)
+            .map(|(now, earlier)| now.since(*earlier))
+            .collect();
+        let parts = self.limit_keys.limits().split_by_use(&used);
+        self.hand_limits(&parts, 20);
+    }
+
+    /// Gives queue i its part `parts[i]` of the limits, through its control block (its
+    /// poller takes it at its next pass, woken if it sleeps): every part if `parts_of`
+    /// is 0, else only those that moved by more than 1/`parts_of` of a rate.
+    fn hand_limits(&mut self, parts: &[IoLimits], parts_of: u64) {
+        self.limits_epoch += 1;
+        for ((cpu, control, _), part) in self.queues.iter().zip(parts) {
+            {
+                let mut limits = control.limits.lock();
+                if parts_of != 0 && !limits.differs_from(part, parts_of) {
+                    continue;
+                }
+                *limits = *part;
+            }
+            control
+                .limits_epoch
+                .store(self.limits_epoch, Ordering::Release);
             poller::ring_doorbell(*cpu);
         }
     }

@@ -20,6 +20,19 @@ pub const MODE: &str = "mode";
 pub const DEVICE_TYPE: &str = "device-type";
 /// `0` turns discard off.
 pub const DISCARD_ENABLE: &str = "discard-enable";
+/// The vbd's I/O limits (`crate::limits`), read at attach and whenever rewritten;
+/// absent, empty or `0`: unlimited.
+pub const LIMIT_IOPS: &str = "limit-iops";
+pub const LIMIT_READ_IOPS: &str = "limit-read-iops";
+pub const LIMIT_WRITE_IOPS: &str = "limit-write-iops";
+pub const LIMIT_BYTES: &str = "limit-bytes-per-sec";
+pub const LIMIT_READ_BYTES: &str = "limit-read-bytes-per-sec";
+pub const LIMIT_WRITE_BYTES: &str = "limit-write-bytes-per-sec";
+/// The burst allowance, in milliseconds of each limit's rate.
+pub const LIMIT_BURST_MS: &str = "limit-burst-ms";
+/// What every limit key's name starts with: an unknown key with it is refused (a typo
+/// must not pass for "unlimited").
+pub const LIMIT_PREFIX: &str = "limit-";
 
 pub const FEATURE_MAX_INDIRECT_SEGMENTS: &str = "feature-max-indirect-segments";
 pub const MULTI_QUEUE_MAX_QUEUES: &str = "multi-queue-max-queues";
@@ -44,6 +57,9 @@ pub const STATS: &str = "blkdom-stats";
 pub const RESIZE: &str = "blkdom-resize";
 /// Why the disk's device failed; written once, when it is first seen.
 pub const FAULT: &str = "blkdom-fault";
+/// The I/O limits in force ("none", or the limited rates), or "refused: <why>" when the
+/// `limit-*` keys were refused (the limits before stay).
+pub const LIMITS: &str = "blkdom-limits";
 
 pub const RING_PAGE_ORDER: &str = "ring-page-order";
 pub const MULTI_QUEUE_NUM_QUEUES: &str = "multi-queue-num-queues";
@@ -77,6 +93,13 @@ pub const ALL: &[Key] = &[
     Key::new(MODE, Place::BackendRead),
     Key::new(DEVICE_TYPE, Place::BackendRead),
     Key::new(DISCARD_ENABLE, Place::BackendRead),
+    Key::new(LIMIT_IOPS, Place::BackendRead),
+    Key::new(LIMIT_READ_IOPS, Place::BackendRead),
+    Key::new(LIMIT_WRITE_IOPS, Place::BackendRead),
+    Key::new(LIMIT_BYTES, Place::BackendRead),
+    Key::new(LIMIT_READ_BYTES, Place::BackendRead),
+    Key::new(LIMIT_WRITE_BYTES, Place::BackendRead),
+    Key::new(LIMIT_BURST_MS, Place::BackendRead),
     Key::new(FEATURE_MAX_INDIRECT_SEGMENTS, Place::BackendWritten),
     Key::new(MULTI_QUEUE_MAX_QUEUES, Place::BackendWritten),
     Key::new(MAX_RING_PAGE_ORDER, Place::BackendWritten),
@@ -94,6 +117,7 @@ pub const ALL: &[Key] = &[
     Key::new(STATS, Place::BackendWritten),
     Key::new(RESIZE, Place::BackendWritten),
     Key::new(FAULT, Place::BackendWritten),
+    Key::new(LIMITS, Place::BackendWritten),
     // Written back as served when a resize is refused.
     Key::new(PARAMS, Place::BackendWritten),
     Key::new(RING_PAGE_ORDER, Place::FrontendRead),

@@ -29,7 +29,8 @@
 //! - The poller: `event_received()` for each ring whose event channel fired, then
 //!   `poll_at(budget, now)` while it does work; after an idle spell call
 //!   `prepare_to_sleep()` on every ring, and block only if all say so, and never past
-//!   the earliest `notify_deadline()` (a notification held for a batch).
+//!   the earliest `notify_deadline()` (a notification held for a batch) or
+//!   `throttle_deadline()` (a request held by the ring's I/O limits, [`limits`]).
 // `fake` holds host-only test doubles, which use std.
 #![cfg_attr(not(any(test, feature = "fake")), no_std)]
 #![deny(unsafe_code)]
@@ -41,6 +42,7 @@ pub mod budget;
 pub mod engine;
 pub mod grant;
 pub mod keys;
+pub mod limits;
 pub mod negotiate;
 pub mod parse;
 pub mod ring;

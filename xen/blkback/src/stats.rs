@@ -87,6 +87,12 @@ ring_stats! {
     /// Times the ring left requests waiting in its ring because its grants in flight
     /// were at `in-flight-cap` (taken once its own requests gave grants back).
     grant_waits => "grant-waits",
+    /// Times a request waited because the ring was at its I/O limits (`limit-*` keys):
+    /// it stays unanswered until the ring's token buckets let it go.
+    throttle_waits => "throttle-waits",
+    /// Nanoseconds requests spent waiting for the ring's I/O limits (counted when each
+    /// wait ends).
+    throttle_ns => "throttle-ns",
     /// GNTTABOP_map_grant_ref hypercalls (each maps a batch).
     map_batches => "map-batches",
     /// GNTTABOP_unmap_grant_ref hypercalls.
@@ -186,7 +192,7 @@ mod tests {
         assert_eq!(total.device_busy, 8);
         let names: Vec<_> = total.fields().map(|(name, _)| name).collect();
         assert_eq!(names.last(), Some(&"ring-overflows"));
-        assert_eq!(names.len(), 37);
+        assert_eq!(names.len(), 39);
         assert_eq!(
             total.fields().find(|(name, _)| *name == "wr_req"),
             Some(("wr_req", 4))

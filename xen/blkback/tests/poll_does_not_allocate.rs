@@ -2,7 +2,8 @@
 //! The hot path allocates nothing: after set-up, polling a busy ring (persistent and
 //! transient grants, direct and indirect requests, errors, completions, notifications,
 //! a cap that moves, credit for grants in flight taken and given back, idle grants
-//! released) makes no heap allocation on the polling thread.
+//! released, I/O limits holding requests back and changing) makes no heap allocation
+//! on the polling thread.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -12,6 +13,7 @@ use blkback::budget::{GrantBudget, GrantLimits, InFlightLimits};
 use blkback::engine::{Engine, EngineConfig};
 use blkback::fake::wire::{encode_direct, encode_indirect, encode_segment};
 use blkback::fake::{CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, XenGrants};
+use blkback::limits::{IoLimits, Rates};
 use blkback::parse::SegmentDesc;
 use blkdev::RamDisk;
 
@@ -88,6 +90,20 @@ fn polling_allocates_nothing() {
         );
         let demand = engine.grant_demand();
         engine.set_grant_share(budget.join(demand).unwrap());
+        // 100,000 requests and 200 MiB a second with a 1 ms burst: after the first
+        // hundred, a request every 10 us (16 loops below), and limits that change.
+        let limits = |iops| IoLimits {
+            iops: Rates {
+                total: iops,
+                ..Rates::default()
+            },
+            bytes: Rates {
+                total: 200 << 20,
+                ..Rates::default()
+            },
+            burst_ms: 1,
+        };
+        engine.set_limits(&limits(100_000));
         // Descriptors of an indirect request in the page of gref 50.
         for i in 0..20u32 {
             let seg = SegmentDesc {
@@ -147,6 +163,11 @@ fn polling_allocates_nothing() {
             }
             now += 600;
             engine.tick(now);
+            match loops % 1000 {
+                0 => engine.set_limits(&limits(50_000)),
+                500 => engine.set_limits(&limits(100_000)),
+                _ => {}
+            }
             while next < requests.len() && front.free_slots() > 0 {
                 front.put_request(&requests[next]);
                 next += 1;
@@ -163,6 +184,7 @@ fn polling_allocates_nothing() {
         );
         let stats = engine.stats();
         assert!(stats.map_batches > 0 && stats.errors > 0);
+        assert!(stats.throttle_waits > 200, "{stats:?}");
         if persistent {
             assert!(
                 stats.idle_released > 0 && stats.cap_evicted > 0,

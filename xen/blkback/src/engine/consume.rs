@@ -9,9 +9,10 @@
 use blkdev::BlockDevice;
 
 use super::slots::{Slot, Work};
-use super::{worth_logging, Engine, EngineState, EventChannel};
+use super::{worth_logging, Engine, EngineState, EventChannel, Held};
 use crate::abi::{self, wire, REQUEST_SIZE};
 use crate::grant::{GrantOps, MappedGrant};
+use crate::limits::Class;
 use crate::parse::{
     check_data_access, check_discard, parse_request, DataOp, DirectRequest, DiscardRequest,
     IndirectRequest, Rejected, Request, RequestError, SegmentDesc,
@@ -58,13 +59,25 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         // requests outstanding never pass a ring.
         while consumed < budget
             && segments < SEGMENTS_PER_POLL
-            && self.ring.req_cons() != req_prod
+            && (self.throttle.held.is_some() || self.ring.req_cons() != req_prod)
             && self.submission.deferred.is_empty()
             && self.mapper.may_take_request()
         {
-            self.ring.take_request_into(&mut raw);
+            // A request held back by the ring's limits goes first: it is our copy, taken
+            // off the ring once; the rest wait in the ring behind it.
+            let held = self.throttle.held.take();
+            match &held {
+                Some(held) => raw = held.raw,
+                None => self.ring.take_request_into(&mut raw),
+            }
+            let parsed = parse_request(&raw, self.max_indirect_segments);
+            if let Ok(request) = &parsed {
+                if !self.admit(&raw, request, held) {
+                    break;
+                }
+            }
             consumed += 1;
-            match parse_request(&raw, self.max_indirect_segments) {
+            match parsed {
                 Err(rejected) => self.refuse(rejected),
                 Ok(request) if self.device_fault.is_some() => self.fail_without_device(&request),
                 Ok(Request::Direct(request)) => {
@@ -79,12 +92,45 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             }
         }
         self.flush_staged();
-        let waiting = !self.mapper.may_take_request() && self.ring.req_cons() != req_prod;
+        let waiting = !self.mapper.may_take_request()
+            && (self.ring.req_cons() != req_prod || self.throttle.held.is_some());
         if waiting != self.map_waiting {
             self.map_waiting = waiting;
             self.stats.grant_waits += u64::from(waiting);
         }
         consumed
+    }
+
+    /// Whether the ring's limits let `request` go now. If so it is charged one operation
+    /// (its bytes once checked: `count_request`) and, if it had been held, the wait is
+    /// counted; if not, `raw` (its copy) is held until the buckets are due.
+    #[cfg_attr(not(feature = "profile-passes"), inline(always))]
+    fn admit(&mut self, raw: &[u8; REQUEST_SIZE], request: &Request, held: Option<Held>) -> bool {
+        if !self.throttle.limiter.active() {
+            if let Some(held) = held {
+                // Limits lifted while it waited.
+                self.stats.throttle_ns += self.now.saturating_sub(held.since);
+            }
+            return true;
+        }
+        let class = class_of(request);
+        if !self.throttle.limiter.admits(class, self.now) {
+            let since = held.map_or(self.now, |held| held.since);
+            if held.is_none() {
+                self.stats.throttle_waits += 1;
+            }
+            self.throttle.held = Some(Held {
+                raw: *raw,
+                since,
+                class,
+            });
+            return false;
+        }
+        if let Some(held) = held {
+            self.stats.throttle_ns += self.now.saturating_sub(held.since);
+        }
+        self.throttle.limiter.charge_op(class, self.now);
+        true
     }
 
     /// Answer a request that never got a slot.
@@ -135,6 +181,15 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     }
 
     fn count_request(&mut self, work: Work, nr_sectors: u64) {
+        if self.throttle.limiter.active() {
+            let class = match work {
+                Work::Data(DataOp::Read) => Class::Read,
+                _ => Class::Write,
+            };
+            // A discard comes with 0 sectors: it moves no data, an operation, no bytes.
+            let bytes = nr_sectors * blkdev::SECTOR_SIZE;
+            self.throttle.limiter.charge_bytes(class, bytes, self.now);
+        }
         match work {
             Work::Data(DataOp::Read) => {
                 self.stats.reads += 1;
@@ -299,4 +354,18 @@ fn copy_descriptors<G: GrantOps>(
         *desc = parsed;
     }
     Ok(())
+}
+
+/// What a request is charged to: reads to the read buckets, everything else (writes,
+/// flushes, discards) to the write buckets.
+fn class_of(request: &Request) -> Class {
+    match request {
+        Request::Direct(DirectRequest {
+            op: DataOp::Read, ..
+        })
+        | Request::Indirect(IndirectRequest {
+            op: DataOp::Read, ..
+        }) => Class::Read,
+        _ => Class::Write,
+    }
 }

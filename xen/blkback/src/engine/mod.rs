@@ -14,12 +14,14 @@
 use alloc::vec::Vec;
 use blkdev::{BlockDevice, Completion, DeviceFault, Geometry};
 
+use crate::abi::REQUEST_SIZE;
 use crate::abi::{self, wire, Protocol, MAX_SEGMENTS_PER_REQUEST};
 use crate::budget::{GrantLimits, GrantShare, InFlightCredit, RingDemand};
 use crate::fallible;
 use crate::grant::GrantOps;
+use crate::limits::{Class, IoLimits, Limiter};
 use crate::parse::RequestError;
-use crate::ring::{BackRing, RingError, RingMemory};
+use crate::ring::{BackRing, Response, RingError, RingMemory};
 use crate::stats::RingStats;
 use zerocopy::FromZeros;
 
@@ -311,6 +313,22 @@ fn worth_logging(count: u64) -> bool {
     count <= 16 || count.is_power_of_two()
 }
 
+/// A request taken off the ring that the ring's limits hold back: its copy, when it
+/// began to wait, what it is charged to.
+#[derive(Clone, Copy)]
+struct Held {
+    raw: [u8; REQUEST_SIZE],
+    since: u64,
+    class: Class,
+}
+
+/// The ring's I/O limits: its buckets and the one request they hold back, if any.
+#[derive(Default)]
+struct Throttle {
+    limiter: Limiter,
+    held: Option<Held>,
+}
+
 /// One ring served by one poller.
 pub struct Engine<M, G, D, E> {
     ring: BackRing<M>,
@@ -344,6 +362,10 @@ pub struct Engine<M, G, D, E> {
     device_timeout_ns: u64,
     /// The device queue failed: requests are answered with an error without it.
     device_fault: Option<DeviceFault>,
+    /// The ring's share of its disk's I/O limits (`Engine::set_limits`).
+    throttle: Throttle,
+    /// The poller's clock as of the last `poll_at` or `tick`.
+    now: u64,
     stats: RingStats,
 }
 
@@ -423,6 +445,8 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             moderator: Moderator::new(config.notify_hold_ns),
             device_timeout_ns: config.device_timeout_ns,
             device_fault: None,
+            throttle: Throttle::default(),
+            now: 0,
             stats: RingStats::default(),
         })
     }
@@ -480,6 +504,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     /// unmap batch per call. Grants pinned by requests in flight are never released.
     /// Returns how many were unmapped. Allocates nothing; cheap when nothing is due.
     pub fn tick(&mut self, now: u64) -> usize {
+        self.now = self.now.max(now);
         self.device.tick(now, self.device_timeout_ns);
         if self.device_fault.is_none() {
             if let Some(fault) = self.device.fault() {
@@ -567,6 +592,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     /// held notification's deadline is measured against.
     pub fn poll_at(&mut self, budget: usize, now_ns: u64) -> PollOutcome {
         self.moderator.set_now(now_ns);
+        self.now = self.now.max(now_ns);
         self.poll(budget)
     }
 
@@ -574,6 +600,26 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
     /// not); `None` when none is held.
     pub fn notify_deadline(&self) -> Option<u64> {
         self.moderator.deadline()
+    }
+
+    /// Enforce `limits` (this ring's part of its disk's, `IoLimits::per_queue`) from the
+    /// last `poll_at`/`tick` time on; `IoLimits::NONE` lifts them. A request held back
+    /// is looked at again at the next poll under the new limits.
+    pub fn set_limits(&mut self, limits: &IoLimits) {
+        self.throttle.limiter.set(limits, self.now);
+    }
+
+    /// The limits this ring enforces.
+    pub fn limits(&self) -> IoLimits {
+        self.throttle.limiter.limits()
+    }
+
+    /// When the ring's limits let the request they hold back go (the poller must poll
+    /// by then, asleep or not); `None` when none is held. Driven with `poll_at`, the
+    /// request goes at the first poll at or after it.
+    pub fn throttle_deadline(&self) -> Option<u64> {
+        let held = self.throttle.held.as_ref()?;
+        (self.state == EngineState::Running).then(|| self.throttle.limiter.due(held.class))
     }
 
     /// One pass: take up to `budget` requests (and up to [`SEGMENTS_PER_POLL`] data
@@ -627,8 +673,13 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             return true;
         }
         let requests = self.ring.final_check_for_requests();
+        // Held back by the ring's limits: the poller sleeps until `throttle_deadline`
+        // at most (a grant wait still keeps it polling, as below).
+        let throttled = self.throttle.held.is_some() && self.mapper.may_take_request();
         self.submission.deferred.is_empty()
-            && (!requests || (!self.mapper.may_take_request() && self.submission.in_flight > 0))
+            && (throttled
+                || !requests
+                || (!self.mapper.may_take_request() && self.submission.in_flight > 0))
     }
 
     /// Requests wait in the ring because the ring's grants in flight are at its limit.
@@ -646,6 +697,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             return Ok(());
         }
         self.state = EngineState::Draining;
+        self.answer_held();
         self.flush_staged();
         while let Some(slot) = self.submission.deferred.pop() {
             self.fail(slot, RequestError::DeviceRefused);
@@ -662,6 +714,29 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         self.mapper.unmap_all(&mut self.grants, &mut self.stats);
         self.state = EngineState::Disconnected;
         Ok(())
+    }
+
+    /// Teardown with a request held back by the limits: it was taken off the ring, so it
+    /// is answered (with an error, as requests the device never accepted are).
+    fn answer_held(&mut self) {
+        let Some(held) = self.throttle.held.take() else {
+            return;
+        };
+        self.stats.throttle_ns += self.now.saturating_sub(held.since);
+        let (id, operation) =
+            match crate::parse::parse_request(&held.raw, self.max_indirect_segments) {
+                Ok(crate::parse::Request::Direct(r)) => (r.id, r.op.code()),
+                Ok(crate::parse::Request::Indirect(r)) => (r.id, r.op.code()),
+                Ok(crate::parse::Request::Discard(r)) => (r.id, abi::OP_DISCARD),
+                // Only parsed requests are held.
+                Err(rejected) => (rejected.id, rejected.operation),
+            };
+        self.stats.errors += 1;
+        self.ring.put_response(Response {
+            id,
+            operation,
+            status: abi::RSP_ERROR,
+        });
     }
 
     /// Give back the ring memory, grant, device and event handles (after `disconnect`).
