@@ -413,7 +413,8 @@ class PrometheusTest(FakeXenstore):
                         _, _, metric, kind, scale, _ = table[("vbd", word)]
                         s = self.sample(families, metric, **labels)
                         self.assertEqual(s.labels, labels)
-                        self.assertEqual(s.value, (base + n) * int(scale), word)
+                        self.assertAlmostEqual(s.value, (base + n) * float(scale),
+                                               msg=word, delta=1e-12)
                         family = metric[:-len("_total")] if kind == "counter" else metric
                         self.assertEqual(families[family].type, kind, word)
                 # Every vCPU's and the domain's words.
