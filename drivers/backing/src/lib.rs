@@ -12,11 +12,13 @@ extern crate alloc;
 
 pub mod extent;
 pub mod gpt;
+pub mod names;
 pub mod resize;
 pub mod spec;
 
 pub use extent::{check_slice, Conflict, ConflictKind, Extent, Ranges, SliceError};
+pub use names::{NameError, NvmeName, Serial, VirtioName};
 pub use resize::{new_size, ResizeRefused};
 pub use spec::{
-    parse_backing, Backing, DeviceId, PartName, RamName, Region, SpecError, SLICE_ALIGN,
+    parse_backing, Backing, DeviceId, DeviceName, PartName, RamName, Region, SpecError, SLICE_ALIGN,
 };
