@@ -73,6 +73,9 @@ pub struct FakeController {
     /// Answer Identify CNS 02h (the active namespace list, NVMe 1.1); else "invalid
     /// field", as a controller before 1.1.
     pub active_list: bool,
+    /// The ids that list gives (only namespace 1 has data; a broken controller may list
+    /// ids beyond its namespace count).
+    pub active_ids: Vec<u32>,
     pub cap_to: u8,
     /// Identify Controller's RTD3E (microseconds a shutdown may take; 0: not said).
     pub rtd3e_us: u32,
@@ -142,6 +145,7 @@ impl FakeController {
             nguid: [0; 16],
             eui64: [0; 8],
             active_list: true,
+            active_ids: vec![1],
             cap_to: 20,
             rtd3e_us: 0,
             shutdown_after_reads: Some(0),
@@ -481,10 +485,10 @@ impl FakeController {
                         ]);
                     }
                     0 => {} // inactive namespace: all zeros
-                    // Namespace 1 is the only active one.
                     2 if self.active_list => {
-                        if nsid < 1 {
-                            page[0..4].copy_from_slice(&1u32.to_le_bytes());
+                        let above = self.active_ids.iter().filter(|&&id| id > nsid);
+                        for (i, id) in above.take(1024).enumerate() {
+                            page[4 * i..4 * i + 4].copy_from_slice(&id.to_le_bytes());
                         }
                     }
                     // The NVM command set (CSI 0 in CDW11 31:24): DMRSL at byte 4.

@@ -152,6 +152,8 @@ fn bring_up_reads_the_serial_and_each_namespace_s_ids() {
     fake.nguid = core::array::from_fn(|i| 0x10 + i as u8);
     fake.eui64 = core::array::from_fn(|i| 0xe0 + i as u8);
     fake.namespace_count = 4;
+    // An id beyond NN in the list is not asked about.
+    fake.active_ids = vec![1, 9];
     let hal = FakeHal::new(fake);
     let mut controller = Controller::init(hal.clone(), InitConfig::default()).unwrap();
     assert_eq!(&controller.identity().serial[..], b"  S3EVNX0K-77       ");

@@ -398,8 +398,13 @@ fn nvme_names_reach_their_controller_wherever_it_sits() {
             })
         );
         // Matches are exact: no prefixes, case counts.
-        assert!(by_serial("SN-", 1).is_err());
-        assert!(by_serial("sn-a", 1).is_err());
+        let none = Err(NameError::NoMatch {
+            kind: NVME,
+            found: 2,
+            unidentified: 0,
+        });
+        assert_eq!(by_serial("SN-", 1), none);
+        assert_eq!(by_serial("sn-a", 1), none);
         assert!(resolve_nvme(&NvmeName::Nguid([0xe1; 16]), bus).is_err());
         assert!(resolve_nvme(&NvmeName::Eui64([0xa1; 8]), bus).is_err());
     }
@@ -480,6 +485,8 @@ fn a_name_two_devices_answer_to_is_refused() {
         (C, Some("ONE")),
         (B, Some("TWIN")),
         (C, None),
+        (pci(2, 0, 0), Some("TWIX")),
+        (pci(3, 0, 0), None),
     ];
     let duplicates: alloc::vec::Vec<_> = duplicate_serials(&serials).collect();
     assert_eq!(duplicates, [("TWIN", A, B)]);
