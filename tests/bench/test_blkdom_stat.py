@@ -247,7 +247,8 @@ class BlkdomStatTest(unittest.TestCase):
         ]
         # Listed out of order, as xenstored may; 10 after 9.
         order = [3, 0, 1, 2, 10, 4, 5, 6, 7, 8, 9]
-        extra = "".join(f"0\t{dev}/{n}\t{listed[n]}\n" for n in order)
+        # xenstored makes the parent of a node written (empty).
+        extra = f"0\t{dev}\t\n" + "".join(f"0\t{dev}/{n}\t{listed[n]}\n" for n in order)
         (self.fake / "store").write_text(store_lines() + extra)
         for shell in SHELLS:
             with self.subTest(shell=shell[0]):
@@ -271,6 +272,12 @@ class BlkdomStatTest(unittest.TestCase):
                     "00:0a.0 virtio failed -                    virtio 00:0a.0: id: no answer",
                 ])
                 self.assertEqual(self.clock(), 0)
+        # A PVH blkdom drives no PCI device: the node alone.
+        (self.fake / "store").write_text(store_lines() + f"0\t{dev}\t\n")
+        result = self.run_tool("-D")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.splitlines()[0], "blkdom (domain 1): 0 device(s)")
+        self.assertEqual(len(result.stdout.splitlines()), 2)
         (self.fake / "store").write_text(store_lines())
         result = self.run_tool("-D")
         self.assertEqual(result.returncode, 1)
