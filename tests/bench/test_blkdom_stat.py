@@ -269,6 +269,59 @@ class BlkdomStatTest(FakeXenstore):
         self.assertEqual(rows["mq"][9:13], ["0", "0.0", "0", "0.0"])
         self.assertEqual(self.clock(), 6 + 4 + 6)
 
+    def test_devices_and_their_stable_names(self):
+        dev = "/local/domain/1/data/blkdom-devices"
+        listed = [
+            "pci=00:04.0 kind=nvme state=up serial=SN-A namespaces=2 model=QEMU NVMe Ctrl",
+            "pci=00:04.0 ns=1 bytes=67108864 block=512 nguid=- eui64=0025382b0000000a",
+            "pci=00:04.0 ns=2 bytes=1073741824 block=4096 nguid=0123456789abcdef0011223344556677 eui64=-",
+            "pci=00:05.0 kind=nvme state=up serial=twin namespaces=1 model=Twin A",
+            "pci=00:05.0 ns=1 bytes=512 block=512 nguid=- eui64=00000000000000aa",
+            "pci=00:06.0 kind=nvme state=up serial=twin namespaces=1 model=Twin B",
+            "pci=00:06.0 ns=1 bytes=512 block=512 nguid=- eui64=-",
+            "pci=00:07.0 kind=nvme state=failed serial=- namespaces=0 model=- error=nvme 00:07.0: bring-up: timed out",
+            "pci=00:08.0 kind=virtio state=up serial=vd-a bytes=536870912",
+            "pci=00:09.0 kind=virtio state=up serial=- bytes=1048576",
+            "pci=00:0a.0 kind=virtio state=failed serial=- bytes=- error=virtio 00:0a.0: id: no answer",
+        ]
+        # Listed out of order, as xenstored may; 10 after 9.
+        order = [3, 0, 1, 2, 10, 4, 5, 6, 7, 8, 9]
+        # xenstored makes the parent of a node written (empty).
+        extra = f"0\t{dev}\t\n" + "".join(f"0\t{dev}/{n}\t{listed[n]}\n" for n in order)
+        (self.fake / "store").write_text(store_lines() + extra)
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                result = self.run_tool("-D", shell=shell)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertEqual(result.stdout.splitlines(), [
+                    "blkdom (domain 1): 7 device(s)",
+                    "PCI     KIND   STATE  SERIAL               MODEL / NAMESPACE",
+                    "00:04.0 nvme   up     SN-A                 QEMU NVMe Ctrl",
+                    "       ns 1        64M  nguid=- eui64=0025382b0000000a  target=nvme:serial=SN-A:1",
+                    "       ns 2         1G  nguid=0123456789abcdef0011223344556677 eui64=-  "
+                    "target=nvme:serial=SN-A:2",
+                    # Two controllers share a serial: a name by it would be refused.
+                    "00:05.0 nvme   up     twin                 Twin A",
+                    "       ns 1        512  nguid=- eui64=00000000000000aa  target=nvme:eui64=00000000000000aa",
+                    "00:06.0 nvme   up     twin                 Twin B",
+                    "       ns 1        512  nguid=- eui64=-  target=nvme@00:06.0:1",
+                    "00:07.0 nvme   failed -                    nvme 00:07.0: bring-up: timed out",
+                    "00:08.0 virtio up     vd-a                 512M  target=virtio:serial=vd-a",
+                    "00:09.0 virtio up     -                    1M  target=virtio@00:09.0",
+                    "00:0a.0 virtio failed -                    virtio 00:0a.0: id: no answer",
+                ])
+                self.assertEqual(self.clock(), 0)
+        # A PVH blkdom drives no PCI device: the node alone.
+        (self.fake / "store").write_text(store_lines() + f"0\t{dev}\t\n")
+        result = self.run_tool("-D")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.splitlines()[0], "blkdom (domain 1): 0 device(s)")
+        self.assertEqual(len(result.stdout.splitlines()), 2)
+        (self.fake / "store").write_text(store_lines())
+        result = self.run_tool("-D")
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("publishes no device list", result.stderr)
+
     def test_missing_domain_or_statistics(self):
         for args, message in ((["-d", "nosuch"], "no domain named 'nosuch'"),
                               (["-d", "9"], "no domain with id 9"),

@@ -464,6 +464,47 @@ def test_bad_slices_fail_precisely(suite):
                      + (failed_lines[0].split("disktest: ", 1)[1] if failed_lines else "no FAIL line"), r)
 
 
+NGUID_B = "0123456789abcdef0011223344556677"
+EUI64_A = "0025382b0000000a"
+
+
+def names_layout(images, slots):
+    """QEMU arguments for two NVMe controllers and two virtio disks with serials (and an
+    EUI-64 on A's namespace, an NGUID on B's), each in the PCI slot `slots` gives it,
+    listed on the command line in slot order."""
+    devices = {
+        "nvme-a": ["-device", f"nvme,id=nvmea,serial=blkdom-sn-a,addr={slots['nvme-a']:#x}",
+                   "-device", f"nvme-ns,drive=nvme-a,bus=nvmea,nsid=1,eui64=0x{EUI64_A}"],
+        "nvme-b": ["-device", f"nvme,id=nvmeb,serial=blkdom-sn-b,addr={slots['nvme-b']:#x}",
+                   "-device", f"nvme-ns,drive=nvme-b,bus=nvmeb,nsid=1,nguid={NGUID_B}"],
+        "vd-a": ["-device", f"virtio-blk-pci,drive=vd-a,serial=vd-a,addr={slots['vd-a']:#x}"],
+        "vd-b": ["-device", f"virtio-blk-pci,drive=vd-b,serial=vd-b,num-queues=2,addr={slots['vd-b']:#x}"],
+    }
+    args = []
+    for name, path in images.items():
+        args += ["-drive", f"file={path},format=raw,if=none,id={name}"]
+    for name in sorted(devices, key=lambda n: slots[n]):
+        args += devices[name]
+    return args
+
+
+def registry_steps(suite, name, steps, extra, smp=2, timeout=90):
+    """Boots `registrytest=` with `steps` [(step, expected start of its line)]: the boot
+    and the problems found."""
+    r = suite.boot(name, "registrytest=" + ";".join(step for step, _ in steps) + " loglevel=info",
+                   timeout=timeout, smp=smp, extra=extra)
+    seen = [l.split("registrytest: ")[-1] for l in r.lines() if "registrytest: " in l]
+    problems = []
+    for (step, expected), line in zip(steps, seen):
+        if not line.startswith(step + expected):
+            problems.append(f"{step}: {line!r}, expected {step + expected!r}")
+    if len(seen) != len(steps) + 1 or seen[-1:] != ["done"]:
+        problems.append(f"{len(seen)} registrytest lines for {len(steps)} steps")
+    if r.verdict != "pass":
+        problems.append(f"verdict {r.verdict}")
+    return r, problems
+
+
 def test_registry_slices(suite):
     # The device registry without Xen (registrytest=): slices of one NVMe namespace and of
     # one virtio disk (4 virtqueues, 2 CPUs), overlaps refused naming both ranges, queues
@@ -506,15 +547,7 @@ def test_registry_slices(suite):
     extra = ["-drive", f"file={nvme_image},format=raw,if=none,id=disk0", "-device", "nvme,drive=disk0,serial=x",
              "-drive", f"file={virtio_image},format=raw,if=none,id=disk1",
              "-device", "virtio-blk-pci,drive=disk1,num-queues=4"]
-    r = suite.boot("registry.slices", "registrytest=" + ";".join(step for step, _ in steps) + " loglevel=info",
-                   timeout=60, smp=2, extra=extra)
-    seen = [l.split("registrytest: ")[-1] for l in r.lines() if "registrytest: " in l]
-    problems = []
-    for (step, expected), line in zip(steps, seen):
-        if not line.startswith(step + expected):
-            problems.append(f"{step}: {line!r}, expected {step + expected!r}")
-    if len(seen) != len(steps) + 1 or seen[-1:] != ["done"]:
-        problems.append(f"{len(seen)} registrytest lines for {len(steps)} steps")
+    r, problems = registry_steps(suite, "registry.slices", steps, extra, timeout=60)
     for needle in ["blkback: nvme:1:offset=1M,size=8M reused (2 idle queue(s) of 6 made)",
                    "blkback: virtio:0:offset=40M,size=4M reused (2 idle queue(s) of 4 made)",
                    # Both devices brought up before the first disk (Devices::prepare).
@@ -548,10 +581,93 @@ def test_registry_slices(suite):
     brought_up = [l for l in r.lines() if "registry: +" in l and "bring-up" in l]
     if brought_up:
         problems.append(f"a device brought up at a disk's open: {brought_up[0]}")
-    if r.verdict != "pass":
-        problems.append(f"verdict {r.verdict}")
     suite.record("registry.slices-overlaps-and-queues", not problems,
                  "; ".join(problems[:3]) or f"{len(steps)} steps as expected in {r.seconds:.1f} s", r)
+
+
+
+def test_stable_device_names(suite):
+    # Two NVMe controllers and two virtio disks, each named by what does not change (its
+    # serial, its namespace's NGUID or EUI-64, its PCI address). A word is written through
+    # each name and found in the right backing file; then the devices move to other PCI
+    # slots, and each name still reaches its word, while the positional forms reach
+    # another device than before.
+    images = {n: disk_image(suite, f"names-{n}") for n in ["nvme-a", "nvme-b", "vd-a", "vd-b"]}
+    first = {"nvme-a": 8, "nvme-b": 9, "vd-a": 10, "vd-b": 11}
+    moved = {"vd-b": 8, "vd-a": 9, "nvme-b": 10, "nvme-a": 11}
+    ok = ": 2 queue(s), 131072 sectors: "
+    names = [f"nvme:serial=blkdom-sn-a:1", f"nvme:nguid={NGUID_B}", "virtio:serial=vd-a", "virtio:serial=vd-b"]
+    words = ["via-sn-a", "via-nguid-b", "via-vd-a", "via-vd-b"]
+    steps = [(f"+{n}", ok) for n in names]
+    steps[0] = (steps[0][0], ok + "nvme 00:08.0")
+    steps[1] = (steps[1][0], ok + "nvme 00:09.0")
+    steps[2] = (steps[2][0], ok + "virtio-blk 00:0a.0")
+    steps[3] = (steps[3][0], ok + "virtio-blk 00:0b.0")
+    steps += [(f"w{i}={w}", ": written") for i, w in enumerate(words)]
+    steps += [
+        # Another name of a device serving: the same device, so the same claims.
+        (f"+nvme:eui64={EUI64_A}", f": refused: nvme:eui64={EUI64_A} overlaps nvme:serial=blkdom-sn-a:1, which serves"),
+        ("+virtio@00:0a.0", ": refused: virtio@00:0a.0 overlaps virtio:serial=vd-a, which serves"),
+        ("+nvme:serial=nope:1", ": refused: nvme:serial=nope:1: matches none of the 2 NVMe controller device(s)"),
+        ("+virtio:serial=vd-c", ": refused: virtio:serial=vd-c: matches none of the 2 virtio-blk device(s)"),
+        ("+nvme@00:0a.0:1", ": refused: nvme@00:0a.0:1: no NVMe controller at PCI 00:0a.0"),
+        ("-0", ": released"),
+        (f"+nvme:eui64={EUI64_A}", ok + "nvme 00:08.0"),
+        ("r9=via-sn-a", ": matches"),
+        ("-9", ": released"),
+        ("+nvme@00:08.0:1", ok + "nvme 00:08.0"),
+        ("r10=via-sn-a", ": matches"),
+    ]
+    r, problems = registry_steps(suite, "names.first-layout", steps, names_layout(images, first))
+    for needle in ["device: pci=00:08.0 kind=nvme state=up serial=blkdom-sn-a namespaces=1 model=QEMU NVMe Ctrl",
+                   f"device: pci=00:08.0 ns=1 bytes=67108864 block=512 nguid=- eui64={EUI64_A}",
+                   f"device: pci=00:09.0 ns=1 bytes=67108864 block=512 nguid={NGUID_B} eui64=-",
+                   "device: pci=00:0a.0 kind=virtio state=up serial=vd-a bytes=67108864",
+                   "device: pci=00:0b.0 kind=virtio state=up serial=vd-b bytes=67108864"]:
+        if needle not in r.log:
+            problems.append(f"log lacks {needle!r}")
+    if not problems:
+        for (name, path), word in zip(images.items(), words):
+            with open(path, "rb") as f:
+                head = f.read(4096)
+            if head != word.encode().ljust(4096, b"\0"):
+                problems.append(f"{name}'s backing file starts {head[:16]!r}, not {word!r}")
+    suite.record("names.written-through-stable-names", not problems,
+                 "; ".join(problems[:3]) or f"{len(steps)} steps; each word in its own backing file", r)
+
+    steps = [(f"+{n}", ok) for n in names]
+    steps[0] = (steps[0][0], ok + "nvme 00:0b.0")
+    steps[1] = (steps[1][0], ok + "nvme 00:0a.0")
+    steps[2] = (steps[2][0], ok + "virtio-blk 00:09.0")
+    steps[3] = (steps[3][0], ok + "virtio-blk 00:08.0")
+    steps += [(f"r{i}={w}", ": matches") for i, w in enumerate(words)]
+    steps += [(f"-{i}", ": released") for i in range(4)]
+    steps += [
+        # The positional forms follow the bus: now the other devices.
+        ("+nvme:1", ok + "nvme 00:0a.0"),
+        ("r4=via-nguid-b", ": matches"),
+        ("+virtio:0", ok + "virtio-blk 00:08.0"),
+        ("r5=via-vd-b", ": matches"),
+    ]
+    r, more = registry_steps(suite, "names.moved-layout", steps, names_layout(images, moved))
+    if "names a device by its position on the bus (nvme@00:0a.0:1 now)" not in r.log:
+        more.append("no warning for the positional name")
+    suite.record("names.same-data-after-the-slots-moved", not more,
+                 "; ".join(more[:3]) or f"{len(steps)} steps; every stable name reached its word", r)
+
+    # Two controllers with one serial: a name by it is refused, said at boot; the others
+    # still serve.
+    twins = ["-drive", f"file={images['nvme-a']},format=raw,if=none,id=t0",
+             "-drive", f"file={images['nvme-b']},format=raw,if=none,id=t1",
+             "-device", "nvme,drive=t0,serial=twin,addr=0x8", "-device", "nvme,drive=t1,serial=twin,addr=0x9"]
+    steps = [("+nvme:serial=twin:1", ": refused: nvme:serial=twin:1: matches two NVMe controller devices, "
+              "at PCI 00:08.0 and 00:09.0: refused rather than guessed"),
+             ("+nvme@00:09.0:1", ok + "nvme 00:09.0"),
+             ("r1=via-nguid-b", ": matches")]
+    r, more = registry_steps(suite, "names.duplicate-serial", steps, twins)
+    if 'nvme 00:08.0 and 00:09.0 both have serial "twin"' not in r.log:
+        more.append("no boot-time warning of the duplicate serial")
+    suite.record("names.duplicate-serial-refused", not more, "; ".join(more[:3]) or "refused, others serve", r)
 
 
 def test_ram_disk(suite):
@@ -678,7 +794,7 @@ def main():
                  test_virtio_disk_two_queues,
                  test_virtio_disk_direct_descriptors, test_virtio_disk_single_queue, test_ram_disk,
                  test_nvme_slice, test_virtio_gpt_partition, test_bad_slices_fail_precisely,
-                 test_registry_slices,
+                 test_registry_slices, test_stable_device_names,
                  test_missing_or_failing_disk_fails_cleanly, test_device_faults,
                  test_clean_shutdown_reaches_the_devices]:
         if args.only and args.only not in test.__name__:

@@ -12,12 +12,14 @@ extern crate alloc;
 
 pub mod extent;
 pub mod gpt;
+pub mod names;
 pub mod resize;
 pub mod spec;
 
 pub use extent::{check_slice, Conflict, ConflictKind, Extent, Ranges, SliceError};
+pub use names::{NameError, NvmeName, Serial, VirtioName};
 pub use resize::{new_size, ResizeRefused};
 pub use spec::{
-    parse_backing, parse_nvme_tcp, Backing, DeviceId, Nqn, NvmeTcpError, NvmeTcpTarget, PartName,
-    RamName, Region, SpecError, SLICE_ALIGN,
+    parse_backing, parse_nvme_tcp, Backing, DeviceId, DeviceName, Nqn, NvmeTcpError,
+    NvmeTcpTarget, PartName, RamName, Region, SpecError, SLICE_ALIGN,
 };

@@ -9,15 +9,20 @@
 //!   (`part=`) the table's: neither is changed through `params` (blkdom does not rewrite
 //!   partition tables).
 
+use alloc::boxed::Box;
 use core::fmt;
 
 use crate::spec::{Backing, Region};
 
 /// Why a rewritten `params` is not a resize of the disk it serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResizeRefused {
-    /// It names another backing store, or changes more than the size.
-    Other { served: Backing, asked: Backing },
+    /// It names another backing store, or changes more than the size (boxed: two
+    /// backings are a large error value).
+    Other {
+        served: Box<Backing>,
+        asked: Box<Backing>,
+    },
     /// The disk is a whole device.
     WholeDevice { served: Backing },
     /// The disk is a GPT partition.
@@ -53,20 +58,20 @@ pub fn new_size(served: &Backing, asked: &Backing) -> Result<Option<u64>, Resize
     if served == asked {
         return Ok(None);
     }
-    let other = ResizeRefused::Other {
-        served: *served,
-        asked: *asked,
+    let other = || ResizeRefused::Other {
+        served: Box::new(*served),
+        asked: Box::new(*asked),
     };
     match (*served, *asked) {
         (Backing::Ram { name, .. }, Backing::Ram { bytes, name: asked }) if name == asked => {
             Ok(Some(bytes))
         }
-        (Backing::Ram { .. }, _) => Err(other),
+        (Backing::Ram { .. }, _) => Err(other()),
         _ => {
             let (Some((device, region)), Some((asked_device, asked_region))) =
                 (served.device(), asked.device())
             else {
-                return Err(other);
+                return Err(other());
             };
             match (region, asked_region) {
                 (
@@ -82,7 +87,7 @@ pub fn new_size(served: &Backing, asked: &Backing) -> Result<Option<u64>, Resize
                 (Region::Partition(_) | Region::PartitionNamed(_), _) if device == asked_device => {
                     Err(ResizeRefused::Partition { served: *served })
                 }
-                _ => Err(other),
+                _ => Err(other()),
             }
         }
     }

@@ -1,11 +1,16 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! `nvme:<nsid>[:<slice>]`, `virtio:<index>[:<slice>]`, `ram:<size>[:<name>]`.
+//! `nvme:<nsid>[:<slice>]`, `nvme:serial=<SN>:<nsid>[:<slice>]`,
+//! `nvme:nguid=<hex>[:<slice>]`, `nvme:eui64=<hex>[:<slice>]`, `nvme@<bb:dd.f>:<nsid>[:<slice>]`,
+//! `virtio:<index>[:<slice>]`, `virtio:serial=<id>[:<slice>]`, `virtio@<bb:dd.f>[:<slice>]`,
+//! `ram:<size>[:<name>]` (the device names: `names`).
 //!
 //! A slice is one range of the device: `part=<n>` (GPT partition number, from 1),
 //! `part=name:<label>` (the GPT partition of that name) or `offset=<size>,size=<size>`
 //! (an explicit byte range). Without one the disk is the whole device.
 
+use crate::names::{parse_hex_id, parse_pci_address, NvmeName, Serial, VirtioName};
 use core::fmt;
+use pci::PciAddress;
 
 /// Slices start at a multiple of this many bytes: a guest's 4 KiB I/O then stays aligned
 /// on the device (and on a 4 KiB-block NVMe namespace anything else cannot be addressed).
@@ -14,22 +19,29 @@ pub const SLICE_ALIGN: u64 = 4096;
 /// A backing store named by a disk's `params`/`target` string.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backing {
-    /// Namespace `nsid` (1-based) of the first NVMe controller, or a slice of it.
-    Nvme { nsid: u32, region: Region },
-    /// The `index`-th virtio-blk device (0-based, in PCI enumeration order), or a slice
-    /// of it.
-    Virtio { index: u32, region: Region },
+    /// An NVMe namespace, or a slice of it.
+    Nvme { name: NvmeName, region: Region },
+    /// A virtio-blk device, or a slice of it.
+    Virtio { name: VirtioName, region: Region },
     /// A RAM disk of `bytes` bytes (a multiple of 512). Unnamed, it lives as long as the
     /// disk that asked for it; named, it outlives it (a guest that reboots, or a disk
     /// detached and attached again, finds its data).
     Ram { bytes: u64, name: Option<RamName> },
 }
 
-/// A device several disks can share, each on its own region.
+/// How a `target=` names a device (several names can reach one device).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DeviceName {
+    Nvme(NvmeName),
+    Virtio(VirtioName),
+}
+
+/// A device several disks can share, each on its own region: where it is, whatever name
+/// reached it (`names::resolve_nvme`, `names::resolve_virtio`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DeviceId {
-    Nvme { nsid: u32 },
-    Virtio { index: u32 },
+    Nvme { controller: PciAddress, nsid: u32 },
+    Virtio { device: PciAddress },
 }
 
 /// Which part of a device a disk serves.
@@ -49,10 +61,10 @@ pub enum Region {
 
 impl Backing {
     /// The device and region, for the kinds that have them (not RAM disks).
-    pub fn device(&self) -> Option<(DeviceId, Region)> {
+    pub fn device(&self) -> Option<(DeviceName, Region)> {
         match *self {
-            Backing::Nvme { nsid, region } => Some((DeviceId::Nvme { nsid }, region)),
-            Backing::Virtio { index, region } => Some((DeviceId::Virtio { index }, region)),
+            Backing::Nvme { name, region } => Some((DeviceName::Nvme(name), region)),
+            Backing::Virtio { name, region } => Some((DeviceName::Virtio(name), region)),
             Backing::Ram { .. } => None,
         }
     }
@@ -65,11 +77,31 @@ impl Region {
     }
 }
 
+/// As a `target=` by PCI address names it (`nvme@00:04.0:1`, `virtio@00:05.0`).
 impl fmt::Display for DeviceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            DeviceId::Nvme { nsid } => write!(f, "nvme:{nsid}"),
-            DeviceId::Virtio { index } => write!(f, "virtio:{index}"),
+            DeviceId::Nvme { controller, nsid } => write!(f, "nvme@{controller}:{nsid}"),
+            DeviceId::Virtio { device } => write!(f, "virtio@{device}"),
+        }
+    }
+}
+
+impl DeviceName {
+    /// Whether the name depends on the order of devices on the bus.
+    pub fn positional(&self) -> bool {
+        match self {
+            DeviceName::Nvme(name) => name.positional(),
+            DeviceName::Virtio(name) => name.positional(),
+        }
+    }
+}
+
+impl fmt::Display for DeviceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceName::Nvme(name) => name.fmt(f),
+            DeviceName::Virtio(name) => name.fmt(f),
         }
     }
 }
@@ -110,8 +142,8 @@ impl fmt::Display for Region {
 impl fmt::Display for Backing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Backing::Nvme { nsid, region } => write!(f, "nvme:{nsid}{region}"),
-            Backing::Virtio { index, region } => write!(f, "virtio:{index}{region}"),
+            Backing::Nvme { name, region } => write!(f, "{name}{region}"),
+            Backing::Virtio { name, region } => write!(f, "{name}{region}"),
             Backing::Ram { bytes, name } => {
                 write!(f, "ram:{}", Bytes(*bytes))?;
                 match name {
@@ -254,12 +286,25 @@ pub enum SpecError<'a> {
     BadSliceSize(&'static str, &'a str),
     /// `offset + size` does not fit 64 bits.
     SliceOverflows(&'static str),
+    /// `serial=` empty, too long, or with other characters.
+    BadSerial(&'static str, &'a str),
+    /// `nguid=` not 32 hex digits, or all zero (which means "none").
+    BadNguid(&'a str),
+    /// `eui64=` not 16 hex digits, or all zero.
+    BadEui64(&'a str),
+    /// `nvme@` or `virtio@` not followed by `bb:dd.f`.
+    BadPciAddress(&'static str, &'a str),
+    /// `nvme:serial=<SN>` or `nvme@<address>` without `:<nsid>` after it.
+    MissingNamespace(&'static str),
+    /// `nvme:<key>=...` or `virtio:<key>=...` with another key.
+    UnknownName(&'static str, &'a str),
 }
 
 impl fmt::Display for SpecError<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const FORMS: &str =
-            "use nvme:<nsid>[:<slice>], virtio:<index>[:<slice>] or ram:<size>[K|M|G][:<name>]";
+        const FORMS: &str = "use nvme:serial=<SN>:<nsid>, nvme:nguid=<hex>, nvme:eui64=<hex>, \
+             nvme@<bb:dd.f>:<nsid>, virtio:serial=<id>, virtio@<bb:dd.f> (each [:<slice>]), \
+             nvme:<nsid>, virtio:<index> or ram:<size>[K|M|G][:<name>]";
         const SLICES: &str = "part=<n>, part=name:<label> or offset=<size>,size=<size>";
         match self {
             SpecError::Empty => write!(f, "empty backing store name; {FORMS}"),
@@ -318,6 +363,31 @@ impl fmt::Display for SpecError<'_> {
             SpecError::SliceOverflows(kind) => {
                 write!(f, "{kind}: offset= plus size= is beyond 2^64 bytes")
             }
+            SpecError::BadSerial(kind, text) => write!(
+                f,
+                "{kind}: serial={text:?} must be 1 to {} printable ASCII characters other than \
+                 space, ':' and ','",
+                Serial::MAX_LEN
+            ),
+            SpecError::BadNguid(text) => write!(
+                f,
+                "nvme: nguid={text:?} must be 32 hex digits (dashes between them allowed), not all zero"
+            ),
+            SpecError::BadEui64(text) => write!(
+                f,
+                "nvme: eui64={text:?} must be 16 hex digits (dashes between them allowed), not all zero"
+            ),
+            SpecError::BadPciAddress(kind, text) => write!(
+                f,
+                "{kind}@{text}: a PCI address is bb:dd.f (hex bus 00 to ff, device 00 to 1f, function 0 to 7)"
+            ),
+            SpecError::MissingNamespace(form) => {
+                write!(f, "{form} needs :<nsid> after it (namespace ids start at 1)")
+            }
+            SpecError::UnknownName(kind, text) => write!(
+                f,
+                "{kind}: unknown name {text:?}; {FORMS}"
+            ),
         }
     }
 }
@@ -432,36 +502,137 @@ fn device<'a>(kind: &'static str, argument: &'a str) -> Result<(u64, Region), Sp
     Ok((id, region))
 }
 
+/// `<nsid>[:<slice>]` after an NVMe controller's name.
+fn namespace<'a>(form: &'static str, text: &'a str) -> Result<(u32, Region), SpecError<'a>> {
+    if text.is_empty() {
+        return Err(SpecError::MissingNamespace(form));
+    }
+    let (nsid, region) = device("nvme", text)?;
+    if nsid == 0 {
+        return Err(SpecError::ZeroNamespace);
+    }
+    Ok((nsid as u32, region))
+}
+
+/// `[:<slice>]` after a name that has no number: the region.
+fn optional_region<'a>(
+    kind: &'static str,
+    options: Option<&'a str>,
+) -> Result<Region, SpecError<'a>> {
+    options.map_or(Ok(Region::Whole), |options| region(kind, options))
+}
+
+/// `bb:dd.f` and what follows it after `kind@`.
+fn at_address<'a>(
+    kind: &'static str,
+    text: &'a str,
+) -> Result<(PciAddress, Option<&'a str>), SpecError<'a>> {
+    let bus = text
+        .split_once(':')
+        .map_or(text.len(), |(bus, _)| bus.len());
+    let end = text[(bus + 1).min(text.len())..]
+        .find(':')
+        .map_or(text.len(), |at| bus + 1 + at);
+    let address = &text[..end];
+    let address = parse_pci_address(address).ok_or(SpecError::BadPciAddress(kind, address))?;
+    Ok((address, text.get(end + 1..)))
+}
+
+fn nvme(argument: &str) -> Result<Backing, SpecError<'_>> {
+    if let Some(rest) = argument.strip_prefix("serial=") {
+        let (serial, after) = rest.split_once(':').unwrap_or((rest, ""));
+        let serial = Serial::new(serial).ok_or(SpecError::BadSerial("nvme", serial))?;
+        let (nsid, region) = namespace("nvme:serial=<SN>", after)?;
+        return Ok(Backing::Nvme {
+            name: NvmeName::Serial { serial, nsid },
+            region,
+        });
+    }
+    let hex_id = |key: &str| {
+        argument
+            .strip_prefix(key)
+            .map(|rest| match rest.split_once(':') {
+                Some((id, options)) => (id, Some(options)),
+                None => (rest, None),
+            })
+    };
+    if let Some((id, options)) = hex_id("nguid=") {
+        let id = parse_hex_id::<16>(id).ok_or(SpecError::BadNguid(id))?;
+        return Ok(Backing::Nvme {
+            name: NvmeName::Nguid(id),
+            region: optional_region("nvme", options)?,
+        });
+    }
+    if let Some((id, options)) = hex_id("eui64=") {
+        let id = parse_hex_id::<8>(id).ok_or(SpecError::BadEui64(id))?;
+        return Ok(Backing::Nvme {
+            name: NvmeName::Eui64(id),
+            region: optional_region("nvme", options)?,
+        });
+    }
+    if let Some((key, _)) = argument.split_once('=').filter(|(k, _)| !k.contains(':')) {
+        return Err(SpecError::UnknownName("nvme", key));
+    }
+    let (nsid, region) = namespace("nvme", argument)?;
+    Ok(Backing::Nvme {
+        name: NvmeName::First { nsid },
+        region,
+    })
+}
+
+fn virtio(argument: &str) -> Result<Backing, SpecError<'_>> {
+    if let Some(rest) = argument.strip_prefix("serial=") {
+        let (serial, options) = match rest.split_once(':') {
+            Some((serial, options)) => (serial, Some(options)),
+            None => (rest, None),
+        };
+        let serial = Serial::new(serial).ok_or(SpecError::BadSerial("virtio", serial))?;
+        return Ok(Backing::Virtio {
+            name: VirtioName::Serial(serial),
+            region: optional_region("virtio", options)?,
+        });
+    }
+    if let Some((key, _)) = argument.split_once('=').filter(|(k, _)| !k.contains(':')) {
+        return Err(SpecError::UnknownName("virtio", key));
+    }
+    let (index, region) = device("virtio", argument)?;
+    Ok(Backing::Virtio {
+        name: VirtioName::Index(index as u32),
+        region,
+    })
+}
+
 /// Parses a backing store name. Surrounding whitespace is not accepted: names come from
 /// xenstore or the command line already split.
 pub fn parse_backing(text: &str) -> Result<Backing, SpecError<'_>> {
     if text.is_empty() {
         return Err(SpecError::Empty);
     }
+    if let Some(rest) = text.strip_prefix("nvme@") {
+        let (controller, after) = at_address("nvme", rest)?;
+        let (nsid, region) = namespace("nvme@<bb:dd.f>", after.unwrap_or(""))?;
+        return Ok(Backing::Nvme {
+            name: NvmeName::Pci {
+                address: controller,
+                nsid,
+            },
+            region,
+        });
+    }
+    if let Some(rest) = text.strip_prefix("virtio@") {
+        let (device, options) = at_address("virtio", rest)?;
+        return Ok(Backing::Virtio {
+            name: VirtioName::Pci(device),
+            region: optional_region("virtio", options)?,
+        });
+    }
     let (kind, argument) = match text.split_once(':') {
         Some((kind, argument)) => (kind, Some(argument).filter(|a| !a.is_empty())),
         None => (text, None),
     };
     match kind {
-        "nvme" => {
-            let argument = argument.ok_or(SpecError::MissingArgument("nvme"))?;
-            let (nsid, region) = device("nvme", argument)?;
-            if nsid == 0 {
-                return Err(SpecError::ZeroNamespace);
-            }
-            Ok(Backing::Nvme {
-                nsid: nsid as u32,
-                region,
-            })
-        }
-        "virtio" => {
-            let argument = argument.ok_or(SpecError::MissingArgument("virtio"))?;
-            let (index, region) = device("virtio", argument)?;
-            Ok(Backing::Virtio {
-                index: index as u32,
-                region,
-            })
-        }
+        "nvme" => nvme(argument.ok_or(SpecError::MissingArgument("nvme"))?),
+        "virtio" => virtio(argument.ok_or(SpecError::MissingArgument("virtio"))?),
         "ram" => {
             let argument = argument.ok_or(SpecError::MissingArgument("ram"))?;
             let (bytes, name) = match argument.split_once(':') {

@@ -227,6 +227,46 @@ pub struct Namespace {
     pub sgl: bool,
 }
 
+/// What names a namespace whatever controller or slot it is reached through (Identify
+/// Namespace), with its size: read for every active namespace at bring-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NamespaceIdentity {
+    pub nsid: u32,
+    pub blocks: u64,
+    /// The formatted block size (0: a format the driver does not serve).
+    pub block_size: u32,
+    /// NGUID (bytes 104..119); all zero: none.
+    pub nguid: [u8; 16],
+    /// EUI-64 (bytes 120..127); all zero: none.
+    pub eui64: [u8; 8],
+}
+
+impl NamespaceIdentity {
+    /// From an Identify Namespace page; `None` for an inactive namespace (no blocks).
+    pub fn parse(nsid: u32, page: &[u8; 4096]) -> Option<NamespaceIdentity> {
+        let blocks = u64::from_le_bytes(page[0..8].try_into().expect("8"));
+        if blocks == 0 {
+            return None;
+        }
+        let format = usize::from(page[26] & 0xf);
+        let lbaf = &page[128 + 4 * format..132 + 4 * format];
+        let metadata = u16::from_le_bytes([lbaf[0], lbaf[1]]);
+        let shift = u32::from(lbaf[2]);
+        let block_size = if (9..=12).contains(&shift) && metadata == 0 {
+            1 << shift
+        } else {
+            0
+        };
+        Some(NamespaceIdentity {
+            nsid,
+            blocks,
+            block_size,
+            nguid: page[104..120].try_into().expect("16"),
+            eui64: page[120..128].try_into().expect("8"),
+        })
+    }
+}
+
 impl Namespace {
     pub fn capacity_bytes(&self) -> u64 {
         self.blocks * u64::from(self.block_size)
@@ -264,6 +304,11 @@ pub const SHUTDOWN_MAX_MS: u64 = 60_000;
 /// Identify CNS 06h: the I/O command set specific Identify Controller page (NVMe 1.4
 /// controllers onwards, with command sets; CSI 0 is the NVM command set).
 const IDENTIFY_CS_CONTROLLER: u32 = 0x06;
+/// Identify CNS 02h: the active namespace ids above CDW1's, 1024 to a page.
+const IDENTIFY_ACTIVE_NAMESPACES: u32 = 0x02;
+/// Namespaces identified at bring-up at most: one active-list page, or, for a controller
+/// without the list (before NVMe 1.1), the first this many ids.
+pub const MAX_IDENTIFIED_NAMESPACES: u32 = 1024;
 const CSI_NVM: u8 = 0;
 const DMRSL_VERSION: Version = Version { major: 1, minor: 4 };
 
@@ -623,6 +668,30 @@ impl<H: Hal> Controller<H> {
             max_pages_per_command: mdts_pages.min(MAX_PRP_LIST_ENTRIES + 1),
             sgl: self.identity.sgl_supported(),
         })
+    }
+
+    /// The ids of the active namespaces (Identify CNS 02h; a controller without that
+    /// list has every id up to NN tried), each identified: what names a namespace
+    /// (`NamespaceIdentity`). At most `MAX_IDENTIFIED_NAMESPACES`, in nsid order.
+    pub fn identify_namespaces(&mut self) -> Result<Vec<NamespaceIdentity>, NvmeError> {
+        let ids: Vec<u32> = match self.identify(IDENTIFY_ACTIVE_NAMESPACES, 0) {
+            Ok(page) => page
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes(b.try_into().expect("4")))
+                .take_while(|&nsid| nsid != 0)
+                .filter(|&nsid| nsid <= self.identity.namespace_count)
+                .collect(),
+            Err(NvmeError::CommandFailed { .. }) => {
+                (1..=self.identity.namespace_count.min(MAX_IDENTIFIED_NAMESPACES)).collect()
+            }
+            Err(error) => return Err(error),
+        };
+        let mut namespaces = Vec::new();
+        for nsid in ids {
+            let page = self.identify(0, nsid)?;
+            namespaces.extend(NamespaceIdentity::parse(nsid, &page));
+        }
+        Ok(namespaces)
     }
 
     /// Asks for `wanted` I/O queue pairs; returns how many the controller granted.

@@ -65,6 +65,17 @@ pub struct FakeController {
     pub write_protected: bool,
     pub vwc: bool,
     pub namespace_count: u32,
+    /// Identify Controller's serial number (20 bytes, space padded).
+    pub serial: [u8; 20],
+    /// Namespace 1's NGUID and EUI-64 (zeros: none).
+    pub nguid: [u8; 16],
+    pub eui64: [u8; 8],
+    /// Answer Identify CNS 02h (the active namespace list, NVMe 1.1); else "invalid
+    /// field", as a controller before 1.1.
+    pub active_list: bool,
+    /// The ids that list gives (only namespace 1 has data; a broken controller may list
+    /// ids beyond its namespace count).
+    pub active_ids: Vec<u32>,
     pub cap_to: u8,
     /// Identify Controller's RTD3E (microseconds a shutdown may take; 0: not said).
     pub rtd3e_us: u32,
@@ -110,6 +121,8 @@ pub struct FakeController {
     pub violations: Vec<String>,
     pub io_commands: usize,
     pub delays_us: u64,
+    /// Identify commands received: (CNS, NSID).
+    pub admin_identifies: Vec<(u32, u32)>,
 }
 
 impl FakeController {
@@ -128,6 +141,11 @@ impl FakeController {
             write_protected: false,
             vwc: true,
             namespace_count: 1,
+            serial: *b"fake-serial         ",
+            nguid: [0; 16],
+            eui64: [0; 8],
+            active_list: true,
+            active_ids: vec![1],
             cap_to: 20,
             rtd3e_us: 0,
             shutdown_after_reads: Some(0),
@@ -157,6 +175,7 @@ impl FakeController {
             violations: Vec::new(),
             io_commands: 0,
             delays_us: 0,
+            admin_identifies: Vec::new(),
         }
     }
 
@@ -430,11 +449,12 @@ impl FakeController {
         let ok = CommandStatus::SUCCESS;
         match entry[0] {
             0x06 => {
+                self.admin_identifies.push((Self::cdw(entry, 10), nsid));
                 let mut page = vec![0u8; 4096];
                 match Self::cdw(entry, 10) {
                     1 => {
                         page[0..2].copy_from_slice(&0x1b36u16.to_le_bytes());
-                        page[4..24].copy_from_slice(b"fake-serial         ");
+                        page[4..24].copy_from_slice(&self.serial);
                         page[24..64].copy_from_slice(&{
                             let mut m = [b' '; 40];
                             m[..9].copy_from_slice(b"Fake NVMe");
@@ -453,6 +473,8 @@ impl FakeController {
                         page[8..16].copy_from_slice(&blocks.to_le_bytes());
                         page[26] = 1;
                         page[99] = u8::from(self.write_protected);
+                        page[104..120].copy_from_slice(&self.nguid);
+                        page[120..128].copy_from_slice(&self.eui64);
                         // Format 0: 4 KiB with metadata (unused), format 1: ours.
                         page[128..132].copy_from_slice(&[8, 0, 12, 0]);
                         page[132..136].copy_from_slice(&[
@@ -463,6 +485,12 @@ impl FakeController {
                         ]);
                     }
                     0 => {} // inactive namespace: all zeros
+                    2 if self.active_list => {
+                        let above = self.active_ids.iter().filter(|&&id| id > nsid);
+                        for (i, id) in above.take(1024).enumerate() {
+                            page[4 * i..4 * i + 4].copy_from_slice(&id.to_le_bytes());
+                        }
+                    }
                     // The NVM command set (CSI 0 in CDW11 31:24): DMRSL at byte 4.
                     6 if Self::cdw(entry, 11) >> 24 == 0 && !self.no_cs_identify => {
                         page[4..8].copy_from_slice(&self.dmrsl.to_le_bytes());

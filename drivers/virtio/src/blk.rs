@@ -21,6 +21,12 @@ const REQUEST_IN: u32 = 0;
 const REQUEST_OUT: u32 = 1;
 const REQUEST_FLUSH: u32 = 4;
 const REQUEST_DISCARD: u32 = 11;
+/// VIRTIO_BLK_T_GET_ID: the device writes its id string (virtio 1.2, 5.2.6).
+const REQUEST_GET_ID: u32 = 8;
+/// The id string: up to 20 bytes, NUL-padded when shorter.
+pub const DEVICE_ID_BYTES: usize = 20;
+/// How long a GET_ID may take at bring-up.
+pub const DEVICE_ID_TIMEOUT_MS: u64 = 1000;
 const STATUS_OK: u8 = 0;
 /// How long a reset may take (device status back to 0).
 pub const RESET_TIMEOUT_MS: u64 = 1000;
@@ -35,6 +41,8 @@ const TABLE_BYTES: u64 = TABLE_ENTRIES as u64 * DESC_LEN;
 const HEADER_AREA: u64 = 64;
 const STATUS_OFFSET: u64 = 32;
 const RANGE_OFFSET: u64 = 16;
+/// Where a GET_ID's answer lands in the slot's header area (after the status byte).
+const ID_OFFSET: u64 = 40;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VirtioError {
@@ -51,6 +59,8 @@ pub enum VirtioError {
     FeaturesChanged,
     /// Bus mastering did not turn back on after a reset.
     DmaNotResumed,
+    /// GET_ID was not answered within `DEVICE_ID_TIMEOUT_MS`.
+    IdTimeout,
 }
 
 impl core::fmt::Display for VirtioError {
@@ -66,6 +76,10 @@ impl core::fmt::Display for VirtioError {
                 write!(f, "after a reset the device offers fewer features")
             }
             VirtioError::DmaNotResumed => write!(f, "bus mastering did not turn back on"),
+            VirtioError::IdTimeout => write!(
+                f,
+                "its id (VIRTIO_BLK_T_GET_ID) was not answered within {DEVICE_ID_TIMEOUT_MS} ms"
+            ),
         }
     }
 }
@@ -463,6 +477,8 @@ enum Body<'a> {
     },
     /// A discard range, already in the header area.
     Range,
+    /// Room in the header area for the device's id string.
+    Id,
 }
 
 impl<H: Hal> BlkQueue<H> {
@@ -528,6 +544,15 @@ impl<H: Hal> BlkQueue<H> {
                 descriptor(header.span(RANGE_OFFSET, 16), 16, DESC_F_NEXT, first + 2),
                 &self.hal,
             ),
+            Body::Id => emit(
+                descriptor(
+                    header.span(ID_OFFSET, DEVICE_ID_BYTES as u64),
+                    DEVICE_ID_BYTES as u32,
+                    DESC_F_NEXT | DESC_F_WRITE,
+                    first + 2,
+                ),
+                &self.hal,
+            ),
             Body::Data {
                 segments,
                 device_writes,
@@ -554,6 +579,49 @@ impl<H: Hal> BlkQueue<H> {
             );
         }
         self.slots.payload_mut(slot).entries = written;
+    }
+
+    /// The device's id string (`VIRTIO_BLK_T_GET_ID`: up to 20 bytes, NUL-padded), asked
+    /// once at bring-up on this queue before any disk has it, waiting up to
+    /// `DEVICE_ID_TIMEOUT_MS`. `None`: the device does not support it, or answers with
+    /// an error (the id is optional). A device that does not answer at all is not
+    /// brought up (`IdTimeout`; whoever opens it next resets it).
+    pub fn device_id(&mut self) -> Result<Option<[u8; DEVICE_ID_BYTES]>, VirtioError> {
+        // No request of a disk can be on a queue not handed out yet: any tag is ours.
+        const TAG: u32 = u32::MAX;
+        if self.fault.is_some() || self.slots.free_slots() == 0 {
+            return Ok(None);
+        }
+        let slot = self.slots.begin(TAG, 1);
+        self.hal
+            .zero_dma(self.header(slot).slice(ID_OFFSET, DEVICE_ID_BYTES as u64));
+        self.prepare(slot, REQUEST_GET_ID, 0, Body::Id);
+        self.launch(slot);
+        self.publish();
+        let mut waited_us = 0;
+        loop {
+            let mut status = None;
+            self.poll_completions(&mut |c| {
+                if c.tag == TAG {
+                    status = Some(c.status);
+                }
+            });
+            match status {
+                Some(IoStatus::Ok) => {
+                    let mut id = [0u8; DEVICE_ID_BYTES];
+                    self.hal.read_dma(self.header(slot), ID_OFFSET, &mut id);
+                    return Ok(Some(id));
+                }
+                Some(_) => return Ok(None),
+                None if waited_us >= DEVICE_ID_TIMEOUT_MS * 1000 => {
+                    return Err(VirtioError::IdTimeout)
+                }
+                None => {
+                    self.hal.delay_us(10);
+                    waited_us += 10;
+                }
+            }
+        }
     }
 
     fn launch(&mut self, slot: u16) {

@@ -64,6 +64,8 @@ pub struct FakeDevice {
     pub refuse_features: bool,
     pub fail_sector: Option<u64>,
     pub unsupported_kinds: Vec<u32>,
+    /// What GET_ID (kind 8) answers: the id string, truncated to the data descriptor.
+    pub id: Vec<u8>,
     /// After this many requests the device sets NEEDS_RESET and stops.
     pub reset_after: Option<usize>,
     /// A read or write touching this sector is taken and held, unanswered, until
@@ -113,6 +115,7 @@ impl FakeDevice {
             refuse_features: false,
             fail_sector: None,
             unsupported_kinds: Vec::new(),
+            id: b"fake-virtio".to_vec(),
             reset_after: None,
             stall_sector: None,
             stalled: Vec::new(),
@@ -480,6 +483,20 @@ impl FakeDevice {
                 4 => {
                     if !data.is_empty() {
                         self.violations.push("flush with data".into());
+                    }
+                }
+                8 => {
+                    if data.len() != 1 || data[0].1 != 20 || !data[0].2 {
+                        self.violations
+                            .push("GET_ID without one device-writable 20-byte buffer".into());
+                        status = 1;
+                    } else {
+                        let (addr, len) = (data[0].0 as usize, data[0].1 as usize);
+                        let n = self.id.len().min(len);
+                        let mut answer = vec![0u8; len];
+                        answer[..n].copy_from_slice(&self.id[..n]);
+                        self.memory[addr..addr + len].copy_from_slice(&answer);
+                        written += len as u32;
                     }
                 }
                 11 => {

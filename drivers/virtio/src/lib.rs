@@ -23,7 +23,10 @@ mod blk;
 mod transport;
 mod virtqueue;
 
-pub use blk::{BlkConfig, BlkQueue, VirtioBlk, VirtioError, RESET_TIMEOUT_MS};
+pub use blk::{
+    BlkConfig, BlkQueue, VirtioBlk, VirtioError, DEVICE_ID_BYTES, DEVICE_ID_TIMEOUT_MS,
+    RESET_TIMEOUT_MS,
+};
 pub use transport::PciRegions;
 
 /// What the driver needs from the kernel: DMA memory and time, and MMIO at the

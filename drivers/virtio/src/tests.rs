@@ -574,3 +574,58 @@ fn a_reset_that_does_not_finish_is_given_up_after_its_deadline() {
     );
     assert_eq!(hal.with(|m| (m.resets, m.status)), (3, 0));
 }
+
+/// VIRTIO_BLK_T_GET_ID (type 8): one device-writable 20-byte buffer, NUL-padded when the
+/// id is shorter; asked on a queue before any disk has it, which then serves as before.
+#[test]
+fn the_device_id_is_read_with_get_id() {
+    let mut fake = FakeDevice::new(1 << 20);
+    fake.id = b"vd-serial-1".to_vec();
+    let (hal, mut queues) = bring_up(fake, 1, 64);
+    let id = queues[0].device_id().unwrap().unwrap();
+    assert_eq!(&id[..11], b"vd-serial-1");
+    assert_eq!(id[11..], [0; 9]);
+    let served = hal.with(|m| m.served.clone());
+    assert_eq!(
+        (served[0].kind, served[0].bytes, served[0].segments),
+        (8, 20, 1)
+    );
+    no_violations(&hal);
+    // The queue serves disks afterwards: a write and read back.
+    let page = segments(&hal, 1, 0, 4096);
+    hal.with(|m| m.memory[page[0].buffer as usize..][..4096].fill(0x5a));
+    let write = data_request(1, IoOp::Write, 8, &page);
+    assert_eq!(complete_one(&mut queues[0], &write), IoStatus::Ok);
+    assert_eq!(hal.with(|m| m.disk[8 * 512]), 0x5a);
+
+    // A 20-byte id has no NUL; a longer one is cut to 20.
+    let mut fake = FakeDevice::new(1 << 20);
+    fake.id = b"0123456789abcdefghijKLM".to_vec();
+    let (_, mut queues) = bring_up(fake, 1, 64);
+    assert_eq!(
+        &queues[0].device_id().unwrap().unwrap(),
+        b"0123456789abcdefghij"
+    );
+}
+
+#[test]
+fn a_device_without_get_id_has_no_id_and_one_that_never_answers_is_refused() {
+    let mut fake = FakeDevice::new(1 << 20);
+    fake.unsupported_kinds = vec![8];
+    let (hal, mut queues) = bring_up(fake, 1, 64);
+    assert_eq!(queues[0].device_id(), Ok(None));
+    // The slot came back: a full queue's worth of requests still fits.
+    let depth = queues[0].queue_depth();
+    let page = segments(&hal, 1, 0, 512);
+    for tag in 0..depth as u32 {
+        let read = data_request(tag, IoOp::Read, 0, &page);
+        queues[0].submit(&read, &NoCpuAccess).unwrap();
+    }
+    assert_eq!(drain(&mut queues[0]).len(), depth);
+
+    let mut fake = FakeDevice::new(1 << 20);
+    fake.hold = true;
+    let (_, mut queues) = bring_up(fake, 1, 64);
+    assert_eq!(queues[0].device_id(), Err(VirtioError::IdTimeout));
+    assert!(VirtioError::IdTimeout.to_string().contains("GET_ID"));
+}

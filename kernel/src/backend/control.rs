@@ -15,7 +15,7 @@ use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use blkback::budget::GrantBudget;
-use blkback::keys::{PARAMS, POLLERS, REPORT, STATS, VBD_DIRECTORY};
+use blkback::keys::{DEVICES, PARAMS, POLLERS, REPORT, STATS, VBD_DIRECTORY};
 use blkback::negotiate::{BlkifBackend, StepOutcome};
 use bootconfig::Config;
 use core::sync::atomic::Ordering;
@@ -70,6 +70,29 @@ pub struct Control {
     shutdown: Option<shutdown::Shutdown>,
 }
 
+/// The devices blkdom drives, with their names (`Devices::listing`), to
+/// `data/blkdom-devices/<n>` (what `blkdom-stat` lists): written once, at boot, when
+/// every device was brought up. A failed write is logged; the console has the lines too.
+fn publish_devices(lines: &[String]) {
+    let written = xen_domain::store::with(|xs| {
+        let _ = xs.rm(Transaction::NONE, DEVICES);
+        for (n, line) in lines.iter().enumerate() {
+            xs.write(
+                Transaction::NONE,
+                &format!("{DEVICES}/{n}"),
+                line.as_bytes(),
+            )?;
+        }
+        if lines.is_empty() {
+            xs.write(Transaction::NONE, DEVICES, b"")?;
+        }
+        Ok::<(), xen::xenstore::XsError>(())
+    });
+    if let Some(Err(e)) = written {
+        log::warn!("blkback: {DEVICES}: not written: {e:?}");
+    }
+}
+
 impl Control {
     pub fn new(bus: PciBus, config: &Config) -> Option<Control> {
         let xen = xen_domain::get()?;
@@ -92,6 +115,8 @@ impl Control {
         }
         let regions = space::available();
         log::info!("blkback: domain {domid} serving vbds; map space for {regions} rings");
+        let mut registry = Registry::new(bus, crate::devices::recovery(config.device_max_resets));
+        publish_devices(&registry.device_listing());
         Some(Control {
             domid,
             vbds: BTreeMap::new(),
@@ -101,7 +126,7 @@ impl Control {
             next_limit_split: 0,
             retries: RetrySchedule::new(),
             first_round: true,
-            registry: Registry::new(bus, crate::devices::recovery(config.device_max_resets)),
+            registry,
             budget: GrantBudget::new(config.grants),
             config: *config,
             shutdown: None,

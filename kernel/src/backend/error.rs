@@ -392,6 +392,10 @@ impl Errno for DiskError {
             },
             DiskError::Device { error, .. } => match error {
                 OpenError::NoNvme | OpenError::NoVirtio { .. } => errno::ENODEV,
+                // Two devices answer to the name: configuration to fix, not a device
+                // missing.
+                OpenError::Name(backing::NameError::Ambiguous { .. }) => errno::EINVAL,
+                OpenError::Name(_) => errno::ENODEV,
                 OpenError::VirtioInUse(_)
                 | OpenError::NvmeQueuesInUse(_)
                 | OpenError::Resetting(_) => errno::EBUSY,

@@ -104,12 +104,27 @@ impl Registry {
             params: params.into(),
             reason: e.to_string(),
         })?;
-        let (device, region) = match backing {
+        let region = match backing {
             Backing::Ram { bytes, name } => return self.open_ram(bytes, name).map(Disk::Ram),
-            Backing::Nvme { nsid, region } => (DeviceId::Nvme { nsid }, region),
-            Backing::Virtio { index, region } => (DeviceId::Virtio { index }, region),
+            Backing::Nvme { region, .. } | Backing::Virtio { region, .. } => region,
         };
-        self.open_on_device(spec, backing, device, region, passed_through)
+        // Names reach devices by where they sit: two names of one device (its serial, its
+        // address, its position) share its pool and its claimed ranges.
+        let device = self
+            .devices
+            .resolve(&backing)
+            .map_err(|error| DiskError::Device {
+                spec: spec.into(),
+                error,
+            })?;
+        if backing.device().is_some_and(|(name, _)| name.positional()) {
+            log::warn!(
+                "blkback: {spec} names a device by its position on the bus ({device} now), \
+                 which changes when a device is added, removed or fails: name it by serial, \
+                 NGUID, EUI-64 or PCI address"
+            );
+        }
+        self.open_on_device(spec, device, region, passed_through)
             .map(Disk::Device)
     }
 
@@ -231,6 +246,11 @@ impl Registry {
         report
     }
 
+    /// The devices on the bus and their names (`Devices::listing`).
+    pub fn device_listing(&mut self) -> Vec<String> {
+        self.devices.listing()
+    }
+
     /// Every named RAM disk (kept here between their vbds).
     pub fn named_ram_disks(&self) -> impl Iterator<Item = &RamDisk> {
         self.ram_disks.values()
@@ -297,12 +317,11 @@ impl Registry {
     fn open_on_device(
         &mut self,
         spec: &str,
-        backing: Backing,
         device: DeviceId,
         region: Region,
         passed_through: &[PciAddress],
     ) -> Result<OpenDevice, DiskError> {
-        let (at, fresh) = self.pool(spec, backing, device, passed_through)?;
+        let (at, fresh) = self.pool(spec, device, passed_through)?;
         // A device that failed stays stopped: its queues would answer nothing but errors.
         if let Some(fault) = self.pools[at].idle.iter().find_map(|q| q.fault()) {
             return Err(DiskError::DeviceFailed {
@@ -324,7 +343,7 @@ impl Registry {
         if let Some(extent) = known {
             self.check_free(spec, device, extent, None)?;
         }
-        let mut queues = self.take_queues(at, fresh, spec, backing, passed_through)?;
+        let mut queues = self.take_queues(at, fresh, spec, device, passed_through)?;
         let placed = match known {
             Some(extent) => Ok((extent, None)),
             None => self
@@ -474,7 +493,6 @@ impl Registry {
     fn pool(
         &mut self,
         spec: &str,
-        backing: Backing,
         device: DeviceId,
         passed_through: &[PciAddress],
     ) -> Result<(usize, bool), DiskError> {
@@ -486,7 +504,7 @@ impl Registry {
             DeviceId::Nvme { .. } => cpus,
             DeviceId::Virtio { .. } => cpus * VIRTIO_QUEUES_PER_CPU,
         };
-        let opened = self.open_queues(spec, backing, wanted, passed_through)?;
+        let opened = self.open_queues(spec, device, wanted, passed_through)?;
         let geometry = opened
             .queues
             .first()
@@ -511,7 +529,7 @@ impl Registry {
         at: usize,
         fresh: bool,
         spec: &str,
-        backing: Backing,
+        device: DeviceId,
         passed_through: &[PciAddress],
     ) -> Result<Vec<Queue>, DiskError> {
         let cpus = crate::smp::online_count().max(1);
@@ -523,7 +541,7 @@ impl Registry {
                     made: pool.made,
                 });
             }
-            let opened = self.open_queues(spec, backing, cpus, passed_through)?;
+            let opened = self.open_queues(spec, device, cpus, passed_through)?;
             let pool = &mut self.pools[at];
             pool.made += opened.queues.len();
             pool.idle.extend(opened.queues);
@@ -540,18 +558,18 @@ impl Registry {
         Ok(idle.split_off(idle.len() - cpus.min(idle.len())))
     }
 
-    /// `wanted` queues of the device `backing` names, opened now.
+    /// `wanted` queues of `device`, opened now.
     fn open_queues(
         &mut self,
         spec: &str,
-        backing: Backing,
+        device: DeviceId,
         wanted: usize,
         passed_through: &[PciAddress],
     ) -> Result<crate::devices::open::OpenedDisk, DiskError> {
         let opened = self
             .devices
-            .open(
-                backing,
+            .open_device(
+                device,
                 wanted,
                 OpenOptions {
                     passed_through,

@@ -9,6 +9,10 @@ use pci::{Bar, PciAddress};
 
 #[derive(Debug)]
 pub enum OpenError {
+    /// A RAM disk has no device.
+    NoDevice,
+    /// A stable name (serial, NGUID, EUI-64, PCI address) reaches no device, or two.
+    Name(backing::NameError),
     NoNvme,
     NoVirtio {
         index: u32,
@@ -17,6 +21,7 @@ pub enum OpenError {
     VirtioInUse(PciAddress),
     NoBounceMemory,
     /// A RAM disk of this many bytes does not fit the memory free for disks.
+    #[cfg(feature = "test-hooks")]
     RamDoesNotFit {
         bytes: u64,
     },
@@ -76,12 +81,15 @@ pub enum OpenError {
 impl fmt::Display for OpenError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            OpenError::NoDevice => f.write_str("a RAM disk is not a device"),
+            OpenError::Name(error) => write!(f, "{error}"),
             OpenError::NoNvme => f.write_str("no NVMe controller on the PCI bus"),
             OpenError::NoVirtio { index } => {
                 write!(f, "no virtio-blk device number {index} on the PCI bus")
             }
             OpenError::VirtioInUse(device) => write!(f, "virtio-blk {device} is already in use"),
             OpenError::NoBounceMemory => f.write_str("no memory for bounce buffers"),
+            #[cfg(feature = "test-hooks")]
             OpenError::RamDoesNotFit { bytes } => {
                 write!(f, "ram:{} KiB does not fit the memory free for disks", bytes / 1024)
             }

@@ -24,6 +24,9 @@ const NVME_QUEUES_PER_CPU: usize = 4;
 /// whose command times out is recovered (`recover`) as `recovery` says.
 pub struct NvmeControllers {
     controllers: Vec<(PciAddress, nvme::Controller<DeviceHal>)>,
+    /// Each controller's active namespaces as identified at its bring-up (what names
+    /// them: NGUID, EUI-64), in the order of `controllers`. Not read again per disk.
+    namespaces: Vec<Vec<nvme::NamespaceIdentity>>,
     recovery: RecoveryConfig,
 }
 
@@ -71,6 +74,7 @@ impl NvmeControllers {
     pub fn new(recovery: RecoveryConfig) -> Self {
         NvmeControllers {
             controllers: Vec::new(),
+            namespaces: Vec::new(),
             recovery,
         }
     }
@@ -81,10 +85,31 @@ impl NvmeControllers {
         if let Some(index) = controllers.iter().position(|(a, _)| *a == function.address) {
             return Ok(index);
         }
-        let controller = bring_up(bus, function, self.recovery)?;
+        let mut controller = bring_up(bus, function, self.recovery)?;
         super::stopwatch::lap("bring-up");
+        // A controller whose namespaces cannot be listed still serves the names that do
+        // not need them (its serial, its address, the positional form).
+        let namespaces = controller.identify_namespaces().unwrap_or_else(|error| {
+            log::warn!(
+                "nvme {}: listing its namespaces failed ({error}): no NGUID or EUI-64 reaches them",
+                function.address
+            );
+            Vec::new()
+        });
+        super::stopwatch::lap("namespaces");
         controllers.push((function.address, controller));
+        self.namespaces.push(namespaces);
         Ok(controllers.len() - 1)
+    }
+
+    /// What names the controller at `address`, if it was brought up: its Identify
+    /// Controller data and its namespaces' ids as read then.
+    pub fn identified(
+        &self,
+        address: PciAddress,
+    ) -> Option<(&nvme::ControllerIdentity, &[nvme::NamespaceIdentity])> {
+        let at = self.controllers.iter().position(|(a, _)| *a == address)?;
+        Some((self.controllers[at].1.identity(), &self.namespaces[at]))
     }
 
     /// Each controller's recovery step (`nvme::Controller::recover`); the earliest time

@@ -11,7 +11,8 @@ use alloc::format;
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use backing::Backing;
+use backing::names::{self, ControllerIds, NamespaceIds, NvmeName, VirtioIds, VirtioName};
+use backing::{Backing, DeviceId};
 use blkdev::BlockDevice;
 use core::sync::atomic::AtomicU64;
 use pci::{Bar, BarError, Function, Inventory, PciAddress};
@@ -152,6 +153,10 @@ pub struct Devices {
     /// Every virtio device brought up (prepared or in use): kept to recover it when a
     /// request times out, and to reset it at shutdown.
     virtio: Vec<(PciAddress, virtio::VirtioBlk<hal::DeviceHal>)>,
+    /// What each virtio device brought up answered GET_ID with (`None`: nothing).
+    virtio_ids: Vec<(PciAddress, Option<super::virtio::DeviceId>)>,
+    /// Devices whose bring-up at boot failed, and why (for the listing).
+    failed: Vec<(PciAddress, String)>,
     /// How a device whose command times out recovers.
     recovery: cmdslots::RecoveryConfig,
     /// Each device's bounce counter, shared by every open of it (an NVMe controller is
@@ -169,6 +174,8 @@ impl Devices {
             prepared_virtio: Vec::new(),
             virtio_in_use: Vec::new(),
             virtio: Vec::new(),
+            virtio_ids: Vec::new(),
+            failed: Vec::new(),
             recovery,
             bounce_counters: Vec::new(),
         }
@@ -198,7 +205,9 @@ impl Devices {
         counter
     }
 
-    /// Opens `backing` with up to `wanted_queues` queues.
+    /// Opens `backing` with up to `wanted_queues` queues (the self-tests' way; the
+    /// registry resolves and opens in two steps, sharing a device's pool between names).
+    #[cfg(feature = "test-hooks")]
     pub fn open(
         &mut self,
         backing: Backing,
@@ -226,11 +235,128 @@ impl Devices {
                     device_model: false,
                 })
             }
-            Backing::Nvme { nsid, .. } => {
+            Backing::Nvme { .. } | Backing::Virtio { .. } => {
+                let device = self.resolve(&backing)?;
+                self.open_device(device, wanted_queues, options)
+            }
+        }
+    }
+
+    /// The function at `address`, if the walk found one `wanted` accepts there.
+    fn function_at(
+        &mut self,
+        address: PciAddress,
+        wanted: fn(&Function) -> bool,
+    ) -> Option<Function> {
+        self.bus
+            .functions()
+            .into_iter()
+            .find(|f| f.address == address && wanted(f))
+    }
+
+    /// The device (where it sits) a device `backing` names, by what each device said at
+    /// its bring-up (`backing::names`): the positional forms by bus order as before
+    /// (the bus walked again for a device the walk did not find), the stable ones by
+    /// serial, NGUID, EUI-64 or address. A RAM disk names none.
+    pub fn resolve(&mut self, backing: &Backing) -> Result<DeviceId, OpenError> {
+        match *backing {
+            Backing::Ram { .. } => Err(OpenError::NoDevice),
+            Backing::Nvme {
+                name: NvmeName::First { nsid },
+                ..
+            } => {
                 let function = self
                     .bus
                     .find(Function::is_nvme, 0)
                     .ok_or(OpenError::NoNvme)?;
+                Ok(DeviceId::Nvme {
+                    controller: function.address,
+                    nsid,
+                })
+            }
+            Backing::Nvme { name, .. } => {
+                let functions = self.functions(Function::is_nvme);
+                let known: Vec<(PciAddress, Option<&str>, Vec<NamespaceIds>)> = functions
+                    .iter()
+                    .map(|&address| match self.nvme.identified(address) {
+                        Some((identity, namespaces)) => (
+                            address,
+                            names::nvme_serial(&identity.serial),
+                            namespaces.iter().map(namespace_ids).collect(),
+                        ),
+                        None => (address, None, Vec::new()),
+                    })
+                    .collect();
+                let controllers: Vec<ControllerIds<'_>> = known
+                    .iter()
+                    .map(|(address, serial, namespaces)| ControllerIds {
+                        address: *address,
+                        serial: *serial,
+                        namespaces,
+                    })
+                    .collect();
+                let (controller, nsid) =
+                    names::resolve_nvme(&name, &controllers).map_err(OpenError::Name)?;
+                Ok(DeviceId::Nvme { controller, nsid })
+            }
+            Backing::Virtio {
+                name: VirtioName::Index(index),
+                ..
+            } => {
+                let function = self
+                    .bus
+                    .find(Function::is_virtio_blk, index as usize)
+                    .ok_or(OpenError::NoVirtio { index })?;
+                Ok(DeviceId::Virtio {
+                    device: function.address,
+                })
+            }
+            Backing::Virtio { name, .. } => {
+                let functions = self.functions(Function::is_virtio_blk);
+                let devices: Vec<VirtioIds<'_>> = functions
+                    .iter()
+                    .map(|&address| VirtioIds {
+                        address,
+                        serial: self
+                            .virtio_ids
+                            .iter()
+                            .find(|(a, _)| *a == address)
+                            .and_then(|(_, id)| id.as_ref())
+                            .and_then(names::virtio_serial),
+                    })
+                    .collect();
+                let device = names::resolve_virtio(&name, &devices).map_err(OpenError::Name)?;
+                Ok(DeviceId::Virtio { device })
+            }
+        }
+    }
+
+    /// The addresses of the functions `wanted` accepts, in bus order.
+    fn functions(&mut self, wanted: fn(&Function) -> bool) -> Vec<PciAddress> {
+        self.bus
+            .functions()
+            .iter()
+            .filter(|f| wanted(f))
+            .map(|f| f.address)
+            .collect()
+    }
+
+    /// Opens `device` (from `resolve`) with up to `wanted_queues` queues.
+    pub fn open_device(
+        &mut self,
+        device: DeviceId,
+        wanted_queues: usize,
+        options: OpenOptions<'_>,
+    ) -> Result<OpenedDisk, OpenError> {
+        let wanted_queues = wanted_queues.max(1);
+        match device {
+            DeviceId::Nvme { controller, nsid } => {
+                let function =
+                    self.function_at(controller, Function::is_nvme)
+                        .ok_or(OpenError::Name(names::NameError::NotAt {
+                            kind: "NVMe controller",
+                            address: controller,
+                        }))?;
                 stopwatch::lap("scan");
                 let emulated = emulated_under_xen(&function, &options);
                 let mut disk =
@@ -240,11 +366,13 @@ impl Devices {
                 disk.device_model = emulated;
                 with_bounce(disk, options.bounce || emulated)
             }
-            Backing::Virtio { index, .. } => {
-                let function = self
-                    .bus
-                    .find(Function::is_virtio_blk, index as usize)
-                    .ok_or(OpenError::NoVirtio { index })?;
+            DeviceId::Virtio { device } => {
+                let function =
+                    self.function_at(device, Function::is_virtio_blk)
+                        .ok_or(OpenError::Name(names::NameError::NotAt {
+                            kind: "virtio-blk",
+                            address: device,
+                        }))?;
                 stopwatch::lap("scan");
                 let emulated = emulated_under_xen(&function, &options);
                 if self.virtio_in_use.contains(&function.address) {
@@ -257,13 +385,14 @@ impl Devices {
                 let mut disk = match prepared {
                     Some(at) => self.prepared_virtio.swap_remove(at).1,
                     None => {
-                        let (disk, device) = super::virtio::open(
+                        let (disk, device, id) = super::virtio::open(
                             &mut self.bus,
                             function,
                             wanted_queues,
                             self.recovery,
                         )?;
                         self.virtio.push((function.address, device));
+                        self.virtio_ids.push((function.address, id));
                         disk
                     }
                 };
@@ -286,22 +415,147 @@ impl Devices {
     /// (the reason to its vbd's error nodes).
     pub fn prepare(&mut self, virtio_queues: usize) {
         let functions = self.bus.functions();
-        if let Some(nvme) = functions.iter().find(|f| f.is_nvme()) {
+        for nvme in functions.iter().filter(|f| f.is_nvme()) {
             stopwatch::start();
             let done = self.nvme.prepare(&mut self.bus, nvme);
+            if let Err(error) = &done {
+                self.failed.push((nvme.address, format!("{error}")));
+            }
             log_prepared(nvme, "NVMe controller", done.err());
         }
         for virtio in functions.iter().filter(|f| f.is_virtio_blk()) {
             stopwatch::start();
             match super::virtio::open(&mut self.bus, *virtio, virtio_queues, self.recovery) {
-                Ok((disk, device)) => {
+                Ok((disk, device, id)) => {
                     self.prepared_virtio.push((virtio.address, disk));
                     self.virtio.push((virtio.address, device));
+                    self.virtio_ids.push((virtio.address, id));
                     log_prepared(virtio, "virtio-blk device", None);
                 }
-                Err(error) => log_prepared(virtio, "virtio-blk device", Some(error)),
+                Err(error) => {
+                    self.failed.push((virtio.address, format!("{error}")));
+                    log_prepared(virtio, "virtio-blk device", Some(error));
+                }
             }
         }
+        for line in self.listing() {
+            log::info!("device: {line}");
+        }
+        self.warn_duplicates();
+    }
+
+    /// Devices that give the same serial: a name by it reaches neither (refused at the
+    /// attach, as ambiguous); said once at boot.
+    fn warn_duplicates(&mut self) {
+        let nvme: Vec<(PciAddress, Option<&str>)> = self
+            .functions(Function::is_nvme)
+            .into_iter()
+            .map(|a| {
+                let serial = self
+                    .nvme
+                    .identified(a)
+                    .and_then(|(identity, _)| names::nvme_serial(&identity.serial));
+                (a, serial)
+            })
+            .collect();
+        for (serial, first, second) in names::duplicate_serials(&nvme) {
+            log::error!(
+                "nvme {first} and {second} both have serial \"{serial}\": nvme:serial={serial} is refused; name them by address (nvme@<bb:dd.f>) or namespace id"
+            );
+        }
+        let virtio: Vec<(PciAddress, Option<&str>)> = self
+            .virtio_ids
+            .iter()
+            .map(|(a, id)| (*a, id.as_ref().and_then(names::virtio_serial)))
+            .collect();
+        for (serial, first, second) in names::duplicate_serials(&virtio) {
+            log::error!(
+                "virtio-blk {first} and {second} both have serial \"{serial}\": virtio:serial={serial} is refused; name them by address (virtio@<bb:dd.f>)"
+            );
+        }
+    }
+
+    /// One line per device on the bus blkdom drives, with the names that reach it
+    /// (`pci=00:04.0 kind=nvme serial=SN ... model=...`; each NVMe namespace on its own
+    /// line after its controller's, `ns=<nsid> ...`): what `data/blkdom-devices`
+    /// publishes and the console shows at boot.
+    pub fn listing(&mut self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for address in self.functions(Function::is_nvme) {
+            let failed = self.failed.iter().find(|(a, _)| *a == address);
+            match (self.nvme.identified(address), failed) {
+                (Some((identity, namespaces)), _) => {
+                    let serial = names::nvme_serial(&identity.serial);
+                    lines.push(format!(
+                        "pci={address} kind=nvme state=up serial={} namespaces={} model={}",
+                        serial.unwrap_or("-"),
+                        namespaces.len(),
+                        identity.model_str()
+                    ));
+                    for ns in namespaces {
+                        let ids = namespace_ids(ns);
+                        lines.push(format!(
+                            "pci={address} ns={} bytes={} block={} nguid={} eui64={}",
+                            ns.nsid,
+                            ns.blocks.saturating_mul(u64::from(ns.block_size)),
+                            ns.block_size,
+                            hex_or_dash(&ids.nguid),
+                            hex_or_dash(&ids.eui64)
+                        ));
+                    }
+                }
+                (None, Some((_, why))) => lines.push(format!(
+                    "pci={address} kind=nvme state=failed serial=- namespaces=0 model=- error={why}"
+                )),
+                (None, None) => lines.push(format!(
+                    "pci={address} kind=nvme state=down serial=- namespaces=0 model=-"
+                )),
+            }
+        }
+        for address in self.functions(Function::is_virtio_blk) {
+            let id = self.virtio_ids.iter().find(|(a, _)| *a == address);
+            let failed = self.failed.iter().find(|(a, _)| *a == address);
+            match (id, failed) {
+                (Some((_, id)), _) => {
+                    let bytes = self
+                        .prepared_virtio
+                        .iter()
+                        .find(|(a, _)| *a == address)
+                        .and_then(|(_, disk)| disk.queues.first())
+                        .map(|q| q.geometry().sectors * blkdev::SECTOR_SIZE);
+                    let bytes = bytes.map_or(String::from("-"), |b| format!("{b}"));
+                    lines.push(format!(
+                        "pci={address} kind=virtio state=up serial={} bytes={bytes}",
+                        id.as_ref().and_then(names::virtio_serial).unwrap_or("-"),
+                    ));
+                }
+                (None, Some((_, why))) => lines.push(format!(
+                    "pci={address} kind=virtio state=failed serial=- bytes=- error={why}"
+                )),
+                (None, None) => lines.push(format!(
+                    "pci={address} kind=virtio state=down serial=- bytes=-"
+                )),
+            }
+        }
+        lines
+    }
+}
+
+/// What names a namespace, as `backing::names` compares it.
+fn namespace_ids(ns: &nvme::NamespaceIdentity) -> NamespaceIds {
+    NamespaceIds {
+        nsid: ns.nsid,
+        nguid: ns.nguid,
+        eui64: ns.eui64,
+    }
+}
+
+/// An id in hex, or `-` when absent (all zeros).
+fn hex_or_dash(id: &[u8]) -> String {
+    if id.iter().all(|&b| b == 0) {
+        String::from("-")
+    } else {
+        format!("{}", names::Hex(id))
     }
 }
 

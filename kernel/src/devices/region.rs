@@ -226,3 +226,58 @@ impl TableReader {
         Ok(out)
     }
 }
+
+/// One 4 KiB block at byte 0 of what `queue` serves, written from or read into `block`
+/// (the registry test's look at which data a name reaches). Its DMA page is left to the
+/// device when it does not answer within the read timeout.
+#[cfg(feature = "test-hooks")]
+pub fn first_block(
+    queue: &mut dyn blkdev::BlockDevice,
+    op: IoOp,
+    block: &mut [u8; PAGE],
+) -> Result<(), alloc::string::String> {
+    use alloc::format;
+    let base = allocate_dma(1).ok_or("no DMA memory")?;
+    if op == IoOp::Write {
+        // SAFETY: the page is ours (allocated just now, one page long) and no device has
+        // it yet.
+        unsafe { physmem::write(base, block) };
+    }
+    let segments = [DmaSegment {
+        buffer: base,
+        offset: 0,
+        len: PAGE as u32,
+    }];
+    let request = IoRequest {
+        tag: 0,
+        op,
+        sector: 0,
+        nr_sectors: (PAGE as u64) / blkdev::SECTOR_SIZE,
+        preflush: false,
+        segments: &segments,
+    };
+    let pages = DmaPages { base, pages: 1 };
+    queue
+        .submit(&request, &pages)
+        .map_err(|e| format!("refused: {e}"))?;
+    let start = ticks();
+    let status = loop {
+        let mut status = None;
+        queue.poll_completions(&mut |c| status = Some(c.status));
+        if let Some(status) = status {
+            break status;
+        }
+        if ticks().wrapping_sub(start) > READ_TIMEOUT_TICKS {
+            return Err("no answer".into());
+        }
+        core::hint::spin_loop();
+    };
+    if status != IoStatus::Ok {
+        return Err(format!("{status:?}"));
+    }
+    if op == IoOp::Read {
+        // SAFETY: the page is ours and the device finished writing it.
+        unsafe { physmem::read(base, block) };
+    }
+    Ok(())
+}

@@ -17,15 +17,20 @@ use virtio::{PciRegions, VirtioBlk};
 const QUEUE_SIZE: u16 = 128;
 const QUEUE_SIZE_DIRECT: u16 = 1024;
 
-/// Opens the virtio-blk device at `function` with up to `wanted_queues` virtqueues; the
-/// device itself is kept by the caller, to recover it (`VirtioBlk::recover`) as
-/// `recovery` says when a request times out, and to reset it at shutdown.
+/// The id string a virtio-blk device answers `VIRTIO_BLK_T_GET_ID` with (20 bytes,
+/// NUL-padded), if it does.
+pub type DeviceId = [u8; virtio::DEVICE_ID_BYTES];
+
+/// Opens the virtio-blk device at `function` with up to `wanted_queues` virtqueues, and
+/// reads its id (on the first queue, before any disk has it); the device itself is kept
+/// by the caller, to recover it (`VirtioBlk::recover`) as `recovery` says when a request
+/// times out, and to reset it at shutdown.
 pub fn open(
     bus: &mut PciBus,
     function: Function,
     wanted_queues: usize,
     recovery: RecoveryConfig,
-) -> Result<(OpenedDisk, VirtioBlk<DeviceHal>), OpenError> {
+) -> Result<(OpenedDisk, VirtioBlk<DeviceHal>, Option<DeviceId>), OpenError> {
     let pci = *bus.config();
     let caps: Vec<VirtioCap> = pci::virtio_capabilities(pci.access(), function.address).collect();
     let first = |wanted: fn(&VirtioCapKind) -> bool| caps.iter().find(|c| wanted(&c.kind)).copied();
@@ -63,24 +68,28 @@ pub fn open(
     let config = *blk.config();
     super::stopwatch::lap("bring-up");
     let count = wanted_queues.min(usize::from(config.num_queues)).max(1);
-    let mut queues: Vec<Queue> = Vec::new();
+    let mut made = Vec::new();
     for _ in 0..count {
         let size = if blk.indirect() {
             QUEUE_SIZE
         } else {
             QUEUE_SIZE_DIRECT
         };
-        let queue = blk.create_queue(size).map_err(|e| fail("virtqueue", e))?;
-        queues.push(Box::new(queue));
+        made.push(blk.create_queue(size).map_err(|e| fail("virtqueue", e))?);
     }
     blk.start();
     super::stopwatch::lap("queues");
+    let id = made[0].device_id().map_err(|e| fail("id", e))?;
+    let serial = id.as_ref().and_then(backing::names::virtio_serial);
+    super::stopwatch::lap("id");
+    let queues: Vec<Queue> = made.into_iter().map(|q| Box::new(q) as Queue).collect();
     let disk = OpenedDisk {
         description: format!(
-            "virtio-blk {} ({:04x}:{:04x}): {} sectors, block {} B, seg_max {:?}, {} of {} queue(s) of {}, {} descriptors",
+            "virtio-blk {} ({:04x}:{:04x}, serial \"{}\"): {} sectors, block {} B, seg_max {:?}, {} of {} queue(s) of {}, {} descriptors",
             function.address,
             function.vendor_id,
             function.device_id,
+            serial.unwrap_or(""),
             config.capacity,
             config.block_size,
             config.seg_max,
@@ -93,5 +102,5 @@ pub fn open(
         bounced_bytes: Default::default(),
         device_model: false,
     };
-    Ok((disk, blk))
+    Ok((disk, blk, id))
 }

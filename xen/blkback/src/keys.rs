@@ -83,6 +83,10 @@ pub const QUEUE_N: &str = "queue-<N>";
 pub const VBD_DIRECTORY: &str = "backend/vbd";
 /// The pollers' counters.
 pub const POLLERS: &str = "data/blkdom-pollers";
+/// The devices blkdom drives and the names that reach them: `<n>` per controller or
+/// device, one line of `name=value` words each (and one per NVMe namespace), written at
+/// boot.
+pub const DEVICES: &str = "data/blkdom-devices";
 /// Writing anything non-empty here (`xenstore-write /local/domain/<id>/data/blkdom-report
 /// 1` in dom0) has the statistics printed on the console.
 pub const REPORT: &str = "data/blkdom-report";
@@ -135,6 +139,7 @@ pub const ALL: &[Key] = &[
     Key::new(DEVICE_TYPE, Place::FrontendRead),
     Key::new(VBD_DIRECTORY, Place::Home),
     Key::new(POLLERS, Place::Home),
+    Key::new("data/blkdom-devices/<n>", Place::Home),
     Key::new(REPORT, Place::Home),
     // Linux's error node, made by `xen::xenbus::error::error_node` from the backend path.
     Key::new("error/backend/vbd/<domid>/<devid>/error", Place::Home),

@@ -45,7 +45,9 @@ fn errors_display_their_cause() {
     let text = |e: &dyn core::error::Error| e.to_string();
     assert_eq!(
         text(&SpecError::UnknownKind("scsi")),
-        "unknown backing store \"scsi\"; use nvme:<nsid>[:<slice>], virtio:<index>[:<slice>] or ram:<size>[K|M|G][:<name>]"
+        "unknown backing store \"scsi\"; use nvme:serial=<SN>:<nsid>, nvme:nguid=<hex>, \
+         nvme:eui64=<hex>, nvme@<bb:dd.f>:<nsid>, virtio:serial=<id>, virtio@<bb:dd.f> (each \
+         [:<slice>]), nvme:<nsid>, virtio:<index> or ram:<size>[K|M|G][:<name>]"
     );
     assert_eq!(
         text(&SpecError::BadNumber("virtio", "x")),
@@ -62,28 +64,28 @@ fn parses_the_three_kinds() {
     assert_eq!(
         parse_backing("nvme:1"),
         Ok(Backing::Nvme {
-            nsid: 1,
+            name: NvmeName::First { nsid: 1 },
             region: Region::Whole
         })
     );
     assert_eq!(
         parse_backing("nvme:4294967295"),
         Ok(Backing::Nvme {
-            nsid: u32::MAX,
+            name: NvmeName::First { nsid: u32::MAX },
             region: Region::Whole
         })
     );
     assert_eq!(
         parse_backing("virtio:0"),
         Ok(Backing::Virtio {
-            index: 0,
+            name: VirtioName::Index(0),
             region: Region::Whole
         })
     );
     assert_eq!(
         parse_backing("virtio:3"),
         Ok(Backing::Virtio {
-            index: 3,
+            name: VirtioName::Index(3),
             region: Region::Whole
         })
     );
@@ -169,14 +171,14 @@ fn parses_every_slice_form_on_both_device_kinds() {
     assert_eq!(
         parse_backing("nvme:1:part=2"),
         Ok(Backing::Nvme {
-            nsid: 1,
+            name: NvmeName::First { nsid: 1 },
             region: Region::Partition(2)
         })
     );
     assert_eq!(
         parse_backing("virtio:0:part=4294967295"),
         Ok(Backing::Virtio {
-            index: 0,
+            name: VirtioName::Index(0),
             region: Region::Partition(u32::MAX)
         })
     );
@@ -196,7 +198,7 @@ fn parses_every_slice_form_on_both_device_kinds() {
     assert_eq!(
         parse_backing("nvme:1:offset=1M,size=8M"),
         Ok(Backing::Nvme {
-            nsid: 1,
+            name: NvmeName::First { nsid: 1 },
             region: Region::Extent {
                 offset: 1 << 20,
                 size: 8 << 20
@@ -385,7 +387,7 @@ fn backings_print_as_they_parse() {
 #[test]
 fn devices_and_regions() {
     let (device, region) = parse_backing("virtio:2:part=3").unwrap().device().unwrap();
-    assert_eq!(device, DeviceId::Virtio { index: 2 });
+    assert_eq!(device, DeviceName::Virtio(VirtioName::Index(2)));
     assert_eq!(device.to_string(), "virtio:2");
     assert!(region.needs_partition_table());
     assert!(named("x").needs_partition_table());
@@ -396,7 +398,30 @@ fn devices_and_regions() {
     }
     .needs_partition_table());
     assert_eq!(parse_backing("ram:1M").unwrap().device(), None);
-    assert_ne!(DeviceId::Nvme { nsid: 1 }, DeviceId::Virtio { index: 1 });
+    let at = pci::PciAddress {
+        bus: 0,
+        device: 4,
+        function: 0,
+    };
+    assert_ne!(
+        DeviceId::Nvme {
+            controller: at,
+            nsid: 1
+        },
+        DeviceId::Virtio { device: at }
+    );
+    assert_eq!(
+        DeviceId::Nvme {
+            controller: at,
+            nsid: 1
+        }
+        .to_string(),
+        "nvme@00:04.0:1"
+    );
+    assert_eq!(
+        DeviceId::Virtio { device: at }.to_string(),
+        "virtio@00:04.0"
+    );
 }
 
 #[test]
@@ -416,5 +441,5 @@ fn partition_names_are_checked() {
 fn backing_stays_small_and_copy() {
     fn copy<T: Copy>() {}
     copy::<Backing>();
-    assert!(core::mem::size_of::<Backing>() <= 64);
+    assert!(core::mem::size_of::<Backing>() <= 80);
 }
