@@ -20,6 +20,6 @@ pub use extent::{check_slice, Conflict, ConflictKind, Extent, Ranges, SliceError
 pub use names::{NameError, NvmeName, Serial, VirtioName};
 pub use resize::{new_size, ResizeRefused};
 pub use spec::{
-    parse_backing, parse_nvme_tcp, Backing, DeviceId, DeviceName, Nqn, NvmeTcpError,
-    NvmeTcpTarget, PartName, RamName, Region, SpecError, SLICE_ALIGN,
+    parse_backing, parse_nvme_tcp, Backing, DeviceId, DeviceName, Nqn, NvmeTcpError, NvmeTcpTarget,
+    PartName, RamName, Region, SpecError, SLICE_ALIGN,
 };
