@@ -31,7 +31,7 @@ def line(iops, ok=True, p50=100.0):
                        "qd": 32, "queues": 1, "ring_order": 0, "iops": iops,
                        "mib_s": iops / 256, "lat_us": {"p50": p50, "p99": 2 * p50,
                                                        "p99.9": 3 * p50},
-                       "cpu_us_per_io": 4.0, "notifies_per_io": 0.01, "ok": ok})
+                       "cpu_us_per_io": 4.0, "busy_us_per_io": 1.5, "notifies_per_io": 0.01, "ok": ok})
 
 
 def write_run(root: Path, iops: dict, job=JOB, threads=True) -> None:

@@ -9,8 +9,11 @@ blkdom at the backend's own limit, driven by `hostile load` in one guest.
 Per job and backend: the medians (min-max over the rounds) of IOPS, completion latency
 p50/p99/p99.9, the backend's CPU over the measured window (Xen's runstate through
 `xl list`: Domain-0 for xvda, blkdom for xvdb), the outer QEMU's CPU on the backend's
-pCPUs (host-threads.txt), the generator's own CPU per request and its event sends per
-request; the blkdom / dom0 ratio of the medians and how many of the pairs (same round,
+pCPUs (host-threads.txt), the generator's own CPU per request (all of it, and only the
+loop passes that found work: a polling loop's CPU is its whole window) and its event
+sends per request, how long the guest's vCPU thread waited for a host core and how many
+host cores all the rig's vCPU threads got (when the host is short of cores, that and not
+the backend sets the pace); the blkdom / dom0 ratio of the medians and how many of the pairs (same round,
 one job apart) blkdom won. Then one line per job, which other tools read:
 
     backend-ratio <job> blkdom/linux-dom0=<x.xx> iops=<blkdom>/<dom0> cpu=<blkdom%>/<dom0%>
@@ -37,8 +40,9 @@ BASELINE, OURS = "linux-dom0", "blkdom"
 FILE_RE = re.compile(r"^fio-" + GUEST + r"-(lg-[a-z0-9-]+)@(xvd[a-z])@(\d+)\.json$")
 VCPU_THREAD_RE = re.compile(r"^CPU_(\d+)/")
 FIELDS = ("iops", "mib_s", "p50_us", "p99_us", "p999_us", "backend_cpu_percent",
-          "host_backend_percent", "gen_cpu_us_per_io", "notifies_per_io",
-          "host_guest_vcpu_run_percent")
+          "host_backend_percent", "gen_cpu_us_per_io", "gen_busy_us_per_io",
+          "notifies_per_io", "host_guest_vcpu_run_percent", "host_guest_vcpu_wait_percent",
+          "host_vcpus_cores", "host_busy_cores")
 
 
 def read_config(nested: Path) -> dict:
@@ -101,6 +105,8 @@ def load_runs(nested: Path, config: dict) -> list:
                "notifies_per_io": data.get("notifies_per_io", 0.0),
                "queues": data.get("queues"), "ring_order": data.get("ring_order"),
                "backend_persistent": data.get("backend_persistent")}
+        if "busy_us_per_io" in data:  # (hostile builds since it was added)
+            row["gen_busy_us_per_io"] = data["busy_us_per_io"]
         name = f"{job}@{disk}@{round_}"
         cpu = read_cpu(nested / f"cpu-{GUEST}-{name}.txt")
         if cpu and cpu[1] > 0:
@@ -159,7 +165,8 @@ def table_rows(summary: list) -> tuple:
     header = ["job", "dom0 IOPS", "blkdom IOPS", "blkdom/dom0", "won",
               "p50 us dom0 / blkdom", "p99 us dom0 / blkdom", "p99.9 us dom0 / blkdom",
               "backend CPU % dom0 / blkdom", "host CPU % of backend pCPUs dom0 / blkdom",
-              "generator us/IO dom0 / blkdom", "events/request dom0 / blkdom"]
+              "generator CPU / busy us/IO dom0 / blkdom", "events/request dom0 / blkdom",
+              "guest vCPU waited % dom0 / blkdom", "rig's vCPUs host cores dom0 / blkdom"]
     rows = []
     for entry in summary:
         base, ours = entry["backends"][BASELINE], entry["backends"][OURS]
@@ -175,7 +182,10 @@ def table_rows(summary: list) -> tuple:
             f"{entry['won']}/{entry['pairs']}",
             both("p50_us", 0), both("p99_us", 0), both("p999_us", 0),
             both("backend_cpu_percent", 0), both("host_backend_percent", 0),
-            both("gen_cpu_us_per_io", 1), both("notifies_per_io", 3),
+            f"{median(base, 'gen_cpu_us_per_io', 0)}/{median(base, 'gen_busy_us_per_io', 1)} / "
+            f"{median(ours, 'gen_cpu_us_per_io', 0)}/{median(ours, 'gen_busy_us_per_io', 1)}",
+            both("notifies_per_io", 3), both("host_guest_vcpu_wait_percent", 0),
+            both("host_vcpus_cores", 2),
         ])
     return header, rows
 

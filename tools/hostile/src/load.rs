@@ -55,6 +55,9 @@ pub struct Spec {
     pub cue: Option<String>,
     /// How long in-flight requests may take to come back once submission stopped.
     pub drain_s: f64,
+    /// At most this many requests a second over all queues (0: as fast as answered),
+    /// evenly spaced; `qd` still bounds what is in flight.
+    pub rate: u64,
 }
 
 impl Default for Spec {
@@ -75,6 +78,7 @@ impl Default for Spec {
             max_ios: None,
             cue: None,
             drain_s: 30.0,
+            rate: 0,
         }
     }
 }
@@ -93,7 +97,7 @@ pub fn parse_size(text: &str) -> Option<usize> {
 
 pub const USAGE: &str = "hostile load --vbd xvdX [--rw randread|randwrite|read|write] [--bs 4k] \
 [--qd 32] [--queues 1] [--time 10] [--ramp 1] [--range 256m] [--once] [--verify] \
-[--no-persistent] [--seed N] [--ios N] [--cue NAME]";
+[--no-persistent] [--seed N] [--ios N] [--rate IOPS] [--cue NAME]";
 
 /// The options after `load`: the vbd's name and the spec.
 pub fn parse_args(args: &[String]) -> Result<(String, Spec), String> {
@@ -142,6 +146,7 @@ pub fn parse_args(args: &[String]) -> Result<(String, Spec), String> {
             "--seed" => spec.seed = number(value()?)?,
             "--ios" => spec.max_ios = Some(number(value()?)?),
             "--cue" => spec.cue = Some(value()?.clone()),
+            "--rate" => spec.rate = number(value()?)?,
             other => return Err(format!("unknown option {other}; usage: {USAGE}")),
         }
     }
@@ -331,6 +336,8 @@ pub struct Outcome {
     pub mean_ns: u64,
     pub max_ns: u64,
     pub cpu_s: f64,
+    /// Time in the loop's passes that took responses (and sent requests), in the window.
+    pub busy_ns: u64,
     /// Event sends (the backend asked) over the window, and requests pushed in it.
     pub notifies: u64,
     pub pushed: u64,
@@ -368,6 +375,8 @@ struct Slots {
     sector: Vec<u64>,
     /// Responses taken in one pass (ids), reused.
     done: Vec<(u64, i16)>,
+    /// Slots with no request in flight, to be sent.
+    free: Vec<usize>,
 }
 
 /// Where the next request goes.
@@ -474,6 +483,7 @@ pub fn drive<M: RingMemory>(
             issued: vec![u64::MAX; qd],
             sector: vec![0; qd],
             done: Vec::with_capacity(rings[0].slots() as usize),
+            free: (0..qd).rev().collect(),
         })
         .collect();
     let mut hist = Histogram::new();
@@ -519,20 +529,9 @@ pub fn drive<M: RingMemory>(
             true
         };
 
-    let t0 = now_ns();
-    for (q, ring) in rings.iter_mut().enumerate() {
-        for s in 0..qd {
-            if !submit(q, s, &mut slots, ring, t0) {
-                submitting = false;
-                break;
-            }
-            in_flight += 1;
-            out.sent += 1;
-        }
-        if ring.push_requests() {
-            kick.notify(q);
-        }
-    }
+    // --rate: when the next request may go (ns since the start).
+    let interval = 1_000_000_000u64.checked_div(spec.rate).unwrap_or(0);
+    let mut next_send = 0u64;
     if spec.once {
         measuring = true;
         cpu_start = kick.cpu_seconds();
@@ -577,7 +576,6 @@ pub fn drive<M: RingMemory>(
                 continue;
             }
             let seen = now_ns();
-            let mut pushed = 0;
             for &(id, status) in &done {
                 let s = id as usize;
                 if id >= qd as u64 || slots[q].issued[s] == u64::MAX {
@@ -615,20 +613,39 @@ pub fn drive<M: RingMemory>(
                         }
                     }
                 }
-                if submitting {
-                    if submit(q, s, &mut slots, ring, seen) {
-                        in_flight += 1;
-                        out.sent += 1;
-                        pushed += 1;
-                    } else {
-                        // --once: the range is done; what is in flight drains.
-                        submitting = false;
-                        window_end = seen;
-                    }
-                }
+                slots[q].free.push(s);
             }
             reaped += done.len();
             slots[q].done = done;
+        }
+        // Every free slot goes out again at once, or (--rate) when its turn comes.
+        let pass_start = now;
+        let now = now_ns();
+        for (q, ring) in rings.iter_mut().enumerate() {
+            let mut pushed = 0;
+            while submitting && !slots[q].free.is_empty() {
+                if spec.max_ios.is_some_and(|n| out.sent >= n) {
+                    break;
+                }
+                if interval > 0 {
+                    if now < next_send {
+                        break;
+                    }
+                    // Behind (a slow pass): no burst to catch up.
+                    next_send = next_send.max(now - now % interval) + interval;
+                }
+                let s = slots[q].free.pop().unwrap_or_default();
+                if submit(q, s, &mut slots, ring, now) {
+                    in_flight += 1;
+                    out.sent += 1;
+                    pushed += 1;
+                } else {
+                    // --once: the range is done; what is in flight drains.
+                    slots[q].free.push(s);
+                    submitting = false;
+                    window_end = now;
+                }
+            }
             if pushed > 0 {
                 if measuring {
                     out.pushed += pushed;
@@ -643,6 +660,10 @@ pub fn drive<M: RingMemory>(
         }
         if reaped == 0 {
             kick.idle();
+        } else if measuring && submitting {
+            // The passes that found work: what a request costs the generator, without
+            // the empty polls between (a polling loop's CPU is all of its window).
+            out.busy_ns += now_ns() - pass_start;
         }
     }
     if bounded {
@@ -708,6 +729,7 @@ pub fn json(spec: &Spec, conn: &Connection, out: &Outcome) -> String {
             "\"once\":{},\"disk_sectors\":{},\"seconds\":{:.3},\"ios\":{},\"iops\":{:.1},",
             "\"mib_s\":{:.2},\"lat_us\":{{\"p50\":{:.1},\"p99\":{:.1},\"p99.9\":{:.1},",
             "\"mean\":{:.1},\"max\":{:.1}}},\"cpu_s\":{:.3},\"cpu_us_per_io\":{:.2},",
+            "\"busy_us_per_io\":{:.2},",
             "\"notifies\":{},\"notifies_per_io\":{:.4},\"sent\":{},\"errors\":{},",
             "\"verify_errors\":{},\"bad_responses\":{},\"unanswered\":{},\"ok\":{},",
             "\"problem\":{}}}"
@@ -737,6 +759,7 @@ pub fn json(spec: &Spec, conn: &Connection, out: &Outcome) -> String {
         us(out.max_ns),
         out.cpu_s,
         per_io(out.cpu_s * 1e6),
+        per_io(out.busy_ns as f64 / 1e3),
         out.notifies,
         if out.pushed > 0 {
             out.notifies as f64 / out.pushed as f64
@@ -866,12 +889,14 @@ mod tests {
                 verify: true,
                 ramp: 0.0,
                 max_ios: Some(200),
+                seconds: 3600.0,
                 ..Spec::default()
             };
             let (out, _) = run(&spec, &disk);
             assert!(out.ok(), "{bs}: {out:?}");
             assert_eq!(out.verify_errors, 0);
             assert_eq!((out.ios, out.sent), (200, 200), "{bs}: {out:?}");
+            assert!(out.busy_ns > 0, "{bs}: {out:?}");
             assert!(out.p50_ns > 0 && out.p50_ns <= out.p99_ns && out.p99_ns <= out.p999_ns);
         }
     }
@@ -883,6 +908,7 @@ mod tests {
             verify: true,
             ramp: 0.0,
             max_ios: Some(50),
+            seconds: 3600.0,
             ..Spec::default()
         };
         let (out, _) = run(&spec, &disk);
@@ -907,6 +933,7 @@ mod tests {
             ramp: 0.0,
             qd: 1,
             max_ios: Some(1),
+            seconds: 3600.0,
             ..Spec::default()
         };
         let (mut ring, pages, mut kick) = rig(&spec, &disk);
@@ -939,6 +966,7 @@ mod tests {
             ramp: 0.0,
             qd: 1,
             max_ios: Some(2),
+            seconds: 3600.0,
             ..Spec::default()
         };
         let (out, _) = run(&read, &disk);
@@ -955,6 +983,7 @@ mod tests {
             qd: 32,
             ramp: 0.0,
             max_ios: Some(3000),
+            seconds: 3600.0,
             ..Spec::default()
         };
         let (out, notified) = run(&spec, &disk);
@@ -966,6 +995,26 @@ mod tests {
             "{notified} of {}",
             out.sent
         );
+    }
+
+    #[test]
+    fn a_rate_spaces_the_requests_out() {
+        let disk = RamDisk::new(SECTORS);
+        let spec = Spec {
+            qd: 32,
+            queues: 1,
+            ramp: 0.0,
+            rate: 400,
+            max_ios: Some(200),
+            seconds: 3600.0,
+            ..Spec::default()
+        };
+        let (out, _) = run(&spec, &disk);
+        assert!(out.ok(), "{out:?}");
+        // 200 requests 2.5 ms apart: half a second, whatever the depth allows.
+        assert!(out.window_s >= 0.495, "{out:?}");
+        let (fast, _) = run(&Spec { rate: 0, ..spec }, &disk);
+        assert!(fast.window_s < out.window_s / 2.0, "{fast:?}");
     }
 
     #[test]
@@ -1024,6 +1073,8 @@ mod tests {
             qd: 4,
             ramp: 0.0,
             max_ios: Some(40),
+            // The lies leave requests in flight forever: time ends the run.
+            seconds: 1.0,
             drain_s: 0.5,
             ..Spec::default()
         };
@@ -1051,6 +1102,7 @@ mod tests {
             ramp: 0.0,
             range_bytes: Some(4096),
             max_ios: Some(3),
+            seconds: 3600.0,
             ..Spec::default()
         };
         let disk = RamDisk::new(SECTORS);
