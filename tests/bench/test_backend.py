@@ -89,6 +89,9 @@ class BackendTest(unittest.TestCase):
             entry["backends"]["blkdom"]["host_backend_percent"]["median"], 160.0)
         self.assertAlmostEqual(
             entry["backends"]["blkdom"]["host_guest_vcpu_run_percent"]["median"], 100.0)
+        # All four vCPU threads: 3 + 8 + 8 + 10 s of 10 = 2.9 host cores.
+        self.assertAlmostEqual(
+            entry["backends"]["blkdom"]["iops_per_rig_core"]["median"], 6000 / 2.9)
 
     def test_failed_runs_and_the_prefill_are_left_out(self):
         write_run(self.root, QD32)

@@ -13,7 +13,7 @@ pCPUs (host-threads.txt), the generator's own CPU per request (all of it, and on
 loop passes that found work: a polling loop's CPU is its whole window) and its event
 sends per request, how long the guest's vCPU thread waited for a host core and how many
 host cores all the rig's vCPU threads got (when the host is short of cores, that and not
-the backend sets the pace); the blkdom / dom0 ratio of the medians and how many of the pairs (same round,
+the backend sets the pace) and IOPS per host core the rig got; the blkdom / dom0 ratio of the medians and how many of the pairs (same round,
 one job apart) blkdom won. Then one line per job, which other tools read:
 
     backend-ratio <job> blkdom/linux-dom0=<x.xx> iops=<blkdom>/<dom0> cpu=<blkdom%>/<dom0%>
@@ -42,7 +42,7 @@ VCPU_THREAD_RE = re.compile(r"^CPU_(\d+)/")
 FIELDS = ("iops", "mib_s", "p50_us", "p99_us", "p999_us", "backend_cpu_percent",
           "host_backend_percent", "gen_cpu_us_per_io", "gen_busy_us_per_io",
           "notifies_per_io", "host_guest_vcpu_run_percent", "host_guest_vcpu_wait_percent",
-          "host_vcpus_cores", "host_busy_cores")
+          "host_vcpus_cores", "host_busy_cores", "iops_per_rig_core")
 
 
 def read_config(nested: Path) -> dict:
@@ -116,6 +116,10 @@ def load_runs(nested: Path, config: dict) -> list:
             row["host_backend_percent"] = host
         if guest_pcpu is not None:
             derive_host(row, edges, GUEST, name, guest_pcpu, 0.0)
+        # Requests per second of host CPU the whole rig got: the IOPS the rig would do
+        # if the host were not short of cores (all of dom0, blkdom, the guest).
+        if row.get("host_vcpus_cores", 0) > 0:
+            row["iops_per_rig_core"] = row["iops"] / row["host_vcpus_cores"]
         runs.append(row)
     return runs
 
@@ -136,7 +140,7 @@ def summarise(runs: list, order=()) -> list:
                 field: spread([r[field] for r in rows if field in r])
                 for field in FIELDS if any(field in r for r in rows)}
         base, ours = entry["backends"][BASELINE], entry["backends"][OURS]
-        for field in ("iops", "p50_us"):
+        for field in ("iops", "p50_us", "iops_per_rig_core"):
             if field in base and field in ours and base[field]["median"] > 0:
                 entry[f"{field}_ratio"] = ours[field]["median"] / base[field]["median"]
         rounds = sorted({rnd for (j, _, rnd) in by_key if j == job})
@@ -166,7 +170,8 @@ def table_rows(summary: list) -> tuple:
               "p50 us dom0 / blkdom", "p99 us dom0 / blkdom", "p99.9 us dom0 / blkdom",
               "backend CPU % dom0 / blkdom", "host CPU % of backend pCPUs dom0 / blkdom",
               "generator CPU / busy us/IO dom0 / blkdom", "events/request dom0 / blkdom",
-              "guest vCPU waited % dom0 / blkdom", "rig's vCPUs host cores dom0 / blkdom"]
+              "guest vCPU waited % dom0 / blkdom", "rig's vCPUs host cores dom0 / blkdom",
+              "IOPS per rig host core dom0 / blkdom (ratio)"]
     rows = []
     for entry in summary:
         base, ours = entry["backends"][BASELINE], entry["backends"][OURS]
@@ -186,6 +191,8 @@ def table_rows(summary: list) -> tuple:
             f"{median(ours, 'gen_cpu_us_per_io', 0)}/{median(ours, 'gen_busy_us_per_io', 1)}",
             both("notifies_per_io", 3), both("host_guest_vcpu_wait_percent", 0),
             both("host_vcpus_cores", 2),
+            both("iops_per_rig_core", 0) + (f" ({entry['iops_per_rig_core_ratio']:.2f}x)"
+                                             if "iops_per_rig_core_ratio" in entry else ""),
         ])
     return header, rows
 
