@@ -113,6 +113,20 @@ class BackendTest(unittest.TestCase):
         figures = json.loads((self.root / "backend.json").read_text())
         self.assertEqual(len(figures["runs"]), 6)
 
+    def test_an_idle_job_has_cpu_and_no_ratio_line(self):
+        write_run(self.root, QD32)
+        for disk, cpu in (("xvda", 0.1), ("xvdb", 0.5)):
+            name = f"lg-idle-4k-qd1-q1@{disk}@1"
+            data = json.loads(line(0))
+            data["idle"] = True
+            (self.root / f"fio-bench-backend-{name}.json").write_text(json.dumps(data) + "\n")
+            (self.root / f"cpu-bench-backend-{name}.txt").write_text(
+                f"backend=x cpu_s={cpu} wall_s=10.0\n")
+        idle = [e for e in self.summary() if e["job"] == "lg-idle-4k-qd1-q1"][0]
+        self.assertAlmostEqual(
+            idle["backends"]["blkdom"]["backend_cpu_percent"]["median"], 5.0)
+        self.assertEqual([l for l in backend.ratio_lines([idle])], [])
+
     def test_no_results_is_an_error(self):
         with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
             self.assertEqual(backend.main(["--nested", str(self.root)]), 1)

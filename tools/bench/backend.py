@@ -93,7 +93,9 @@ def load_runs(nested: Path, config: dict) -> list:
             data = json.loads(path.read_text().strip().splitlines()[-1])
         except (ValueError, IndexError):
             continue
-        if data.get("tool") != "hostile-load" or not data.get("ok") or not data.get("iops"):
+        # An idle job (connected, no I/O) has no IOPS, only the backend's CPU.
+        if (data.get("tool") != "hostile-load" or not data.get("ok")
+                or not (data.get("iops") or data.get("idle"))):
             continue
         job, disk, round_ = match[1], match[2], int(match[3])
         backend = BACKENDS[disk]

@@ -58,6 +58,8 @@ pub struct Spec {
     /// At most this many requests a second over all queues (0: as fast as answered),
     /// evenly spaced; `qd` still bounds what is in flight.
     pub rate: u64,
+    /// Connected, and no request at all for the window: what the backend costs idle.
+    pub idle: bool,
 }
 
 impl Default for Spec {
@@ -79,6 +81,7 @@ impl Default for Spec {
             cue: None,
             drain_s: 30.0,
             rate: 0,
+            idle: false,
         }
     }
 }
@@ -97,7 +100,7 @@ pub fn parse_size(text: &str) -> Option<usize> {
 
 pub const USAGE: &str = "hostile load --vbd xvdX [--rw randread|randwrite|read|write] [--bs 4k] \
 [--qd 32] [--queues 1] [--time 10] [--ramp 1] [--range 256m] [--once] [--verify] \
-[--no-persistent] [--seed N] [--ios N] [--rate IOPS] [--cue NAME]";
+[--no-persistent] [--seed N] [--ios N] [--rate IOPS] [--idle] [--cue NAME]";
 
 /// The options after `load`: the vbd's name and the spec.
 pub fn parse_args(args: &[String]) -> Result<(String, Spec), String> {
@@ -147,6 +150,7 @@ pub fn parse_args(args: &[String]) -> Result<(String, Spec), String> {
             "--ios" => spec.max_ios = Some(number(value()?)?),
             "--cue" => spec.cue = Some(value()?.clone()),
             "--rate" => spec.rate = number(value()?)?,
+            "--idle" => spec.idle = true,
             other => return Err(format!("unknown option {other}; usage: {USAGE}")),
         }
     }
@@ -355,12 +359,13 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    pub fn ok(&self) -> bool {
+    /// Every request answered OKAY (and verified), and some were (`idle`: none sent).
+    pub fn ok(&self, idle: bool) -> bool {
         self.errors == 0
             && self.verify_errors == 0
             && self.bad_responses == 0
             && self.unanswered == 0
-            && self.ios > 0
+            && if idle { self.sent == 0 } else { self.ios > 0 }
     }
 
     fn problem(&mut self, what: String) {
@@ -495,11 +500,10 @@ pub fn drive<M: RingMemory>(
     // Runs that end by count rather than time count every answer, to the last.
     let bounded = spec.once || spec.max_ios.is_some();
     let mut measuring = false;
-    let mut submitting = true;
+    let mut submitting = !spec.idle;
     let (mut window_start, mut window_end) = (0u64, 0u64);
     let mut cpu_start = 0.0;
     let mut in_flight = 0usize;
-    let mut completed = 0u64;
     let mut stamp_buf = [0u8; 16];
 
     // Puts slot `s` of queue `q` on its ring (not yet pushed); false if the range is
@@ -551,10 +555,20 @@ pub fn drive<M: RingMemory>(
             }
         }
         let enough = spec.max_ios.is_some_and(|n| out.sent >= n);
+        if spec.idle && measuring && now >= end && window_end == 0 {
+            window_end = now;
+            out.cpu_s = kick.cpu_seconds() - cpu_start;
+            break;
+        }
         if submitting && ((!spec.once && now >= end) || enough) {
             submitting = false;
             window_end = now;
             out.cpu_s = kick.cpu_seconds() - cpu_start;
+        }
+        if spec.idle {
+            // Nothing to poll for: sleep, and leave the host's core to the backend.
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            continue;
         }
         if !submitting && in_flight == 0 {
             break;
@@ -585,7 +599,6 @@ pub fn drive<M: RingMemory>(
                 }
                 let issued = std::mem::replace(&mut slots[q].issued[s], u64::MAX);
                 in_flight -= 1;
-                completed += 1;
                 if measuring && (submitting || bounded) {
                     out.ios += 1;
                     hist.record(seen - issued);
@@ -676,13 +689,13 @@ pub fn drive<M: RingMemory>(
     out.p999_ns = hist.quantile(0.999);
     out.mean_ns = hist.mean();
     out.max_ns = hist.max;
-    if completed > 0 && out.ios == 0 {
+    if !spec.idle && out.ios == 0 {
         out.problem("no request completed inside the measured window".into());
     }
     if let Some(cue) = &spec.cue {
         kick.cue(&format!(
             "rig-guest: end {cue} rc={}",
-            if out.ok() { 0 } else { 1 }
+            if out.ok(spec.idle) { 0 } else { 1 }
         ));
     }
     out
@@ -731,7 +744,7 @@ pub fn json(spec: &Spec, conn: &Connection, out: &Outcome) -> String {
             "\"mean\":{:.1},\"max\":{:.1}}},\"cpu_s\":{:.3},\"cpu_us_per_io\":{:.2},",
             "\"busy_us_per_io\":{:.2},",
             "\"notifies\":{},\"notifies_per_io\":{:.4},\"sent\":{},\"errors\":{},",
-            "\"verify_errors\":{},\"bad_responses\":{},\"unanswered\":{},\"ok\":{},",
+            "\"verify_errors\":{},\"bad_responses\":{},\"unanswered\":{},\"idle\":{},\"ok\":{},",
             "\"problem\":{}}}"
         ),
         quote(conn.vbd),
@@ -771,7 +784,8 @@ pub fn json(spec: &Spec, conn: &Connection, out: &Outcome) -> String {
         out.verify_errors,
         out.bad_responses,
         out.unanswered,
-        out.ok(),
+        spec.idle,
+        out.ok(spec.idle),
         out.first_problem.as_deref().map_or("null".into(), quote),
     )
 }
@@ -881,7 +895,7 @@ mod tests {
         for bs in [4096, 64 << 10, 1 << 20] {
             let disk = RamDisk::new(SECTORS);
             let filled = fill(&disk, bs);
-            assert!(filled.ok(), "{bs}: {filled:?}");
+            assert!(filled.ok(false), "{bs}: {filled:?}");
             assert_eq!(filled.ios, SECTORS * 512 / bs as u64, "{bs}: one pass");
             let spec = Spec {
                 bs,
@@ -893,7 +907,7 @@ mod tests {
                 ..Spec::default()
             };
             let (out, _) = run(&spec, &disk);
-            assert!(out.ok(), "{bs}: {out:?}");
+            assert!(out.ok(false), "{bs}: {out:?}");
             assert_eq!(out.verify_errors, 0);
             assert_eq!((out.ios, out.sent), (200, 200), "{bs}: {out:?}");
             assert!(out.busy_ns > 0, "{bs}: {out:?}");
@@ -912,7 +926,7 @@ mod tests {
             ..Spec::default()
         };
         let (out, _) = run(&spec, &disk);
-        assert!(!out.ok());
+        assert!(!out.ok(false));
         assert_eq!(
             out.verify_errors,
             out.sent * 8,
@@ -925,7 +939,7 @@ mod tests {
     fn verify_catches_data_from_the_wrong_sector() {
         // Stamped with sectors shifted by one block: each block holds its neighbour's.
         let disk = RamDisk::new(SECTORS);
-        assert!(fill(&disk, 4096).ok());
+        assert!(fill(&disk, 4096).ok(false));
         let spec = Spec {
             write: true,
             random: false,
@@ -939,7 +953,7 @@ mod tests {
         let (mut ring, pages, mut kick) = rig(&spec, &disk);
         // Sector 0's block, stamped as block 1: write pages stamp sectors 8.. instead.
         let first = drive(&spec, &mut [&mut ring], &pages, SECTORS, &mut kick);
-        assert!(first.ok());
+        assert!(first.ok(false));
         let page = pages.data[0];
         for k in 0..SECTORS_PER_PAGE {
             pages.write(page, k * SECTOR, &stamp(8 + k as u64));
@@ -987,7 +1001,7 @@ mod tests {
             ..Spec::default()
         };
         let (out, notified) = run(&spec, &disk);
-        assert!(out.ok(), "{out:?}");
+        assert!(out.ok(false), "{out:?}");
         // The engine asks again only once it has drained the ring and set req_event.
         assert!(out.notifies <= out.pushed, "{out:?}");
         assert!(
@@ -1010,11 +1024,28 @@ mod tests {
             ..Spec::default()
         };
         let (out, _) = run(&spec, &disk);
-        assert!(out.ok(), "{out:?}");
+        assert!(out.ok(false), "{out:?}");
         // 200 requests 2.5 ms apart: half a second, whatever the depth allows.
         assert!(out.window_s >= 0.495, "{out:?}");
         let (fast, _) = run(&Spec { rate: 0, ..spec }, &disk);
         assert!(fast.window_s < out.window_s / 2.0, "{fast:?}");
+    }
+
+    #[test]
+    fn idle_sends_nothing_for_the_window() {
+        let disk = RamDisk::new(SECTORS);
+        let spec = Spec {
+            idle: true,
+            ramp: 0.0,
+            seconds: 0.2,
+            ..Spec::default()
+        };
+        let (mut ring, pages, mut kick) = rig(&spec, &disk);
+        let out = drive(&spec, &mut [&mut ring], &pages, SECTORS, &mut kick);
+        assert!(out.ok(true), "{out:?}");
+        assert_eq!((out.sent, out.ios, ring.req_prod_pvt()), (0, 0, 0));
+        assert!(out.window_s >= 0.2, "{out:?}");
+        assert!(!out.ok(false), "an idle run is no load run");
     }
 
     #[test]
@@ -1124,12 +1155,12 @@ mod tests {
     #[test]
     fn responses_for_requests_not_in_flight_are_counted_not_trusted() {
         let (honest, notified) = lying(|id| id);
-        assert!(honest.ok(), "{honest:?}");
+        assert!(honest.ok(false), "{honest:?}");
         // This backend never moves req_event past SHARED_RING_INIT's 1: it asked for one
         // event, for the first request, and got exactly that.
         assert_eq!(notified, 1, "{honest:?}");
         let (out, _) = lying(|_| 9); // beyond the depth
-        assert!(!out.ok());
+        assert!(!out.ok(false));
         assert_eq!(out.bad_responses, 4);
         assert_eq!(out.unanswered, 4, "the real requests never came back");
         let (twice, _) = lying(|_| 0); // the same slot answered again and again

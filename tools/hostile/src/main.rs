@@ -705,5 +705,5 @@ fn run_load(name: &str, spec: &load::Spec) -> Result<(String, bool), String> {
     if let Err(e) = &closed {
         eprintln!("hostile load: closing {}: {e}", vbd.fe);
     }
-    Ok((line, outcome.ok() && closed.is_ok()))
+    Ok((line, outcome.ok(spec.idle) && closed.is_ok()))
 }
