@@ -4,7 +4,7 @@
 //! slot owns its data pages (and, above 11 segments, an indirect page whose descriptors
 //! are written once), granted once for the whole run (persistent grants); responses are
 //! reaped by polling `rsp_prod` (the backend is never asked for an event: `rsp_event`
-//! stays where `SHARED_RING_INIT` put it); a request is announced only when the backend
+//! stays at `SHARED_RING_INIT`'s 1, past which only the first response goes); a request is announced only when the backend
 //! asked for it (`RING_PUSH_REQUESTS_AND_CHECK_NOTIFY` against its `req_event`).
 //!
 //! The loop here is generic over the ring memory and how the backend is kicked, so the
