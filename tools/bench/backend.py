@@ -30,8 +30,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools" / "bench"))
-from report import (blkdom_cmdline_note, derive_host, fmt, read_cpu,  # noqa: E402
-                    read_host_threads, spread)  # (tools/bench/report.py)
+from paired import fmt_spread  # noqa: E402  (tools/bench/paired.py)
+from report import (blkdom_cmdline_note, derive_host, fmt, markdown_table,  # noqa: E402
+                    read_cpu, read_host_threads, spread, text_table)  # (tools/bench/report.py)
 
 GUEST = "bench-backend"
 BACKENDS = {"xvda": "linux-dom0", "xvdb": "blkdom"}
@@ -154,15 +155,6 @@ def summarise(runs: list, order=()) -> list:
     return summary
 
 
-def fmt_spread(figure, digits=0) -> str:
-    if not figure:
-        return "-"
-    if figure["n"] == 1:
-        return fmt(figure["median"], digits)
-    return (f"{fmt(figure['median'], digits)} ({fmt(figure['min'], digits)}-"
-            f"{fmt(figure['max'], digits)})")
-
-
 def median(figures: dict, field: str, digits: int) -> str:
     return fmt(figures[field]["median"], digits) if field in figures else "-"
 
@@ -224,14 +216,8 @@ def render(summary: list, config: dict, markdown: bool) -> str:
              "jobs, each job on both disks back to back (order alternating by round); "
              "medians (min-max); ratio of the medians; won = pairs where blkdom served more"
              + blkdom_cmdline_note(config))
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
-    else:
-        widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()
-                 for line in [header] + rows]
-    return title + ":\n\n" + "\n".join(lines) + "\n\n" + "\n".join(ratio_lines(summary)) + "\n"
+    table = markdown_table(header, rows) if markdown else text_table(header, rows)
+    return title + ":\n\n" + table + "\n\n" + "\n".join(ratio_lines(summary)) + "\n"
 
 
 def main(argv=None) -> int:
