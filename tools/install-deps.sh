@@ -87,6 +87,18 @@ need_bpo() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok
 
 need_bpo qemu-system-x86
 need python3
+# prometheus_client: tests/bench parses `blkdom-stat --prometheus` with the real parser
+# (and the rig, tools/rig/prom_check.py, what blkdom-stat wrote in dom0). Debian's own
+# python3 gets Debian's package (pip may not write there, PEP 668); another python3 on
+# PATH (a venv, pyenv) gets it from PyPI with its own pip, below.
+pip_packages=()
+if ! python3 -c 'import prometheus_client' 2>/dev/null; then
+  if [ "$(python3 -c 'import sys; print(sys.prefix)')" = /usr ]; then
+    need python3-prometheus-client
+  else
+    pip_packages+=(prometheus_client)
+  fi
+fi
 if [ "$want_xen" = 1 ]; then
   # Build tools only. The rig's dom0/guest contents (Xen 4.17, Linux 6.1, busybox) are
   # Debian packages that tools/rig/build-images.sh downloads and unpacks into its cache:
@@ -116,4 +128,10 @@ if [ "${#missing_bpo[@]}" -gt 0 ]; then
   apt_update
   $SUDO apt-get install -y -q --no-install-recommends -t bookworm-backports "${missing_bpo[@]}"
 fi
+if [ "${#pip_packages[@]}" -gt 0 ]; then
+  log "installing with $(command -v python3)'s pip: ${pip_packages[*]}"
+  python3 -m pip install -q "${pip_packages[@]}"
+fi
+python3 -c 'import prometheus_client' ||
+  { echo "install-deps: python3 cannot import prometheus_client" >&2; exit 1; }
 log "ok"

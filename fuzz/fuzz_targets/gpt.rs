@@ -22,25 +22,9 @@ use backing::gpt::{crc32, header_location, GptError, Header, Wanted, MAX_ENTRY_A
 use backing::{check_slice, PartName, SliceError};
 use libfuzzer_sys::fuzz_target;
 
-/// Reads the input.
-struct Input<'a>(&'a [u8]);
-
-impl<'a> Input<'a> {
-    fn byte(&mut self) -> u8 {
-        let (&first, rest) = self.0.split_first().unwrap_or((&0, &[]));
-        self.0 = rest;
-        first
-    }
-    /// `n` bytes little-endian (missing ones zero).
-    fn uint(&mut self, n: usize) -> u64 {
-        (0..n).fold(0, |v, i| v | u64::from(self.byte()) << (8 * i))
-    }
-    fn take(&mut self, n: usize) -> &'a [u8] {
-        let (taken, rest) = self.0.split_at(n.min(self.0.len()));
-        self.0 = rest;
-        taken
-    }
-}
+#[path = "../common/input.rs"]
+mod input;
+use input::Input;
 
 /// Block sizes a device may have; beyond 64 KiB only `header_location` is checked.
 fn block_size(input: &mut Input) -> u32 {

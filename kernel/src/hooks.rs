@@ -19,10 +19,10 @@ pub fn run(cmdline: &Cmdline<'_>, config: &Config, under_xen: bool, bus: PciBus)
         crash_test(what);
     }
     if let Some(spec) = cmdline.value(Key::Disktest) {
-        devices::disk_test(spec, cmdline, bus);
+        devices::disk_test(spec, cmdline, config.device_timeout_ns, bus);
     }
     if let Some(spec) = cmdline.value(Key::Faulttest) {
-        devices::fault_test(spec, cmdline, config.device_timeout_ns, bus);
+        devices::fault_test(spec, cmdline, config, bus);
     }
     if let Some(steps) = cmdline.value(Key::Registrytest) {
         backend::registry_test(steps, bus);

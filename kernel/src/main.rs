@@ -111,7 +111,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     );
     arch::copy::calibrate();
     log_grant_limits(&config.grants);
-    log_device_timeout(config.device_timeout_ns);
+    log_device_timeout(config.device_timeout_ns, config.device_max_resets);
 
     let firmware = firmware::Firmware::read(info.start_info.rsdp_paddr);
     match power::init(&firmware) {
@@ -209,12 +209,19 @@ fn log_grant_limits(limits: &blkback::budget::GrantLimits) {
     }
 }
 
-/// Says what the device deadline (`device.timeout-ms=`) does.
-fn log_device_timeout(ns: u64) {
-    match ns {
-        0 => info!("devices: commands have no deadline (device.timeout-ms=0)"),
-        ns => info!(
-            "devices: a command not completed in {} ms fails and stops its device",
+/// Says what the device deadline (`device.timeout-ms=`) and recovery
+/// (`device.max-resets=`) do.
+fn log_device_timeout(ns: u64, max_resets: u32) {
+    match (ns, max_resets) {
+        (0, _) => info!("devices: commands have no deadline (device.timeout-ms=0)"),
+        (ns, 0) => info!(
+            "devices: a command not completed in {} ms fails and stops its device \
+             (device.max-resets=0)",
+            ns / 1_000_000
+        ),
+        (ns, resets) => info!(
+            "devices: a command not completed in {} ms is aborted, and its device reset if \
+             that does not bring it back; a device given up after {resets} resets in a row",
             ns / 1_000_000
         ),
     }

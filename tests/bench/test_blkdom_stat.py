@@ -10,15 +10,26 @@ serve a canned xenstore: a blkdom (domain 1) serving two disks, mq's (2 queues, 
 blkdom-stats and pollers' line change at known times of a fake clock that only `sleep`
 moves. The tool's table is checked against the known deltas. When busybox is installed
 the tool runs under its sh too (dom0's shell in the rig).
+
+--prometheus (PrometheusTest) runs on lines carrying every word README.md documents; its
+output is parsed with prometheus_client and tools/rig/prom_check.py's stricter rules, and
+each word's metric, labels and value are checked against the input.
 """
 
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 from pathlib import Path
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "blkdom-stat"
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[2]
+TOOL = REPO / "tools" / "blkdom-stat"
+sys.path.insert(0, str(REPO / "tools" / "rig"))
+import prom_check  # noqa: E402  (path set up above)
 BE = "/local/domain/1/backend/vbd"
 
 # The fakes read $FAKE/store: "TIME<tab>PATH<tab>VALUE" lines; a path's value at clock T
@@ -125,17 +136,24 @@ def store_lines(snapshots=SNAPSHOTS, budget=False, heap=False) -> str:
 SHELLS = [["sh"]] + ([["busybox", "sh"]] if shutil.which("busybox") else [])
 
 
-class BlkdomStatTest(unittest.TestCase):
+class FakeXenstore(unittest.TestCase):
+    """A temporary directory with the fakes in it (`self.fake`)."""
+
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
         self.fake = Path(self.tmp.name)
         for name, text in FAKES.items():
             (self.fake / name).write_text(text)
             (self.fake / name).chmod(0o755)
-        (self.fake / "store").write_text(store_lines())
 
     def tearDown(self):
         self.tmp.cleanup()
+
+
+class BlkdomStatTest(FakeXenstore):
+    def setUp(self):
+        super().setUp()
+        (self.fake / "store").write_text(store_lines())
 
     def run_tool(self, *args, shell=("sh",)) -> subprocess.CompletedProcess:
         (self.fake / "clock").write_text("0\n")
@@ -240,6 +258,295 @@ class BlkdomStatTest(unittest.TestCase):
                 self.assertEqual(result.returncode, 1)
                 self.assertIn(message, result.stderr)
                 self.assertEqual(result.stdout, "")
+
+
+def readme_table(heading: str) -> list:
+    """The rows of the first table under README.md's `heading`, split into cells."""
+    text = (REPO / "README.md").read_text()
+    start = text.index(f"\n{heading}\n")
+    body = text[start + len(heading) + 2:]
+    body = body[:body.find("\n#")] if "\n#" in body else body
+    rows = [line for line in body.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:]]
+
+
+def tool_table() -> list:
+    """blkdom-stat's metrics table: (scope, field, metric, type, scale, help) rows."""
+    text = TOOL.read_text()
+    body = text[text.index("metrics_table() {"):]
+    body = body[body.index("<<'EOF'\n") + 8:body.index("\nEOF\n")]
+    return [line.split("|") for line in body.splitlines()]
+
+
+# Every word blkdom publishes, as README.md documents them: a disk's blkdom-stats and
+# the pollers' line (per vCPU, then the domain's).
+STATS_WORDS = [row[0].strip("`") for row in readme_table("### Statistics: `blkdom-stats`")]
+POLLER_WORDS = [(row[0].strip("`"), row[1].startswith("per vCPU"))
+                for row in readme_table("### Statistics: `data/blkdom-pollers`")]
+
+
+def full_stats_line(base: int) -> str:
+    """Every blkdom-stats word, the n-th worth base + n."""
+    return " ".join(f"{word}={base + n}" for n, word in enumerate(STATS_WORDS))
+
+
+def full_pollers_line() -> str:
+    """The pollers' line of a 2-vCPU blkdom as blkdom writes it, every field distinct."""
+    vcpu = [w for w, per_vcpu in POLLER_WORDS if per_vcpu]
+    rest = [w for w, per_vcpu in POLLER_WORDS if not per_vcpu]
+    cpus = "; ".join(f"vcpu{c}: " + " ".join(f"{w}={1000 * (c + 1) + n}"
+                                              for n, w in enumerate(vcpu)) for c in (0, 1))
+    # grant-*, then bounced-bytes, the heap, and mapped-pages last, ";" between groups.
+    groups = [[w for w in rest if w.startswith("grant-")], ["bounced-bytes"],
+              ["heap-free", "heap-used"], ["mapped-pages"]]
+    assert sorted(sum(groups, [])) == sorted(rest), rest
+    tail = "; ".join(" ".join(f"{w}={5000 + rest.index(w)}" for w in group)
+                     for group in groups)
+    return f"{cpus}; {tail}"
+
+
+class PrometheusTest(FakeXenstore):
+    """--prometheus against the same fake xenstore, with every word blkdom publishes."""
+
+    def setUp(self):
+        super().setUp()
+        self.write_store()
+        # dom0 runs busybox: its awk, tr and mv too, not only its sh.
+        self.busybox_bin = self.fake / "busybox-bin"
+        if shutil.which("busybox"):
+            self.busybox_bin.mkdir()
+            for tool in ("awk", "tr", "mv", "rm", "cat", "sed"):
+                (self.busybox_bin / tool).symlink_to(shutil.which("busybox"))
+
+    def write_store(self, extra: dict = None, mq_words: str = ""):
+        lines = [f"0\t{path}\t{value}" for path, value in {**STATIC, **(extra or {})}.items()]
+        lines.append(f"0\t{BE}/3/51712/blkdom-stats\t{full_stats_line(100)}{mq_words}")
+        lines.append(f"0\t{BE}/4/51728/blkdom-stats\t{full_stats_line(200)}")
+        lines.append(f"0\t/local/domain/1/data/blkdom-pollers\t{full_pollers_line()}")
+        (self.fake / "store").write_text("\n".join(lines) + "\n")
+
+    def shells(self):
+        yield "sh", ["sh"], ""
+        if shutil.which("busybox"):
+            yield "busybox", ["busybox", "sh"], f"{self.busybox_bin}:"
+
+    def run_tool(self, *args, shell=("sh",), path_prefix="", umask=-1):
+        (self.fake / "clock").write_text("0\n")
+        env = {"PATH": f"{path_prefix}{self.fake}:/usr/bin:/bin", "FAKE": str(self.fake)}
+        return subprocess.run([*shell, str(TOOL), *args], env=env, capture_output=True,
+                              text=True, timeout=60, umask=umask)
+
+    def metrics(self, *args, **kwargs) -> dict:
+        result = self.run_tool("--prometheus", *args, **kwargs)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return prom_check.parse(result.stdout)
+
+    @staticmethod
+    def sample(families, name, **labels):
+        found = [s for f in families.values() for s in f.samples
+                 if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+        assert len(found) == 1, (name, labels, found)
+        return found[0]
+
+    def test_every_word_with_its_metric_labels_and_value(self):
+        table = {(row[0], row[1]): row for row in tool_table()}
+        for name, shell, prefix in self.shells():
+            with self.subTest(shell=name):
+                families = self.metrics(shell=shell, path_prefix=prefix)
+                # The metric names dashboards use, by hand (the rest follow the table).
+                mq = {"domain": "mq", "vdev": "xvda"}
+                first = {word: 100 + n for n, word in enumerate(STATS_WORDS)}
+                self.assertEqual(self.sample(families, "blkdom_vbd_read_requests_total",
+                                             **mq).value, first["rd_req"])
+                self.assertEqual(self.sample(families, "blkdom_vbd_read_bytes_total",
+                                             **mq).value, first["rd_sect"] * 512)
+                self.assertEqual(self.sample(families, "blkdom_vbd_written_bytes_total",
+                                             domain="web").value,
+                                 (200 + STATS_WORDS.index("wr_sect")) * 512)
+                self.assertEqual(families["blkdom_vbd_write_requests"].type, "counter")
+                self.assertEqual(families["blkdom_vbd_grants_mapped"].type, "gauge")
+                self.assertEqual(self.sample(families, "blkdom_vbd_size_bytes",
+                                             domain="web").value, 4 << 30)
+                self.assertEqual(self.sample(families, "blkdom_vbd_sector_size_bytes",
+                                             domain="web").value, 4096)
+                self.assertEqual(self.sample(families, "blkdom_vbd_persistent_grants_enabled",
+                                             **mq).value, 1)
+                self.assertEqual(self.sample(families, "blkdom_vbd_persistent_grants_enabled",
+                                             domain="web").value, 0)
+                self.assertEqual(self.sample(families, "blkdom_vbd_ring_page_order",
+                                             **mq).value, 2)
+                self.assertEqual(self.sample(families, "blkdom_vbd_backend_state",
+                                             **mq).value, 4)
+                self.assertEqual(self.sample(families, "blkdom_up").value, 1)
+                notify = self.sample(families, "blkdom_poller_notify_seconds_total", vcpu="1")
+                vcpu_words = [w for w, per_vcpu in POLLER_WORDS if per_vcpu]
+                self.assertAlmostEqual(notify.value,
+                                       (2000 + vcpu_words.index("notify-ns")) * 1e-9)
+                # Every word of each disk's line, with the disk's labels.
+                for domid, guest, vdev, devid, target, base in (
+                        ("3", "mq", "xvda", "51712", "ram:128M", 100),
+                        ("4", "web", "xvdb", "51728", "nvme:1", 200)):
+                    labels = {"driver": "blkdom", "domid": domid, "domain": guest,
+                              "vdev": vdev, "devid": devid, "target": target}
+                    for n, word in enumerate(STATS_WORDS):
+                        _, _, metric, kind, scale, _ = table[("vbd", word)]
+                        s = self.sample(families, metric, **labels)
+                        self.assertEqual(s.labels, labels)
+                        self.assertEqual(s.value, (base + n) * int(scale), word)
+                        family = metric[:-len("_total")] if kind == "counter" else metric
+                        self.assertEqual(families[family].type, kind, word)
+                # Every vCPU's and the domain's words.
+                rest = [w for w, per_vcpu in POLLER_WORDS if not per_vcpu]
+                for word, per_vcpu in POLLER_WORDS:
+                    scope = "poller" if per_vcpu else "domain"
+                    _, _, metric, kind, scale, _ = table[(scope, word)]
+                    cpus = (0, 1) if per_vcpu else (None,)
+                    for cpu in cpus:
+                        labels = {"driver": "blkdom"}
+                        if cpu is not None:
+                            labels["vcpu"] = str(cpu)
+                            raw = 1000 * (cpu + 1) + vcpu_words.index(word)
+                        else:
+                            raw = 5000 + rest.index(word)
+                        s = self.sample(families, metric, **labels)
+                        self.assertEqual(s.labels, labels)
+                        self.assertAlmostEqual(s.value, raw * float(scale), msg=word)
+                # Nothing else: no word fell through to an untyped metric.
+                vbd_metrics = {row[2] for row in tool_table()}
+                for family in families.values():
+                    for s in family.samples:
+                        self.assertIn(s.name, vbd_metrics)
+
+    def test_label_values_are_escaped(self):
+        odd = 'm"q\\x y,z}'
+        self.write_store({"/local/domain/3/name": odd,
+                          f"{BE}/3/51712/params": 'ram:128M:a"b\\c'})
+        for name, shell, prefix in self.shells():
+            with self.subTest(shell=name):
+                families = self.metrics(shell=shell, path_prefix=prefix)
+                s = self.sample(families, "blkdom_vbd_read_requests_total", domid="3")
+                self.assertEqual(s.labels["domain"], odd)
+                self.assertEqual(s.labels["target"], 'ram:128M:a"b\\c')
+                self.assertEqual(s.value, 100 + STATS_WORDS.index("rd_req"))
+
+    def test_a_word_this_tool_does_not_know_is_untyped_not_lost(self):
+        # Also a word twice (one series can have only one value): the first counts.
+        self.write_store(mq_words=" throttled-ios=17 not-a-number=x throttled-ios=18")
+        result = self.run_tool("--prometheus")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with self.assertRaisesRegex(ValueError, "blkdom_vbd_throttled_ios: no TYPE"):
+            prom_check.parse(result.stdout)
+        families = prom_check.parse(result.stdout, allow_untyped=True)
+        self.assertEqual(families["blkdom_vbd_throttled_ios"].type, "unknown")
+        self.assertEqual(self.sample(families, "blkdom_vbd_throttled_ios",
+                                     domain="mq").value, 17)
+        self.assertNotIn("blkdom_vbd_not_a_number", families)
+
+    def test_the_checks_fail_on_malformed_output(self):
+        """The parser and prom_check's rules catch what a broken exporter would write."""
+        good = self.run_tool("--prometheus").stdout
+        prom_check.parse(good)
+        broken = {
+            "unescaped quote": good.replace('domain="mq"', 'domain="m"q"', 1),
+            "label without quotes": good.replace('domain="mq"', "domain=mq", 1),
+            "bad label name": good.replace('vdev="xvda"', 'v-dev="xvda"', 1),
+            "bad metric name": good.replace("blkdom_up{", "blkdom-up{"),
+            "value not a number": re.sub(r"(blkdom_up\{[^}]*\}) 1", r"\1 one", good),
+            "no TYPE": good.replace("# TYPE blkdom_mapped_pages gauge\n", ""),
+            "split family": good + 'blkdom_vbd_queues{domain="late"} 1\n',
+            "sample twice": good + good.splitlines()[2] + "\n",
+            "counter not _total": good.replace("blkdom_vbd_read_requests_total",
+                                               "blkdom_vbd_read_requests"),
+            "timestamp": re.sub(r"(blkdom_up\{[^}]*\} 1)", r"\1 1700000000000", good),
+        }
+        for what, text in broken.items():
+            with self.subTest(what):
+                with self.assertRaises(ValueError):
+                    prom_check.parse(text)
+        # The line grammar sees a bad label whatever the parser's version (Debian's 0.16
+        # reads domain="m"q" as "m" without a word).
+        for what in ("unescaped quote", "label without quotes"):
+            with self.assertRaisesRegex(ValueError, "not a sample line"):
+                prom_check.parse(broken[what])
+        # And the escaped values the tool writes read back as written, parser and all.
+        families = list(text_string_to_metric_families(good))
+        self.assertEqual(len(families), len(prom_check.parse(good)))
+
+    def test_output_replaces_the_file_atomically(self):
+        out = self.fake / "textfile" / "blkdom.prom"
+        out.parent.mkdir()
+        out.write_text("old\n")
+        inode = out.stat().st_ino
+        for name, shell, prefix in self.shells():
+            with self.subTest(shell=name):
+                # Under a umask that would make the file unreadable to others.
+                result = self.run_tool("--prometheus", "--output", str(out), shell=shell,
+                                       path_prefix=prefix, umask=0o077)
+                self.assertEqual((result.returncode, result.stdout), (0, ""), result.stderr)
+                self.assertEqual(out.read_text(), self.run_tool("--prometheus").stdout)
+                prom_check.parse(out.read_text())
+                # A new file renamed over the old one (never rewritten in place), readable
+                # by node_exporter's user, and no temporary file left beside it.
+                self.assertNotEqual(out.stat().st_ino, inode)
+                inode = out.stat().st_ino
+                self.assertEqual(out.stat().st_mode & 0o777, 0o644)
+                self.assertEqual(sorted(p.name for p in out.parent.iterdir()),
+                                 ["blkdom.prom"])
+        # -o FILE and --output=FILE too.
+        for args in (["-p", "-o", str(out)], ["--prometheus", f"--output={out}"]):
+            out.unlink()
+            self.assertEqual(self.run_tool(*args).returncode, 0, args)
+            self.assertTrue(out.exists(), args)
+
+    def test_a_domain_without_statistics_writes_blkdom_up_0(self):
+        out = self.fake / "blkdom.prom"
+        for args in (["-d", "Domain-0"], ["-d", "nosuch"]):
+            with self.subTest(args=args):
+                out.write_text(self.run_tool("--prometheus").stdout)
+                result = self.run_tool("--prometheus", "--output", str(out), *args)
+                self.assertEqual(result.returncode, 1)
+                self.assertIn("blkdom-stat:", result.stderr)
+                families = prom_check.parse(out.read_text())
+                self.assertEqual([f.name for f in families.values()], ["blkdom_up"])
+                self.assertEqual(families["blkdom_up"].samples[0].value, 0)
+        # Without --output nothing is written on stdout, as before.
+        result = self.run_tool("--prometheus", "-d", "Domain-0")
+        self.assertEqual((result.returncode, result.stdout), (1, ""))
+        result = self.run_tool("--output", str(out))
+        self.assertIn("--output goes with --prometheus", result.stderr)
+
+    def test_the_rigs_expectations(self):
+        """prom_check --expect, as tools/rig/run.sh checks what dom0 wrote."""
+        self.write_store({"/local/domain/4/name": 'w"b'})
+        families = self.metrics()
+        # queues is the first word of the lines: 100 on mq's, 200 on web's.
+        holds = ['blkdom_vbd_queues{domain="mq",vdev="xvda"} == 100',
+                 'blkdom_vbd_queues{domain="w\\"b"} == 200',
+                 "blkdom_mapped_pages > 0",
+                 'blkdom_poller_rings{vcpu="1"} >= 1']
+        for spec in holds:
+            self.assertEqual(prom_check.check_expectation(families, spec), "", spec)
+        fails = {'blkdom_vbd_queues{domain="mq"} == 3': "found 100",
+                 'blkdom_vbd_queues{domain="nosuch"} > 0': "no such sample",
+                 'blkdom_vbd_queues{domain=mq} > 0': "labels not understood",
+                 "blkdom_vbd_queues 2": "not understood"}
+        for spec, why in fails.items():
+            self.assertIn(why, prom_check.check_expectation(families, spec), spec)
+
+    def test_readme_lists_every_metric_of_the_tool(self):
+        rows = readme_table("### Metrics")
+        documented = {(row[0].strip("`"), row[1]) for row in rows}
+        self.assertEqual(documented, {(row[2], row[3]) for row in tool_table()})
+        # Each row says where its number comes from (the word, or the key for xs.*).
+        source = {row[0].strip("`"): row[2] for row in rows}
+        for _, field, metric, *_ in tool_table():
+            self.assertIn(f"`{field.removeprefix('xs.')}`", source[metric], metric)
+        # And every word blkdom publishes has its row (none falls through as untyped).
+        known = {(row[0], row[1]) for row in tool_table()}
+        for word in STATS_WORDS:
+            self.assertIn(("vbd", word), known)
+        for word, per_vcpu in POLLER_WORDS:
+            self.assertIn(("poller" if per_vcpu else "domain", word), known)
 
 
 if __name__ == "__main__":

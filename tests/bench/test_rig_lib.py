@@ -140,7 +140,7 @@ class RigScenarioTest(unittest.TestCase):
     def test_checks_on_blkdoms_lines_read_its_whole_log(self):
         # Xen's ring alone misses nothing early but splits long lines and wraps; the
         # console alone misses the earliest lines: blkdom_log / blkdom_logged read both.
-        for name in ("blkdom-faults", "blkdom-grants"):
+        for name in ("blkdom-faults", "blkdom-grants", "blkdom-shutdown"):
             text = (self.XEN / name).read_text()
             with self.subTest(scenario=name):
                 self.assertNotRegex(text, r'xl dmesg \| grep "\(d\$bid\) "')

@@ -318,6 +318,78 @@ def test_disks_through_bounce_buffers(suite):
                   expect_in_log=["through bounce buffers", "outside its buffers is refused"])
 
 
+SHUTDOWN_DISKTEST = "disktest.writes=4 disktest.random-reads=100 disktest.sequential-mib=1"
+
+
+def traced_disk_test(suite, name, spec, device, events, shutdown):
+    """A short disk test on a fresh disk behind `device`, with QEMU tracing `events` to a
+    file; with `shutdown`, followed by the devices' part of a clean shutdown
+    (disktest.shutdown). Returns the boot and the trace's lines."""
+    trace = os.path.join(suite.log_dir, f"{name}.trace")
+    if os.path.exists(trace):
+        os.remove(trace)
+    image = disk_image(suite, name)
+    extra = ["-drive", f"file={image},format=raw,if=none,id=disk0,cache=writeback", "-device", device]
+    for event in events:
+        extra += ["-trace", f"enable={event}"]
+    extra += ["-D", trace]
+    append = f"disktest={spec} disktest.seed={suite.seed} {SHUTDOWN_DISKTEST}"
+    append += " disktest.shutdown" if shutdown else ""
+    r = suite.boot(name, append + " loglevel=info", timeout=DISK_TIMEOUT, smp=2, extra=extra)
+    with open(trace, encoding="utf-8", errors="replace") as f:
+        return r, f.read().splitlines()
+
+
+def test_clean_shutdown_reaches_the_devices(suite):
+    # The devices' part of `xl shutdown` (disktest.shutdown runs it after the disk test):
+    # the cache flushed, then NVMe's shutdown notification or a virtio reset, seen by
+    # QEMU's trace events. Each device boots twice, with the shutdown and without it (the
+    # same seeded test): the shutdown adds exactly one flush, after every other command,
+    # and the stop comes after it.
+    def flush_pop(line):  # a virtio-blk flush: the header out, the status in
+        return line.startswith("virtqueue_pop ") and line.endswith(" in_num 1 out_num 1")
+
+    cases = [
+        ("shutdown.nvme-flushed-then-shutdown-notification", "nvme:1", "nvme,drive=disk0,serial=x",
+         ["pci_nvme_io_cmd", "pci_nvme_flush_ns", "pci_nvme_mmio_shutdown_set"],
+         lambda l: l.startswith("pci_nvme_flush_ns "), lambda l: l.startswith("pci_nvme_io_cmd "),
+         lambda l: l.startswith("pci_nvme_mmio_shutdown_set "),
+         ["shutdown: nvme:1: flush done in ", "shutdown: nvme 00:03.0: shutdown notification done in "]),
+        ("shutdown.virtio-flushed-then-reset", "virtio:0", "virtio-blk-pci,drive=disk0,num-queues=2",
+         ["virtqueue_pop", "virtio_set_status"], flush_pop, lambda l: l.startswith("virtqueue_pop "),
+         lambda l: l.startswith("virtio_set_status ") and l.endswith(" val 0"),
+         ["shutdown: virtio:0: flush done in ", "shutdown: virtio-blk 00:03.0: reset done in "]),
+    ]
+    for name, spec, device, events, is_flush, is_request, is_stop, needles in cases:
+        r, traced = traced_disk_test(suite, name, spec, device, events, shutdown=True)
+        plain, untraced = traced_disk_test(suite, name + "-without", spec, device, events, shutdown=False)
+        problems = []
+        if r.verdict != "pass" or "disktest: PASS" not in r.log:
+            problems.append(f"verdict {r.verdict}")
+        if plain.verdict != "pass":
+            problems.append(f"verdict {plain.verdict} without the shutdown")
+        problems += [f"log lacks {n!r}" for n in needles if n not in r.log]
+        flushes = sum(map(is_flush, traced))
+        without = sum(map(is_flush, untraced))
+        if flushes != without + 1:
+            problems.append(f"{flushes} flushes reached the device, {without} without the shutdown")
+
+        def after_last_request(lines):
+            last = max((i for i, l in enumerate(lines) if is_request(l)), default=-1)
+            return last, [l for l in lines[last + 1:] if is_stop(l)]
+
+        last, stops = after_last_request(traced)
+        if not stops:
+            problems.append("the device was not stopped after its last request")
+        elif last < 0 or not any(map(is_flush, traced[last:])):
+            problems.append(f"the last request before the stop was not a flush: {traced[last] if last >= 0 else None!r}")
+        if after_last_request(untraced)[1]:
+            problems.append("without the shutdown the device was stopped too")
+        detail = (f"{flushes} flushes ({without} without the shutdown), then {stops[0].split()[0] if stops else '-'}"
+                  f" after the last request; {r.seconds:.1f} s")
+        suite.record(name, not problems, "; ".join(problems) or detail, r)
+
+
 def test_virtio_disk_two_queues(suite):
     run_disk_test(suite, "disk.virtio-blk-two-queues-verified-on-host", "virtio:0",
                   ["-device", "virtio-blk-pci,drive=disk0,num-queues=2"], smp=2, expect_queues=2,
@@ -530,7 +602,8 @@ def test_device_faults(suite):
     # path emulated devices take under Xen), not for direct DMA: a real device stops at
     # bus mastering off. A virtio-blk device is not stalled here: QEMU drains its
     # requests when its bus mastering goes off (the vCPU waits for the stall); the host
-    # tests stall one. The error sector is 2048, as the config says.
+    # tests stall one. The error sector is 2048, as the config says. That case runs
+    # without recovery (device.max-resets=0); the last one recovers the stalled device.
     blkdebug = os.path.join(os.path.dirname(suite.log_dir.rstrip("/")) or ".", "blkdebug-sector.conf")
     os.makedirs(os.path.dirname(blkdebug) or ".", exist_ok=True)
     with open(blkdebug, "w") as f:
@@ -538,9 +611,18 @@ def test_device_faults(suite):
     image = disk_image(suite, "faults-error")
     failing = ["-drive", f"if=none,id=disk0,format=raw,file=blkdebug:{blkdebug}:{image}"]
     stalling = ["-blockdev", "driver=null-co,node-name=stall0,size=67108864,latency-ns=4000000000,read-zeroes=on"]
+    # A controller whose first namespace takes 3 s a read (null-co's latency holds every
+    # read: QEMU 10.0's blkdebug cannot delay one) and whose second answers at once: with
+    # recovery (device.max-resets, default 3) the stalled read is aborted or the
+    # controller reset, after which both namespaces serve.
+    recovering = ["-blockdev", "driver=null-co,node-name=slow0,size=67108864,latency-ns=3000000000,read-zeroes=on",
+                  "-blockdev", "driver=null-co,node-name=fast0,size=67108864,read-zeroes=on",
+                  "-device", "nvme,id=nvme0,serial=recovers",
+                  "-device", "nvme-ns,drive=slow0,bus=nvme0,nsid=1",
+                  "-device", "nvme-ns,drive=fast0,bus=nvme0,nsid=2"]
     cases = [
         ("faults.virtio-error-and-nvme-stall",
-         "faulttest=virtio:0 faulttest.stall=nvme:1 faulttest.bounce faulttest.late-ms=4000 device.timeout-ms=1000",
+         "faulttest=virtio:0 faulttest.stall=nvme:1 faulttest.bounce faulttest.late-ms=4000 device.timeout-ms=1000 device.max-resets=0",
          failing + ["-device", "virtio-blk-pci,drive=disk0"] + stalling + ["-device", "nvme,drive=stall0,serial=stall"],
          ["virtio:0: the read of sector 2048 answered Error, the reads around it Ok; the device serves on",
           "nvme:1: the stalled read answered Error after", "device stopped (bus mastering off)",
@@ -551,6 +633,15 @@ def test_device_faults(suite):
          "faulttest=nvme:1",
          failing + ["-device", "nvme,drive=disk0,serial=x"],
          ["nvme:1: the read of sector 2048 answered Error, the reads around it Ok; the device serves on"]),
+        ("faults.nvme-stall-recovers",
+         "faulttest=virtio:0 faulttest.stall=nvme:1 faulttest.after-reset=nvme:2 faulttest.bounce faulttest.late-ms=3000 device.timeout-ms=1000",
+         failing + ["-device", "virtio-blk-pci,drive=disk0"] + recovering,
+         ["nvme: q1 command 0 got no completion in", "nvme: the controller: resetting",
+          "nvme: q1 serves again after the controller reset; 1 requests it held fail",
+          "bus mastering on again", "the device recovered",
+          "nvme:1: nothing of the stalled read reached memory",
+          "nvme:2: 8 reads after the reset answered Ok within the deadline",
+          "nvme:1: a read after the reset answered Ok", "virtio:0 still serves"]),
     ]
     for name, append, extra, needles in cases:
         r = suite.boot(name, append + " loglevel=info", timeout=60, extra=extra)
@@ -560,6 +651,9 @@ def test_device_faults(suite):
         detail = f"in {r.seconds:.1f} s"
         if stalled:
             detail += f"; stalled read answered after {stalled.group(1)} ms (deadline 1000 ms), {stalled.group(2)} reads served on the other device meanwhile"
+        abort = re.search(r"nvme: q1 command 0 (not aborted|aborted)|nvme: abort of q1 command 0: [^\n]*", r.log)
+        if abort and "resetting" in r.log:
+            detail += f"; abort: {abort.group(0).split(': ', 1)[1]}, then a reset"
         failed = [l for l in r.lines() if "faulttest: FAIL" in l]
         if failed:
             problems.append(failed[0].split("faulttest: ", 1)[1])
@@ -585,7 +679,8 @@ def main():
                  test_virtio_disk_direct_descriptors, test_virtio_disk_single_queue, test_ram_disk,
                  test_nvme_slice, test_virtio_gpt_partition, test_bad_slices_fail_precisely,
                  test_registry_slices,
-                 test_missing_or_failing_disk_fails_cleanly, test_device_faults]:
+                 test_missing_or_failing_disk_fails_cleanly, test_device_faults,
+                 test_clean_shutdown_reaches_the_devices]:
         if args.only and args.only not in test.__name__:
             continue
         try:

@@ -270,6 +270,20 @@ check "no crash/corruption signatures in the log: $(grep -E "$signatures" <<<"$l
 check "scenario $scenario finished and passed (qemu exit $qemu_rc after ${wall}s)" \
   log_has "^rig: scenario $scenario PASS"
 
+# Metrics a scenario had `blkdom-stat --prometheus` write in dom0 (which has no python),
+# parsed here with the real parser and checked against FILE.expect (tools/rig/prom_check.py).
+for prom in "$results"/*.prom; do
+  [ -f "$prom" ] || continue
+  expects=()
+  if [ -f "$prom.expect" ]; then
+    while IFS= read -r expect; do
+      [ -n "$expect" ] && expects+=(--expect "$expect")
+    done < "$prom.expect"
+  fi
+  check "${prom##*/} parses with prometheus_client and holds its $((${#expects[@]} / 2)) expectation(s)" \
+    python3 "$RIG_DIR/prom_check.py" "$prom" "${expects[@]}"
+done
+
 # Reported but not counted: the demo's blkdom half until blkdom serves.
 grep '^rig-info: FAIL' <<<"$log" | sed 's/^rig-info: FAIL /  not counted: /' || true
 python3 "$RIG_DIR/summarize.py" "$results" "${table_backends[@]}" | tee "$results/summary.txt"

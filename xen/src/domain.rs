@@ -183,6 +183,17 @@ pub fn setup_upcall<H: Hypervisor + ?Sized>(
     }
 }
 
+/// Tells the toolstack that this domain takes its control requests (`control/shutdown`)
+/// once its vCPUs have per-vCPU upcall vectors: libxl offers `xl shutdown` and `xl
+/// reboot` to an HVM domain only when `HVM_PARAM_CALLBACK_IRQ` is not 0, which such a
+/// domain otherwise leaves at 0. As Linux (`xen_set_upcall_vector`), it is set to 1: GSI
+/// 1, which Xen never raises for events while vCPU 0 has its own vector (and a PVH
+/// domain has no IO-APIC to raise it on). Not for the callback-vector mode, whose value
+/// is already set.
+pub fn announce_pv_control<H: Hypervisor + ?Sized>(hv: &H) -> Result<(), XenError> {
+    hvm_set_param(hv, HVM_PARAM_CALLBACK_IRQ, 1)
+}
+
 /// Moves `vcpu`'s `vcpu_info` to guest-physical address `gpa` (e.g. its per-CPU area;
 /// needed for vCPUs >= 32, which have no slot in `shared_info`). Once per vCPU.
 pub fn register_vcpu_info<H: Hypervisor + ?Sized>(
@@ -409,6 +420,15 @@ mod tests {
         });
         assert_eq!(setup_upcall(&xen, 0, 0xf3), Ok(UpcallMode::CallbackVector));
         xen.with(|s| assert_eq!(s.params[&HVM_PARAM_CALLBACK_IRQ], 0x0200_0000_0000_00f3));
+    }
+
+    #[test]
+    fn pv_control_is_announced_by_a_non_zero_callback_irq() {
+        let xen = FakeXen::new();
+        setup_upcall(&xen, 0, 0xf3).unwrap();
+        announce_pv_control(&xen).unwrap();
+        // libxl's libxl__domain_pvcontrol_available: the value is not 0.
+        xen.with(|s| assert_eq!(s.params[&HVM_PARAM_CALLBACK_IRQ], 1));
     }
 
     #[test]

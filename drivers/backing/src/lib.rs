@@ -18,5 +18,6 @@ pub mod spec;
 pub use extent::{check_slice, Conflict, ConflictKind, Extent, Ranges, SliceError};
 pub use resize::{new_size, ResizeRefused};
 pub use spec::{
-    parse_backing, Backing, DeviceId, PartName, RamName, Region, SpecError, SLICE_ALIGN,
+    parse_backing, parse_nvme_tcp, Backing, DeviceId, Nqn, NvmeTcpError, NvmeTcpTarget, PartName,
+    RamName, Region, SpecError, SLICE_ALIGN,
 };

@@ -480,5 +480,8 @@ pub fn parse_backing(text: &str) -> Result<Backing, SpecError<'_>> {
     }
 }
 
+mod nvme_tcp;
+pub use nvme_tcp::{parse_nvme_tcp, Nqn, NvmeTcpError, NvmeTcpTarget};
+
 #[cfg(test)]
 mod tests;

@@ -104,7 +104,9 @@ fn outside(region: DmaRegion, offset: u64, len: u64) -> ! {
 /// - `delay_us` waits at least `micros` microseconds.
 /// - `stop_dma` returns `true` only when, from its return on, the device can read or
 ///   write no memory at all (every queue of it: bus mastering is off, and writes the
-///   device posted before are done); the device stays so until the domain restarts.
+///   device posted before are done); the device stays so until `resume_dma`.
+/// - `resume_dma` lets the device reach memory again, and from then on `dma_stopped`
+///   says `None` (until the next `stop_dma`).
 #[allow(unsafe_code, reason = "implementations promise what DMA memory is")]
 pub unsafe trait Dma: Clone {
     /// `pages` zeroed, physically contiguous, 4 KiB-aligned pages.
@@ -115,14 +117,29 @@ pub unsafe trait Dma: Clone {
     fn write_dma(&self, region: DmaRegion, offset: u64, data: &[u8]);
     /// Waits at least `micros` microseconds.
     fn delay_us(&self, micros: u64);
-    /// Stops the device from reaching memory, for good (every queue of it): a device
-    /// that holds a command it will not complete may still write its pages. `true` when
-    /// that is confirmed (then no slot, buffer or page it was given can be written by
-    /// it any more); `false` when it could not be.
+    /// Stops the device from reaching memory (every queue of it) until `resume_dma`: a
+    /// device that holds a command it will not complete may still write its pages.
+    /// `true` when that is confirmed (then no slot, buffer or page it was given can be
+    /// written by it any more); `false` when it could not be.
     fn stop_dma(&self) -> bool;
     /// Once `stop_dma` was called for this device (by any queue), what it returned:
-    /// the device is stopped, and no queue of it will see a completion again.
+    /// the device is stopped, and no queue of it will see a completion again unless the
+    /// device is reset and `resume_dma` called.
     fn dma_stopped(&self) -> Option<bool>;
+    /// Zeroes all of `region` (through `write_dma`).
+    fn zero_dma(&self, region: DmaRegion) {
+        let zeroes = [0u8; 4096];
+        let mut offset = 0;
+        while offset < region.len() {
+            let len = (region.len() - offset).min(zeroes.len() as u64);
+            self.write_dma(region, offset, &zeroes[..len as usize]);
+            offset += len;
+        }
+    }
+    /// Lets a device stopped by `stop_dma` reach memory again, after its driver reset
+    /// it: the device holds no command from before the stop. `true` when that is
+    /// confirmed (bus mastering reads back on).
+    fn resume_dma(&self) -> bool;
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ pub mod dma;
 pub mod heap;
 mod null;
 mod ram;
+pub mod shutdown;
 mod slice;
 
 pub use dma::{Dma, DmaRegion};

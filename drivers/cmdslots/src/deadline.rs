@@ -20,6 +20,14 @@ pub fn scan_interval(timeout_ns: u64) -> u64 {
     (timeout_ns / 8).clamp(1_000_000, 1_000_000_000)
 }
 
+/// How long after a queue was handed a command, ticked on every pass, the command is
+/// answered at the latest: completed, or failed at its deadline (`timeout` and the scan's
+/// lag). `None` without a timeout (0): a command may wait for ever. What a drain of the
+/// queue's requests has to wait for at most (a clean shutdown's).
+pub fn answered_within(timeout_ns: u64) -> Option<u64> {
+    (timeout_ns > 0).then(|| timeout_ns.saturating_add(scan_interval(timeout_ns)))
+}
+
 /// How long commands may be in flight with none finishing before the driver reads its
 /// device's status (`Tracker::health_check_due`), and then how often.
 pub const HEALTH_CHECK_INTERVAL_NS: u64 = 10_000_000;
@@ -144,6 +152,27 @@ mod tests {
     use crate::tests::launch_all;
     use crate::Finished;
     use blkdev::IoStatus;
+
+    #[test]
+    fn a_command_is_given_up_within_answered_within() {
+        const MS: u64 = 1_000_000;
+        assert_eq!(answered_within(0), None);
+        for timeout in [5 * MS, 100 * MS, 30_000 * MS] {
+            let bound = answered_within(timeout).unwrap();
+            let mut t: Tracker<u8> = Tracker::new(2);
+            t.tick(0, timeout);
+            let slot = t.begin(1, 1);
+            t.launched(slot);
+            let given_up = (1..)
+                .map(|ms| ms * MS)
+                .find(|&now| t.tick(now, timeout).is_some())
+                .unwrap();
+            assert!(
+                given_up > timeout && given_up <= bound,
+                "{given_up} for {timeout}"
+            );
+        }
+    }
 
     #[test]
     fn a_command_is_overdue_only_past_its_deadline() {

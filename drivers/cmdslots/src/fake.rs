@@ -43,6 +43,13 @@ impl BusMaster {
         self.stop_confirms
     }
 
+    /// `Dma::resume_dma`: on again, and no longer stopped.
+    pub fn resume(&mut self) -> bool {
+        self.on = true;
+        self.stopped = None;
+        true
+    }
+
     /// Whether the device may reach memory now (a refusal is counted).
     pub fn allows(&mut self) -> bool {
         if !self.on {
@@ -302,6 +309,9 @@ unsafe impl<M: DeviceModel> Dma for FakeHal<M> {
     fn dma_stopped(&self) -> Option<bool> {
         self.with(|m| m.bus_master().stopped)
     }
+    fn resume_dma(&self) -> bool {
+        self.with(|m| m.bus_master().resume())
+    }
 }
 
 impl<M: DeviceModel> FaultyDevice for FakeHal<M> {
@@ -418,6 +428,48 @@ pub fn a_device_that_cannot_be_stopped_is_reported_so(
     assert_eq!(drain(queue).len(), 1);
     let handed = device.handed();
     assert_eq!(complete_one(queue, &read(2, 0)), IoStatus::Error);
+    assert_eq!(device.handed(), handed);
+}
+
+/// Writes `byte` over `page` at `sector` through `queue`, then reads it back into the
+/// page, cleared first (tags `tag` and `tag + 1`): whether both completed `Ok` and the
+/// data came back.
+pub fn writes_and_reads_back(
+    queue: &mut dyn BlockDevice,
+    device: &dyn FaultyDevice,
+    page: &[DmaSegment; 1],
+    (tag, sector, byte): (u32, u64, u8),
+) -> bool {
+    device.fill(&page[0], byte);
+    let written = complete_one(queue, &data_request(tag, IoOp::Write, sector, page));
+    device.fill(&page[0], !byte);
+    let read = complete_one(queue, &data_request(tag + 1, IoOp::Read, sector, page));
+    (written, read) == (IoStatus::Ok, IoStatus::Ok) && device.holds_only(&page[0], byte)
+}
+
+/// Both DMA drivers' check of a device given up after its resets: every queue of it
+/// reports `fault`, the one that has not looked since too (`idle`); `holder`, at its
+/// next tick (`now`), fails the request `held` it held; later requests on either fail
+/// at once, without the device.
+pub fn a_given_up_device_fails_every_queue(
+    holder: &mut dyn BlockDevice,
+    idle: &mut dyn BlockDevice,
+    device: &dyn FaultyDevice,
+    (fault, held, now): (DeviceFault, u32, u64),
+) {
+    assert_eq!(idle.fault(), Some(fault));
+    holder.tick(now, TIMEOUT);
+    assert_eq!(holder.fault(), Some(fault));
+    let held = Completion {
+        tag: held,
+        status: IoStatus::Error,
+    };
+    assert_eq!(drain(holder), [held]);
+    let page = device.page();
+    let handed = device.handed();
+    let later = data_request(1000, IoOp::Read, 0, &page);
+    assert_eq!(complete_one(holder, &later), IoStatus::Error);
+    assert_eq!(complete_one(idle, &later), IoStatus::Error);
     assert_eq!(device.handed(), handed);
 }
 

@@ -12,8 +12,10 @@
 //!
 //! Deadlines: each command is stamped with the driver's clock (`tick`) when it goes to
 //! the device, and `tick` says when the oldest one has waited longer than the timeout.
-//! The driver then stops its device and `fail_all` answers every request it holds with
-//! an error; such a queue never hands a slot to its device again.
+//! The driver then has its device recovered (`recovery`: an abort, a reset); after a
+//! reset `fail_all` answers every request the queue held with an error, and the queue
+//! serves again. A device given up (or never to be recovered) is stopped, and its
+//! queues answer every request with an error without it.
 #![cfg_attr(not(test), no_std)]
 #![deny(unsafe_code)]
 
@@ -22,12 +24,16 @@ extern crate alloc;
 mod deadline;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
+pub mod recovery;
 
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use blkdev::{Completion, IoStatus, SubmitError};
 
-pub use deadline::{queue_fault, scan_interval, Overdue, HEALTH_CHECK_INTERVAL_NS};
+pub use deadline::{
+    answered_within, queue_fault, scan_interval, Overdue, HEALTH_CHECK_INTERVAL_NS,
+};
+pub use recovery::{Access, QueueLink, Recoverer, RecoveryConfig, RecoveryStep};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlotState {

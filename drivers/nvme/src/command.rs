@@ -11,6 +11,7 @@ pub const CQ_ENTRY_LEN: usize = 16;
 pub enum Opcode {
     // Admin command set.
     CreateIoSq = 0x01,
+    Abort = 0x08,
     CreateIoCq = 0x05,
     Identify = 0x06,
     SetFeatures = 0x09,

@@ -4,7 +4,11 @@
 use crate::command::{CompletionEntry, Opcode, SubmissionEntry, CQ_ENTRY_LEN, SQ_ENTRY_LEN};
 use crate::queue::IoQueue;
 use crate::{CommandStatus, Hal, PAGE_SIZE};
+use alloc::vec::Vec;
 use blkdev::DmaRegion;
+use cmdslots::{Recoverer, RecoveryConfig};
+
+mod recover;
 
 pub(crate) mod reg {
     pub const CAP: usize = 0x00;
@@ -23,6 +27,12 @@ pub(crate) mod reg {
     pub const CC_IOCQES_16: u32 = 4 << 20;
     pub const CSTS_READY: u32 = 1;
     pub const CSTS_FATAL: u32 = 1 << 1;
+    /// CC.SHN (bits 15:14): 01b asks for a normal shutdown.
+    pub const CC_SHN_MASK: u32 = 0b11 << 14;
+    pub const CC_SHN_NORMAL: u32 = 0b01 << 14;
+    /// CSTS.SHST (bits 3:2): 10b says the shutdown is complete.
+    pub const CSTS_SHST_MASK: u32 = 0b11 << 2;
+    pub const CSTS_SHST_COMPLETE: u32 = 0b10 << 2;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +63,13 @@ pub enum NvmeError {
     },
     /// All the I/O queues the controller granted are in use.
     NoQueueLeft,
+    /// After a reset the controller granted fewer I/O queues than it had made.
+    FewerQueues {
+        granted: u16,
+        made: u16,
+    },
+    /// Bus mastering did not turn back on after a reset.
+    DmaNotResumed,
 }
 
 impl core::fmt::Display for NvmeError {
@@ -81,6 +98,11 @@ impl core::fmt::Display for NvmeError {
                 "namespace format with {block_size}-byte blocks and {metadata} metadata bytes"
             ),
             NvmeError::NoQueueLeft => write!(f, "no I/O queue left"),
+            NvmeError::FewerQueues { granted, made } => write!(
+                f,
+                "after the reset the controller granted {granted} I/O queues, not the {made} made"
+            ),
+            NvmeError::DmaNotResumed => write!(f, "bus mastering did not turn back on"),
         }
     }
 }
@@ -136,6 +158,9 @@ pub struct ControllerIdentity {
     /// Controller, CNS 06h): 0 when none is reported. A controller may skip a range
     /// above it without an error (QEMU's does), so discards are split to fit.
     pub dmrsl: u32,
+    /// RTD3 Entry Latency: how long the controller says a shutdown may take, in
+    /// microseconds (0: it does not say).
+    pub rtd3e_us: u32,
 }
 
 fn trimmed(bytes: &[u8]) -> &str {
@@ -157,6 +182,7 @@ impl ControllerIdentity {
             sgls: u32::from_le_bytes(page[536..540].try_into().expect("4")),
             volatile_write_cache: page[525] & 1 != 0,
             dmrsl: 0,
+            rtd3e_us: u32::from_le_bytes(page[88..92].try_into().expect("4")),
         };
         identity.serial.copy_from_slice(&page[4..24]);
         identity.model.copy_from_slice(&page[24..64]);
@@ -215,6 +241,8 @@ pub struct InitConfig {
     pub admin_timeout_ms: u64,
     /// Upper bound for a ready transition when CAP.TO says more (or nothing).
     pub max_ready_timeout_ms: u64,
+    /// How a controller whose command times out recovers (`Controller::recover`).
+    pub recovery: RecoveryConfig,
 }
 
 impl Default for InitConfig {
@@ -223,9 +251,15 @@ impl Default for InitConfig {
             admin_entries: 32,
             admin_timeout_ms: 5_000,
             max_ready_timeout_ms: 30_000,
+            recovery: RecoveryConfig::DEFAULT,
         }
     }
 }
+
+/// How long a shutdown is waited for (as Linux's `shutdown_timeout`): what RTD3E says,
+/// rounded up to whole seconds, at least 5 s and at most 60 s.
+pub const SHUTDOWN_MIN_MS: u64 = 5_000;
+pub const SHUTDOWN_MAX_MS: u64 = 60_000;
 
 /// Identify CNS 06h: the I/O command set specific Identify Controller page (NVMe 1.4
 /// controllers onwards, with command sets; CSI 0 is the NVM command set).
@@ -247,6 +281,15 @@ struct AdminQueue {
     next_command_id: u16,
 }
 
+/// An I/O queue pair as it was created: a reset makes it again, the same.
+#[derive(Clone, Copy, Debug)]
+struct CreatedQueue {
+    qid: u16,
+    entries: u16,
+    sq: DmaRegion,
+    cq: DmaRegion,
+}
+
 /// An enabled controller with its admin queue.
 pub struct Controller<H: Hal> {
     hal: H,
@@ -259,6 +302,12 @@ pub struct Controller<H: Hal> {
     scratch: DmaRegion,
     io_queues_granted: u16,
     next_qid: u16,
+    /// CAP.TO, bounded by `InitConfig::max_ready_timeout_ms`.
+    ready_timeout_ms: u64,
+    /// Every I/O queue pair created, for a reset to make again.
+    created: Vec<CreatedQueue>,
+    /// The controller's recovery after a timeout or a fatal status (`recover`).
+    recoverer: Recoverer,
 }
 
 fn read_u64<H: Hal>(hal: &H, offset: usize) -> u64 {
@@ -365,6 +414,9 @@ impl<H: Hal> Controller<H> {
             scratch,
             io_queues_granted: 0,
             next_qid: 1,
+            ready_timeout_ms,
+            created: Vec::new(),
+            recoverer: Recoverer::new(config.recovery),
         };
         let page = controller.identify(1, 0)?;
         controller.identity = ControllerIdentity::parse(&page);
@@ -395,10 +447,41 @@ impl<H: Hal> Controller<H> {
         self.caps.max_queue_entries
     }
 
-    /// A queue of it failed and stopped the controller (`blkdev::Dma::stop_dma`): it
-    /// reaches no memory any more, and no new queue of it would work.
+    /// The controller was given up (a queue of it failed without recovery, or it did
+    /// not come back from its resets): it reaches no memory any more, and no new queue
+    /// of it would work.
     pub fn is_stopped(&self) -> bool {
-        self.hal.dma_stopped().is_some()
+        if self.recoverer.max_resets() == 0 {
+            self.hal.dma_stopped().is_some()
+        } else {
+            self.recoverer.failed()
+        }
+    }
+
+    /// Asks for a normal shutdown (CC.SHN = 01b, CC.EN left set): the controller writes
+    /// back whatever it caches and says so in CSTS.SHST (`shutdown_complete`). Nothing
+    /// may be submitted to it afterwards.
+    pub fn begin_shutdown(&mut self) {
+        let cc = self.hal.read_register(reg::CC);
+        self.hal
+            .write_register(reg::CC, (cc & !reg::CC_SHN_MASK) | reg::CC_SHN_NORMAL);
+    }
+
+    /// Whether the shutdown `begin_shutdown` asked for is complete (CSTS.SHST = 10b);
+    /// `ControllerFatal` if CSTS.CFS says the controller failed.
+    pub fn shutdown_complete(&self) -> Result<bool, NvmeError> {
+        let csts = self.hal.read_register(reg::CSTS);
+        if csts & reg::CSTS_FATAL != 0 {
+            return Err(NvmeError::ControllerFatal);
+        }
+        Ok(csts & reg::CSTS_SHST_MASK == reg::CSTS_SHST_COMPLETE)
+    }
+
+    /// How long to wait for a shutdown: RTD3E rounded up to whole seconds, within
+    /// [`SHUTDOWN_MIN_MS`] and [`SHUTDOWN_MAX_MS`].
+    pub fn shutdown_timeout_ms(&self) -> u64 {
+        let seconds = u64::from(self.identity.rtd3e_us).div_ceil(1_000_000);
+        (seconds * 1000).clamp(SHUTDOWN_MIN_MS, SHUTDOWN_MAX_MS)
     }
 
     /// True when CSTS.CFS reports a fatal controller error.
@@ -424,7 +507,16 @@ impl<H: Hal> Controller<H> {
     }
 
     /// Runs one admin command to completion.
-    fn admin_command(&mut self, mut entry: SubmissionEntry) -> Result<CompletionEntry, NvmeError> {
+    fn admin_command(&mut self, entry: SubmissionEntry) -> Result<CompletionEntry, NvmeError> {
+        self.admin_command_within(entry, self.config.admin_timeout_ms)
+    }
+
+    /// Runs one admin command to completion, waiting for it at most `timeout_ms`.
+    fn admin_command_within(
+        &mut self,
+        mut entry: SubmissionEntry,
+        timeout_ms: u64,
+    ) -> Result<CompletionEntry, NvmeError> {
         let opcode = entry.bytes[0];
         let admin = &mut self.admin;
         let command_id = admin.next_command_id;
@@ -473,7 +565,7 @@ impl<H: Hal> Controller<H> {
                 }
                 return Ok(completion);
             }
-            if waited_us >= self.config.admin_timeout_ms * 1000 {
+            if waited_us >= timeout_ms * 1000 {
                 let fatal = self.hal.read_register(reg::CSTS) & reg::CSTS_FATAL != 0;
                 return Err(if fatal {
                     NvmeError::ControllerFatal
@@ -575,6 +667,34 @@ impl<H: Hal> Controller<H> {
             .hal
             .allocate_dma(cq_pages)
             .ok_or(NvmeError::OutOfDmaMemory)?;
+        self.create_pair(qid, entries, sq, cq)?;
+        self.next_qid += 1;
+        self.created.push(CreatedQueue {
+            qid,
+            entries,
+            sq,
+            cq,
+        });
+        IoQueue::new(
+            self.hal.clone(),
+            &self.caps,
+            namespace,
+            (qid, entries),
+            (sq, cq),
+            self.recoverer.link(),
+        )
+    }
+}
+
+impl<H: Hal> Controller<H> {
+    /// Has the controller make I/O queue pair `qid`, `entries` deep, in `sq` and `cq`.
+    fn create_pair(
+        &mut self,
+        qid: u16,
+        entries: u16,
+        sq: DmaRegion,
+        cq: DmaRegion,
+    ) -> Result<(), NvmeError> {
         let size = u32::from(entries - 1) << 16;
         // Completion queue first: the submission queue names it. Physically contiguous,
         // interrupts off.
@@ -590,16 +710,24 @@ impl<H: Hal> Controller<H> {
                 .with_cdw(10, size | u32::from(qid))
                 .with_cdw(11, (u32::from(qid) << 16) | 1),
         )?;
-        self.next_qid += 1;
-        IoQueue::new(
-            self.hal.clone(),
-            &self.caps,
-            namespace,
-            qid,
-            entries,
-            sq,
-            cq,
-        )
+        Ok(())
+    }
+}
+
+/// A controller stops by its normal shutdown notification.
+impl<H: Hal> blkdev::shutdown::Stop for Controller<H> {
+    fn begin_stop(&mut self) -> Result<(), alloc::string::String> {
+        self.begin_shutdown();
+        Ok(())
+    }
+
+    fn stopped(&mut self) -> Result<bool, alloc::string::String> {
+        self.shutdown_complete()
+            .map_err(|e| alloc::string::ToString::to_string(&e))
+    }
+
+    fn stop_deadline_ns(&self) -> u64 {
+        self.shutdown_timeout_ms() * 1_000_000
     }
 }
 

@@ -6,7 +6,11 @@
 //! touching one LBA (`fail_lba`), commands touching another taken and never answered
 //! (`stall_lba`, until `finish_stalled`), a fatal status after some commands, and bus
 //! mastering: once the driver stops the device's DMA, it fetches, writes and posts
-//! nothing (`dma_blocked` counts what it would have done).
+//! nothing (`dma_blocked` counts what it would have done). An Abort takes a held
+//! command back (`honour_abort`), or says it did not, or goes unanswered
+//! (`ignore_abort`); a controller reset (CC.EN = 0) drops what it holds, as QEMU's
+//! finishes its requests first (their data moves if bus mastering allows), and it may
+//! then never become ready again (`never_ready`).
 
 extern crate std;
 use std::string::String;
@@ -62,6 +66,14 @@ pub struct FakeController {
     pub vwc: bool,
     pub namespace_count: u32,
     pub cap_to: u8,
+    /// Identify Controller's RTD3E (microseconds a shutdown may take; 0: not said).
+    pub rtd3e_us: u32,
+    /// After a shutdown notification (CC.SHN = 01b), CSTS.SHST says "complete" at this
+    /// read of CSTS (`Some(0)`: at once); `None`: never (it stays "in progress").
+    pub shutdown_after_reads: Option<u32>,
+    /// Shutdown notifications received (CC.SHN going from 00b to 01b).
+    pub shutdowns: usize,
+    shutdown_reads_left: Option<u32>,
     pub never_ready: bool,
     pub hold: bool,
     pub queues_granted: u16,
@@ -76,6 +88,15 @@ pub struct FakeController {
     pub stall_lba: Option<u64>,
     /// Commands held by `stall_lba`: (submission queue, entry).
     pub stalled: Vec<(u16, [u8; SQ_ENTRY_LEN])>,
+    /// An Abort naming a held command takes it back: it completes with "command abort
+    /// requested" and the Abort says so. Otherwise the Abort says "not aborted".
+    pub honour_abort: bool,
+    /// Abort commands are taken and never answered.
+    pub ignore_abort: bool,
+    /// Abort commands received: (submission queue, command id).
+    pub aborts: Vec<(u16, u16)>,
+    /// Controller resets (CC.EN 1 -> 0).
+    pub resets: usize,
     /// Bus mastering: off (the driver's `stop_dma`), the controller reaches no memory.
     pub bus: BusMaster,
     pub cc: u32,
@@ -108,6 +129,10 @@ impl FakeController {
             vwc: true,
             namespace_count: 1,
             cap_to: 20,
+            rtd3e_us: 0,
+            shutdown_after_reads: Some(0),
+            shutdowns: 0,
+            shutdown_reads_left: None,
             never_ready: false,
             hold: false,
             queues_granted: 8,
@@ -116,6 +141,10 @@ impl FakeController {
             fatal_after: None,
             stall_lba: None,
             stalled: Vec::new(),
+            honour_abort: false,
+            ignore_abort: false,
+            aborts: Vec::new(),
+            resets: 0,
             bus: BusMaster::default(),
             cc: 0,
             csts: 0,
@@ -144,13 +173,23 @@ impl FakeController {
         4 << self.dstrd
     }
 
-    pub fn read_register(&self, offset: usize) -> u32 {
+    pub fn read_register(&mut self, offset: usize) -> u32 {
         match offset {
             0x00 => self.cap() as u32,
             0x04 => (self.cap() >> 32) as u32,
             0x08 => 0x0001_0400,
             0x14 => self.cc,
-            0x1c => self.csts,
+            0x1c => {
+                if let Some(left) = self.shutdown_reads_left {
+                    if left == 0 {
+                        self.csts = (self.csts & !(0b11 << 2)) | (0b10 << 2);
+                        self.shutdown_reads_left = None;
+                    } else {
+                        self.shutdown_reads_left = Some(left - 1);
+                    }
+                }
+                self.csts
+            }
             0x24 => self.aqa,
             _ => 0,
         }
@@ -161,10 +200,24 @@ impl FakeController {
             0x0c | 0x10 => {}
             0x14 => {
                 let was = self.cc & 1;
+                let shutdown = (value >> 14) & 0b11 == 0b01 && (self.cc >> 14) & 0b11 == 0;
+                if shutdown && value & 1 == 0 {
+                    self.violations
+                        .push("shutdown notification with CC.EN clear".into());
+                }
                 self.cc = value;
+                if shutdown {
+                    self.shutdowns += 1;
+                    // "Shutdown processing occurring" until it is done.
+                    self.csts = (self.csts & !(0b11 << 2)) | (0b01 << 2);
+                    self.shutdown_reads_left = self.shutdown_after_reads;
+                }
                 if was == 0 && value & 1 == 1 {
                     self.enable();
                 } else if value & 1 == 0 {
+                    if was == 1 {
+                        self.disable();
+                    }
                     self.csts &= !1;
                     self.sqs.iter_mut().for_each(|q| *q = QueueState::default());
                     self.cqs.iter_mut().for_each(|q| *q = QueueState::default());
@@ -176,6 +229,11 @@ impl FakeController {
             0x30 => self.acq = (self.acq & !0xffff_ffff) | u64::from(value),
             0x34 => self.acq = (self.acq & 0xffff_ffff) | (u64::from(value) << 32),
             o if o >= 0x1000 => {
+                if (self.cc >> 14) & 0b11 != 0 {
+                    self.violations.push(format!(
+                        "doorbell write at {o:#x} after the shutdown notification"
+                    ));
+                }
                 let index = (o - 0x1000) / self.stride();
                 if (o - 0x1000) % self.stride() != 0 {
                     self.violations
@@ -229,6 +287,19 @@ impl FakeController {
         self.csts |= 1;
     }
 
+    /// CC.EN 1 -> 0: the held commands run first (their data moves if bus mastering
+    /// allows), and are dropped with every queue: nothing is posted for them.
+    fn disable(&mut self) {
+        self.resets += 1;
+        // A reset clears a fatal status.
+        self.csts &= !2;
+        for (qid, entry) in core::mem::take(&mut self.stalled) {
+            if self.bus.allows() {
+                self.io(qid, &entry);
+            }
+        }
+    }
+
     /// Runs every submitted command of every queue.
     pub fn process(&mut self) {
         for qid in 0..self.sqs.len() {
@@ -253,6 +324,10 @@ impl FakeController {
                 self.memory.slice(address, SQ_ENTRY_LEN).try_into().unwrap();
             self.sqs[qid].head = (q.head + 1) % q.entries;
             let (status, result) = if qid == 0 {
+                if entry[0] == 0x08 && self.ignore_abort {
+                    self.aborts.push(Self::abort_target(&entry));
+                    continue;
+                }
                 self.admin(&entry)
             } else {
                 self.io_commands += 1;
@@ -323,6 +398,32 @@ impl FakeController {
         u32::from_le_bytes(entry[n * 4..n * 4 + 4].try_into().unwrap())
     }
 
+    /// The (submission queue, command id) an Abort names.
+    fn abort_target(entry: &[u8; SQ_ENTRY_LEN]) -> (u16, u16) {
+        let cdw10 = Self::cdw(entry, 10);
+        (cdw10 as u16, (cdw10 >> 16) as u16)
+    }
+
+    /// An Abort: a held command it names completes "command abort requested" when the
+    /// controller honours aborts (dword 0 bit 0 clear: aborted); otherwise not aborted.
+    fn abort(&mut self, entry: &[u8; SQ_ENTRY_LEN]) -> (CommandStatus, u32) {
+        let (sqid, cid) = Self::abort_target(entry);
+        self.aborts.push((sqid, cid));
+        let held = self
+            .stalled
+            .iter()
+            .position(|(q, e)| *q == sqid && u16::from_le_bytes([e[2], e[3]]) == cid);
+        match held {
+            Some(at) if self.honour_abort => {
+                self.stalled.remove(at);
+                let cq = self.sqs[usize::from(sqid)].cq;
+                self.post(usize::from(cq), sqid, cid, CommandStatus::new(0, 0x07), 0);
+                (CommandStatus::SUCCESS, 0)
+            }
+            _ => (CommandStatus::SUCCESS, 1),
+        }
+    }
+
     fn admin(&mut self, entry: &[u8; SQ_ENTRY_LEN]) -> (CommandStatus, u32) {
         let prp1 = u64::from_le_bytes(entry[24..32].try_into().unwrap());
         let nsid = Self::cdw(entry, 1);
@@ -340,6 +441,7 @@ impl FakeController {
                             m
                         });
                         page[77] = self.mdts;
+                        page[88..92].copy_from_slice(&self.rtd3e_us.to_le_bytes());
                         page[516..520].copy_from_slice(&self.namespace_count.to_le_bytes());
                         page[520] = if self.dsm { 1 << 2 } else { 0 };
                         page[525] = u8::from(self.vwc);
@@ -370,6 +472,7 @@ impl FakeController {
                 self.memory[prp1 as usize..prp1 as usize + 4096].copy_from_slice(&page);
                 (ok, 0)
             }
+            0x08 => self.abort(entry),
             0x09 if Self::cdw(entry, 10) & 0xff == 7 => {
                 let n = u32::from(self.queues_granted - 1);
                 (ok, n | (n << 16))

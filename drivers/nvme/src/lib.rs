@@ -23,7 +23,10 @@ mod prp;
 mod queue;
 
 pub use command::{CommandStatus, Opcode};
-pub use controller::{Controller, ControllerIdentity, InitConfig, Namespace, NvmeError, Version};
+pub use controller::{
+    Controller, ControllerIdentity, InitConfig, Namespace, NvmeError, Version, SHUTDOWN_MAX_MS,
+    SHUTDOWN_MIN_MS,
+};
 pub use prp::{plan_commands, plan_sgl_commands, CommandPlan, PlanError, SGL_LIST_ENTRIES};
 pub use queue::{IoQueue, QueueStats};
 
@@ -56,5 +59,7 @@ pub unsafe trait Hal: blkdev::Dma {
 
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
+#[cfg(test)]
+mod recovery_tests;
 #[cfg(test)]
 mod tests;

@@ -9,7 +9,8 @@ use blkdev::{
     BlockDevice, BufferAccess, Completion, DeviceFault, DiscardGeometry, DmaRegion, DmaSegment,
     FaultKind, Geometry, IoOp, IoRequest, IoStatus, SubmitError, SECTOR_SIZE,
 };
-use cmdslots::{Finished, Tracker};
+use cmdslots::recovery::LinkedQueue;
+use cmdslots::{Finished, QueueLink, Tracker};
 use core::sync::atomic::{fence, Ordering};
 
 use crate::command::{
@@ -69,9 +70,13 @@ pub struct IoQueue<H: Hal> {
     prp_lists: DmaRegion,
     /// One DSM range per slot.
     dsm_ranges: DmaRegion,
-    /// Set when the queue failed (a command timed out, the controller went fatal, or
-    /// another queue stopped the controller): from then on nothing goes to the device.
+    /// Set when the queue failed (a command timed out or the controller went fatal,
+    /// and it was not recovered; or another queue stopped the controller): from then on
+    /// nothing goes to the device.
     fault: Option<DeviceFault>,
+    /// The controller's recovery: an overdue command is aborted, the controller reset
+    /// (`Controller::recover`), and this queue serves again after it.
+    link: QueueLink,
     stats: QueueStats,
 }
 
@@ -80,10 +85,9 @@ impl<H: Hal> IoQueue<H> {
         hal: H,
         caps: &Capabilities,
         namespace: &Namespace,
-        qid: u16,
-        entries: u16,
-        sq: DmaRegion,
-        cq: DmaRegion,
+        (qid, entries): (u16, u16),
+        (sq, cq): (DmaRegion, DmaRegion),
+        link: QueueLink,
     ) -> Result<Self, NvmeError> {
         let slot_count = usize::from(entries - 1);
         let prp_lists = hal
@@ -109,6 +113,7 @@ impl<H: Hal> IoQueue<H> {
             prp_lists,
             dsm_ranges,
             fault: None,
+            link,
             stats: QueueStats::default(),
         })
     }
@@ -320,6 +325,7 @@ impl<H: Hal> IoQueue<H> {
             );
             return 0;
         }
+        self.link.finished(slot);
         let outcome = if status.is_success() {
             IoStatus::Ok
         } else if status.is_unsupported(self.slots.payload(slot).optional) {
@@ -484,18 +490,30 @@ impl<H: Hal> BlockDevice for IoQueue<H> {
         if self.fault.is_some() {
             return self.complete_locally(request.tag, IoStatus::Error);
         }
+        if !self.enter() {
+            return match self.fault {
+                Some(_) => self.complete_locally(request.tag, IoStatus::Error),
+                // Being reset: the request waits (the engine keeps it, and the requests
+                // behind it stay in the guest's ring).
+                None => Err(SubmitError::QueueFull),
+            };
+        }
         self.stats.requests += 1;
-        match request.op {
+        let submitted = match request.op {
             IoOp::Read | IoOp::Write => self.submit_data(request),
             IoOp::Flush => self.submit_flush(request.tag),
             IoOp::Discard { secure } => self.submit_discard(request, secure),
-        }
+        };
+        self.link.leave();
+        submitted
     }
 
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        let entered = self.fault.is_none() && self.enter();
         let mut reported = self.slots.drain_local(sink);
-        if self.fault.is_some() {
+        if !entered {
             // Stopped: whatever lies in the completion queue names slots long answered.
+            // Being reset: the completion queue is the controller's to make again.
             return reported;
         }
         let mut consumed = 0u32;
@@ -519,13 +537,23 @@ impl<H: Hal> BlockDevice for IoQueue<H> {
             self.hal
                 .write_register(self.cq_doorbell, u32::from(self.cq_head));
         }
+        self.link.leave();
         reported
     }
 
     /// Also reads the controller status when commands have waited a while with none
     /// finishing (`health_check_due`): a controller in fatal status answers nothing
-    /// more, and its requests fail now rather than at their deadline.
+    /// more, and its requests fail now rather than at their deadline. With recovery, an
+    /// overdue command is to be aborted and a fatal controller reset
+    /// (`Controller::recover`) instead.
     fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
+        if self.link.recovers() {
+            if self.fault.is_none() && self.enter() {
+                self.ask_recovery(now_ns, timeout_ns);
+                self.link.leave();
+            }
+            return;
+        }
         if let Some(kind) = self.slots.due(self.fault, now_ns, timeout_ns, &self.hal) {
             self.fail(kind);
         } else if self.fault.is_none()
@@ -538,6 +566,63 @@ impl<H: Hal> BlockDevice for IoQueue<H> {
     }
 
     fn fault(&self) -> Option<DeviceFault> {
+        if self.link.recovers() {
+            return self
+                .fault
+                .or_else(|| self.link.failed(self.hal.dma_stopped()));
+        }
         cmdslots::queue_fault(self.fault, self.hal.dma_stopped())
+    }
+}
+
+impl<H: Hal> IoQueue<H> {
+    /// A tick with recovery: an overdue command is to be aborted, a controller in fatal
+    /// status reset (asked of the control path, which runs `Controller::recover`).
+    fn ask_recovery(&mut self, now_ns: u64, timeout_ns: u64) {
+        if let Some(overdue) = self.slots.tick(now_ns, timeout_ns) {
+            let waited_ms = overdue.waited_ns / 1_000_000;
+            if self.link.ask_abort(self.qid, overdue.slot, waited_ms) {
+                log::error!(
+                    "nvme: q{} command {} got no completion in {waited_ms} ms: abort asked",
+                    self.qid,
+                    overdue.slot
+                );
+            }
+        } else if self.slots.health_check_due(now_ns)
+            && self.hal.read_register(reg::CSTS) & reg::CSTS_FATAL != 0
+            && self.link.ask_reset(FaultKind::Fatal)
+        {
+            log::error!(
+                "nvme: controller fatal status (CSTS.CFS) on q{}: reset asked",
+                self.qid
+            );
+        }
+    }
+}
+
+impl<H: Hal> LinkedQueue for IoQueue<H> {
+    fn link(&mut self) -> &mut QueueLink {
+        &mut self.link
+    }
+
+    /// The controller was reset since the queue last looked: the commands it held were
+    /// lost with it (the controller dropped them, and reaches no memory for them any
+    /// more). They fail, answered `Error` at the next poll; the queue pair, made again
+    /// empty by the reset, starts afresh.
+    fn resync(&mut self) {
+        let failed = self.slots.fail_all();
+        self.stats.completions += failed as u64;
+        self.sq_tail = 0;
+        self.cq_head = 0;
+        self.phase = true;
+        self.link.synced();
+        log::warn!(
+            "nvme: q{} serves again after the controller reset; {failed} requests it held fail",
+            self.qid
+        );
+    }
+
+    fn fail(&mut self, kind: FaultKind) {
+        IoQueue::fail(self, kind)
     }
 }

@@ -7,20 +7,46 @@ use cmdslots::fake::{
     a_device_that_cannot_be_stopped_is_reported_so, a_stalled_command_fails_after_its_deadline,
     complete_one, data_request, drain, status_read_by_clock_not_by_polls, NoCpuAccess, MS, TIMEOUT,
 };
+use cmdslots::RecoveryConfig;
 
 fn bring_up(fake: FakeController, queues: u16, entries: u16) -> (FakeHal, Vec<IoQueue<FakeHal>>) {
+    let (hal, _, queues) = bring_up_with(fake, queues, entries, RecoveryConfig::DEFAULT);
+    (hal, queues)
+}
+
+/// A controller that is never recovered (`device.max-resets=0`): a queue with an
+/// overdue command, or a fatal controller, fails for good at once.
+fn bring_up_without_recovery(
+    fake: FakeController,
+    queues: u16,
+    entries: u16,
+) -> (FakeHal, Vec<IoQueue<FakeHal>>) {
+    let (hal, _, queues) = bring_up_with(fake, queues, entries, RecoveryConfig::NEVER);
+    (hal, queues)
+}
+
+pub(crate) fn bring_up_with(
+    fake: FakeController,
+    queues: u16,
+    entries: u16,
+    recovery: RecoveryConfig,
+) -> (FakeHal, Controller<FakeHal>, Vec<IoQueue<FakeHal>>) {
     let hal = FakeHal::new(fake);
-    let mut controller = Controller::init(hal.clone(), InitConfig::default()).unwrap();
+    let config = InitConfig {
+        recovery,
+        ..InitConfig::default()
+    };
+    let mut controller = Controller::init(hal.clone(), config).unwrap();
     let namespace = controller.namespace(1).unwrap();
     let granted = controller.request_io_queues(queues).unwrap();
     let queues = (0..granted)
         .map(|_| controller.create_io_queue(&namespace, entries).unwrap())
         .collect();
-    (hal, queues)
+    (hal, controller, queues)
 }
 
 /// One whole fresh page as the only segment.
-fn one_page(hal: &FakeHal) -> [DmaSegment; 1] {
+pub(crate) fn one_page(hal: &FakeHal) -> [DmaSegment; 1] {
     [DmaSegment {
         buffer: hal.with(|m| m.memory.allocate(1)).unwrap(),
         offset: 0,
@@ -507,10 +533,11 @@ fn preflush_write_waits_for_its_flush() {
 }
 
 #[test]
-fn controller_fatal_status_fails_outstanding_requests_and_later_ones_at_its_status_check() {
+fn without_recovery_a_fatal_controller_fails_outstanding_requests_and_later_ones_at_its_status_check(
+) {
     let mut fake = FakeController::new(1 << 20);
     fake.fatal_after = Some(2);
-    let (hal, mut queues) = bring_up(fake, 1, 8);
+    let (hal, mut queues) = bring_up_without_recovery(fake, 1, 8);
     let segment = one_page(&hal);
     status_read_by_clock_not_by_polls(&mut queues[0], &segment);
     assert!(queues[0].is_dead());
@@ -776,29 +803,30 @@ fn errors_display_their_cause() {
 }
 
 #[test]
-fn a_stalled_command_fails_after_its_deadline_and_the_controller_is_stopped_first() {
+fn without_recovery_a_stalled_command_fails_after_its_deadline_and_the_controller_is_stopped_first()
+{
     let mut fake = FakeController::new(1 << 20);
     fake.stall_lba = Some(64);
-    let (hal, mut queues) = bring_up(fake, 2, 8);
+    let (hal, mut queues) = bring_up_without_recovery(fake, 2, 8);
     let (first, rest) = queues.split_at_mut(1);
     a_stalled_command_fails_after_its_deadline(&mut first[0], &mut rest[0], &hal, 64);
     assert!(hal.with(|m| m.violations.is_empty()));
 }
 
 #[test]
-fn a_controller_that_cannot_be_stopped_is_reported_so() {
+fn without_recovery_a_controller_that_cannot_be_stopped_is_reported_so() {
     let mut fake = FakeController::new(1 << 20);
     fake.stall_lba = Some(8);
     fake.bus.stop_confirms = false;
-    let (hal, mut queues) = bring_up(fake, 1, 8);
+    let (hal, mut queues) = bring_up_without_recovery(fake, 1, 8);
     a_device_that_cannot_be_stopped_is_reported_so(&mut queues[0], &hal, 8);
 }
 
 #[test]
-fn requests_in_flight_when_the_queue_fails_all_fail_and_their_slots_come_back() {
+fn without_recovery_requests_in_flight_when_the_queue_fails_all_fail_and_their_slots_come_back() {
     let mut fake = FakeController::new(1 << 20);
     fake.stall_lba = Some(0);
-    let (hal, mut queues) = bring_up(fake, 1, 8);
+    let (hal, mut queues) = bring_up_without_recovery(fake, 1, 8);
     let queue = &mut queues[0];
     queue.tick(5 * MS, TIMEOUT);
     let page = one_page(&hal);
@@ -847,5 +875,128 @@ fn without_a_deadline_a_stalled_command_waits() {
             tag: 1,
             status: IoStatus::Ok
         }]
+    );
+}
+
+/// The shutdown's clock in these tests: 1 ms per look.
+struct Steps(u64);
+
+impl blkdev::shutdown::Clock for Steps {
+    fn now_ns(&mut self) -> u64 {
+        self.0
+    }
+    fn relax(&mut self) {
+        self.0 += MS;
+    }
+}
+
+fn controller_and_queue(fake: FakeController) -> (FakeHal, Controller<FakeHal>, IoQueue<FakeHal>) {
+    let hal = FakeHal::new(fake);
+    let mut controller = Controller::init(hal.clone(), InitConfig::default()).unwrap();
+    let namespace = controller.namespace(1).unwrap();
+    controller.request_io_queues(1).unwrap();
+    let queue = controller.create_io_queue(&namespace, 8).unwrap();
+    (hal, controller, queue)
+}
+
+#[test]
+fn a_shutdown_flushes_the_cache_then_sends_the_normal_shutdown_notification() {
+    use blkdev::shutdown::{flush_all, stop_all, Outcome};
+    let (hal, mut controller, mut queue) = controller_and_queue(FakeController::new(1 << 20));
+    let page = one_page(&hal);
+    assert_eq!(
+        complete_one(&mut queue, &data_request(1, IoOp::Write, 8, &page)),
+        IoStatus::Ok
+    );
+    let flushed = flush_all(&mut [&mut queue], 1000 * MS, &mut Steps(0));
+    assert_eq!(flushed, [Outcome::Done { ns: 0 }]);
+    hal.with(|m| {
+        let last = m.executed.last().unwrap();
+        assert_eq!(
+            (last.qid, last.opcode),
+            (1, 0x00),
+            "a Flush on the I/O queue"
+        );
+        assert_eq!(m.shutdowns, 0, "not before the flush");
+    });
+    let stopped = stop_all(&mut [&mut controller], &mut Steps(0));
+    assert_eq!(stopped, [Outcome::Done { ns: 0 }]);
+    hal.with(|m| {
+        assert_eq!(m.shutdowns, 1);
+        assert_eq!((m.cc >> 14) & 0b11, 0b01, "CC.SHN = normal shutdown");
+        assert_eq!(m.cc & 1, 1, "CC.EN stays set");
+        assert_eq!((m.csts >> 2) & 0b11, 0b10, "CSTS.SHST = complete");
+        assert!(m.violations.is_empty(), "{:?}", m.violations);
+    });
+}
+
+#[test]
+fn without_a_volatile_write_cache_nothing_is_flushed() {
+    let mut fake = FakeController::new(1 << 20);
+    fake.vwc = false;
+    let (hal, _controller, mut queue) = controller_and_queue(fake);
+    let outcomes = blkdev::shutdown::flush_all(&mut [&mut queue], 1000 * MS, &mut Steps(0));
+    assert_eq!(outcomes, [blkdev::shutdown::Outcome::NotNeeded]);
+    assert!(hal.with(|m| m.executed.is_empty()));
+}
+
+#[test]
+fn a_flush_the_controller_never_answers_is_given_up_at_the_deadline() {
+    let (hal, _controller, mut queue) = controller_and_queue(FakeController::new(1 << 20));
+    hal.with(|m| m.hold = true);
+    let outcomes = blkdev::shutdown::flush_all(&mut [&mut queue], 250 * MS, &mut Steps(0));
+    assert_eq!(
+        outcomes,
+        [blkdev::shutdown::Outcome::GivenUp { ns: 250 * MS }]
+    );
+}
+
+#[test]
+fn the_shutdown_is_waited_for_as_long_as_rtd3e_says_within_5_to_60_s() {
+    use blkdev::shutdown::{stop_all, Outcome, Stop};
+    for (rtd3e_us, deadline_ms) in [
+        (0, 5_000),
+        (1_000_000, 5_000),
+        (12_500_000, 13_000),
+        (100_000_000, 60_000),
+    ] {
+        let mut fake = FakeController::new(1 << 20);
+        fake.rtd3e_us = rtd3e_us;
+        fake.shutdown_after_reads = None;
+        let (hal, mut controller, _queue) = controller_and_queue(fake);
+        assert_eq!(controller.identity().rtd3e_us, rtd3e_us);
+        assert_eq!(controller.stop_deadline_ns(), deadline_ms * MS);
+        let outcomes = stop_all(&mut [&mut controller], &mut Steps(0));
+        assert_eq!(
+            outcomes,
+            [Outcome::GivenUp {
+                ns: deadline_ms * MS
+            }],
+            "RTD3E {rtd3e_us} us"
+        );
+        assert_eq!(hal.with(|m| (m.shutdowns, (m.csts >> 2) & 0b11)), (1, 0b01));
+    }
+    // One that takes a while, within its deadline.
+    let mut fake = FakeController::new(1 << 20);
+    fake.shutdown_after_reads = Some(30);
+    let (_hal, mut controller, _queue) = controller_and_queue(fake);
+    assert_eq!(
+        stop_all(&mut [&mut controller], &mut Steps(0)),
+        [Outcome::Done { ns: 30 * MS }]
+    );
+}
+
+#[test]
+fn a_controller_that_fails_during_its_shutdown_is_reported() {
+    let mut fake = FakeController::new(1 << 20);
+    fake.shutdown_after_reads = None;
+    let (hal, mut controller, _queue) = controller_and_queue(fake);
+    hal.with(|m| m.csts |= 2);
+    let outcomes = blkdev::shutdown::stop_all(&mut [&mut controller], &mut Steps(0));
+    assert_eq!(
+        outcomes,
+        [blkdev::shutdown::Outcome::Failed(
+            "controller fatal status (CSTS.CFS)".into()
+        )]
     );
 }

@@ -1,23 +1,29 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! The virtio-blk device and its queues.
 
+use alloc::vec::Vec;
 use blkdev::range_fits;
 use blkdev::{
     BlockDevice, BufferAccess, Completion, DeviceFault, DiscardGeometry, DmaRegion, DmaSegment,
     FaultKind, Geometry, IoOp, IoRequest, IoStatus, SubmitError, SECTOR_SIZE,
 };
-use cmdslots::{Finished, SlotState, Tracker};
+use cmdslots::recovery::LinkedQueue;
+use cmdslots::{Finished, QueueLink, Recoverer, RecoveryConfig, SlotState, Tracker};
 
 use crate::feature;
 use crate::transport::{common, status, Common, PciRegions, NO_VECTOR};
 use crate::virtqueue::{descriptor, SplitRing, DESC_F_NEXT, DESC_F_WRITE, DESC_LEN};
 use crate::Hal;
 
+mod recover;
+
 const REQUEST_IN: u32 = 0;
 const REQUEST_OUT: u32 = 1;
 const REQUEST_FLUSH: u32 = 4;
 const REQUEST_DISCARD: u32 = 11;
 const STATUS_OK: u8 = 0;
+/// How long a reset may take (device status back to 0).
+pub const RESET_TIMEOUT_MS: u64 = 1000;
 const STATUS_UNSUPPORTED: u8 = 2;
 
 /// Descriptors in one indirect table (one page): header, data, status.
@@ -41,6 +47,10 @@ pub enum VirtioError {
     /// The device reports size 0 for this queue.
     QueueUnavailable(u16),
     OutOfDmaMemory,
+    /// After a reset the device no longer offers a feature it had negotiated.
+    FeaturesChanged,
+    /// Bus mastering did not turn back on after a reset.
+    DmaNotResumed,
 }
 
 impl core::fmt::Display for VirtioError {
@@ -52,6 +62,10 @@ impl core::fmt::Display for VirtioError {
             VirtioError::NoQueueLeft => write!(f, "all the device's queues are in use"),
             VirtioError::QueueUnavailable(q) => write!(f, "queue {q} is not available"),
             VirtioError::OutOfDmaMemory => write!(f, "out of DMA memory"),
+            VirtioError::FeaturesChanged => {
+                write!(f, "after a reset the device offers fewer features")
+            }
+            VirtioError::DmaNotResumed => write!(f, "bus mastering did not turn back on"),
         }
     }
 }
@@ -116,6 +130,76 @@ pub struct VirtioBlk<H: Hal> {
     config: BlkConfig,
     indirect: bool,
     next_queue: u16,
+    /// What was negotiated: a reset negotiates it again.
+    features: u64,
+    /// Every virtqueue set up, for a reset to set up again.
+    created: Vec<CreatedQueue>,
+    /// The device's recovery after a timeout or a needs-reset status (`recover`).
+    recoverer: Recoverer,
+}
+
+/// A virtqueue as it was set up: a reset sets it up again, the same.
+#[derive(Clone, Copy, Debug)]
+struct CreatedQueue {
+    index: u16,
+    size: u16,
+    desc: DmaRegion,
+    avail: DmaRegion,
+    used: DmaRegion,
+}
+
+/// The features the driver understands.
+const UNDERSTOOD: u64 = feature::VERSION_1
+    | feature::ACCESS_PLATFORM
+    | feature::RING_INDIRECT_DESC
+    | feature::BLK_SIZE_MAX
+    | feature::BLK_SEG_MAX
+    | feature::BLK_RO
+    | feature::BLK_BLK_SIZE
+    | feature::BLK_FLUSH
+    | feature::BLK_TOPOLOGY
+    | feature::BLK_MQ
+    | feature::BLK_DISCARD;
+
+/// Resets the device (status 0, read back as 0 within a second) and says the driver
+/// is here (ACKNOWLEDGE, DRIVER).
+fn reset_device<H: Hal>(common: &Common<H>) -> Result<(), VirtioError> {
+    common.set_status(0);
+    let mut waited = 0;
+    while common.status() != 0 {
+        if waited >= RESET_TIMEOUT_MS * 1000 {
+            return Err(VirtioError::ResetTimeout);
+        }
+        common.hal.delay_us(100);
+        waited += 100;
+    }
+    common.add_status(status::ACKNOWLEDGE);
+    common.add_status(status::DRIVER);
+    Ok(())
+}
+
+/// Tells the device the driver takes `features`; false when it refuses them.
+fn accept_features<H: Hal>(common: &Common<H>, features: u64) -> bool {
+    common.set_driver_features(features);
+    common.add_status(status::FEATURES_OK);
+    if common.status() & status::FEATURES_OK == 0 {
+        return false;
+    }
+    common.write16(common::MSIX_CONFIG, NO_VECTOR);
+    true
+}
+
+/// Gives the device the selected virtqueue, `size` entries in the rings of `queue`, and
+/// enables it; returns its notification offset.
+fn enable_queue<H: Hal>(common: &Common<H>, queue: &CreatedQueue) -> u16 {
+    common.write16(common::QUEUE_SIZE, queue.size);
+    common.write64(common::QUEUE_DESC, queue.desc.address());
+    common.write64(common::QUEUE_DRIVER, queue.avail.address());
+    common.write64(common::QUEUE_DEVICE, queue.used.address());
+    common.write16(common::QUEUE_MSIX_VECTOR, NO_VECTOR);
+    let notify_off = common.read16(common::QUEUE_NOTIFY_OFF);
+    common.write16(common::QUEUE_ENABLE, 1);
+    notify_off
 }
 
 /// Where a slot's descriptor chain lives.
@@ -166,23 +250,17 @@ impl Chains {
 
 impl<H: Hal> VirtioBlk<H> {
     /// Resets the device and negotiates features (the device is not live until
-    /// `start`).
-    pub fn init(hal: H, regions: PciRegions) -> Result<Self, VirtioError> {
+    /// `start`). `recovery`: how it recovers when a request times out (`recover`).
+    pub fn init(
+        hal: H,
+        regions: PciRegions,
+        recovery: RecoveryConfig,
+    ) -> Result<Self, VirtioError> {
         let common = Common {
             hal: hal.clone(),
             base: regions.common,
         };
-        common.set_status(0);
-        let mut waited = 0;
-        while common.status() != 0 {
-            if waited >= 1_000_000 {
-                return Err(VirtioError::ResetTimeout);
-            }
-            hal.delay_us(100);
-            waited += 100;
-        }
-        common.add_status(status::ACKNOWLEDGE);
-        common.add_status(status::DRIVER);
+        reset_device(&common)?;
         let offered = common.device_features();
         let fail = |e| {
             common.add_status(status::FAILED);
@@ -191,24 +269,10 @@ impl<H: Hal> VirtioBlk<H> {
         if offered & feature::VERSION_1 == 0 {
             return fail(VirtioError::MissingFeature("VIRTIO_F_VERSION_1"));
         }
-        let understood = feature::VERSION_1
-            | feature::ACCESS_PLATFORM
-            | feature::RING_INDIRECT_DESC
-            | feature::BLK_SIZE_MAX
-            | feature::BLK_SEG_MAX
-            | feature::BLK_RO
-            | feature::BLK_BLK_SIZE
-            | feature::BLK_FLUSH
-            | feature::BLK_TOPOLOGY
-            | feature::BLK_MQ
-            | feature::BLK_DISCARD;
-        let features = offered & understood;
-        common.set_driver_features(features);
-        common.add_status(status::FEATURES_OK);
-        if common.status() & status::FEATURES_OK == 0 {
+        let features = offered & UNDERSTOOD;
+        if !accept_features(&common, features) {
             return fail(VirtioError::FeaturesRefused);
         }
-        common.write16(common::MSIX_CONFIG, NO_VECTOR);
         let mut config = read_config(&hal, regions.device, features);
         // The transport may offer fewer queues than the block configuration names.
         config.num_queues = config
@@ -220,6 +284,9 @@ impl<H: Hal> VirtioBlk<H> {
             config,
             indirect: features & feature::RING_INDIRECT_DESC != 0,
             next_queue: 0,
+            features,
+            created: Vec::new(),
+            recoverer: Recoverer::new(recovery),
         })
     }
 
@@ -273,14 +340,16 @@ impl<H: Hal> VirtioBlk<H> {
         let headers = hal
             .allocate_dma((usize::from(size) * HEADER_AREA as usize).div_ceil(4096))
             .ok_or(VirtioError::OutOfDmaMemory)?;
-        common.write16(common::QUEUE_SIZE, size);
-        common.write64(common::QUEUE_DESC, ring.desc.address());
-        common.write64(common::QUEUE_DRIVER, ring.avail.address());
-        common.write64(common::QUEUE_DEVICE, ring.used.address());
-        common.write16(common::QUEUE_MSIX_VECTOR, NO_VECTOR);
-        let notify_off = common.read16(common::QUEUE_NOTIFY_OFF);
-        common.write16(common::QUEUE_ENABLE, 1);
+        let created = CreatedQueue {
+            index,
+            size,
+            desc: ring.desc,
+            avail: ring.avail,
+            used: ring.used,
+        };
+        let notify_off = enable_queue(common, &created);
         self.next_queue += 1;
+        self.created.push(created);
 
         let config = &self.config;
         Ok(BlkQueue {
@@ -318,12 +387,41 @@ impl<H: Hal> VirtioBlk<H> {
                 }
             }),
             fault: None,
+            link: self.recoverer.link(),
         })
     }
 
     /// Tells the device the driver is ready (after its queues are set up).
     pub fn start(&self) {
         self.common.add_status(status::DRIVER_OK);
+    }
+
+    /// Resets the device (device status 0): it stops using its queues and forgets them.
+    /// Done once the status reads 0 again (`reset_complete`). Its queues must not be
+    /// used afterwards.
+    pub fn begin_reset(&self) {
+        self.common.set_status(0);
+    }
+
+    /// Whether the reset `begin_reset` asked for is done.
+    pub fn reset_complete(&self) -> bool {
+        self.common.status() == 0
+    }
+}
+
+/// A device stops by a reset.
+impl<H: Hal> blkdev::shutdown::Stop for VirtioBlk<H> {
+    fn begin_stop(&mut self) -> Result<(), alloc::string::String> {
+        self.begin_reset();
+        Ok(())
+    }
+
+    fn stopped(&mut self) -> Result<bool, alloc::string::String> {
+        Ok(self.reset_complete())
+    }
+
+    fn stop_deadline_ns(&self) -> u64 {
+        RESET_TIMEOUT_MS * 1_000_000
     }
 }
 
@@ -347,9 +445,13 @@ pub struct BlkQueue<H: Hal> {
     max_part_segments: usize,
     geometry: Geometry,
     max_discard_sectors: u64,
-    /// Set when the queue failed (a request timed out, the device asked for a reset, or
-    /// another queue stopped the device): from then on nothing goes to the device.
+    /// Set when the queue failed (a request timed out or the device asked for a reset,
+    /// and it was not recovered; or another queue stopped the device): from then on
+    /// nothing goes to the device.
     fault: Option<DeviceFault>,
+    /// The device's recovery: a request past its deadline has the device reset
+    /// (`VirtioBlk::recover`), and this queue serves again after it.
+    link: QueueLink,
 }
 
 /// What a part carries after its header.
@@ -601,17 +703,29 @@ impl<H: Hal> BlockDevice for BlkQueue<H> {
         if self.fault.is_some() {
             return self.slots.complete_locally(request.tag, IoStatus::Error);
         }
-        match request.op {
+        if !self.enter() {
+            return match self.fault {
+                Some(_) => self.slots.complete_locally(request.tag, IoStatus::Error),
+                // Being reset: the request waits (the engine keeps it, and the requests
+                // behind it stay in the guest's ring).
+                None => Err(SubmitError::QueueFull),
+            };
+        }
+        let submitted = match request.op {
             IoOp::Read | IoOp::Write => self.submit_data(request),
             IoOp::Flush => self.submit_flush(request.tag),
             IoOp::Discard { secure } => self.submit_discard(request, secure),
-        }
+        };
+        self.link.leave();
+        submitted
     }
 
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
+        let entered = self.fault.is_none() && self.enter();
         let mut reported = self.slots.drain_local(sink);
-        if self.fault.is_some() {
-            // Stopped: whatever lies in the used ring names slots long answered.
+        if !entered {
+            // Stopped: whatever lies in the used ring names slots long answered. Being
+            // reset: the used ring is the device's to set up again.
             return reported;
         }
         let mut released = false;
@@ -627,6 +741,7 @@ impl<H: Hal> BlockDevice for BlkQueue<H> {
                 );
                 continue;
             }
+            self.link.finished(slot);
             let mut byte = [0u8; 1];
             self.hal
                 .read_dma(self.header(slot), STATUS_OFFSET, &mut byte);
@@ -655,13 +770,22 @@ impl<H: Hal> BlockDevice for BlkQueue<H> {
         if released {
             self.publish();
         }
+        self.link.leave();
         reported
     }
 
     /// Also reads the device status when commands have waited a while with none
     /// finishing (`health_check_due`): a device that needs a reset answers nothing more,
-    /// and its requests fail now rather than at their deadline.
+    /// and its requests fail now rather than at their deadline. With recovery, either
+    /// has the device reset (`VirtioBlk::recover`) instead.
     fn tick(&mut self, now_ns: u64, timeout_ns: u64) {
+        if self.link.recovers() {
+            if self.fault.is_none() && self.enter() {
+                self.ask_recovery(now_ns, timeout_ns);
+                self.link.leave();
+            }
+            return;
+        }
         if let Some(kind) = self.slots.due(self.fault, now_ns, timeout_ns, &self.hal) {
             self.fail(kind);
         } else if self.fault.is_none() && self.slots.health_check_due(now_ns) {
@@ -677,6 +801,61 @@ impl<H: Hal> BlockDevice for BlkQueue<H> {
     }
 
     fn fault(&self) -> Option<DeviceFault> {
+        if self.link.recovers() {
+            return self
+                .fault
+                .or_else(|| self.link.failed(self.hal.dma_stopped()));
+        }
         cmdslots::queue_fault(self.fault, self.hal.dma_stopped())
+    }
+}
+
+impl<H: Hal> BlkQueue<H> {
+    /// A tick with recovery: a request past its deadline, or a device asking for a
+    /// reset, has the control path reset it (virtio-blk has no abort).
+    fn ask_recovery(&mut self, now_ns: u64, timeout_ns: u64) {
+        if let Some(overdue) = self.slots.tick(now_ns, timeout_ns) {
+            let waited_ms = overdue.waited_ns / 1_000_000;
+            if self.link.ask_reset(FaultKind::Timeout { waited_ms }) {
+                log::error!(
+                    "virtio: q{} request in slot {} got no completion in {waited_ms} ms: reset asked",
+                    self.index,
+                    overdue.slot
+                );
+            }
+        } else if self.slots.health_check_due(now_ns) {
+            let device_status = self.hal.read8(self.status_register);
+            if device_status & (status::NEEDS_RESET | status::FAILED) != 0
+                && self.link.ask_reset(FaultKind::Fatal)
+            {
+                log::error!(
+                    "virtio: device status {device_status:#x} on q{}: reset asked",
+                    self.index
+                );
+            }
+        }
+    }
+}
+
+impl<H: Hal> LinkedQueue for BlkQueue<H> {
+    fn link(&mut self) -> &mut QueueLink {
+        &mut self.link
+    }
+
+    /// The device was reset since the queue last looked: the requests it held were lost
+    /// with it. They fail, answered `Error` at the next poll; the virtqueue, set up
+    /// again empty by the reset, starts afresh.
+    fn resync(&mut self) {
+        let failed = self.slots.fail_all();
+        self.ring.restart();
+        self.link.synced();
+        log::warn!(
+            "virtio: q{} serves again after the device reset; {failed} requests it held fail",
+            self.index
+        );
+    }
+
+    fn fail(&mut self, kind: FaultKind) {
+        BlkQueue::fail(self, kind)
     }
 }

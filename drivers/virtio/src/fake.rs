@@ -4,8 +4,8 @@
 //! memory, and injectable faults. It serves a queue on each notification, or only when
 //! a test calls `process` (`hold`). Faults: an I/O error for requests touching one
 //! sector (`fail_sector`), requests touching another taken and never answered
-//! (`stall_sector`, until `finish_stalled`), refused request kinds, NEEDS_RESET after some
-//! requests, and bus mastering: once the driver stops the device's DMA, it reads,
+//! (`stall_sector`, until `finish_stalled`, or a reset, which drops them), refused
+//! request kinds, NEEDS_RESET after some requests, and bus mastering: once the driver stops the device's DMA, it reads,
 //! writes and posts nothing (`dma_blocked` counts what it would have done).
 
 extern crate std;
@@ -73,6 +73,13 @@ pub struct FakeDevice {
     pub stalled: Vec<(u16, u16)>,
     /// Bus mastering: off (the driver's `stop_dma`), the device reaches no memory.
     pub bus: BusMaster,
+    /// A reset (status 0 written) is done at this read of the device status (`Some(0)`:
+    /// at once); `None`: never (the status keeps reading what it was).
+    pub reset_after_reads: Option<u32>,
+    /// Resets asked for (status 0 written).
+    pub resets: usize,
+    /// A reset asked for and not done yet: reads of the status left until it is.
+    resetting: Option<Option<u32>>,
     feature_select: u32,
     driver_feature_select: u32,
     queue_select: u16,
@@ -110,6 +117,9 @@ impl FakeDevice {
             stall_sector: None,
             stalled: Vec::new(),
             bus: BusMaster::default(),
+            reset_after_reads: Some(0),
+            resets: 0,
+            resetting: None,
             feature_select: 0,
             driver_feature_select: 0,
             queue_select: 0,
@@ -144,7 +154,14 @@ impl FakeDevice {
         match address - COMMON {
             0x04 => (self.offered >> (32 * self.feature_select)) & 0xffff_ffff,
             0x12 => u64::from(max_queues),
-            0x14 => u64::from(self.status),
+            0x14 => {
+                match self.resetting {
+                    Some(Some(0)) => self.reset(),
+                    Some(Some(left)) => self.resetting = Some(Some(left - 1)),
+                    _ => {}
+                }
+                u64::from(self.status)
+            }
             0x18 => {
                 let q = self.queue_select;
                 if q >= max_queues {
@@ -192,9 +209,11 @@ impl FakeDevice {
             0x14 => {
                 let new = value as u8;
                 if new == 0 {
-                    self.status = 0;
-                    self.accepted = 0;
-                    self.queues = vec![Queue::default(); 8];
+                    self.resets += 1;
+                    self.resetting = Some(self.reset_after_reads);
+                    if self.reset_after_reads == Some(0) {
+                        self.reset();
+                    }
                     return;
                 }
                 if new & 8 != 0 && self.status & 8 == 0 {
@@ -237,6 +256,23 @@ impl FakeDevice {
                 .violations
                 .push(format!("write to common register {o:#x}")),
         }
+    }
+
+    /// A device reset: the held requests run first (their data moves if bus mastering
+    /// allows, as QEMU finishes what it started) and are dropped with every queue:
+    /// nothing goes to a used ring for them. The device forgets its driver: status 0,
+    /// no features, no queues.
+    fn reset(&mut self) {
+        for (q, head) in core::mem::take(&mut self.stalled) {
+            if self.bus.allows() {
+                let queue = self.queues[usize::from(q)];
+                self.serve(q, queue, head);
+            }
+        }
+        self.status = 0;
+        self.accepted = 0;
+        self.queues = vec![Queue::default(); 8];
+        self.resetting = None;
     }
 
     pub fn process(&mut self) {

@@ -23,7 +23,7 @@ mod blk;
 mod transport;
 mod virtqueue;
 
-pub use blk::{BlkConfig, BlkQueue, VirtioBlk, VirtioError};
+pub use blk::{BlkConfig, BlkQueue, VirtioBlk, VirtioError, RESET_TIMEOUT_MS};
 pub use transport::PciRegions;
 
 /// What the driver needs from the kernel: DMA memory and time, and MMIO at the
@@ -73,5 +73,7 @@ pub mod feature {
 
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
+#[cfg(test)]
+mod recovery_tests;
 #[cfg(test)]
 mod tests;

@@ -6,15 +6,37 @@ use cmdslots::fake::{
     a_device_that_cannot_be_stopped_is_reported_so, a_stalled_command_fails_after_its_deadline,
     complete_one, data_request, drain, status_read_by_clock_not_by_polls, NoCpuAccess,
 };
+use cmdslots::RecoveryConfig;
 
 fn bring_up(fake: FakeDevice, queues: usize, size: u16) -> (FakeHal, Vec<BlkQueue<FakeHal>>) {
+    let (hal, _, queues) = bring_up_with(fake, queues, size, RecoveryConfig::DEFAULT);
+    (hal, queues)
+}
+
+/// A device that is never recovered (`device.max-resets=0`): a queue with an overdue
+/// request, or a device asking for a reset, fails for good at once.
+fn bring_up_without_recovery(
+    fake: FakeDevice,
+    queues: usize,
+    size: u16,
+) -> (FakeHal, Vec<BlkQueue<FakeHal>>) {
+    let (hal, _, queues) = bring_up_with(fake, queues, size, RecoveryConfig::NEVER);
+    (hal, queues)
+}
+
+pub(crate) fn bring_up_with(
+    fake: FakeDevice,
+    queues: usize,
+    size: u16,
+    recovery: RecoveryConfig,
+) -> (FakeHal, VirtioBlk<FakeHal>, Vec<BlkQueue<FakeHal>>) {
     let hal = FakeHal::new(fake);
-    let mut device = VirtioBlk::init(hal.clone(), crate::fake::regions()).unwrap();
+    let mut device = VirtioBlk::init(hal.clone(), crate::fake::regions(), recovery).unwrap();
     let queues = (0..queues)
         .map(|_| device.create_queue(size).unwrap())
         .collect();
     device.start();
-    (hal, queues)
+    (hal, device, queues)
 }
 
 fn no_data(tag: u32, op: IoOp, sector: u64, nr_sectors: u64) -> IoRequest<'static> {
@@ -60,7 +82,8 @@ fn no_violations(hal: &FakeHal) {
 #[test]
 fn negotiates_features_and_sets_up_queues() {
     let hal = FakeHal::new(FakeDevice::new(4 << 20));
-    let mut device = VirtioBlk::init(hal.clone(), crate::fake::regions()).unwrap();
+    let mut device =
+        VirtioBlk::init(hal.clone(), crate::fake::regions(), RecoveryConfig::DEFAULT).unwrap();
     let config = *device.config();
     assert_eq!(config.capacity, (4 << 20) / 512);
     assert_eq!(config.num_queues, 4);
@@ -94,7 +117,7 @@ fn devices_without_what_the_driver_needs_are_refused() {
     fake.offered &= !feature::VERSION_1;
     let hal = FakeHal::new(fake);
     assert_eq!(
-        VirtioBlk::init(hal.clone(), crate::fake::regions()).err(),
+        VirtioBlk::init(hal.clone(), crate::fake::regions(), RecoveryConfig::DEFAULT).err(),
         Some(VirtioError::MissingFeature("VIRTIO_F_VERSION_1"))
     );
     assert_ne!(hal.with(|m| m.status) & 0x80, 0, "FAILED set");
@@ -102,7 +125,7 @@ fn devices_without_what_the_driver_needs_are_refused() {
     fake.refuse_features = true;
     let hal = FakeHal::new(fake);
     assert_eq!(
-        VirtioBlk::init(hal, crate::fake::regions()).err(),
+        VirtioBlk::init(hal, crate::fake::regions(), RecoveryConfig::DEFAULT).err(),
         Some(VirtioError::FeaturesRefused)
     );
 }
@@ -342,10 +365,11 @@ fn preflush_write_waits_for_its_flush() {
 }
 
 #[test]
-fn a_device_needing_reset_fails_outstanding_and_later_requests_at_its_status_check() {
+fn without_recovery_a_device_needing_reset_fails_outstanding_and_later_requests_at_its_status_check(
+) {
     let mut fake = FakeDevice::new(1 << 20);
     fake.reset_after = Some(2);
-    let (hal, mut queues) = bring_up(fake, 1, 8);
+    let (hal, mut queues) = bring_up_without_recovery(fake, 1, 8);
     let one = segments(&hal, 1, 0, 4096);
     status_read_by_clock_not_by_polls(&mut queues[0], &one);
     assert!(queues[0].is_dead());
@@ -452,20 +476,101 @@ fn errors_display_their_cause() {
 }
 
 #[test]
-fn a_stalled_request_fails_after_its_deadline_and_the_device_is_stopped_first() {
+fn without_recovery_a_stalled_request_fails_after_its_deadline_and_the_device_is_stopped_first() {
     let mut fake = FakeDevice::new(1 << 20);
     fake.stall_sector = Some(64);
-    let (hal, mut queues) = bring_up(fake, 2, 8);
+    let (hal, mut queues) = bring_up_without_recovery(fake, 2, 8);
     let (first, rest) = queues.split_at_mut(1);
     a_stalled_command_fails_after_its_deadline(&mut first[0], &mut rest[0], &hal, 64);
     no_violations(&hal);
 }
 
 #[test]
-fn a_virtio_device_that_cannot_be_stopped_is_reported_so() {
+fn without_recovery_a_virtio_device_that_cannot_be_stopped_is_reported_so() {
     let mut fake = FakeDevice::new(1 << 20);
     fake.stall_sector = Some(8);
     fake.bus.stop_confirms = false;
-    let (hal, mut queues) = bring_up(fake, 1, 8);
+    let (hal, mut queues) = bring_up_without_recovery(fake, 1, 8);
     a_device_that_cannot_be_stopped_is_reported_so(&mut queues[0], &hal, 8);
+}
+
+/// The shutdown's clock in these tests: 1 ms per look.
+struct Steps(u64);
+
+impl blkdev::shutdown::Clock for Steps {
+    fn now_ns(&mut self) -> u64 {
+        self.0
+    }
+    fn relax(&mut self) {
+        self.0 += 1_000_000;
+    }
+}
+
+fn device_and_queue(fake: FakeDevice) -> (FakeHal, VirtioBlk<FakeHal>, BlkQueue<FakeHal>) {
+    let hal = FakeHal::new(fake);
+    let mut device =
+        VirtioBlk::init(hal.clone(), crate::fake::regions(), RecoveryConfig::DEFAULT).unwrap();
+    let queue = device.create_queue(16).unwrap();
+    device.start();
+    (hal, device, queue)
+}
+
+#[test]
+fn a_shutdown_flushes_the_cache_then_resets_the_device() {
+    use blkdev::shutdown::{flush_all, stop_all, Outcome};
+    let (hal, mut device, mut queue) = device_and_queue(FakeDevice::new(1 << 20));
+    let data = segments(&hal, 1, 0, 4096);
+    assert_eq!(
+        complete_one(&mut queue, &data_request(1, IoOp::Write, 8, &data)),
+        IoStatus::Ok
+    );
+    assert_eq!(
+        flush_all(&mut [&mut queue], 1_000_000_000, &mut Steps(0)),
+        [Outcome::Done { ns: 0 }]
+    );
+    hal.with(|m| {
+        assert_eq!(m.served.last().unwrap().kind, 4, "VIRTIO_BLK_T_FLUSH");
+        assert_eq!(m.resets, 1, "only init's reset before the flush");
+    });
+    assert_eq!(
+        stop_all(&mut [&mut device], &mut Steps(0)),
+        [Outcome::Done { ns: 0 }]
+    );
+    hal.with(|m| {
+        assert_eq!(m.resets, 2);
+        assert_eq!(m.status, 0);
+    });
+    no_violations(&hal);
+}
+
+#[test]
+fn without_the_flush_feature_nothing_is_flushed() {
+    let mut fake = FakeDevice::new(1 << 20);
+    fake.offered &= !feature::BLK_FLUSH;
+    let (hal, _device, mut queue) = device_and_queue(fake);
+    assert_eq!(
+        blkdev::shutdown::flush_all(&mut [&mut queue], 1_000_000_000, &mut Steps(0)),
+        [blkdev::shutdown::Outcome::NotNeeded]
+    );
+    assert!(hal.with(|m| m.served.is_empty()));
+}
+
+#[test]
+fn a_reset_that_does_not_finish_is_given_up_after_its_deadline() {
+    use blkdev::shutdown::{stop_all, Outcome};
+    let (hal, mut device, _queue) = device_and_queue(FakeDevice::new(1 << 20));
+    hal.with(|m| m.reset_after_reads = None);
+    assert_eq!(
+        stop_all(&mut [&mut device], &mut Steps(0)),
+        [Outcome::GivenUp {
+            ns: RESET_TIMEOUT_MS * 1_000_000
+        }]
+    );
+    assert_ne!(hal.with(|m| m.status), 0);
+    hal.with(|m| m.reset_after_reads = Some(20));
+    assert_eq!(
+        stop_all(&mut [&mut device], &mut Steps(0)),
+        [Outcome::Done { ns: 20_000_000 }]
+    );
+    assert_eq!(hal.with(|m| (m.resets, m.status)), (3, 0));
 }

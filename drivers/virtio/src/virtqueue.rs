@@ -53,6 +53,21 @@ impl SplitRing {
         })
     }
 
+    /// The device was reset, and the ring set up again empty (`clear`): both indices
+    /// start over.
+    pub fn restart(&mut self) {
+        self.avail_idx = 0;
+        self.last_used = 0;
+    }
+
+    /// Empties the available and used rings of a ring (before the device is given it
+    /// again after a reset), asking again not to be interrupted.
+    pub fn clear<H: Hal>(hal: &H, avail: DmaRegion, used: DmaRegion) {
+        hal.zero_dma(avail);
+        hal.zero_dma(used);
+        hal.write_dma(avail, 0, &AVAIL_F_NO_INTERRUPT.to_le_bytes());
+    }
+
     /// Puts descriptor `index`, naming the first `entries` descriptors of the indirect
     /// `table`, on the available ring (visible after `publish`).
     pub fn post_indirect<H: Hal>(&mut self, hal: &H, index: u16, table: DmaRegion, entries: u16) {

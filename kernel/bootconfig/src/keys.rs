@@ -101,7 +101,12 @@ command_line_keys! {
          their way";
     DeviceTimeoutMs "device.timeout-ms" Setting,
         default "30000", range "0 (never) to 3600000 milliseconds",
-        "how long a device command may take before its device is failed and stopped";
+        "how long a device command may take before it is aborted and, if that does not \
+         bring it back, its device reset";
+    DeviceMaxResets "device.max-resets" Setting,
+        default "3", range "0 (never reset: fail at once) to 100",
+        "resets in a row, without a command completed between them, before a device is \
+         given up (stopped, every request failed)";
 
     Selftest "selftest" TestHook,
         default "", range "",
@@ -142,6 +147,10 @@ command_line_keys! {
     DisktestBounce "disktest.bounce" TestOption,
         default "", range "",
         "the disk test through bounce buffers, as an emulated device under Xen";
+    DisktestShutdown "disktest.shutdown" TestOption,
+        default "", range "",
+        "after the disk test, shut the device down as xl shutdown does (flush, NVMe \
+         shutdown notification, virtio reset)";
     Registrytest "registrytest" TestHook,
         default "", range "<step>;...: +<target> opens, -<n> releases the n-th opened",
         "open and release disks through the device registry, log each outcome, power off";
@@ -158,6 +167,9 @@ command_line_keys! {
     FaulttestStallSector "faulttest.stall-sector" TestOption,
         default "0", range "a sector",
         "where the stalled read goes";
+    FaulttestAfterReset "faulttest.after-reset" TestOption,
+        default "", range "a target",
+        "a disk on the stalling device read after its reset, with device.max-resets > 0";
     FaulttestLateMs "faulttest.late-ms" TestOption,
         default "0", range "milliseconds",
         "how late the stalling device completes";

@@ -21,6 +21,7 @@ use blkback::engine::{
     DEFAULT_DEVICE_TIMEOUT_NS, DEFAULT_NOTIFY_HOLD_NS, MAX_DEVICE_TIMEOUT_NS, MAX_NOTIFY_HOLD_NS,
 };
 use blkback::negotiate::BackendParams;
+use cmdslots::recovery::{DEFAULT_MAX_RESETS, MAX_MAX_RESETS};
 use core::fmt;
 use log::LevelFilter;
 use polling::idle::PollIdle;
@@ -37,9 +38,12 @@ pub struct Config {
     pub grants: GrantLimits,
     /// `grants.persistent=`: offer frontends persistent grants.
     pub persistent_grants: bool,
-    /// `device.timeout-ms=`, in ns: how long a device command may take before its device
-    /// is failed and stopped (0: forever).
+    /// `device.timeout-ms=`, in ns: how long a device command may take before it is
+    /// aborted, and its device reset if that does not bring it back (0: forever).
     pub device_timeout_ns: u64,
+    /// `device.max-resets=`: resets in a row before a device is given up (0: a device
+    /// whose command times out is given up at once).
+    pub device_max_resets: u32,
 }
 
 /// How the pollers run and answer their rings.
@@ -69,6 +73,7 @@ impl Config {
         grants: GrantLimits::DEFAULT,
         persistent_grants: BackendParams::OFFER_PERSISTENT_GRANTS,
         device_timeout_ns: DEFAULT_DEVICE_TIMEOUT_NS,
+        device_max_resets: DEFAULT_MAX_RESETS,
     };
 
     /// The configuration `cmdline` sets, and the values it had to refuse (each keeps its
@@ -127,6 +132,11 @@ impl Config {
             Ok(None) => {}
             Ok(Some(ms)) => config.device_timeout_ns = ms * 1_000_000,
             Err(text) => refuse(Key::DeviceTimeoutMs, text),
+        }
+        match cmdline.number_up_to(Key::DeviceMaxResets, u64::from(MAX_MAX_RESETS)) {
+            Ok(None) => {}
+            Ok(Some(resets)) => config.device_max_resets = resets as u32,
+            Err(text) => refuse(Key::DeviceMaxResets, text),
         }
         (config, bad)
     }
@@ -240,6 +250,11 @@ impl fmt::Display for BadValue<'_> {
                 "{key}={text}: want a whole number of milliseconds 0..={}; using {}",
                 MAX_DEVICE_TIMEOUT_NS / 1_000_000,
                 DEFAULT_DEVICE_TIMEOUT_NS / 1_000_000
+            ),
+            Key::DeviceMaxResets => write!(
+                f,
+                "{key}={text}: want a whole number of resets 0..={MAX_MAX_RESETS}; using \
+                 {DEFAULT_MAX_RESETS}"
             ),
             grant => {
                 let (default, max, meaning) = grant_bounds(grant);
@@ -424,6 +439,20 @@ mod tests {
     }
 
     #[test]
+    fn device_resets_are_a_count_up_to_a_hundred() {
+        let resets = |line: &str| parse_good(line).device_max_resets;
+        assert_eq!(resets(""), 3);
+        assert_eq!(resets("device.max-resets=0"), 0);
+        assert_eq!(resets("device.max-resets=100"), 100);
+        for bad in ["101", "-1", "three", ""] {
+            assert_eq!(
+                refused("device.max-resets", bad),
+                format!("device.max-resets={bad}: want a whole number of resets 0..=100; using 3")
+            );
+        }
+    }
+
+    #[test]
     fn grant_limits_are_checked_and_bad_ones_keep_the_default() {
         let limits = parse_good("grants.max-total=4096 grants.max-per-ring=0 grants.idle-s=0");
         assert_eq!(
@@ -482,7 +511,7 @@ mod tests {
     fn every_bad_setting_is_reported_and_the_good_ones_apply() {
         let line = "loglevel=loud poll.spin-us=9-1 poll.idle=nap notify.hold-us=x \
                     grants.max-total=y grants.max-per-ring=z grants.idle-s=w \
-                    grants.persistent=maybe device.timeout-ms=never";
+                    grants.persistent=maybe device.timeout-ms=never device.max-resets=lots";
         let (config, bad) = parse(line);
         assert_eq!(config, Config::DEFAULT);
         assert_eq!(bad.len(), SETTINGS);
@@ -532,6 +561,11 @@ mod tests {
                 Key::DeviceTimeoutMs,
                 (d.device_timeout_ns / 1_000_000).to_string(),
                 format!("to {} milliseconds", MAX_DEVICE_TIMEOUT_NS / 1_000_000),
+            ),
+            (
+                Key::DeviceMaxResets,
+                d.device_max_resets.to_string(),
+                format!("to {MAX_MAX_RESETS}"),
             ),
         ];
         assert!(d.persistent_grants);

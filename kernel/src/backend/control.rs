@@ -29,6 +29,8 @@ use xen::xenbus::watch::{WatchRouter, WatchWork};
 use xen::xenbus::{XenStore, NO_TRANSACTION};
 use xen::xenstore::Transaction;
 
+mod shutdown;
+
 use crate::devices::open::PciBus;
 use crate::devices::stopwatch;
 use crate::xen_domain;
@@ -59,6 +61,8 @@ pub struct Control {
     budget: GrantBudget,
     /// The command line's settings, for each vbd and ring made.
     config: Config,
+    /// `xl shutdown` or `xl reboot` asked for a clean shutdown, under way.
+    shutdown: Option<shutdown::Shutdown>,
 }
 
 impl Control {
@@ -91,9 +95,10 @@ impl Control {
             next_stats: 0,
             retries: RetrySchedule::new(),
             first_round: true,
-            registry: Registry::new(bus),
+            registry: Registry::new(bus, crate::devices::recovery(config.device_max_resets)),
             budget: GrantBudget::new(config.grants),
             config: *config,
+            shutdown: None,
         })
     }
 
@@ -529,6 +534,27 @@ impl poller::ControlWork for Control {
     }
 
     fn run(&mut self) -> Option<u64> {
+        // A device a queue asked to recover first: its queues' requests wait meanwhile
+        // (during a shutdown too: the drain waits for them).
+        crate::devices::RECOVERY_WANTED.store(false, Ordering::Release);
+        let now = xen_domain::now_ns();
+        let recovery_due = self.registry.recover(now);
+        let wait = if self.shutdown.is_some() {
+            self.shutdown_step()
+        } else {
+            self.run_store()
+        };
+        match (wait, recovery_due) {
+            (Some(wait), Some(due)) => Some(wait.min(due.saturating_sub(xen_domain::now_ns()))),
+            (wait, _) => wait,
+        }
+    }
+}
+
+impl Control {
+    /// The control path's round on xenstore: watch events, negotiations, faults,
+    /// statistics, the report. How soon it wants the next.
+    fn run_store(&mut self) -> Option<u64> {
         let home = format!("/local/domain/{}", self.domid);
         let router = WatchRouter {
             home: &home,
@@ -559,7 +585,19 @@ impl poller::ControlWork for Control {
                     });
                 }
             }
+            if xs.take_lost_watch_events() {
+                // A flood (a guest rewriting its frontend nodes in a loop) overran the
+                // client's queue: look at everything the dropped events could have named.
+                log::warn!("xenstore: watch events dropped (a flood); rescanning every device");
+                work.rescan = true;
+                report_request = true;
+                control_request |= xs
+                    .read_string(Transaction::NONE, xen::xenbus::keys::CONTROL_SHUTDOWN)
+                    .is_ok_and(|value| !value.trim().is_empty());
+            }
             if control_request {
+                // Rescan next round if the request was not one to act on.
+                self.first_round |= work.rescan;
                 return None;
             }
             self.first_round = false;
@@ -603,7 +641,8 @@ impl poller::ControlWork for Control {
         let Some(wait) = result else {
             // A control request arrived (or xenstore is gone): look at it outside the lock.
             if let Some(reason) = xen_domain::control::take_request() {
-                xen_domain::control::obey(reason);
+                self.begin_shutdown(reason);
+                return self.shutdown_step();
             }
             return Some(RETRY_NS);
         };

@@ -313,7 +313,7 @@ impl core::error::Error for ResizeRefusal {}
 /// EINVAL for a `params` that asks what cannot be done, EBUSY for data or another disk
 /// in the way, ENOMEM for memory, ENOSPC for a slice past its device.
 impl Errno for ResizeRefusal {
-    fn errno(&self) -> u32 {
+    fn errno(&self) -> i32 {
         match self {
             ResizeRefusal::Params { .. }
             | ResizeRefusal::Spec(_)
@@ -359,7 +359,7 @@ impl core::error::Error for AttachError {}
 /// device or partition that is not there, EBUSY for one that serves another disk,
 /// ENOMEM/ENOSPC for memory or map space, EIO for the rest.
 impl Errno for AttachError {
-    fn errno(&self) -> u32 {
+    fn errno(&self) -> i32 {
         match self {
             AttachError::NoParams(error) => error.errno(),
             AttachError::Disk(error) => error.errno(),
@@ -369,7 +369,7 @@ impl Errno for AttachError {
 }
 
 impl Errno for DiskError {
-    fn errno(&self) -> u32 {
+    fn errno(&self) -> i32 {
         match self {
             DiskError::Params { .. } | DiskError::RamSizeMismatch { .. } => errno::EINVAL,
             DiskError::Slice { .. } => errno::EINVAL,
@@ -392,7 +392,9 @@ impl Errno for DiskError {
             },
             DiskError::Device { error, .. } => match error {
                 OpenError::NoNvme | OpenError::NoVirtio { .. } => errno::ENODEV,
-                OpenError::VirtioInUse(_) | OpenError::NvmeQueuesInUse(_) => errno::EBUSY,
+                OpenError::VirtioInUse(_)
+                | OpenError::NvmeQueuesInUse(_)
+                | OpenError::Resetting(_) => errno::EBUSY,
                 OpenError::NoBounceMemory => errno::ENOMEM,
                 _ => errno::EIO,
             },
@@ -401,7 +403,7 @@ impl Errno for DiskError {
 }
 
 impl Errno for ConnectError {
-    fn errno(&self) -> u32 {
+    fn errno(&self) -> i32 {
         match self {
             ConnectError::NoXen => errno::ENODEV,
             ConnectError::NoMapSpace | ConnectError::NoGrantShare(_) => errno::ENOSPC,

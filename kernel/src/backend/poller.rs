@@ -260,6 +260,10 @@ pub trait ControlWork {
 /// (once, until control has run the maintenance).
 pub static RAM_KICK_SENT: AtomicBool = AtomicBool::new(false);
 
+/// A poller without the control path saw `devices::RECOVERY_WANTED` (a device queue
+/// asked for an abort or a reset) and woke vCPU 0 for it (once, until control has run).
+static RECOVERY_KICK_SENT: AtomicBool = AtomicBool::new(false);
+
 /// A poller handed a ring's device fault to the control path (`QueueControl::fault`):
 /// vCPU 0 runs the control path at its next pass, which writes the fault to xenstore
 /// then, not at its next statistics round up to 5 s later.
@@ -358,6 +362,11 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
                 None => {}
             }
         }
+        // A device queue asked for its device's recovery: the control path runs it now.
+        let recovery_news = crate::devices::RECOVERY_WANTED.load(Ordering::Relaxed);
+        if recovery_news && control.is_none() && !RECOVERY_KICK_SENT.swap(true, Ordering::AcqRel) {
+            ring_doorbell(0);
+        }
         // The rings' clock: device commands are timed by it, grants unpinned from now on
         // are stamped with it, and cached grants idle for the timeout are unmapped (a
         // bounded batch; cheap otherwise).
@@ -373,10 +382,11 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         if let Some(control) = control.as_mut() {
             let kicked = control.port().is_some_and(|p| xen.shared.is_pending(p));
             let fault_news = FAULT_NEWS.swap(false, Ordering::AcqRel);
-            if kicked || fault_news || now >= control_due {
+            if kicked || fault_news || recovery_news || now >= control_due {
                 if let Some(p) = control.port() {
                     xen.shared.clear_pending(p);
                 }
+                RECOVERY_KICK_SENT.store(false, Ordering::Release);
                 control_due = now.saturating_add(control.run().unwrap_or(MAX_SLEEP_NS));
                 rebuild_ports(&served, &mut ports, &Some(&mut **control));
             }

@@ -28,6 +28,7 @@ use super::disk::{DeviceQueue, Disk, OpenDevice, RAM_MEMORY_WANTED};
 use super::error::{DiskError, ResizeRefusal};
 use crate::devices::open::{Devices, OpenOptions, PciBus, Queue};
 use crate::devices::region::{self, TableReader};
+use crate::devices::shutdown;
 use alloc::collections::BTreeMap;
 use alloc::format;
 use alloc::string::{String, ToString};
@@ -80,8 +81,8 @@ impl Registry {
     /// The registry of the devices on `bus`, brought up now (`Devices::prepare`): an
     /// attach then takes queues, where bringing a device up would cost it a VM exit to
     /// the device model per register access.
-    pub fn new(bus: PciBus) -> Registry {
-        let mut devices = Devices::new(bus);
+    pub fn new(bus: PciBus, recovery: cmdslots::RecoveryConfig) -> Registry {
+        let mut devices = Devices::new(bus, recovery);
         devices.prepare(crate::smp::online_count().max(1) * VIRTIO_QUEUES_PER_CPU);
         Registry {
             ram_disks: BTreeMap::new(),
@@ -197,6 +198,37 @@ impl Registry {
         device.description = format!("{new} of {}", pool.description);
         capacity.set(sectors);
         Ok(())
+    }
+
+    /// Every device's recovery step (`Devices::recover`); the earliest time one wants
+    /// its next.
+    pub fn recover(&mut self, now: u64) -> Option<u64> {
+        self.devices.recover(now)
+    }
+
+    /// The devices' part of blkdom's shutdown, once the vbds' disks are back here: every
+    /// device a disk was opened on (an NVMe namespace, a virtio device) is flushed
+    /// through one of its idle queues, each within `flush_deadline_ns`, then every device
+    /// brought up is told to stop (`Devices::shut_down`). A device whose queues are all
+    /// still held by rings that did not drain cannot be flushed, and is reported so.
+    pub fn shut_down(&mut self, flush_deadline_ns: u64) -> shutdown::Report {
+        let mut flush: Vec<(String, &mut dyn BlockDevice)> = Vec::new();
+        let mut unflushed = Vec::new();
+        for pool in &mut self.pools {
+            match pool.idle.last_mut() {
+                Some(queue) => flush.push((pool.device.to_string(), queue)),
+                None => unflushed.push(format!(
+                    "{}: flush not sent: every queue of it is held by a ring that did not drain",
+                    pool.device
+                )),
+            }
+        }
+        for line in &unflushed {
+            log::error!("shutdown: {line}");
+        }
+        let mut report = self.devices.shut_down(flush, flush_deadline_ns);
+        report.given_up.extend(unflushed);
+        report
     }
 
     /// Every named RAM disk (kept here between their vbds).

@@ -11,7 +11,9 @@
 //! end must be refused. Options: `disktest.seed=`, `disktest.writes=`,
 //! `disktest.queues=`, `disktest.random-reads=`, `disktest.sequential-mib=`,
 //! `disktest.nvme-prp-only`, `disktest.bounce` (through bounce buffers, as an emulated
-//! device under Xen).
+//! device under Xen), `disktest.shutdown` (then the devices' part of a clean shutdown,
+//! as `xl shutdown` runs it: the device flushed through queue 0, then told to stop; the
+//! test fails if it does not answer).
 
 use super::dma_pages::DmaPages;
 use super::error::OpenError;
@@ -23,7 +25,7 @@ use alloc::boxed::Box;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use backing::{Backing, Region};
-use blkdev::{DmaSegment, Geometry, IoOp, IoRequest, IoStatus, SubmitError};
+use blkdev::{BlockDevice, DmaSegment, Geometry, IoOp, IoRequest, IoStatus, SubmitError};
 use bootconfig::{Cmdline, Key};
 use core::fmt;
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -77,9 +79,10 @@ type QueueResult = spin::Mutex<Option<Result<QueueReport, DiskTestError>>>;
 static RESULTS: spin::Once<Vec<QueueResult>> = spin::Once::new();
 static FINISHED: AtomicUsize = AtomicUsize::new(0);
 
-/// Runs the disk test on `spec` and powers off with its verdict.
-pub fn disk_test(spec: &str, cmdline: &Cmdline, bus: open::PciBus) -> ! {
-    let verdict = match run(spec, cmdline, bus) {
+/// Runs the disk test on `spec` (with commands given up after `device_timeout_ns`, for
+/// `disktest.shutdown`) and powers off with its verdict.
+pub fn disk_test(spec: &str, cmdline: &Cmdline, device_timeout_ns: u64, bus: open::PciBus) -> ! {
+    let verdict = match run(spec, cmdline, device_timeout_ns, bus) {
         Ok(()) => {
             info!("disktest: PASS");
             power::Verdict::Pass
@@ -107,7 +110,12 @@ fn number<T: core::str::FromStr>(
     }
 }
 
-fn run(spec: &str, cmdline: &Cmdline, bus: open::PciBus) -> Result<(), DiskTestError> {
+fn run(
+    spec: &str,
+    cmdline: &Cmdline,
+    device_timeout_ns: u64,
+    bus: open::PciBus,
+) -> Result<(), DiskTestError> {
     let backing = backing::parse_backing(spec).map_err(|e| DiskTestError::Spec {
         spec: spec.into(),
         reason: e.to_string(),
@@ -136,7 +144,8 @@ fn run(spec: &str, cmdline: &Cmdline, bus: open::PciBus) -> Result<(), DiskTestE
         ..Default::default()
     };
     // Both opens below go through one `Devices`, as the control path's do.
-    let mut devices = open::Devices::new(bus);
+    // No command is expected to time out here: no recovery to run.
+    let mut devices = open::Devices::new(bus, cmdslots::RecoveryConfig::NEVER);
     super::stopwatch::start();
     let opened = devices.open(backing, wanted, options);
     if let Some(cost) = super::stopwatch::finish() {
@@ -285,6 +294,25 @@ fn run(spec: &str, cmdline: &Cmdline, bus: open::PciBus) -> Result<(), DiskTestE
     info!(
         "disktest: throughput ({queues} queue(s) at once): random 4 KiB reads {iops} IOPS, sequential 256 KiB reads {mb_per_s:.1} MB/s"
     );
+    if cmdline.has(Key::DisktestShutdown) {
+        // Queue 0 is back from its CPU (idle): the device is flushed through it.
+        let mut queue = jobs[0].lock().take().map(|job| job.queue);
+        let flush: Vec<(String, &mut dyn BlockDevice)> = queue
+            .iter_mut()
+            .map(|queue| (spec.to_string(), &mut **queue as &mut dyn BlockDevice))
+            .collect();
+        let report =
+            devices.shut_down(flush, super::shutdown::flush_deadline_ns(device_timeout_ns));
+        info!(
+            "disktest: shutdown: {} flush(es), {} device(s) stopped, {} given up",
+            report.flushed,
+            report.stopped,
+            report.given_up.len()
+        );
+        if !report.given_up.is_empty() {
+            return Err(DiskTestError::Shutdown(report.given_up.join("; ")));
+        }
+    }
     Ok(())
 }
 
@@ -364,15 +392,17 @@ fn check_last_write(
 }
 
 fn worker(cpu: usize) {
-    let job = JOBS
-        .get()
-        .and_then(|jobs| jobs.get(cpu))
-        .and_then(|j| j.lock().take());
-    let result = match job {
-        Some(mut job) => exercise(&mut job).map_err(|why| {
-            error!("disktest: queue {} on cpu {cpu}: {why}", job.index);
-            why
-        }),
+    let slot = JOBS.get().and_then(|jobs| jobs.get(cpu));
+    let result = match slot.and_then(|j| j.lock().take()) {
+        Some(mut job) => {
+            let result = exercise(&mut job).map_err(|why| {
+                error!("disktest: queue {} on cpu {cpu}: {why}", job.index);
+                why
+            });
+            // Back, idle, for the shutdown that may follow (`disktest.shutdown`).
+            *slot.expect("the job came from it").lock() = Some(job);
+            result
+        }
         None => Err(DiskTestError::NoQueueForCpu(cpu)),
     };
     if let Some(slot) = RESULTS.get().and_then(|r| r.get(cpu)) {
@@ -825,6 +855,8 @@ enum DiskTestError {
         error: crate::smp::RunError,
     },
     Unfinished,
+    /// What of the shutdown after the test did not answer or failed.
+    Shutdown(String),
     /// The queues that failed: (index, why; `None`: no result).
     Queues(Vec<(usize, Option<DiskTestError>)>),
     SecondOpenReadsWrong {
@@ -901,6 +933,7 @@ impl fmt::Display for DiskTestError {
                 write!(f, "cannot start queue {cpu} on cpu {cpu}: {error:?}")
             }
             DiskTestError::Unfinished => f.write_str("a queue's CPU did not finish within 600 s"),
+            DiskTestError::Shutdown(given_up) => write!(f, "shutdown: {given_up}"),
             DiskTestError::Queues(failures) => {
                 for (n, (index, why)) in failures.iter().enumerate() {
                     if n > 0 {

@@ -16,6 +16,10 @@ pub enum OpenError {
     /// A virtio device serves one disk (opening it again would reset it).
     VirtioInUse(PciAddress),
     NoBounceMemory,
+    /// A RAM disk of this many bytes does not fit the memory free for disks.
+    RamDoesNotFit {
+        bytes: u64,
+    },
     BarUnreadable {
         device: PciAddress,
         bar: u8,
@@ -58,6 +62,8 @@ pub enum OpenError {
     /// A queue of the controller failed and stopped it (bus mastering off): it serves
     /// no new disk until blkdom restarts.
     NvmeStopped(PciAddress),
+    /// The device is being reset after a command timed out: no new queue now.
+    Resetting(PciAddress),
     VirtioLegacy(PciAddress),
     /// The virtio driver failed at `step` (bring-up, virtqueue).
     Virtio {
@@ -76,6 +82,9 @@ impl fmt::Display for OpenError {
             }
             OpenError::VirtioInUse(device) => write!(f, "virtio-blk {device} is already in use"),
             OpenError::NoBounceMemory => f.write_str("no memory for bounce buffers"),
+            OpenError::RamDoesNotFit { bytes } => {
+                write!(f, "ram:{} KiB does not fit the memory free for disks", bytes / 1024)
+            }
             OpenError::BarUnreadable { device, bar, error } => {
                 write!(f, "{device}: BAR {bar}: {error:?}")
             }
@@ -113,6 +122,10 @@ impl fmt::Display for OpenError {
             OpenError::NvmeStopped(device) => write!(
                 f,
                 "nvme {device}: the controller failed and was stopped; it serves no disk until blkdom restarts"
+            ),
+            OpenError::Resetting(device) => write!(
+                f,
+                "{device}: the device is being reset after a command timed out; try again"
             ),
             OpenError::VirtioLegacy(device) => write!(
                 f,

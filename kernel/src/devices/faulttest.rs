@@ -19,6 +19,15 @@
 //!   devices take under Xen), whose failed queue never reuses the pages it held;
 //! - the other device still serves.
 //!
+//! With `device.max-resets` > 0 the stalling device is recovered instead, as the control
+//! path would (`Devices::recover` between polls): the overdue read is aborted or its
+//! controller reset, and answered `Error` once the reset is done (QEMU finishes the
+//! read first: bus mastering is off by then, and it lands in the bounce pool alone);
+//! the queue does not fail; `faulttest.after-reset`, another namespace of the stalling
+//! controller, serves reads within the deadline after the reset, and the stalled disk
+//! itself serves a read given a deadline beyond its latency (null-co delays every
+//! read). QEMU 10.0's blkdebug cannot delay a single request.
+//!
 //! Ends with `faulttest: PASS` or `faulttest: FAIL: <why>` and the matching exit status.
 
 use super::dma_pages::DmaPages;
@@ -28,7 +37,7 @@ use crate::power;
 use alloc::format;
 use alloc::string::String;
 use blkdev::{DmaSegment, FaultKind, IoOp, IoRequest, IoStatus};
-use bootconfig::{Cmdline, Key};
+use bootconfig::{Cmdline, Config, Key};
 use log::{error, info};
 
 const PAGE: u64 = 4096;
@@ -38,9 +47,9 @@ const READ_SECTORS: u64 = 8;
 const PAINT: u8 = 0xa5;
 
 /// Runs the fault test and powers off with its verdict; a command may take
-/// `device_timeout_ns` (`device.timeout-ms=`).
-pub fn fault_test(spec: &str, cmdline: &Cmdline, device_timeout_ns: u64, bus: PciBus) -> ! {
-    let verdict = match run(spec, cmdline, device_timeout_ns, bus) {
+/// `device.timeout-ms=`, and a device is recovered as `device.max-resets=` says.
+pub fn fault_test(spec: &str, cmdline: &Cmdline, config: &Config, bus: PciBus) -> ! {
+    let verdict = match run(spec, cmdline, config, bus) {
         Ok(()) => {
             info!("faulttest: PASS");
             power::Verdict::Pass
@@ -160,8 +169,10 @@ fn open_one(devices: &mut Devices, spec: &str, bounce: bool) -> Result<Queue, St
         .ok_or_else(|| format!("{spec}: no queue"))
 }
 
-fn run(spec: &str, cmdline: &Cmdline, timeout_ns: u64, bus: PciBus) -> Result<(), String> {
+fn run(spec: &str, cmdline: &Cmdline, config: &Config, bus: PciBus) -> Result<(), String> {
     hal::calibrate_clock();
+    let timeout_ns = config.device_timeout_ns;
+    let recovers = config.device_max_resets > 0;
     let error_sector = number(cmdline, Key::FaulttestErrorSector, 2048)?;
     let stall_sector = number(cmdline, Key::FaulttestStallSector, 0)?;
     let late_ms = number(cmdline, Key::FaulttestLateMs, 0)?;
@@ -169,7 +180,7 @@ fn run(spec: &str, cmdline: &Cmdline, timeout_ns: u64, bus: PciBus) -> Result<()
     if timeout_ms == 0 || error_sector < READ_SECTORS {
         return Err("faulttest needs device.timeout-ms > 0 and faulttest.error-sector >= 8".into());
     }
-    let mut devices = Devices::new(bus);
+    let mut devices = Devices::new(bus, super::recovery(config.device_max_resets));
     let mut failing = open_one(&mut devices, spec, false)?;
     let page = Page::new()?;
     // 1. A device error: the read touching the sector fails, its neighbours do not.
@@ -206,6 +217,22 @@ fn run(spec: &str, cmdline: &Cmdline, timeout_ns: u64, bus: PciBus) -> Result<()
         return Ok(());
     };
     let mut stalling = open_one(&mut devices, stall_spec, cmdline.has(Key::FaulttestBounce))?;
+    // With recovery: another disk of the stalling device, serving before its reset too.
+    let mut after = match cmdline.value(Key::FaulttestAfterReset) {
+        Some(after_spec) if recovers => {
+            let mut after = open_one(&mut devices, after_spec, false)?;
+            after.tick(now_ns(), timeout_ns);
+            read_ok(
+                (after_spec, &mut after),
+                page.read(199, 0),
+                &page,
+                limit,
+                timeout_ns,
+            )?;
+            Some((after_spec, after))
+        }
+        _ => None,
+    };
     let stalled = Page::new()?;
     stalled.fill(PAINT);
     stalling.tick(now_ns(), timeout_ns);
@@ -222,6 +249,8 @@ fn run(spec: &str, cmdline: &Cmdline, timeout_ns: u64, bus: PciBus) -> Result<()
         if let Some(done) = status {
             break done;
         }
+        // The control path's part: an abort, a reset (this call waits for it).
+        devices.recover(now_ns());
         tag += 1;
         let got = complete(
             &mut failing,
@@ -236,7 +265,7 @@ fn run(spec: &str, cmdline: &Cmdline, timeout_ns: u64, bus: PciBus) -> Result<()
             ));
         }
         served += 1;
-        if now_us() - start > (timeout_ms + 10_000) * 1000 {
+        if now_us() - start > (timeout_ms + late_ms + 10_000) * 1000 {
             return Err(format!(
                 "{stall_spec}: the stalled read got no answer in {} ms (deadline {timeout_ms} ms)",
                 (now_us() - start) / 1000
@@ -248,6 +277,18 @@ fn run(spec: &str, cmdline: &Cmdline, timeout_ns: u64, bus: PciBus) -> Result<()
         return Err(format!(
             "{stall_spec}: the stalled read completed {status:?} after {waited_ms} ms"
         ));
+    }
+    if recovers {
+        let (after_spec, mut after) = after
+            .take()
+            .ok_or("faulttest: recovery needs faulttest.after-reset")?;
+        return recovered(
+            (spec, &mut failing, &page),
+            (stall_spec, &mut stalling, &stalled),
+            (after_spec, &mut after),
+            &mut devices,
+            (waited_ms, served, timeout_ns, late_ms),
+        );
     }
     // Given up between the deadline and one scan later; TCG's slowness on top.
     let latest = timeout_ms + cmdslots::scan_interval(timeout_ns) / 1_000_000 + 2_000;
@@ -316,4 +357,94 @@ fn run(spec: &str, cmdline: &Cmdline, timeout_ns: u64, bus: PciBus) -> Result<()
     }
     info!("faulttest: {spec} still serves");
     Ok(())
+}
+
+/// The stalled read was answered (`Error`, after `waited_ms`) with recovery on: its
+/// device was recovered, not given up. Checks what that means, on the device and
+/// around it.
+fn recovered(
+    (spec, failing, page): (&str, &mut Queue, &Page),
+    (stall_spec, stalling, stalled): (&str, &mut Queue, &Page),
+    (after_spec, after): (&str, &mut Queue),
+    devices: &mut Devices,
+    (waited_ms, served, timeout_ns, late_ms): (u64, u64, u64, u64),
+) -> Result<(), String> {
+    let timeout_ms = timeout_ns / 1_000_000;
+    // Answered once the reset is done, which QEMU holds until its read is over.
+    let latest = timeout_ms.max(late_ms)
+        + cmdslots::scan_interval(timeout_ns) / 1_000_000
+        + cmdslots::recovery::ABORT_WAIT_NS / 1_000_000
+        + 2_000;
+    if waited_ms < timeout_ms || waited_ms > latest {
+        return Err(format!(
+            "{stall_spec}: the stalled read was answered after {waited_ms} ms, expected {timeout_ms}..={latest} ms"
+        ));
+    }
+    if let Some(fault) = stalling.fault() {
+        return Err(format!(
+            "{stall_spec}: failed instead of recovering: {fault}"
+        ));
+    }
+    if devices.recover(now_ns()).is_some() {
+        return Err(format!("{stall_spec}: its recovery is not over"));
+    }
+    info!(
+        "faulttest: {stall_spec}: the stalled read answered Error after {waited_ms} ms (deadline {timeout_ms} ms), the device recovered; {spec} served {served} reads meanwhile"
+    );
+    if !stalled.holds_only(PAINT) {
+        return Err(format!(
+            "{stall_spec}: the stalled read's data reached memory"
+        ));
+    }
+    info!("faulttest: {stall_spec}: nothing of the stalled read reached memory");
+    // Another namespace of the same controller, its queue made again by the reset:
+    // served within the deadline.
+    for tag in 0..8 {
+        let read = page.read(200 + tag, u64::from(tag) * 8);
+        read_ok((after_spec, after), read, page, 5_000_000, timeout_ns)?;
+    }
+    info!("faulttest: {after_spec}: 8 reads after the reset answered Ok within the deadline");
+    // The stalled disk itself, given a deadline beyond its latency.
+    let patient = (late_ms + timeout_ms) * 2_000_000;
+    let before = now_us();
+    let limit = patient / 1000 + 5_000_000;
+    read_ok(
+        (stall_spec, stalling),
+        page.read(300, 0),
+        page,
+        limit,
+        patient,
+    )?;
+    info!(
+        "faulttest: {stall_spec}: a read after the reset answered Ok in {} ms",
+        (now_us() - before) / 1000
+    );
+    read_ok(
+        (spec, failing),
+        page.read(400, 0),
+        page,
+        10_000_000,
+        timeout_ns,
+    )?;
+    info!("faulttest: {spec} still serves");
+    Ok(())
+}
+
+/// Reads `read` on the `queue` of the disk `spec` (as `complete`): it must answer `Ok`,
+/// the queue not failed.
+fn read_ok(
+    (spec, queue): (&str, &mut Queue),
+    read: IoRequest<'_>,
+    page: &Page,
+    limit_us: u64,
+    timeout_ns: u64,
+) -> Result<(), String> {
+    let got = complete(queue, &read, &page.pages, limit_us, timeout_ns)?;
+    match (got, queue.fault()) {
+        (IoStatus::Ok, None) => Ok(()),
+        (got, fault) => Err(format!(
+            "{spec}: the read of sector {} completed {got:?}, fault {fault:?}",
+            read.sector
+        )),
+    }
 }

@@ -306,9 +306,10 @@ pub fn delay_us(micros: u64) {
     }
 }
 
-/// A PCI function's bus mastering, shared by every queue of the device: turned off for
-/// good when a queue of it fails (`blkdev::Dma::stop_dma`: a command it never completed
-/// must not land in a page after its request was answered).
+/// A PCI function's bus mastering, shared by every queue of the device: turned off when
+/// a queue of it fails or its driver resets it (`blkdev::Dma::stop_dma`: a command it
+/// never completed must not land in a page after its request was answered), and on
+/// again once the reset device holds nothing from before (`resume_dma`).
 pub struct DmaSwitch {
     address: PciAddress,
     config: PciConfig,
@@ -360,6 +361,25 @@ impl DmaSwitch {
             );
         }
         confirmed
+    }
+
+    /// Turns bus mastering back on (its driver reset the device, which holds no command
+    /// from before the stop) and reads it back: `true` when it reads back on.
+    fn resume(&self) -> bool {
+        let access = self.config.access();
+        pci::update_command(access, self.address, pci::COMMAND_BUS_MASTER, 0);
+        let command = access.read16(self.address, pci::REG_COMMAND);
+        let on = command != u16::MAX && command & pci::COMMAND_BUS_MASTER != 0;
+        if on {
+            self.state.store(RUNNING, Ordering::Release);
+            log::info!("pci {}: bus mastering on again", self.address);
+        } else {
+            log::error!(
+                "pci {}: bus mastering could not be turned back on (command register {command:#06x})",
+                self.address
+            );
+        }
+        on
     }
 
     fn stopped(&self) -> Option<bool> {
@@ -455,7 +475,8 @@ fn aligned(address: u64, size: u64) -> u64 {
 // identity mapped below 4 GiB (so the physical address is the bus address), used by
 // nothing else and never freed; the copies reach only the bytes `DmaRegion::span`
 // allows, through `physmem`, whose fences order them; `delay_us` spins on the TSC;
-// `stop_dma` says true only when bus mastering reads back off (`DmaSwitch::stop`).
+// `stop_dma` says true only when bus mastering reads back off (`DmaSwitch::stop`), and
+// `resume_dma` turns it on again (`DmaSwitch::resume`).
 unsafe impl blkdev::Dma for DeviceHal {
     fn allocate_dma(&self, pages: usize) -> Option<DmaRegion> {
         let address = allocate_dma(pages)?;
@@ -481,6 +502,9 @@ unsafe impl blkdev::Dma for DeviceHal {
     }
     fn dma_stopped(&self) -> Option<bool> {
         self.switch.stopped()
+    }
+    fn resume_dma(&self) -> bool {
+        self.switch.resume()
     }
 }
 

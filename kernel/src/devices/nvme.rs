@@ -9,6 +9,7 @@ use alloc::boxed::Box;
 use alloc::format;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use cmdslots::RecoveryConfig;
 use pci::{Function, PciAddress};
 
 /// Bytes of NVMe BAR 0 mapped.
@@ -19,14 +20,18 @@ const NVME_QUEUE_ENTRIES: u16 = 256;
 const NVME_QUEUES_PER_CPU: usize = 4;
 
 /// Controllers brought up so far: a controller is reset once, then every disk on it
-/// (each namespace, each open) takes I/O queues from the pool it granted.
-#[derive(Default)]
-pub struct NvmeControllers(Vec<(PciAddress, nvme::Controller<DeviceHal>)>);
+/// (each namespace, each open) takes I/O queues from the pool it granted. A controller
+/// whose command times out is recovered (`recover`) as `recovery` says.
+pub struct NvmeControllers {
+    controllers: Vec<(PciAddress, nvme::Controller<DeviceHal>)>,
+    recovery: RecoveryConfig,
+}
 
 /// Resets the controller at `function` and asks it for I/O queue pairs.
 fn bring_up(
     bus: &mut PciBus,
     function: &Function,
+    recovery: RecoveryConfig,
 ) -> Result<nvme::Controller<DeviceHal>, OpenError> {
     let (_, size) = memory_bar(bus, function, 0)?;
     if size < 0x2000 {
@@ -49,7 +54,10 @@ fn bring_up(
     let switch = DmaSwitch::new(pci, function.address);
     let mut controller = nvme::Controller::init(
         DeviceHal::nvme(registers, switch),
-        nvme::InitConfig::default(),
+        nvme::InitConfig {
+            recovery,
+            ..nvme::InitConfig::default()
+        },
     )
     .map_err(|e| fail("bring-up", e))?;
     let wanted = (crate::smp::online_count() * NVME_QUEUES_PER_CPU).min(usize::from(u16::MAX - 1));
@@ -60,15 +68,44 @@ fn bring_up(
 }
 
 impl NvmeControllers {
+    pub fn new(recovery: RecoveryConfig) -> Self {
+        NvmeControllers {
+            controllers: Vec::new(),
+            recovery,
+        }
+    }
+
     /// The index of the controller at `function`, brought up now if it never was.
     fn up(&mut self, bus: &mut PciBus, function: &Function) -> Result<usize, OpenError> {
-        if let Some(index) = self.0.iter().position(|(a, _)| *a == function.address) {
+        let controllers = &mut self.controllers;
+        if let Some(index) = controllers.iter().position(|(a, _)| *a == function.address) {
             return Ok(index);
         }
-        let controller = bring_up(bus, function)?;
+        let controller = bring_up(bus, function, self.recovery)?;
         super::stopwatch::lap("bring-up");
-        self.0.push((function.address, controller));
-        Ok(self.0.len() - 1)
+        controllers.push((function.address, controller));
+        Ok(controllers.len() - 1)
+    }
+
+    /// Each controller's recovery step (`nvme::Controller::recover`); the earliest time
+    /// one wants the next.
+    pub fn recover(&mut self, now: u64) -> Option<u64> {
+        let mut due = None;
+        for (address, controller) in &mut self.controllers {
+            if let Some(at) = super::log_recovery(*address, controller.recover(now)) {
+                due = Some(due.map_or(at, |d: u64| d.min(at)));
+            }
+        }
+        due
+    }
+
+    /// Every controller brought up, with where it sits.
+    pub fn iter_mut(
+        &mut self,
+    ) -> impl Iterator<Item = (PciAddress, &mut nvme::Controller<DeviceHal>)> {
+        self.controllers
+            .iter_mut()
+            .map(|(address, controller)| (*address, controller))
     }
 
     /// Brings the controller at `function` up before any disk names it.
@@ -87,10 +124,13 @@ impl NvmeControllers {
         options: &OpenOptions<'_>,
     ) -> Result<OpenedDisk, OpenError> {
         let index = self.up(bus, &function)?;
-        let controller = &mut self.0[index].1;
+        let controller = &mut self.controllers[index].1;
         if controller.is_stopped() {
             // Its admin queue would not answer either (no DMA).
             return Err(OpenError::NvmeStopped(function.address));
+        }
+        if controller.is_resetting() {
+            return Err(OpenError::Resetting(function.address));
         }
         let fail = |step, error| OpenError::Nvme {
             device: function.address,

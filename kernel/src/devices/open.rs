@@ -149,20 +149,43 @@ pub struct Devices {
     prepared_virtio: Vec<(PciAddress, OpenedDisk)>,
     /// Virtio devices in use: one disk each (opening one again would reset it).
     virtio_in_use: Vec<PciAddress>,
+    /// Every virtio device brought up (prepared or in use): kept to recover it when a
+    /// request times out, and to reset it at shutdown.
+    virtio: Vec<(PciAddress, virtio::VirtioBlk<hal::DeviceHal>)>,
+    /// How a device whose command times out recovers.
+    recovery: cmdslots::RecoveryConfig,
     /// Each device's bounce counter, shared by every open of it (an NVMe controller is
     /// opened once per disk on it).
     bounce_counters: Vec<(PciAddress, Arc<AtomicU64>)>,
 }
 
 impl Devices {
-    pub fn new(bus: PciBus) -> Devices {
+    /// The devices on `bus`, each to recover as `recovery` says when a command of it
+    /// times out (`recover`, run by their owner).
+    pub fn new(bus: PciBus, recovery: cmdslots::RecoveryConfig) -> Devices {
         Devices {
             bus,
-            nvme: NvmeControllers::default(),
+            nvme: NvmeControllers::new(recovery),
             prepared_virtio: Vec::new(),
             virtio_in_use: Vec::new(),
+            virtio: Vec::new(),
+            recovery,
             bounce_counters: Vec::new(),
         }
+    }
+
+    /// Runs every device's recovery step (an abort to send, a reset once its queues are
+    /// quiet, giving it up), at `now` (ns, the pollers' clock): what a queue asked
+    /// since, through `RECOVERY_WANTED`. Returns the earliest time one wants its next
+    /// step. Blocks while a device resets.
+    pub fn recover(&mut self, now: u64) -> Option<u64> {
+        let mut due = self.nvme.recover(now);
+        for (address, device) in &mut self.virtio {
+            if let Some(at) = super::log_recovery(*address, device.recover(now)) {
+                due = Some(due.map_or(at, |d: u64| d.min(at)));
+            }
+        }
+        due
     }
 
     /// The bounce counter of the device at `address`.
@@ -185,7 +208,15 @@ impl Devices {
         let wanted_queues = wanted_queues.max(1);
         match backing {
             Backing::Ram { bytes, .. } => {
-                let disk = blkdev::RamDisk::new(bytes / blkdev::SECTOR_SIZE);
+                // The registry opens the vbds' RAM disks itself; this is the self-tests'.
+                let sectors = bytes / blkdev::SECTOR_SIZE;
+                let disk = blkdev::RamDisk::try_new(
+                    blkdev::RamDisk::plain(sectors),
+                    sectors,
+                    None,
+                    Some(&crate::mm::DISK_MEMORY),
+                )
+                .map_err(|_| OpenError::RamDoesNotFit { bytes })?;
                 Ok(OpenedDisk {
                     description: format!("RAM disk of {} KiB", bytes / 1024),
                     queues: (0..wanted_queues)
@@ -225,7 +256,16 @@ impl Devices {
                     .position(|(address, _)| *address == function.address);
                 let mut disk = match prepared {
                     Some(at) => self.prepared_virtio.swap_remove(at).1,
-                    None => super::virtio::open(&mut self.bus, function, wanted_queues)?,
+                    None => {
+                        let (disk, device) = super::virtio::open(
+                            &mut self.bus,
+                            function,
+                            wanted_queues,
+                            self.recovery,
+                        )?;
+                        self.virtio.push((function.address, device));
+                        disk
+                    }
                 };
                 self.virtio_in_use.push(function.address);
                 disk.bounced_bytes = self.bounce_counter(function.address);
@@ -253,14 +293,30 @@ impl Devices {
         }
         for virtio in functions.iter().filter(|f| f.is_virtio_blk()) {
             stopwatch::start();
-            match super::virtio::open(&mut self.bus, *virtio, virtio_queues) {
-                Ok(disk) => {
+            match super::virtio::open(&mut self.bus, *virtio, virtio_queues, self.recovery) {
+                Ok((disk, device)) => {
                     self.prepared_virtio.push((virtio.address, disk));
+                    self.virtio.push((virtio.address, device));
                     log_prepared(virtio, "virtio-blk device", None);
                 }
                 Err(error) => log_prepared(virtio, "virtio-blk device", Some(error)),
             }
         }
+    }
+}
+
+impl Devices {
+    /// Every device brought up, named by what stopping it does: NVMe controllers by
+    /// their shutdown notification, virtio devices by a reset.
+    pub(super) fn stoppable(&mut self) -> Vec<(String, &mut dyn blkdev::shutdown::Stop)> {
+        let mut devices: Vec<(String, &mut dyn blkdev::shutdown::Stop)> = Vec::new();
+        for (address, controller) in self.nvme.iter_mut() {
+            devices.push((format!("nvme {address}: shutdown notification"), controller));
+        }
+        for (address, device) in &mut self.virtio {
+            devices.push((format!("virtio-blk {address}: reset"), device));
+        }
+        devices
     }
 }
 

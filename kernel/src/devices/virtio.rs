@@ -8,6 +8,7 @@ use super::open::{map_memory_bar, OpenedDisk, PciBus, Queue};
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::vec::Vec;
+use cmdslots::RecoveryConfig;
 use pci::{Function, VirtioCap, VirtioCapKind};
 use virtio::{PciRegions, VirtioBlk};
 
@@ -16,11 +17,15 @@ use virtio::{PciRegions, VirtioBlk};
 const QUEUE_SIZE: u16 = 128;
 const QUEUE_SIZE_DIRECT: u16 = 1024;
 
+/// Opens the virtio-blk device at `function` with up to `wanted_queues` virtqueues; the
+/// device itself is kept by the caller, to recover it (`VirtioBlk::recover`) as
+/// `recovery` says when a request times out, and to reset it at shutdown.
 pub fn open(
     bus: &mut PciBus,
     function: Function,
     wanted_queues: usize,
-) -> Result<OpenedDisk, OpenError> {
+    recovery: RecoveryConfig,
+) -> Result<(OpenedDisk, VirtioBlk<DeviceHal>), OpenError> {
     let pci = *bus.config();
     let caps: Vec<VirtioCap> = pci::virtio_capabilities(pci.access(), function.address).collect();
     let first = |wanted: fn(&VirtioCapKind) -> bool| caps.iter().find(|c| wanted(&c.kind)).copied();
@@ -53,7 +58,7 @@ pub fn open(
         error,
     };
     let switch = DmaSwitch::new(&pci, function.address);
-    let mut blk = VirtioBlk::init(DeviceHal::virtio(windows, switch), regions)
+    let mut blk = VirtioBlk::init(DeviceHal::virtio(windows, switch), regions, recovery)
         .map_err(|e| fail("bring-up", e))?;
     let config = *blk.config();
     super::stopwatch::lap("bring-up");
@@ -70,7 +75,7 @@ pub fn open(
     }
     blk.start();
     super::stopwatch::lap("queues");
-    Ok(OpenedDisk {
+    let disk = OpenedDisk {
         description: format!(
             "virtio-blk {} ({:04x}:{:04x}): {} sectors, block {} B, seg_max {:?}, {} of {} queue(s) of {}, {} descriptors",
             function.address,
@@ -87,5 +92,6 @@ pub fn open(
         queues,
         bounced_bytes: Default::default(),
         device_model: false,
-    })
+    };
+    Ok((disk, blk))
 }

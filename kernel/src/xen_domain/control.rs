@@ -3,7 +3,7 @@
 //! `control/shutdown`; we advertise that we listen (`control/feature-*`, without which
 //! xl refuses to ask) and act on the request.
 
-use xen::domain::ShutdownReason;
+use xen::domain::{ShutdownReason, UpcallMode};
 use xen::xenbus::keys::{CONTROL_FEATURE_POWEROFF, CONTROL_FEATURE_REBOOT, CONTROL_SHUTDOWN};
 use xen::xenstore::Transaction;
 
@@ -12,6 +12,14 @@ pub const SHUTDOWN_TOKEN: &str = "control-shutdown";
 
 /// Tells the toolstack we handle power-off and reboot requests, and watches for them.
 pub fn listen() {
+    if let Some(xen) = super::get() {
+        // An HVM blkdom is offered xl shutdown only with this (`announce_pv_control`).
+        if xen.upcall_mode.get() == Some(&UpcallMode::PerVcpuVector) {
+            if let Err(e) = xen::domain::announce_pv_control(&xen.hv) {
+                log::warn!("xen: cannot announce PV control (HVM_PARAM_CALLBACK_IRQ): {e:?}");
+            }
+        }
+    }
     let done = super::store::with(|xs| {
         xs.write(Transaction::NONE, CONTROL_FEATURE_POWEROFF, b"1")?;
         xs.write(Transaction::NONE, CONTROL_FEATURE_REBOOT, b"1")?;
@@ -45,9 +53,10 @@ pub fn take_request() -> Option<ShutdownReason> {
     request
 }
 
-/// Acts on a request: the log is flushed, then Xen is told why we stop.
+/// Acts on a request, once blkdom has shut down (`backend::control`'s shutdown): the
+/// log is flushed, then Xen is told why we stop.
 pub fn obey(reason: ShutdownReason) -> ! {
-    log::info!("xen: toolstack asked for {reason:?}; stopping");
+    log::info!("xen: {reason:?} as the toolstack asked; stopping");
     log::logger().flush();
     super::shutdown(reason);
     crate::arch::cpu::halt_forever()

@@ -145,8 +145,9 @@ first_line_after() {
 }
 
 # boot_blkdom_hvm [CONFIG [xl overrides...]]: blkdom as an HVM driver domain
-# (tools/xl/blkdom-hvm.cfg, on a fresh emulated NVMe disk, unless CONFIG says otherwise);
-# waits for "blkdom: up" and logs what the HVM boot found.
+# (tools/xl/blkdom-hvm.cfg, on a fresh emulated NVMe disk, unless CONFIG says otherwise,
+# or NVME_KEEP=1 keeps the disk an earlier blkdom had); waits for "blkdom: up" and logs
+# what the HVM boot found.
 boot_blkdom_hvm() {
   local config=${1:-blkdom-hvm.cfg} start id
   [ $# -gt 0 ] && shift
@@ -154,7 +155,9 @@ boot_blkdom_hvm() {
     fail "blkdom image (ELF32 copy) present (run make image)"
     return 1
   fi
-  if [ "$config" = blkdom-hvm.cfg ]; then emulated_nvme_disk || return 1; fi
+  if [ "$config" = blkdom-hvm.cfg ] && [ "${NVME_KEEP:-0}" != 1 ]; then
+    emulated_nvme_disk || return 1
+  fi
   create_domain blkdom "$XL_DIR/$config" "$@" || return 1
   start=$(now)
   id=$(domid_of blkdom) || { fail "blkdom alive after xl create"; dump_state hvm-gone; return 1; }

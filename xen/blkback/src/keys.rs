@@ -31,7 +31,8 @@ pub const SECTOR_SIZE: &str = "sector-size";
 pub const PHYSICAL_SECTOR_SIZE: &str = "physical-sector-size";
 pub const FEATURE_FLUSH_CACHE: &str = "feature-flush-cache";
 pub const FEATURE_BARRIER: &str = "feature-barrier";
-/// Offered by the backend, asked for by the frontend.
+/// What each side offers (as Linux since 2022: not the negotiated result); persistent
+/// grants are used when both wrote 1.
 pub const FEATURE_PERSISTENT: &str = "feature-persistent";
 pub const FEATURE_DISCARD: &str = "feature-discard";
 pub const DISCARD_GRANULARITY: &str = "discard-granularity";
@@ -47,6 +48,11 @@ pub const FAULT: &str = "blkdom-fault";
 pub const RING_PAGE_ORDER: &str = "ring-page-order";
 pub const MULTI_QUEUE_NUM_QUEUES: &str = "multi-queue-num-queues";
 pub const PROTOCOL: &str = "protocol";
+/// Non-zero: the frontend counts sectors (`sectors`, `sector_number`, `first_sect`,
+/// `last_sect`) in `sector-size` units (Windows PV drivers; QEMU's qdisk serves that).
+/// blkdom counts in 512-byte units as Linux does: such a frontend on a disk whose
+/// `sector-size` is not 512 is refused (blkif.h deprecated the key in 2024).
+pub const FEATURE_LARGE_SECTOR_SIZE: &str = "feature-large-sector-size";
 /// A ring's event channel, in the frontend's directory (one queue) or its queue's.
 pub const EVENT_CHANNEL: &str = "event-channel";
 /// A one-page ring's grant.
@@ -94,6 +100,7 @@ pub const ALL: &[Key] = &[
     Key::new(MULTI_QUEUE_NUM_QUEUES, Place::FrontendRead),
     Key::new(PROTOCOL, Place::FrontendRead),
     Key::new(FEATURE_PERSISTENT, Place::FrontendRead),
+    Key::new(FEATURE_LARGE_SECTOR_SIZE, Place::FrontendRead),
     Key::new(EVENT_CHANNEL, Place::FrontendRead),
     Key::new(RING_REF, Place::FrontendRead),
     Key::new(RING_REF_N, Place::FrontendRead),

@@ -15,9 +15,9 @@ use crate::engine::Busy;
 use crate::keys::{
     self, numbered, DEVICE_TYPE, DISCARD_ALIGNMENT, DISCARD_ENABLE, DISCARD_GRANULARITY,
     DISCARD_SECURE, EVENT_CHANNEL, FAULT, FEATURE_BARRIER, FEATURE_DISCARD, FEATURE_FLUSH_CACHE,
-    FEATURE_MAX_INDIRECT_SEGMENTS, FEATURE_PERSISTENT, INFO, MODE, MULTI_QUEUE_MAX_QUEUES,
-    MULTI_QUEUE_NUM_QUEUES, PARAMS, PHYSICAL_SECTOR_SIZE, PROTOCOL, QUEUE_N, RESIZE,
-    RING_PAGE_ORDER, RING_REF, RING_REF_N, SECTORS, SECTOR_SIZE,
+    FEATURE_LARGE_SECTOR_SIZE, FEATURE_MAX_INDIRECT_SEGMENTS, FEATURE_PERSISTENT, INFO, MODE,
+    MULTI_QUEUE_MAX_QUEUES, MULTI_QUEUE_NUM_QUEUES, PARAMS, PHYSICAL_SECTOR_SIZE, PROTOCOL,
+    QUEUE_N, RESIZE, RING_PAGE_ORDER, RING_REF, RING_REF_N, SECTORS, SECTOR_SIZE,
 };
 use xen::xenbus::error::{self as xenbus_error, errno, Errno};
 use xen::xenbus::keys::{ERROR, FRONTEND, FRONTEND_ID, HOTPLUG_STATUS, ONLINE, STATE};
@@ -169,7 +169,7 @@ impl core::fmt::Display for NegotiationError {
 impl core::error::Error for NegotiationError {}
 
 impl Errno for NegotiationError {
-    fn errno(&self) -> u32 {
+    fn errno(&self) -> i32 {
         match self {
             NegotiationError::Store(error) => error.errno(),
             // Linux's connect_ring answers a bad frontend key with EINVAL.
@@ -216,6 +216,9 @@ pub struct BlkifBackend {
     /// When the backend first said Closed to a toolstack that had detached the device:
     /// from then on it only waits out [`DETACH_GRACE_NS`] and removes its directory.
     closed_for_toolstack_at: Option<u64>,
+    /// blkdom is shutting down (`shut_down`): the device closes whatever the frontend
+    /// does, and `step` connects nothing again.
+    shutting_down: bool,
 }
 
 fn read_u32(store: &mut dyn XenStore, path: &str) -> Result<Option<u32>, NegotiationError> {
@@ -282,6 +285,7 @@ impl BlkifBackend {
             releasing: false,
             refused_connections: 0,
             closed_for_toolstack_at: None,
+            shutting_down: false,
         };
         let early = [
             (
@@ -358,10 +362,13 @@ impl BlkifBackend {
         if self.removed {
             return Ok(StepOutcome::Removed);
         }
-        if matches!(
-            store.read(NO_TRANSACTION, &self.key(STATE)),
-            Err(StoreError::NotFound)
-        ) {
+        if self.shutting_down {
+            if self.state == XenbusState::Closed {
+                return Ok(StepOutcome::Idle);
+            }
+            return self.shut_down(store, hooks);
+        }
+        if self.removed_by_toolstack(store) {
             // The toolstack removed the device: tear down, then forget it.
             if hooks.disconnect().is_err() {
                 return Ok(StepOutcome::Retry);
@@ -494,6 +501,55 @@ impl BlkifBackend {
         Ok(StepOutcome::Switched(XenbusState::Closed))
     }
 
+    /// blkdom is going away (`xl shutdown`, `xl reboot`): the device closes as it does
+    /// when its frontend closes, on the backend's initiative. The rings stop taking
+    /// requests, those in flight are answered, and everything is unmapped and unbound
+    /// (the hooks' `disconnect`), while the backend says Closing (Linux's blkfront then
+    /// fails the disk's I/O and closes); once it is all released, Closed. `Retry` while
+    /// requests drain, then `Switched(Closed)` (also for a device closed already). From
+    /// the first call on, `step` only finishes this.
+    pub fn shut_down<H: ConnectionHooks + ?Sized>(
+        &mut self,
+        store: &mut dyn XenStore,
+        hooks: &mut H,
+    ) -> Result<StepOutcome, NegotiationError> {
+        if self.removed {
+            return Ok(StepOutcome::Removed);
+        }
+        self.shutting_down = true;
+        let gone = self.removed_by_toolstack(store);
+        if hooks.disconnect().is_err() {
+            if !gone && self.state != XenbusState::Closing && self.state != XenbusState::Closed {
+                self.switch(store, XenbusState::Closing)?;
+            }
+            return Ok(StepOutcome::Retry);
+        }
+        self.tearing_down = false;
+        self.releasing = false;
+        if gone {
+            // The toolstack removed the device meanwhile: nothing to write it to.
+            self.removed = true;
+            self.state = XenbusState::Closed;
+            return Ok(StepOutcome::Removed);
+        }
+        if self.state != XenbusState::Closed {
+            // The frontend hears Closing first, as when a frontend's close drains.
+            if self.state != XenbusState::Closing {
+                self.switch(store, XenbusState::Closing)?;
+            }
+            self.switch(store, XenbusState::Closed)?;
+        }
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    }
+
+    /// The toolstack removed the device (its `state` node is gone).
+    fn removed_by_toolstack(&self, store: &mut dyn XenStore) -> bool {
+        matches!(
+            store.read(NO_TRANSACTION, &self.key(STATE)),
+            Err(StoreError::NotFound)
+        )
+    }
+
     /// `xl block-detach` writes `online` = 0 (and our state = Closing); once the device
     /// is closed the backend is to go away.
     fn detached_by_toolstack(&self, store: &mut dyn XenStore) -> bool {
@@ -571,7 +627,7 @@ impl BlkifBackend {
             self.releasing = hooks.disconnect().is_err();
             return self.fail(store, reason.errno(), format!("connecting rings: {reason}"));
         }
-        self.publish_device(store, connection.persistent_grants)?;
+        self.publish_device(store)?;
         self.switch(store, XenbusState::Connected)?;
         log::info!(
             "blkback: {} connected: {} queue(s), ring order {}, persistent grants {}, {}",
@@ -619,7 +675,7 @@ impl BlkifBackend {
         &self,
         store: &mut dyn XenStore,
         served: &str,
-        errno: u32,
+        errno: i32,
         reason: &str,
     ) -> Result<(), NegotiationError> {
         log::error!("blkback: {}: resize refused: {reason}", self.backend_path);
@@ -668,7 +724,7 @@ impl BlkifBackend {
     fn fail(
         &mut self,
         store: &mut dyn XenStore,
-        errno: u32,
+        errno: i32,
         reason: String,
     ) -> Result<StepOutcome, NegotiationError> {
         log::error!("blkback: {}: {}", self.backend_path, reason);
@@ -719,6 +775,23 @@ impl BlkifBackend {
             },
             Err(error) => return Err(error.into()),
         };
+        // Linux's blkfront (and Windows' since it has the key) counts every sector
+        // quantity in 512-byte units and takes `sector-size` as the logical block size,
+        // as blkdom serves them. A frontend with `feature-large-sector-size` counts in
+        // `sector-size` units instead (QEMU's qdisk serves that): on a disk whose blocks
+        // are not 512 bytes it would reach the wrong sectors, so it is refused. With
+        // 512-byte blocks the two counts are the same.
+        let block_size = self.params.geometry.logical_block_size;
+        let large_sectors = read_u32(store, &format!("{fe}/{FEATURE_LARGE_SECTOR_SIZE}"))?;
+        if large_sectors.is_some_and(|flag| flag != 0) && block_size != 512 {
+            return bad(format!(
+                "{FEATURE_LARGE_SECTOR_SIZE}: the frontend counts sectors in units of \
+                 {SECTOR_SIZE} ({block_size} bytes); blkdom counts 512-byte sectors (as \
+                 Linux blkback does): refused rather than serve the wrong sectors"
+            ));
+        }
+        // Both sides write what they offer (Linux since 2022; before, blkback wrote the
+        // result, which every blkfront reads the same way): used when both offer.
         let persistent = self.params.persistent_grants
             && read_u32(store, &format!("{fe}/{FEATURE_PERSISTENT}"))?.unwrap_or(0) == 1;
         let mut queues = Vec::with_capacity(queue_count as usize);
@@ -769,11 +842,7 @@ impl BlkifBackend {
     }
 
     /// Publish the device in one transaction (redone on `EAGAIN`).
-    fn publish_device(
-        &self,
-        store: &mut dyn XenStore,
-        persistent: bool,
-    ) -> Result<(), NegotiationError> {
+    fn publish_device(&self, store: &mut dyn XenStore) -> Result<(), NegotiationError> {
         let g = self.params.geometry;
         // Discard is offered when the device has it, the disk is writable and the
         // toolstack did not turn it off.
@@ -783,7 +852,10 @@ impl BlkifBackend {
             (FEATURE_FLUSH_CACHE, flag(g.flush)),
             // Barriers are served as flushes.
             (FEATURE_BARRIER, flag(g.flush)),
-            (FEATURE_PERSISTENT, flag(persistent)),
+            // The offer, not the result (Linux since 2022, "xen-blkback: Advertise
+            // feature-persistent as user requested"): a frontend uses persistent grants
+            // when it offered them and this says 1, as blkdom does when both did.
+            (FEATURE_PERSISTENT, flag(self.params.persistent_grants)),
             (SECTORS, g.sectors.to_string()),
             (INFO, self.info().to_string()),
             (SECTOR_SIZE, g.logical_block_size.to_string()),

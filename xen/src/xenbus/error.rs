@@ -11,32 +11,24 @@ use alloc::string::String;
 use super::keys::ERROR;
 use super::store::StoreError;
 
-/// The errno values the messages carry (Linux's numbers, positive as Linux writes them).
-pub mod errno {
-    pub const ENOENT: u32 = 2;
-    pub const EIO: u32 = 5;
-    pub const EAGAIN: u32 = 11;
-    pub const ENOMEM: u32 = 12;
-    pub const EBUSY: u32 = 16;
-    pub const ENODEV: u32 = 19;
-    pub const EINVAL: u32 = 22;
-    pub const ENOSPC: u32 = 28;
-}
+/// The errno values the messages carry: Xen's `public/errno.h`, whose numbers are
+/// Linux's (written positive, as Linux writes them).
+pub use crate::abi::errno;
 
 /// An error that has a Linux errno: the number before its message in the error node.
 pub trait Errno {
-    fn errno(&self) -> u32;
+    fn errno(&self) -> i32;
 }
 
 /// Hooks that cannot fail (tests, the negotiation fuzz target).
 impl Errno for core::convert::Infallible {
-    fn errno(&self) -> u32 {
+    fn errno(&self) -> i32 {
         match *self {}
     }
 }
 
 impl Errno for StoreError {
-    fn errno(&self) -> u32 {
+    fn errno(&self) -> i32 {
         match self {
             StoreError::NotFound => errno::ENOENT,
             StoreError::Again => errno::EAGAIN,
@@ -63,7 +55,7 @@ pub fn error_node(backend_path: &str) -> Option<String> {
 }
 
 /// What the node holds: "<errno> <message>", as `xenbus_va_dev_error` formats it.
-pub fn error_text(errno: u32, message: &str) -> String {
+pub fn error_text(errno: i32, message: &str) -> String {
     format!("{errno} {message}")
 }
 

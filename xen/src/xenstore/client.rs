@@ -75,8 +75,16 @@ pub struct XenstoreClient<R> {
     next_req_id: u32,
     reader: MessageReader,
     watch_events: VecDeque<WatchEvent>,
+    /// Events dropped because `MAX_QUEUED_WATCH_EVENTS` were queued already.
+    watch_events_lost: bool,
     broken: bool,
 }
+
+/// Watch events queued at most. A guest that rewrites its own frontend nodes in a loop
+/// makes xenstored send an event per write; past this many unread ones the client drops
+/// them and says so (`take_lost_watch_events`): the owner then looks at everything it
+/// watches once, which is what the dropped events would have asked for at most.
+pub const MAX_QUEUED_WATCH_EVENTS: usize = 256;
 
 /// Transactions retried on `EAGAIN` at most this often by default.
 pub const DEFAULT_TRANSACTION_ATTEMPTS: u32 = 16;
@@ -88,6 +96,7 @@ impl<R: XenstoreRing> XenstoreClient<R> {
             next_req_id: 1,
             reader: MessageReader::default(),
             watch_events: VecDeque::new(),
+            watch_events_lost: false,
             broken: false,
         }
     }
@@ -117,6 +126,9 @@ impl<R: XenstoreRing> XenstoreClient<R> {
             self.ring.notify();
             if msg.header.msg_type == msg_type::WATCH_EVENT {
                 match WatchEvent::parse(&msg.payload) {
+                    Ok(_) if self.watch_events.len() >= MAX_QUEUED_WATCH_EVENTS => {
+                        self.watch_events_lost = true;
+                    }
                     Ok(event) => self.watch_events.push_back(event),
                     Err(e) => return self.fail(e),
                 }
@@ -354,6 +366,12 @@ impl<R: XenstoreRing> XenstoreClient<R> {
             while self.pump()?.is_some() {}
         }
         Ok(self.watch_events.pop_front())
+    }
+
+    /// Whether watch events were dropped (the queue held `MAX_QUEUED_WATCH_EVENTS`) since
+    /// the last call: the caller is to re-read everything it watches.
+    pub fn take_lost_watch_events(&mut self) -> bool {
+        core::mem::take(&mut self.watch_events_lost)
     }
 
     /// Whether watch events are queued here already: read off the ring while waiting for
@@ -609,6 +627,31 @@ mod tests {
             requests_before,
             "nothing was sent"
         );
+    }
+
+    #[test]
+    fn a_flood_of_watch_events_is_bounded_and_reported_lost() {
+        let Rig {
+            mut client, server, ..
+        } = rig(5);
+        server.borrow_mut().events_before_reply = true;
+        client.watch("device", "dev-token").unwrap();
+        let writes = MAX_QUEUED_WATCH_EVENTS + 40;
+        for n in 0..writes {
+            client
+                .write(NO_TX, "device/vbd/1/state", n.to_string().as_bytes())
+                .unwrap();
+        }
+        assert!(client.take_lost_watch_events(), "events were dropped");
+        assert!(!client.take_lost_watch_events(), "said once");
+        let mut events = 0;
+        client.dispatch_watch_events(|_| events += 1).unwrap();
+        assert_eq!(events, MAX_QUEUED_WATCH_EVENTS);
+        // Once drained, new events queue again and nothing is reported lost.
+        client.write(NO_TX, "device/vbd/1/state", b"x").unwrap();
+        client.dispatch_watch_events(|_| events += 1).unwrap();
+        assert_eq!(events, MAX_QUEUED_WATCH_EVENTS + 1);
+        assert!(!client.take_lost_watch_events());
     }
 
     #[test]

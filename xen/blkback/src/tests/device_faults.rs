@@ -14,6 +14,7 @@ use blkdev::{
 };
 
 use cmdslots::fake::FaultyDevice;
+use cmdslots::{RecoveryConfig, RecoveryStep};
 
 use super::{page_bytes, whole_page, Rig};
 use crate::abi::{self, RSP_EOPNOTSUPP, RSP_ERROR, RSP_OKAY};
@@ -147,27 +148,49 @@ fn rigs_over<Q: BlockDevice, H: FaultyDevice + Clone + 'static>(
         .collect()
 }
 
-/// `count` rigs, each over its own I/O queue of one fake NVMe controller.
+/// `count` rigs, each over its own I/O queue of one fake NVMe controller, which is
+/// never recovered (`device.max-resets=0`: a device that fails is given up at once).
 fn nvme_rigs(fake: nvme::fake::FakeController, count: u16) -> (nvme::fake::FakeHal, Vec<NvmeRig>) {
+    let (hal, _, rigs) = nvme_rigs_recovering(fake, count, RecoveryConfig::NEVER);
+    (hal, rigs)
+}
+
+/// As `nvme_rigs`, recovering as `recovery` says (the controller runs the recovery).
+fn nvme_rigs_recovering(
+    fake: nvme::fake::FakeController,
+    count: u16,
+    recovery: RecoveryConfig,
+) -> (
+    nvme::fake::FakeHal,
+    nvme::Controller<nvme::fake::FakeHal>,
+    Vec<NvmeRig>,
+) {
     use nvme::{Controller, InitConfig};
     let hal = nvme::fake::FakeHal::new(fake);
-    let mut controller = Controller::init(hal.clone(), InitConfig::default()).unwrap();
+    let config = InitConfig {
+        recovery,
+        ..InitConfig::default()
+    };
+    let mut controller = Controller::init(hal.clone(), config).unwrap();
     let namespace = controller.namespace(1).unwrap();
     assert_eq!(controller.request_io_queues(count).unwrap(), count);
     let queues = (0..count)
         .map(|_| controller.create_io_queue(&namespace, 64).unwrap())
         .collect();
     let rigs = rigs_over(queues, &hal);
-    (hal, rigs)
+    (hal, controller, rigs)
 }
 
-/// `count` rigs, each over its own virtqueue of one fake virtio-blk device.
+/// `count` rigs, each over its own virtqueue of one fake virtio-blk device, never
+/// recovered (as `nvme_rigs`).
 fn virtio_rigs(
     fake: virtio::fake::FakeDevice,
     count: u16,
 ) -> (virtio::fake::FakeHal, Vec<VirtioRig>) {
     let hal = virtio::fake::FakeHal::new(fake);
-    let mut device = virtio::VirtioBlk::init(hal.clone(), virtio::fake::regions()).unwrap();
+    let mut device =
+        virtio::VirtioBlk::init(hal.clone(), virtio::fake::regions(), RecoveryConfig::NEVER)
+            .unwrap();
     let queues = (0..count)
         .map(|_| device.create_queue(64).unwrap())
         .collect();
@@ -397,4 +420,60 @@ fn teardown_of_a_ring_with_a_stalled_command_finishes_at_the_deadline() {
     assert_eq!(statuses(&rig.responses()), [(1, RSP_ERROR)]);
     assert_eq!(rig.table.live_mappings().0, 0, "every grant unmapped");
     assert_eq!(rig.engine.in_flight(), 0);
+}
+
+#[test]
+fn with_recovery_only_the_stalled_request_fails_and_requests_sent_during_the_reset_wait() {
+    let mut fake = nvme::fake::FakeController::new(1 << 20);
+    fake.stall_lba = Some(64);
+    let (hal, mut controller, mut rigs) = nvme_rigs_recovering(fake, 1, RecoveryConfig::DEFAULT);
+    let rig = &mut rigs[0];
+    rig.engine.tick(0);
+    let stalled = send(rig, abi::OP_READ, 1, 64, 0x5a);
+    send(rig, abi::OP_WRITE, 2, 0, 0x77);
+    rig.engine.poll(64);
+    assert_eq!(statuses(&rig.responses()), [(2, RSP_OKAY)]);
+    rig.engine.tick(MS);
+    let overdue = TIMEOUT + cmdslots::scan_interval(TIMEOUT) + MS;
+    rig.engine.tick(overdue);
+    // The controller takes no abort; its first reset fails (it never gets ready).
+    hal.with(|m| m.never_ready = true);
+    assert!(matches!(controller.recover(overdue), RecoveryStep::At(_)));
+    // Requests the guest sends meanwhile wait: the first is held by the engine, the
+    // ones after it are left in the ring; nothing is answered, nothing fails.
+    let read = send(rig, abi::OP_READ, 3, 0, 0);
+    rig.engine.poll(64);
+    for (step, id) in [(1, 4), (2, 5)] {
+        send(rig, abi::OP_READ, id, 8 * id, 0);
+        rig.engine.tick(overdue + step * MS);
+        rig.engine.poll(64);
+    }
+    assert!(rig.responses().is_empty());
+    assert_eq!(rig.engine.device_fault(), None);
+    assert_eq!(
+        rig.table.live_mappings().0,
+        2,
+        "the stalled request and the one waiting in the engine are mapped, no other"
+    );
+    // The controller back: the stalled read fails, the waiting ones are served.
+    hal.with(|m| m.never_ready = false);
+    let retry = overdue + cmdslots::recovery::RESET_RETRY_NS;
+    assert_eq!(controller.recover(retry), RecoveryStep::Reset);
+    for step in 0..3 {
+        rig.engine.tick(retry + step * MS);
+        rig.engine.poll(64);
+    }
+    assert_eq!(
+        statuses(&rig.responses()),
+        [(1, RSP_ERROR), (3, RSP_OKAY), (4, RSP_OKAY), (5, RSP_OKAY)]
+    );
+    assert_eq!(page_bytes(&rig.memory, read), vec![0x77; abi::PAGE_SIZE]);
+    assert_eq!(
+        page_bytes(&rig.memory, stalled),
+        vec![0x5a; abi::PAGE_SIZE],
+        "the lost read wrote nothing"
+    );
+    assert_eq!(rig.engine.device_fault(), None);
+    assert_eq!(rig.engine.stats().device_errors, 1);
+    assert!(hal.with(|m| m.violations.is_empty()));
 }

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use blkdev::{RamDisk, RamDiskQueue};
+use blkdev::{BlockDevice, RamDisk, RamDiskQueue};
 
 use super::whole_page;
 use crate::abi::{self, Protocol, RSP_EOPNOTSUPP, RSP_ERROR, RSP_OKAY};
@@ -53,7 +53,7 @@ impl core::fmt::Display for GrantMapFailed {
 impl core::error::Error for GrantMapFailed {}
 
 impl Errno for GrantMapFailed {
-    fn errno(&self) -> u32 {
+    fn errno(&self) -> i32 {
         errno::EIO
     }
 }
@@ -237,7 +237,8 @@ fn persistent_grants_withheld_by_the_backend_are_not_used_when_the_frontend_offe
         Ok(StepOutcome::Switched(XenbusState::Connected))
     );
     assert!(!hooks.connects[0].persistent_grants);
-    // blkfront copies through persistent pages only when the backend says "1".
+    // blkfront copies through persistent pages only when the backend says "1": it
+    // offers none.
     assert_eq!(store.get(&format!("{BE}/feature-persistent")), Some("0"));
 }
 
@@ -273,7 +274,8 @@ fn single_page_ring_uses_ring_ref_and_defaults() {
     );
     assert_eq!(store.get(&format!("{BE}/info")), Some("4"));
     assert_eq!(store.get(&format!("{BE}/feature-discard")), Some("0"));
-    assert_eq!(store.get(&format!("{BE}/feature-persistent")), Some("0"));
+    // The backend's offer, although this frontend asked for none (not used: above).
+    assert_eq!(store.get(&format!("{BE}/feature-persistent")), Some("1"));
 }
 
 #[test]
@@ -924,7 +926,7 @@ impl core::fmt::Display for EngineHooksError {
 impl core::error::Error for EngineHooksError {}
 
 impl Errno for EngineHooksError {
-    fn errno(&self) -> u32 {
+    fn errno(&self) -> i32 {
         errno::EINVAL
     }
 }
@@ -1158,6 +1160,7 @@ fn end_to_end_connect_io_close_with_in_flight_and_reconnect() {
 /// (page 10, writable by the backend); the device's requests complete at once.
 struct ConnectedEngine {
     store: MemStore,
+    backend: BlkifBackend,
     hooks: EngineHooks,
     front: FrontRing,
 }
@@ -1197,6 +1200,7 @@ impl ConnectedEngine {
         );
         Self {
             store,
+            backend,
             hooks,
             front,
         }
@@ -1491,6 +1495,312 @@ fn state_flapping_under_the_control_loop_steps_every_event_promptly_and_settles(
             stepped - at <= 2 * ROUND_NS,
             "state {state} written at {at} stepped {} us later",
             (stepped - at) / 1000
+        );
+    }
+}
+
+#[test]
+fn shutting_down_says_closing_while_requests_drain_then_closed_and_never_reconnects() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks::default();
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Connected))
+    );
+    let written = store.writes.len();
+    hooks.busy_replies = 2;
+    assert_eq!(
+        backend.shut_down(&mut store, &mut hooks),
+        Ok(StepOutcome::Retry)
+    );
+    assert_eq!(state(&store), "5", "Closing while requests drain");
+    assert_eq!(
+        backend.shut_down(&mut store, &mut hooks),
+        Ok(StepOutcome::Retry)
+    );
+    assert_eq!(
+        backend.shut_down(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    );
+    assert_eq!(states_written(&store, written), ["5", "6"]);
+    // The frontend still says Connected (or closes, or starts over): nothing connects.
+    for frontend in ["4", "6", "1", "3"] {
+        store.set(&format!("{FE}/state"), frontend);
+        assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Idle));
+    }
+    assert_eq!(hooks.connects.len(), 1);
+    assert_eq!(states_written(&store, written), ["5", "6"]);
+}
+
+#[test]
+fn shutting_down_a_device_whose_frontend_never_connected_says_closing_then_closed() {
+    let (mut store, mut backend) = probed_single_ring();
+    let mut hooks = RecordingHooks::default();
+    let written = store.writes.len();
+    assert_eq!(
+        backend.shut_down(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    );
+    assert_eq!(states_written(&store, written), ["5", "6"]);
+    // A device closed already writes nothing more.
+    assert_eq!(
+        backend.shut_down(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    );
+    assert_eq!(states_written(&store, written), ["5", "6"]);
+}
+
+#[test]
+fn shutting_down_a_device_the_toolstack_removed_meanwhile_writes_nothing() {
+    let (mut store, mut backend) = probed_single_ring();
+    store.set(&format!("{FE}/state"), "4");
+    let mut hooks = RecordingHooks::default();
+    backend.step(&mut store, &mut hooks).unwrap();
+    hooks.busy_replies = 1;
+    assert_eq!(
+        backend.shut_down(&mut store, &mut hooks),
+        Ok(StepOutcome::Retry)
+    );
+    store.rm(NO_TRANSACTION, BE).unwrap();
+    let written = store.writes.len();
+    assert_eq!(
+        backend.shut_down(&mut store, &mut hooks),
+        Ok(StepOutcome::Removed)
+    );
+    assert_eq!(store.writes.len(), written);
+    assert!(store.get(&format!("{BE}/state")).is_none());
+}
+
+#[test]
+fn a_shutdown_answers_the_requests_in_flight_takes_no_new_one_and_unmaps_everything() {
+    let mut rig = ConnectedEngine::new(&[]);
+    let table = rig.hooks.table.clone();
+    table.grant(511, 11, false);
+    let hold = |rig: &mut ConnectedEngine, on| {
+        let engine = &mut rig.hooks.engines[0].0;
+        engine.device().hold.store(on, Ordering::SeqCst);
+    };
+    hold(&mut rig, true);
+    rig.front
+        .put_request(&encode_direct(abi::OP_WRITE, 42, 8, &[whole_page(510)]));
+    rig.front.push_requests();
+    rig.hooks.engines[0].0.poll(8);
+    assert_eq!(rig.hooks.engines[0].0.in_flight(), 1);
+
+    let ConnectedEngine {
+        store,
+        backend,
+        hooks,
+        ..
+    } = &mut rig;
+    assert_eq!(backend.shut_down(store, hooks), Ok(StepOutcome::Retry));
+    assert_eq!(state(store), "5");
+    // Pushed after the shutdown began: not taken.
+    rig.front
+        .put_request(&encode_direct(abi::OP_WRITE, 43, 16, &[whole_page(511)]));
+    rig.front.push_requests();
+    assert_eq!(
+        rig.backend.shut_down(&mut rig.store, &mut rig.hooks),
+        Ok(StepOutcome::Retry)
+    );
+    hold(&mut rig, false);
+    assert_eq!(
+        rig.backend.shut_down(&mut rig.store, &mut rig.hooks),
+        Ok(StepOutcome::Switched(XenbusState::Closed))
+    );
+    assert_eq!(state(&rig.store), "6");
+    let mut responses = Vec::new();
+    rig.front
+        .take_responses(|r| responses.push((r.id, r.status)));
+    assert_eq!(responses, [(42, RSP_OKAY)]);
+    assert_eq!(table.live_mappings().0, 0, "ring and data pages unmapped");
+}
+
+/// A backend serving a disk of `geometry`, offering persistent grants or not, probed,
+/// its frontend's one-page ring written (not yet its state).
+fn probed_on(geometry: blkdev::Geometry, persistent: bool) -> (MemStore, BlkifBackend) {
+    let mut store = MemStore::new();
+    toolstack(&mut store);
+    let params = BackendParams {
+        persistent_grants: persistent,
+        ..BackendParams::new(2, geometry)
+    };
+    let backend = BlkifBackend::probe(&mut store, BE, params).unwrap();
+    store.set(&format!("{FE}/ring-ref"), "8");
+    store.set(&format!("{FE}/event-channel"), "9");
+    (store, backend)
+}
+
+/// 64 MiB of 4 KiB logical blocks (`sectors` still counts 512-byte units).
+fn four_k_disk() -> blkdev::Geometry {
+    blkdev::Geometry {
+        logical_block_size: 4096,
+        ..RamDisk::plain(131072)
+    }
+}
+
+#[test]
+fn a_large_sector_frontend_on_a_disk_of_4k_blocks_is_refused_with_the_reason() {
+    for flag in ["1", "2"] {
+        let (mut store, mut backend) = probed_on(four_k_disk(), true);
+        store.set(&format!("{FE}/feature-large-sector-size"), flag);
+        store.set(&format!("{FE}/state"), "3");
+        let mut hooks = RecordingHooks::default();
+        let Ok(StepOutcome::Failed(reason)) = backend.step(&mut store, &mut hooks) else {
+            panic!("feature-large-sector-size={flag} on 4 KiB blocks was connected")
+        };
+        assert!(
+            reason.starts_with("feature-large-sector-size: the frontend counts sectors in units of sector-size (4096 bytes)"),
+            "{reason}"
+        );
+        // Never connected: no ring was mapped, no request can reach a wrong sector.
+        assert!(hooks.connects.is_empty());
+        assert_eq!(state(&store), "5");
+        assert_eq!(store.get(&format!("{BE}/error")), Some(reason.as_str()));
+        assert_eq!(
+            store.get(LINUX_ERROR),
+            Some(format!("{} {reason}", errno::EINVAL).as_str())
+        );
+        assert_eq!(backend.refused_connections(), 1);
+    }
+}
+
+#[test]
+fn frontends_counting_512_byte_sectors_connect_to_a_disk_of_4k_blocks() {
+    // Linux's blkfront never writes the key (and blkif.h says none should): sectors
+    // are 512-byte units, sector-size the logical block size it aligns requests to.
+    for flag in [None, Some("0")] {
+        let (mut store, mut backend) = probed_on(four_k_disk(), true);
+        if let Some(flag) = flag {
+            store.set(&format!("{FE}/feature-large-sector-size"), flag);
+        }
+        store.set(&format!("{FE}/state"), "3");
+        let mut hooks = RecordingHooks::default();
+        assert_eq!(
+            backend.step(&mut store, &mut hooks),
+            Ok(StepOutcome::Switched(XenbusState::Connected)),
+            "{flag:?}"
+        );
+        assert_eq!(store.get(&format!("{BE}/sector-size")), Some("4096"));
+        assert_eq!(store.get(&format!("{BE}/sectors")), Some("131072"));
+    }
+    // With 512-byte blocks both ways of counting agree: served.
+    let (mut store, mut backend) = probed_on(RamDisk::plain(4096), true);
+    store.set(&format!("{FE}/feature-large-sector-size"), "1");
+    store.set(&format!("{FE}/state"), "3");
+    assert_eq!(
+        backend.step(&mut store, &mut RecordingHooks::default()),
+        Ok(StepOutcome::Switched(XenbusState::Connected))
+    );
+}
+
+/// How a blkfront decides on persistent grants from what it wrote and what the backend
+/// wrote in `feature-persistent`.
+#[derive(Clone, Copy, Debug)]
+enum Blkfront {
+    /// Linux before 5.10's `feature_persistent` parameter (and MiniOS-like frontends
+    /// that always want them): writes 1, takes the backend's key as the result.
+    Always,
+    /// Linux 5.10 on, and since 2022 writing its parameter whatever it negotiated
+    /// before: uses persistent grants when it offered them and the backend says 1.
+    Offers(bool),
+    /// A frontend that writes no key: never.
+    Silent,
+}
+
+impl Blkfront {
+    fn written(self) -> Option<&'static str> {
+        match self {
+            Blkfront::Always | Blkfront::Offers(true) => Some("1"),
+            Blkfront::Offers(false) => Some("0"),
+            Blkfront::Silent => None,
+        }
+    }
+
+    fn uses(self, backend_key: &str) -> bool {
+        match self {
+            Blkfront::Always => backend_key == "1",
+            Blkfront::Offers(offer) => offer && backend_key == "1",
+            Blkfront::Silent => false,
+        }
+    }
+}
+
+#[test]
+fn feature_persistent_says_the_backends_offer_and_both_blkfront_generations_agree() {
+    let frontends = [
+        Blkfront::Always,
+        Blkfront::Offers(true),
+        Blkfront::Offers(false),
+        Blkfront::Silent,
+    ];
+    for offer in [true, false] {
+        for frontend in frontends {
+            let (mut store, mut backend) = probed_on(RamDisk::plain(4096), offer);
+            if let Some(value) = frontend.written() {
+                store.set(&format!("{FE}/feature-persistent"), value);
+            }
+            store.set(&format!("{FE}/state"), "3");
+            let mut hooks = RecordingHooks::default();
+            assert_eq!(
+                backend.step(&mut store, &mut hooks),
+                Ok(StepOutcome::Switched(XenbusState::Connected))
+            );
+            let published = store.get(&format!("{BE}/feature-persistent")).unwrap();
+            // What blkdom offers, whatever the frontend wrote (Linux since 2022).
+            assert_eq!(published, if offer { "1" } else { "0" }, "{frontend:?}");
+            // Both ends decide the same: the backend caches mappings exactly when
+            // the frontend keeps its grants.
+            let backend_uses = hooks.connects[0].persistent_grants;
+            assert_eq!(
+                backend_uses,
+                frontend.uses(published),
+                "offer {offer}, {frontend:?}"
+            );
+            assert_eq!(
+                backend_uses,
+                offer && frontend.written() == Some("1"),
+                "offer {offer}, {frontend:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_slices_discard_alignment_is_where_the_devices_granules_start_in_it() {
+    // A device discarding in 4 KiB granules; a slice from sector 2053 (5 sectors into a
+    // granule): the first whole granule starts 3 sectors into the slice. Linux's block
+    // layer reads `discard-alignment` so (queue_limit_discard_alignment, as for a
+    // partition), and so does blkfront's disk.
+    let device = blkdev::Geometry {
+        discard: Some(blkdev::DiscardGeometry {
+            granularity: 4096,
+            alignment: 0,
+            secure: false,
+        }),
+        ..RamDisk::plain(1 << 20)
+    };
+    for (start, alignment) in [(2053u64, 1536u64), (2048, 0), (2055, 512)] {
+        let slice = blkdev::Slice::new(RamDisk::with_geometry(device).queue(4), start, 16384)
+            .unwrap_or_else(|_| panic!("slice at {start}"));
+        let (mut store, mut backend) = probed_on(slice.geometry(), true);
+        store.set(&format!("{FE}/state"), "3");
+        assert_eq!(
+            backend.step(&mut store, &mut RecordingHooks::default()),
+            Ok(StepOutcome::Switched(XenbusState::Connected))
+        );
+        let published: u64 = store
+            .get(&format!("{BE}/discard-alignment"))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(published, alignment, "slice at {start}");
+        // A granule of the device starts there.
+        assert_eq!((start * 512 + published) % 4096, 0, "slice at {start}");
+        assert_eq!(
+            store.get(&format!("{BE}/discard-granularity")),
+            Some("4096")
         );
     }
 }

@@ -1,0 +1,739 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Controller bring-up on the admin queue, keep-alive, and I/O queues.
+//!
+//! The admin sequence follows Linux's nvme_tcp_configure_admin_queue: ICReq/ICResp,
+//! Connect (queue 0, controller ID 0xffff, KATO), Property Get CAP, Property Set CC
+//! (EN, 64-byte SQ / 16-byte CQ entries, 4 KiB pages, NVM command set), Property Get
+//! CSTS until RDY (at most CAP.TO x 500 ms), Identify controller, Identify namespace.
+
+use crate::queue::{Completion, DataPort, Payload, Queue, QueueKind, SubmitError};
+use crate::sqe::{self, Status};
+use crate::{ConnectRefusal, Error, ProtocolError};
+
+/// Command slots on the admin queue: bring-up runs one command at a time, keep-alive
+/// adds one.
+pub const ADMIN_QUEUE_SLOTS: usize = 4;
+/// Entries the admin queue asks for in Connect (Linux: NVME_AQ_DEPTH).
+const ADMIN_QUEUE_DEPTH: u16 = 32;
+/// Most write data this host puts in one command capsule.
+const MAX_INLINE: u32 = 1 << 20;
+/// How often CSTS is read while waiting for RDY.
+const CSTS_POLL_MS: u64 = 10;
+
+const TAG_CONNECT: u64 = 1;
+const TAG_PROPERTY: u64 = 2;
+const TAG_IDENTIFY: u64 = 3;
+const TAG_KEEP_ALIVE: u64 = 4;
+
+/// Who this host is and what it connects to.
+#[derive(Clone, Copy, Debug)]
+pub struct HostIdentity<'a> {
+    pub host_nqn: &'a str,
+    /// Host identifier (a UUID), the same on every connection of one host.
+    pub host_id: [u8; 16],
+    pub subsystem_nqn: &'a str,
+}
+
+impl HostIdentity<'_> {
+    fn connect_data(&self, cntlid: u16) -> [u8; sqe::CONNECT_DATA_LEN] {
+        sqe::connect_data(&self.host_id, cntlid, self.subsystem_nqn, self.host_nqn)
+    }
+}
+
+/// What bring-up learnt about the controller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControllerInfo {
+    /// The controller ID the target assigned (I/O queues connect to it).
+    pub cntlid: u16,
+    /// Largest I/O queue the controller takes (CAP.MQES + 1, at most MAXCMD).
+    pub max_queue_entries: u16,
+    /// Write data that may go in the command capsule on I/O queues (IOCCSZ x 16 - 64;
+    /// 0 when the controller wants an in-capsule data offset).
+    pub inline_limit: u32,
+    /// Largest transfer in bytes (MDTS), if limited.
+    pub max_transfer: Option<u32>,
+    pub volatile_write_cache: bool,
+    /// Dataset Management (deallocate) is supported.
+    pub deallocate: bool,
+    /// Keep-alive period in ms (half of KATO), 0 for none.
+    pub keep_alive_ms: u32,
+}
+
+/// The namespace the session serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    pub nsid: u32,
+    /// Size in logical blocks.
+    pub blocks: u64,
+    pub block_size: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionState {
+    Connecting,
+    Live,
+    Failed(Error),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    AwaitIcResp,
+    Connect,
+    GetCap,
+    SetCc,
+    /// Waiting for CSTS.RDY: a Property Get is out (`None`), or the next is due then.
+    WaitReady {
+        next_poll: Option<u64>,
+        deadline: u64,
+    },
+    IdentifyController,
+    IdentifyNamespace,
+    Live,
+}
+
+/// The admin queue's buffers, as the queue's [`DataPort`].
+struct AdminPort<'a> {
+    connect: &'a [u8; sqe::CONNECT_DATA_LEN],
+    identify: &'a mut [u8; sqe::IDENTIFY_LEN as usize],
+}
+
+impl DataPort for AdminPort<'_> {
+    fn fetch(&mut self, tag: u64, offset: u32, dst: &mut [u8]) {
+        let from = offset as usize;
+        if let (TAG_CONNECT, Some(src)) = (tag, self.connect.get(from..from + dst.len())) {
+            dst.copy_from_slice(src);
+        }
+    }
+
+    fn deliver(&mut self, tag: u64, offset: u32, src: &[u8]) {
+        let at = offset as usize;
+        if let (TAG_IDENTIFY, Some(dst)) = (tag, self.identify.get_mut(at..at + src.len())) {
+            dst.copy_from_slice(src);
+        }
+    }
+}
+
+/// The admin queue of one association with a controller: bring-up, then keep-alive.
+/// Times are milliseconds on any monotonic clock the caller keeps.
+pub struct AdminSession {
+    queue: Queue<ADMIN_QUEUE_SLOTS>,
+    step: Step,
+    connect_data: [u8; sqe::CONNECT_DATA_LEN],
+    identify: [u8; sqe::IDENTIFY_LEN as usize],
+    nsid: u32,
+    kato_ms: u32,
+    bringup_deadline: u64,
+    cap: u64,
+    cntlid: u16,
+    controller: Option<ControllerInfo>,
+    namespace: Option<NamespaceInfo>,
+    keep_alive_due: u64,
+    keep_alive_sent: Option<u64>,
+    error: Option<Error>,
+}
+
+impl AdminSession {
+    /// A session for namespace `nsid`. `kato_ms` goes to the target in Connect (0: no
+    /// keep-alive); a keep-alive is sent every `kato_ms / 2`. Bring-up must finish within
+    /// `bringup_timeout_ms` of `now`.
+    pub fn new(
+        id: &HostIdentity<'_>,
+        nsid: u32,
+        kato_ms: u32,
+        now: u64,
+        bringup_timeout_ms: u64,
+    ) -> Self {
+        AdminSession {
+            queue: Queue::new(QueueKind::Admin),
+            step: Step::AwaitIcResp,
+            connect_data: id.connect_data(0xffff),
+            identify: [0; sqe::IDENTIFY_LEN as usize],
+            nsid,
+            kato_ms,
+            bringup_deadline: now.saturating_add(bringup_timeout_ms),
+            cap: 0,
+            cntlid: 0,
+            controller: None,
+            namespace: None,
+            keep_alive_due: 0,
+            keep_alive_sent: None,
+            error: None,
+        }
+    }
+
+    pub fn state(&self) -> SessionState {
+        match (self.error, self.step) {
+            (Some(e), _) => SessionState::Failed(e),
+            (None, Step::Live) => SessionState::Live,
+            _ => SessionState::Connecting,
+        }
+    }
+
+    pub fn controller(&self) -> Option<ControllerInfo> {
+        self.controller
+    }
+
+    pub fn namespace(&self) -> Option<NamespaceInfo> {
+        self.namespace
+    }
+
+    pub fn wants_to_send(&self) -> bool {
+        self.error.is_none() && self.queue.wants_to_send()
+    }
+
+    pub fn transmit(&mut self, out: &mut [u8]) -> usize {
+        if self.error.is_some() {
+            return 0;
+        }
+        let mut port = AdminPort {
+            connect: &self.connect_data,
+            identify: &mut self.identify,
+        };
+        self.queue.transmit(out, &mut port)
+    }
+
+    /// Bytes from the target.
+    pub fn receive(&mut self, input: &[u8], now: u64) -> Result<(), Error> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let mut port = AdminPort {
+            connect: &self.connect_data,
+            identify: &mut self.identify,
+        };
+        let r = self
+            .queue
+            .receive(input, &mut port)
+            .map_err(Error::from)
+            .and_then(|()| self.advance(now));
+        self.check(r)
+    }
+
+    /// Timers: CSTS polling, keep-alive, bring-up and keep-alive deadlines.
+    pub fn poll(&mut self, now: u64) -> Result<(), Error> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let r = self.timers(now);
+        self.check(r)
+    }
+
+    /// The connection broke underneath (reset, closed, unreachable).
+    pub fn connection_lost(&mut self) {
+        self.queue.fail(ProtocolError::ConnectionLost);
+        self.error
+            .get_or_insert(Error::Protocol(ProtocolError::ConnectionLost));
+    }
+
+    /// When [`poll`](Self::poll) next has something to do.
+    pub fn next_timer(&self) -> Option<u64> {
+        if self.error.is_some() {
+            return None;
+        }
+        match self.step {
+            Step::Live => match self.keep_alive_sent {
+                _ if self.kato_ms == 0 => None,
+                Some(sent) => Some(sent + u64::from(self.kato_ms)),
+                None => Some(self.keep_alive_due),
+            },
+            Step::WaitReady {
+                next_poll: Some(t),
+                deadline,
+            } => Some(t.min(deadline)),
+            Step::WaitReady {
+                next_poll: None,
+                deadline,
+            } => Some(deadline.min(self.bringup_deadline)),
+            _ => Some(self.bringup_deadline),
+        }
+    }
+
+    fn check(&mut self, r: Result<(), Error>) -> Result<(), Error> {
+        if let Err(e) = r {
+            self.error.get_or_insert(e);
+            if let Error::Protocol(p) = e {
+                self.queue.fail(p);
+            }
+        }
+        r
+    }
+
+    fn submit(&mut self, tag: u64, sqe: sqe::Sqe, payload: Payload) -> Result<(), Error> {
+        // Bring-up has at most two commands out (one step, one keep-alive) of four
+        // slots: only a failed connection refuses one.
+        self.queue.submit(tag, sqe, payload).map_err(|_| {
+            self.queue.error().map_or(
+                Error::Internal("admin queue refused a command"),
+                Error::Protocol,
+            )
+        })
+    }
+
+    /// Property Get and Set: no data, one at a time.
+    fn property(&mut self, sqe: sqe::Sqe) -> Result<(), Error> {
+        self.submit(TAG_PROPERTY, sqe, Payload::None)
+    }
+
+    fn timers(&mut self, now: u64) -> Result<(), Error> {
+        match self.step {
+            Step::Live => {
+                if self.kato_ms == 0 {
+                    return Ok(());
+                }
+                match self.keep_alive_sent {
+                    Some(sent) if now >= sent + u64::from(self.kato_ms) => {
+                        Err(Error::Timeout("keep-alive response"))
+                    }
+                    None if now >= self.keep_alive_due => {
+                        self.submit(TAG_KEEP_ALIVE, sqe::keep_alive(), Payload::None)?;
+                        self.keep_alive_sent = Some(now);
+                        Ok(())
+                    }
+                    _ => Ok(()),
+                }
+            }
+            Step::WaitReady {
+                next_poll,
+                deadline,
+            } => {
+                if now >= deadline {
+                    return Err(Error::Timeout("CSTS.RDY after CC.EN"));
+                }
+                if next_poll.is_some_and(|t| now >= t) {
+                    self.property(sqe::property_get(sqe::PROP_CSTS, false))?;
+                    self.step = Step::WaitReady {
+                        next_poll: None,
+                        deadline,
+                    };
+                }
+                self.bringup_timer(now)
+            }
+            _ => self.bringup_timer(now),
+        }
+    }
+
+    fn bringup_timer(&self, now: u64) -> Result<(), Error> {
+        if now >= self.bringup_deadline {
+            Err(Error::Timeout("controller bring-up"))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Takes completions and moves bring-up on.
+    fn advance(&mut self, now: u64) -> Result<(), Error> {
+        if self.step == Step::AwaitIcResp && self.queue.is_ready() {
+            self.submit(
+                TAG_CONNECT,
+                sqe::connect(0, ADMIN_QUEUE_DEPTH, self.kato_ms),
+                Payload::ToTarget(sqe::CONNECT_DATA_LEN as u32),
+            )?;
+            self.step = Step::Connect;
+        }
+        while let Some(c) = self.queue.next_completion() {
+            self.completed(c, now)?;
+        }
+        Ok(())
+    }
+
+    fn completed(&mut self, c: Completion, now: u64) -> Result<(), Error> {
+        if c.tag == TAG_KEEP_ALIVE {
+            if !c.status.is_success() {
+                return Err(Error::Command {
+                    what: "Keep Alive",
+                    status: c.status,
+                });
+            }
+            self.keep_alive_sent = None;
+            self.keep_alive_due = now + u64::from(self.kato_ms / 2);
+            return Ok(());
+        }
+        let what = match self.step {
+            Step::Connect => "Connect (admin queue)",
+            Step::GetCap => "Property Get CAP",
+            Step::SetCc => "Property Set CC",
+            Step::WaitReady { .. } => "Property Get CSTS",
+            Step::IdentifyController => "Identify controller",
+            Step::IdentifyNamespace => "Identify namespace",
+            Step::AwaitIcResp | Step::Live => "unexpected command",
+        };
+        if !c.status.is_success() {
+            if self.step == Step::Connect {
+                let why = ConnectRefusal::from_completion(c.status, c.result);
+                return Err(Error::ConnectRefused(why));
+            }
+            // Identify Namespace on an unknown NSID: "Invalid Namespace or Format".
+            if self.step == Step::IdentifyNamespace && c.status == Status::new(0, 0x0b) {
+                return Err(Error::NamespaceMissing(self.nsid));
+            }
+            return Err(Error::Command {
+                what,
+                status: c.status,
+            });
+        }
+        match self.step {
+            Step::Connect => {
+                self.cntlid = c.result as u16;
+                self.property(sqe::property_get(sqe::PROP_CAP, true))?;
+                self.step = Step::GetCap;
+            }
+            Step::GetCap => {
+                self.cap = c.result;
+                // This host uses 4 KiB memory pages (CC.MPS 0) and the NVM command set.
+                if (self.cap >> 48) & 0xf != 0 {
+                    return Err(Error::Unsupported("4 KiB memory pages (CAP.MPSMIN)"));
+                }
+                if (self.cap >> 37) & 1 == 0 {
+                    return Err(Error::Unsupported("the NVM command set (CAP.CSS)"));
+                }
+                let cc = 1 | (6 << 16) | (4 << 20);
+                self.property(sqe::property_set(sqe::PROP_CC, cc))?;
+                self.step = Step::SetCc;
+            }
+            Step::SetCc => {
+                let timeout = ((self.cap >> 24) & 0xff).max(1) * 500;
+                self.property(sqe::property_get(sqe::PROP_CSTS, false))?;
+                self.step = Step::WaitReady {
+                    next_poll: None,
+                    deadline: now + timeout,
+                };
+            }
+            Step::WaitReady { deadline, .. } => {
+                let csts = c.result as u32;
+                if csts & 2 != 0 {
+                    return Err(Error::ControllerFatal);
+                }
+                if csts & 1 == 0 {
+                    self.step = Step::WaitReady {
+                        next_poll: Some(now + CSTS_POLL_MS),
+                        deadline,
+                    };
+                    return Ok(());
+                }
+                self.submit(
+                    TAG_IDENTIFY,
+                    sqe::identify(sqe::CNS_CONTROLLER, 0),
+                    Payload::ToHost(sqe::IDENTIFY_LEN),
+                )?;
+                self.step = Step::IdentifyController;
+            }
+            Step::IdentifyController => {
+                self.controller = Some(self.parse_controller()?);
+                self.identify = [0; sqe::IDENTIFY_LEN as usize];
+                self.submit(
+                    TAG_IDENTIFY,
+                    sqe::identify(sqe::CNS_NAMESPACE, self.nsid),
+                    Payload::ToHost(sqe::IDENTIFY_LEN),
+                )?;
+                self.step = Step::IdentifyNamespace;
+            }
+            Step::IdentifyNamespace => {
+                self.namespace = Some(self.parse_namespace()?);
+                self.step = Step::Live;
+                self.keep_alive_due = now + u64::from(self.kato_ms / 2);
+            }
+            Step::AwaitIcResp | Step::Live => {
+                return Err(Error::Command {
+                    what,
+                    status: c.status,
+                })
+            }
+        }
+        Ok(())
+    }
+
+    fn id_u16(&self, at: usize) -> u16 {
+        u16::from_le_bytes([self.identify[at], self.identify[at + 1]])
+    }
+
+    fn id_u32(&self, at: usize) -> u32 {
+        u32::from_le_bytes([
+            self.identify[at],
+            self.identify[at + 1],
+            self.identify[at + 2],
+            self.identify[at + 3],
+        ])
+    }
+
+    /// Identify Controller fields (NVMe base spec figure "Identify Controller Data
+    /// Structure"; the Fabrics fields from byte 1792).
+    fn parse_controller(&self) -> Result<ControllerInfo, Error> {
+        let sgls = self.id_u32(536);
+        if sgls & 3 == 0 {
+            // NVMe/TCP moves all data through SGLs (Linux refuses the same way).
+            return Err(Error::Unsupported("SGLs (SGLS)"));
+        }
+        let mdts = self.identify[77];
+        let max_transfer = match mdts {
+            0 => None,
+            m => 4096u64
+                .checked_shl(u32::from(m))
+                .filter(|&b| b <= u64::from(u32::MAX))
+                .map(|b| b as u32),
+        };
+        let maxcmd = self.id_u16(514);
+        let mqes = (self.cap & 0xffff) as u16;
+        let mut max_queue_entries = mqes.saturating_add(1);
+        if maxcmd != 0 {
+            max_queue_entries = max_queue_entries.min(maxcmd);
+        }
+        if max_queue_entries < 2 {
+            return Err(Error::Unsupported(
+                "I/O queues of two entries or more (CAP.MQES, MAXCMD)",
+            ));
+        }
+        let ioccsz = u64::from(self.id_u32(1792)) * 16;
+        // Data goes right after the entry (ICDOFF 0) or not in the capsule at all; more
+        // than MAX_INLINE in one capsule gains nothing.
+        let icdoff = self.id_u16(1800);
+        let inline_limit = if icdoff == 0 {
+            ioccsz.saturating_sub(64).min(u64::from(MAX_INLINE)) as u32
+        } else {
+            0
+        };
+        Ok(ControllerInfo {
+            cntlid: self.cntlid,
+            max_queue_entries,
+            inline_limit,
+            max_transfer,
+            volatile_write_cache: self.identify[525] & 1 != 0,
+            deallocate: self.id_u16(520) & (1 << 2) != 0,
+            keep_alive_ms: self.kato_ms / 2,
+        })
+    }
+
+    fn parse_namespace(&self) -> Result<NamespaceInfo, Error> {
+        let blocks = u64::from_le_bytes(self.identify[0..8].try_into().unwrap_or([0; 8]));
+        if blocks == 0 {
+            return Err(Error::NamespaceMissing(self.nsid));
+        }
+        let nlbaf = self.identify[25];
+        let flbas = self.identify[26];
+        let format = (flbas & 0xf) | ((flbas >> 5) & 3) << 4;
+        if format > nlbaf || format >= 64 {
+            return Err(Error::Unsupported(
+                "the namespace's LBA format index (FLBAS)",
+            ));
+        }
+        let at = 128 + 4 * usize::from(format);
+        let metadata = self.id_u16(at);
+        let lbads = self.identify[at + 2];
+        if metadata != 0 {
+            return Err(Error::Unsupported("namespaces with metadata"));
+        }
+        if !(9..=16).contains(&lbads) {
+            return Err(Error::Unsupported("the namespace's block size (LBADS)"));
+        }
+        Ok(NamespaceInfo {
+            nsid: self.nsid,
+            blocks,
+            block_size: 1 << lbads,
+        })
+    }
+}
+
+/// Routes Connect's data to the session's buffer until the queue is connected, and
+/// everything after to the caller's port.
+struct IoPort<'a, P> {
+    connecting: bool,
+    connect: &'a [u8; sqe::CONNECT_DATA_LEN],
+    user: &'a mut P,
+}
+
+impl<P: DataPort> DataPort for IoPort<'_, P> {
+    fn fetch(&mut self, tag: u64, offset: u32, dst: &mut [u8]) {
+        if self.connecting {
+            let from = offset as usize;
+            if let Some(src) = self.connect.get(from..from + dst.len()) {
+                dst.copy_from_slice(src);
+            }
+        } else {
+            self.user.fetch(tag, offset, dst);
+        }
+    }
+
+    fn deliver(&mut self, tag: u64, offset: u32, src: &[u8]) {
+        if !self.connecting {
+            self.user.deliver(tag, offset, src);
+        }
+    }
+}
+
+/// One I/O queue of a live controller, on its own TCP connection, with `N` command
+/// slots (at most the controller's queue size).
+pub struct IoSession<const N: usize> {
+    queue: Queue<N>,
+    connect_data: [u8; sqe::CONNECT_DATA_LEN],
+    qid: u16,
+    connected: bool,
+    error: Option<Error>,
+    namespace: NamespaceInfo,
+    max_transfer: Option<u32>,
+    /// Commands in flight at most: N, or fewer if the controller's queues are smaller.
+    depth: usize,
+}
+
+const TAG_IO_CONNECT: u64 = u64::MAX;
+
+impl<const N: usize> IoSession<N> {
+    /// I/O queue `qid` (1-based) of the controller `controller` describes.
+    pub fn new(
+        id: &HostIdentity<'_>,
+        controller: &ControllerInfo,
+        namespace: NamespaceInfo,
+        qid: u16,
+    ) -> Self {
+        IoSession {
+            queue: Queue::new(QueueKind::Io {
+                inline_limit: controller.inline_limit,
+            }),
+            connect_data: id.connect_data(controller.cntlid),
+            qid,
+            connected: false,
+            error: None,
+            namespace,
+            max_transfer: controller.max_transfer,
+            depth: N.min(usize::from(controller.max_queue_entries)),
+        }
+    }
+
+    pub fn state(&self) -> SessionState {
+        match (self.error, self.connected) {
+            (Some(e), _) => SessionState::Failed(e),
+            (None, true) => SessionState::Live,
+            (None, false) => SessionState::Connecting,
+        }
+    }
+
+    pub fn wants_to_send(&self) -> bool {
+        self.error.is_none() && self.queue.wants_to_send()
+    }
+
+    pub fn transmit(&mut self, out: &mut [u8], port: &mut impl DataPort) -> usize {
+        if self.error.is_some() {
+            return 0;
+        }
+        let mut port = IoPort {
+            connecting: !self.connected,
+            connect: &self.connect_data,
+            user: port,
+        };
+        self.queue.transmit(out, &mut port)
+    }
+
+    pub fn receive(&mut self, input: &[u8], port: &mut impl DataPort) -> Result<(), Error> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let mut io_port = IoPort {
+            connecting: !self.connected,
+            connect: &self.connect_data,
+            user: port,
+        };
+        let r = self.queue.receive(input, &mut io_port);
+        if let Err(e) = r {
+            self.error = Some(Error::Protocol(e));
+            return Err(Error::Protocol(e));
+        }
+        if !self.connected {
+            if self.queue.is_ready() && self.queue.in_flight() == 0 {
+                let sqsize = self.depth as u16;
+                let connect = sqe::connect(self.qid, sqsize, 0);
+                let payload = Payload::ToTarget(sqe::CONNECT_DATA_LEN as u32);
+                if self.queue.submit(TAG_IO_CONNECT, connect, payload).is_err() {
+                    let e = Error::Unsupported("I/O queue submission");
+                    self.error = Some(e);
+                    return Err(e);
+                }
+            }
+            if let Some(c) = self.queue.next_completion() {
+                if !c.status.is_success() {
+                    let why = ConnectRefusal::from_completion(c.status, c.result);
+                    let e = Error::ConnectRefused(why);
+                    self.error = Some(e);
+                    return Err(e);
+                }
+                self.connected = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// The next finished I/O command.
+    pub fn next_completion(&mut self) -> Option<Completion> {
+        if self.connected {
+            self.queue.next_completion()
+        } else {
+            None
+        }
+    }
+
+    /// The connection broke underneath (reset, closed, unreachable).
+    pub fn connection_lost(&mut self) {
+        self.queue.fail(ProtocolError::ConnectionLost);
+        self.error
+            .get_or_insert(Error::Protocol(ProtocolError::ConnectionLost));
+    }
+
+    /// Tags of every command not completed (to be held and sent again on a new
+    /// connection); their slots are freed.
+    pub fn drain(&mut self, f: impl FnMut(u64)) {
+        self.queue.drain(f);
+    }
+
+    fn check_io(&self, blocks: u32) -> Result<u32, SubmitError> {
+        if self.error.is_some() {
+            return Err(SubmitError::Failed);
+        }
+        if !self.connected {
+            return Err(SubmitError::NotReady);
+        }
+        let len = u64::from(blocks) * u64::from(self.namespace.block_size);
+        let limit = u64::from(self.max_transfer.unwrap_or(u32::MAX));
+        if blocks == 0 || blocks > 65536 || len > limit {
+            return Err(SubmitError::BadLength);
+        }
+        if self.queue.in_flight() >= self.depth {
+            return Err(SubmitError::Full);
+        }
+        Ok(len as u32)
+    }
+
+    pub fn read(&mut self, tag: u64, lba: u64, blocks: u32) -> Result<(), SubmitError> {
+        let len = self.check_io(blocks)?;
+        self.queue.submit(
+            tag,
+            sqe::rw(false, self.namespace.nsid, lba, blocks),
+            Payload::ToHost(len),
+        )
+    }
+
+    pub fn write(&mut self, tag: u64, lba: u64, blocks: u32) -> Result<(), SubmitError> {
+        let len = self.check_io(blocks)?;
+        self.queue.submit(
+            tag,
+            sqe::rw(true, self.namespace.nsid, lba, blocks),
+            Payload::ToTarget(len),
+        )
+    }
+
+    pub fn flush(&mut self, tag: u64) -> Result<(), SubmitError> {
+        self.check_io(1)?;
+        self.queue
+            .submit(tag, sqe::flush(self.namespace.nsid), Payload::None)
+    }
+
+    /// Deallocates `blocks` blocks from `lba` (one Dataset Management range).
+    pub fn discard(&mut self, tag: u64, lba: u64, blocks: u32) -> Result<(), SubmitError> {
+        self.check_io(1)?;
+        if blocks == 0 {
+            return Err(SubmitError::BadLength);
+        }
+        let bytes = sqe::dsm_range(lba, blocks);
+        self.queue.submit(
+            tag,
+            sqe::deallocate(self.namespace.nsid),
+            Payload::Owned { bytes, len: 16 },
+        )
+    }
+}
