@@ -15,7 +15,7 @@ TEST_TARGET_DIR := target/test-hooks
 TEST_IMAGE := $(TEST_TARGET_DIR)/$(TARGET)/release/blkdom
 CARGO ?= cargo
 
-.PHONY: all deps image run test test-host test-qemu lint fuzz fuzz-long bench-engine bench bench-paired
+.PHONY: all deps image run test test-host test-qemu lint fuzz fuzz-long bench-engine bench bench-paired bench-backend
 
 all: image
 
@@ -91,6 +91,20 @@ bench-paired: deps-xen
 	  $(RIG)/run.sh paired --runtime $(BENCH_RUNTIME) || rc=$$?; \
 	  else echo "blkdom image does not build: no nested comparison"; rc=1; fi; \
 	  python3 tools/bench/paired.py || rc=1; exit $$rc
+
+# make bench-backend (BENCHMARKS.md): Linux dom0 blkback and blkdom at the backend's own
+# limit: one guest whose frontend is tools/hostile's load generator (`hostile load`)
+# drives a disk from each (tests/xen/bench-backend), BENCH_BACKEND_ROUNDS rounds (default
+# 3) of BENCH_BACKEND_JOBS (default: 4 KiB QD1/QD32/QD128, 2 queues, writes, 64 KiB and
+# 1 MiB, QD1 at 100 and 1,000 IOPS, idle), BENCH_RUNTIME s per job, each job on both disks back to back. Then
+# tools/bench/backend.py: the table and one `backend-ratio` line per job. About 30
+# minutes at the defaults; BENCH_BACKEND_JOBS=lg-randread-4k-qd32-q1,lg-randread-4k-qd1-q1
+# BENCH_RUNTIME=5 is a 10-minute check.
+bench-backend: deps-xen
+	@rc=0; if $(MAKE) --no-print-directory image; then \
+	  $(RIG)/run.sh bench-backend --runtime $(BENCH_RUNTIME) || rc=$$?; \
+	  else echo "blkdom image does not build: no nested comparison"; rc=1; fi; \
+	  python3 tools/bench/backend.py || rc=1; exit $$rc
 
 lint:
 	$(CARGO) fmt --all -- --check

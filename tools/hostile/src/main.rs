@@ -14,11 +14,17 @@
 //! (`rig-hostile: flooding`).
 //!
 //! Usage: `hostile [--cycles N] [--flips N] [--no-flood]`.
+//!
+//! `hostile load --vbd xvdX ...` is something else: a lean, well-behaved load generator
+//! over one disk (`load.rs`), which prints one JSON line (tests/xen/bench-backend).
 
 mod attacks;
 mod frontend;
+mod load;
 mod sys;
 
+use std::fs::File;
+use std::io::Write;
 use std::process::ExitCode;
 use std::thread::sleep;
 use std::time::Duration;
@@ -27,8 +33,9 @@ use attacks::{BadProducer, Page, Pages, Peer, Tally};
 use blkback::abi::{self, RSP_OKAY};
 use blkback::fake::wire::{encode_direct, encode_indirect};
 use blkback::fake::FrontRing;
-use frontend::{keys, Guest, GuestPeer, Keys, Offer, Vbd, INIT_WAIT};
-use sys::{Grants, SharedPages};
+use frontend::{keys, Guest, GuestPeer, Keys, Offer, Vbd, CONNECTED, INIT_WAIT};
+use load::{DataPages, Kick, PageAt};
+use sys::{Evtchn, Grants, SharedPages, MAX_GRANT_PAGES};
 
 /// A grant reference beyond any guest's grant table.
 const UNGRANTED: u32 = 0xFFFF_FFF0;
@@ -42,6 +49,9 @@ fn option(args: &[String], name: &str) -> Option<u64> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("load") {
+        return load_main(&args[2..]);
+    }
     let cycles = option(&args, "--cycles").unwrap_or(20);
     let flips = option(&args, "--flips").unwrap_or(200);
     let flood = !args.iter().any(|a| a == "--no-flood");
@@ -518,4 +528,182 @@ fn flood_until_destroyed(
         }
         sleep(Duration::from_millis(1));
     }
+}
+
+/// `hostile load`: exit 0 when every request was answered OKAY (and verified), 1 when
+/// the run went wrong (the JSON line says how), 2 when it could not start.
+fn load_main(args: &[String]) -> ExitCode {
+    let (name, spec) = match load::parse_args(args) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("hostile load: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run_load(&name, &spec) {
+        Ok((line, ok)) => {
+            println!("{line}");
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("hostile load: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `xvdX` (or a device number): the vbd's id under device/vbd (Xen's vdev numbering:
+/// major 202, 16 minors per disk).
+fn vdev_id(name: &str) -> Result<u32, String> {
+    if let Ok(id) = name.parse() {
+        return Ok(id);
+    }
+    match name.strip_prefix("xvd").map(str::as_bytes) {
+        Some([c @ b'a'..=b'z']) => Ok(202 << 8 | u32::from(c - b'a') << 4),
+        _ => Err(format!("--vbd {name}: xvda..xvdz or a device number")),
+    }
+}
+
+/// The real backend: event sends through /dev/xen/evtchn, cues on the console.
+struct GuestKick<'a> {
+    evtchn: &'a Evtchn,
+    ports: Vec<u32>,
+    console: Option<File>,
+}
+
+impl Kick for GuestKick<'_> {
+    fn notify(&mut self, queue: usize) {
+        self.evtchn.notify(self.ports[queue]);
+    }
+    fn idle(&mut self) {
+        std::hint::spin_loop();
+    }
+    fn cpu_seconds(&mut self) -> f64 {
+        sys::cpu_seconds()
+    }
+    fn cue(&mut self, line: &str) {
+        match &mut self.console {
+            Some(console) => {
+                let _ = writeln!(console, "{line}");
+            }
+            None => eprintln!("{line}"),
+        }
+    }
+}
+
+/// Connects the vbd as `spec` needs (checking that the backend offers it), runs the load
+/// and disconnects; the JSON line and whether the run was clean.
+fn run_load(name: &str, spec: &load::Spec) -> Result<(String, bool), String> {
+    let id = vdev_id(name)?;
+    let mut guest = Guest::open().map_err(|e| e.to_string())?;
+    let fe = format!("device/vbd/{id}");
+    let vbd = guest
+        .vbds()?
+        .into_iter()
+        .find(|v| v.fe == fe)
+        .ok_or(format!("no disk {name} ({fe})"))?;
+    // The backend reaches InitWait after the toolstack's hotplug script, which can take
+    // long under emulation; Connected: a run before this one did not close.
+    let mut tries = 0;
+    while let Err(state) = guest.wait_backend(&vbd, &[INIT_WAIT, CONNECTED]) {
+        tries += 1;
+        if tries == 4 {
+            return Err(format!(
+                "{}: backend in state {state}, never InitWait",
+                vbd.be
+            ));
+        }
+    }
+    let mut key = |key: &str| {
+        guest
+            .read(&format!("{}/{key}", vbd.be))
+            .and_then(|v| v.trim().parse::<u32>().ok())
+    };
+    let max_order = key("max-ring-page-order").unwrap_or(0);
+    let max_queues = key("multi-queue-max-queues").unwrap_or(1).max(1);
+    let max_segments = key("feature-max-indirect-segments").unwrap_or(0);
+    let backend_persistent = key("feature-persistent") == Some(1);
+    let order = spec.ring_order();
+    if order > max_order {
+        return Err(format!(
+            "--qd {} needs a ring of order {order}; {} offers max-ring-page-order {max_order}",
+            spec.qd, vbd.be
+        ));
+    }
+    if spec.queues > max_queues {
+        return Err(format!(
+            "--queues {}: {} offers multi-queue-max-queues {max_queues}",
+            spec.queues, vbd.be
+        ));
+    }
+    if spec.indirect() && spec.segments() as u32 > max_segments {
+        return Err(format!(
+            "--bs {} needs {} indirect segments; {} offers feature-max-indirect-segments {max_segments}",
+            spec.bs,
+            spec.segments(),
+            vbd.be
+        ));
+    }
+    // Every page the run uses, granted once, in allocations of up to 16 pages.
+    let (data_pages, indirect_pages) = spec.pages();
+    let total = data_pages + indirect_pages;
+    let (mut chunks, mut grants, mut all) = (Vec::new(), Vec::new(), Vec::new());
+    while all.len() < total {
+        let n = (total - all.len()).min(MAX_GRANT_PAGES);
+        let (granted, mem) = guest
+            .gntalloc
+            .share(vbd.backend_id, n, true)
+            .map_err(|e| format!("granting {total} pages (xen-gntalloc's limit=?): {e}"))?;
+        all.extend(granted.refs.iter().enumerate().map(|(i, &gref)| PageAt {
+            gref,
+            chunk: chunks.len(),
+            offset: i * abi::PAGE_SIZE,
+        }));
+        chunks.push(mem);
+        grants.push(granted);
+    }
+    let indirect = all.split_off(data_pages);
+    let pages = DataPages {
+        chunks,
+        data: all,
+        indirect,
+    };
+    let offer = Offer {
+        order,
+        queues: spec.queues,
+        persistent: spec.persistent,
+    };
+    let mut session = guest.connect(&vbd, offer)?;
+    let disk_sectors = session.sectors;
+    let outcome = {
+        let mut kick = GuestKick {
+            evtchn: &guest.evtchn,
+            ports: session.queues.iter().map(|q| q.port).collect(),
+            console: File::options().write(true).open("/dev/console").ok(),
+        };
+        let mut rings: Vec<&mut FrontRing<SharedPages>> =
+            session.queues.iter_mut().map(|q| &mut q.ring).collect();
+        load::drive(spec, &mut rings, &pages, disk_sectors, &mut kick)
+    };
+    let closed = guest.disconnect(&vbd, session);
+    // Ended only now: the backend let go of them when it closed.
+    drop(pages);
+    drop(grants);
+    let conn = load::Connection {
+        vbd: name,
+        backend: &vbd.be,
+        backend_id: vbd.backend_id,
+        ring_order: order,
+        disk_sectors,
+        backend_persistent,
+    };
+    let line = load::json(spec, &conn, &outcome);
+    if let Err(e) = &closed {
+        eprintln!("hostile load: closing {}: {e}", vbd.fe);
+    }
+    Ok((line, outcome.ok(spec.idle) && closed.is_ok()))
 }

@@ -36,7 +36,17 @@ mod ffi {
         ) -> *mut c_void;
         pub fn munmap(addr: *mut c_void, len: usize) -> i32;
         pub fn poll(fds: *mut PollFd, nfds: u64, timeout_ms: i32) -> i32;
+        pub fn getrusage(who: i32, usage: *mut RUsage) -> i32;
     }
+
+    /// `struct rusage` (x86_64): two `struct timeval`s, then 14 longs.
+    #[repr(C)]
+    pub struct RUsage {
+        pub utime: [i64; 2],
+        pub stime: [i64; 2],
+        pub rest: [i64; 14],
+    }
+    pub const RUSAGE_SELF: i32 = 0;
 
     #[repr(C)]
     pub struct PollFd {
@@ -95,6 +105,7 @@ const _: () = {
     assert!(IOCTL_GNTALLOC_DEALLOC_GREF == 0x0010_4706);
     assert!(IOCTL_EVTCHN_BIND_UNBOUND_PORT == 0x0004_4502);
     assert!(core::mem::offset_of!(AllocGref, gref_ids) == 16);
+    assert!(size_of::<ffi::RUsage>() == 144);
 };
 
 fn open(path: &str, flags: i32) -> io::Result<File> {
@@ -268,6 +279,21 @@ impl Evtchn {
             eprintln!("hostile: unbind port {port}: {e}");
         }
     }
+}
+
+/// User plus system CPU time this process has used, seconds (`getrusage`).
+pub fn cpu_seconds() -> f64 {
+    let mut usage = ffi::RUsage {
+        utime: [0; 2],
+        stime: [0; 2],
+        rest: [0; 14],
+    };
+    // SAFETY: `usage` is a live `struct rusage` the call fills in.
+    if unsafe { ffi::getrusage(ffi::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0.0;
+    }
+    let seconds = |t: [i64; 2]| t[0] as f64 + t[1] as f64 / 1e6;
+    seconds(usage.utime) + seconds(usage.stime)
 }
 
 /// `/dev/xen/xenbus`: whole xenstore messages in, replies out, in the wire format

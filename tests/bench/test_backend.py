@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT OR Apache-2.0
+"""Host tests of tools/bench/backend.py (make bench-backend's table and backend-ratio
+lines) against a run written in the layout tests/xen/bench-backend leaves (no Xen):
+
+    python3 -m unittest discover -s tests/bench -v
+"""
+
+import io
+import json
+import sys
+import tempfile
+import unittest
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "tools" / "bench"))
+import backend  # noqa: E402  (path set up above)
+
+DISK = {"linux-dom0": "xvda", "blkdom": "xvdb"}
+JOB = "lg-randread-4k-qd32-q1"
+# IOPS by (backend, round).
+QD32 = {("linux-dom0", 1): 3000, ("blkdom", 1): 6600,
+        ("linux-dom0", 2): 2000, ("blkdom", 2): 4100,
+        ("linux-dom0", 3): 3100, ("blkdom", 3): 6000}
+
+
+def line(iops, ok=True, p50=100.0):
+    return json.dumps({"tool": "hostile-load", "vbd": "xvda", "rw": "randread", "bs": 4096,
+                       "qd": 32, "queues": 1, "ring_order": 0, "iops": iops,
+                       "mib_s": iops / 256, "lat_us": {"p50": p50, "p99": 2 * p50,
+                                                       "p99.9": 3 * p50},
+                       "cpu_us_per_io": 4.0, "busy_us_per_io": 1.5, "notifies_per_io": 0.01, "ok": ok})
+
+
+def write_run(root: Path, iops: dict, job=JOB, threads=True) -> None:
+    (root / "bench-backend-config.txt").write_text(
+        "rounds=3 runtime=10 settle=0 ramp=1 disks=xvda:linux-dom0,xvdb:blkdom "
+        "guest_pcpu=3 dom0_pcpus=0 blkdom_pcpus=1,2\n"
+        f"jobs={job}\n")
+    edges = []
+    for (name_backend, rnd), value in iops.items():
+        name = f"{job}@{DISK[name_backend]}@{rnd}"
+        (root / f"fio-bench-backend-{name}.json").write_text(line(value) + "\n")
+        # xl list: dom0 2 s of 10, blkdom 9 s of 10.
+        cpu = 2.0 if name_backend == "linux-dom0" else 9.0
+        (root / f"cpu-bench-backend-{name}.txt").write_text(
+            f"backend=x cpu_s={cpu} wall_s=10.0\n")
+        # Outer QEMU threads over 10 s: pCPU 0 ran 3 s, pCPUs 1 and 2 ran 8 s each.
+        edges.append(f"BEGIN bench-backend {name} host_s=100.0 thread:CPU_0/TCG=0,0 "
+                     "thread:CPU_1/TCG=0,0 thread:CPU_2/TCG=0,0 thread:CPU_3/TCG=0,0")
+        edges.append(f"END bench-backend {name} host_s=110.0 thread:CPU_0/TCG=3000000000,0 "
+                     "thread:CPU_1/TCG=8000000000,0 thread:CPU_2/TCG=8000000000,0 "
+                     "thread:CPU_3/TCG=10000000000,0")
+    if threads:
+        (root / "host-threads.txt").write_text("\n".join(edges) + "\n")
+    # The prefill (round 0) is never a pair.
+    (root / f"fio-bench-backend-lg-write-1m-qd4-fill@xvdb@0.json").write_text(line(50))
+
+
+class BackendTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.root = Path(self.tmp.name)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def summary(self):
+        config = backend.read_config(self.root)
+        return backend.summarise(backend.load_runs(self.root, config),
+                                 config["jobs"].split(","))
+
+    def test_ratio_line_is_exactly_the_documented_form(self):
+        write_run(self.root, QD32)
+        [entry] = self.summary()
+        self.assertEqual(entry["pairs"], 3)
+        self.assertEqual(entry["won"], 3)
+        self.assertEqual(backend.ratio_lines([entry]), [
+            f"backend-ratio {JOB} blkdom/linux-dom0=2.00 iops=6000/3000 cpu=90%/20%"])
+
+    def test_host_cpu_of_the_backends_pcpus(self):
+        write_run(self.root, QD32)
+        [entry] = self.summary()
+        self.assertAlmostEqual(
+            entry["backends"]["linux-dom0"]["host_backend_percent"]["median"], 30.0)
+        self.assertAlmostEqual(
+            entry["backends"]["blkdom"]["host_backend_percent"]["median"], 160.0)
+        self.assertAlmostEqual(
+            entry["backends"]["blkdom"]["host_guest_vcpu_run_percent"]["median"], 100.0)
+        # All four vCPU threads: 3 + 8 + 8 + 10 s of 10 = 2.9 host cores.
+        self.assertAlmostEqual(
+            entry["backends"]["blkdom"]["iops_per_rig_core"]["median"], 6000 / 2.9)
+
+    def test_failed_runs_and_the_prefill_are_left_out(self):
+        write_run(self.root, QD32)
+        bad = self.root / f"fio-bench-backend-{JOB}@xvdb@2.json"
+        bad.write_text(line(99999, ok=False) + "\n")
+        [entry] = self.summary()
+        self.assertEqual(entry["pairs"], 2)
+        self.assertEqual(entry["backends"]["blkdom"]["iops"]["n"], 2)
+        self.assertNotIn("lg-write-1m-qd4-fill", [e["job"] for e in self.summary()])
+
+    def test_main_prints_the_table_and_lines_and_writes_json(self):
+        write_run(self.root, QD32, threads=False)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(backend.main(["--nested", str(self.root)]), 0)
+        text = out.getvalue()
+        self.assertIn("6,000 (4,100-6,600)", text)
+        self.assertIn("backend-ratio lg-randread-4k-qd32-q1 blkdom/linux-dom0=2.00", text)
+        figures = json.loads((self.root / "backend.json").read_text())
+        self.assertEqual(len(figures["runs"]), 6)
+
+    def test_an_idle_job_has_cpu_and_no_ratio_line(self):
+        write_run(self.root, QD32)
+        for disk, cpu in (("xvda", 0.1), ("xvdb", 0.5)):
+            name = f"lg-idle-4k-qd1-q1@{disk}@1"
+            data = json.loads(line(0))
+            data["idle"] = True
+            (self.root / f"fio-bench-backend-{name}.json").write_text(json.dumps(data) + "\n")
+            (self.root / f"cpu-bench-backend-{name}.txt").write_text(
+                f"backend=x cpu_s={cpu} wall_s=10.0\n")
+        idle = [e for e in self.summary() if e["job"] == "lg-idle-4k-qd1-q1"][0]
+        self.assertAlmostEqual(
+            idle["backends"]["blkdom"]["backend_cpu_percent"]["median"], 5.0)
+        self.assertEqual([l for l in backend.ratio_lines([idle])], [])
+
+    def test_no_results_is_an_error(self):
+        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
+            self.assertEqual(backend.main(["--nested", str(self.root)]), 1)
+        self.assertIn("no bench-backend results", err.getvalue())
+
+
+if __name__ == "__main__":
+    unittest.main()

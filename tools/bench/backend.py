@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT OR Apache-2.0
+"""Table of `make bench-backend` (tests/xen/bench-backend): Linux blkback in dom0 and
+blkdom at the backend's own limit, driven by `hostile load` in one guest.
+
+    python3 tools/bench/backend.py [--nested results/xen/bench-backend] [--markdown]
+        [--json FILE]
+
+Per job and backend: the medians (min-max over the rounds) of IOPS, completion latency
+p50/p99/p99.9, the backend's CPU over the measured window (Xen's runstate through
+`xl list`: Domain-0 for xvda, blkdom for xvdb), the outer QEMU's CPU on the backend's
+pCPUs (host-threads.txt), the generator's own CPU per request (all of it, and only the
+loop passes that found work: a polling loop's CPU is its whole window) and its event
+sends per request, how long the guest's vCPU thread waited for a host core and how many
+host cores all the rig's vCPU threads got (when the host is short of cores, that and not
+the backend sets the pace) and IOPS per host core the rig got; the blkdom / dom0 ratio of the medians and how many of the pairs (same round,
+one job apart) blkdom won. Then one line per job, which other tools read:
+
+    backend-ratio <job> blkdom/linux-dom0=<x.xx> iops=<blkdom>/<dom0> cpu=<blkdom%>/<dom0%>
+
+Writes the figures as JSON (default: backend.json in the nested directory). Standard
+library only.
+"""
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools" / "bench"))
+from paired import fmt_spread  # noqa: E402  (tools/bench/paired.py)
+from report import (blkdom_cmdline_note, derive_host, fmt, markdown_table,  # noqa: E402
+                    read_cpu, read_host_threads, spread, text_table)  # (tools/bench/report.py)
+
+GUEST = "bench-backend"
+BACKENDS = {"xvda": "linux-dom0", "xvdb": "blkdom"}
+BASELINE, OURS = "linux-dom0", "blkdom"
+# fio-bench-backend-JOB@DISK@ROUND.json: hostile's JSON line (round 0: the prefill).
+FILE_RE = re.compile(r"^fio-" + GUEST + r"-(lg-[a-z0-9-]+)@(xvd[a-z])@(\d+)\.json$")
+VCPU_THREAD_RE = re.compile(r"^CPU_(\d+)/")
+FIELDS = ("iops", "mib_s", "p50_us", "p99_us", "p999_us", "backend_cpu_percent",
+          "host_backend_percent", "gen_cpu_us_per_io", "gen_busy_us_per_io",
+          "notifies_per_io", "host_guest_vcpu_run_percent", "host_guest_vcpu_wait_percent",
+          "host_vcpus_cores", "host_busy_cores", "iops_per_rig_core")
+
+
+def read_config(nested: Path) -> dict:
+    config = {}
+    path = nested / "bench-backend-config.txt"
+    if path.exists():
+        for word in path.read_text().split():
+            key, _, value = word.partition("=")
+            config[key] = value
+    return config
+
+
+def pcpus(text) -> set:
+    return {int(p) for p in (text or "").split(",") if p.strip().isdigit()}
+
+
+def host_backend_percent(edges: dict, name: str, cpus: set):
+    """The outer QEMU threads of the backend's pCPUs: their run time over the job's
+    window, in % of one host core."""
+    begin, end = edges.get((GUEST, name, "begin")), edges.get((GUEST, name, "end"))
+    if not begin or not end or not cpus:
+        return None
+    wall = end["host_s"] - begin["host_s"]
+    if wall <= 0:
+        return None
+    run = 0.0
+    for thread, numbers in end["threads"].items():
+        match = VCPU_THREAD_RE.match(thread)
+        if match and int(match[1]) in cpus and thread in begin["threads"]:
+            run += (numbers[0] - begin["threads"][thread][0]) / 1e9
+    return 100.0 * run / wall
+
+
+def load_runs(nested: Path, config: dict) -> list:
+    """One row per measured run (the prefill left out): job, backend, round, hostile's
+    figures, the backend's CPU % over the window and the outer machine's view."""
+    edges = read_host_threads(nested / "host-threads.txt")
+    guest_pcpu = config.get("guest_pcpu")
+    guest_pcpu = int(guest_pcpu) if guest_pcpu and guest_pcpu.isdigit() else None
+    backend_cpus = {"linux-dom0": pcpus(config.get("dom0_pcpus")),
+                    "blkdom": pcpus(config.get("blkdom_pcpus"))}
+    runs = []
+    for path in sorted(nested.glob(f"fio-{GUEST}-*.json")):
+        match = FILE_RE.match(path.name)
+        if not match or match[3] == "0" or match[2] not in BACKENDS:
+            continue
+        try:
+            data = json.loads(path.read_text().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            continue
+        # An idle job (connected, no I/O) has no IOPS, only the backend's CPU.
+        if (data.get("tool") != "hostile-load" or not data.get("ok")
+                or not (data.get("iops") or data.get("idle"))):
+            continue
+        job, disk, round_ = match[1], match[2], int(match[3])
+        backend = BACKENDS[disk]
+        lat = data.get("lat_us", {})
+        row = {"job": job, "backend": backend, "round": round_, "iops": data["iops"],
+               "mib_s": data["mib_s"], "p50_us": lat.get("p50", 0.0),
+               "p99_us": lat.get("p99", 0.0), "p999_us": lat.get("p99.9", 0.0),
+               "gen_cpu_us_per_io": data.get("cpu_us_per_io", 0.0),
+               "notifies_per_io": data.get("notifies_per_io", 0.0),
+               "queues": data.get("queues"), "ring_order": data.get("ring_order"),
+               "backend_persistent": data.get("backend_persistent")}
+        if "busy_us_per_io" in data:  # (hostile builds since it was added)
+            row["gen_busy_us_per_io"] = data["busy_us_per_io"]
+        name = f"{job}@{disk}@{round_}"
+        cpu = read_cpu(nested / f"cpu-{GUEST}-{name}.txt")
+        if cpu and cpu[1] > 0:
+            row["backend_cpu_percent"] = 100.0 * cpu[0] / cpu[1]
+        host = host_backend_percent(edges, name, backend_cpus[backend])
+        if host is not None:
+            row["host_backend_percent"] = host
+        if guest_pcpu is not None:
+            derive_host(row, edges, GUEST, name, guest_pcpu, 0.0)
+        # Requests per second of host CPU the whole rig got: the IOPS the rig would do
+        # if the host were not short of cores (all of dom0, blkdom, the guest).
+        if row.get("host_vcpus_cores", 0) > 0:
+            row["iops_per_rig_core"] = row["iops"] / row["host_vcpus_cores"]
+        runs.append(row)
+    return runs
+
+
+def summarise(runs: list, order=()) -> list:
+    """Per job: each backend's figures over the rounds, the ratio of the medians (blkdom /
+    dom0) of IOPS and p50, and the pairs (same round) blkdom won on IOPS."""
+    by_key = {(r["job"], r["backend"], r["round"]): r for r in runs}
+    order = list(order)
+    jobs = sorted({r["job"] for r in runs},
+                  key=lambda j: (order.index(j) if j in order else len(order), j))
+    summary = []
+    for job in jobs:
+        entry = {"job": job, "backends": {}}
+        for backend in (BASELINE, OURS):
+            rows = [r for (j, b, _), r in by_key.items() if j == job and b == backend]
+            entry["backends"][backend] = {
+                field: spread([r[field] for r in rows if field in r])
+                for field in FIELDS if any(field in r for r in rows)}
+        base, ours = entry["backends"][BASELINE], entry["backends"][OURS]
+        for field in ("iops", "p50_us", "iops_per_rig_core"):
+            if field in base and field in ours and base[field]["median"] > 0:
+                entry[f"{field}_ratio"] = ours[field]["median"] / base[field]["median"]
+        rounds = sorted({rnd for (j, _, rnd) in by_key if j == job})
+        pairs = [(by_key[(job, OURS, rnd)]["iops"], by_key[(job, BASELINE, rnd)]["iops"])
+                 for rnd in rounds if (job, OURS, rnd) in by_key and (job, BASELINE, rnd) in by_key]
+        entry["pairs"] = len(pairs)
+        entry["won"] = sum(1 for ours_iops, base_iops in pairs if ours_iops > base_iops)
+        summary.append(entry)
+    return summary
+
+
+def median(figures: dict, field: str, digits: int) -> str:
+    return fmt(figures[field]["median"], digits) if field in figures else "-"
+
+
+def table_rows(summary: list) -> tuple:
+    header = ["job", "dom0 IOPS", "blkdom IOPS", "blkdom/dom0", "won",
+              "p50 us dom0 / blkdom", "p99 us dom0 / blkdom", "p99.9 us dom0 / blkdom",
+              "backend CPU % dom0 / blkdom", "host CPU % of backend pCPUs dom0 / blkdom",
+              "generator CPU / busy us/IO dom0 / blkdom", "events/request dom0 / blkdom",
+              "guest vCPU waited % dom0 / blkdom", "rig's vCPUs host cores dom0 / blkdom",
+              "IOPS per rig host core dom0 / blkdom (ratio)"]
+    rows = []
+    for entry in summary:
+        base, ours = entry["backends"][BASELINE], entry["backends"][OURS]
+
+        def both(field, digits):
+            return f"{median(base, field, digits)} / {median(ours, field, digits)}"
+        ratio = entry.get("iops_ratio")
+        p50 = entry.get("p50_us_ratio")
+        rows.append([
+            entry["job"], fmt_spread(base.get("iops")), fmt_spread(ours.get("iops")),
+            (f"{ratio:.2f}x" if ratio is not None else "-")
+            + (f" (p50 {p50:.2f}x)" if p50 is not None else ""),
+            f"{entry['won']}/{entry['pairs']}",
+            both("p50_us", 0), both("p99_us", 0), both("p999_us", 0),
+            both("backend_cpu_percent", 0), both("host_backend_percent", 0),
+            f"{median(base, 'gen_cpu_us_per_io', 0)}/{median(base, 'gen_busy_us_per_io', 1)} / "
+            f"{median(ours, 'gen_cpu_us_per_io', 0)}/{median(ours, 'gen_busy_us_per_io', 1)}",
+            both("notifies_per_io", 3), both("host_guest_vcpu_wait_percent", 0),
+            both("host_vcpus_cores", 2),
+            both("iops_per_rig_core", 0) + (f" ({entry['iops_per_rig_core_ratio']:.2f}x)"
+                                             if "iops_per_rig_core_ratio" in entry else ""),
+        ])
+    return header, rows
+
+
+def ratio_lines(summary: list) -> list:
+    """`backend-ratio <job> blkdom/linux-dom0=<x.xx> iops=<b>/<o> cpu=<b%>/<o%>`."""
+    lines = []
+    for entry in summary:
+        base, ours = entry["backends"][BASELINE], entry["backends"][OURS]
+        if "iops_ratio" not in entry:
+            continue
+
+        def cpu(figures):
+            return (f"{figures['backend_cpu_percent']['median']:.0f}%"
+                    if "backend_cpu_percent" in figures else "-")
+        lines.append(
+            f"backend-ratio {entry['job']} {OURS}/{BASELINE}={entry['iops_ratio']:.2f} "
+            f"iops={ours['iops']['median']:.0f}/{base['iops']['median']:.0f} "
+            f"cpu={cpu(ours)}/{cpu(base)}")
+    return lines
+
+
+def render(summary: list, config: dict, markdown: bool) -> str:
+    header, rows = table_rows(summary)
+    title = (f"Backend at its limit (hostile load): dom0 blkback (xvda) and blkdom (xvdb) in "
+             f"one guest, {config.get('rounds', '?')} round(s) of {config.get('runtime', '?')} s "
+             "jobs, each job on both disks back to back (order alternating by round); "
+             "medians (min-max); ratio of the medians; won = pairs where blkdom served more"
+             + blkdom_cmdline_note(config))
+    table = markdown_table(header, rows) if markdown else text_table(header, rows)
+    return title + ":\n\n" + table + "\n\n" + "\n".join(ratio_lines(summary)) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nested", type=Path, default=REPO / "results/xen/bench-backend")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("--json", type=Path, help="where to write the figures")
+    args = parser.parse_args(argv)
+    config = read_config(args.nested)
+    runs = load_runs(args.nested, config)
+    if not runs:
+        print(f"no bench-backend results in {args.nested}", file=sys.stderr)
+        return 1
+    summary = summarise(runs, config.get("jobs", "").split(","))
+    if not any(entry["pairs"] for entry in summary):
+        print(f"no complete pair in {args.nested}", file=sys.stderr)
+        return 1
+    out = args.json or args.nested / "backend.json"
+    out.write_text(json.dumps({"config": config, "runs": runs, "summary": summary},
+                              indent=1, sort_keys=True) + "\n")
+    print(render(summary, config, args.markdown), end="")
+    print(f"json: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
