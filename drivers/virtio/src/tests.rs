@@ -508,7 +508,8 @@ impl blkdev::shutdown::Clock for Steps {
 
 fn device_and_queue(fake: FakeDevice) -> (FakeHal, VirtioBlk<FakeHal>, BlkQueue<FakeHal>) {
     let hal = FakeHal::new(fake);
-    let mut device = VirtioBlk::init(hal.clone(), crate::fake::regions()).unwrap();
+    let mut device =
+        VirtioBlk::init(hal.clone(), crate::fake::regions(), RecoveryConfig::DEFAULT).unwrap();
     let queue = device.create_queue(16).unwrap();
     device.start();
     (hal, device, queue)

@@ -103,7 +103,7 @@ impl NvmeControllers {
     pub fn iter_mut(
         &mut self,
     ) -> impl Iterator<Item = (PciAddress, &mut nvme::Controller<DeviceHal>)> {
-        self.0
+        self.controllers
             .iter_mut()
             .map(|(address, controller)| (*address, controller))
     }

@@ -2,7 +2,7 @@
 //! From a backing-store name to ready device queues.
 
 use super::error::OpenError;
-use super::hal::{self, DeviceHal, PciConfig};
+use super::hal::{self, PciConfig};
 use super::nvme::NvmeControllers;
 use super::stopwatch;
 use crate::firmware::Firmware;
@@ -15,7 +15,6 @@ use backing::Backing;
 use blkdev::BlockDevice;
 use core::sync::atomic::AtomicU64;
 use pci::{Bar, BarError, Function, Inventory, PciAddress};
-use virtio::VirtioBlk;
 
 pub type Queue = Box<dyn BlockDevice + Send>;
 
