@@ -13,6 +13,7 @@ mod negotiation;
 mod notify;
 mod notify_guest;
 mod resize;
+mod resume;
 mod rules;
 mod x86_32;
 
