@@ -52,6 +52,8 @@ const HEAP_MIN: u64 = 1 << 20;
 extern "C" {
     static __image_start: u8;
     static __image_end: u8;
+    static __notes_start: u8;
+    static __notes_end: u8;
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -68,6 +70,16 @@ pub fn image_range() -> PhysRange {
         &raw const __image_start as u64,
         &raw const __image_end as u64,
     )
+}
+
+/// The image's ELF notes (the `.note` section: PVH entry, build id, handover versions),
+/// as loaded.
+pub fn image_notes() -> &'static [u8] {
+    let start = &raw const __notes_start;
+    let len = (&raw const __notes_end as usize).saturating_sub(start as usize);
+    // SAFETY: linker.ld puts the `.note` section between the two symbols, inside the
+    // image's read-only data, loaded with the image and never written.
+    unsafe { core::slice::from_raw_parts(start, len) }
 }
 
 /// Fills the frame allocator from the memory map and carves out the heap.

@@ -213,10 +213,14 @@ struct Note<'a> {
     desc: &'a [u8],
 }
 
-/// The notes of one PT_NOTE segment's bytes; an error if one runs past them.
-fn notes(mut bytes: &[u8]) -> Result<Vec<Note<'_>>, ImageError> {
+/// Calls `each` with every note of one PT_NOTE segment's bytes; an error if one runs
+/// past them. Allocates nothing: the running image reads its own notes before its heap
+/// exists.
+fn for_each_note<'a>(
+    mut bytes: &'a [u8],
+    mut each: impl FnMut(Note<'a>),
+) -> Result<(), ImageError> {
     let align4 = |n: usize| n.checked_add(3).map(|n| n & !3);
-    let mut found = Vec::new();
     while !bytes.is_empty() {
         let namesz = u32_at(bytes, 0).ok_or(ImageError::BadNote)? as usize;
         let descsz = u32_at(bytes, 4).ok_or(ImageError::BadNote)? as usize;
@@ -234,14 +238,27 @@ fn notes(mut bytes: &[u8]) -> Result<Vec<Note<'_>>, ImageError> {
         if let [rest @ .., 0] = name {
             name = rest;
         }
-        found.push(Note {
+        each(Note {
             name,
             kind,
             desc: &bytes[name_end..name_end + descsz],
         });
         bytes = &bytes[desc_end..];
     }
-    Ok(found)
+    Ok(())
+}
+
+/// The build id among `bytes`, the notes of a PT_NOTE segment or `.note` section (the
+/// running image reads its own this way).
+pub fn build_id_in(bytes: &[u8]) -> Option<BuildId> {
+    let mut id = None;
+    for_each_note(bytes, |n| {
+        if n.name == b"GNU" && n.kind == NT_GNU_BUILD_ID {
+            id = id.or(BuildId::new(n.desc));
+        }
+    })
+    .ok()?;
+    id
 }
 
 /// Checks `image` against the request and the rules above.
@@ -323,7 +340,7 @@ pub fn check(image: &[u8], expected: &Expected) -> Result<CheckedImage, ImageErr
                 });
             }
             PT_NOTE => {
-                for note in notes(&image[file])? {
+                for_each_note(&image[file], |note| {
                     match (note.name, note.kind) {
                         (b"Xen", XEN_ELFNOTE_PHYS32_ENTRY) => {
                             // A 4-byte address (some linkers pad it to 8).
@@ -338,7 +355,7 @@ pub fn check(image: &[u8], expected: &Expected) -> Result<CheckedImage, ImageErr
                         }
                         _ => {}
                     }
-                }
+                })?;
             }
             _ => {}
         }

@@ -783,3 +783,200 @@ fn strings_are_bounded_and_without_nul() {
         Err(HandoverError::Wire(WireError::Count { what: "params", .. }))
     ));
 }
+
+#[test]
+fn the_build_id_is_found_among_notes_without_a_heap() {
+    assert_eq!(
+        image::build_id_in(&default_notes()).unwrap().to_string(),
+        "ab".repeat(20)
+    );
+    let without = note(b"Xen", 18, &[0; 4]);
+    assert_eq!(image::build_id_in(&without), None);
+    // Notes that run past their bytes are no answer, even after the build id.
+    let mut broken = default_notes();
+    broken.truncate(broken.len() - 4);
+    assert_eq!(image::build_id_in(&broken), None);
+    // A GNU note of another type (NT_GNU_ABI_TAG) is not the build id.
+    let mut tagged = note(b"GNU", 1, &[0; 16]);
+    tagged.extend(default_notes());
+    assert_eq!(
+        image::build_id_in(&tagged).unwrap().to_string(),
+        "ab".repeat(20)
+    );
+}
+
+// ---- a vbd through the block ---------------------------------------------------------
+
+mod vbd_round_trip {
+    use super::{handover, limits};
+    use crate::block::Handover;
+    use crate::vbd::{self, LeftAt, RecordError};
+    use blkback::abi::Protocol;
+    use blkback::engine::Busy;
+    use blkback::negotiate::{
+        BackendParams, BlkifBackend, ConnectionHooks, FrontendConnection, StepOutcome, XenbusState,
+    };
+    use blkdev::RamDisk;
+    use std::string::ToString;
+    use std::vec::Vec;
+    use std::{format, vec};
+    use xen::xenbus::error::{errno, Errno};
+    use xen::xenbus::fake::MemStore;
+
+    const BE: &str = "/local/domain/1/backend/vbd/5/51712";
+    const FE: &str = "/local/domain/5/device/vbd/51712";
+
+    #[derive(Debug)]
+    struct Never;
+    impl core::fmt::Display for Never {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            f.write_str("never")
+        }
+    }
+    impl core::error::Error for Never {}
+    impl Errno for Never {
+        fn errno(&self) -> u32 {
+            errno::EIO
+        }
+    }
+
+    /// Hooks that record what they are asked to connect.
+    #[derive(Default)]
+    struct Recording(Vec<FrontendConnection>);
+    impl ConnectionHooks for Recording {
+        type Error = Never;
+        fn connect(&mut self, connection: &FrontendConnection) -> Result<(), Never> {
+            self.0.push(connection.clone());
+            Ok(())
+        }
+        fn disconnect(&mut self) -> Result<(), Busy> {
+            Ok(())
+        }
+        fn now_ns(&self) -> u64 {
+            0
+        }
+    }
+
+    fn params(sectors: u64) -> BackendParams {
+        BackendParams::new(2, RamDisk::new(sectors).geometry())
+    }
+
+    /// A vbd connected by the old image: two queues of two-page rings, an x86_32
+    /// frontend with persistent grants.
+    fn connected() -> (MemStore, BlkifBackend, FrontendConnection) {
+        let mut store = MemStore::new();
+        for (key, value) in [
+            (format!("{BE}/frontend"), FE),
+            (format!("{BE}/frontend-id"), "5"),
+            (format!("{BE}/mode"), "w"),
+            (format!("{BE}/state"), "1"),
+            (format!("{FE}/state"), "1"),
+            (format!("{FE}/multi-queue-num-queues"), "2"),
+            (format!("{FE}/ring-page-order"), "1"),
+            (format!("{FE}/protocol"), "x86_32-abi"),
+            (format!("{FE}/feature-persistent"), "1"),
+        ] {
+            store.set(&key, value);
+        }
+        for q in 0..2u32 {
+            store.set(
+                &format!("{FE}/queue-{q}/event-channel"),
+                &(20 + q).to_string(),
+            );
+            for i in 0..2 {
+                store.set(
+                    &format!("{FE}/queue-{q}/ring-ref{i}"),
+                    &(100 + 10 * q + i).to_string(),
+                );
+            }
+        }
+        let mut backend = BlkifBackend::probe(&mut store, BE, params(4096)).unwrap();
+        store.set(&format!("{FE}/state"), "3");
+        let mut hooks = Recording::default();
+        assert_eq!(
+            backend.step(&mut store, &mut hooks),
+            Ok(StepOutcome::Switched(XenbusState::Connected))
+        );
+        let connection = hooks.0.remove(0);
+        (store, backend, connection)
+    }
+
+    const LEFT: [LeftAt; 2] = [
+        LeftAt {
+            backend_port: 40,
+            rsp_prod: 7,
+        },
+        LeftAt {
+            backend_port: 41,
+            rsp_prod: u32::MAX,
+        },
+    ];
+
+    #[test]
+    fn a_vbd_recorded_by_one_image_is_taken_over_by_the_next_unchanged() {
+        let (mut store, backend, negotiated) = connected();
+        assert_eq!(negotiated.protocol, Protocol::X86_32);
+        let record = vbd::record(&backend, &negotiated, "ram:2M:a", &LEFT).unwrap();
+        let block = Handover {
+            vbds: vec![record],
+            ..handover()
+        }
+        .encode();
+        let received = Handover::decode(&block, &limits()).unwrap();
+        let (connection, published) = vbd::connection(&received.vbds[0]);
+
+        let mut expected = negotiated.clone();
+        expected.queues[0].attach_at = Some(7);
+        expected.queues[1].attach_at = Some(u32::MAX);
+        assert_eq!(connection, expected);
+        assert_eq!(received.vbds[0].params, "ram:2M:a");
+        assert_eq!(received.vbds[0].queues[1].backend_port, 41);
+
+        let writes = store.writes.len();
+        let mut hooks = Recording::default();
+        let (taken, outcome) = BlkifBackend::resume(
+            &mut store,
+            BE,
+            params(4096),
+            &connection,
+            &published,
+            &mut hooks,
+        )
+        .unwrap();
+        assert_eq!(outcome, StepOutcome::Switched(XenbusState::Connected));
+        assert_eq!(taken.state(), XenbusState::Connected);
+        assert_eq!(hooks.0, [expected]);
+        assert_eq!(store.writes.len(), writes, "nothing written");
+    }
+
+    #[test]
+    fn a_new_image_seeing_another_disk_size_fails_the_vbd_rather_than_change_it() {
+        let (mut store, backend, negotiated) = connected();
+        let record = vbd::record(&backend, &negotiated, "ram:2M:a", &LEFT).unwrap();
+        let (connection, published) = vbd::connection(&record);
+        let mut hooks = Recording::default();
+        let (_, outcome) = BlkifBackend::resume(
+            &mut store,
+            BE,
+            params(8192),
+            &connection,
+            &published,
+            &mut hooks,
+        )
+        .unwrap();
+        let StepOutcome::Failed(reason) = outcome else {
+            panic!("{outcome:?}");
+        };
+        assert!(reason.contains("sectors was \"4096\""), "{reason}");
+        assert!(hooks.0.is_empty());
+    }
+
+    #[test]
+    fn every_queue_needs_where_it_was_left() {
+        let (_, backend, negotiated) = connected();
+        assert_eq!(
+            vbd::record(&backend, &negotiated, "ram:2M:a", &LEFT[..1]),
+            Err(RecordError::Queues { queues: 2, left: 1 })
+        );
+    }
+}

@@ -61,6 +61,9 @@ pub const QUEUE_N: &str = "queue-<N>";
 pub const VBD_DIRECTORY: &str = "backend/vbd";
 /// The pollers' counters.
 pub const POLLERS: &str = "data/blkdom-pollers";
+/// Which build of blkdom runs: "<version> <build id>", written at boot (`blkdom-stat`
+/// shows it; a live upgrade changes it).
+pub const BUILD: &str = "data/blkdom-build";
 /// Writing anything non-empty here (`xenstore-write /local/domain/<id>/data/blkdom-report
 /// 1` in dom0) has the statistics printed on the console.
 pub const REPORT: &str = "data/blkdom-report";
@@ -105,6 +108,7 @@ pub const ALL: &[Key] = &[
     Key::new(VBD_DIRECTORY, Place::Home),
     Key::new(POLLERS, Place::Home),
     Key::new(REPORT, Place::Home),
+    Key::new(BUILD, Place::Home),
     // Linux's error node, made by `xen::xenbus::error::error_node` from the backend path.
     Key::new("error/backend/vbd/<domid>/<devid>/error", Place::Home),
 ];
