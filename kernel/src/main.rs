@@ -116,6 +116,10 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         memory.heap_start,
         mm::free_frame_bytes() >> 20
     );
+    info!(
+        "memory: {:#x}-{:#x} kept free for a live upgrade's next image",
+        memory.image.end, memory.load_window.end
+    );
     arch::copy::calibrate();
     log_grant_limits(&config.grants);
     log_device_timeout(config.device_timeout_ns, config.device_max_resets);

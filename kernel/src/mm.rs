@@ -62,6 +62,8 @@ pub struct MemoryReport {
     pub heap_start: u64,
     pub heap_bytes: u64,
     pub image: PhysRange,
+    /// Where every image is loaded, kept free for the next one (`handover::image`).
+    pub load_window: PhysRange,
 }
 
 pub fn image_range() -> PhysRange {
@@ -102,6 +104,11 @@ pub fn init(info: &BootInfo) -> Result<MemoryReport, FrameError> {
     frames.remove(PhysRange::new(0, 1 << 20));
     let image = image_range();
     frames.remove(image);
+    // And the rest of the load window: a live upgrade's next image is loaded there, so
+    // nothing this image allocates (heap, RAM disks, vcpu_info, the handover) may lie in
+    // it (docs/design.md §4.11).
+    let window = handover::image::LOAD_WINDOW;
+    frames.remove(PhysRange::new(window.start, window.end));
     let si = &info.start_info;
     let reserve = |frames: &mut FrameAllocator, start: u64, len: u64| {
         if start != 0 {
@@ -151,6 +158,7 @@ pub fn init(info: &BootInfo) -> Result<MemoryReport, FrameError> {
         heap_start,
         heap_bytes,
         image,
+        load_window: PhysRange::new(window.start, window.end),
     })
 }
 
