@@ -980,3 +980,151 @@ mod vbd_round_trip {
         );
     }
 }
+
+// ---- receiving an image --------------------------------------------------------------
+
+mod receiving {
+    use super::{elf, sha_hex};
+    use crate::block::HANDOVER_VERSION;
+    use crate::image::{self, ImageError};
+    use crate::receive::{accept, image_refs, Answer, Refusal, Staging, PAGE};
+    use crate::request::{Perm, Request, RequestError};
+    use std::string::{String, ToString};
+    use std::vec::Vec;
+    use std::{format, vec};
+
+    const DOM0_ONLY: [Perm; 2] = [
+        Perm {
+            domid: 0,
+            read: false,
+            write: false,
+        },
+        Perm {
+            domid: 7,
+            read: true,
+            write: false,
+        },
+    ];
+
+    fn request_for(img: &[u8]) -> Request {
+        let hex: String = image::sha256(img)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        crate::request::parse(&format!("v1 size={} sha256={hex} index=3", img.len())).unwrap()
+    }
+
+    /// One index page listing `refs`, zeroes after.
+    fn index(refs: &[u32]) -> Vec<u8> {
+        let mut page = vec![0u8; PAGE];
+        for (i, r) in refs.iter().enumerate() {
+            page[4 * i..4 * i + 4].copy_from_slice(&r.to_le_bytes());
+        }
+        page
+    }
+
+    #[test]
+    fn only_a_toolstack_request_that_parses_is_taken() {
+        let text = format!("v1 size=4096 sha256={} index=3", sha_hex());
+        assert!(matches!(accept(Some(&text), &DOM0_ONLY), Ok(Some(_))));
+        assert_eq!(accept(None, &DOM0_ONLY), Ok(None));
+        assert_eq!(accept(Some(" "), &[]), Ok(None));
+        let guest_writable = [
+            DOM0_ONLY[0],
+            Perm {
+                domid: 9,
+                read: true,
+                write: true,
+            },
+        ];
+        assert_eq!(
+            accept(Some(&text), &guest_writable),
+            Err(Refusal::NotToolstack)
+        );
+        assert_eq!(
+            accept(Some("v2"), &DOM0_ONLY),
+            Err(Refusal::Request(RequestError::Version))
+        );
+    }
+
+    #[test]
+    fn the_index_lists_exactly_one_distinct_reference_per_page() {
+        let img = elf();
+        let request = request_for(&img);
+        let pages = request.pages();
+        assert_eq!(pages, img.len().div_ceil(PAGE));
+        let refs: Vec<u32> = (0..pages as u32).map(|i| 1000 + i).collect();
+        assert_eq!(image_refs(&index(&refs), &request), Ok(refs.clone()));
+
+        assert_eq!(
+            image_refs(&index(&refs)[..PAGE - 4], &request),
+            Err(Refusal::Index("not the pages the request names"))
+        );
+        assert_eq!(
+            image_refs(&index(&refs[..pages - 1]), &request),
+            Err(Refusal::Index("a page without a reference"))
+        );
+        let mut more = refs.clone();
+        more.push(5000);
+        assert_eq!(
+            image_refs(&index(&more), &request),
+            Err(Refusal::Index("references past the image's last page"))
+        );
+        let mut twice = refs.clone();
+        twice[1] = twice[0];
+        assert_eq!(
+            image_refs(&index(&twice), &request),
+            Err(Refusal::Index("a reference given twice"))
+        );
+    }
+
+    /// Stages `img` page by page as the kernel copies granted pages.
+    fn staged(img: &[u8], request: Request) -> Staging {
+        let mut staging = Staging::new(request).unwrap();
+        for (i, chunk) in img.chunks(PAGE).enumerate() {
+            let page = staging.page_mut(i).unwrap();
+            assert_eq!(page.len(), chunk.len());
+            page.copy_from_slice(chunk);
+        }
+        assert!(staging.page_mut(img.len().div_ceil(PAGE)).is_none());
+        staging
+    }
+
+    #[test]
+    fn a_staged_image_is_checked_against_the_request() {
+        let img = elf();
+        let (bytes, checked) = staged(&img, request_for(&img))
+            .check(HANDOVER_VERSION)
+            .unwrap();
+        assert_eq!(bytes, img);
+        assert_eq!(checked.build_id.to_string(), "ab".repeat(20));
+        // A page dom0 changed between the request and the copy.
+        let mut changed = img.clone();
+        changed[PAGE] ^= 1;
+        assert_eq!(
+            staged(&changed, request_for(&img))
+                .check(HANDOVER_VERSION)
+                .err(),
+            Some(Refusal::Image(ImageError::Checksum))
+        );
+        assert!(matches!(
+            staged(&img, request_for(&img)).check(HANDOVER_VERSION + 1),
+            Err(Refusal::Image(ImageError::HandoverVersion { .. }))
+        ));
+    }
+
+    #[test]
+    fn what_blkdom_answers() {
+        assert_eq!(Answer::Checking.to_string(), "checking");
+        assert_eq!(
+            Answer::Refused(Refusal::Image(ImageError::Checksum)).to_string(),
+            "refused: image: sha256 differs from the request's"
+        );
+        assert_eq!(
+            Answer::Refused(Refusal::NotToolstack).to_string(),
+            "refused: the request node is writable by a domain other than dom0"
+        );
+        let id = image::BuildId::new(&[0x0f, 0xa0]).unwrap();
+        assert_eq!(Answer::Done(id).to_string(), "done 0fa0");
+    }
+}
