@@ -51,6 +51,9 @@ pub enum Refusal {
     /// No memory to stage an image of this size.
     NoMemory(usize),
     Image(ImageError),
+    /// The image passed every check, but this blkdom cannot switch to it: the drain,
+    /// the handover and the jump are not built yet (docs/design.md §4.11).
+    SwitchNotBuilt(BuildId),
 }
 
 impl core::fmt::Display for Refusal {
@@ -63,6 +66,10 @@ impl core::fmt::Display for Refusal {
             Refusal::Index(why) => write!(f, "index pages: {why}"),
             Refusal::NoMemory(size) => write!(f, "no memory to stage {size} bytes"),
             Refusal::Image(e) => write!(f, "image: {e}"),
+            Refusal::SwitchNotBuilt(id) => write!(
+                f,
+                "image checked (build {id}), but this blkdom cannot switch images yet"
+            ),
         }
     }
 }

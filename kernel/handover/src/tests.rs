@@ -1126,5 +1126,9 @@ mod receiving {
         );
         let id = image::BuildId::new(&[0x0f, 0xa0]).unwrap();
         assert_eq!(Answer::Done(id).to_string(), "done 0fa0");
+        assert_eq!(
+            Answer::Refused(Refusal::SwitchNotBuilt(id)).to_string(),
+            "refused: image checked (build 0fa0), but this blkdom cannot switch images yet"
+        );
     }
 }
