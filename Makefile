@@ -31,6 +31,8 @@ image:
 	@size=$$(stat -c %s $(IMAGE)); \
 	  printf 'image: %s, %d bytes (%d KiB; budget 1024 KiB)\n' $(IMAGE) $$size $$((size / 1024)); \
 	  [ $$size -le 1048576 ] || { echo "image exceeds 1 MiB" >&2; exit 1; }
+	@# Both pass the checks a running blkdom makes before a live upgrade to them.
+	$(CARGO) run -q -p blkdom-handover --example check_image -- $(IMAGE) $(TEST_IMAGE)
 
 run: deps image
 	python3 tests/qemu/run.py --image $(IMAGE)

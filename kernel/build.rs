@@ -30,6 +30,8 @@ fn main() {
     println!("cargo:rerun-if-changed={}", script.display());
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rustc-link-arg-bins=-T{}", script.display());
+    // The image's version: a hash of its contents, which a live upgrade checks and logs.
+    println!("cargo:rustc-link-arg-bins=--build-id=sha1");
 
     let out = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
     std::fs::write(

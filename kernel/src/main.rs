@@ -26,6 +26,7 @@ mod power;
 #[cfg(feature = "test-hooks")]
 mod selftest;
 mod smp;
+mod version;
 mod xen_domain;
 
 use boot::start_info::memmap_type_name;
@@ -59,7 +60,13 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         log::set_max_level(level);
     }
 
-    info!("blkdom {} starting", env!("CARGO_PKG_VERSION"));
+    match version::build_id() {
+        Some(id) => info!("blkdom {} build {id} starting", env!("CARGO_PKG_VERSION")),
+        None => info!(
+            "blkdom {} starting (no build id)",
+            env!("CARGO_PKG_VERSION")
+        ),
+    }
     log_hypervisor(&hypervisor);
     info!(
         "command line: \"{}\"{}",
@@ -108,6 +115,10 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         memory.heap_bytes >> 20,
         memory.heap_start,
         mm::free_frame_bytes() >> 20
+    );
+    info!(
+        "memory: {:#x}-{:#x} kept free for a live upgrade's next image",
+        memory.image.end, memory.load_window.end
     );
     arch::copy::calibrate();
     log_grant_limits(&config.grants);
@@ -301,6 +312,16 @@ fn log_identity() {
         let tx = xen::xenstore::Transaction::NONE;
         (xs.read_string(tx, DOMID), xs.read_string(tx, NAME))
     });
+    let build = match version::build_id() {
+        Some(id) => alloc::format!("{} {id}", env!("CARGO_PKG_VERSION")),
+        None => alloc::format!("{} unknown", env!("CARGO_PKG_VERSION")),
+    };
+    let tx = xen::xenstore::Transaction::NONE;
+    if let Some(Err(e)) =
+        xen_domain::store::with(|xs| xs.write(tx, blkback::keys::BUILD, build.as_bytes()))
+    {
+        warn!("xen: {} not written: {e:?}", blkback::keys::BUILD);
+    }
     match identity {
         Some((Ok(domid), Ok(name))) => info!("xen: this is domain {domid}, named \"{name}\""),
         Some((domid, name)) => warn!("xen: identity from xenstore: domid {domid:?}, name {name:?}"),

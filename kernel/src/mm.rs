@@ -52,6 +52,8 @@ const HEAP_MIN: u64 = 1 << 20;
 extern "C" {
     static __image_start: u8;
     static __image_end: u8;
+    static __notes_start: u8;
+    static __notes_end: u8;
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +62,8 @@ pub struct MemoryReport {
     pub heap_start: u64,
     pub heap_bytes: u64,
     pub image: PhysRange,
+    /// Where every image is loaded, kept free for the next one (`handover::image`).
+    pub load_window: PhysRange,
 }
 
 pub fn image_range() -> PhysRange {
@@ -68,6 +72,16 @@ pub fn image_range() -> PhysRange {
         &raw const __image_start as u64,
         &raw const __image_end as u64,
     )
+}
+
+/// The image's ELF notes (the `.note` section: PVH entry, build id, handover versions),
+/// as loaded.
+pub fn image_notes() -> &'static [u8] {
+    let start = &raw const __notes_start;
+    let len = (&raw const __notes_end as usize).saturating_sub(start as usize);
+    // SAFETY: linker.ld puts the `.note` section between the two symbols, inside the
+    // image's read-only data, loaded with the image and never written.
+    unsafe { core::slice::from_raw_parts(start, len) }
 }
 
 /// Fills the frame allocator from the memory map and carves out the heap.
@@ -90,6 +104,11 @@ pub fn init(info: &BootInfo) -> Result<MemoryReport, FrameError> {
     frames.remove(PhysRange::new(0, 1 << 20));
     let image = image_range();
     frames.remove(image);
+    // And the rest of the load window: a live upgrade's next image is loaded there, so
+    // nothing this image allocates (heap, RAM disks, vcpu_info, the handover) may lie in
+    // it (docs/design.md §4.12).
+    let window = handover::image::LOAD_WINDOW;
+    frames.remove(PhysRange::new(window.start, window.end));
     let si = &info.start_info;
     let reserve = |frames: &mut FrameAllocator, start: u64, len: u64| {
         if start != 0 {
@@ -139,6 +158,7 @@ pub fn init(info: &BootInfo) -> Result<MemoryReport, FrameError> {
         heap_start,
         heap_bytes,
         image,
+        load_window: PhysRange::new(window.start, window.end),
     })
 }
 

@@ -212,6 +212,16 @@ class BlkdomStatTest(FakeXenstore):
         (self.fake / "store").write_text(store_lines())
         self.assertFalse(self.run_tool("-1").stdout.splitlines()[-1].startswith("grants:"))
 
+    def test_the_heading_names_the_build_blkdom_published(self):
+        lines = store_lines().splitlines()
+        lines.append("0\t/local/domain/1/data/blkdom-build\t0.1.0 4f2a9c1e")
+        (self.fake / "store").write_text("\n".join(lines) + "\n")
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                result = self.run_tool("-1", shell=shell)
+                self.assertEqual(result.stdout.splitlines()[0],
+                                 "blkdom (domain 1, build 0.1.0 4f2a9c1e): 2 disk(s)")
+
     def test_limits_of_the_disks_that_have_them(self):
         lines = store_lines(budget=True).splitlines()
         # mq is limited and waited; web's limits were lifted ("none": no line).

@@ -62,6 +62,17 @@ def test_boot_logs_essentials(suite):
             problems.append(f"log lacks {needle!r}")
     if r.verdict != "poweroff":
         problems.append(f"verdict {r.verdict}, expected an ACPI power-off")
+    # The version the boot logs is the image's own build id (its GNU build-id note).
+    notes = subprocess.run(["readelf", "-n", suite.image], check=True, capture_output=True,
+                           text=True).stdout
+    note = re.search(r"Build ID: ([0-9a-f]+)", notes)
+    logged = re.search(r"blkdom \S+ build ([0-9a-f]+) starting", r.log)
+    if not note or not logged or note.group(1) != logged.group(1):
+        problems.append(f"build id logged {logged and logged.group(1)}, image's {note and note.group(1)}")
+    # Nothing allocated in the load window a live upgrade's next image goes to (4-12 MiB).
+    heap = re.search(r"heap \d+ MiB at (0x[0-9a-f]+)", r.log)
+    if not heap or int(heap.group(1), 16) < 0xc00000 or "kept free for a live upgrade" not in r.log:
+        problems.append(f"heap at {heap and heap.group(1)}, or the load window not kept free")
     if r.seconds > BOOT_BUDGET_SECONDS:
         problems.append(f"took {r.seconds:.1f} s, budget {BOOT_BUDGET_SECONDS} s")
     suite.record("boot.logs-memory-map-cmdline-hypervisor", not problems,

@@ -99,6 +99,13 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/in/images" "$work/in/tests" "$work/in/tools"
 cp -r "$REPO_DIR/tests/xen" "$work/in/tests/"
 cp -r "$REPO_DIR/tools/xl" "$REPO_DIR/tools/blkdom-stat" "$work/in/tools/"
+# dom0's live-upgrade tool (tools/upgrade), static as tools/hostile is: dom0 has none of
+# its libraries. Read at run time from /rig/tools, like the scripts: no image rebuild.
+upgrade_target=x86_64-unknown-linux-gnu
+(cd "$REPO_DIR" && RUSTFLAGS="-C target-feature=+crt-static" nice -n 10 \
+  cargo build -q -p blkdom-upgrade --release --target "$upgrade_target") ||
+  rig_die "building tools/upgrade failed"
+cp "${CARGO_TARGET_DIR:-$REPO_DIR/target}/$upgrade_target/release/blkdom-upgrade" "$work/in/tools/"
 # dom0.cpio.zst: also the Linux driver domain's initramfs (tools/xl/linux-dd.cfg).
 cp "$images/vmlinuz" "$images/guest.cpio.zst" "$images/dom0.cpio.zst" "$work/in/images/"
 # A scenario's rig-gpt table, made on the host by the project's GPT code.

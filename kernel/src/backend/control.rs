@@ -611,9 +611,12 @@ impl Control {
             };
             let mut control_request = false;
             let mut report_request = false;
+            let mut upgrade_request = false;
             while let Ok(Some(event)) = xs.take_watch_event() {
                 if event.token == xen_domain::control::SHUTDOWN_TOKEN {
                     control_request = true;
+                } else if event.token == xen_domain::control::UPGRADE_TOKEN {
+                    upgrade_request = true;
                 } else if event.token == REPORT_TOKEN {
                     report_request = true;
                 } else {
@@ -671,6 +674,9 @@ impl Control {
             }
             if report_request {
                 self.report_if_asked(&mut store);
+            }
+            if upgrade_request {
+                super::upgrade::on_request(store.0);
             }
             // Events that came with the replies of this round's requests lost their kick
             // to the wait for those replies: they are taken at once, not at the next due

@@ -16,6 +16,7 @@ mod registry;
 #[cfg(feature = "test-hooks")]
 mod registrytest;
 pub mod space;
+mod upgrade;
 mod vbd;
 
 use bootconfig::{Config, PollerConfig};

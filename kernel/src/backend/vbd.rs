@@ -102,6 +102,8 @@ impl VbdHooks {
         config.protocol = connection.protocol;
         config.notify_hold_ns = settings.poller.notify_hold_ns;
         config.device_timeout_ns = settings.device_timeout_ns;
+        // Set only for a ring a previous image served (a live upgrade).
+        config.attach_at = ring.attach_at;
         // The frontend chose the ring's size: refuse it before taking anything if its
         // engine would not fit the room for rings (the heap less the control path's
         // reserve and what RAM disks were promised: `mm::DISK_MEMORY`).

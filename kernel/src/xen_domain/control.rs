@@ -9,6 +9,8 @@ use xen::xenstore::Transaction;
 
 /// The token of the watch on `CONTROL_SHUTDOWN`.
 pub const SHUTDOWN_TOKEN: &str = "control-shutdown";
+/// The token of the watch on a live upgrade's request (`blkback::keys::UPGRADE`).
+pub const UPGRADE_TOKEN: &str = "control-upgrade";
 
 /// Tells the toolstack we handle power-off and reboot requests, and watches for them.
 pub fn listen() {
@@ -23,7 +25,8 @@ pub fn listen() {
     let done = super::store::with(|xs| {
         xs.write(Transaction::NONE, CONTROL_FEATURE_POWEROFF, b"1")?;
         xs.write(Transaction::NONE, CONTROL_FEATURE_REBOOT, b"1")?;
-        xs.watch(CONTROL_SHUTDOWN, SHUTDOWN_TOKEN)
+        xs.watch(CONTROL_SHUTDOWN, SHUTDOWN_TOKEN)?;
+        xs.watch(blkback::keys::UPGRADE, UPGRADE_TOKEN)
     });
     match done {
         Some(Ok(())) => log::info!("xen: listening for xl shutdown/reboot on {CONTROL_SHUTDOWN}"),

@@ -87,6 +87,14 @@ pub const POLLERS: &str = "data/blkdom-pollers";
 /// device, one line of `name=value` words each (and one per NVMe namespace), written at
 /// boot.
 pub const DEVICES: &str = "data/blkdom-devices";
+/// Which build of blkdom runs: "<version> <build id>", written at boot (`blkdom-stat`
+/// shows it; a live upgrade changes it).
+pub const BUILD: &str = "data/blkdom-build";
+/// A live upgrade's request, written by dom0's `tools/blkdom-upgrade` (watched; taken
+/// only from the toolstack: `handover::request`).
+pub const UPGRADE: &str = "control/blkdom-upgrade";
+/// What blkdom answers a live upgrade's request (`handover::receive::Answer`).
+pub const UPGRADE_ANSWER: &str = "data/blkdom-upgrade";
 /// Writing anything non-empty here (`xenstore-write /local/domain/<id>/data/blkdom-report
 /// 1` in dom0) has the statistics printed on the console.
 pub const REPORT: &str = "data/blkdom-report";
@@ -141,6 +149,9 @@ pub const ALL: &[Key] = &[
     Key::new(POLLERS, Place::Home),
     Key::new("data/blkdom-devices/<n>", Place::Home),
     Key::new(REPORT, Place::Home),
+    Key::new(BUILD, Place::Home),
+    Key::new(UPGRADE, Place::Home),
+    Key::new(UPGRADE_ANSWER, Place::Home),
     // Linux's error node, made by `xen::xenbus::error::error_node` from the backend path.
     Key::new("error/backend/vbd/<domid>/<devid>/error", Place::Home),
 ];

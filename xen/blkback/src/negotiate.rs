@@ -65,6 +65,10 @@ pub struct QueueRing {
     /// One grant per ring page, in order.
     pub ring_refs: Vec<u32>,
     pub event_channel: u32,
+    /// Where a previous blkdom image left the ring (a live upgrade, [`BlkifBackend::resume`]):
+    /// its `rsp_prod`, every request before it answered. `None` for a ring the
+    /// frontend initialised (from its keys).
+    pub attach_at: Option<u32>,
 }
 
 /// Everything the frontend negotiated; enough to map rings and start engines.
@@ -245,6 +249,34 @@ impl BlkifBackend {
         backend_path: &str,
         params: BackendParams,
     ) -> Result<Self, NegotiationError> {
+        let mut backend = Self::read_toolstack_keys(store, backend_path, params)?;
+        let early = [
+            (
+                FEATURE_MAX_INDIRECT_SEGMENTS,
+                params.max_indirect_segments.to_string(),
+            ),
+            (MULTI_QUEUE_MAX_QUEUES, params.max_queues.to_string()),
+            (
+                keys::MAX_RING_PAGE_ORDER,
+                params.max_ring_page_order.to_string(),
+            ),
+            // No hotplug script runs for us: say the device is ready ourselves.
+            (HOTPLUG_STATUS, "connected".to_string()),
+        ];
+        for (key, value) in &early {
+            store.write(NO_TRANSACTION, &backend.key(key), value)?;
+        }
+        backend.switch(store, XenbusState::InitWait)?;
+        Ok(backend)
+    }
+
+    /// The backend as the toolstack's keys describe it (where the frontend is, the mode,
+    /// the device type, discard), writing nothing; state Initialising.
+    fn read_toolstack_keys(
+        store: &mut dyn XenStore,
+        backend_path: &str,
+        params: BackendParams,
+    ) -> Result<Self, NegotiationError> {
         let frontend_path = store.read(NO_TRANSACTION, &format!("{backend_path}/{FRONTEND}"))?;
         let frontend_id = required_u32(store, &format!("{backend_path}/{FRONTEND_ID}"))?;
         let frontend_id = u16::try_from(frontend_id).map_err(|_| {
@@ -271,7 +303,7 @@ impl BlkifBackend {
         let discard = store
             .read(NO_TRANSACTION, &format!("{backend_path}/{DISCARD_ENABLE}"))
             .map_or(true, |value| value.trim().parse::<u32>() != Ok(0));
-        let mut backend = Self {
+        Ok(Self {
             backend_path: backend_path.to_string(),
             frontend_path: frontend_path.trim().to_string(),
             frontend_id,
@@ -286,25 +318,118 @@ impl BlkifBackend {
             refused_connections: 0,
             closed_for_toolstack_at: None,
             shutting_down: false,
-        };
-        let early = [
-            (
-                FEATURE_MAX_INDIRECT_SEGMENTS,
-                params.max_indirect_segments.to_string(),
-            ),
-            (MULTI_QUEUE_MAX_QUEUES, params.max_queues.to_string()),
-            (
-                keys::MAX_RING_PAGE_ORDER,
-                params.max_ring_page_order.to_string(),
-            ),
-            // No hotplug script runs for us: say the device is ready ourselves.
-            (HOTPLUG_STATUS, "connected".to_string()),
-        ];
-        for (key, value) in &early {
-            store.write(NO_TRANSACTION, &backend.key(key), value)?;
+        })
+    }
+
+    /// Takes over a vbd a previous blkdom image served until a live upgrade
+    /// (docs/design.md §4.12): its frontend is Connected and saw nothing. Reads the
+    /// toolstack's keys as `probe` does and writes nothing to xenstore. The backend must
+    /// still say Connected, and `connection` (the handover's, every queue with its
+    /// `attach_at`) must be one this backend could have accepted; the keys the old image
+    /// published (`published`) must be exactly what this one would publish, since
+    /// blkfront never reads them again. Then the hooks re-attach the rings (`connect`,
+    /// each engine at its `attach_at`) and the device serves: `Switched(Connected)`.
+    /// Otherwise the device is failed as a refused connection is (`Failed`: the reason
+    /// in `error`, Closing): its guest sees I/O errors, never different features.
+    pub fn resume<H: ConnectionHooks + ?Sized>(
+        store: &mut dyn XenStore,
+        backend_path: &str,
+        params: BackendParams,
+        connection: &FrontendConnection,
+        published: &[(String, String)],
+        hooks: &mut H,
+    ) -> Result<(Self, StepOutcome), NegotiationError> {
+        let mut backend = Self::read_toolstack_keys(store, backend_path, params)?;
+        let state = store.read(NO_TRANSACTION, &backend.key(STATE))?;
+        backend.state = XenbusState::parse(&state);
+        if backend.state != XenbusState::Connected {
+            let reason = format!("live upgrade: the backend says {state:?}, not Connected");
+            let outcome = backend.fail(store, errno::EINVAL, reason)?;
+            return Ok((backend, outcome));
         }
-        backend.switch(store, XenbusState::InitWait)?;
-        Ok(backend)
+        if let Err(reason) = backend.check_resumed(connection, published) {
+            let outcome = backend.fail(store, errno::EINVAL, format!("live upgrade: {reason}"))?;
+            return Ok((backend, outcome));
+        }
+        if let Err(error) = hooks.connect(connection) {
+            backend.releasing = hooks.disconnect().is_err();
+            let reason = format!("live upgrade: re-attaching rings: {error}");
+            let outcome = backend.fail(store, error.errno(), reason)?;
+            return Ok((backend, outcome));
+        }
+        log::info!(
+            "blkback: {} re-attached: {} queue(s) at rsp_prod {:?}",
+            backend.backend_path,
+            connection.queues.len(),
+            connection
+                .queues
+                .iter()
+                .map(|q| q.attach_at.unwrap_or(0))
+                .collect::<Vec<_>>()
+        );
+        Ok((backend, StepOutcome::Switched(XenbusState::Connected)))
+    }
+
+    /// Why `connection` and `published` are not what this backend would have connected
+    /// and published, if they are not.
+    fn check_resumed(
+        &self,
+        connection: &FrontendConnection,
+        published: &[(String, String)],
+    ) -> Result<(), String> {
+        let c = connection;
+        let p = &self.params;
+        if c.frontend_id != self.frontend_id {
+            return Err(format!(
+                "frontend {} handed over, the toolstack says {}",
+                c.frontend_id, self.frontend_id
+            ));
+        }
+        if c.ring_order > p.max_ring_page_order
+            || c.queues.is_empty()
+            || c.queues.len() > p.max_queues as usize
+            || (c.persistent_grants && !p.persistent_grants)
+            || c.max_indirect_segments != p.max_indirect_segments
+            || c.read_only != self.read_only
+            || c.discard != self.discard
+        {
+            return Err(format!("a connection this image would not make: {c:?}"));
+        }
+        for (q, queue) in c.queues.iter().enumerate() {
+            if queue.ring_refs.len() != 1 << c.ring_order || queue.attach_at.is_none() {
+                return Err(format!("queue {q}: {queue:?}"));
+            }
+        }
+        let ours = self.device_keys();
+        if ours.len() != published.len() {
+            return Err(format!(
+                "{} keys published, this image would publish {}",
+                published.len(),
+                ours.len()
+            ));
+        }
+        for (key, value) in &ours {
+            match published.iter().find(|(k, _)| k == key) {
+                Some((_, theirs)) if theirs == value => {}
+                Some((_, theirs)) => {
+                    return Err(format!(
+                        "{key} was {theirs:?}, this image would say {value:?}"
+                    ))
+                }
+                None => return Err(format!("{key} was not published")),
+            }
+        }
+        Ok(())
+    }
+
+    /// What this backend publishes at connect, key and value (the offers, whatever the
+    /// connection negotiated): what a live upgrade hands over, so that the next image can
+    /// check it would publish the same.
+    pub fn published_keys(&self) -> Vec<(String, String)> {
+        self.device_keys()
+            .into_iter()
+            .map(|(key, value)| (key.to_string(), value))
+            .collect()
     }
 
     pub fn state(&self) -> XenbusState {
@@ -819,6 +944,7 @@ impl BlkifBackend {
             queues.push(QueueRing {
                 ring_refs,
                 event_channel,
+                attach_at: None,
             });
         }
         Ok(FrontendConnection {
@@ -843,6 +969,12 @@ impl BlkifBackend {
 
     /// Publish the device in one transaction (redone on `EAGAIN`).
     fn publish_device(&self, store: &mut dyn XenStore) -> Result<(), NegotiationError> {
+        let keys = self.device_keys();
+        self.write_in_transaction(store, &keys)
+    }
+
+    /// The keys `publish_device` writes, with their values.
+    fn device_keys(&self) -> Vec<(&'static str, String)> {
         let g = self.params.geometry;
         // Discard is offered when the device has it, the disk is writable and the
         // toolstack did not turn it off.
@@ -867,7 +999,7 @@ impl BlkifBackend {
             keys.push((DISCARD_ALIGNMENT, discard.alignment.to_string()));
             keys.push((DISCARD_SECURE, flag(discard.secure)));
         }
-        self.write_in_transaction(store, &keys)
+        keys
     }
 
     /// Writes `keys` under the backend directory in one transaction (redone on `EAGAIN`).

@@ -62,6 +62,12 @@ pub enum RingError {
     BadOrder(u32),
     /// The mapping is smaller than the ring.
     TooSmall { needed: usize, mapped: usize },
+    /// Re-attaching (a live upgrade): the ring's published `rsp_prod` is not where the
+    /// previous image said it left it.
+    NotWhereLeft { shared: u32, handed_over: u32 },
+    /// Re-attaching: the frontend claims more unanswered requests than the ring holds
+    /// (`req_prod - rsp_prod` above its size), as `BACK_RING_ATTACH`'s callers check.
+    Overflowed { req_prod: u32, rsp_prod: u32 },
 }
 
 impl core::fmt::Display for RingError {
@@ -71,6 +77,17 @@ impl core::fmt::Display for RingError {
             RingError::TooSmall { needed, mapped } => {
                 write!(f, "the ring needs {needed} bytes, {mapped} are mapped")
             }
+            RingError::NotWhereLeft {
+                shared,
+                handed_over,
+            } => write!(
+                f,
+                "the ring's rsp_prod is {shared}, the previous image left it at {handed_over}"
+            ),
+            RingError::Overflowed { req_prod, rsp_prod } => write!(
+                f,
+                "req_prod {req_prod} is more than a ring ahead of rsp_prod {rsp_prod}"
+            ),
         }
     }
 }
@@ -130,6 +147,53 @@ impl<M: RingMemory> BackRing<M> {
             req_cons: 0,
             rsp_prod_pvt: 0,
             rsp_prod: 0,
+        }
+    }
+
+    /// Attach to a ring another image served until now (a live upgrade; Xen's
+    /// `BACK_RING_ATTACH`), where it left it: every request before `rsp_prod` answered
+    /// and published, none after it taken. Refused when the ring's published `rsp_prod`
+    /// is not `rsp_prod`, or when the frontend's `req_prod` is more than a ring ahead of
+    /// it (as Linux's blkback and netback check after `BACK_RING_ATTACH`).
+    pub fn reattach(
+        memory: M,
+        order: u32,
+        protocol: Protocol,
+        rsp_prod: u32,
+    ) -> Result<Self, RingError> {
+        Self::fits(&memory, order)?;
+        Self::check_reattach(&memory, order, protocol, rsp_prod)?;
+        Ok(Self::attach_at(memory, order, protocol, rsp_prod))
+    }
+
+    /// What `reattach` checks, without taking the memory.
+    pub fn check_reattach(
+        memory: &M,
+        order: u32,
+        protocol: Protocol,
+        rsp_prod: u32,
+    ) -> Result<(), RingError> {
+        let shared = memory.load_u32(sring::RSP_PROD);
+        if shared != rsp_prod {
+            return Err(RingError::NotWhereLeft {
+                shared,
+                handed_over: rsp_prod,
+            });
+        }
+        let req_prod = memory.load_u32(sring::REQ_PROD);
+        if req_prod.wrapping_sub(rsp_prod) > protocol.ring_slots(order) {
+            return Err(RingError::Overflowed { req_prod, rsp_prod });
+        }
+        Ok(())
+    }
+
+    /// `reattach` for memory `fits` and `check_reattach` accepted.
+    pub(crate) fn attach_at(memory: M, order: u32, protocol: Protocol, rsp_prod: u32) -> Self {
+        Self {
+            req_cons: rsp_prod,
+            rsp_prod_pvt: rsp_prod,
+            rsp_prod,
+            ..Self::attach(memory, order, protocol)
         }
     }
 

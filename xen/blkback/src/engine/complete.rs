@@ -178,7 +178,7 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         self.ring.notify_wanted_since(since) && self.send_notification()
     }
 
-    fn send_notification(&mut self) -> bool {
+    pub(super) fn send_notification(&mut self) -> bool {
         self.events.notify();
         self.stats.notifications += 1;
         true

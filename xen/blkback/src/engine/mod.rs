@@ -75,6 +75,11 @@ pub struct EngineConfig {
     /// fails (`BlockDevice::tick`), and every request it holds is answered with an
     /// error. Time comes from `Engine::tick`.
     pub device_timeout_ns: u64,
+    /// Where a previous image left this ring (a live upgrade: its `rsp_prod`, every
+    /// request before it answered); `None` for a ring the frontend just initialised.
+    /// The engine then attaches there ([`BackRing::reattach`]'s checks refuse a ring
+    /// not where it was left, or more than full) and kicks the frontend once.
+    pub attach_at: Option<u32>,
 }
 
 /// The default deadline of a device command: 30 s, Linux's `io_timeout`.
@@ -95,6 +100,7 @@ impl EngineConfig {
             protocol: Protocol::X86_64,
             notify_hold_ns: 0,
             device_timeout_ns: DEFAULT_DEVICE_TIMEOUT_NS,
+            attach_at: None,
         }
     }
 
@@ -403,6 +409,12 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
         budget: usize,
     ) -> Result<Self, NotStarted<M, G, D, E>> {
         let working = BackRing::fits(&memory, config.ring_order)
+            .and_then(|()| match config.attach_at {
+                Some(rsp_prod) => {
+                    BackRing::check_reattach(&memory, config.ring_order, config.protocol, rsp_prod)
+                }
+                None => Ok(()),
+            })
             .map_err(EngineError::Ring)
             .and_then(|()| WorkingSet::new(&config, budget));
         let working = match working {
@@ -417,14 +429,19 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
                 })
             }
         };
-        let ring = BackRing::attach(memory, config.ring_order, config.protocol);
+        let ring = match config.attach_at {
+            Some(rsp_prod) => {
+                BackRing::attach_at(memory, config.ring_order, config.protocol, rsp_prod)
+            }
+            None => BackRing::attach(memory, config.ring_order, config.protocol),
+        };
         debug_assert_eq!(working.ring_slots, ring.slots() as usize);
         let mut geometry = device.geometry();
         geometry.read_only |= config.read_only;
         if !config.discard {
             geometry.discard = None;
         }
-        Ok(Self {
+        let mut engine = Self {
             ring,
             grants,
             geometry,
@@ -448,7 +465,13 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             throttle: Throttle::default(),
             now: 0,
             stats: RingStats::default(),
-        })
+        };
+        if config.attach_at.is_some() {
+            // An event the previous image held, or one lost while the frontend's port
+            // was unbound: a frontend told once too often only looks at its ring.
+            engine.send_notification();
+        }
+        Ok(engine)
     }
 
     /// Follow `share` from now on: each poll reads it. A ring holding more than its

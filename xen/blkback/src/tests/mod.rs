@@ -15,6 +15,7 @@ mod negotiation;
 mod notify;
 mod notify_guest;
 mod resize;
+mod resume;
 mod rules;
 mod x86_32;
 

@@ -23,8 +23,8 @@ use xen::xenbus::error::{errno, Errno};
 use xen::xenbus::retry::{earliest, RetrySchedule, RETRY_NS};
 use xen::xenbus::{XenStore, NO_TRANSACTION};
 
-const BE: &str = "/local/domain/1/backend/vbd/5/51712";
-const FE: &str = "/local/domain/5/device/vbd/51712";
+pub(super) const BE: &str = "/local/domain/1/backend/vbd/5/51712";
+pub(super) const FE: &str = "/local/domain/5/device/vbd/51712";
 
 /// Records calls; answers `Busy` to the first `busy_replies` disconnects, and after a
 /// connect it refuses to the next `busy_after_refusal` (rings it handed out before
@@ -82,7 +82,7 @@ impl ConnectionHooks for RecordingHooks {
     }
 }
 
-fn toolstack(store: &mut MemStore) {
+pub(super) fn toolstack(store: &mut MemStore) {
     store.set(&format!("{BE}/frontend"), FE);
     store.set(&format!("{BE}/frontend-id"), "5");
     store.set(&format!("{BE}/mode"), "w");
@@ -90,7 +90,7 @@ fn toolstack(store: &mut MemStore) {
     store.set(&format!("{FE}/state"), "1");
 }
 
-fn params() -> BackendParams {
+pub(super) fn params() -> BackendParams {
     BackendParams::new(2, RamDisk::new(4096).geometry())
 }
 
@@ -123,7 +123,7 @@ fn probed_single_ring() -> (MemStore, BlkifBackend) {
     (store, backend)
 }
 
-fn state(store: &MemStore) -> &str {
+pub(super) fn state(store: &MemStore) -> &str {
     store.get(&format!("{BE}/state")).unwrap()
 }
 
@@ -188,11 +188,13 @@ fn handshake_publishes_features_then_connects_two_multi_page_queues() {
             queues: vec![
                 QueueRing {
                     ring_refs: vec![100, 101],
-                    event_channel: 20
+                    event_channel: 20,
+                    attach_at: None,
                 },
                 QueueRing {
                     ring_refs: vec![110, 111],
-                    event_channel: 21
+                    event_channel: 21,
+                    attach_at: None,
                 },
             ],
         }]
@@ -269,7 +271,8 @@ fn single_page_ring_uses_ring_ref_and_defaults() {
         connection.queues,
         [QueueRing {
             ring_refs: vec![8],
-            event_channel: 9
+            event_channel: 9,
+            attach_at: None,
         }]
     );
     assert_eq!(store.get(&format!("{BE}/info")), Some("4"));
@@ -895,20 +898,21 @@ fn backend_directory_removal_tears_down_once_idle() {
     );
 }
 
-type TestEngine = Engine<RingView, XenGrants, ShufflingDevice<RamDiskQueue>, CountingEvents>;
+pub(super) type TestEngine =
+    Engine<RingView, XenGrants, ShufflingDevice<RamDiskQueue>, CountingEvents>;
 
 /// The kernel's job, done with the fake Xen: map ring pages, start one engine per queue,
 /// and on disconnect drain, stop and unmap.
-struct EngineHooks {
-    table: std::sync::Arc<GrantTable>,
-    disk: RamDisk,
-    engines: Vec<(TestEngine, Vec<MappedGrant>)>,
-    hold_device: bool,
+pub(super) struct EngineHooks {
+    pub(super) table: std::sync::Arc<GrantTable>,
+    pub(super) disk: RamDisk,
+    pub(super) engines: Vec<(TestEngine, Vec<MappedGrant>)>,
+    pub(super) hold_device: bool,
 }
 
 /// Why `EngineHooks` could not connect.
 #[derive(Debug)]
-enum EngineHooksError {
+pub(super) enum EngineHooksError {
     /// A ring page the fake grant table would not map (its status).
     RingMap(RawGrantStatus),
     Ring(crate::engine::EngineError),
@@ -962,11 +966,20 @@ impl ConnectionHooks for EngineHooks {
                 discard: connection.discard,
                 max_indirect_segments: connection.max_indirect_segments,
                 protocol: connection.protocol,
+                attach_at: queue.attach_at,
                 ..EngineConfig::new(connection.ring_order, connection.persistent_grants)
             };
             let view = RingView::new(self.table.memory().clone(), pages);
-            let engine = Engine::new(view, grants, device, CountingEvents::default(), config)
-                .map_err(EngineHooksError::Ring)?;
+            let engine = match Engine::new(view, grants, device, CountingEvents::default(), config)
+            {
+                Ok(engine) => engine,
+                Err(error) => {
+                    // As the kernel's hooks: a ring whose engine did not start is unmapped.
+                    let mut results = vec![Ok(()); mapped.len()];
+                    XenGrants(self.table.clone()).unmap(&mapped, &mut results);
+                    return Err(EngineHooksError::Ring(error));
+                }
+            };
             self.engines.push((engine, mapped));
         }
         Ok(())
@@ -1158,15 +1171,15 @@ fn end_to_end_connect_io_close_with_in_flight_and_reconnect() {
 /// A backend whose toolstack also wrote `backend_keys` (in its directory), connected through engines to a
 /// frontend on a one-page ring (grant 500, page 0) with data pages granted as 510
 /// (page 10, writable by the backend); the device's requests complete at once.
-struct ConnectedEngine {
-    store: MemStore,
-    backend: BlkifBackend,
-    hooks: EngineHooks,
-    front: FrontRing,
+pub(super) struct ConnectedEngine {
+    pub(super) store: MemStore,
+    pub(super) backend: BlkifBackend,
+    pub(super) hooks: EngineHooks,
+    pub(super) front: FrontRing,
 }
 
 impl ConnectedEngine {
-    fn new(backend_keys: &[(&str, &str)]) -> Self {
+    pub(super) fn new(backend_keys: &[(&str, &str)]) -> Self {
         Self::with(|store| {
             for (key, value) in backend_keys {
                 store.set(&format!("{BE}/{key}"), value);
@@ -1211,7 +1224,7 @@ impl ConnectedEngine {
     }
 
     /// Sends one request and returns its response's (id, status).
-    fn answer(&mut self, raw: &[u8; abi::REQUEST_SIZE]) -> (u64, i16) {
+    pub(super) fn answer(&mut self, raw: &[u8; abi::REQUEST_SIZE]) -> (u64, i16) {
         self.front.put_request(raw);
         self.front.push_requests();
         let engine = &mut self.hooks.engines[0].0;
