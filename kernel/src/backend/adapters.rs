@@ -111,7 +111,8 @@ impl FrontendGrants {
     /// One `GNTTABOP_copy` call between `len` bytes at `offset` of the frontend's grant
     /// `gref` and our memory at `local` (an identity-mapped address: two entries when
     /// it crosses a page), towards the frontend when `to_guest`. False unless every
-    /// entry succeeded (and logged: the caller answers its request with an error).
+    /// entry succeeded: the engine then refuses the request, and logs it (rate-limited:
+    /// a guest that revokes its grants must not flood the console).
     fn copy(&self, gref: u32, offset: usize, local: u64, len: usize, to_guest: bool) -> bool {
         if len == 0 || offset + len > PAGE_SIZE || !crate::physmem::in_identity_map(local, len) {
             return false;
@@ -140,17 +141,7 @@ impl FrontendGrants {
             count += 1;
             done += take;
         }
-        match copy_batch(&self.hv, &mut ops[..count]) {
-            Ok(()) => true,
-            Err(error) => {
-                log::warn!(
-                    "blkback: grant copy {} domain {} gref {gref}: {error}",
-                    if to_guest { "to" } else { "from" },
-                    self.frontend
-                );
-                false
-            }
-        }
+        copy_batch(&self.hv, &mut ops[..count]).is_ok()
     }
 
     /// Pages whose unmap failed: still mapped, never handed out again.

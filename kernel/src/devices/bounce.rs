@@ -3,8 +3,8 @@
 //! domain's memory only through its map of guest RAM, and foreign grants are mapped above
 //! RAM, so such a device cannot DMA to them (writes would store leftovers, reads land
 //! nowhere). Each data segment goes through a page of this queue's own pool, in
-//! RAM: copied in from the grant before a write is submitted, copied out to the grant
-//! when a read completes (before the engine hears of it, while the grant is still mapped).
+//! RAM: copied in from the guest's page before a write is submitted, copied out to it
+//! when a read completes (before the engine hears of it, while the request is its own).
 //! Passed-through devices DMA through the IOMMU, which sees grant mappings: no bounce.
 //!
 //! The rings of such a disk map no data grant at all (`EngineConfig::grant_copy`): their
