@@ -175,6 +175,18 @@ impl core::fmt::Display for DeviceFault {
     }
 }
 
+/// A page of another domain that a buffer names without mapping it (a ring that copies
+/// its guest's data with the hypervisor instead of mapping grants): a device that
+/// bounces copies to and from it with the hypervisor (Xen's `GNTTABOP_copy`), never by
+/// address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForeignPage {
+    /// The domain that granted the page.
+    pub domain: u16,
+    /// Its grant reference.
+    pub gref: u32,
+}
+
 /// CPU access to the pages that segments name; a DMA device never calls it.
 pub trait BufferAccess {
     /// Copy `out.len()` bytes from `buffer` at `offset`. False if the buffer is unknown
@@ -191,6 +203,13 @@ pub trait BufferAccess {
     /// (the default).
     fn cpu_address(&self, buffer: u64, offset: usize, len: usize) -> Option<u64> {
         let _ = (buffer, offset, len);
+        None
+    }
+    /// The foreign page `buffer` names when it is not mapped here (no `cpu_address`):
+    /// a bounce device copies its data with the hypervisor. `None` for a mapped buffer
+    /// or an unknown one (the default).
+    fn foreign_page(&self, buffer: u64) -> Option<ForeignPage> {
+        let _ = buffer;
         None
     }
 }

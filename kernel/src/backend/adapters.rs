@@ -8,14 +8,16 @@ use super::space::MapRegion;
 use alloc::string::String;
 use alloc::vec::Vec;
 use blkback::engine::EventChannel;
-use blkback::grant::{GrantOps, MapRequest, MappedGrant};
+use blkback::grant::{copied_grant, GrantOps, MapRequest, MappedGrant};
 use blkback::ring::RingMemory;
-use blkdev::BufferAccess;
+use blkdev::{BufferAccess, ForeignPage};
 use core::sync::atomic::Ordering;
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::grant_table::RawGrantStatus;
 use xen::abi::DomId;
-use xen::grant::{CountedGrants, ForeignGrants, ForeignMapping, GrantMapArea};
+use xen::grant::{
+    copy_batch, copy_request, CopySide, CountedGrants, ForeignGrants, ForeignMapping, GrantMapArea,
+};
 use xen::raw::hypercall::NativeHypervisor;
 use xen::xenbus::{StoreError, TxId, XenStore};
 use xen::xenstore::{Transaction, XsErrno, XsError};
@@ -91,6 +93,7 @@ impl RingMemory for SharedRing {
 pub struct FrontendGrants {
     hv: GrantHypervisor,
     grants: ForeignGrants,
+    frontend: DomId,
 }
 
 impl FrontendGrants {
@@ -101,7 +104,44 @@ impl FrontendGrants {
                 frontend,
                 GrantMapArea::new(region.grant_base >> 12, region.grant_pages),
             ),
+            frontend,
         }
+    }
+
+    /// One `GNTTABOP_copy` call between `len` bytes at `offset` of the frontend's grant
+    /// `gref` and our memory at `local` (an identity-mapped address: two entries when
+    /// it crosses a page), towards the frontend when `to_guest`. False unless every
+    /// entry succeeded: the engine then refuses the request, and logs it (rate-limited:
+    /// a guest that revokes its grants must not flood the console).
+    fn copy(&self, gref: u32, offset: usize, local: u64, len: usize, to_guest: bool) -> bool {
+        if len == 0 || offset + len > PAGE_SIZE || !crate::physmem::in_identity_map(local, len) {
+            return false;
+        }
+        let mut ops = [Default::default(); 2];
+        let (mut done, mut count) = (0, 0);
+        while done < len {
+            let at = local + done as u64;
+            let in_page = PAGE_SIZE - (at as usize % PAGE_SIZE);
+            let take = in_page.min(len - done);
+            let ours = CopySide::Local {
+                gfn: at >> 12,
+                offset: (at as usize % PAGE_SIZE) as u16,
+            };
+            let theirs = CopySide::Grant {
+                dom: self.frontend,
+                gref,
+                offset: (offset + done) as u16,
+            };
+            let (source, dest) = if to_guest {
+                (ours, theirs)
+            } else {
+                (theirs, ours)
+            };
+            ops[count] = copy_request(source, dest, take as u16);
+            count += 1;
+            done += take;
+        }
+        copy_batch(&self.hv, &mut ops[..count]).is_ok()
     }
 
     /// Pages whose unmap failed: still mapped, never handed out again.
@@ -113,8 +153,16 @@ impl FrontendGrants {
 /// Every CPU access to a data grant (the engine's, a RAM disk's, the bounce path's)
 /// goes through `ForeignGrants::buffer_address`: a page of this ring's map region that
 /// holds a grant mapped now, and bytes inside that page.
+///
+/// A ring that copies (a disk whose device bounces) names grants instead
+/// (`blkback::grant::copy_buffer`): those are read and written with `GNTTABOP_copy`
+/// (the engine's copies of indirect pages), and named to the bounce queue as foreign
+/// pages, which it copies the data of in batches.
 impl BufferAccess for FrontendGrants {
     fn read_buffer(&self, buffer: u64, offset: usize, out: &mut [u8]) -> bool {
+        if let Some(gref) = copied_grant(buffer) {
+            return self.copy(gref, offset, out.as_mut_ptr() as u64, out.len(), false);
+        }
         let Some(addr) = self.grants.buffer_address(buffer, offset, out.len()) else {
             return false;
         };
@@ -126,6 +174,9 @@ impl BufferAccess for FrontendGrants {
     }
 
     fn write_buffer(&self, buffer: u64, offset: usize, data: &[u8]) -> bool {
+        if let Some(gref) = copied_grant(buffer) {
+            return self.copy(gref, offset, data.as_ptr() as u64, data.len(), true);
+        }
         let Some(addr) = self.grants.buffer_address(buffer, offset, data.len()) else {
             return false;
         };
@@ -136,6 +187,13 @@ impl BufferAccess for FrontendGrants {
 
     fn cpu_address(&self, buffer: u64, offset: usize, len: usize) -> Option<u64> {
         self.grants.buffer_address(buffer, offset, len)
+    }
+
+    fn foreign_page(&self, buffer: u64) -> Option<ForeignPage> {
+        copied_grant(buffer).map(|gref| ForeignPage {
+            domain: self.frontend,
+            gref,
+        })
     }
 }
 

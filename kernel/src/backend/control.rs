@@ -413,9 +413,11 @@ impl Control {
             {
                 // Xen has the device model invalidate its map cache after every grant
                 // unmap of an HVM domain, and QEMU first waits for all its block
-                // requests (docs/design.md, "Known limits").
+                // requests (docs/design.md, "Known limits"). This disk's rings map no
+                // data grant (they copy); other disks' unmaps and any ring's teardown
+                // still wait.
                 log::error!(
-                    "blkback: {}: the device model still holds the command: until it gives it back, every grant unmap of this domain (a ring's teardown, an idle grant's release) waits for it",
+                    "blkback: {}: the device model still holds the command: until it gives it back, every grant unmap of this domain (a ring's teardown, another disk's grants) waits for it",
                     vbd.hooks.name
                 );
             }

@@ -92,6 +92,10 @@ impl VbdHooks {
         let ring = &connection.queues[q];
         let mut config = EngineConfig::new(connection.ring_order, connection.persistent_grants);
         config.max_indirect_segments = connection.max_indirect_segments;
+        // A disk the device model emulates goes through bounce buffers (devices/open.rs):
+        // its rings copy the guest's data with the hypervisor and map none of it, so no
+        // unmap of theirs waits for the device model (devices/bounce.rs).
+        config.grant_copy = self.disk.in_device_model();
         // The cache is sized for the most one ring may hold; the ring's share of the
         // domain's budget caps it further while it runs.
         let limits = budget.limits();
@@ -377,11 +381,12 @@ fn serving_cpu(first: usize, q: usize, cpus: usize) -> usize {
 }
 
 /// What the backend offers a frontend for `disk` (`persistent_grants`: whether it offers
-/// persistent grants, `grants.persistent=`).
+/// persistent grants, `grants.persistent=`; never for a disk whose rings copy instead of
+/// mapping, where a grant kept mapped would save nothing).
 pub(super) fn backend_params(disk: &Disk, persistent_grants: bool) -> BackendParams {
     let queues = disk.max_queues(crate::smp::online_count().max(1));
     BackendParams {
-        persistent_grants,
+        persistent_grants: persistent_grants && !disk.in_device_model(),
         ..BackendParams::new(queues as u32, disk.geometry())
     }
 }

@@ -3,9 +3,19 @@
 //! domain's memory only through its map of guest RAM, and foreign grants are mapped above
 //! RAM, so such a device cannot DMA to them (writes would store leftovers, reads land
 //! nowhere). Each data segment goes through a page of this queue's own pool, in
-//! RAM: copied in from the grant before a write is submitted, copied out to the grant
-//! when a read completes (before the engine hears of it, while the grant is still mapped).
+//! RAM: copied in from the guest's page before a write is submitted, copied out to it
+//! when a read completes (before the engine hears of it, while the request is its own).
 //! Passed-through devices DMA through the IOMMU, which sees grant mappings: no bounce.
+//!
+//! The rings of such a disk map no data grant at all (`EngineConfig::grant_copy`): their
+//! segments name the guest's grants (`BufferAccess::foreign_page`), and the copies in and
+//! out are `GNTTABOP_copy` batches, one hypercall per request each way, as QEMU's
+//! xen-block does with `xengnttab_grant_copy`. An unmap of a grant makes Xen ask the
+//! device model to invalidate its map cache, and qemu-xen answers only once every disk
+//! request it holds is done: a disk that maps nothing cannot stall a vCPU that way. A
+//! copy that fails (per-entry status) fails its request alone: a write is refused before
+//! the device sees it, a read is reported as an error. Buffers that are mapped (tier 2's
+//! self-tests, which bounce without Xen) are copied by the CPU as before.
 //!
 //! A failed queue (`BlockDevice::fault`: a command past its deadline) answers what it
 //! held with errors while an emulated device may still be working on it: QEMU maps a
@@ -20,10 +30,13 @@ use crate::physmem;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use blkdev::{
-    BlockDevice, BufferAccess, Completion, DeviceFault, DmaSegment, IoOp, IoRequest, IoStatus,
-    SubmitError,
+    BlockDevice, BufferAccess, Completion, DeviceFault, DmaSegment, ForeignPage, IoOp, IoRequest,
+    IoStatus, SubmitError,
 };
 use core::sync::atomic::{AtomicU64, Ordering};
+use xen::abi::grant_table::GnttabCopy;
+use xen::grant::{copy_batch, copy_request, CopySide};
+use xen::raw::hypercall::NativeHypervisor;
 
 const PAGE: usize = 4096;
 /// Pages per queue: room for the largest request (512 indirect segments) twice over.
@@ -36,10 +49,42 @@ struct Piece {
     /// The request's next page, or `NO_PAGE`.
     next: u16,
     /// A read's destination: the frontend's bytes as `BufferAccess::cpu_address`
-    /// checked them at submit (0 for a write, which copies nothing out).
+    /// checked them at submit (0 for a write, which copies nothing out, and for a
+    /// foreign page).
     target: u64,
+    /// A read's destination when its buffer is a foreign page: copied with the
+    /// hypervisor.
+    foreign: Option<ForeignPage>,
     offset: u32,
     len: u32,
+}
+
+/// The `GNTTABOP_copy` entry between `len` bytes at `offset` of a pool page at `local`
+/// and the same offset of `page` (in: from the guest's page).
+fn grant_copy(page: ForeignPage, local: u64, offset: u32, len: u32, to_guest: bool) -> GnttabCopy {
+    let ours = CopySide::Local {
+        gfn: local >> 12,
+        offset: offset as u16,
+    };
+    let theirs = CopySide::Grant {
+        dom: page.domain,
+        gref: page.gref,
+        offset: offset as u16,
+    };
+    if to_guest {
+        copy_request(ours, theirs, len as u16)
+    } else {
+        copy_request(theirs, ours, len as u16)
+    }
+}
+
+/// Log a failed copy batch: the first few, then at powers of two (a guest that revokes
+/// its grants must not flood the console).
+fn log_copy_failure(failures: &AtomicU64, what: &str, error: &dyn core::fmt::Display) {
+    let count = failures.fetch_add(1, Ordering::Relaxed) + 1;
+    if count <= 16 || count.is_power_of_two() {
+        log::warn!("bounce: grant copy {what} failed ({count} so far): {error}; request answered with an error");
+    }
 }
 
 /// The end of a request's chain of pages.
@@ -71,6 +116,13 @@ pub struct BounceQueue {
     pieces: Vec<Piece>,
     in_flight: Vec<InFlight>,
     segments: Vec<DmaSegment>,
+    /// One request's grant copies (in at submit, out at completion), one entry per page
+    /// of the pool at most: made with the queue.
+    copies: Vec<GnttabCopy>,
+    /// What issues them (`None` without Xen: no buffer is then foreign).
+    hv: Option<NativeHypervisor>,
+    /// Copy batches that failed, for the log's rate limit.
+    copy_failures: AtomicU64,
     /// Bytes copied through the pool (in and out), shared by the device's queues: a
     /// device that should DMA straight to grants shows here if it does not.
     bounced_bytes: Arc<AtomicU64>,
@@ -85,6 +137,7 @@ impl BounceQueue {
         let unused = Piece {
             next: NO_PAGE,
             target: 0,
+            foreign: None,
             offset: 0,
             len: 0,
         };
@@ -95,6 +148,9 @@ impl BounceQueue {
             pieces: alloc::vec![unused; POOL_PAGES],
             in_flight: alloc::vec![IDLE; TAGS],
             segments: Vec::with_capacity(POOL_PAGES),
+            copies: Vec::with_capacity(POOL_PAGES),
+            hv: crate::xen_domain::get().map(|xen| xen.hv),
+            copy_failures: AtomicU64::new(0),
             bounced_bytes,
         })
     }
@@ -143,6 +199,7 @@ impl BlockDevice for BounceQueue {
         }
         let read = request.op == IoOp::Read;
         self.segments.clear();
+        self.copies.clear();
         let (mut first, mut last) = (NO_PAGE, NO_PAGE);
         let mut copied = true;
         for segment in request.segments {
@@ -152,9 +209,11 @@ impl BlockDevice for BounceQueue {
                 break;
             };
             let address = page_address(self.pool, page);
+            let foreign = buffers.foreign_page(segment.buffer);
             // A read's data is copied out on completion, when `buffers` is gone: its
-            // destination is checked now, by the same check as every other access.
-            let target = if read {
+            // destination is checked now, by the same check as every other access (a
+            // foreign page is checked by Xen, at each copy).
+            let target = if read && foreign.is_none() {
                 buffers.cpu_address(segment.buffer, offset, len)
             } else {
                 Some(0)
@@ -162,6 +221,7 @@ impl BlockDevice for BounceQueue {
             self.pieces[usize::from(page)] = Piece {
                 next: NO_PAGE,
                 target: target.unwrap_or(0),
+                foreign: if read { foreign } else { None },
                 offset: segment.offset,
                 len: segment.len,
             };
@@ -174,7 +234,16 @@ impl BlockDevice for BounceQueue {
                 copied = false;
                 break;
             }
-            if !read {
+            if let (false, Some(foreign)) = (read, foreign) {
+                // Copied with the rest of the request's, below.
+                self.copies.push(grant_copy(
+                    foreign,
+                    address,
+                    segment.offset,
+                    segment.len,
+                    false,
+                ));
+            } else if !read {
                 // SAFETY: `page` came off this queue's free list: a page of the pool it
                 // allocated, which no device request uses now; offset + len <= PAGE.
                 let bounce = unsafe { physmem::bytes_mut(address + offset as u64, len) };
@@ -188,6 +257,18 @@ impl BlockDevice for BounceQueue {
                 offset: segment.offset,
                 len: segment.len,
             });
+        }
+        if copied && !self.copies.is_empty() {
+            // The write's pages from the guest's grants, in one call; one entry that
+            // fails refuses the request (the engine answers it with an error).
+            copied = match self.hv.map(|hv| copy_batch(&hv, &mut self.copies)) {
+                Some(Ok(())) => true,
+                Some(Err(error)) => {
+                    log_copy_failure(&self.copy_failures, "in", &error);
+                    false
+                }
+                None => false,
+            };
         }
         let submitted = if copied {
             if !read {
@@ -216,13 +297,21 @@ impl BlockDevice for BounceQueue {
     fn poll_completions(&mut self, sink: &mut dyn FnMut(Completion)) -> usize {
         let pool = self.pool;
         let (in_flight, pieces, free) = (&mut self.in_flight, &self.pieces, &mut self.free);
+        let (copies, hv, copy_failures) = (&mut self.copies, self.hv, &self.copy_failures);
         let bounced_bytes = &self.bounced_bytes;
-        self.inner.poll_completions(&mut |completion| {
+        self.inner.poll_completions(&mut |mut completion| {
             if let Some(entry) = in_flight.get_mut(completion.tag as usize) {
                 if entry.active {
+                    copies.clear();
                     let mut page = entry.first;
                     while let Some(piece) = pieces.get(usize::from(page)) {
-                        if entry.read && completion.status == IoStatus::Ok {
+                        let done = entry.read && completion.status == IoStatus::Ok;
+                        if let (true, Some(foreign)) = (done, piece.foreign) {
+                            // The page goes back to the free list now, but nothing takes
+                            // it before this closure's copy below.
+                            let local = page_address(pool, page);
+                            copies.push(grant_copy(foreign, local, piece.offset, piece.len, true));
+                        } else if done {
                             let from = page_address(pool, page) + piece.offset as u64;
                             // SAFETY: `from` is inside this queue's pool page, which the
                             // device has finished with (its completion is here); `target`
@@ -237,6 +326,21 @@ impl BlockDevice for BounceQueue {
                         page = piece.next;
                     }
                     *entry = IDLE;
+                    if !copies.is_empty() {
+                        // The read's data to the guest's grants, in one call; one entry
+                        // that fails makes the request an error.
+                        match hv.map(|hv| copy_batch(&hv, copies)) {
+                            Some(Ok(())) => {
+                                let bytes: u64 = copies.iter().map(|c| u64::from(c.len)).sum();
+                                bounced_bytes.fetch_add(bytes, Ordering::Relaxed);
+                            }
+                            Some(Err(error)) => {
+                                log_copy_failure(copy_failures, "out", &error);
+                                completion.status = IoStatus::Error;
+                            }
+                            None => completion.status = IoStatus::Error,
+                        }
+                    }
                 }
             }
             sink(completion)

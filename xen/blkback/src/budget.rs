@@ -148,6 +148,13 @@ pub struct RingDemand {
     pub ring_maps: u32,
 }
 
+impl RingDemand {
+    /// Whether the ring maps grants at all (one that copies its guest's data maps none).
+    pub fn maps(&self) -> bool {
+        self.persistent || self.ring_maps > 0
+    }
+}
+
 /// The domain's credit for grants of requests in flight that no ring holds.
 #[derive(Debug)]
 struct Pool {
@@ -381,6 +388,12 @@ impl GrantBudget {
         self.rings.len()
     }
 
+    /// Rings that map grants for their requests (a ring that copies maps none, and
+    /// takes nothing of the others' shares).
+    fn mapping_rings(&self) -> usize {
+        self.rings.iter().filter(|r| r.demand.maps()).count()
+    }
+
     /// What each ring may cache now.
     pub fn share(&self) -> u32 {
         self.limits.share(self.rings())
@@ -389,7 +402,7 @@ impl GrantBudget {
     /// What each ring may have mapped for its requests in flight now (less if its
     /// slots cannot use that much).
     pub fn in_flight_share(&self) -> u32 {
-        self.in_flight.share(self.rings.len())
+        self.in_flight.share(self.mapping_rings())
     }
 
     /// Credit for grants in flight that no ring holds now.
@@ -402,7 +415,9 @@ impl GrantBudget {
     /// their next poll). Refused when the ring, or another, would be left less than one
     /// of its requests needs in flight.
     pub fn join(&mut self, demand: RingDemand) -> Result<GrantShare, NoShare> {
-        let share = self.in_flight.share(self.rings.len() + 1);
+        let share = self
+            .in_flight
+            .share(self.mapping_rings() + usize::from(demand.maps()));
         let request_maps = self
             .rings
             .iter()
@@ -410,7 +425,7 @@ impl GrantBudget {
             .fold(demand.request_maps, u32::max);
         if share < request_maps {
             return Err(NoShare {
-                rings: self.rings.len(),
+                rings: self.mapping_rings(),
                 total: self.in_flight.total,
                 share,
                 request_maps,
@@ -497,26 +512,29 @@ mod tests {
         assert_eq!((budget.rings(), budget.share()), (0, 300));
     }
 
+    /// Room for two rings of 512-segment requests (`LARGE`) in flight, not three.
+    const SMALL_IN_FLIGHT: InFlightLimits = InFlightLimits {
+        total: 1264,
+        per_ring: 600,
+        reserve: 64,
+    };
+    const LARGE: RingDemand = RingDemand {
+        persistent: false,
+        request_maps: 512,
+        ring_maps: 32 * 512,
+    };
+
     #[test]
     fn in_flight_shares_are_equal_bounded_by_what_a_ring_can_use_and_refused_below_a_request() {
-        let mut budget = GrantBudget::with_in_flight(
-            GrantLimits::DEFAULT,
-            InFlightLimits {
-                total: 1264,
-                per_ring: 600,
-                reserve: 64,
+        let mut budget = GrantBudget::with_in_flight(GrantLimits::DEFAULT, SMALL_IN_FLIGHT);
+        let (large, small) = (
+            LARGE,
+            RingDemand {
+                request_maps: 11,
+                ring_maps: 32 * 11,
+                ..LARGE
             },
         );
-        let large = RingDemand {
-            persistent: false,
-            request_maps: 512,
-            ring_maps: 32 * 512,
-        };
-        let small = RingDemand {
-            request_maps: 11,
-            ring_maps: 32 * 11,
-            ..large
-        };
         let a = budget.join(large).unwrap();
         assert_eq!(a.in_flight(), 600, "at most per_ring");
         let b = budget.join(large).unwrap();
@@ -542,6 +560,32 @@ mod tests {
         let d = budget.join(small).unwrap();
         assert_eq!((c.in_flight(), d.in_flight()), (352, 352));
         assert_eq!(budget.in_flight_share(), 600);
+    }
+
+    /// A ring that copies its guest's data maps nothing: it joins (and leaves) without
+    /// shrinking any other ring's share, and is never refused for want of one.
+    #[test]
+    fn rings_that_copy_take_no_share_of_grants_in_flight() {
+        let mut budget = GrantBudget::with_in_flight(GrantLimits::DEFAULT, SMALL_IN_FLIGHT);
+        let copying = RingDemand {
+            persistent: false,
+            request_maps: 0,
+            ring_maps: 0,
+        };
+        let large = LARGE;
+        let a = budget.join(large).unwrap();
+        let b = budget.join(large).unwrap();
+        let copies: Vec<GrantShare> = (0..8).map(|_| budget.join(copying).unwrap()).collect();
+        assert_eq!((a.in_flight(), b.in_flight()), (600, 600));
+        assert!(copies.iter().all(|c| c.in_flight() == 0 && c.caps().0 == 0));
+        assert_eq!(budget.in_flight_share(), 600);
+        // A third mapping ring is still refused as before: the copying ones do not count.
+        assert_eq!(budget.join(large).unwrap_err().rings, 2);
+        budget.leave(&copies[0]);
+        assert_eq!(
+            (a.in_flight(), b.in_flight(), budget.in_flight_rings()),
+            (600, 600, 9)
+        );
     }
 
     #[test]

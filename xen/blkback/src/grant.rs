@@ -31,6 +31,27 @@ pub trait GrantOps: BufferAccess {
     fn unmap(&mut self, grants: &[MappedGrant], results: &mut [Result<(), RawGrantStatus>]);
 }
 
+/// The mark of a buffer id that names a grant instead of a mapping (`copy_buffer`): no
+/// mapping's id has it (the kernel's are addresses in its map space, below 2^52).
+const COPY_BUFFER: u64 = 1 << 63;
+
+/// The buffer id of a data segment on a ring that copies its guest's data instead of
+/// mapping it (`EngineConfig::grant_copy`): the grant itself, never mapped. The
+/// `GrantOps`'s [`BufferAccess`] reads and writes it with grant copies and names it to
+/// a bounce device as a `blkdev::ForeignPage`.
+pub const fn copy_buffer(gref: u32) -> u64 {
+    COPY_BUFFER | gref as u64
+}
+
+/// The grant a `copy_buffer` id names; `None` for any other buffer id.
+pub const fn copied_grant(buffer: u64) -> Option<u32> {
+    if buffer & !(u32::MAX as u64) == COPY_BUFFER {
+        Some(buffer as u32)
+    } else {
+        None
+    }
+}
+
 const NIL: u32 = u32::MAX;
 /// Grant references below this are found by direct index rather than by hash: a guest's
 /// grant table starts with a few frames of 512 references, and frontends reuse the low

@@ -52,7 +52,8 @@ fn allocations() -> u64 {
 
 #[test]
 fn polling_allocates_nothing() {
-    for persistent in [true, false] {
+    // Persistent grants, grants mapped per request, and a ring that copies.
+    for (persistent, grant_copy) in [(true, false), (false, false), (false, true)] {
         let order = 1;
         let memory = GuestMemory::new(2 + 64);
         let table = GrantTable::new(memory.clone());
@@ -60,11 +61,13 @@ fn polling_allocates_nothing() {
             table.grant(gref, 1 + gref as usize, false);
         }
         table.fail_maps_of(60);
+        table.fail_copies_of(60);
         let disk = RamDisk::new(4096);
         let mut front = FrontRing::new(RingView::new(memory.clone(), vec![0, 1]), order);
         let config = EngineConfig {
             persistent_grant_limit: Some(24),
             idle_release_ns: 1_000,
+            grant_copy,
             ..EngineConfig::new(order, persistent)
         };
         let mut engine = Engine::new(
@@ -180,10 +183,14 @@ fn polling_allocates_nothing() {
         let during = allocations() - before;
         assert_eq!(
             during, 0,
-            "persistent={persistent}: {during} allocations while polling"
+            "persistent={persistent} copy={grant_copy}: {during} allocations while polling"
         );
         let stats = engine.stats();
-        assert!(stats.map_batches > 0 && stats.errors > 0);
+        assert!(stats.errors > 0);
+        assert_eq!(stats.map_batches > 0, !grant_copy, "{stats:?}");
+        if grant_copy {
+            assert!(table.copies() > 0);
+        }
         assert!(stats.throttle_waits > 200, "{stats:?}");
         if persistent {
             assert!(

@@ -8,6 +8,11 @@
 //! the domain's budget for grants in flight (`budget.rs`): the ring takes a request
 //! only while what it has mapped or queued leaves room for the largest request it may
 //! send (`may_take_request`), so it never has more than its limit mapped.
+//!
+//! A ring that copies (`GrantMapper::copying`, for a disk whose device bounces) maps
+//! nothing: each segment's buffer names its grant (`grant::copy_buffer`), known at once,
+//! and the device copies through the hypervisor (`GNTTABOP_copy`). It holds no mapping,
+//! so it takes nothing of the budget for grants in flight and unmaps nothing.
 
 use alloc::collections::TryReserveError;
 use alloc::vec::Vec;
@@ -16,7 +21,7 @@ use core::ops::Range;
 
 use crate::abi::MAX_INDIRECT_PAGES;
 use crate::fallible;
-use crate::grant::{CacheSlot, GrantCache, GrantOps, MapRequest, MappedGrant};
+use crate::grant::{copy_buffer, CacheSlot, GrantCache, GrantOps, MapRequest, MappedGrant};
 use crate::stats::RingStats;
 use xen::abi::grant_table::RawGrantStatus;
 
@@ -57,6 +62,8 @@ enum MapTarget {
 pub(super) struct GrantMapper {
     /// The frontend agreed to persistent grants.
     persistent: bool,
+    /// Nothing is mapped: segments name their grants, which the device copies.
+    copy: bool,
     cache: GrantCache,
     /// Each segment's mapping, parallel to the slot table's segment area, then one per
     /// indirect page of the request being taken in.
@@ -99,6 +106,7 @@ impl GrantMapper {
     ) -> Result<Self, TryReserveError> {
         Ok(Self {
             persistent,
+            copy: false,
             cache: GrantCache::try_new(cache_capacity)?,
             maps: fallible::vec(SegmentMap::default(), segments + MAX_INDIRECT_PAGES)?,
             indirect_pages: segments,
@@ -112,6 +120,15 @@ impl GrantMapper {
             take_below: usize::MAX,
             in_flight_limit: usize::MAX,
             capped: false,
+        })
+    }
+
+    /// A mapper for a ring that copies: no cache, no batches, no limit; `segments` as
+    /// for `new`. Allocates what `memory_needed(0, segments, 0)` says.
+    pub fn copying(segments: usize) -> Result<Self, TryReserveError> {
+        Ok(Self {
+            copy: true,
+            ..Self::new(false, 0, segments, 0, 0)?
         })
     }
 
@@ -296,6 +313,17 @@ impl GrantMapper {
         if self.persistent {
             return self.acquire_persistent(index, gref, writable);
         }
+        if self.copy {
+            self.maps[index] = SegmentMap {
+                grant: MappedGrant {
+                    handle: 0,
+                    buffer: copy_buffer(gref),
+                },
+                cache_entry: NO_ENTRY,
+                status: 0,
+            };
+            return true;
+        }
         self.queue_transient(index, gref, writable);
         false
     }
@@ -430,6 +458,10 @@ impl GrantMapper {
     /// queued for the unmap batch (which must have room for them).
     #[inline(always)]
     pub fn release(&mut self, indices: Range<usize>) {
+        if self.copy {
+            // Nothing was mapped.
+            return;
+        }
         for map in &self.maps[indices] {
             if map.cache_entry != NO_ENTRY {
                 self.cache.release(map.cache_entry);

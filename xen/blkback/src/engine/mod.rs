@@ -50,6 +50,13 @@ pub struct EngineConfig {
     pub ring_order: u32,
     /// The frontend agreed to `feature-persistent`.
     pub persistent_grants: bool,
+    /// Map no data grant: each segment's buffer names its grant
+    /// (`grant::copy_buffer`), and the device (one that bounces: its data goes through
+    /// pages of its own) copies with the hypervisor (`GNTTABOP_copy`); indirect pages
+    /// are copied too. Such a ring unmaps nothing and holds nothing of the domain's
+    /// budget for grants in flight. Persistent grants are then ignored (a backend in
+    /// this mode does not offer them).
+    pub grant_copy: bool,
     /// What we advertised as `feature-max-indirect-segments`.
     pub max_indirect_segments: u16,
     /// The most grants the cache is sized for (`grants.max-per-ring`); never more than
@@ -92,6 +99,7 @@ impl EngineConfig {
         Self {
             ring_order,
             persistent_grants,
+            grant_copy: false,
             max_indirect_segments: abi::MAX_INDIRECT_SEGMENTS,
             persistent_grant_limit: None,
             idle_release_ns: GrantLimits::DEFAULT.idle_ns(),
@@ -113,7 +121,7 @@ impl EngineConfig {
     /// What a ring with this configuration asks of the domain's grant budget
     /// ([`Engine::grant_demand`]).
     pub fn grant_demand(&self) -> RingDemand {
-        Sizing::new(self).grant_demand(self.persistent_grants)
+        Sizing::new(self).grant_demand()
     }
 }
 
@@ -175,6 +183,10 @@ impl core::error::Error for EngineError {}
 
 /// The sizes an engine's memory follows from.
 struct Sizing {
+    /// Caches grants (`persistent_grants` and not `grant_copy`).
+    persistent: bool,
+    /// `EngineConfig::grant_copy`.
+    copy: bool,
     slots: usize,
     max_indirect_segments: u16,
     /// Segments one request may carry (11, or the advertised indirect count).
@@ -194,7 +206,9 @@ impl Sizing {
             .max_indirect_segments
             .min((abi::SEGMENTS_PER_INDIRECT_PAGE * abi::MAX_INDIRECT_PAGES) as u16);
         let max_segments = MAX_SEGMENTS_PER_REQUEST.max(usize::from(max_indirect_segments));
-        let cache_capacity = if config.persistent_grants {
+        let copy = config.grant_copy;
+        let persistent = config.persistent_grants && !copy;
+        let cache_capacity = if persistent {
             // blkfront grants its indirect pages from the same persistent pool.
             let per_request =
                 max_segments + abi::indirect_pages(usize::from(max_indirect_segments));
@@ -206,18 +220,25 @@ impl Sizing {
             0
         };
         Self {
+            persistent,
+            copy,
             slots,
             max_indirect_segments,
             max_segments,
             cache_capacity,
-            batch: max_segments.max(256),
+            // A copying ring has no map or unmap batch.
+            batch: if copy { 0 } else { max_segments.max(256) },
         }
     }
 
-    fn grant_demand(&self, persistent: bool) -> RingDemand {
-        let request_maps = self.max_segments as u32;
+    fn grant_demand(&self) -> RingDemand {
+        let request_maps = if self.copy {
+            0
+        } else {
+            self.max_segments as u32
+        };
         RingDemand {
-            persistent,
+            persistent: self.persistent,
             request_maps,
             ring_maps: (self.slots as u32).saturating_mul(request_maps),
         }
@@ -253,6 +274,8 @@ impl WorkingSet {
     fn new(config: &EngineConfig, budget: usize) -> Result<Self, EngineError> {
         let sizing = Sizing::new(config);
         let Sizing {
+            persistent,
+            copy,
             slots,
             max_indirect_segments,
             max_segments,
@@ -270,13 +293,17 @@ impl WorkingSet {
             ring_slots: slots,
             max_indirect_segments,
             slots: SlotTable::new(slots, max_segments).map_err(|_| out_of_memory)?,
-            mapper: GrantMapper::new(
-                config.persistent_grants,
-                cache_capacity,
-                segment_area(slots, max_segments),
-                batch,
-                max_segments,
-            )
+            mapper: if copy {
+                GrantMapper::copying(segment_area(slots, max_segments))
+            } else {
+                GrantMapper::new(
+                    persistent,
+                    cache_capacity,
+                    segment_area(slots, max_segments),
+                    batch,
+                    max_segments,
+                )
+            }
             .map_err(|_| out_of_memory)?,
             submission: Submission::new(slots, max_segments).map_err(|_| out_of_memory)?,
             completions: fallible::with_capacity(slots).map_err(|_| out_of_memory)?,

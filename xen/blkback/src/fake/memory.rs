@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use blkdev::BufferAccess;
 
 use crate::abi::{sring, x86_32, Protocol, PAGE_SIZE, REQUEST_SIZE, RESPONSE_SIZE};
-use crate::grant::{GrantOps, MapRequest, MappedGrant};
+use crate::grant::{copied_grant, GrantOps, MapRequest, MappedGrant};
 use crate::ring::{Response, RingMemory};
 use xen::abi::grant_table::{
     RawGrantStatus, GNTST_BAD_GNTREF, GNTST_GENERAL_ERROR, GNTST_PERMISSION_DENIED,
@@ -209,6 +209,9 @@ struct Table {
     fail_grefs: Vec<u32>,
     map_calls: u64,
     unmap_calls: u64,
+    /// Grant copies (`GNTTABOP_copy` entries) made, and grants whose copies fail.
+    copies: u64,
+    fail_copy_grefs: Vec<u32>,
 }
 
 /// The hypervisor's grant table for one frontend: the frontend grants pages, the
@@ -269,6 +272,29 @@ impl GrantTable {
     /// Make maps of `gref` fail from now on.
     pub fn fail_maps_of(&self, gref: u32) {
         self.table.lock().unwrap().fail_grefs.push(gref);
+    }
+
+    /// Make grant copies to or from `gref` fail from now on.
+    pub fn fail_copies_of(&self, gref: u32) {
+        self.table.lock().unwrap().fail_copy_grefs.push(gref);
+    }
+
+    /// Grant copies (entries) made so far, failed ones included.
+    pub fn copies(&self) -> u64 {
+        self.table.lock().unwrap().copies
+    }
+
+    /// One grant copy of `len` bytes at `offset` of the page `gref` grants (to the guest
+    /// when `to_guest`), as Xen checks it: a known grant, writable if written, inside
+    /// its page. The guest page, or false.
+    fn copy_page(&self, gref: u32, offset: usize, len: usize, to_guest: bool) -> Option<usize> {
+        let mut table = self.table.lock().unwrap();
+        table.copies += 1;
+        if table.fail_copy_grefs.contains(&gref) || offset + len > PAGE_SIZE {
+            return None;
+        }
+        let grant = table.grants.get(gref as usize).copied().flatten()?;
+        (!to_guest || !grant.readonly).then_some(grant.page)
     }
 
     /// Mappings alive now, and the most ever alive at once.
@@ -390,8 +416,17 @@ impl GrantOps for XenGrants {
     }
 }
 
+/// A buffer that names a grant (a ring that copies: `grant::copy_buffer`) is read and
+/// written with a grant copy each, as the kernel does with `GNTTABOP_copy`.
 impl BufferAccess for XenGrants {
     fn read_buffer(&self, buffer: u64, offset: usize, out: &mut [u8]) -> bool {
+        if let Some(gref) = copied_grant(buffer) {
+            let Some(page) = self.0.copy_page(gref, offset, out.len(), false) else {
+                return false;
+            };
+            self.0.memory.read(page, offset, out);
+            return true;
+        }
         match self.0.mapped_page(buffer, false) {
             Some(page) if offset + out.len() <= PAGE_SIZE => {
                 self.0.memory.read(page, offset, out);
@@ -402,6 +437,13 @@ impl BufferAccess for XenGrants {
     }
 
     fn write_buffer(&self, buffer: u64, offset: usize, data: &[u8]) -> bool {
+        if let Some(gref) = copied_grant(buffer) {
+            let Some(page) = self.0.copy_page(gref, offset, data.len(), true) else {
+                return false;
+            };
+            self.0.memory.write(page, offset, data);
+            return true;
+        }
         match self.0.mapped_page(buffer, true) {
             Some(page) if offset + data.len() <= PAGE_SIZE => {
                 self.0.memory.write(page, offset, data);

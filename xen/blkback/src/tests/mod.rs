@@ -3,6 +3,7 @@
 //! threaded fake blkfront against a reference disk.
 
 mod budget;
+mod copy;
 mod counting;
 mod device_faults;
 mod errors;
