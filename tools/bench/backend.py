@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools" / "bench"))
-from paired import fmt_spread  # noqa: E402  (tools/bench/paired.py)
+from paired import fmt_spread, ordered_jobs, read_words  # noqa: E402  (tools/bench/paired.py)
 from report import (blkdom_cmdline_note, derive_host, fmt, markdown_table,  # noqa: E402
                     read_cpu, read_host_threads, spread, text_table)  # (tools/bench/report.py)
 
@@ -47,13 +47,7 @@ FIELDS = ("iops", "mib_s", "p50_us", "p99_us", "p999_us", "backend_cpu_percent",
 
 
 def read_config(nested: Path) -> dict:
-    config = {}
-    path = nested / "bench-backend-config.txt"
-    if path.exists():
-        for word in path.read_text().split():
-            key, _, value = word.partition("=")
-            config[key] = value
-    return config
+    return read_words(nested / "bench-backend-config.txt")
 
 
 def pcpus(text) -> set:
@@ -131,9 +125,7 @@ def summarise(runs: list, order=()) -> list:
     """Per job: each backend's figures over the rounds, the ratio of the medians (blkdom /
     dom0) of IOPS and p50, and the pairs (same round) blkdom won on IOPS."""
     by_key = {(r["job"], r["backend"], r["round"]): r for r in runs}
-    order = list(order)
-    jobs = sorted({r["job"] for r in runs},
-                  key=lambda j: (order.index(j) if j in order else len(order), j))
+    jobs = ordered_jobs(runs, order)
     summary = []
     for job in jobs:
         entry = {"job": job, "backends": {}}

@@ -35,13 +35,25 @@ BASELINE, OURS = "linux-dom0", "blkdom"
 FILE_RE = re.compile(r"^fio-" + GUEST + r"-(fio-[a-z0-9-]+)@(xvd[a-z])@(\d+)\.json$")
 
 
-def read_config(nested: Path) -> dict:
+def read_words(path: Path) -> dict:
+    """A scenario's config file: name=value words; empty if the file is missing."""
     config = {}
-    path = nested / "paired-config.txt"
     if path.exists():
         for word in path.read_text().split():
             key, _, value = word.partition("=")
             config[key] = value
+    return config
+
+
+def ordered_jobs(runs: list, order=()) -> list:
+    """The jobs of `runs`, those named in `order` first and in its order, then the rest."""
+    order = list(order)
+    return sorted({r["job"] for r in runs},
+                  key=lambda j: (order.index(j) if j in order else len(order), j))
+
+
+def read_config(nested: Path) -> dict:
+    config = read_words(nested / "paired-config.txt")
     # RIG_PIN_PCPU (tools/rig/run.sh): which QEMU thread had host core 0 to itself.
     pinning = nested / "host-pinning.txt"
     if pinning.exists():
@@ -92,9 +104,7 @@ def summarise(runs: list, order=()) -> list:
     """Per job: each backend's figures over the rounds, and the per-pair ratios (blkdom /
     dom0 of the same round) of IOPS and p50, with how many pairs blkdom won."""
     by_key = {(r["job"], r["backend"], r["round"]): r for r in runs}
-    order = list(order)
-    jobs = sorted({r["job"] for r in runs},
-                  key=lambda j: (order.index(j) if j in order else len(order), j))
+    jobs = ordered_jobs(runs, order)
     summary = []
     for job in jobs:
         entry = {"job": job, "backends": {}, "pairs": []}
