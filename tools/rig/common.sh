@@ -85,8 +85,11 @@ scenario_list() {
 # assignable (tests/xen/lib.sh), an NVMe controller with two namespaces and a virtio-blk
 # disk with two queues that goes through the IOMMU (iommu_platform: without it QEMU's
 # virtio would DMA to outer-guest-physical addresses, which are not the driver domain's).
-# passthrough_qemu_args DIR: sets PASSTHROUGH_ARGS, with fresh sparse disk files in DIR,
-# and PASSTHROUGH_XEN_ARGS for Xen's command line: iommu=no-sharept,no-intremap.
+# "rig-devices: passthrough second-nvme" adds a second NVMe controller (serial pt-nvme-1,
+# one namespace with the NGUID PASSTHROUGH_NVME2_NGUID): two drives that only their
+# stable names tell apart (tests/xen/blkdom-pt-names).
+# passthrough_qemu_args DIR [second-nvme]: sets PASSTHROUGH_ARGS, with fresh sparse disk
+# files in DIR, and PASSTHROUGH_XEN_ARGS for Xen's command line: iommu=no-sharept,no-intremap.
 # no-sharept: Xen shares its p2m
 # with VT-d when it thinks the CPU has EPT ("Intel VT-d Shared EPT tables enabled"), but
 # the TCG CPU runs SVM: the VT-d then walks NPT-format tables and no IOTLB flush follows a
@@ -105,6 +108,9 @@ scenario_list() {
 PASSTHROUGH_DISK_MIB=256
 PASSTHROUGH_NVME_BDF=0000:00:10.0
 PASSTHROUGH_VIRTIO_BDF=0000:00:11.0
+PASSTHROUGH_NVME2_BDF=0000:00:12.0
+# tests/xen/blkdom-pt-names names the second controller's namespace by this NGUID.
+PASSTHROUGH_NVME2_NGUID=b1d0a11c0ffee0000000000000000002
 passthrough_qemu_args() {
   local dir=$1
   truncate -s "${PASSTHROUGH_DISK_MIB}M" "$dir/pt-nvme-ns1.img" "$dir/pt-nvme-ns2.img" \
@@ -119,5 +125,12 @@ passthrough_qemu_args() {
     -device nvme-ns,drive=ptns2,bus=ptnvme,nsid=2
     -drive "file=$dir/pt-virtio.img,format=raw,if=none,id=ptvirtio"
     -device "virtio-blk-pci,drive=ptvirtio,serial=pt-virtio-0,addr=${PASSTHROUGH_VIRTIO_BDF:8:2}.0,num-queues=2,iommu_platform=on,disable-legacy=on"
+  )
+  [ "${2:-}" = second-nvme ] || return 0
+  truncate -s "${PASSTHROUGH_DISK_MIB}M" "$dir/pt-nvme2-ns1.img"
+  PASSTHROUGH_ARGS+=(
+    -drive "file=$dir/pt-nvme2-ns1.img,format=raw,if=none,id=pt2ns1"
+    -device "nvme,id=ptnvme2,serial=pt-nvme-1,addr=${PASSTHROUGH_NVME2_BDF:8:2}.0"
+    -device "nvme-ns,drive=pt2ns1,bus=ptnvme2,nsid=1,nguid=$PASSTHROUGH_NVME2_NGUID"
   )
 }

@@ -58,7 +58,8 @@ fi
 #   rig-env     VAR=rig.arg ...: host variables handed to the scenario on dom0's
 #               command line (spaces and commas become '+': a comma would split -initrd)
 #   rig-devices passthrough: the outer QEMU gets an IOMMU and the disks dom0 hands to an
-#               HVM driver domain (an NVMe controller with 2 namespaces, a virtio-blk disk)
+#               HVM driver domain (an NVMe controller with 2 namespaces, a virtio-blk disk);
+#               "passthrough second-nvme": and a second NVMe controller (common.sh)
 #   rig-gpt     DISK_SIZE NUMBER:FIRST_LBA:LAST_LBA:NAME...: a GPT for a disk of that size,
 #               written on the host by the project's GPT code (drivers/backing's example
 #               gpt-image) into images/gpt.img (the disk's first 34 blocks), which dom0
@@ -135,7 +136,8 @@ truncate -s 64M "$work/out.img"
 # The passed-through disks start empty (sparse) every run.
 PASSTHROUGH_ARGS=()
 PASSTHROUGH_XEN_ARGS=
-[ "$(scenario_field "$file" devices)" = passthrough ] && passthrough_qemu_args "$work"
+read -r devices devices_extra <<< "$(scenario_field "$file" devices)"
+[ "$devices" = passthrough ] && passthrough_qemu_args "$work" "$devices_extra"
 
 serial=$results/serial.log
 : > "$serial"

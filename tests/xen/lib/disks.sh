@@ -39,23 +39,35 @@ slice_pattern() {
 }
 
 # The disks the outer QEMU gives dom0 for passthrough (tools/rig/common.sh,
-# passthrough_qemu_args): the NVMe controller by its class, the virtio-blk disk by its
-# modern-only device id (the rig's own virtio disks are transitional, 1af4:1001).
-passthrough_bdf() {  # passthrough_bdf nvme|virtio
-  local dev
+# passthrough_qemu_args): the NVMe controllers by their class (nvme the first on the bus,
+# nvme2 the second, which only "rig-devices: passthrough second-nvme" adds), the
+# virtio-blk disk by its modern-only device id (the rig's own virtio disks are
+# transitional, 1af4:1001).
+passthrough_bdf() {  # passthrough_bdf nvme|nvme2|virtio
+  local dev skip=0
+  [ "$1" = nvme2 ] && skip=1
   for dev in /sys/bus/pci/devices/*; do
-    case $1:$(cat "$dev/class"):$(cat "$dev/vendor"):$(cat "$dev/device") in
-      nvme:0x010802:*|virtio:*:0x1af4:0x1042) basename "$dev"; return 0 ;;
+    case ${1%2}:$(cat "$dev/class"):$(cat "$dev/vendor"):$(cat "$dev/device") in
+      nvme:0x010802:*)
+        [ "$skip" = 0 ] && { basename "$dev"; return 0; }
+        skip=$((skip - 1)) ;;
+      virtio:*:0x1af4:0x1042) basename "$dev"; return 0 ;;
     esac
   done
   return 1
 }
-# assign_passthrough_disks: xen-pciback takes both disks from dom0's drivers; sets
-# PT_NVME and PT_VIRTIO to their addresses.
+# assign_passthrough_disks: xen-pciback takes the disks from dom0's drivers; sets
+# PT_NVME and PT_VIRTIO to their addresses, and PT_NVME2 to the second NVMe controller's
+# when the outer QEMU has one (empty otherwise).
 assign_passthrough_disks() {
   local kind bdf
-  for kind in nvme virtio; do
-    bdf=$(passthrough_bdf "$kind") || { fail "dom0 sees the outer $kind disk for passthrough"; return 1; }
+  PT_NVME2=
+  for kind in nvme virtio nvme2; do
+    if ! bdf=$(passthrough_bdf "$kind"); then
+      [ "$kind" = nvme2 ] && return 0
+      fail "dom0 sees the outer $kind disk for passthrough"
+      return 1
+    fi
     # A domain that had the device gives it back to pciback when it is destroyed, which
     # takes a moment (until then pci-assignable-add says it is already assigned).
     listed() { xl pci-assignable-list | grep -qi "$bdf"; }
@@ -65,6 +77,6 @@ assign_passthrough_disks() {
       fail "$kind disk $bdf assignable ($(tail -n 2 "$RESULTS/assignable-$kind.log" | tr '\n' ' '))"
       return 1
     fi
-    case $kind in nvme) PT_NVME=$bdf ;; virtio) PT_VIRTIO=$bdf ;; esac
+    case $kind in nvme) PT_NVME=$bdf ;; nvme2) PT_NVME2=$bdf ;; virtio) PT_VIRTIO=$bdf ;; esac
   done
 }

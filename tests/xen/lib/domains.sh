@@ -175,10 +175,13 @@ boot_blkdom_hvm() {
   still_running_after_up hvm-died
 }
 # boot_blkdom_passthrough: blkdom as an HVM driver domain from the operator's config
-# (tools/xl/blkdom-hvm-passthrough.cfg) with the rig's image, vCPUs and both disks.
+# (tools/xl/blkdom-hvm-passthrough.cfg) with the rig's image, vCPUs and every outer disk;
+# PCI: the xl pci list to give instead (the device model puts the devices on blkdom's bus
+# in its order).
 boot_blkdom_passthrough() {
   assign_passthrough_disks || return 1
   boot_blkdom_hvm blkdom-hvm-passthrough.cfg 'kernel="/rig/images/blkdom.elf32"' \
-    'memory=512' 'vcpus=2' 'cpus=["1","2"]' "pci=[\"$PT_NVME\",\"$PT_VIRTIO\"]" \
+    'memory=512' 'vcpus=2' 'cpus=["1","2"]' \
+    "pci=${PCI:-[\"$PT_NVME\",\"$PT_VIRTIO\"${PT_NVME2:+,\"$PT_NVME2\"}]}" \
     ${BLKDOM_CMDLINE:+"cmdline=\"$BLKDOM_CMDLINE\""}
 }
