@@ -82,7 +82,7 @@ ring_stats! {
     /// Persistent grants unmapped because the ring's cap dropped below what it held.
     cap_evicted => "cap-evicted",
     /// The most grants the ring may have mapped for its requests in flight now: what it
-    /// holds of the domain's budget for them.
+    /// holds of the domain's budget for them (0 for a ring that copies: it maps none).
     in_flight_cap => "in-flight-cap",
     /// Times the ring left requests waiting in its ring because its grants in flight
     /// were at `in-flight-cap` (taken once its own requests gave grants back).

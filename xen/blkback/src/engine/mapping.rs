@@ -148,6 +148,11 @@ impl GrantMapper {
         self.persistent
     }
 
+    /// Whether this ring copies its guest's data instead of mapping it (`copying`).
+    pub fn copies(&self) -> bool {
+        self.copy
+    }
+
     /// Grants mapped right now, cached or transient (with those queued in the round's
     /// batch, which is mapped before the poll ends).
     pub fn mapped(&self) -> usize {

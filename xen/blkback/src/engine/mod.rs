@@ -588,7 +588,13 @@ impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D
             grants_mapped: self.mapper.mapped() as u64,
             persistent_grants: self.mapper.persistent_mapped() as u64,
             grant_cap: self.mapper.cache_limit() as u64,
-            in_flight_cap: self.mapper.in_flight_limit().min(u32::MAX as usize) as u64,
+            // A ring that copies maps no grant for its requests: its bound is none at all
+            // (its copies are bounded by its device's bounce pages, not by the budget).
+            in_flight_cap: if self.mapper.copies() {
+                0
+            } else {
+                self.mapper.in_flight_limit().min(u32::MAX as usize) as u64
+            },
             ..self.stats
         }
     }

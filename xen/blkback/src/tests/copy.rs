@@ -210,6 +210,7 @@ fn a_failed_copy_fails_its_request_alone() {
     );
     assert_eq!(rig.engine.stats().errors, 3);
     assert_eq!(rig.table.calls(), (0, 0));
+    assert_eq!(rig.engine.stats().in_flight_cap, 0, "no budget, still no mapping");
 }
 
 /// However much a guest queues, one poll copies at most the segment budget's worth (at
@@ -266,4 +267,6 @@ fn a_ring_that_copies_takes_requests_without_a_share_of_grants_in_flight() {
     assert_eq!(rig.engine.poll(64).consumed, 16);
     assert_eq!(rig.responses().len(), 16);
     assert_eq!(rig.engine.stats().grant_waits, 0);
+    // It maps none, so it reports a bound of none (not the unbounded credit it holds).
+    assert_eq!(rig.engine.stats().in_flight_cap, 0);
 }
