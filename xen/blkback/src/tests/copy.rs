@@ -210,7 +210,11 @@ fn a_failed_copy_fails_its_request_alone() {
     );
     assert_eq!(rig.engine.stats().errors, 3);
     assert_eq!(rig.table.calls(), (0, 0));
-    assert_eq!(rig.engine.stats().in_flight_cap, 0, "no budget, still no mapping");
+    assert_eq!(
+        rig.engine.stats().in_flight_cap,
+        0,
+        "no budget, still no mapping"
+    );
 }
 
 /// However much a guest queues, one poll copies at most the segment budget's worth (at

@@ -123,6 +123,30 @@ fn probed_single_ring() -> (MemStore, BlkifBackend) {
     (store, backend)
 }
 
+/// A probed one-page-ring backend whose frontend connected (it saw `Connected` and
+/// `hooks` one connect), with `online` = 1 written by the toolstack if `online`.
+fn connected_with(
+    online: bool,
+    mut hooks: RecordingHooks,
+) -> (MemStore, BlkifBackend, RecordingHooks) {
+    let (mut store, mut backend) = probed_single_ring();
+    if online {
+        store.set(&format!("{BE}/online"), "1");
+    }
+    store.set(&format!("{FE}/state"), "4");
+    assert_eq!(
+        backend.step(&mut store, &mut hooks),
+        Ok(StepOutcome::Switched(XenbusState::Connected))
+    );
+    assert_eq!(hooks.connects.len(), 1);
+    (store, backend, hooks)
+}
+
+/// `connected_with` and hooks that accept everything.
+fn connected(online: bool) -> (MemStore, BlkifBackend, RecordingHooks) {
+    connected_with(online, RecordingHooks::default())
+}
+
 pub(super) fn state(store: &MemStore) -> &str {
     store.get(&format!("{BE}/state")).unwrap()
 }
@@ -473,11 +497,7 @@ fn refused_connections_are_counted_across_reconnects() {
 
 #[test]
 fn toolstack_detach_closes_then_removes_the_backend_directory() {
-    let (mut store, mut backend) = probed_single_ring();
-    store.set(&format!("{BE}/online"), "1");
-    store.set(&format!("{FE}/state"), "4");
-    let mut hooks = RecordingHooks::default();
-    backend.step(&mut store, &mut hooks).unwrap();
+    let (mut store, mut backend, mut hooks) = connected(true);
     // xl block-detach: online = 0 and our state = Closing; the frontend follows.
     store.set(&format!("{BE}/online"), "0");
     store.set(&format!("{BE}/state"), "5");
@@ -531,11 +551,7 @@ fn toolstack_detach_closes_then_removes_the_backend_directory() {
 
 #[test]
 fn closed_device_still_online_stays_for_a_reconnect() {
-    let (mut store, mut backend) = probed_single_ring();
-    store.set(&format!("{BE}/online"), "1");
-    store.set(&format!("{FE}/state"), "4");
-    let mut hooks = RecordingHooks::default();
-    backend.step(&mut store, &mut hooks).unwrap();
+    let (mut store, mut backend, mut hooks) = connected(true);
     store.set(&format!("{FE}/state"), "6");
     assert_eq!(
         backend.step(&mut store, &mut hooks),
@@ -547,11 +563,7 @@ fn closed_device_still_online_stays_for_a_reconnect() {
 
 #[test]
 fn unreadable_frontend_state_means_the_frontend_is_gone() {
-    let (mut store, mut backend) = probed_single_ring();
-    store.set(&format!("{FE}/state"), "4");
-    let mut hooks = RecordingHooks::default();
-    backend.step(&mut store, &mut hooks).unwrap();
-    assert_eq!(hooks.connects.len(), 1);
+    let (mut store, mut backend, mut hooks) = connected(false);
     // The frontend's domain dies: its nodes turn unreadable before they disappear.
     store.unreadable.push(format!("{FE}/state"));
     assert_eq!(
@@ -565,10 +577,7 @@ fn unreadable_frontend_state_means_the_frontend_is_gone() {
 
 #[test]
 fn close_waits_for_in_flight_requests_then_reconnects() {
-    let (mut store, mut backend) = probed_single_ring();
-    store.set(&format!("{FE}/state"), "4");
-    let mut hooks = RecordingHooks::default();
-    backend.step(&mut store, &mut hooks).unwrap();
+    let (mut store, mut backend, mut hooks) = connected(false);
     store.set(&format!("{FE}/state"), "5");
     assert_eq!(
         backend.step(&mut store, &mut hooks),
@@ -619,13 +628,7 @@ fn states_written(store: &MemStore, from: usize) -> Vec<&str> {
 
 #[test]
 fn close_while_busy_then_reinitialise_reconnects_and_never_shows_a_stale_connected() {
-    let (mut store, mut backend) = probed_single_ring();
-    store.set(&format!("{FE}/state"), "4");
-    let mut hooks = RecordingHooks::default();
-    assert_eq!(
-        backend.step(&mut store, &mut hooks),
-        Ok(StepOutcome::Switched(XenbusState::Connected))
-    );
+    let (mut store, mut backend, mut hooks) = connected(false);
     let written = store.writes.len();
     // Connected -> Closed with requests in flight: the rings drain...
     store.set(&format!("{FE}/state"), "6");
@@ -660,10 +663,7 @@ fn close_while_busy_then_reinitialise_reconnects_and_never_shows_a_stale_connect
 
 #[test]
 fn close_while_busy_then_initialising_waits_for_the_drain_then_inits() {
-    let (mut store, mut backend) = probed_single_ring();
-    store.set(&format!("{FE}/state"), "4");
-    let mut hooks = RecordingHooks::default();
-    backend.step(&mut store, &mut hooks).unwrap();
+    let (mut store, mut backend, mut hooks) = connected(false);
     store.set(&format!("{FE}/state"), "6");
     hooks.busy_replies = 2;
     assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
@@ -694,10 +694,7 @@ fn close_while_busy_then_initialising_waits_for_the_drain_then_inits() {
 fn a_frontend_back_at_initialising_while_connected_is_closed_and_waited_for() {
     // hostile's state flapping: the frontend writes Closed and then Initialising, and
     // one step reads only the Initialising.
-    let (mut store, mut backend) = probed_single_ring();
-    store.set(&format!("{FE}/state"), "4");
-    let mut hooks = RecordingHooks::default();
-    backend.step(&mut store, &mut hooks).unwrap();
+    let (mut store, mut backend, mut hooks) = connected(false);
     assert_eq!(state(&store), "4");
     let written = store.writes.len();
     store.set(&format!("{FE}/state"), "1");
@@ -729,11 +726,7 @@ fn a_frontend_back_at_initialising_while_connected_is_closed_and_waited_for() {
 
 #[test]
 fn detached_device_is_not_reconnected_after_a_busy_close() {
-    let (mut store, mut backend) = probed_single_ring();
-    store.set(&format!("{BE}/online"), "1");
-    store.set(&format!("{FE}/state"), "4");
-    let mut hooks = RecordingHooks::default();
-    backend.step(&mut store, &mut hooks).unwrap();
+    let (mut store, mut backend, mut hooks) = connected(true);
     store.set(&format!("{FE}/state"), "6");
     hooks.busy_replies = 1;
     assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
@@ -794,14 +787,11 @@ fn control_rounds_until_removed(
 
 /// A detached device (closed, `online` = 0) about to wait out its grace from `hooks.now`.
 fn detaching() -> (MemStore, BlkifBackend, RecordingHooks) {
-    let (mut store, mut backend) = probed_single_ring();
-    store.set(&format!("{BE}/online"), "1");
-    store.set(&format!("{FE}/state"), "4");
-    let mut hooks = RecordingHooks {
+    let hooks = RecordingHooks {
         now: 7_000_000_000,
         ..Default::default()
     };
-    backend.step(&mut store, &mut hooks).unwrap();
+    let (mut store, backend, hooks) = connected_with(true, hooks);
     store.set(&format!("{BE}/online"), "0");
     store.set(&format!("{FE}/state"), "6");
     (store, backend, hooks)
@@ -840,10 +830,7 @@ fn detach_grace_is_stepped_once_at_its_end_not_every_retry() {
 
 #[test]
 fn retry_keeps_its_cadence_and_the_schedule_says_what_is_due() {
-    let (mut store, mut backend) = probed_single_ring();
-    store.set(&format!("{FE}/state"), "4");
-    let mut hooks = RecordingHooks::default();
-    backend.step(&mut store, &mut hooks).unwrap();
+    let (mut store, mut backend, mut hooks) = connected(false);
     store.set(&format!("{FE}/state"), "6");
     hooks.busy_replies = 1;
     hooks.now = 1_000;
@@ -871,13 +858,7 @@ fn retry_keeps_its_cadence_and_the_schedule_says_what_is_due() {
 
 #[test]
 fn backend_directory_removal_tears_down_once_idle() {
-    let (mut store, mut backend) = probed_single_ring();
-    store.set(&format!("{FE}/state"), "4");
-    let mut hooks = RecordingHooks {
-        busy_replies: 0,
-        ..Default::default()
-    };
-    backend.step(&mut store, &mut hooks).unwrap();
+    let (mut store, mut backend, mut hooks) = connected(false);
     store.remove_tree(BE);
     hooks.busy_replies = 1;
     assert_eq!(backend.step(&mut store, &mut hooks), Ok(StepOutcome::Retry));
@@ -1514,13 +1495,7 @@ fn state_flapping_under_the_control_loop_steps_every_event_promptly_and_settles(
 
 #[test]
 fn shutting_down_says_closing_while_requests_drain_then_closed_and_never_reconnects() {
-    let (mut store, mut backend) = probed_single_ring();
-    store.set(&format!("{FE}/state"), "4");
-    let mut hooks = RecordingHooks::default();
-    assert_eq!(
-        backend.step(&mut store, &mut hooks),
-        Ok(StepOutcome::Switched(XenbusState::Connected))
-    );
+    let (mut store, mut backend, mut hooks) = connected(false);
     let written = store.writes.len();
     hooks.busy_replies = 2;
     assert_eq!(
@@ -1566,10 +1541,7 @@ fn shutting_down_a_device_whose_frontend_never_connected_says_closing_then_close
 
 #[test]
 fn shutting_down_a_device_the_toolstack_removed_meanwhile_writes_nothing() {
-    let (mut store, mut backend) = probed_single_ring();
-    store.set(&format!("{FE}/state"), "4");
-    let mut hooks = RecordingHooks::default();
-    backend.step(&mut store, &mut hooks).unwrap();
+    let (mut store, mut backend, mut hooks) = connected(false);
     hooks.busy_replies = 1;
     assert_eq!(
         backend.shut_down(&mut store, &mut hooks),
