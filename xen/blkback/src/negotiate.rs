@@ -498,12 +498,7 @@ impl BlkifBackend {
             if hooks.disconnect().is_err() {
                 return Ok(StepOutcome::Retry);
             }
-            self.removed = true;
-            self.releasing = false;
-            self.remove_error_directory(store);
-            // No node left to write it to, but the device is closed.
-            self.state = XenbusState::Closed;
-            return Ok(StepOutcome::Removed);
+            return Ok(self.forget_removed(store));
         }
         if self.releasing {
             if hooks.disconnect().is_err() {
@@ -650,13 +645,11 @@ impl BlkifBackend {
             return Ok(StepOutcome::Retry);
         }
         self.tearing_down = false;
-        self.releasing = false;
         if gone {
             // The toolstack removed the device meanwhile: nothing to write it to.
-            self.removed = true;
-            self.state = XenbusState::Closed;
-            return Ok(StepOutcome::Removed);
+            return Ok(self.forget_removed(store));
         }
+        self.releasing = false;
         if self.state != XenbusState::Closed {
             // The frontend hears Closing first, as when a frontend's close drains.
             if self.state != XenbusState::Closing {
@@ -665,6 +658,17 @@ impl BlkifBackend {
             self.switch(store, XenbusState::Closed)?;
         }
         Ok(StepOutcome::Switched(XenbusState::Closed))
+    }
+
+    /// The toolstack removed the device and its rings are released: forget it, with the
+    /// error node Linux would have removed with it. No node is left to write its state
+    /// to, but it is closed; from now on every call answers `Removed`.
+    fn forget_removed(&mut self, store: &mut dyn XenStore) -> StepOutcome {
+        self.removed = true;
+        self.releasing = false;
+        self.remove_error_directory(store);
+        self.state = XenbusState::Closed;
+        StepOutcome::Removed
     }
 
     /// The toolstack removed the device (its `state` node is gone).

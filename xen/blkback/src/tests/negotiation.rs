@@ -1548,6 +1548,8 @@ fn shutting_down_a_device_the_toolstack_removed_meanwhile_writes_nothing() {
         Ok(StepOutcome::Retry)
     );
     store.rm(NO_TRANSACTION, BE).unwrap();
+    // An error node of an earlier refusal goes with the device, as `step` removes it.
+    store.set(LINUX_ERROR, "5 an earlier refusal");
     let written = store.writes.len();
     assert_eq!(
         backend.shut_down(&mut store, &mut hooks),
@@ -1555,6 +1557,7 @@ fn shutting_down_a_device_the_toolstack_removed_meanwhile_writes_nothing() {
     );
     assert_eq!(store.writes.len(), written);
     assert!(store.get(&format!("{BE}/state")).is_none());
+    assert!(store.get(LINUX_ERROR).is_none());
 }
 
 #[test]
