@@ -12,6 +12,7 @@ extern crate alloc;
 
 pub mod extent;
 pub mod gpt;
+pub mod inline;
 pub mod names;
 pub mod resize;
 pub mod spec;

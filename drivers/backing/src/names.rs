@@ -15,53 +15,21 @@
 //! none: nothing matches, or two devices match (two controllers with one serial, a
 //! namespace seen through two controllers) and blkdom will not guess.
 
+use crate::inline::{InlineName, NameChars};
 use core::fmt;
 use pci::PciAddress;
 
 /// A device serial as a `target=` gives it: 1 to 20 printable ASCII characters other
 /// than space, `:` and `,` (which the grammar uses). An NVMe serial is 20 bytes, a virtio
-/// device id at most 20. Stored inline, so `Backing` stays `Copy`.
+/// device id at most 20.
+pub type Serial = InlineName<20, SerialChars>;
+
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Serial {
-    bytes: [u8; Serial::MAX_LEN],
-    len: u8,
-}
+pub struct SerialChars;
 
-impl Serial {
-    pub const MAX_LEN: usize = 20;
-
-    /// Whether `b` may appear in a serial a `target=` names.
-    pub fn valid_byte(b: u8) -> bool {
+impl NameChars for SerialChars {
+    fn valid(b: u8) -> bool {
         b.is_ascii_graphic() && b != b':' && b != b','
-    }
-
-    pub fn new(text: &str) -> Option<Serial> {
-        if text.is_empty() || text.len() > Self::MAX_LEN || !text.bytes().all(Self::valid_byte) {
-            return None;
-        }
-        let mut bytes = [0; Self::MAX_LEN];
-        bytes[..text.len()].copy_from_slice(text.as_bytes());
-        Some(Serial {
-            bytes,
-            len: text.len() as u8,
-        })
-    }
-
-    pub fn as_str(&self) -> &str {
-        // Only ASCII went in (checked by `new`).
-        core::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
-    }
-}
-
-impl fmt::Debug for Serial {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", self.as_str())
-    }
-}
-
-impl fmt::Display for Serial {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

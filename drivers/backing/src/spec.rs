@@ -8,6 +8,7 @@
 //! `part=name:<label>` (the GPT partition of that name) or `offset=<size>,size=<size>`
 //! (an explicit byte range). Without one the disk is the whole device.
 
+use crate::inline::{InlineName, NameChars};
 use crate::names::{parse_hex_id, parse_pci_address, NvmeName, Serial, VirtioName};
 use core::fmt;
 use pci::PciAddress;
@@ -155,94 +156,30 @@ impl fmt::Display for Backing {
     }
 }
 
-/// The name of a RAM disk: 1 to 32 of `A-Z a-z 0-9 - _ .` (stored inline, so `Backing`
-/// stays a small `Copy` value).
+/// The name of a RAM disk: 1 to 32 of `A-Z a-z 0-9 - _ .`.
+pub type RamName = InlineName<32, RamNameChars>;
+
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct RamName {
-    bytes: [u8; RamName::MAX_LEN],
-    len: u8,
-}
+pub struct RamNameChars;
 
-impl RamName {
-    pub const MAX_LEN: usize = 32;
-
-    pub fn new(text: &str) -> Option<RamName> {
-        let valid = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
-        if text.is_empty() || text.len() > Self::MAX_LEN || !text.bytes().all(valid) {
-            return None;
-        }
-        let mut bytes = [0; Self::MAX_LEN];
-        bytes[..text.len()].copy_from_slice(text.as_bytes());
-        Some(RamName {
-            bytes,
-            len: text.len() as u8,
-        })
-    }
-
-    pub fn as_str(&self) -> &str {
-        // Only ASCII went in (checked by `new`).
-        core::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
-    }
-}
-
-impl fmt::Debug for RamName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", self.as_str())
-    }
-}
-
-impl fmt::Display for RamName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+impl NameChars for RamNameChars {
+    fn valid(b: u8) -> bool {
+        b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')
     }
 }
 
 /// A GPT partition name as `part=name:<label>` gives it: 1 to 36 printable ASCII
 /// characters (space to `~`) other than `,`, which separates options. GPT stores names as
-/// up to 36 UTF-16 code units; a name matches when its units are these characters, one
-/// each, case and all. Stored inline, as [`RamName`].
+/// up to 36 UTF-16 code units (72 bytes); a name matches when its units are these
+/// characters, one each, case and all.
+pub type PartName = InlineName<36, PartNameChars>;
+
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PartName {
-    bytes: [u8; PartName::MAX_LEN],
-    len: u8,
-}
+pub struct PartNameChars;
 
-impl PartName {
-    /// GPT's limit: 72 bytes of UTF-16.
-    pub const MAX_LEN: usize = 36;
-
-    pub fn new(text: &str) -> Option<PartName> {
-        let valid = |b: u8| (b' '..=b'~').contains(&b) && b != b',';
-        if text.is_empty() || text.len() > Self::MAX_LEN || !text.bytes().all(valid) {
-            return None;
-        }
-        let mut bytes = [0; Self::MAX_LEN];
-        bytes[..text.len()].copy_from_slice(text.as_bytes());
-        Some(PartName {
-            bytes,
-            len: text.len() as u8,
-        })
-    }
-
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..usize::from(self.len)]
-    }
-
-    pub fn as_str(&self) -> &str {
-        // Only ASCII went in (checked by `new`).
-        core::str::from_utf8(self.as_bytes()).unwrap_or("")
-    }
-}
-
-impl fmt::Debug for PartName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", self.as_str())
-    }
-}
-
-impl fmt::Display for PartName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+impl NameChars for PartNameChars {
+    fn valid(b: u8) -> bool {
+        (b' '..=b'~').contains(&b) && b != b','
     }
 }
 
