@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! The block-device interface the blkif engine drives, two in-memory devices, and a
-//! slice of a device as a device of its own.
+//! The block-device interface the blkif engine drives, two in-memory devices, a
+//! slice of a device as a device of its own, and bounce buffers for a device that cannot
+//! reach the guests' pages.
 //!
 //! A device is used through per-queue handles: each poller owns the handle of its own
 //! device queue, so submitting and polling completions needs no lock shared between
@@ -12,6 +13,7 @@
 
 extern crate alloc;
 
+pub mod bounce;
 pub mod dma;
 pub mod heap;
 mod null;
@@ -211,6 +213,19 @@ pub trait BufferAccess {
     fn foreign_page(&self, buffer: u64) -> Option<ForeignPage> {
         let _ = buffer;
         None
+    }
+}
+
+/// Buffer access that refuses every access: for a request that carries no data (a
+/// flush), or one whose segments a DMA device reaches by address alone.
+pub struct NoBuffers;
+
+impl BufferAccess for NoBuffers {
+    fn read_buffer(&self, _: u64, _: usize, _: &mut [u8]) -> bool {
+        false
+    }
+    fn write_buffer(&self, _: u64, _: usize, _: &[u8]) -> bool {
+        false
     }
 }
 

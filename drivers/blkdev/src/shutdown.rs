@@ -5,7 +5,7 @@
 //! waited for until it answers or its deadline passes, so a device that does not answer
 //! costs its own deadline and holds up no other; what became of each is an [`Outcome`].
 
-use crate::{BlockDevice, BufferAccess, IoOp, IoRequest, IoStatus, SubmitError};
+use crate::{BlockDevice, IoOp, IoRequest, IoStatus, NoBuffers, SubmitError};
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use core::fmt;
@@ -64,18 +64,6 @@ pub trait Stop {
 /// The tag of a shutdown flush (the queues are idle: no other request is in flight).
 const FLUSH_TAG: u32 = u32::MAX;
 
-/// Buffer access for a flush, which carries no data.
-struct NoData;
-
-impl BufferAccess for NoData {
-    fn read_buffer(&self, _: u64, _: usize, _: &mut [u8]) -> bool {
-        false
-    }
-    fn write_buffer(&self, _: u64, _: usize, _: &[u8]) -> bool {
-        false
-    }
-}
-
 /// Flushes every device whose queue is in `queues` at once and waits for each until it
 /// answers or `deadline_ns` has passed since the flushes began. A queue whose device has
 /// no volatile write cache (`Geometry::flush` false) is not asked (`NotNeeded`); one
@@ -116,7 +104,7 @@ pub fn flush_all(
                 continue;
             }
             if !submitted[i] {
-                match queue.submit(&flush, &NoData) {
+                match queue.submit(&flush, &NoBuffers) {
                     Ok(()) => submitted[i] = true,
                     // Tried again at the next look, until the deadline.
                     Err(SubmitError::QueueFull) => {}
@@ -184,7 +172,7 @@ pub fn stop_all(devices: &mut [&mut dyn Stop], clock: &mut dyn Clock) -> Vec<Out
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Completion, DeviceFault, FaultKind, Geometry};
+    use crate::{BufferAccess, Completion, DeviceFault, FaultKind, Geometry};
     use std::format;
 
     /// A clock that moves 1 ms per look.

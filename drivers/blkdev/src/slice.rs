@@ -205,7 +205,9 @@ impl<D: BlockDevice> BlockDevice for Slice<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Completion, DiscardGeometry, DmaSegment, IoStatus, RamDisk, RamDiskQueue};
+    use crate::{
+        Completion, DiscardGeometry, DmaSegment, IoStatus, NoBuffers, RamDisk, RamDiskQueue,
+    };
     use alloc::vec::Vec;
     use std::collections::HashMap;
     use std::sync::Mutex;
@@ -279,16 +281,6 @@ mod tests {
             let page = pages.entry(buffer).or_insert_with(|| vec![0; 4096]);
             page[offset..offset + data.len()].copy_from_slice(data);
             true
-        }
-    }
-
-    struct NoBuffers;
-    impl BufferAccess for NoBuffers {
-        fn read_buffer(&self, _: u64, _: usize, _: &mut [u8]) -> bool {
-            false
-        }
-        fn write_buffer(&self, _: u64, _: usize, _: &[u8]) -> bool {
-            false
         }
     }
 

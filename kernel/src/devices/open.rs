@@ -631,7 +631,7 @@ fn with_bounce(disk: OpenedDisk, bounce: bool) -> Result<OpenedDisk, OpenError> 
         .queues
         .into_iter()
         .map(|queue| {
-            super::bounce::BounceQueue::new(queue, bounced_bytes.clone())
+            super::bounce::new(queue, bounced_bytes.clone())
                 .map(|q| Box::new(q) as Queue)
                 .ok_or(OpenError::NoBounceMemory)
         })
