@@ -282,10 +282,26 @@ mod tests {
         assert!(busy.woke_for <= 30, "{busy:?}");
         assert!(busy.caught >= 1_950, "{busy:?}");
         // One long gap is enough to stop spinning through the next.
-        let slow = simulate(&mut policy, &arrivals, 200 * MS, 1_300 * MS, US, 10 * US, 50 * US);
+        let slow = simulate(
+            &mut policy,
+            &arrivals,
+            200 * MS,
+            1_300 * MS,
+            US,
+            10 * US,
+            50 * US,
+        );
         assert!(slow.woke_for >= 99, "{slow:?}");
         assert!(slow.spun_ns <= 2 * MAX_SPELL_NS, "{slow:?}");
-        let again = simulate(&mut policy, &arrivals, 1_300 * MS, 1_500 * MS, US, 10 * US, 50 * US);
+        let again = simulate(
+            &mut policy,
+            &arrivals,
+            1_300 * MS,
+            1_500 * MS,
+            US,
+            10 * US,
+            50 * US,
+        );
         assert!(again.woke_for <= 30, "{again:?}");
         assert!(again.caught >= 1_950, "{again:?}");
     }
@@ -296,7 +312,15 @@ mod tests {
         // A busy stretch, then 10 s without a request.
         let arrivals = steady(0, 50 * US, 2_000);
         simulate(&mut policy, &arrivals, 0, 100 * MS, US, 10 * US, 50 * US);
-        let idle = simulate(&mut policy, &[], 100 * MS, 10_100 * MS, US, 10 * US, 50 * US);
+        let idle = simulate(
+            &mut policy,
+            &[],
+            100 * MS,
+            10_100 * MS,
+            US,
+            10 * US,
+            50 * US,
+        );
         // One spell at most right after the last request, then one look per wake-up.
         assert!(idle.spun_ns <= MAX_SPELL_NS, "{idle:?}");
         assert_eq!(idle.empty_wakes, 10, "{idle:?}");
