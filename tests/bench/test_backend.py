@@ -127,6 +127,38 @@ class BackendTest(unittest.TestCase):
             idle["backends"]["blkdom"]["backend_cpu_percent"]["median"], 5.0)
         self.assertEqual([l for l in backend.ratio_lines([idle])], [])
 
+    def test_iops_per_backend_cpu(self):
+        write_run(self.root, QD32)
+        [entry] = self.summary()
+        # Round medians: dom0 3,000 IOPS at 20%, blkdom 6,000 at 90%.
+        self.assertAlmostEqual(
+            entry["backends"]["linux-dom0"]["iops_per_cpu"]["median"], 15_000)
+        self.assertAlmostEqual(
+            entry["backends"]["blkdom"]["iops_per_cpu"]["median"], 6000 / 0.9)
+        header, rows = backend.table_rows([entry])
+        column = header.index("IOPS per backend CPU dom0 / blkdom")
+        self.assertEqual(rows[0][column], "15,000 / 6,667")
+
+    def test_guest_cpu_and_poller_wake_ups_from_the_job_edges(self):
+        write_run(self.root, QD32)
+        name = f"{JOB}@xvdb@1"
+        (self.root / "edges-bench-backend.txt").write_text(
+            f"begin {name} uptime=100.0 guest_cpu_s=50.0 blkdom_vcpu_s=10.0,20.0 "
+            "vcpu0: rings=1 loops=5 busy=2 sleeps=10 stray-wakes=3 "
+            "vcpu1: rings=0 loops=5 busy=0 sleeps=20 stray-wakes=7 mapped-pages=0\n"
+            f"end {name} uptime=110.0 guest_cpu_s=50.5 blkdom_vcpu_s=10.1,20.0 "
+            "vcpu0: rings=1 loops=9 busy=2 sleeps=30 stray-wakes=3 "
+            "vcpu1: rings=0 loops=9 busy=0 sleeps=40 stray-wakes=17 mapped-pages=0\n"
+            "garbage\n")
+        runs = backend.load_runs(self.root, backend.read_config(self.root))
+        [row] = [r for r in runs if r["backend"] == "blkdom" and r["round"] == 1]
+        self.assertAlmostEqual(row["guest_cpu_percent"], 5.0)
+        self.assertAlmostEqual(row["poller_sleeps_per_s"], 4.0)
+        self.assertAlmostEqual(row["poller_stray_wakes_per_s"], 1.0)
+        # Rounds without edges have none of these.
+        [other] = [r for r in runs if r["backend"] == "blkdom" and r["round"] == 2]
+        self.assertNotIn("guest_cpu_percent", other)
+
     def test_no_results_is_an_error(self):
         with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
             self.assertEqual(backend.main(["--nested", str(self.root)]), 1)

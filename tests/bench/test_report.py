@@ -199,6 +199,19 @@ class ReportTest(unittest.TestCase):
         entry = self.summary_of("fio-randread-4k-qd32-1j")
         self.assertAlmostEqual(entry["systems"]["blkdom"]["backend_cpu_percent"]["median"], 10.0)
 
+    def test_iops_per_backend_cpu_beside_the_iops(self):
+        # 1,600 IOPS at 10% of a backend vCPU: 16,000 a second per backend CPU.
+        entry = self.summary_of("fio-randread-4k-qd32-1j")
+        self.assertAlmostEqual(entry["systems"]["blkdom"]["iops_per_cpu"]["median"], 16_000)
+        self.assertAlmostEqual(entry["systems"]["linux-dom0"]["iops_per_cpu"]["median"], 7_500)
+        header, rows = report.main_table([entry])
+        column = header.index("blkdom IOPS per backend CPU")
+        self.assertEqual(rows[0][column], "16,000")
+        # No CPU figure (or none used): no figure per CPU, not a division by zero.
+        row = {"iops": 100.0, "backend_cpu_percent": 0.0}
+        report.add_iops_per_cpu(row)
+        self.assertNotIn("iops_per_cpu", row)
+
     def test_host_threads_per_job_without_the_settle(self):
         entry = self.summary_of("fio-randread-4k-qd32-1j")
         ours, linux = entry["systems"]["blkdom"], entry["systems"]["linux-dom0"]
@@ -417,7 +430,9 @@ class ReportTest(unittest.TestCase):
                                        "Linux dd-pt IOPS", "blkdom-pt IOPS",
                                        "blkdom/Linux dom0", "blkdom/Linux dd",
                                        "blkdom-pt/Linux dd-pt"])
-        self.assertEqual(header[9:14], [f"{s} MiB/s" for s in (
+        self.assertEqual(header[9:14], [f"{s} IOPS per backend CPU" for s in (
+            "Linux dom0", "Linux dd", "blkdom", "Linux dd-pt", "blkdom-pt")])
+        self.assertEqual(header[14:19], [f"{s} MiB/s" for s in (
             "Linux dom0", "Linux dd", "blkdom", "Linux dd-pt", "blkdom-pt")])
         self.assertEqual(rows[1][4:9], ["188 (175–200)", "1,200 (1,050–1,350)",
                                         "2.13x", "4.27x", "6.40x"])

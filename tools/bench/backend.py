@@ -31,8 +31,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools" / "bench"))
 from paired import fmt_spread, ordered_jobs, read_words  # noqa: E402  (tools/bench/paired.py)
-from report import (blkdom_cmdline_note, derive_host, fmt, markdown_table,  # noqa: E402
-                    read_cpu, read_host_threads, spread, text_table)  # (tools/bench/report.py)
+from report import (add_iops_per_cpu, blkdom_cmdline_note, derive_host, fmt,  # noqa: E402
+                    markdown_table, read_cpu, read_host_threads, spread,
+                    text_table)  # (tools/bench/report.py)
 
 GUEST = "bench-backend"
 BACKENDS = {"xvda": "linux-dom0", "xvdb": "blkdom"}
@@ -40,10 +41,11 @@ BASELINE, OURS = "linux-dom0", "blkdom"
 # fio-bench-backend-JOB@DISK@ROUND.json: hostile's JSON line (round 0: the prefill).
 FILE_RE = re.compile(r"^fio-" + GUEST + r"-(lg-[a-z0-9-]+)@(xvd[a-z])@(\d+)\.json$")
 VCPU_THREAD_RE = re.compile(r"^CPU_(\d+)/")
-FIELDS = ("iops", "mib_s", "p50_us", "p99_us", "p999_us", "backend_cpu_percent",
+FIELDS = ("iops", "iops_per_cpu", "mib_s", "p50_us", "p99_us", "p999_us", "backend_cpu_percent",
           "host_backend_percent", "gen_cpu_us_per_io", "gen_busy_us_per_io",
           "notifies_per_io", "host_guest_vcpu_run_percent", "host_guest_vcpu_wait_percent",
-          "host_vcpus_cores", "host_busy_cores", "iops_per_rig_core")
+          "host_vcpus_cores", "host_busy_cores", "iops_per_rig_core", "guest_cpu_percent",
+          "poller_sleeps_per_s", "poller_stray_wakes_per_s")
 
 
 def read_config(nested: Path) -> dict:
@@ -71,10 +73,54 @@ def host_backend_percent(edges: dict, name: str, cpus: set):
     return 100.0 * run / wall
 
 
+def read_edges(path: Path) -> dict:
+    """edges-bench-backend.txt (blkdom's jobs): '<begin|end> JOB uptime=S guest_cpu_s=S
+    blkdom_vcpu_s=S,S vcpu0: rings=.. sleeps=.. stray-wakes=.. vcpu1: ...' into
+    {(JOB, edge): {"uptime": S, "guest_cpu_s": S, "sleeps": N, "stray-wakes": N}} (the
+    poller counters summed over the vCPUs)."""
+    edges = {}
+    if not path.exists():
+        return edges
+    for line in path.read_text().splitlines():
+        words = line.split()
+        if len(words) < 3 or words[0] not in ("begin", "end"):
+            continue
+        figures = {"sleeps": 0.0, "stray-wakes": 0.0}
+        for word in words[2:]:
+            key, sep, value = word.partition("=")
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            if key in ("uptime", "guest_cpu_s"):
+                figures[key] = number
+            elif key in ("sleeps", "stray-wakes"):
+                figures[key] += number
+        edges[(words[1], words[0])] = figures
+    return edges
+
+
+def add_edge_figures(row: dict, edges: dict, name: str) -> None:
+    """The guest's CPU % over the job's window (in the idle job: an idle Linux domain,
+    the rig's floor) and blkdom's poller sleeps and stray wake-ups a second (its
+    counters are refreshed every 5 s: a rough rate)."""
+    begin, end = edges.get((name, "begin")), edges.get((name, "end"))
+    if not begin or not end or "uptime" not in begin or "uptime" not in end:
+        return
+    wall = end["uptime"] - begin["uptime"]
+    if wall <= 0:
+        return
+    if "guest_cpu_s" in begin and "guest_cpu_s" in end:
+        row["guest_cpu_percent"] = 100.0 * (end["guest_cpu_s"] - begin["guest_cpu_s"]) / wall
+    row["poller_sleeps_per_s"] = (end["sleeps"] - begin["sleeps"]) / wall
+    row["poller_stray_wakes_per_s"] = (end["stray-wakes"] - begin["stray-wakes"]) / wall
+
+
 def load_runs(nested: Path, config: dict) -> list:
     """One row per measured run (the prefill left out): job, backend, round, hostile's
     figures, the backend's CPU % over the window and the outer machine's view."""
     edges = read_host_threads(nested / "host-threads.txt")
+    job_edges = read_edges(nested / f"edges-{GUEST}.txt")
     guest_pcpu = config.get("guest_pcpu")
     guest_pcpu = int(guest_pcpu) if guest_pcpu and guest_pcpu.isdigit() else None
     backend_cpus = {"linux-dom0": pcpus(config.get("dom0_pcpus")),
@@ -108,6 +154,8 @@ def load_runs(nested: Path, config: dict) -> list:
         cpu = read_cpu(nested / f"cpu-{GUEST}-{name}.txt")
         if cpu and cpu[1] > 0:
             row["backend_cpu_percent"] = 100.0 * cpu[0] / cpu[1]
+            add_iops_per_cpu(row)
+        add_edge_figures(row, job_edges, name)
         host = host_backend_percent(edges, name, backend_cpus[backend])
         if host is not None:
             row["host_backend_percent"] = host
@@ -153,11 +201,13 @@ def median(figures: dict, field: str, digits: int) -> str:
 
 def table_rows(summary: list) -> tuple:
     header = ["job", "dom0 IOPS", "blkdom IOPS", "blkdom/dom0", "won",
+              "IOPS per backend CPU dom0 / blkdom",
               "p50 us dom0 / blkdom", "p99 us dom0 / blkdom", "p99.9 us dom0 / blkdom",
               "backend CPU % dom0 / blkdom", "host CPU % of backend pCPUs dom0 / blkdom",
               "generator CPU / busy us/IO dom0 / blkdom", "events/request dom0 / blkdom",
               "guest vCPU waited % dom0 / blkdom", "rig's vCPUs host cores dom0 / blkdom",
-              "IOPS per rig host core dom0 / blkdom (ratio)"]
+              "IOPS per rig host core dom0 / blkdom (ratio)",
+              "guest domain CPU % (blkdom's jobs)", "blkdom poller sleeps/stray wakes per s"]
     rows = []
     for entry in summary:
         base, ours = entry["backends"][BASELINE], entry["backends"][OURS]
@@ -170,7 +220,7 @@ def table_rows(summary: list) -> tuple:
             entry["job"], fmt_spread(base.get("iops")), fmt_spread(ours.get("iops")),
             (f"{ratio:.2f}x" if ratio is not None else "-")
             + (f" (p50 {p50:.2f}x)" if p50 is not None else ""),
-            f"{entry['won']}/{entry['pairs']}",
+            f"{entry['won']}/{entry['pairs']}", both("iops_per_cpu", 0),
             both("p50_us", 0), both("p99_us", 0), both("p999_us", 0),
             both("backend_cpu_percent", 0), both("host_backend_percent", 0),
             f"{median(base, 'gen_cpu_us_per_io', 0)}/{median(base, 'gen_busy_us_per_io', 1)} / "
@@ -179,6 +229,9 @@ def table_rows(summary: list) -> tuple:
             both("host_vcpus_cores", 2),
             both("iops_per_rig_core", 0) + (f" ({entry['iops_per_rig_core_ratio']:.2f}x)"
                                              if "iops_per_rig_core_ratio" in entry else ""),
+            median(ours, "guest_cpu_percent", 1),
+            f"{median(ours, 'poller_sleeps_per_s', 0)}/"
+            f"{median(ours, 'poller_stray_wakes_per_s', 0)}",
         ])
     return header, rows
 

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO / "tools" / "bench"))
 import fio_results  # noqa: E402  (tools/fio_results.py)
-from report import (blkdom_cmdline_note, derive_host, fmt, read_cpu,  # noqa: E402
+from report import (add_iops_per_cpu, blkdom_cmdline_note, derive_host, fmt, read_cpu,  # noqa: E402
                     read_guest_irqs, read_host_threads, spread)  # (tools/bench/report.py)
 
 GUEST = "fio-paired"
@@ -91,6 +91,7 @@ def load_runs(nested: Path, settle: float, guest_pcpu=None) -> list:
         cpu = read_cpu(nested / f"cpu-{GUEST}-{name}.txt")
         if cpu and cpu[1] > settle:
             row["backend_cpu_percent"] = 100.0 * cpu[0] / (cpu[1] - settle)
+            add_iops_per_cpu(row)
         if name in irqs and figures["total_ios"] > 0:
             before, after = irqs[name]
             row["guest_irq_per_io"] = (after - before) / figures["total_ios"]
@@ -111,7 +112,8 @@ def summarise(runs: list, order=()) -> list:
         for backend in (BASELINE, OURS):
             rows = [r for (j, b, _), r in by_key.items() if j == job and b == backend]
             figures = {}
-            for field in ("iops", "mib_s", "p50_us", "p99_us", "backend_cpu_percent",
+            for field in ("iops", "iops_per_cpu", "mib_s", "p50_us", "p99_us",
+                          "backend_cpu_percent",
                           "guest_irq_per_io", "host_guest_vcpu_run_percent",
                           "host_guest_vcpu_wait_percent", "host_guest_vcpu_us_per_io",
                           "host_guest_vcpu_sleeps_per_io",
@@ -148,6 +150,7 @@ def fmt_spread(figure, digits=0, suffix="") -> str:
 
 def table_rows(summary: list) -> tuple:
     header = ["job", "dom0 IOPS", "blkdom IOPS", "blkdom / dom0 (pairs)", "won",
+              "IOPS per backend CPU dom0 / blkdom",
               "p50 us dom0 / blkdom", "p50 ratio (pairs)", "backend CPU % dom0 / blkdom",
               "guest irq/IO dom0 / blkdom", "guest vCPU ran/waited % dom0 / blkdom",
               "guest vCPU us/IO dom0 / blkdom",
@@ -163,6 +166,7 @@ def table_rows(summary: list) -> tuple:
             entry["job"], fmt_spread(base.get("iops")), fmt_spread(ours.get("iops")),
             fmt_spread(entry.get("iops_ratio"), 2, "x"),
             f"{entry.get('iops_won', 0)}/{pairs}",
+            f"{median(base, 'iops_per_cpu', 0)} / {median(ours, 'iops_per_cpu', 0)}",
             f"{median(base, 'p50_us', 0)} / {median(ours, 'p50_us', 0)}",
             fmt_spread(entry.get("p50_us_ratio"), 2, "x"),
             f"{median(base, 'backend_cpu_percent', 0)} / {median(ours, 'backend_cpu_percent', 0)}",

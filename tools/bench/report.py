@@ -151,6 +151,15 @@ def read_guest_irqs(path: Path) -> dict:
     return {job: (before[job], after[job]) for job in before if job in after}
 
 
+def add_iops_per_cpu(row: dict) -> None:
+    """IOPS per backend CPU: the requests a second one fully busy backend vCPU served at
+    this job's rate (IOPS / (backend CPU % / 100)); what a backend's CPU buys, set beside
+    every IOPS figure. None without both figures."""
+    cpu = row.get("backend_cpu_percent", 0.0)
+    if cpu > 0 and row.get("iops", 0) > 0:
+        row["iops_per_cpu"] = row["iops"] / (cpu / 100.0)
+
+
 def read_cpu(path: Path):
     if not path.exists():
         return None
@@ -367,6 +376,7 @@ def load_nested(nested: Path) -> dict:
                     busy_wall = wall_s - settle
                     if busy_wall > 0:
                         row["backend_cpu_percent"] = 100.0 * cpu_s / busy_wall
+                        add_iops_per_cpu(row)
                 if job in irqs:
                     before, after = irqs[job]
                     row["guest_irqs"] = after - before
@@ -399,7 +409,7 @@ def load_nested(nested: Path) -> dict:
 
 # --- summary ---------------------------------------------------------------------------
 
-SUMMARY_FIELDS = ["iops", "mib_s", "p50_us", "p99_us", "backend_cpu_percent",
+SUMMARY_FIELDS = ["iops", "iops_per_cpu", "mib_s", "p50_us", "p99_us", "backend_cpu_percent",
                   "guest_irqs_per_s", "guest_irqs_per_io", "hypercalls_per_request",
                   "notifications_per_s", "events_per_s", "poller_sleeps_per_s",
                   "poller_loops_per_request", "poller_stray_wakes_per_s",
@@ -485,6 +495,7 @@ def main_table(summary: list) -> tuple:
     pairs = present_ratios(systems)
     header = (["job"] + [f"{SHORT_LABELS[s]} IOPS" for s in systems]
               + [f"{SHORT_LABELS[o]}/{SHORT_LABELS[b]}" for o, b in pairs]
+              + [f"{SHORT_LABELS[s]} IOPS per backend CPU" for s in systems]
               + [f"{SHORT_LABELS[s]} MiB/s" for s in systems]
               + ["backend CPU % " + "/".join(SHORT_LABELS[s] for s in systems),
                  "QD1 p50/p99 µs " + ", ".join(SHORT_LABELS[s] for s in systems)])
@@ -500,7 +511,7 @@ def main_table(summary: list) -> tuple:
             latency = ", ".join(f"{median_of(f, 'p50_us', 0)}/{median_of(f, 'p99_us', 0)}"
                                 for f in figures)
         rows.append([entry["description"]] + [fmt_spread(f.get("iops")) for f in figures]
-                    + ratios + [fmt_spread(f.get("mib_s"), 1) for f in figures]
+                    + ratios + [median_of(f, "iops_per_cpu", 0) for f in figures] + [fmt_spread(f.get("mib_s"), 1) for f in figures]
                     + ["/".join(median_of(f, "backend_cpu_percent", 0) for f in figures),
                        latency])
     return header, rows

@@ -76,9 +76,10 @@ command_line_keys! {
         default "info", range "off, error, warn, info, debug, trace, or 0 to 5",
         "console log level";
     PollSpinUs "poll.spin-us" Setting,
-        default "200-5000", range "<min>-<max> microseconds, 0 < min <= max <= 100000",
-        "how long a poller spins after its last work before it sleeps; it adapts within \
-         these bounds";
+        default "200-1000", range "<min>-<max> microseconds, 0 < min <= max <= 100000",
+        "how long a poller spins after its last work before it sleeps: twice the average \
+         gap between its bursts of work within these bounds, and only while that average \
+         is at most half of max";
     PollIdle "poll.idle" Setting,
         default "auto", range "auto, pause, yield, spin",
         "what a spinning poller does between looks at its rings; auto: spin where the \

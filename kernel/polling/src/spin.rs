@@ -1,61 +1,66 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! How long an idle poller spins before it sleeps.
+//! Whether an idle poller spins or sleeps, and for how long it spins.
 //!
 //! A wake-up from `SCHEDOP_poll` costs a hypercall (expensive where the CPU is emulated)
-//! plus a cross-pCPU wake; a spin costs the pCPU it runs on. So the spell a poller keeps
-//! spinning after its last work adapts to the gaps it sees between bursts of work: twice
-//! their running average (1/8 weight), within bounds. Work found right after a sleep
-//! counts as a gap of the longest spell: a longer spell might have caught it. Only work
-//! moves the average: an idle poller spins the spell it had per wake-up (about one a
-//! second), a fresh one twice the shortest bound.
+//! plus a cross-pCPU wake, and the request that caused it waits for both; a spin costs
+//! the pCPU it runs on, which in a driver domain that shares cores is taken from the
+//! guests. So the poller spins only while the load says a request is likely soon: it
+//! keeps a running average (1/8 weight) of the gap between the end of one burst of work
+//! and the start of the next, measured on the clock whether it spun or slept through the
+//! gap (a gap counts at most [`LONG_GAP_FACTOR`] times the longest spell, so one idle
+//! stretch moves the average far but not forever). While that average is at most half
+//! the longest spell (the *spin window*: a request likely comes within it), an idle
+//! poller spins twice the average, within `poll.spin-us=`'s bounds, then sleeps; above
+//! it, it sleeps at once and the frontend's next request wakes it (`req_event`). A
+//! wake-up whose first look finds nothing (the sleep's deadline, the doorbell, or
+//! another vCPU's event: Xen wakes every multi-port poller at any event of the domain)
+//! is followed by the next sleep at once, with no spell: an idle poller costs one look
+//! per wake-up.
 //!
-//! The default bounds come from tests/xen/spin-sweep (results in BENCHMARKS.md): shorter
-//! spells put the poller to sleep in the gaps of a steady workload, so requests wait for
-//! wake-ups; longer ones spin for little more work. `poll.spin-us=` overrides them.
+//! So a poller follows its load: under a steady stream with short gaps it never sleeps;
+//! at a rate whose gaps exceed the window it sleeps between requests, as an interrupt
+//! driven backend would; idle it looks once per wake-up. `poll.spin-us=` overrides the
+//! bounds.
 
 /// The shortest spell by default.
 pub const MIN_SPELL_NS: u64 = 200_000;
-/// The longest spell by default.
-pub const MAX_SPELL_NS: u64 = 5_000_000;
+/// The longest spell by default; half of it is the spin window.
+pub const MAX_SPELL_NS: u64 = 1_000_000;
 /// The longest bound accepted (`poll.spin-us=`): beyond it a poller is simply a busy loop.
 pub const SPELL_LIMIT_NS: u64 = 100_000_000;
+/// A gap counts at most this many longest spells in the average: one idle stretch after
+/// a busy one puts the average above the window (the next gap is slept through), and a
+/// few short gaps bring it back.
+pub const LONG_GAP_FACTOR: u64 = 8;
 
 /// What an idle poller does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
     /// Keep spinning: work may come within the spell.
     Spin,
-    /// The spell is over: re-arm the rings and sleep.
+    /// Re-arm the rings and sleep: the spell is over, or no request is likely soon.
     Sleep,
 }
 
-/// One poller's adaptive spin spell. Times are Xen system time in ns.
+/// One poller's spin-or-sleep policy. Times are Xen system time in ns.
 #[derive(Clone, Debug)]
 pub struct SpinPolicy {
     min_spell_ns: u64,
     max_spell_ns: u64,
     /// Running average of the gap from the end of one burst of work to the next.
     average_gap_ns: u64,
-    /// When the current idle stretch began (`None`: not idle, or measuring anew).
-    idle_since: Option<u64>,
-    /// How the last sleep ended, until the poller finds work.
-    wake: Wake,
-}
-
-/// How a poller's last sleep ended, as long as it has found no work since.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Wake {
-    /// Work found since (or no sleep yet).
-    Settled,
-    /// Woken for this poller: work found next counts as a miss of the spell.
-    ForUs,
-    /// Woken for another vCPU: it looks once and sleeps again.
-    Stray,
+    /// When the current gap began: the first idle look after work (kept across sleeps).
+    gap_since: Option<u64>,
+    /// When the current spell began (`None`: not spinning, or measuring anew).
+    spell_since: Option<u64>,
+    /// Back from a sleep and no work found since.
+    woken: bool,
 }
 
 impl SpinPolicy {
     /// A policy whose spell stays within `min_spell_ns..=max_spell_ns` (a `max` below
-    /// `min` is taken as `min`); the average gap starts at the shortest bound.
+    /// `min` is taken as `min`). It starts as after an idle stretch: it sleeps until the
+    /// gaps it sees say a request is likely within the window.
     pub const fn new(min_spell_ns: u64, max_spell_ns: u64) -> SpinPolicy {
         let max_spell_ns = if max_spell_ns < min_spell_ns {
             min_spell_ns
@@ -65,32 +70,34 @@ impl SpinPolicy {
         SpinPolicy {
             min_spell_ns,
             max_spell_ns,
-            average_gap_ns: min_spell_ns,
-            idle_since: None,
-            wake: Wake::Settled,
+            average_gap_ns: max_spell_ns.saturating_mul(LONG_GAP_FACTOR),
+            gap_since: None,
+            spell_since: None,
+            woken: false,
         }
     }
 
-    /// The poller found work at `now`: the gap since it went idle (or, right after a
-    /// sleep, the longest spell) joins the average.
+    /// The poller found work at `now`: the gap since the last work (spun or slept
+    /// through) joins the average.
     pub fn on_work(&mut self, now: u64) {
-        if let Some(since) = self.idle_since.take() {
-            let gap = now.saturating_sub(since).min(self.max_spell_ns);
-            self.average_gap_ns = (self.average_gap_ns * 7 + gap) / 8;
-        } else if self.wake == Wake::ForUs {
-            // Work right after a sleep: a longer spell might have caught it.
-            self.average_gap_ns = (self.average_gap_ns * 7 + self.max_spell_ns) / 8;
+        if let Some(since) = self.gap_since.take() {
+            let gap = now
+                .saturating_sub(since)
+                .min(self.max_spell_ns.saturating_mul(LONG_GAP_FACTOR));
+            self.average_gap_ns = (self.average_gap_ns.saturating_mul(7) + gap) / 8;
         }
-        self.wake = Wake::Settled;
+        self.spell_since = None;
+        self.woken = false;
     }
 
-    /// The poller found nothing at `now`: spin on while the spell lasts, then sleep.
-    /// After a stray wake-up there is no spell: it sleeps again at once.
+    /// The poller found nothing at `now`: spin on while a request is likely and the
+    /// spell lasts, else sleep.
     pub fn on_idle(&mut self, now: u64) -> Decision {
-        if self.wake == Wake::Stray {
+        self.gap_since.get_or_insert(now);
+        if self.woken || !self.expects_work() {
             return Decision::Sleep;
         }
-        let since = *self.idle_since.get_or_insert(now);
+        let since = *self.spell_since.get_or_insert(now);
         if now.saturating_sub(since) < self.spell_ns() {
             Decision::Spin
         } else {
@@ -99,35 +106,35 @@ impl SpinPolicy {
     }
 
     /// The last look before sleeping found work after all (a ring's final check, a new
-    /// ring): the poller goes on, and its idle time is measured anew.
+    /// ring): the poller goes on, its spell measured anew.
     pub fn on_sleep_abandoned(&mut self) {
-        self.idle_since = None;
-        if self.wake == Wake::Stray {
-            self.wake = Wake::Settled;
-        }
+        self.spell_since = None;
+        self.woken = false;
     }
 
-    /// Back from a sleep. The time asleep is no gap a spin could have bridged: the idle
-    /// time is measured anew, and work found next counts as a miss of the spell.
+    /// Back from a sleep, whatever woke it. If its first look finds nothing it sleeps
+    /// again at once; the gap goes on (its time asleep is part of it).
     pub fn on_wake(&mut self) {
-        self.idle_since = None;
-        self.wake = Wake::ForUs;
+        self.spell_since = None;
+        self.woken = true;
     }
 
-    /// Back from a sleep that was not for this poller: none of its ports was pending and
-    /// its deadline had not come. Xen wakes every vCPU that polls more than one port at
-    /// any event of the domain (`evtchn_check_pollers`), so each frontend's kick to one
-    /// poller wakes every other sleeping one. Spinning a spell after such a wake-up would
-    /// turn that herd into busy pCPUs; the poller looks once and sleeps again, and its
-    /// average is left as it was (work found now is no miss of its spell).
-    pub fn on_stray_wake(&mut self) {
-        self.idle_since = None;
-        self.wake = Wake::Stray;
+    /// Whether the recent gaps say a request is likely within the spin window (half the
+    /// longest spell): then an idle poller spins.
+    pub fn expects_work(&self) -> bool {
+        self.average_gap_ns <= self.max_spell_ns / 2
     }
 
-    /// How long the poller spins now after its last work.
+    /// How long the poller spins after its last work while it expects more.
     pub fn spell_ns(&self) -> u64 {
-        (self.average_gap_ns * 2).clamp(self.min_spell_ns, self.max_spell_ns)
+        self.average_gap_ns
+            .saturating_mul(2)
+            .clamp(self.min_spell_ns, self.max_spell_ns)
+    }
+
+    /// The running average of the gaps between bursts of work.
+    pub fn average_gap_ns(&self) -> u64 {
+        self.average_gap_ns
     }
 }
 
@@ -137,151 +144,254 @@ mod tests {
 
     const US: u64 = 1_000;
     const MS: u64 = 1_000_000;
+    const S: u64 = 1_000_000_000;
 
     fn default_policy() -> SpinPolicy {
         SpinPolicy::new(MIN_SPELL_NS, MAX_SPELL_NS)
     }
 
-    /// Idle from `start` on: the first time `on_idle` says sleep, `step` ns apart.
-    fn sleeps_after(policy: &mut SpinPolicy, start: u64, step: u64) -> u64 {
-        let mut now = start;
-        while policy.on_idle(now) == Decision::Spin {
-            now += step;
-        }
-        now - start
+    /// What a poller did over a simulated stretch.
+    #[derive(Debug, Default)]
+    struct Run {
+        /// Time spent spinning with nothing to do.
+        spun_ns: u64,
+        sleeps: u64,
+        /// Requests found while spinning (no wake-up on their path).
+        caught: u64,
+        /// Requests that had to wake the poller.
+        woke_for: u64,
+        /// Wake-ups that found nothing (the sleep's 1 s deadline).
+        empty_wakes: u64,
     }
 
-    /// Bursts of work `gap` apart, `rounds` times, from `start`; returns the end time.
-    fn work_with_gaps(policy: &mut SpinPolicy, start: u64, gap: u64, rounds: usize) -> u64 {
+    /// A poller on a deterministic clock: requests arrive at `arrivals` (sorted, ns); a
+    /// look at the ring costs `look_ns`, serving a request `serve_ns`, a wake-up
+    /// `wake_ns` after its event; a sleep lasts at most 1 s. Runs until `end`.
+    fn simulate(
+        policy: &mut SpinPolicy,
+        arrivals: &[u64],
+        start: u64,
+        end: u64,
+        look_ns: u64,
+        serve_ns: u64,
+        wake_ns: u64,
+    ) -> Run {
+        let mut run = Run::default();
         let mut now = start;
-        for _ in 0..rounds {
+        let mut next = arrivals.iter().copied().filter(|&a| a >= start).peekable();
+        let mut spinning = false;
+        while now < end {
+            if next.peek().is_some_and(|&a| a <= now) {
+                next.next();
+                if spinning {
+                    run.caught += 1;
+                }
+                policy.on_work(now);
+                now += serve_ns;
+                spinning = false;
+                continue;
+            }
+            match policy.on_idle(now) {
+                Decision::Spin => {
+                    spinning = true;
+                    now += look_ns;
+                    run.spun_ns += look_ns;
+                }
+                Decision::Sleep => {
+                    run.sleeps += 1;
+                    spinning = false;
+                    let deadline = now + S;
+                    match next.peek() {
+                        Some(&a) if a < deadline => {
+                            run.woke_for += 1;
+                            now = a + wake_ns;
+                        }
+                        _ => {
+                            run.empty_wakes += 1;
+                            now = deadline;
+                        }
+                    }
+                    policy.on_wake();
+                }
+            }
+        }
+        run
+    }
+
+    /// Work `gap` apart, `count` times from `start`, each gap spun through; returns the
+    /// time of the last work.
+    fn busy(policy: &mut SpinPolicy, start: u64, gap: u64, count: u64) -> u64 {
+        let mut now = start;
+        for _ in 0..count {
             policy.on_work(now);
-            assert_eq!(policy.on_idle(now + 1), Decision::Spin);
+            policy.on_idle(now + 1);
             now += gap;
         }
         policy.on_work(now);
         now
     }
 
-    #[test]
-    fn a_fresh_poller_spins_twice_the_shortest_bound() {
-        let mut policy = default_policy();
-        assert_eq!(policy.spell_ns(), 2 * MIN_SPELL_NS);
-        assert_eq!(policy.on_idle(1_000), Decision::Spin);
-        assert_eq!(policy.on_idle(1_000 + 2 * MIN_SPELL_NS - 1), Decision::Spin);
-        assert_eq!(policy.on_idle(1_000 + 2 * MIN_SPELL_NS), Decision::Sleep);
-        // Sleeping and waking with no work between leaves it as it was.
-        policy.on_wake();
-        assert_eq!(sleeps_after(&mut policy, 10 * MS, US), 2 * MIN_SPELL_NS);
+    /// `count` requests `gap` apart from `start`.
+    fn steady(start: u64, gap: u64, count: u64) -> Vec<u64> {
+        (0..count).map(|i| start + i * gap).collect()
     }
 
     #[test]
-    fn gaps_bridged_by_spinning_lengthen_the_spell_to_twice_their_average() {
+    fn a_fresh_poller_sleeps_at_once() {
         let mut policy = default_policy();
-        // Work every 1 ms, each gap bridged by spinning (the spell grows as it goes).
-        let now = work_with_gaps(&mut policy, 0, MS, 60);
-        let spell = policy.spell_ns();
-        assert!((1_900 * US..=2 * MS).contains(&spell), "spell {spell}");
-        // An idle poller now spins ~2 ms before it sleeps, not the 200 us it began with.
-        let slept_after = sleeps_after(&mut policy, now + 1, 10 * US);
-        assert!(slept_after >= 1_900 * US, "slept after {slept_after} ns");
+        assert!(!policy.expects_work());
+        assert_eq!(policy.on_idle(1_000), Decision::Sleep);
     }
 
     #[test]
-    fn work_right_after_each_sleep_grows_the_spell_to_the_longest() {
-        let mut policy = default_policy();
-        let mut now = 0;
-        let mut spells = Vec::new();
-        for _ in 0..30 {
-            now += sleeps_after(&mut policy, now, 10 * US);
-            policy.on_wake();
-            now += 50 * MS;
-            policy.on_work(now);
-            spells.push(policy.spell_ns());
+    fn at_a_low_rate_it_sleeps_between_requests() {
+        // 100 and 1,000 requests a second at QD1: no spin between them at all.
+        for gap in [10 * MS, MS] {
+            let mut policy = default_policy();
+            let count = 2 * S / gap;
+            let arrivals = steady(0, gap, count);
+            let run = simulate(&mut policy, &arrivals, 0, 2 * S, US, 20 * US, 50 * US);
+            assert_eq!(run.spun_ns, 0, "gap {gap}: {run:?}");
+            // The first is there at the start; every other one wakes the poller.
+            assert_eq!(run.woke_for, count - 1, "gap {gap}: {run:?}");
+            assert!(!policy.expects_work());
         }
-        assert!(spells.windows(2).all(|w| w[0] <= w[1]), "{spells:?}");
-        assert_eq!(policy.spell_ns(), MAX_SPELL_NS);
     }
 
     #[test]
-    fn short_gaps_shrink_the_spell_back_to_the_shortest() {
+    fn at_a_high_rate_it_spins_through_the_gaps() {
+        // 10,000 requests a second: after the first few (its average starts as after an
+        // idle stretch) every request is found spinning, none waits for a wake-up.
         let mut policy = default_policy();
-        let now = work_with_gaps(&mut policy, 0, 4 * MS, 60);
-        assert_eq!(policy.spell_ns(), MAX_SPELL_NS);
-        work_with_gaps(&mut policy, now, 10 * US, 60);
+        let arrivals = steady(0, 100 * US, 10_000);
+        let run = simulate(&mut policy, &arrivals, 0, S, US, 20 * US, 50 * US);
+        assert!(run.woke_for <= 30, "{run:?}");
+        assert!(run.caught >= 9_960, "{run:?}");
+        assert!(policy.expects_work());
         assert_eq!(policy.spell_ns(), MIN_SPELL_NS);
     }
 
     #[test]
-    fn one_long_gap_counts_as_the_longest_spell_at_most() {
+    fn it_follows_the_load_down_and_up_again() {
         let mut policy = default_policy();
-        policy.on_idle(0);
-        policy.on_work(60_000 * MS);
-        // The average moved an eighth of the way to the longest spell, no further.
-        let average = (MIN_SPELL_NS * 7 + MAX_SPELL_NS) / 8;
-        assert_eq!(policy.spell_ns(), 2 * average);
-    }
-
-    #[test]
-    fn work_after_a_wake_that_found_none_first_is_an_ordinary_gap() {
-        let mut policy = default_policy();
-        policy.on_wake();
-        // Idle for 100 us after the wake, then work: a 100 us gap, not a missed spell.
-        policy.on_idle(1_000);
-        policy.on_work(1_000 + 100 * US);
-        let spell = 2 * ((MIN_SPELL_NS * 7 + 100 * US) / 8);
-        assert_eq!(policy.spell_ns(), spell);
-        // And the wake is forgotten: work again at once changes nothing.
-        policy.on_work(2_000 * US);
-        assert_eq!(policy.spell_ns(), spell);
-    }
-
-    #[test]
-    fn an_abandoned_sleep_measures_idle_time_anew() {
-        let mut policy = default_policy();
-        let spell = policy.spell_ns();
-        assert_eq!(policy.on_idle(0), Decision::Spin);
-        assert_eq!(policy.on_idle(spell), Decision::Sleep);
-        policy.on_sleep_abandoned();
-        assert_eq!(policy.on_idle(spell + 1), Decision::Spin);
-        assert_eq!(policy.on_idle(2 * spell), Decision::Spin);
-        assert_eq!(policy.on_idle(2 * spell + 1), Decision::Sleep);
-        // Work then counts the gap from where idle time began anew.
-        policy.on_work(2 * spell + 1 + 100 * US);
-        assert_eq!(
-            policy.spell_ns(),
-            2 * ((MIN_SPELL_NS * 7 + spell + 100 * US) / 8)
+        // Busy (gaps of 50 us), then 100 a second, then busy again.
+        let mut arrivals = steady(0, 50 * US, 2_000);
+        arrivals.extend(steady(200 * MS, 10 * MS, 100));
+        arrivals.extend(steady(1_300 * MS, 50 * US, 2_000));
+        let busy = simulate(&mut policy, &arrivals, 0, 200 * MS, US, 10 * US, 50 * US);
+        assert!(busy.woke_for <= 30, "{busy:?}");
+        assert!(busy.caught >= 1_950, "{busy:?}");
+        // One long gap is enough to stop spinning through the next.
+        let slow = simulate(
+            &mut policy,
+            &arrivals,
+            200 * MS,
+            1_300 * MS,
+            US,
+            10 * US,
+            50 * US,
         );
+        assert!(slow.woke_for >= 99, "{slow:?}");
+        assert!(slow.spun_ns <= 2 * MAX_SPELL_NS, "{slow:?}");
+        let again = simulate(
+            &mut policy,
+            &arrivals,
+            1_300 * MS,
+            1_500 * MS,
+            US,
+            10 * US,
+            50 * US,
+        );
+        assert!(again.woke_for <= 30, "{again:?}");
+        assert!(again.caught >= 1_950, "{again:?}");
     }
 
     #[test]
-    fn a_stray_wake_sleeps_again_at_once_and_moves_no_average() {
+    fn idle_it_looks_once_per_wake_up_and_spins_not_at_all() {
         let mut policy = default_policy();
-        let spell = policy.spell_ns();
-        policy.on_stray_wake();
-        assert_eq!(policy.on_idle(1_000), Decision::Sleep);
-        // The final check found work after all: the poller spins its spell again.
-        policy.on_sleep_abandoned();
-        assert_eq!(policy.on_idle(2_000), Decision::Spin);
-        assert_eq!(policy.spell_ns(), spell);
-        // Work right after a stray wake-up is no miss of the spell.
-        policy.on_stray_wake();
-        policy.on_work(3_000);
-        assert_eq!(policy.spell_ns(), spell);
-        assert_eq!(policy.on_idle(3_001), Decision::Spin);
-        // A wake-up that was for the poller spins as before.
-        policy.on_stray_wake();
+        // A busy stretch, then 10 s without a request.
+        let arrivals = steady(0, 50 * US, 2_000);
+        simulate(&mut policy, &arrivals, 0, 100 * MS, US, 10 * US, 50 * US);
+        let idle = simulate(
+            &mut policy,
+            &[],
+            100 * MS,
+            10_100 * MS,
+            US,
+            10 * US,
+            50 * US,
+        );
+        // One spell at most right after the last request, then one look per wake-up.
+        assert!(idle.spun_ns <= MAX_SPELL_NS, "{idle:?}");
+        assert_eq!(idle.empty_wakes, 10, "{idle:?}");
+        assert_eq!(idle.sleeps, 10, "{idle:?}");
+        // The first request after it is slept for, and so is the next gap.
+        policy.on_work(10_200 * MS);
+        assert_eq!(policy.on_idle(10_200 * MS + 1), Decision::Sleep);
+    }
+
+    #[test]
+    fn a_wake_up_that_finds_nothing_sleeps_again_at_once() {
+        let mut policy = default_policy();
+        // Expecting work (short gaps), it spins after work...
+        let now = busy(&mut policy, 0, 50 * US, 200);
+        assert!(policy.expects_work());
+        assert_eq!(policy.on_idle(now + 1), Decision::Spin);
+        // ...but not after a wake-up (a deadline, the doorbell, another vCPU's event)
+        // whose first look found nothing.
         policy.on_wake();
-        assert_eq!(policy.on_idle(10_000), Decision::Spin);
-        assert_eq!(policy.on_idle(10_000 + spell), Decision::Sleep);
+        assert_eq!(policy.on_idle(now + 100 * US), Decision::Sleep);
+        // The final check found a request after all: it spins its spell again.
+        policy.on_sleep_abandoned();
+        assert_eq!(policy.on_idle(now + 101 * US), Decision::Spin);
+    }
+
+    #[test]
+    fn the_gap_includes_the_time_asleep() {
+        let mut policy = default_policy();
+        let now = busy(&mut policy, 0, 50 * US, 200);
+        let before = policy.average_gap_ns();
+        // Idle just after the last work, asleep, woken 20 ms later with work: a 20 ms
+        // gap, counted as the cap.
+        policy.on_idle(now + 1);
+        policy.on_wake();
+        policy.on_work(now + 1 + 20 * MS);
+        let cap = LONG_GAP_FACTOR * MAX_SPELL_NS;
+        assert_eq!(policy.average_gap_ns(), (before * 7 + cap) / 8);
+        assert!(!policy.expects_work());
+    }
+
+    #[test]
+    fn the_spell_is_twice_the_average_gap_within_bounds() {
+        let mut policy = default_policy();
+        for i in 0..100 {
+            policy.on_work(i * 200 * US);
+            policy.on_idle(i * 200 * US + 1);
+        }
+        // Gaps of ~200 us: the spell ~400 us, inside the bounds.
+        let spell = policy.spell_ns();
+        assert!((390 * US..=410 * US).contains(&spell), "spell {spell}");
+        policy.on_work(100 * 200 * US);
+        let mut now = 100 * 200 * US + 1;
+        let start = now;
+        while policy.on_idle(now) == Decision::Spin {
+            now += US;
+        }
+        assert!((now - start).abs_diff(spell) <= US, "spun {}", now - start);
     }
 
     #[test]
     fn bounds_hold_whatever_the_window() {
         let mut policy = SpinPolicy::new(50 * US, 50 * US);
-        work_with_gaps(&mut policy, 0, 10 * MS, 20);
+        for i in 0..100 {
+            policy.on_work(i * US);
+            policy.on_idle(i * US);
+        }
         assert_eq!(policy.spell_ns(), 50 * US);
         let inverted = SpinPolicy::new(300 * US, 100 * US);
         assert_eq!(inverted.spell_ns(), 300 * US);
+        // The longest bound accepted does not overflow.
+        let widest = SpinPolicy::new(1, SPELL_LIMIT_NS);
+        assert_eq!(widest.average_gap_ns(), SPELL_LIMIT_NS * LONG_GAP_FACTOR);
     }
 }

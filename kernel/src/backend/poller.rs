@@ -5,9 +5,9 @@
 //! taken only when the flag is set), and a doorbell event channel wakes a sleeping
 //! poller.
 //!
-//! Adaptive idle: the poller spins while requests keep coming; after an idle spell (its
-//! length adapts to the gaps between bursts of work: `polling::spin`) it re-arms every
-//! ring (`prepare_to_sleep`, the final check) and blocks in `SCHEDOP_poll` on its rings'
+//! Adaptive idle: the poller spins while the gaps between its bursts of work say a
+//! request is likely soon, for a spell that adapts to them (`polling::spin`); otherwise,
+//! or once the spell is over, it re-arms every ring (`prepare_to_sleep`, the final check) and blocks in `SCHEDOP_poll` on its rings'
 //! event channels (kept masked: no upcalls, the pending bit is the wake-up), so an idle
 //! blkdom leaves its pCPUs to the guests. While it spins, `poll.idle=yield` has it yield
 //! its pCPU (`SCHEDOP_yield`) between looks instead of a PAUSE.
@@ -93,7 +93,7 @@ pub struct PollerCounters {
     pub notifications: AtomicU64,
     pub notify_ns: AtomicU64,
     /// Wake-ups from a sleep with none of the poller's ports pending and its deadline
-    /// not come: another vCPU's event (see `SpinPolicy::on_stray_wake`).
+    /// not come: another vCPU's event (docs/design.md, stray wake-ups).
     pub stray_wakes: AtomicU64,
 }
 
@@ -460,10 +460,9 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         let woke = xen.now_ns();
         if woke < deadline && !ports.iter().any(|&port| xen.shared.is_pending(port)) {
             counters.stray_wakes.fetch_add(1, Ordering::Relaxed);
-            spin.on_stray_wake();
-        } else {
-            spin.on_wake();
         }
+        // Whatever woke it: if its first look finds nothing it sleeps again at once.
+        spin.on_wake();
         xen.shared.clear_pending(doorbell);
         tick(&mut served, woke);
     }
