@@ -183,6 +183,13 @@ command_line_keys! {
     FaulttestBounce "faulttest.bounce" TestOption,
         default "", range "",
         "the fault test through bounce buffers";
+    Nettest "nettest" TestHook,
+        default "", range "an nvme-tcp: target",
+        "bring the vif up (net.ip), connect to an NVMe/TCP target, bring its controller \
+         up and read the namespace's first block; power off";
+    NettestHostnqn "nettest.hostnqn" TestOption,
+        default "a fixed test NQN", range "an NQN",
+        "the host NQN the network test connects with";
 }
 
 impl Key {

@@ -10,6 +10,7 @@ pub mod control;
 pub mod events;
 pub mod store;
 pub mod vcpus;
+pub mod vif;
 
 use crate::arch::paging::IDENTITY_MAPPED_LIMIT;
 use crate::smp::MAX_CPUS;
