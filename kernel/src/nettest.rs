@@ -70,7 +70,9 @@ fn open(
             _ => {}
         }
         if let Some(fault) = vif.stack.device.queue().fault() {
-            fail(&alloc::format!("vif stopped: netback broke the protocol: {fault}"));
+            fail(&alloc::format!(
+                "vif stopped: netback broke the protocol: {fault}"
+            ));
         }
         if Vif::now_ms() > deadline {
             fail(&alloc::format!(
@@ -103,7 +105,10 @@ pub fn run(spec: &str, cmdline: &Cmdline<'_>, config: &Config, grant_gpa: u64) -
     let deadline = start + TEST_MS;
     let local = 49152 + (xen::raw::cpu::read_tsc() % 8192) as u16;
     let admin_socket = open(&mut vif, target.addr, target.port, local, deadline);
-    info!("nettest: TCP connected to {target} in {} ms", Vif::now_ms() - start);
+    info!(
+        "nettest: TCP connected to {target} in {} ms",
+        Vif::now_ms() - start
+    );
     let id = HostIdentity {
         host_nqn,
         host_id: HOST_ID,
@@ -152,7 +157,13 @@ pub fn run(spec: &str, cmdline: &Cmdline<'_>, config: &Config, grant_gpa: u64) -
         ns.block_size
     );
     // One I/O queue on a connection of its own: read block 0.
-    let io_socket = open(&mut vif, target.addr, target.port, local.wrapping_add(1), deadline);
+    let io_socket = open(
+        &mut vif,
+        target.addr,
+        target.port,
+        local.wrapping_add(1),
+        deadline,
+    );
     let mut io: IoSession<8> = IoSession::new(&id, &ctrl, ns, 1);
     let mut block = alloc::vec![0u8; ns.block_size as usize];
     let mut submitted = false;
