@@ -50,8 +50,8 @@ fuzz_target!(|data: &[u8]| {
     let mut q = NetQueue::new(
         m.tx_ring,
         m.rx_ring,
-        std::array::from_fn(page),
-        std::array::from_fn(|i| page(256 + i)),
+        Box::new(std::array::from_fn(page)),
+        Box::new(std::array::from_fn(|i| page(256 + i))),
     );
     q.post_rx();
     let (mut tx_rsp, mut rx_rsp) = (0u32, 0u32);

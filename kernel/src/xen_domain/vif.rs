@@ -83,12 +83,12 @@ pub fn bring_up(net: &NetConfig, grant_gpa: u64) -> Result<Vif, String> {
         let backend = info.backend_id;
         let tx_ring = page(&mut table, backend, false)?;
         let rx_ring = page(&mut table, backend, false)?;
-        let mut tx_pages = [tx_ring; 256];
-        for p in &mut tx_pages {
+        let mut tx_pages = Box::new([tx_ring; 256]);
+        for p in tx_pages.iter_mut() {
             *p = page(&mut table, backend, true)?;
         }
-        let mut rx_pages = [rx_ring; 256];
-        for p in &mut rx_pages {
+        let mut rx_pages = Box::new([rx_ring; 256]);
+        for p in rx_pages.iter_mut() {
             *p = page(&mut table, backend, false)?;
         }
         let port = xen::evtchn::alloc_unbound(&hv, backend)

@@ -5,6 +5,7 @@
 //! atomics), so the data path allocates nothing.
 
 use crate::queue::{NetQueue, SendError, MAX_FRAME};
+use alloc::boxed::Box;
 use smoltcp::phy::{self, Device, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
 use xen::abi::netif::RX_RING_SIZE;
@@ -17,8 +18,8 @@ pub struct DeviceStats {
 
 pub struct NetDevice {
     queue: NetQueue,
-    rx_buf: [u8; MAX_FRAME],
-    tx_buf: [u8; MAX_FRAME],
+    rx_buf: Box<[u8; MAX_FRAME]>,
+    tx_buf: Box<[u8; MAX_FRAME]>,
     pub stats: DeviceStats,
 }
 
@@ -26,8 +27,8 @@ impl NetDevice {
     pub fn new(queue: NetQueue) -> Self {
         Self {
             queue,
-            rx_buf: [0; MAX_FRAME],
-            tx_buf: [0; MAX_FRAME],
+            rx_buf: Box::new([0; MAX_FRAME]),
+            tx_buf: Box::new([0; MAX_FRAME]),
             stats: DeviceStats::default(),
         }
     }

@@ -17,6 +17,7 @@
 //! dropped and counted, as Linux netfront drops it.
 
 use crate::ring::{FrontRing, Overflow};
+use alloc::boxed::Box;
 use core::sync::atomic::Ordering;
 use xen::abi::grant_table::GrantRef;
 use xen::abi::netif::*;
@@ -120,8 +121,10 @@ const RX_IDS: usize = RX_RING_SIZE as usize;
 pub struct NetQueue {
     tx: FrontRing,
     rx: FrontRing,
-    tx_pages: [Page; TX_IDS],
-    rx_pages: [Page; RX_IDS],
+    /// Boxed, as are the device's buffers: the whole vif stays small enough to move
+    /// around a 64 KiB boot stack.
+    tx_pages: Box<[Page; TX_IDS]>,
+    rx_pages: Box<[Page; RX_IDS]>,
     /// Free tx ids, a stack; `tx_in_flight[id]` says which are out.
     tx_free: [u16; TX_IDS],
     tx_free_count: usize,
@@ -147,12 +150,12 @@ impl NetQueue {
     pub fn new(
         tx_ring: SharedMem,
         rx_ring: SharedMem,
-        tx_pages: [Page; TX_IDS],
-        rx_pages: [Page; RX_IDS],
+        tx_pages: Box<[Page; TX_IDS]>,
+        rx_pages: Box<[Page; RX_IDS]>,
     ) -> Self {
         assert!(tx_pages
             .iter()
-            .chain(&rx_pages)
+            .chain(rx_pages.iter())
             .all(|p| p.mem.len() >= PAGE_SIZE));
         let mut tx_free = [0u16; TX_IDS];
         for (i, id) in tx_free.iter_mut().enumerate() {

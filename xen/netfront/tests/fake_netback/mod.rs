@@ -71,11 +71,12 @@ fn page(gref: u32) -> Page {
 pub fn queue(first_gref: u32) -> (NetQueue, Side) {
     let tx_ring = SharedMem::alloc_leaked(4096);
     let rx_ring = SharedMem::alloc_leaked(4096);
-    let tx_pages: [Page; 256] = std::array::from_fn(|i| page(first_gref + i as u32));
-    let rx_pages: [Page; 256] = std::array::from_fn(|i| page(first_gref + 256 + i as u32));
+    let tx_pages: Box<[Page; 256]> = Box::new(std::array::from_fn(|i| page(first_gref + i as u32)));
+    let rx_pages: Box<[Page; 256]> =
+        Box::new(std::array::from_fn(|i| page(first_gref + 256 + i as u32)));
     let pages = tx_pages
         .iter()
-        .chain(&rx_pages)
+        .chain(rx_pages.iter())
         .map(|p| (p.gref, p.mem))
         .collect();
     let queue = NetQueue::new(tx_ring, rx_ring, tx_pages, rx_pages);
