@@ -2,8 +2,9 @@
 //! `nettest=<nvme-tcp target>` (test image only): brings up the vif with `net.ip`,
 //! opens a TCP connection to the target and brings an NVMe/TCP admin association up on
 //! it (ICReq/ICResp, Fabrics Connect, Property Get CAP, Set CC.EN, Get CSTS until RDY,
-//! Identify controller and namespace), logging each stage; then reads the namespace's
-//! first block on an I/O queue. Reports pass or fail and powers off.
+//! Identify controller and namespace), logging each stage; then, on an I/O queue, reads
+//! block 0, writes [`WRITE_MARK`] to block 1 and reads it back. Reports pass or fail and
+//! powers off.
 
 use crate::power::{self, Verdict};
 use crate::xen_domain::vif::{self, Vif};
@@ -25,18 +26,36 @@ fn fail(why: &str) -> ! {
     power::power_off();
 }
 
-/// The read's buffer, as the I/O queue's data port.
-struct Block<'a>(&'a mut [u8]);
+/// The I/O queue's data port: tag 0 reads block 0 into `first`, tag 1 writes `pattern`
+/// to block 1, tag 2 reads block 1 back into `back`.
+struct Blocks<'a> {
+    first: &'a mut [u8],
+    pattern: &'a [u8],
+    back: &'a mut [u8],
+}
 
-impl DataPort for Block<'_> {
-    fn fetch(&mut self, _tag: u64, _offset: u32, _dst: &mut [u8]) {}
-    fn deliver(&mut self, _tag: u64, offset: u32, src: &[u8]) {
+impl DataPort for Blocks<'_> {
+    fn fetch(&mut self, tag: u64, offset: u32, dst: &mut [u8]) {
         let at = offset as usize;
-        if let Some(dst) = self.0.get_mut(at..at + src.len()) {
+        if let (1, Some(src)) = (tag, self.pattern.get(at..at + dst.len())) {
+            dst.copy_from_slice(src);
+        }
+    }
+    fn deliver(&mut self, tag: u64, offset: u32, src: &[u8]) {
+        let at = offset as usize;
+        let buffer = match tag {
+            0 => &mut *self.first,
+            2 => &mut *self.back,
+            _ => return,
+        };
+        if let Some(dst) = buffer.get_mut(at..at + src.len()) {
             dst.copy_from_slice(src);
         }
     }
 }
+
+/// What the network test writes to block 1 (dom0 reads it back from the target's disk).
+pub const WRITE_MARK: &[u8] = b"blkdom-nettest-wrote-block-1";
 
 /// Opens a TCP connection on `vif` to the target; returns its handle once established.
 fn open(
@@ -165,12 +184,25 @@ pub fn run(spec: &str, cmdline: &Cmdline<'_>, config: &Config, grant_gpa: u64) -
         deadline,
     );
     let mut io: IoSession<8> = IoSession::new(&id, &ctrl, ns, 1);
-    let mut block = alloc::vec![0u8; ns.block_size as usize];
-    let mut submitted = false;
-    loop {
+    let size = ns.block_size as usize;
+    let mut first = alloc::vec![0u8; size];
+    let mut back = alloc::vec![0u8; size];
+    let mut pattern = alloc::vec![0u8; size];
+    pattern[..WRITE_MARK.len()].copy_from_slice(WRITE_MARK);
+    for (i, byte) in pattern.iter_mut().enumerate().skip(WRITE_MARK.len()) {
+        *byte = i as u8;
+    }
+    // Read block 0, then write block 1, then read it back: one after another.
+    let mut next_tag = 0u64;
+    let mut in_flight = false;
+    while next_tag < 3 || in_flight {
         vif.poll();
         let now = Vif::now_ms();
-        let mut port = Block(&mut block);
+        let mut port = Blocks {
+            first: &mut first,
+            pattern: &pattern,
+            back: &mut back,
+        };
         let socket = vif.stack.sockets.get_mut::<tcp::Socket>(io_socket);
         if socket.can_recv() {
             let r = socket.recv(|data| (data.len(), io.receive(data, &mut port)));
@@ -178,19 +210,30 @@ pub fn run(spec: &str, cmdline: &Cmdline<'_>, config: &Config, grant_gpa: u64) -
                 fail(&alloc::format!("I/O queue: {e}"));
             }
         }
-        if io.state() == SessionState::Live && !submitted {
-            io.read(7, 0, 1)
-                .unwrap_or_else(|e| fail(&alloc::format!("read: {e:?}")));
-            submitted = true;
+        if io.state() == SessionState::Live && !in_flight && next_tag < 3 {
+            let submitted = match next_tag {
+                0 => io.read(0, 0, 1),
+                1 => io.write(1, 1, 1),
+                _ => io.read(2, 1, 1),
+            };
+            submitted.unwrap_or_else(|e| fail(&alloc::format!("command {next_tag}: {e:?}")));
+            next_tag += 1;
+            in_flight = true;
         }
         if io.wants_to_send() && socket.can_send() {
             let _ = socket.send(|buf| (io.transmit(buf, &mut port), ()));
         }
         if let Some(done) = io.next_completion() {
+            let what = ["read of block 0", "write of block 1", "read of block 1"];
+            let what = what
+                .get(done.tag as usize)
+                .copied()
+                .unwrap_or("unknown command");
             if !done.status.is_success() {
-                fail(&alloc::format!("read of block 0: {:?}", done.status));
+                fail(&alloc::format!("{what}: {:?}", done.status));
             }
-            break;
+            info!("nettest: {what} done in {} ms", Vif::now_ms() - start);
+            in_flight = false;
         }
         // Keep-alives on the admin queue meanwhile.
         let _ = admin.poll(now);
@@ -200,14 +243,17 @@ pub fn run(spec: &str, cmdline: &Cmdline<'_>, config: &Config, grant_gpa: u64) -
             _ => {}
         }
     }
-    let words: alloc::vec::Vec<alloc::string::String> = block[..16]
+    if back != pattern {
+        fail("block 1 read back is not what was written");
+    }
+    let words: alloc::vec::Vec<alloc::string::String> = first[..16]
         .iter()
         .map(|b| alloc::format!("{b:02x}"))
         .collect();
     let stats = vif.stack.device.queue().stats;
     info!(
-        "nettest: I/O queue connected; block 0 read: {} ...; vif tx {} rx {} dropped {} \
-         events {}",
+        "nettest: block 0 read: {} ...; block 1 written and read back the same; vif tx {} \
+         rx {} dropped {} events {}",
         words.join(""),
         stats.tx_frames,
         stats.rx_frames,
