@@ -186,7 +186,7 @@ command_line_keys! {
     Nettest "nettest" TestHook,
         default "", range "an nvme-tcp: target",
         "bring the vif up (net.ip), connect to an NVMe/TCP target, bring its controller \
-         up and read the namespace's first block; power off";
+         up, read block 0, write block 1 and read it back; power off";
     NettestHostnqn "nettest.hostnqn" TestOption,
         default "a fixed test NQN", range "an NQN",
         "the host NQN the network test connects with";
