@@ -21,6 +21,8 @@ mod firmware;
 mod hooks;
 mod logger;
 mod mm;
+#[cfg(feature = "test-hooks")]
+mod nettest;
 mod physmem;
 mod power;
 #[cfg(feature = "test-hooks")]
@@ -168,9 +170,17 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     }
     start_cpus(&hypervisor, &firmware);
     // Configuration space, said once; the bus is walked on first use and kept.
-    let bus = devices::open::PciBus::new(&firmware);
+    #[allow(unused_mut)] // the test image's network test borrows it
+    let mut bus = devices::open::PciBus::new(&firmware);
 
     // A test hook named on the command line runs instead of the service, and powers off.
+    #[cfg(feature = "test-hooks")]
+    if let Some(spec) = cmdline.value(bootconfig::Key::Nettest) {
+        match grant_map_hole(&info, &mut bus) {
+            Some(hole) => nettest::run(spec, &cmdline, &config, hole.start),
+            None => error!("nettest: no hole in the memory map for the grant table"),
+        }
+    }
     let mut bus = hooks::run(&cmdline, &config, hypervisor.is_xen(), bus);
 
     if hypervisor.is_xen() && xen_domain::get().is_some() {

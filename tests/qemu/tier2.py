@@ -148,9 +148,10 @@ def test_four_cpus_start(suite):
 # The test hooks' code: kernel modules (and the testhooks crate) the production image must
 # not have, by the symbol names `nm` demangles. Their distinctive messages, for what the
 # compiler may have inlined (crash_test): none may be in the production image.
-HOOK_MODULES = re.compile(r"(^|[^A-Za-z0-9_])(selftest|disktest|faulttest|registrytest|testhooks)::")
+HOOK_MODULES = re.compile(r"(^|[^A-Za-z0-9_])(selftest|disktest|faulttest|registrytest|nettest|testhooks)::")
 HOOK_STRINGS = [b"crashtest panic", b"failing on purpose", b"deliberate failure",
-                b"registrytest: done", b"faulttest: PASS", b"disktest: "]
+                b"registrytest: done", b"faulttest: PASS", b"disktest: ",
+                b"nettest: PASS"]
 
 
 def hook_traces(image):

@@ -24,7 +24,7 @@
 //!
 //! Everything the target sends is untrusted: a PDU that breaks the protocol fails its
 //! connection with a [`ProtocolError`]; nothing here panics on the target's input.
-#![cfg_attr(not(test), no_std)]
+#![cfg_attr(not(any(test, feature = "fake")), no_std)]
 #![deny(unsafe_code)]
 
 pub mod pdu;
@@ -222,5 +222,7 @@ impl core::fmt::Display for Error {
     }
 }
 
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 #[cfg(test)]
 mod tests;

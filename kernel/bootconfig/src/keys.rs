@@ -108,6 +108,13 @@ command_line_keys! {
         default "3", range "0 (never reset: fail at once) to 100",
         "resets in a row, without a command completed between them, before a device is \
          given up (stopped, every request failed)";
+    NetIp "net.ip" Setting,
+        default "none", range "<a.b.c.d>/<prefix>, prefix 1 to 30",
+        "blkdom's IPv4 address and subnet on its vif, the storage network; without it \
+         blkdom uses no vif";
+    NetGw "net.gw" Setting,
+        default "none", range "<a.b.c.d>, inside net.ip's subnet",
+        "the IPv4 router towards targets outside net.ip's subnet";
 
     Selftest "selftest" TestHook,
         default "", range "",
@@ -177,6 +184,13 @@ command_line_keys! {
     FaulttestBounce "faulttest.bounce" TestOption,
         default "", range "",
         "the fault test through bounce buffers";
+    Nettest "nettest" TestHook,
+        default "", range "an nvme-tcp: target",
+        "bring the vif up (net.ip), connect to an NVMe/TCP target, bring its controller \
+         up, read block 0, write block 1 and read it back; power off";
+    NettestHostnqn "nettest.hostnqn" TestOption,
+        default "a fixed test NQN", range "an NQN",
+        "the host NQN the network test connects with";
 }
 
 impl Key {

@@ -44,6 +44,59 @@ pub struct Config {
     /// `device.max-resets=`: resets in a row before a device is given up (0: a device
     /// whose command times out is given up at once).
     pub device_max_resets: u32,
+    /// `net.ip=`, `net.gw=`: the storage network's address; `None`: no vif is used.
+    pub net: Option<NetConfig>,
+}
+
+/// blkdom's static IPv4 configuration on its vif.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NetConfig {
+    pub address: [u8; 4],
+    pub prefix: u8,
+    pub gateway: Option<[u8; 4]>,
+}
+
+impl NetConfig {
+    fn same_subnet(&self, other: [u8; 4]) -> bool {
+        let mask = u32::MAX << (32 - u32::from(self.prefix));
+        u32::from_be_bytes(self.address) & mask == u32::from_be_bytes(other) & mask
+    }
+}
+
+/// Four decimal octets, each 0..=255 without leading zeros (`010` is refused: some
+/// tools read it as octal).
+pub fn parse_ipv4(text: &str) -> Option<[u8; 4]> {
+    let mut octets = [0u8; 4];
+    let mut parts = text.split('.');
+    for octet in &mut octets {
+        let part = parts.next()?;
+        let digits =
+            !part.is_empty() && part.len() <= 3 && part.bytes().all(|b| b.is_ascii_digit());
+        if !digits || (part.len() > 1 && part.starts_with('0')) {
+            return None;
+        }
+        *octet = part.parse().ok()?;
+    }
+    parts.next().is_none().then_some(octets)
+}
+
+/// `<a.b.c.d>/<prefix>`: a unicast host address (not the subnet's own or its broadcast
+/// address) with a prefix of 1 to 30.
+fn parse_ip_prefix(text: &str) -> Option<NetConfig> {
+    let (address, prefix) = text.split_once('/')?;
+    let address = parse_ipv4(address)?;
+    let canonical = prefix.bytes().all(|b| b.is_ascii_digit()) && !prefix.starts_with('0');
+    let prefix = prefix
+        .parse::<u8>()
+        .ok()
+        .filter(|p| canonical && (1..=30).contains(p))?;
+    let host = u32::from_be_bytes(address) & (u32::MAX >> prefix);
+    let unicast = address[0] != 0 && address[0] != 127 && address[0] < 224;
+    (unicast && host != 0 && host != u32::MAX >> prefix).then_some(NetConfig {
+        address,
+        prefix,
+        gateway: None,
+    })
 }
 
 /// How the pollers run and answer their rings.
@@ -74,6 +127,7 @@ impl Config {
         persistent_grants: BackendParams::OFFER_PERSISTENT_GRANTS,
         device_timeout_ns: DEFAULT_DEVICE_TIMEOUT_NS,
         device_max_resets: DEFAULT_MAX_RESETS,
+        net: None,
     };
 
     /// The configuration `cmdline` sets, and the values it had to refuse (each keeps its
@@ -137,6 +191,22 @@ impl Config {
             Ok(None) => {}
             Ok(Some(resets)) => config.device_max_resets = resets as u32,
             Err(text) => refuse(Key::DeviceMaxResets, text),
+        }
+        match cmdline.value(Key::NetIp) {
+            None => {}
+            Some(text) => match parse_ip_prefix(text) {
+                Some(net) => config.net = Some(net),
+                None => refuse(Key::NetIp, text),
+            },
+        }
+        match (cmdline.value(Key::NetGw), config.net.as_mut()) {
+            (None, _) => {}
+            (Some(text), net) => match (parse_ipv4(text), net) {
+                (Some(gw), Some(net)) if net.same_subnet(gw) && gw != net.address => {
+                    net.gateway = Some(gw)
+                }
+                _ => refuse(Key::NetGw, text),
+            },
         }
         (config, bad)
     }
@@ -245,6 +315,15 @@ impl fmt::Display for BadValue<'_> {
                 DEFAULT_NOTIFY_HOLD_NS / 1000
             ),
             Key::GrantsPersistent => write!(f, "{key}={text}: want on or off; using on"),
+            Key::NetIp => write!(
+                f,
+                "{key}={text}: want <a.b.c.d>/<prefix 1-30>, a host address; no vif is used"
+            ),
+            Key::NetGw => write!(
+                f,
+                "{key}={text}: want <a.b.c.d> inside net.ip's subnet (and net.ip set); no \
+                 router is used"
+            ),
             Key::DeviceTimeoutMs => write!(
                 f,
                 "{key}={text}: want a whole number of milliseconds 0..={}; using {}",
@@ -322,6 +401,60 @@ mod tests {
         assert_eq!(bad.len(), 1, "{line}: {bad:?}");
         assert!(bad[0].starts_with(&line), "{line}: {bad:?}");
         bad[0].clone()
+    }
+
+    #[test]
+    fn the_storage_network_address_is_a_host_in_its_subnet() {
+        assert_eq!(parse_good("").net, None);
+        let net = parse_good("net.ip=10.9.0.2/24 net.gw=10.9.0.1")
+            .net
+            .unwrap();
+        assert_eq!(
+            net,
+            NetConfig {
+                address: [10, 9, 0, 2],
+                prefix: 24,
+                gateway: Some([10, 9, 0, 1])
+            }
+        );
+        assert_eq!(
+            parse_good("net.ip=192.168.1.6/30").net.unwrap().gateway,
+            None
+        );
+        for bad in [
+            "10.9.0.2",
+            "10.9.0.2/",
+            "10.9.0.2/0",
+            "10.9.0.2/31",
+            "10.9.0.2/33",
+            "10.9.0.2/+8",
+            "10.9.0.2/024",
+            "10.9.0/24",
+            "10.9.0.2.1/24",
+            "10.9.0.256/24",
+            "10.09.0.2/24",
+            "10.9.0.0/24",
+            "10.9.0.255/24",
+            "0.9.0.2/8",
+            "127.0.0.2/8",
+            "224.0.0.2/8",
+            "10.9.0.-2/24",
+            "",
+        ] {
+            let message = refused("net.ip", bad);
+            assert!(message.contains("no vif is used"), "{message}");
+        }
+        for gw in ["10.9.1.1", "10.9.0.2", "x", "10.9.0.1/24"] {
+            let (config, bad) = parse(&format!("net.ip=10.9.0.2/24 net.gw={gw}"));
+            assert_eq!(config.net.unwrap().gateway, None, "{gw}");
+            assert_eq!(bad.len(), 1, "{gw}: {bad:?}");
+        }
+        let (config, bad) = parse("net.gw=10.9.0.1");
+        assert_eq!(
+            (config.net, bad.len()),
+            (None, 1),
+            "a router without an address"
+        );
     }
 
     #[test]
@@ -511,7 +644,8 @@ mod tests {
     fn every_bad_setting_is_reported_and_the_good_ones_apply() {
         let line = "loglevel=loud poll.spin-us=9-1 poll.idle=nap notify.hold-us=x \
                     grants.max-total=y grants.max-per-ring=z grants.idle-s=w \
-                    grants.persistent=maybe device.timeout-ms=never device.max-resets=lots";
+                    grants.persistent=maybe device.timeout-ms=never device.max-resets=lots \
+                    net.ip=10.0.0.0/24 net.gw=10.0.0.1";
         let (config, bad) = parse(line);
         assert_eq!(config, Config::DEFAULT);
         assert_eq!(bad.len(), SETTINGS);
@@ -567,6 +701,8 @@ mod tests {
                 d.device_max_resets.to_string(),
                 format!("to {MAX_MAX_RESETS}"),
             ),
+            (Key::NetIp, "none".into(), "prefix 1 to 30".into()),
+            (Key::NetGw, "none".into(), "inside net.ip's subnet".into()),
         ];
         assert!(d.persistent_grants);
         assert_eq!(expected.len(), SETTINGS);

@@ -82,14 +82,7 @@ pub mod response {
 }
 
 /// The shared ring's header (`struct blkif_sring` before `ring[]`).
-pub mod sring {
-    pub const REQ_PROD: usize = 0;
-    pub const REQ_EVENT: usize = 4;
-    pub const RSP_PROD: usize = 8;
-    pub const RSP_EVENT: usize = 12;
-    /// Producer/event indices plus the private and padding bytes.
-    pub const HEADER_SIZE: usize = 64;
-}
+pub use xen::abi::sring;
 
 /// The slot and indirect-page layouts as types, for reading a private copy in place:
 /// every field little-endian and of alignment 1 (zerocopy's byte-order types), so a

@@ -5,9 +5,6 @@
 //! released, I/O limits holding requests back and changing) makes no heap allocation
 //! on the polling thread.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use blkback::abi;
 use blkback::budget::{GrantBudget, GrantLimits, InFlightLimits};
 use blkback::engine::{Engine, EngineConfig};
@@ -17,38 +14,8 @@ use blkback::limits::{IoLimits, Rates};
 use blkback::parse::SegmentDesc;
 use blkdev::RamDisk;
 
-/// Counts allocations per thread, so tests running in parallel do not disturb it.
-struct CountingAllocator;
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a
-// const-initialised thread-local `Cell` and never allocates.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|count| count.set(count.get() + 1));
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|count| count.set(count.get() + 1));
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: CountingAllocator = CountingAllocator;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
+mod common;
+use common::counting_alloc::{allocations, ALLOCATIONS};
 
 #[test]
 fn polling_allocates_nothing() {

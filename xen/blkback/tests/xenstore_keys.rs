@@ -21,6 +21,8 @@ const TITLES: &[(&str, Option<Place>)] = &[
     ("Frontend directory, read", Some(Place::FrontendRead)),
     ("blkdom's own directory", Some(Place::Home)),
     ("dom0's pci backend directory", Some(Place::PciBackend)),
+    ("blkdom's vif directory", Some(Place::VifFrontend)),
+    ("The vif's backend directory", Some(Place::VifBackend)),
     ("The test image only", None),
 ];
 
@@ -144,7 +146,7 @@ const PATH_CALLS: &[(&str, usize, usize)] = &[
 
 /// The sources that may talk to xenstore (relative to this crate), without their tests
 /// and fakes.
-const SOURCES: &[&str] = &["../../kernel/src", "../src", "src"];
+const SOURCES: &[&str] = &["../../kernel/src", "../src", "src", "../netfront/src"];
 
 #[derive(Clone, Debug, PartialEq)]
 enum Token {

@@ -24,6 +24,11 @@ pub enum Place {
     Home,
     /// dom0's pci backend directory for the domain ([`pci_backend_directory`]), read.
     PciBackend,
+    /// blkdom's own vif directory (`/local/domain/<blkdom>/device/vif/<n>/`), where
+    /// blkdom is the frontend: the toolstack's keys read, the rings' written.
+    VifFrontend,
+    /// The vif's backend directory (netback's, in dom0), read.
+    VifBackend,
 }
 
 /// A key and where it lives.
@@ -66,6 +71,26 @@ pub const NUM_DEVS: &str = "num_devs";
 /// Where passed-through device N sits on the domain's bus.
 pub const VDEVFN: &str = "vdevfn-<N>";
 
+/// A vif's keys (`public/io/netif.h`; what Linux netback reads in its `xenbus.c`).
+pub mod vif {
+    /// The backend's directory, and its domain.
+    pub const BACKEND: &str = "backend";
+    pub const BACKEND_ID: &str = "backend-id";
+    /// `xx:xx:xx:xx:xx:xx`, written by the toolstack.
+    pub const MAC: &str = "mac";
+    pub const TX_RING_REF: &str = "tx-ring-ref";
+    pub const RX_RING_REF: &str = "rx-ring-ref";
+    pub const EVENT_CHANNEL: &str = "event-channel";
+    /// `1`: netback copies frames into our pages (mandatory since Linux 3.x).
+    pub const REQUEST_RX_COPY: &str = "request-rx-copy";
+    /// `1`: we notify when posting rx pages (without it netback polls on a timer).
+    pub const FEATURE_RX_NOTIFY: &str = "feature-rx-notify";
+    /// `1`: no checksum offload either way (we compute and check every checksum).
+    pub const FEATURE_NO_CSUM_OFFLOAD: &str = "feature-no-csum-offload";
+    /// The backend's: `1` when it can copy into our pages.
+    pub const FEATURE_RX_COPY: &str = "feature-rx-copy";
+}
+
 /// Every key of this list blkdom uses, where it uses it.
 pub const ALL: &[Key] = &[
     Key::new(FRONTEND, Place::BackendRead),
@@ -83,6 +108,18 @@ pub const ALL: &[Key] = &[
     Key::new(CONTROL_FEATURE_REBOOT, Place::Home),
     Key::new(NUM_DEVS, Place::PciBackend),
     Key::new(VDEVFN, Place::PciBackend),
+    Key::new(vif::BACKEND, Place::VifFrontend),
+    Key::new(vif::BACKEND_ID, Place::VifFrontend),
+    Key::new(vif::MAC, Place::VifFrontend),
+    Key::new(STATE, Place::VifFrontend),
+    Key::new(vif::TX_RING_REF, Place::VifFrontend),
+    Key::new(vif::RX_RING_REF, Place::VifFrontend),
+    Key::new(vif::EVENT_CHANNEL, Place::VifFrontend),
+    Key::new(vif::REQUEST_RX_COPY, Place::VifFrontend),
+    Key::new(vif::FEATURE_RX_NOTIFY, Place::VifFrontend),
+    Key::new(vif::FEATURE_NO_CSUM_OFFLOAD, Place::VifFrontend),
+    Key::new(STATE, Place::VifBackend),
+    Key::new(vif::FEATURE_RX_COPY, Place::VifBackend),
 ];
 
 /// `key` with its placeholder `<N>` replaced by `n` (`vdevfn-<N>`, 2: `vdevfn-2`).

@@ -1,0 +1,497 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! A fake NVMe/TCP target (one per connection), for this crate's tests and for tests
+//! that carry NVMe/TCP over something else (netfront's, over smoltcp): it checks every
+//! PDU the host sends and answers like a controller with a RAM namespace. Feed it the
+//! host's bytes with [`Target::input`]; what it sends accumulates in `out`.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+
+use crate::pdu;
+use crate::sqe::{self, Status};
+
+pub const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:blkdom-test-host";
+pub const SUBNQN: &str = "nqn.2026-01.org.example:disk1";
+pub const BLOCK: usize = 512;
+
+pub fn le16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+pub fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+pub fn le64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+// ---- PDUs as a target sends them ----
+
+pub fn icresp_pdu(maxh2cdata: u32) -> Vec<u8> {
+    let mut p = vec![0u8; 128];
+    p[0] = pdu::ICRESP;
+    p[2] = 128;
+    p[4..8].copy_from_slice(&128u32.to_le_bytes());
+    p[12..16].copy_from_slice(&maxh2cdata.to_le_bytes());
+    p
+}
+
+pub fn resp_pdu(cid: u16, status: Status, result: u64) -> Vec<u8> {
+    let mut p = vec![0u8; 24];
+    p[0] = pdu::CAPSULE_RESP;
+    p[2] = 24;
+    p[4..8].copy_from_slice(&24u32.to_le_bytes());
+    p[8..16].copy_from_slice(&result.to_le_bytes());
+    let dw3 = u32::from(cid) | (u32::from(status.0) << 17);
+    p[20..24].copy_from_slice(&dw3.to_le_bytes());
+    p
+}
+
+pub fn c2h_pdu(cid: u16, offset: u32, data: &[u8], flags: u8) -> Vec<u8> {
+    let mut p = vec![0u8; 24];
+    p[0] = pdu::C2H_DATA;
+    p[1] = flags;
+    p[2] = 24;
+    p[3] = 24;
+    p[4..8].copy_from_slice(&(24 + data.len() as u32).to_le_bytes());
+    p[8..10].copy_from_slice(&cid.to_le_bytes());
+    p[12..16].copy_from_slice(&offset.to_le_bytes());
+    p[16..20].copy_from_slice(&(data.len() as u32).to_le_bytes());
+    p.extend_from_slice(data);
+    p
+}
+
+pub fn r2t_pdu(cid: u16, ttag: u16, offset: u32, len: u32) -> Vec<u8> {
+    let mut p = vec![0u8; 24];
+    p[0] = pdu::R2T;
+    p[2] = 24;
+    p[4..8].copy_from_slice(&24u32.to_le_bytes());
+    p[8..10].copy_from_slice(&cid.to_le_bytes());
+    p[10..12].copy_from_slice(&ttag.to_le_bytes());
+    p[12..16].copy_from_slice(&offset.to_le_bytes());
+    p[16..20].copy_from_slice(&len.to_le_bytes());
+    p
+}
+
+pub fn term_pdu(fes: u16) -> Vec<u8> {
+    let mut p = vec![0u8; 24];
+    p[0] = pdu::C2H_TERM;
+    p[2] = 24;
+    p[4..8].copy_from_slice(&24u32.to_le_bytes());
+    p[8..10].copy_from_slice(&fes.to_le_bytes());
+    p
+}
+
+// ---- The fake target ----
+
+pub struct PendingWrite {
+    pub sqe: [u8; 64],
+    pub len: u32,
+    pub data: Vec<u8>,
+    pub ttag: u16,
+    /// End of the active R2T.
+    pub r2t_end: u32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConnectSeen {
+    pub qid: u16,
+    pub sqsize: u16,
+    pub kato: u32,
+    pub cntlid: u16,
+    pub host_id: [u8; 16],
+    pub subnqn: String,
+    pub hostnqn: String,
+}
+
+/// Knobs and records of a fake target connection.
+pub struct Target {
+    pub rx: Vec<u8>,
+    pub out: Vec<u8>,
+    pub initialized: bool,
+    pub maxh2cdata: u32,
+    /// IOCCSZ in 16-byte units.
+    pub ioccsz: u32,
+    pub mdts: u8,
+    pub maxcmd: u16,
+    pub sgls: u32,
+    /// Identify Namespace: size override, FLBAS, NLBAF, and format 0's metadata size
+    /// and LBADS.
+    pub ns_blocks: Option<u64>,
+    pub flbas: u8,
+    pub nlbaf: u8,
+    pub lbaf0: (u16, u8),
+    pub cap: u64,
+    pub cc: u32,
+    /// CSTS reads that report not-ready before RDY.
+    pub csts_polls_before_ready: u32,
+    pub csts_fatal: bool,
+    pub csts_reads: u32,
+    pub disk: Vec<u8>,
+    pub nsid: u32,
+    /// Most bytes per C2HData PDU.
+    pub c2h_chunk: usize,
+    /// Send reads' completions as the C2HData SUCCESS flag.
+    pub success_flag: bool,
+    /// Most bytes per R2T.
+    pub r2t_chunk: u32,
+    /// Connect fails with this status.
+    /// Connect fails with this status and dword 0.
+    pub connect_status: Option<(Status, u64)>,
+    /// Keep-alives are not answered.
+    pub mute_keep_alive: bool,
+    pub cntlid: u16,
+    pub writes: HashMap<u16, PendingWrite>,
+    pub next_ttag: u16,
+    pub connects: Vec<ConnectSeen>,
+    pub keep_alives: u32,
+    pub flushes: u32,
+    pub inline_writes: u32,
+    pub r2ts: u32,
+    pub h2c_pdus: u32,
+    /// Largest H2CData payload seen.
+    pub h2c_max: u32,
+    pub cids_in_flight: Vec<u16>,
+}
+
+impl Default for Target {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Target {
+    pub fn new() -> Self {
+        let mut disk = vec![0u8; 256 * BLOCK];
+        for (i, b) in disk.iter_mut().enumerate() {
+            *b = (i * 7 + i / 512) as u8;
+        }
+        Target {
+            rx: Vec::new(),
+            out: Vec::new(),
+            initialized: false,
+            maxh2cdata: 8192,
+            ioccsz: (64 + 4096) / 16,
+            mdts: 5,
+            maxcmd: 64,
+            sgls: 1,
+            ns_blocks: None,
+            flbas: 0,
+            nlbaf: 0,
+            lbaf0: (0, 9),
+            // MQES 127, TO 2 (1 s), CSS NVM.
+            cap: 127 | (2 << 24) | (1 << 37),
+            cc: 0,
+            csts_polls_before_ready: 2,
+            csts_fatal: false,
+            csts_reads: 0,
+            disk,
+            nsid: 1,
+            c2h_chunk: 1500,
+            success_flag: false,
+            r2t_chunk: 1 << 20,
+            connect_status: None,
+            mute_keep_alive: false,
+            cntlid: 0x11,
+            writes: HashMap::new(),
+            next_ttag: 1,
+            connects: Vec::new(),
+            keep_alives: 0,
+            flushes: 0,
+            inline_writes: 0,
+            r2ts: 0,
+            h2c_pdus: 0,
+            h2c_max: 0,
+            cids_in_flight: Vec::new(),
+        }
+    }
+
+    pub fn input(&mut self, bytes: &[u8]) {
+        self.rx.extend_from_slice(bytes);
+        loop {
+            if self.rx.len() < 8 {
+                return;
+            }
+            let plen = le32(&self.rx, 4) as usize;
+            assert!(plen >= 8, "host PDU with plen {plen}");
+            if self.rx.len() < plen {
+                return;
+            }
+            let p: Vec<u8> = self.rx.drain(..plen).collect();
+            self.pdu(&p);
+        }
+    }
+
+    pub fn pdu(&mut self, p: &[u8]) {
+        let (t, flags, hlen, pdo) = (p[0], p[1], p[2], p[3]);
+        if !self.initialized {
+            assert_eq!(t, pdu::ICREQ, "first host PDU must be ICReq");
+            assert_eq!((flags, hlen, pdo, p.len()), (0, 128, 0, 128));
+            assert_eq!(le16(p, 8), 0, "pfv");
+            assert_eq!(p[10], 0, "hpda");
+            assert_eq!(p[11], 0, "no digests asked");
+            assert_eq!(le32(p, 12), 0, "maxr2t");
+            self.initialized = true;
+            self.out.extend(icresp_pdu(self.maxh2cdata));
+            return;
+        }
+        match t {
+            pdu::CAPSULE_CMD => {
+                assert_eq!(flags, 0);
+                assert_eq!(hlen, 72);
+                let mut sqe = [0u8; 64];
+                sqe.copy_from_slice(&p[8..72]);
+                let data = if p.len() > 72 {
+                    assert_eq!(pdo, 72, "in-capsule data right after the entry");
+                    &p[72..]
+                } else {
+                    assert_eq!(pdo, 0);
+                    &p[72..72]
+                };
+                self.command(sqe, data);
+            }
+            pdu::H2C_DATA => {
+                assert_eq!((hlen, pdo), (24, 24));
+                assert_eq!(flags & !pdu::FLAG_DATA_LAST, 0);
+                let cid = le16(p, 8);
+                let ttag = le16(p, 10);
+                let offset = le32(p, 12);
+                let len = le32(p, 16);
+                assert_eq!(len as usize, p.len() - 24, "DATAL");
+                assert!(len <= self.maxh2cdata, "H2CData of {len} > MAXH2CDATA");
+                self.h2c_pdus += 1;
+                self.h2c_max = self.h2c_max.max(len);
+                let w = self
+                    .writes
+                    .get_mut(&cid)
+                    .expect("H2CData for a write with an R2T");
+                assert_eq!(ttag, w.ttag);
+                assert_eq!(offset as usize, w.data.len(), "H2CData in order");
+                w.data.extend_from_slice(&p[24..]);
+                let at_end = w.data.len() as u32 == w.r2t_end;
+                assert!(
+                    w.data.len() as u32 <= w.r2t_end,
+                    "more data than the R2T asked"
+                );
+                assert_eq!(
+                    flags & pdu::FLAG_DATA_LAST != 0,
+                    at_end,
+                    "LAST on the R2T's last PDU only"
+                );
+                if at_end {
+                    if w.r2t_end < w.len {
+                        let (off, end) = (w.r2t_end, w.len.min(w.r2t_end + self.r2t_chunk));
+                        w.r2t_end = end;
+                        let ttag = w.ttag;
+                        self.r2ts += 1;
+                        self.out.extend(r2t_pdu(cid, ttag, off, end - off));
+                    } else {
+                        let w = self.writes.remove(&cid).unwrap();
+                        self.execute(w.sqe, &w.data);
+                    }
+                }
+            }
+            t => panic!("host sent PDU type {t}"),
+        }
+    }
+
+    pub fn command(&mut self, sqe: [u8; 64], inline: &[u8]) {
+        let cid = le16(&sqe, 2);
+        assert_eq!(sqe[1] & 0xc0, 0x40, "PSDT: SGL");
+        assert!(
+            !self.cids_in_flight.contains(&cid),
+            "CID {cid:#x} reused while in flight"
+        );
+        self.cids_in_flight.push(cid);
+        let sgl_len = le32(&sqe, 32);
+        let sgl_type = sqe[39];
+        let writes = matches!(sqe[0], sqe::IO_WRITE | sqe::IO_DSM)
+            || (sqe[0] == sqe::OPC_FABRICS && sqe[4] == sqe::FCTYPE_CONNECT);
+        if !inline.is_empty() {
+            assert_eq!(
+                (sgl_type, sgl_len as usize),
+                (0x01, inline.len()),
+                "in-capsule SGL"
+            );
+            assert_eq!(le64(&sqe, 24), 0, "in-capsule offset");
+            if sqe[0] == sqe::IO_WRITE {
+                self.inline_writes += 1;
+            }
+            self.execute(sqe, inline);
+        } else if writes {
+            assert_eq!(sgl_type, 0x5a, "transport SGL");
+            assert!(sgl_len > 0);
+            let end = sgl_len.min(self.r2t_chunk);
+            let ttag = self.next_ttag;
+            self.next_ttag += 1;
+            self.writes.insert(
+                cid,
+                PendingWrite {
+                    sqe,
+                    len: sgl_len,
+                    data: Vec::new(),
+                    ttag,
+                    r2t_end: end,
+                },
+            );
+            self.r2ts += 1;
+            self.out.extend(r2t_pdu(cid, ttag, 0, end));
+        } else {
+            assert_eq!(sgl_type, 0x5a, "transport SGL");
+            self.execute(sqe, &[]);
+        }
+    }
+
+    pub fn respond(&mut self, cid: u16, status: Status, result: u64) {
+        self.cids_in_flight.retain(|&c| c != cid);
+        self.out.extend(resp_pdu(cid, status, result));
+    }
+
+    pub fn send_data(&mut self, cid: u16, data: &[u8]) {
+        let mut off = 0;
+        while off < data.len() {
+            let n = self.c2h_chunk.min(data.len() - off);
+            let last = off + n == data.len();
+            let mut flags = if last { pdu::FLAG_DATA_LAST } else { 0 };
+            if last && self.success_flag {
+                flags |= pdu::FLAG_DATA_SUCCESS;
+            }
+            self.out
+                .extend(c2h_pdu(cid, off as u32, &data[off..off + n], flags));
+            off += n;
+        }
+        if self.success_flag {
+            self.cids_in_flight.retain(|&c| c != cid);
+        } else {
+            self.respond(cid, Status::SUCCESS, 0);
+        }
+    }
+
+    pub fn execute(&mut self, sqe: [u8; 64], data: &[u8]) {
+        let cid = le16(&sqe, 2);
+        let nsid = le32(&sqe, 4);
+        let ok = Status::SUCCESS;
+        match sqe[0] {
+            sqe::OPC_FABRICS => match sqe[4] {
+                sqe::FCTYPE_CONNECT => {
+                    assert_eq!(data.len(), 1024);
+                    let nqn = |at: usize| {
+                        let f = &data[at..at + 256];
+                        String::from_utf8(f[..f.iter().position(|&b| b == 0).unwrap()].to_vec())
+                            .unwrap()
+                    };
+                    self.connects.push(ConnectSeen {
+                        qid: le16(&sqe, 42),
+                        sqsize: le16(&sqe, 44),
+                        kato: le32(&sqe, 48),
+                        cntlid: le16(data, 16),
+                        host_id: data[0..16].try_into().unwrap(),
+                        subnqn: nqn(256),
+                        hostnqn: nqn(512),
+                    });
+                    match self.connect_status {
+                        Some((s, result)) => self.respond(cid, s, result),
+                        None => self.respond(cid, ok, u64::from(self.cntlid)),
+                    }
+                }
+                sqe::FCTYPE_PROPERTY_GET => {
+                    let value = match le32(&sqe, 44) {
+                        sqe::PROP_CAP => {
+                            assert_eq!(sqe[40], 1, "CAP is 8 bytes");
+                            self.cap
+                        }
+                        sqe::PROP_CSTS => {
+                            self.csts_reads += 1;
+                            let rdy =
+                                self.cc & 1 != 0 && self.csts_reads > self.csts_polls_before_ready;
+                            u64::from(rdy) | if self.csts_fatal { 2 } else { 0 }
+                        }
+                        sqe::PROP_CC => u64::from(self.cc),
+                        o => panic!("property {o:#x}"),
+                    };
+                    self.respond(cid, ok, value);
+                }
+                sqe::FCTYPE_PROPERTY_SET => {
+                    assert_eq!(le32(&sqe, 44), sqe::PROP_CC);
+                    self.cc = le32(&sqe, 48);
+                    self.respond(cid, ok, 0);
+                }
+                f => panic!("fctype {f}"),
+            },
+            sqe::ADMIN_IDENTIFY if self.connects.last().unwrap().qid == 0 => {
+                assert_eq!(le32(&sqe, 32), 4096);
+                let mut id = vec![0u8; 4096];
+                match le32(&sqe, 40) {
+                    sqe::CNS_CONTROLLER => {
+                        id[77] = self.mdts;
+                        id[78..80].copy_from_slice(&self.cntlid.to_le_bytes());
+                        id[514..516].copy_from_slice(&self.maxcmd.to_le_bytes());
+                        id[520..522].copy_from_slice(&(1u16 << 2).to_le_bytes());
+                        id[525] = 1;
+                        id[536..540].copy_from_slice(&self.sgls.to_le_bytes());
+                        id[1792..1796].copy_from_slice(&self.ioccsz.to_le_bytes());
+                    }
+                    sqe::CNS_NAMESPACE => {
+                        if nsid != self.nsid {
+                            // Linux nvmet: Invalid Namespace or Format.
+                            self.respond(cid, Status::new(0, 0x0b), 0);
+                            return;
+                        }
+                        let blocks = self.ns_blocks.unwrap_or((self.disk.len() / BLOCK) as u64);
+                        id[0..8].copy_from_slice(&blocks.to_le_bytes());
+                        id[25] = self.nlbaf;
+                        id[26] = self.flbas;
+                        id[128..130].copy_from_slice(&self.lbaf0.0.to_le_bytes());
+                        id[128 + 2] = self.lbaf0.1;
+                        id[132 + 2] = 12;
+                    }
+                    c => panic!("cns {c}"),
+                }
+                self.send_data(cid, &id);
+            }
+            sqe::ADMIN_KEEP_ALIVE if self.connects.last().unwrap().qid == 0 => {
+                self.keep_alives += 1;
+                if !self.mute_keep_alive {
+                    self.respond(cid, ok, 0);
+                }
+            }
+            op => {
+                assert_ne!(
+                    self.connects.last().unwrap().qid,
+                    0,
+                    "I/O opcode {op} on the admin queue"
+                );
+                assert_eq!(nsid, self.nsid);
+                let lba = le64(&sqe, 40) as usize;
+                let blocks = (le32(&sqe, 48) & 0xffff) as usize + 1;
+                let range = lba * BLOCK..(lba + blocks) * BLOCK;
+                match op {
+                    sqe::IO_READ => {
+                        assert_eq!(le32(&sqe, 32) as usize, range.len());
+                        let d = self.disk[range].to_vec();
+                        self.send_data(cid, &d);
+                    }
+                    sqe::IO_WRITE => {
+                        assert_eq!(data.len(), range.len());
+                        self.disk[range].copy_from_slice(data);
+                        self.respond(cid, ok, 0);
+                    }
+                    sqe::IO_FLUSH => {
+                        self.flushes += 1;
+                        self.respond(cid, ok, 0);
+                    }
+                    sqe::IO_DSM => {
+                        assert_eq!(le32(&sqe, 40), 0, "one range");
+                        assert_eq!(le32(&sqe, 44), 4, "deallocate");
+                        assert_eq!(data.len(), 16);
+                        let (n, slba) = (le32(data, 4) as usize, le64(data, 8) as usize);
+                        self.disk[slba * BLOCK..(slba + n) * BLOCK].fill(0);
+                        self.respond(cid, ok, 0);
+                    }
+                    op => panic!("opcode {op}"),
+                }
+            }
+        }
+    }
+}

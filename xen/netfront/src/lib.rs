@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! Xen netfront, the frontend side of the netif protocol, for blkdom's storage network:
+//! one vif queue (a tx and an rx ring, one event channel, MTU 1500, one page per frame)
+//! and smoltcp's device over it.
+//!
+//! * [`ring`]: a `ring.h` front ring's indices and notification arithmetic.
+//! * [`queue`]: the two rings, their pages, and every check of the backend's responses.
+//! * [`phy`]: smoltcp's `Device` over a queue.
+//! * [`xenbus`]: the frontend's handshake with netback, over `xen::xenbus::XenStore`.
+//!
+//! No unsafe code: the rings and pages are `xen::SharedMem` windows the kernel makes.
+#![cfg_attr(not(test), no_std)]
+#![deny(unsafe_code)]
+
+extern crate alloc;
+
+pub mod phy;
+pub mod queue;
+pub mod ring;
+pub mod stack;
+pub mod xenbus;
+
+pub use phy::NetDevice;
+pub use queue::{NetFault, NetQueue, NetStats, Page, SendError, MAX_FRAME};

@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The netif protocol (`public/io/netif.h`): the slots of a vif's tx and rx rings, their
+//! flags and statuses. The rings are `ring.h` rings: a 64-byte header, then slots; one
+//! page each holds 256 slots (tx slots are 12 bytes, rx slots 8).
+
+use crate::abi::grant_table::GrantRef;
+use crate::abi::sring;
+
+/// `struct netif_tx_request`: one frame (or fragment) to send.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetifTxRequest {
+    pub gref: GrantRef,
+    pub offset: u16,
+    pub flags: u16,
+    pub id: u16,
+    pub size: u16,
+}
+
+/// `struct netif_tx_response`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetifTxResponse {
+    pub id: u16,
+    pub status: i16,
+}
+
+/// `struct netif_rx_request`: a page posted for the backend to copy a frame into.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetifRxRequest {
+    pub id: u16,
+    pub pad: u16,
+    pub gref: GrantRef,
+}
+
+/// `struct netif_rx_response`: `status` is the frame's length, or a negative
+/// `NETIF_RSP_*`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetifRxResponse {
+    pub id: u16,
+    pub offset: u16,
+    pub flags: u16,
+    pub status: i16,
+}
+
+/// `NETTXF_*`.
+pub const NETTXF_CSUM_BLANK: u16 = 1 << 0;
+pub const NETTXF_DATA_VALIDATED: u16 = 1 << 1;
+pub const NETTXF_MORE_DATA: u16 = 1 << 2;
+pub const NETTXF_EXTRA_INFO: u16 = 1 << 3;
+
+/// `NETRXF_*`.
+pub const NETRXF_DATA_VALIDATED: u16 = 1 << 0;
+pub const NETRXF_CSUM_BLANK: u16 = 1 << 1;
+pub const NETRXF_MORE_DATA: u16 = 1 << 2;
+pub const NETRXF_EXTRA_INFO: u16 = 1 << 3;
+pub const NETRXF_GSO_PREFIX: u16 = 1 << 4;
+
+/// `NETIF_RSP_*`.
+pub const NETIF_RSP_DROPPED: i16 = -2;
+pub const NETIF_RSP_ERROR: i16 = -1;
+pub const NETIF_RSP_OKAY: i16 = 0;
+/// The response to an extra-info slot (which this frontend never sends).
+pub const NETIF_RSP_NULL: i16 = 1;
+
+/// A tx slot: the union of request (12 bytes) and response.
+pub const TX_SLOT: usize = 12;
+/// An rx slot: the union of request and response (8 bytes each).
+pub const RX_SLOT: usize = 8;
+
+/// `__CONST_RING_SIZE` for one page: the largest power of two of slots after the header.
+pub const fn ring_size(slot: usize) -> u32 {
+    let fit = (crate::abi::PAGE_SIZE - sring::HEADER_SIZE) / slot;
+    1 << (usize::BITS - 1 - fit.leading_zeros())
+}
+
+/// `NET_TX_RING_SIZE` / `NET_RX_RING_SIZE` for one-page rings.
+pub const TX_RING_SIZE: u32 = ring_size(TX_SLOT);
+pub const RX_RING_SIZE: u32 = ring_size(RX_SLOT);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::{offset_of, size_of};
+
+    #[test]
+    fn netif_layouts() {
+        assert_eq!(size_of::<NetifTxRequest>(), TX_SLOT);
+        assert_eq!(offset_of!(NetifTxRequest, offset), 4);
+        assert_eq!(offset_of!(NetifTxRequest, flags), 6);
+        assert_eq!(offset_of!(NetifTxRequest, id), 8);
+        assert_eq!(offset_of!(NetifTxRequest, size), 10);
+        assert_eq!(size_of::<NetifTxResponse>(), 4);
+        assert_eq!(offset_of!(NetifTxResponse, status), 2);
+        assert_eq!(size_of::<NetifRxRequest>(), RX_SLOT);
+        assert_eq!(offset_of!(NetifRxRequest, gref), 4);
+        assert_eq!(size_of::<NetifRxResponse>(), RX_SLOT);
+        assert_eq!(offset_of!(NetifRxResponse, offset), 2);
+        assert_eq!(offset_of!(NetifRxResponse, flags), 4);
+        assert_eq!(offset_of!(NetifRxResponse, status), 6);
+    }
+
+    #[test]
+    fn one_page_rings_hold_256_slots() {
+        assert_eq!((TX_RING_SIZE, RX_RING_SIZE), (256, 256));
+        assert_eq!(ring_size(64), 32);
+        assert_eq!(ring_size(112), 32);
+    }
+}
