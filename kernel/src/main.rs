@@ -18,6 +18,7 @@ mod bootinfo;
 mod console;
 mod devices;
 mod firmware;
+mod handoff;
 mod hooks;
 mod logger;
 mod mm;
@@ -47,7 +48,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     logger::init(LevelFilter::Info);
 
     let info = match bootinfo::BootInfo::read(start_info_paddr) {
-        Ok(info) => info,
+        Ok(info) => bootinfo::keep(info),
         Err(e) => {
             error!("no usable hvm_start_info at {start_info_paddr:#x}: {e}");
             power::crash("bad boot information");
@@ -99,7 +100,9 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     arch::apic::mask_legacy_pic();
     smp::init_boot_cpu();
 
-    let memory = match mm::init(&info) {
+    // Booted from a live upgrade: the old image's handover block, one of our modules.
+    let handover_module = handoff::find_module(info);
+    let memory = match mm::init(info, handover_module) {
         Ok(report) => report,
         Err(e) => {
             error!("memory set-up failed: {e:?}");
@@ -120,6 +123,16 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         "memory: {:#x}-{:#x} kept free for a live upgrade's next image",
         memory.image.end, memory.load_window.end
     );
+    if let Some((ranges, bytes)) = memory.kept {
+        info!(
+            "memory: {ranges} ranges ({} KiB) kept as the handover lists them",
+            bytes / 1024
+        );
+    }
+    let handover = match (handover_module, memory.kept) {
+        (Some(module), Some(_)) => handoff::adopt(info, module, smp::MAX_CPUS),
+        _ => None,
+    };
     arch::copy::calibrate();
     log_grant_limits(&config.grants);
     log_device_timeout(config.device_timeout_ns, config.device_max_resets);
@@ -133,7 +146,13 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     // What a PAUSE costs here (timed at boot): the pollers' default idle.
     let mut pause = Cost::Unknown;
     if hypervisor.is_xen() {
-        match xen_domain::init() {
+        let adopt = handover
+            .filter(|h| !h.vcpu_info.is_empty())
+            .map(|h| (h.shared_info, h.vcpu_info[0]));
+        if handover.is_some() && adopt.is_none() {
+            error!("upgrade: the handover has no vcpu_info under Xen; registering afresh");
+        }
+        match xen_domain::init(adopt) {
             Ok(xen) => {
                 info!(
                     "xen: shared_info mapped, vcpu_info registered, event upcalls on vector {:#x} ({:?})",
@@ -166,7 +185,13 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
             Err(e) => error!("xen: no xenstore: {e}"),
         }
     }
-    start_cpus(&hypervisor, &firmware);
+    match handover {
+        Some(h) => {
+            handoff::release_parked(h);
+            info!("cpu: {} CPUs online", smp::online_count());
+        }
+        None => start_cpus(&hypervisor, &firmware),
+    }
     // Configuration space, said once; the bus is walked on first use and kept.
     let bus = devices::open::PciBus::new(&firmware);
 

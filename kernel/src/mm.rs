@@ -64,6 +64,10 @@ pub struct MemoryReport {
     pub image: PhysRange,
     /// Where every image is loaded, kept free for the next one (`handover::image`).
     pub load_window: PhysRange,
+    /// Booted from a live upgrade: the memory ranges its handover block lists (and
+    /// their bytes), kept out of the frame allocator; `None` on a cold boot or when the
+    /// block was refused (logged).
+    pub kept: Option<(usize, u64)>,
 }
 
 pub fn image_range() -> PhysRange {
@@ -84,8 +88,10 @@ pub fn image_notes() -> &'static [u8] {
     unsafe { core::slice::from_raw_parts(start, len) }
 }
 
-/// Fills the frame allocator from the memory map and carves out the heap.
-pub fn init(info: &BootInfo) -> Result<MemoryReport, FrameError> {
+/// Fills the frame allocator from the memory map and carves out the heap. `handover`:
+/// the handover module (address, length) when booted from a live upgrade, whose memory
+/// ranges are kept out before the heap is carved.
+pub fn init(info: &BootInfo, handover: Option<(u64, u64)>) -> Result<MemoryReport, FrameError> {
     let mut frames = FRAMES.lock();
     let mut ram_bytes = 0;
     for entry in info.memmap().iter().filter(|e| e.kind == memmap_type::RAM) {
@@ -147,6 +153,9 @@ pub fn init(info: &BootInfo) -> Result<MemoryReport, FrameError> {
         }
     }
 
+    // Every module (beyond those BootInfo kept, too), whatever it holds.
+    let kept = handover.and_then(|module| keep_handover_ranges(info, &mut frames, module));
+
     let free_bytes_before_heap = frames.free_bytes();
     let heap_bytes = (free_bytes_before_heap / 4 * 3).max(HEAP_MIN) / FRAME_SIZE * FRAME_SIZE;
     let heap_start = frames.allocate_contiguous(heap_bytes / FRAME_SIZE, 2 << 20)?;
@@ -159,7 +168,64 @@ pub fn init(info: &BootInfo) -> Result<MemoryReport, FrameError> {
         heap_bytes,
         image,
         load_window: PhysRange::new(window.start, window.end),
+        kept,
     })
+}
+
+/// Checks the handover block in a heap of its own (frames taken for the moment), keeps
+/// every memory range it lists out of `frames`, then gives those frames back and leaves
+/// the heap empty for `init` to carve: the block is untrusted until decoded, and
+/// decoding needs a heap, but the real heap must not land on a range it lists. The
+/// block is decoded again, in the real heap, when the rest of it is used.
+fn keep_handover_ranges(
+    info: &BootInfo,
+    frames: &mut FrameAllocator,
+    (paddr, len): (u64, u64),
+) -> Option<(usize, u64)> {
+    let scratch_frames = (len.saturating_mul(4) + (1 << 20)).div_ceil(FRAME_SIZE);
+    let scratch = match frames.allocate_contiguous(scratch_frames, FRAME_SIZE) {
+        Ok(start) => start,
+        Err(e) => {
+            log::error!("upgrade: no memory to check the handover block ({e:?}); ignored");
+            return None;
+        }
+    };
+    // SAFETY: the frames were just taken from the allocator and nothing else uses them;
+    // identity mapped and writable. The heap is empty (nothing allocated before `init`)
+    // and is emptied again below, after every allocation made in it is dropped.
+    unsafe {
+        HEAP.lock()
+            .init(scratch as *mut u8, (scratch_frames * FRAME_SIZE) as usize)
+    };
+    let (ram, n) = info.ram();
+    let block = crate::handoff::read_module(paddr, len);
+    let limits = handover::block::Limits {
+        ram: &ram[..n],
+        vcpus: crate::smp::MAX_CPUS,
+        max_queues: crate::smp::MAX_CPUS,
+    };
+    let decoded = handover::block::Handover::decode(&block, &limits);
+    // The scratch frames go back first (their bytes stay as they are until the heap is
+    // carved), so that a range the block lists inside them is removed after.
+    if let Err(e) = frames.free(scratch, scratch_frames) {
+        log::warn!("upgrade: scratch frames not given back ({e:?})");
+    }
+    let kept = match &decoded {
+        Ok(h) => {
+            for range in &h.ranges {
+                frames.remove(PhysRange::new(range.start, range.end()));
+            }
+            Some((h.ranges.len(), h.ranges.iter().map(|r| r.len).sum()))
+        }
+        Err(e) => {
+            log::error!("upgrade: handover block refused: {e}");
+            None
+        }
+    };
+    drop(decoded);
+    drop(block);
+    *HEAP.lock() = linked_list_allocator::Heap::empty();
+    kept
 }
 
 pub fn allocate_frame() -> Result<u64, FrameError> {

@@ -350,36 +350,34 @@ impl core::fmt::Display for ModuleError {
     }
 }
 
-/// The handover module among a boot's modules: `Ok(None)` when there is none (a cold
-/// boot). It must be unique, sized as a block can be, and lie in `ram` (ranges below the
-/// identity map's end, from the memory map). Its bytes are then copied and checked with
-/// `block::Handover::decode`.
-pub fn find_handover(
-    modules: &[Module],
+/// The handover module among a boot's modules (address, size, command line):
+/// `Ok(None)` when there is none (a cold boot). It must be unique, sized as a block can
+/// be, and lie in `ram` (ranges below the identity map's end, from the memory map). Its
+/// bytes are then copied and checked with `block::Handover::decode`. Allocates nothing:
+/// it runs before the heap exists.
+pub fn find_handover<'a>(
+    modules: impl IntoIterator<Item = (u64, u64, &'a [u8])>,
     ram: &[core::ops::Range<u64>],
 ) -> Result<Option<(u64, u64)>, ModuleError> {
     let mut found = modules
-        .iter()
-        .filter(|m| m.cmdline == HANDOVER_CMDLINE.as_bytes());
-    let Some(m) = found.next() else {
+        .into_iter()
+        .filter(|m| m.2 == HANDOVER_CMDLINE.as_bytes());
+    let Some((paddr, size, _)) = found.next() else {
         return Ok(None);
     };
     if found.next().is_some() {
         return Err(ModuleError::Several);
     }
     let max = (crate::block::HEADER_LEN + crate::block::MAX_BODY) as u64;
-    if m.size < crate::block::HEADER_LEN as u64 || m.size > max {
-        return Err(ModuleError::Size(m.size));
+    if size < crate::block::HEADER_LEN as u64 || size > max {
+        return Err(ModuleError::Size(size));
     }
-    let inside = m.paddr != 0
-        && m.paddr
-            .checked_add(m.size)
-            .is_some_and(|end| ram.iter().any(|r| r.start <= m.paddr && end <= r.end));
+    let inside = paddr != 0
+        && paddr
+            .checked_add(size)
+            .is_some_and(|end| ram.iter().any(|r| r.start <= paddr && end <= r.end));
     if !inside {
-        return Err(ModuleError::Place {
-            paddr: m.paddr,
-            size: m.size,
-        });
+        return Err(ModuleError::Place { paddr, size });
     }
-    Ok(Some((m.paddr, m.size)))
+    Ok(Some((paddr, size)))
 }

@@ -225,7 +225,7 @@ fn the_new_start_info_is_the_old_one_with_the_block_as_its_last_module() {
     let ram = [0..0x9_fc00, 0x10_0000..0x8000_0000];
     let modules = [read_module(0), read_module(1)];
     assert_eq!(
-        find_handover(&modules, &ram),
+        find_handover(modules.iter().map(triple), &ram),
         Ok(Some((0x320_0000, 0x1234)))
     );
 }
@@ -264,38 +264,45 @@ fn a_handover_module_must_be_unique_sized_and_in_ram() {
     let ram = [0..0x9_fc00, 0x10_0000..0x8000_0000];
     let good = module(0x320_0000, 0x1234, HANDOVER_CMDLINE);
     assert_eq!(
-        find_handover(&[module(0x300_0000, 1, "other")], &ram),
+        find_handover([module(0x300_0000, 1, "other")].iter().map(triple), &ram),
         Ok(None)
     );
     assert_eq!(
-        find_handover(&[good.clone(), good.clone()], &ram),
+        find_handover([good.clone(), good.clone()].iter().map(triple), &ram),
         Err(ModuleError::Several)
     );
     let mut m = good.clone();
     m.size = 10;
-    assert_eq!(find_handover(&[m], &ram), Err(ModuleError::Size(10)));
+    assert_eq!(
+        find_handover([m].iter().map(triple), &ram),
+        Err(ModuleError::Size(10))
+    );
     let mut m = good.clone();
     m.size = (crate::block::HEADER_LEN + crate::block::MAX_BODY) as u64 + 1;
     assert!(matches!(
-        find_handover(&[m], &ram),
+        find_handover([m].iter().map(triple), &ram),
         Err(ModuleError::Size(_))
     ));
     let mut m = good.clone();
     m.paddr = 0x9_f000; // runs past the low RAM
     assert!(matches!(
-        find_handover(&[m], &ram),
+        find_handover([m].iter().map(triple), &ram),
         Err(ModuleError::Place { .. })
     ));
     let mut m = good.clone();
     m.paddr = u64::MAX - 0x100;
     assert!(matches!(
-        find_handover(&[m], &ram),
+        find_handover([m].iter().map(triple), &ram),
         Err(ModuleError::Place { .. })
     ));
     let mut m = good;
     m.paddr = 0;
     assert!(matches!(
-        find_handover(&[m], &ram),
+        find_handover([m].iter().map(triple), &ram),
         Err(ModuleError::Place { .. })
     ));
+}
+
+fn triple(m: &Module) -> (u64, u64, &[u8]) {
+    (m.paddr, m.size, &m.cmdline)
 }
