@@ -689,6 +689,40 @@ def test_ram_disk(suite):
     suite.record("disk.ram-disk-two-queues", ok, f"verdict {r.verdict}, {verified} queues verified", r)
 
 
+def test_live_upgrade_jump(suite):
+    """upgradetest=3 with 4 CPUs: the test image upgrades to a copy whose build id
+    differs (the module), which upgrades to itself twice; each new image must log that it
+    booted from the handover (old and new build id, the upgrade count), release the 3
+    parked vCPUs into its own AP entry and hand each of them work."""
+    variant = os.path.join(suite.log_dir, "blkdom-variant.elf")
+    os.makedirs(suite.log_dir, exist_ok=True)
+    ids = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "..",
+                          "tools", "upgrade", "build_id_variant.py"), suite.image, variant],
+                         check=True, capture_output=True, text=True).stdout.split()
+    old, new = ids
+    r = suite.boot("upgrade.jump", "upgradetest=3 loglevel=info", timeout=90, smp=4,
+                   extra=["-initrd", variant])
+    problems = []
+    if r.verdict != "pass":
+        problems.append(f"verdict {r.verdict}")
+    started = re.findall(r"blkdom \S+ build ([0-9a-f]+) starting", r.log)
+    if started != [old, new, new, new]:
+        problems.append(f"images started: {started}, expected {old} then {new} three times")
+    booted = re.findall(r"booted from a handover: build ([0-9a-f]+) -> ([0-9a-f]+), upgrade (\d+), (\d+) vCPUs", r.log)
+    expected = [(old, new, "1", "4"), (new, new, "2", "4"), (new, new, "3", "4")]
+    if booted != expected:
+        problems.append(f"handovers {booted}, expected {expected}")
+    if r.log.count("upgrade: 3 parked vCPUs released") != 3:
+        problems.append("not every new image released its 3 parked vCPUs")
+    if r.log.count("4 CPUs online, every released one took work") != 3:
+        problems.append("not every new image gave its released CPUs work")
+    if r.log.count("upgrade: 3 vCPUs parked; jumping") != 3:
+        problems.append("not every jump parked 3 vCPUs first")
+    suite.record("upgrade.jump-three-times-four-cpus", not problems,
+                 "; ".join(problems) or f"3 upgrades ({old[:8]} -> {new[:8]} -> {new[:8]} -> "
+                 f"{new[:8]}), 3 vCPUs parked and released each time, in {r.seconds:.1f} s", r)
+
+
 def test_missing_or_failing_disk_fails_cleanly(suite):
     # QEMU's blkdebug driver fails every read of the backing file with EIO.
     blkdebug = os.path.join(os.path.dirname(suite.log_dir.rstrip("/")) or ".", "blkdebug-eio.conf")
@@ -807,7 +841,7 @@ def main():
                  test_nvme_slice, test_virtio_gpt_partition, test_bad_slices_fail_precisely,
                  test_registry_slices, test_stable_device_names,
                  test_missing_or_failing_disk_fails_cleanly, test_device_faults,
-                 test_clean_shutdown_reaches_the_devices]:
+                 test_clean_shutdown_reaches_the_devices, test_live_upgrade_jump]:
         if args.only and args.only not in test.__name__:
             continue
         try:

@@ -31,24 +31,29 @@ core::arch::global_asm!(
     r#"
     .pushsection .rodata.park_code, "a"
     .balign 16
+    /* Onto the park area's tables and GDT, with RSP already on a park stack. */
+    .macro park_switch
+    mov rax, [{params} + {p_cr3}]
+    mov cr3, rax
+    lgdt [{params} + {p_gdt_ptr}]
+    push {code64}
+    lea rax, [rip + 1f]
+    push rax
+    retfq
+1:  mov ax, {data}
+    mov ds, ax
+    mov es, ax
+    mov ss, ax
+    .endm
+
     .global park_code_start
 park_code_start:
     .code64
     /* vCPU 0: the trampoline. */
     cli
     cld
-    mov rax, [{params} + {p_cr3}]
-    mov cr3, rax
-    lgdt [{params} + {p_gdt_ptr}]
     mov rsp, {params} + {page}
-    push {code64}
-    lea rax, [rip + 10f]
-    push rax
-    retfq
-10: mov ax, {data}
-    mov ds, ax
-    mov es, ax
-    mov ss, ax
+    park_switch
     mov rbx, {params} + {p_segments}
     mov r8, [{params} + {p_segment_count}]
 11: test r8, r8
@@ -94,21 +99,11 @@ park_code_start:
     /* Another vCPU: park. RDI = its index (below handover::park::MAX_VCPUS). */
     cli
     cld
-    mov rax, [{params} + {p_cr3}]
-    mov cr3, rax
-    lgdt [{params} + {p_gdt_ptr}]
     mov rbx, rdi
     shl rbx, 6
     lea rsp, [rbx + {base} + {ap_stacks} + 64]
     add rbx, {base} + {mailboxes}
-    push {code64}
-    lea rax, [rip + 20f]
-    push rax
-    retfq
-20: mov ax, {data}
-    mov ds, ax
-    mov es, ax
-    mov ss, ax
+    park_switch
     mov qword ptr [rbx + {m_parked}], 1
 21: pause
     cmp qword ptr [rbx + {m_go}], 0
