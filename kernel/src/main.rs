@@ -110,13 +110,15 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         }
     };
     info!(
-        "memory: {} MiB RAM, image {:#x}-{:#x} ({} KiB), heap {} MiB at {:#x}, {} MiB free",
+        "memory: {} MiB RAM, image {:#x}-{:#x} ({} KiB), heap {} MiB at {:#x}, \
+         RAM disk stripes {} MiB, {} MiB free",
         memory.ram_bytes >> 20,
         memory.image.start,
         memory.image.end,
         memory.image.len() / 1024,
         memory.heap_bytes >> 20,
         memory.heap_start,
+        memory.stripe_bytes >> 20,
         mm::free_frame_bytes() >> 20
     );
     info!(

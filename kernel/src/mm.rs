@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! Physical memory: the frame allocator filled from the PVH memory map, and the kernel
-//! heap (`linked_list_allocator`, for set-up only: the I/O path never allocates).
+//! Physical memory: the frame allocator filled from the PVH memory map, the kernel
+//! heap (`linked_list_allocator`, for set-up only: the I/O path never allocates) and the
+//! RAM disks' stripe arena (64 KiB units of their own, so a live upgrade can hand them
+//! over by address: docs/design.md §4.12).
 
 use crate::arch::paging::IDENTITY_MAPPED_LIMIT;
 use crate::bootinfo::BootInfo;
-use blkdev::HeapBudget;
+use blkdev::{HeapBudget, StripeArena};
 use boot::start_info::{memmap_type, HvmModlistEntry};
 use core::alloc::GlobalAlloc;
 use linked_list_allocator::LockedHeap;
@@ -45,9 +47,15 @@ unsafe impl GlobalAlloc for LineHeap {
 
 static FRAMES: spin::Mutex<FrameAllocator> = spin::Mutex::new(FrameAllocator::new());
 
-/// Heap size: three quarters of free memory (RAM disks live on the heap), at least
-/// HEAP_MIN; the rest stays as frames for page tables, shared pages and stacks.
-const HEAP_MIN: u64 = 1 << 20;
+/// Heap size: a quarter of free memory, at least HEAP_MIN (or all there is): rings'
+/// engines, device queues and bounce pages, RAM disks' stripe tables and the control
+/// path. RAM disks' stripes take the stripe arena: every 64 KiB-aligned run left after
+/// the heap, less FRAMES_KEPT kept as frames for page tables, shared pages and stacks.
+const HEAP_MIN: u64 = 32 << 20;
+const FRAMES_KEPT: u64 = 8 << 20;
+
+/// The RAM disks' stripes (`blkdev::StripeFrames`), filled once at boot.
+pub static STRIPES: StripeArena = StripeArena::new();
 
 extern "C" {
     static __image_start: u8;
@@ -61,6 +69,8 @@ pub struct MemoryReport {
     pub ram_bytes: u64,
     pub heap_start: u64,
     pub heap_bytes: u64,
+    /// The stripe arena's size.
+    pub stripe_bytes: u64,
     pub image: PhysRange,
     /// Where every image is loaded, kept free for the next one (`handover::image`).
     pub load_window: PhysRange,
@@ -157,15 +167,19 @@ pub fn init(info: &BootInfo, handover: Option<(u64, u64)>) -> Result<MemoryRepor
     let kept = handover.and_then(|module| keep_handover_ranges(info, &mut frames, module));
 
     let free_bytes_before_heap = frames.free_bytes();
-    let heap_bytes = (free_bytes_before_heap / 4 * 3).max(HEAP_MIN) / FRAME_SIZE * FRAME_SIZE;
+    let heap_bytes = (free_bytes_before_heap / 4).max(HEAP_MIN.min(free_bytes_before_heap / 4 * 3))
+        / FRAME_SIZE
+        * FRAME_SIZE;
     let heap_start = frames.allocate_contiguous(heap_bytes / FRAME_SIZE, 2 << 20)?;
     // SAFETY: the range was just taken from the frame allocator, so nothing else uses it;
     // it is identity mapped, writable, and handed to the heap exactly once.
     unsafe { HEAP.lock().init(heap_start as *mut u8, heap_bytes as usize) };
+    let stripe_bytes = fill_stripes(&mut frames);
     Ok(MemoryReport {
         ram_bytes,
         heap_start,
         heap_bytes,
+        stripe_bytes,
         image,
         load_window: PhysRange::new(window.start, window.end),
         kept,
@@ -228,6 +242,34 @@ fn keep_handover_ranges(
     kept
 }
 
+/// Moves every whole 64 KiB-aligned run of free frames but `FRAMES_KEPT` into the stripe
+/// arena (the heap exists by now: the arena's unit table is on it); returns its bytes.
+fn fill_stripes(frames: &mut FrameAllocator) -> u64 {
+    const UNIT: u64 = blkdev::STRIPE_BYTES as u64;
+    let mut spare = frames.free_bytes().saturating_sub(FRAMES_KEPT);
+    let ranges: alloc::vec::Vec<PhysRange> = frames.ranges().to_vec();
+    let mut added = 0;
+    // Highest first: low frames stay for page tables and shared pages.
+    for range in ranges.iter().rev() {
+        let start = range.start.next_multiple_of(UNIT);
+        let end = range.end / UNIT * UNIT;
+        if end <= start || spare < UNIT {
+            continue;
+        }
+        let len = (end - start).min(spare / UNIT * UNIT);
+        let run = PhysRange::new(end - len, end);
+        frames.remove(run);
+        spare -= len;
+        // SAFETY: the run was just taken from the frame allocator, so nothing else uses
+        // it; it lies below `IDENTITY_MAPPED_LIMIT` (the allocator holds nothing above),
+        // so it is identity mapped and writable; it is handed to the arena once, for the
+        // domain's life (the arena hands out each unit to one owner at a time).
+        let memory = unsafe { core::slice::from_raw_parts_mut(run.start as *mut u8, len as usize) };
+        added += STRIPES.add(memory);
+    }
+    added
+}
+
 pub fn allocate_frame() -> Result<u64, FrameError> {
     FRAMES.lock().allocate()
 }
@@ -257,9 +299,10 @@ pub fn heap_free() -> usize {
 /// 1 MiB of it; the rest holds a few hundred vbds.
 pub const CONTROL_RESERVE: u64 = 4 << 20;
 
-/// The heap as disks and rings may use it: RAM disks' stripes, rings' engines, device
-/// queues and bounce pages are taken only from its room (`blkdev::HeapBudget`).
-pub static DISK_MEMORY: HeapBudget = HeapBudget::new(CONTROL_RESERVE, heap_free);
+/// The memory disks and rings may use: rings' engines, device queues, bounce pages and
+/// RAM disks' stripe tables are taken only from the heap's room, RAM disks' stripes
+/// only from the arena's (`blkdev::HeapBudget`).
+pub static DISK_MEMORY: HeapBudget = HeapBudget::new(CONTROL_RESERVE, heap_free, &STRIPES);
 
 /// Bytes a ring's engine may take now (`DISK_MEMORY`'s room).
 pub fn ring_room() -> usize {
@@ -267,6 +310,7 @@ pub fn ring_room() -> usize {
 }
 
 /// Bytes of heap in use now.
+#[cfg(feature = "test-hooks")]
 pub fn heap_used() -> usize {
     HEAP.lock().used()
 }

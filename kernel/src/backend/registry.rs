@@ -42,9 +42,6 @@ use blkdev::{BlockDevice, Geometry, RamDisk, SharedCapacity};
 use core::sync::atomic::{AtomicU64, Ordering};
 use pci::PciAddress;
 
-/// Room kept free next to a RAM disk for rings and engines (tens of MiB at most), on top
-/// of the control path's reserve (`mm::DISK_MEMORY`).
-const RAM_DISK_HEADROOM: u64 = 32 << 20;
 /// Virtqueues asked of a virtio device at its one open, per vCPU: room for several disks
 /// on it (each takes up to one per vCPU), as an NVMe controller's pool.
 const VIRTIO_QUEUES_PER_CPU: usize = 4;
@@ -167,8 +164,8 @@ impl Registry {
         let device = match disk {
             Disk::Ram(disk) => {
                 let needed = disk.memory_to_grow(sectors);
-                let free = crate::mm::DISK_MEMORY.room();
-                if needed > 0 && needed + RAM_DISK_HEADROOM > free {
+                let free = crate::mm::DISK_MEMORY.stripe_room();
+                if needed > free {
                     return Err(ResizeRefusal::RamDoesNotFit { needed, free });
                 }
                 return disk.resize(sectors).map_err(ResizeRefusal::Ram);
@@ -280,20 +277,21 @@ impl Registry {
             }
             return Ok(disk.clone());
         }
-        // Not the control path's reserve, nor the memory discarded RAM disks gave back
-        // and will want again for their guests' writes.
-        let room = crate::mm::DISK_MEMORY.room();
-        if bytes + RAM_DISK_HEADROOM > room {
+        // Stripe memory, not what discarded RAM disks gave back and will want again for
+        // their guests' writes (their tables come from the heap's room: checked by
+        // `try_new`).
+        let room = crate::mm::DISK_MEMORY.stripe_room();
+        if bytes > room {
             return Err(DiskError::RamDoesNotFit {
                 bytes,
                 free_bytes: room,
             });
         }
-        // It may grow to what the heap could ever hold (a table of 16 bytes per 64 KiB).
-        let heap = (crate::mm::heap_free() + crate::mm::heap_used()) as u64;
+        // It may grow to what the arena could ever hold (a note bit per 64 KiB).
+        let most = crate::mm::STRIPES.total_bytes();
         let disk = RamDisk::try_new(
             RamDisk::plain(bytes / blkdev::SECTOR_SIZE),
-            heap / blkdev::SECTOR_SIZE,
+            most / blkdev::SECTOR_SIZE,
             Some(&RAM_MEMORY_WANTED),
             Some(&crate::mm::DISK_MEMORY),
         )
