@@ -59,6 +59,33 @@ pub fn read_module(paddr: u64, len: u64) -> Vec<u8> {
     bytes
 }
 
+/// Whether this image still owes dom0 its `done` answer (booted from a handover).
+static ANSWER_DUE: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(true);
+
+pub fn answer_due() -> bool {
+    booted_from().is_some() && ANSWER_DUE.load(Ordering::Acquire)
+}
+
+/// Tells dom0's tool the upgrade is done (`data/blkdom-upgrade` = `done <build id>`),
+/// once every handed-over vbd was taken over (or failed).
+pub fn answer_done(xs: &mut xen_domain::store::Client) {
+    if !ANSWER_DUE.swap(false, Ordering::AcqRel) || booted_from().is_none() {
+        return;
+    }
+    let Some(id) = version::build_id() else {
+        return;
+    };
+    let answer = alloc::format!("{}", handover::receive::Answer::Done(id));
+    log::info!("upgrade: {answer}");
+    let tx = xen::xenstore::Transaction::NONE;
+    if let Err(e) = xs.write(tx, blkback::keys::UPGRADE_ANSWER, answer.as_bytes()) {
+        log::warn!(
+            "upgrade: {} not written: {e:?}",
+            blkback::keys::UPGRADE_ANSWER
+        );
+    }
+}
+
 /// The handover this image booted from, checked (`adopt`).
 static BOOTED_FROM: spin::Once<Handover> = spin::Once::new();
 

@@ -135,6 +135,15 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         (Some(module), Some(_)) => handoff::adopt(info, module, smp::MAX_CPUS),
         _ => None,
     };
+    if let Some(h) = handover {
+        let bytes = mm::add_handed_stripes(h);
+        if bytes > 0 {
+            info!(
+                "memory: {} MiB of handed-over RAM disk stripes",
+                bytes >> 20
+            );
+        }
+    }
     arch::copy::calibrate();
     log_grant_limits(&config.grants);
     log_device_timeout(config.device_timeout_ns, config.device_max_resets);
@@ -183,6 +192,18 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
             Err(e) => error!("xen: platform set-up failed: {e}"),
         }
         match xen_domain::store::init() {
+            Ok(()) if handover.is_some() => {
+                // The old image's watches are xenstored's until dropped; ours come later.
+                match xen_domain::store::with(|xs| xs.reset_watches()) {
+                    Some(Ok(n)) => info!(
+                        "upgrade: the previous image's xenstore watches dropped ({n} of their \
+                         events forgotten)"
+                    ),
+                    Some(Err(e)) => error!("upgrade: XS_RESET_WATCHES failed: {e:?}"),
+                    None => {}
+                }
+                log_identity()
+            }
             Ok(()) => log_identity(),
             Err(e) => error!("xen: no xenstore: {e}"),
         }

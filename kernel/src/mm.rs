@@ -270,6 +270,27 @@ fn fill_stripes(frames: &mut FrameAllocator) -> u64 {
     added
 }
 
+/// Booted from a live upgrade: the RAM disks' stripes the handover lists (its RamDisk
+/// ranges, kept out of the frame allocator and so of the heap) join the stripe arena,
+/// where `RamDisk::adopt` finds them. Before any RAM disk is opened; returns the bytes.
+pub fn add_handed_stripes(handover: &handover::block::Handover) -> u64 {
+    let mut added = 0;
+    for range in handover
+        .ranges
+        .iter()
+        .filter(|r| r.kind == handover::block::RangeKind::RamDisk)
+    {
+        // SAFETY: `Handover::decode` checked the range lies in RAM below the identity
+        // map's end, page-aligned, overlapping no other range; `init` kept it out of
+        // the frame allocator before the heap was carved, so nothing else uses it; it
+        // goes to the arena once (ranges are disjoint), for the domain's life.
+        let memory =
+            unsafe { core::slice::from_raw_parts_mut(range.start as *mut u8, range.len as usize) };
+        added += STRIPES.add(memory);
+    }
+    added
+}
+
 pub fn allocate_frame() -> Result<u64, FrameError> {
     FRAMES.lock().allocate()
 }

@@ -68,6 +68,9 @@ pub struct Control {
     config: Config,
     /// `xl shutdown` or `xl reboot` asked for a clean shutdown, under way.
     shutdown: Option<shutdown::Shutdown>,
+    /// Booted from a live upgrade: the vbds the old image served, taken over in the
+    /// first round before anything else is looked at.
+    handed_over: Vec<handover::block::VbdRecord>,
 }
 
 /// The devices blkdom drives, with their names (`Devices::listing`), to
@@ -117,6 +120,13 @@ impl Control {
         log::info!("blkback: domain {domid} serving vbds; map space for {regions} rings");
         let mut registry = Registry::new(bus, crate::devices::recovery(config.device_max_resets));
         publish_devices(&registry.device_listing());
+        let handed_over = match crate::handoff::booted_from() {
+            Some(h) => {
+                registry.adopt_ram_disks(&h.ram_disks);
+                h.vbds.clone()
+            }
+            None => Vec::new(),
+        };
         Some(Control {
             domid,
             vbds: BTreeMap::new(),
@@ -130,6 +140,7 @@ impl Control {
             budget: GrantBudget::new(config.grants),
             config: *config,
             shutdown: None,
+            handed_over,
         })
     }
 
@@ -194,6 +205,89 @@ impl Control {
             .collect()
     }
 
+    /// What a vbd's negotiation keeps of it besides the backend.
+    fn hooks(path: &str, disk: Disk, params: String) -> VbdHooks {
+        VbdHooks {
+            name: path.rsplit('/').take(2).collect::<Vec<_>>().join("/"),
+            disk,
+            queues: Vec::new(),
+            leaked_pages: 0,
+            refusals: Default::default(),
+            params,
+            resize_epoch: 0,
+            pending_resize: None,
+            refused_params: None,
+            fault_reported: false,
+            limit_keys: Default::default(),
+            limits_epoch: 0,
+            limit_use: Vec::new(),
+        }
+    }
+
+    /// Takes over a vbd the previous image served (a live upgrade): the same backing
+    /// store, the rings re-attached where they were left, the same published keys
+    /// (`BlkifBackend::resume`), nothing written to the backend's state. A vbd that
+    /// cannot be taken over as it was is failed (the reason in `error`, Closing): its
+    /// guest sees I/O errors, never another disk or other features.
+    fn resume(&mut self, store: &mut Store<'_>, record: &handover::block::VbdRecord) {
+        let path = record.backend_path.clone();
+        stopwatch::start();
+        let opened = self.open_backing(store, &path).and_then(|(disk, params)| {
+            if params == record.params {
+                Ok((disk, params))
+            } else {
+                self.registry.release(disk);
+                Err(AttachError::HandedOver(format!(
+                    "params {params:?}, the previous image served {:?}",
+                    record.params
+                )))
+            }
+        });
+        let (disk, params) = match opened {
+            Ok(opened) => opened,
+            Err(reason) => {
+                log_attach_cost(&path);
+                // The frontend is Connected: only Closing tells it the disk is gone.
+                let state = format!("{path}/{}", xen::xenbus::keys::STATE);
+                let closing = (xen::xenbus::XenbusState::Closing as u32).to_string();
+                let _ = store.write(NO_TRANSACTION, &state, &closing);
+                return self.fail(store, path, reason);
+            }
+        };
+        let offer = backend_params(&disk, self.config.persistent_grants);
+        let (connection, published) = handover::vbd::connection(record);
+        let mut hooks = Self::hooks(&path, disk, params);
+        let mut connecting = Connecting {
+            vbd: &mut hooks,
+            budget: &mut self.budget,
+            config: &self.config,
+        };
+        match BlkifBackend::resume(
+            store,
+            &path,
+            offer,
+            &connection,
+            &published,
+            &mut connecting,
+        ) {
+            Ok((backend, outcome)) => {
+                for watched in backend.watched_paths() {
+                    if let Err(e) = store.0.watch(&watched, &path) {
+                        log::error!("blkback: {path}: watch {watched}: {e:?}");
+                    }
+                }
+                log_attach_cost(&path);
+                log::info!("blkback: {path}: taken over from the previous image: {outcome:?}");
+                self.vbds.insert(path, Vbd { backend, hooks });
+            }
+            Err(e) => {
+                self.registry.release(hooks.disk);
+                log_attach_cost(&path);
+                self.fail(store, path, AttachError::Probe(e));
+            }
+        }
+    }
+
     fn add(&mut self, store: &mut Store<'_>, path: String) {
         stopwatch::start();
         let (disk, params) = match self.open_backing(store, &path) {
@@ -218,22 +312,7 @@ impl Control {
                     backend.frontend_path()
                 );
                 log_attach_cost(&path);
-                let name = path.rsplit('/').take(2).collect::<Vec<_>>().join("/");
-                let hooks = VbdHooks {
-                    name,
-                    disk,
-                    queues: Vec::new(),
-                    leaked_pages: 0,
-                    refusals: Default::default(),
-                    params,
-                    resize_epoch: 0,
-                    pending_resize: None,
-                    refused_params: None,
-                    fault_reported: false,
-                    limit_keys: Default::default(),
-                    limits_epoch: 0,
-                    limit_use: Vec::new(),
-                };
+                let hooks = Self::hooks(&path, disk, params);
                 self.vbds.insert(path, Vbd { backend, hooks });
             }
             Err(e) => {
@@ -644,6 +723,12 @@ impl Control {
             }
             self.first_round = false;
             let mut store = Store(xs);
+            if !self.handed_over.is_empty() || crate::handoff::answer_due() {
+                for record in core::mem::take(&mut self.handed_over) {
+                    self.resume(&mut store, &record);
+                }
+                crate::handoff::answer_done(store.0);
+            }
             if work.rescan {
                 self.reconcile(&mut store);
             } else {

@@ -63,6 +63,8 @@ struct Pool {
 pub struct Registry {
     /// Named RAM disks, kept until blkdom stops.
     ram_disks: BTreeMap<RamName, RamDisk>,
+    /// RAM disks a live upgrade handed over that could not be rebuilt, and why.
+    lost_ram_disks: BTreeMap<RamName, String>,
     /// Every device opened so far, with its idle queues.
     pools: Vec<Pool>,
     /// The ranges of devices serving a disk now, with the spec that asked for each.
@@ -83,6 +85,7 @@ impl Registry {
         devices.prepare(crate::smp::online_count().max(1) * VIRTIO_QUEUES_PER_CPU);
         Registry {
             ram_disks: BTreeMap::new(),
+            lost_ram_disks: BTreeMap::new(),
             pools: Vec::new(),
             serving: Ranges::new(),
             bounce_counters: Vec::new(),
@@ -261,8 +264,62 @@ impl Registry {
             .sum()
     }
 
+    /// Rebuilds the RAM disks a live upgrade handed over from their stripe tables
+    /// (`mm::add_handed_stripes` put their stripes in the arena), before any disk is
+    /// opened. A disk that cannot be rebuilt is remembered as lost: its name never gets
+    /// an empty disk in its place. Returns how many were rebuilt.
+    pub fn adopt_ram_disks(&mut self, records: &[handover::block::RamDiskRecord]) -> usize {
+        let most = crate::mm::STRIPES.total_bytes();
+        let mut adopted = 0;
+        for record in records {
+            let Some(name) = RamName::new(&record.name) else {
+                log::error!("upgrade: RAM disk {:?}: not a RAM disk name", record.name);
+                continue;
+            };
+            let table: Vec<blkdev::HandedStripe> = record
+                .stripes
+                .iter()
+                .map(|s| blkdev::HandedStripe {
+                    index: u64::from(s.index),
+                    address: s.paddr,
+                })
+                .collect();
+            let disk = RamDisk::adopt(
+                RamDisk::plain(record.capacity / blkdev::SECTOR_SIZE),
+                most / blkdev::SECTOR_SIZE,
+                Some(&RAM_MEMORY_WANTED),
+                Some(&crate::mm::DISK_MEMORY),
+                &table,
+            );
+            match disk {
+                Ok(disk) => {
+                    log::info!(
+                        "upgrade: RAM disk {name} taken over ({} MiB, {} stripes resident)",
+                        record.capacity >> 20,
+                        record.stripes.len()
+                    );
+                    self.ram_disks.insert(name, disk);
+                    adopted += 1;
+                }
+                Err(e) => {
+                    log::error!("upgrade: RAM disk {name} not taken over: {e:?}");
+                    self.lost_ram_disks.insert(name, alloc::format!("{e:?}"));
+                }
+            }
+        }
+        adopted
+    }
+
     /// A new RAM disk, or the named one again if it exists and no other disk uses it.
     fn open_ram(&mut self, bytes: u64, name: Option<RamName>) -> Result<RamDisk, DiskError> {
+        if let Some((name, reason)) =
+            name.and_then(|name| Some((name, self.lost_ram_disks.get(&name)?)))
+        {
+            return Err(DiskError::RamLost {
+                name,
+                reason: reason.clone(),
+            });
+        }
         if let Some((name, disk)) = name.and_then(|name| Some((name, self.ram_disks.get(&name)?))) {
             let have = disk.geometry().sectors * blkdev::SECTOR_SIZE;
             if have != bytes {
