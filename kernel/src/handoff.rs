@@ -139,6 +139,21 @@ pub fn adopt(info: &BootInfo, module: (u64, u64), max_queues: usize) -> Option<&
     }
 }
 
+/// A block with no disk and no ring: `jump` fills the domain's part.
+pub fn empty_handover() -> Handover {
+    Handover {
+        old_build_id: BuildId::new(&[0]).expect("a one-byte id"),
+        generation: 0,
+        vcpus: 0,
+        vcpu_info: Vec::new(),
+        shared_info: 0,
+        park_page: 0,
+        ranges: Vec::new(),
+        ram_disks: Vec::new(),
+        vbds: Vec::new(),
+    }
+}
+
 /// The domain's part of the block: build id, upgrade count, vCPUs, `vcpu_info` and
 /// `shared_info` and the park area, with the memory ranges they need kept.
 fn domain_fields(h: &mut Handover) -> Result<(), JumpError> {
@@ -398,21 +413,10 @@ pub fn upgrade_test(upgrades: &str) -> ! {
         done + 1,
         image.build_id
     );
-    let handover = Handover {
-        old_build_id: image.build_id,
-        generation: 0,
-        vcpus: 0,
-        vcpu_info: Vec::new(),
-        shared_info: 0,
-        park_page: 0,
-        ranges: Vec::new(),
-        ram_disks: Vec::new(),
-        vbds: Vec::new(),
-    };
     match jump(Prepared {
         staged,
         image,
-        handover,
+        handover: empty_handover(),
     }) {
         Err(e) => fail(&alloc::format!("no jump: {e}")),
         Ok(never) => match never {},

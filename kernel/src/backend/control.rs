@@ -763,7 +763,10 @@ impl Control {
                 self.report_if_asked(&mut store);
             }
             if upgrade_request {
-                super::upgrade::on_request(store.0);
+                let idle = self.vbds.is_empty()
+                    && self.registry.named_ram_disks().next().is_none()
+                    && self.registry.device_listing().is_empty();
+                super::upgrade::on_request(store.0, idle);
             }
             // Events that came with the replies of this round's requests lost their kick
             // to the wait for those replies: they are taken at once, not at the next due

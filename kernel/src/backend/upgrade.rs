@@ -37,8 +37,10 @@ fn answer(xs: &mut Client, answer: &Answer) {
 }
 
 /// Looks at the request node (its watch fired): nothing when it is empty or gone,
-/// otherwise the image is received and checked, and answered.
-pub fn on_request(xs: &mut Client) {
+/// otherwise the image is received and checked, and answered. `idle`: blkdom serves no
+/// vbd, holds no RAM disk and drives no device, so nothing needs draining and the
+/// switch is made at once (the drain for a serving blkdom is not built yet).
+pub fn on_request(xs: &mut Client, idle: bool) {
     let value = xs.read_string(Transaction::NONE, UPGRADE).ok();
     let perms: Vec<Perm> = match xs.get_perms(Transaction::NONE, UPGRADE) {
         Ok(perms) => perms
@@ -62,6 +64,18 @@ pub fn on_request(xs: &mut Client) {
         staging.check(HANDOVER_VERSION)
     });
     let refusal = match outcome {
+        Ok((staged, image)) if idle => {
+            answer(xs, &Answer::Draining);
+            let prepared = crate::handoff::Prepared {
+                staged,
+                image,
+                handover: crate::handoff::empty_handover(),
+            };
+            match crate::handoff::jump(prepared) {
+                Err(e) => Refusal::Switch(format!("{e}")),
+                Ok(never) => match never {},
+            }
+        }
         Ok((_, image)) => Refusal::SwitchNotBuilt(image.build_id),
         Err(refusal) => refusal,
     };
