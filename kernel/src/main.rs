@@ -93,7 +93,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         info.start_info.nr_modules,
         info.start_info.rsdp_paddr
     );
-    log_memory_map(&info);
+    log_memory_map(info);
 
     arch::gdt::init_boot_cpu();
     arch::trap::load_idt();
@@ -222,7 +222,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     let mut bus = hooks::run(&cmdline, &config, hypervisor.is_xen(), bus);
 
     if hypervisor.is_xen() && xen_domain::get().is_some() {
-        match grant_map_hole(&info, &mut bus) {
+        match grant_map_hole(info, &mut bus) {
             Some(hole) => {
                 // `auto` is settled here, before any poller starts: by what a PAUSE costs.
                 config.poller.idle.get_or_insert_with(|| {

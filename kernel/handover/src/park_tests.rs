@@ -70,11 +70,11 @@ fn the_park_area_s_parts_do_not_overlap_and_fit_below_1_mib() {
             assert!(a.0 + a.1 <= b.0 || b.0 + b.1 <= a.0, "{a:?} {b:?}");
         }
     }
-    assert!(PARK_BASE >= 0x9000 && PARK_BASE + PARK_LEN <= 0xa_0000);
-    assert!(P_SEGMENTS + MAX_SEGMENTS as u64 * SEGMENT_RECORD <= PAGE - 256);
+    const { assert!(PARK_BASE >= 0x9000 && PARK_BASE + PARK_LEN <= 0xa_0000) };
+    const { assert!(P_SEGMENTS + MAX_SEGMENTS as u64 * SEGMENT_RECORD <= PAGE - 256) };
     assert_eq!(mailbox(PARK_BASE, 3), PARK_BASE + 2 * PAGE + 192);
     assert_eq!(ap_stack_top(PARK_BASE, 0) % 16, 0);
-    assert!(M_PARKED + 8 <= MAILBOX_SIZE);
+    const { assert!(M_PARKED + 8 <= MAILBOX_SIZE) };
 }
 
 fn params() -> TrampolineParams {
@@ -135,7 +135,8 @@ fn a_segment_source_outside_the_staged_image_or_too_many_segments_is_refused() {
         Err(ParkError::SegmentSource(1))
     );
     let mut p = params();
-    p.segments[0].file = 0x5000..0x1000;
+    let (start, end) = (0x5000, 0x1000);
+    p.segments[0].file = start..end; // reversed
     assert_eq!(
         params_page(PARK_BASE, &p, 0x7000),
         Err(ParkError::SegmentSource(0))
