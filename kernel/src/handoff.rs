@@ -344,7 +344,7 @@ pub fn release_parked(h: &Handover) -> usize {
 /// image checks it booted from the handover, that its parked vCPUs were released and
 /// take work, and the last reports the verdict and powers off.
 #[cfg(feature = "test-hooks")]
-pub fn upgrade_test(upgrades: &str) -> ! {
+pub fn upgrade_test(upgrades: &str, bus: crate::devices::open::PciBus) -> ! {
     use crate::power::{self, Verdict};
     let fail = |why: &str| -> ! {
         log::error!("upgradetest: FAILED: {why}");
@@ -377,6 +377,11 @@ pub fn upgrade_test(upgrades: &str) -> ! {
              every released one took work",
             h.old_build_id
         );
+    }
+    let mut handover = empty_handover();
+    match crate::backend::carry_ram_disk(bus, booted_from(), done + 1, &mut handover) {
+        Ok(seen) => log::info!("upgradetest: RAM disk: {seen}"),
+        Err(e) => fail(&alloc::format!("RAM disk: {e}")),
     }
     if done >= wanted {
         log::info!("upgradetest: {done} upgrades, passed");
@@ -416,7 +421,7 @@ pub fn upgrade_test(upgrades: &str) -> ! {
     match jump(Prepared {
         staged,
         image,
-        handover: empty_handover(),
+        handover,
     }) {
         Err(e) => fail(&alloc::format!("no jump: {e}")),
         Ok(never) => match never {},

@@ -693,7 +693,9 @@ def test_live_upgrade_jump(suite):
     """upgradetest=3 with 4 CPUs: the test image upgrades to a copy whose build id
     differs (the module), which upgrades to itself twice; each new image must log that it
     booted from the handover (old and new build id, the upgrade count), release the 3
-    parked vCPUs into its own AP entry and hand each of them work."""
+    parked vCPUs into its own AP entry and hand each of them work. A named 1 MiB RAM disk
+    goes along: each image checks the word the previous one wrote in its first block,
+    that it holds the very stripes handed over, and writes its own."""
     variant = os.path.join(suite.log_dir, "blkdom-variant.elf")
     os.makedirs(suite.log_dir, exist_ok=True)
     ids = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "..",
@@ -718,9 +720,15 @@ def test_live_upgrade_jump(suite):
         problems.append("not every new image gave its released CPUs work")
     if r.log.count("upgrade: 3 vCPUs parked; jumping") != 3:
         problems.append("not every jump parked 3 vCPUs first")
+    carried = re.findall(r"upgradetest: RAM disk: (upgrade-\d+) matches", r.log)
+    if carried != ["upgrade-1", "upgrade-2", "upgrade-3"]:
+        problems.append(f"the RAM disk's word read back {carried}, expected upgrade-1..3")
+    if r.log.count("RAM disk upgradetest taken over (1 MiB, 16 stripes resident)") != 3:
+        problems.append("the RAM disk was not taken over by every new image")
     suite.record("upgrade.jump-three-times-four-cpus", not problems,
                  "; ".join(problems) or f"3 upgrades ({old[:8]} -> {new[:8]} -> {new[:8]} -> "
-                 f"{new[:8]}), 3 vCPUs parked and released each time, in {r.seconds:.1f} s", r)
+                 f"{new[:8]}), 3 vCPUs parked and released each time, the RAM disk's contents kept, "
+                 f"in {r.seconds:.1f} s", r)
 
 
 def test_missing_or_failing_disk_fails_cleanly(suite):
