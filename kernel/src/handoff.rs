@@ -162,6 +162,9 @@ fn domain_fields(h: &mut Handover) -> Result<(), JumpError> {
     h.generation = booted_from().map_or(1, |b| b.generation.saturating_add(1));
     h.vcpus = smp::online_count() as u32;
     h.park_page = PARK_BASE;
+    // The domain's ranges are this function's: whatever the caller put of those kinds
+    // is replaced (the disks' ranges stay).
+    h.ranges.retain(|r| r.kind == RangeKind::RamDisk);
     h.ranges.push(MemRange {
         kind: RangeKind::Park,
         start: PARK_BASE,
