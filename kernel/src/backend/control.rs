@@ -30,6 +30,7 @@ use xen::xenbus::{XenStore, NO_TRANSACTION};
 use xen::xenstore::Transaction;
 
 mod shutdown;
+mod upgrade;
 
 use crate::devices::open::PciBus;
 use crate::devices::stopwatch;
@@ -68,6 +69,8 @@ pub struct Control {
     config: Config,
     /// `xl shutdown` or `xl reboot` asked for a clean shutdown, under way.
     shutdown: Option<shutdown::Shutdown>,
+    /// A live upgrade's drain, under way.
+    upgrade: Option<upgrade::Upgrade>,
 }
 
 /// The devices blkdom drives, with their names (`Devices::listing`), to
@@ -130,6 +133,7 @@ impl Control {
             budget: GrantBudget::new(config.grants),
             config: *config,
             shutdown: None,
+            upgrade: None,
         })
     }
 
@@ -233,6 +237,7 @@ impl Control {
                     limit_keys: Default::default(),
                     limits_epoch: 0,
                     limit_use: Vec::new(),
+                    connection: None,
                 };
                 self.vbds.insert(path, Vbd { backend, hooks });
             }
@@ -580,6 +585,8 @@ impl poller::ControlWork for Control {
         let recovery_due = self.registry.recover(now);
         let wait = if self.shutdown.is_some() {
             self.shutdown_step()
+        } else if self.upgrade.is_some() {
+            self.upgrade_step()
         } else {
             self.run_store()
         };
@@ -677,8 +684,10 @@ impl Control {
             if report_request {
                 self.report_if_asked(&mut store);
             }
-            if upgrade_request {
-                super::upgrade::on_request(store.0);
+            if upgrade_request && self.upgrade.is_none() {
+                if let Some(staged) = super::upgrade::on_request(store.0) {
+                    self.begin_upgrade(staged);
+                }
             }
             // Events that came with the replies of this round's requests lost their kick
             // to the wait for those replies: they are taken at once, not at the next due

@@ -224,9 +224,29 @@ impl Registry {
     /// brought up is told to stop (`Devices::shut_down`). A device whose queues are all
     /// still held by rings that did not drain cannot be flushed, and is reported so.
     pub fn shut_down(&mut self, flush_deadline_ns: u64) -> shutdown::Report {
+        let (flush, unflushed) = Self::idle_queues(&mut self.pools);
+        let mut report = self.devices.shut_down(flush, flush_deadline_ns);
+        report.given_up.extend(unflushed);
+        report
+    }
+
+    /// A live upgrade's flush, once its drain gave every ring's queue back: every
+    /// device a disk was opened on is flushed through one of its idle queues, each
+    /// within `flush_deadline_ns`; the devices go on serving.
+    pub fn flush(&mut self, flush_deadline_ns: u64) -> shutdown::Report {
+        let (flush, unflushed) = Self::idle_queues(&mut self.pools);
+        let mut report = crate::devices::shutdown::flush_queues(flush, flush_deadline_ns);
+        report.given_up.extend(unflushed);
+        report
+    }
+
+    /// One idle queue of each device pool, to flush through (with its name), and a
+    /// line for each pool whose queues are all held by rings.
+    #[allow(clippy::type_complexity)]
+    fn idle_queues(pools: &mut [Pool]) -> (Vec<(String, &mut dyn BlockDevice)>, Vec<String>) {
         let mut flush: Vec<(String, &mut dyn BlockDevice)> = Vec::new();
         let mut unflushed = Vec::new();
-        for pool in &mut self.pools {
+        for pool in pools {
             match pool.idle.last_mut() {
                 Some(queue) => flush.push((pool.device.to_string(), queue)),
                 None => unflushed.push(format!(
@@ -238,9 +258,7 @@ impl Registry {
         for line in &unflushed {
             log::error!("shutdown: {line}");
         }
-        let mut report = self.devices.shut_down(flush, flush_deadline_ns);
-        report.given_up.extend(unflushed);
-        report
+        (flush, unflushed)
     }
 
     /// The devices on the bus and their names (`Devices::listing`).
@@ -251,6 +269,13 @@ impl Registry {
     /// Every named RAM disk (kept here between their vbds).
     pub fn named_ram_disks(&self) -> impl Iterator<Item = &RamDisk> {
         self.ram_disks.values()
+    }
+
+    /// Every named RAM disk with its name.
+    pub fn ram_disks_by_name(&self) -> impl Iterator<Item = (String, &RamDisk)> {
+        self.ram_disks
+            .iter()
+            .map(|(name, disk)| (alloc::string::ToString::to_string(name), disk))
     }
 
     /// Bytes copied through bounce buffers by every device since blkdom started.

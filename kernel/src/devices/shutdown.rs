@@ -63,13 +63,7 @@ impl Devices {
         flush: Vec<(String, &mut dyn BlockDevice)>,
         flush_deadline_ns: u64,
     ) -> Report {
-        let mut report = Report::default();
-        let (names, mut queues): (Vec<String>, Vec<&mut dyn BlockDevice>) =
-            flush.into_iter().unzip();
-        let flushed = shutdown::flush_all(&mut queues, flush_deadline_ns, &mut Clock);
-        for (name, outcome) in names.iter().zip(flushed) {
-            report.flushed += usize::from(report.note(&format!("{name}: flush"), outcome));
-        }
+        let mut report = flush_queues(flush, flush_deadline_ns);
         let (names, mut devices): (Vec<String>, Vec<&mut dyn Stop>) =
             self.stoppable().into_iter().unzip();
         let stopped = shutdown::stop_all(&mut devices, &mut Clock);
@@ -78,6 +72,19 @@ impl Devices {
         }
         report
     }
+}
+
+/// Flushes the queue of each `(name, queue)` in `flush`, giving each
+/// `flush_deadline_ns` (a shutdown's first step, and a live upgrade's after its drain:
+/// the devices go on serving).
+pub fn flush_queues(flush: Vec<(String, &mut dyn BlockDevice)>, flush_deadline_ns: u64) -> Report {
+    let mut report = Report::default();
+    let (names, mut queues): (Vec<String>, Vec<&mut dyn BlockDevice>) = flush.into_iter().unzip();
+    let flushed = shutdown::flush_all(&mut queues, flush_deadline_ns, &mut Clock);
+    for (name, outcome) in names.iter().zip(flushed) {
+        report.flushed += usize::from(report.note(&format!("{name}: flush"), outcome));
+    }
+    report
 }
 
 impl Report {
