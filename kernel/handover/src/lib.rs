@@ -13,6 +13,7 @@ extern crate alloc;
 
 pub mod block;
 pub mod image;
+pub mod ranges;
 pub mod receive;
 pub mod request;
 pub mod vbd;

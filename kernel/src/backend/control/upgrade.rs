@@ -27,9 +27,7 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
 use blkback::negotiate::{BlkifBackend, FrontendConnection, StepOutcome, XenbusState};
-use handover::block::{
-    Handover, Limits, MemRange, RamDiskRecord, RangeKind, Stripe, PAGE, STRIPE_SIZE,
-};
+use handover::block::{Handover, Limits, MemRange, RamDiskRecord, Stripe};
 use handover::receive::{Answer, Refusal};
 use handover::vbd::LeftAt;
 
@@ -316,23 +314,9 @@ impl Control {
         let xen = xen_domain::get().ok_or(Refusal::Drain("no Xen".into()))?;
         let old_build_id =
             crate::version::build_id().ok_or(Refusal::Drain("no build id".into()))?;
-        let mut ranges = Vec::new();
         let vcpu_info: Vec<u64> = (0..crate::smp::online_count().max(1))
             .filter_map(|n| xen.vcpu_info(n).map(|view| view.address()))
             .collect();
-        let mut pages: Vec<u64> = vcpu_info.iter().map(|a| a / PAGE * PAGE).collect();
-        pages.sort_unstable();
-        pages.dedup();
-        ranges.extend(pages.into_iter().map(|start| MemRange {
-            kind: RangeKind::VcpuInfo,
-            start,
-            len: PAGE,
-        }));
-        ranges.push(MemRange {
-            kind: RangeKind::Park,
-            start: PARK_PAGE,
-            len: PAGE,
-        });
         // RAM disks: the registry's named ones, and each vbd's own (named by its path).
         let mut disks: Vec<(String, blkdev::RamDisk)> = self
             .registry
@@ -363,21 +347,7 @@ impl Control {
                     .collect(),
             });
         }
-        // Stripes as ranges, runs of neighbours merged (the arena hands out the lowest
-        // first, so a disk's stripes mostly lie together).
-        stripes.sort_unstable();
-        for address in stripes {
-            match ranges.last_mut() {
-                Some(last) if last.kind == RangeKind::RamDisk && last.end() == address => {
-                    last.len += STRIPE_SIZE
-                }
-                _ => ranges.push(MemRange {
-                    kind: RangeKind::RamDisk,
-                    start: address,
-                    len: STRIPE_SIZE,
-                }),
-            }
-        }
+        let ranges = handover::ranges::kept_ranges(&vcpu_info, PARK_PAGE, &stripes);
         let mut vbds = Vec::new();
         for (path, drained) in drained {
             let Some(vbd) = self.vbds.get(path) else {
