@@ -140,7 +140,8 @@ pub fn adopt(info: &BootInfo, module: (u64, u64), max_queues: usize) -> Option<&
 }
 
 /// A block with no disk and no ring: `jump` fills the domain's part.
-pub fn empty_handover() -> Handover {
+#[cfg(feature = "test-hooks")]
+fn empty_handover() -> Handover {
     Handover {
         old_build_id: BuildId::new(&[0]).expect("a one-byte id"),
         generation: 0,
@@ -156,7 +157,7 @@ pub fn empty_handover() -> Handover {
 
 /// The domain's part of the block: build id, upgrade count, vCPUs, `vcpu_info` and
 /// `shared_info` and the park area, with the memory ranges they need kept.
-fn domain_fields(h: &mut Handover) -> Result<(), JumpError> {
+pub fn domain_fields(h: &mut Handover) -> Result<(), JumpError> {
     let id = version::build_id().ok_or(JumpError::NoBuildId)?;
     h.old_build_id = BuildId::new(id.as_bytes()).ok_or(JumpError::NoBuildId)?;
     h.generation = booted_from().map_or(1, |b| b.generation.saturating_add(1));

@@ -47,6 +47,18 @@ unsafe impl GlobalAlloc for LineHeap {
 
 static FRAMES: spin::Mutex<FrameAllocator> = spin::Mutex::new(FrameAllocator::new());
 
+/// RAM as the memory map said at boot (identity-mapped part), for checking a handover
+/// block against: at most `MAX_RAM_RANGES` entries.
+const MAX_RAM_RANGES: usize = 32;
+static RAM: spin::Mutex<([core::ops::Range<u64>; MAX_RAM_RANGES], usize)> =
+    spin::Mutex::new(([const { 0..0 }; MAX_RAM_RANGES], 0));
+
+/// RAM as the memory map said at boot.
+pub fn ram_ranges() -> alloc::vec::Vec<core::ops::Range<u64>> {
+    let ram = RAM.lock();
+    ram.0[..ram.1].to_vec()
+}
+
 /// Heap size: a quarter of free memory, at least HEAP_MIN (or all there is): rings'
 /// engines, device queues and bounce pages, RAM disks' stripe tables and the control
 /// path. RAM disks' stripes take the stripe arena: every 64 KiB-aligned run left after
@@ -113,6 +125,12 @@ pub fn init(info: &BootInfo, handover: Option<(u64, u64)>) -> Result<MemoryRepor
             .min(IDENTITY_MAPPED_LIMIT);
         if entry.addr < end {
             frames.add(PhysRange::new(entry.addr, end))?;
+            let mut ram = RAM.lock();
+            if ram.1 < MAX_RAM_RANGES {
+                let n = ram.1;
+                ram.0[n] = entry.addr..end;
+                ram.1 += 1;
+            }
         }
     }
     // Keep out: the real-mode area and firmware data below 1 MiB, the image, and what

@@ -14,6 +14,7 @@ extern crate alloc;
 pub mod block;
 pub mod image;
 pub mod park;
+pub mod ranges;
 pub mod receive;
 pub mod request;
 pub mod vbd;

@@ -57,6 +57,11 @@ pub enum Refusal {
     SwitchNotBuilt(BuildId),
     /// The switch could not be made (the reason); nothing was given up.
     Switch(String),
+    /// A vbd was negotiating or being torn down past the wait (its backend path).
+    Busy(String),
+    /// The drain or the handover block failed (the reason); every drained ring was
+    /// re-attached.
+    Drain(String),
 }
 
 impl core::fmt::Display for Refusal {
@@ -74,6 +79,8 @@ impl core::fmt::Display for Refusal {
                 "image checked (build {id}), but this blkdom cannot switch images yet"
             ),
             Refusal::Switch(why) => write!(f, "switch: {why}"),
+            Refusal::Busy(path) => write!(f, "vbd {path} busy"),
+            Refusal::Drain(why) => write!(f, "drain: {why}"),
         }
     }
 }

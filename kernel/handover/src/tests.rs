@@ -1162,5 +1162,15 @@ mod receiving {
             Answer::Refused(Refusal::SwitchNotBuilt(id)).to_string(),
             "refused: image checked (build 0fa0), but this blkdom cannot switch images yet"
         );
+        assert_eq!(
+            Answer::Refused(Refusal::Busy("/local/domain/1/backend/vbd/2/51712".into()))
+                .to_string(),
+            "refused: vbd /local/domain/1/backend/vbd/2/51712 busy"
+        );
+        assert_eq!(
+            Answer::Refused(Refusal::Drain("vbd x did not drain in 5000 ms".into())).to_string(),
+            "refused: drain: vbd x did not drain in 5000 ms"
+        );
+        assert_eq!(Answer::Draining.to_string(), "draining");
     }
 }

@@ -30,6 +30,7 @@ use xen::xenbus::{XenStore, NO_TRANSACTION};
 use xen::xenstore::Transaction;
 
 mod shutdown;
+mod upgrade;
 
 use crate::devices::open::PciBus;
 use crate::devices::stopwatch;
@@ -71,6 +72,8 @@ pub struct Control {
     /// Booted from a live upgrade: the vbds the old image served, taken over in the
     /// first round before anything else is looked at.
     handed_over: Vec<handover::block::VbdRecord>,
+    /// A live upgrade's drain, under way.
+    upgrade: Option<upgrade::Upgrade>,
 }
 
 /// The devices blkdom drives, with their names (`Devices::listing`), to
@@ -141,6 +144,7 @@ impl Control {
             config: *config,
             shutdown: None,
             handed_over,
+            upgrade: None,
         })
     }
 
@@ -221,6 +225,7 @@ impl Control {
             limit_keys: Default::default(),
             limits_epoch: 0,
             limit_use: Vec::new(),
+            connection: None,
         }
     }
 
@@ -232,7 +237,18 @@ impl Control {
     fn resume(&mut self, store: &mut Store<'_>, record: &handover::block::VbdRecord) {
         let path = record.backend_path.clone();
         stopwatch::start();
-        let opened = self.open_backing(store, &path).and_then(|(disk, params)| {
+        // A vbd's own RAM disk comes from the handover; anything else is opened again.
+        let opened = match self.registry.take_handed_ram_disk(&path) {
+            Some(Ok(disk)) => store
+                .read(NO_TRANSACTION, &format!("{path}/{PARAMS}"))
+                .map(|params| (disk, params.trim().to_string()))
+                .map_err(AttachError::NoParams),
+            Some(Err(reason)) => Err(AttachError::HandedOver(format!(
+                "its RAM disk was not taken over: {reason}"
+            ))),
+            None => self.open_backing(store, &path),
+        };
+        let opened = opened.and_then(|(disk, params)| {
             if params == record.params {
                 Ok((disk, params))
             } else {
@@ -659,6 +675,8 @@ impl poller::ControlWork for Control {
         let recovery_due = self.registry.recover(now);
         let wait = if self.shutdown.is_some() {
             self.shutdown_step()
+        } else if self.upgrade.is_some() {
+            self.upgrade_step()
         } else {
             self.run_store()
         };
@@ -762,11 +780,10 @@ impl Control {
             if report_request {
                 self.report_if_asked(&mut store);
             }
-            if upgrade_request {
-                let idle = self.vbds.is_empty()
-                    && self.registry.named_ram_disks().next().is_none()
-                    && self.registry.device_listing().is_empty();
-                super::upgrade::on_request(store.0, idle);
+            if upgrade_request && self.upgrade.is_none() {
+                if let Some(staged) = super::upgrade::on_request(store.0) {
+                    self.begin_upgrade(staged);
+                }
             }
             // Events that came with the replies of this round's requests lost their kick
             // to the wait for those replies: they are taken at once, not at the next due

@@ -66,6 +66,10 @@ pub struct QueueControl {
     /// changed them), never on the I/O path.
     pub limits: spin::Mutex<IoLimits>,
     pub limits_epoch: AtomicU64,
+    /// Where the poller let go of the ring (its port, closed since, and `rsp_prod`,
+    /// equal to `req_cons`: every request taken was answered), set before `detached`:
+    /// what a live upgrade hands over, or re-attaches at when it is abandoned.
+    pub left_at: spin::Mutex<Option<handover::vbd::LeftAt>>,
 }
 
 pub struct ServedQueue {
@@ -260,6 +264,12 @@ fn release(cpu: usize, queue: ServedQueue) {
     // A device that failed and could not be stopped may still write to the pages it was
     // given: their guest-physical addresses must never hold another grant.
     let unstoppable = engine.device_fault().is_some_and(|f| !f.dma_stopped);
+    // Drained: every request taken is answered and published, so `rsp_prod` is
+    // `req_cons` (the ring re-attaches there).
+    *control.left_at.lock() = Some(handover::vbd::LeftAt {
+        backend_port: ring.port(),
+        rsp_prod: engine.ring().rsp_prod_pvt(),
+    });
     let (_, grants, device, _) = engine.into_parts();
     *control.device.lock() = Some(device);
     let leaked = release_ring(ring, region, grants.leaked_pages(), unstoppable);

@@ -65,6 +65,9 @@ pub struct Registry {
     ram_disks: BTreeMap<RamName, RamDisk>,
     /// RAM disks a live upgrade handed over that could not be rebuilt, and why.
     lost_ram_disks: BTreeMap<RamName, String>,
+    /// A vbd's own RAM disk (no name: the handover names it by the vbd's backend path),
+    /// rebuilt by a live upgrade, or why not, until its vbd takes it over.
+    handed_by_vbd: BTreeMap<String, Result<RamDisk, String>>,
     /// Every device opened so far, with its idle queues.
     pools: Vec<Pool>,
     /// The ranges of devices serving a disk now, with the spec that asked for each.
@@ -86,6 +89,7 @@ impl Registry {
         Registry {
             ram_disks: BTreeMap::new(),
             lost_ram_disks: BTreeMap::new(),
+            handed_by_vbd: BTreeMap::new(),
             pools: Vec::new(),
             serving: Ranges::new(),
             bounce_counters: Vec::new(),
@@ -227,9 +231,40 @@ impl Registry {
     /// brought up is told to stop (`Devices::shut_down`). A device whose queues are all
     /// still held by rings that did not drain cannot be flushed, and is reported so.
     pub fn shut_down(&mut self, flush_deadline_ns: u64) -> shutdown::Report {
+        let (flush, unflushed) = Self::idle_queues(&mut self.pools);
+        let mut report = self.devices.shut_down(flush, flush_deadline_ns);
+        report.given_up.extend(unflushed);
+        report
+    }
+
+    /// A live upgrade's flush, once its drain gave every ring's queue back: every
+    /// device a disk was opened on is flushed through one of its idle queues, each
+    /// within `flush_deadline_ns`; the devices go on serving.
+    pub fn flush(&mut self, flush_deadline_ns: u64) -> shutdown::Report {
+        let (flush, unflushed) = Self::idle_queues(&mut self.pools);
+        let mut report = crate::devices::shutdown::flush_queues(flush, flush_deadline_ns);
+        report.given_up.extend(unflushed);
+        report
+    }
+
+    /// A live upgrade's last step before the jump: every device stopped without the
+    /// shutdown notification and its bus mastering off (`Devices::quiesce`). Nothing may
+    /// use the devices afterwards: past this the upgrade cannot be abandoned.
+    #[allow(
+        dead_code,
+        reason = "the jump calls it (not built yet: docs/design.md §4.12)"
+    )]
+    pub fn quiesce(&mut self) -> shutdown::Report {
+        self.devices.quiesce()
+    }
+
+    /// One idle queue of each device pool, to flush through (with its name), and a
+    /// line for each pool whose queues are all held by rings.
+    #[allow(clippy::type_complexity)]
+    fn idle_queues(pools: &mut [Pool]) -> (Vec<(String, &mut dyn BlockDevice)>, Vec<String>) {
         let mut flush: Vec<(String, &mut dyn BlockDevice)> = Vec::new();
         let mut unflushed = Vec::new();
-        for pool in &mut self.pools {
+        for pool in pools {
             match pool.idle.last_mut() {
                 Some(queue) => flush.push((pool.device.to_string(), queue)),
                 None => unflushed.push(format!(
@@ -241,9 +276,7 @@ impl Registry {
         for line in &unflushed {
             log::error!("shutdown: {line}");
         }
-        let mut report = self.devices.shut_down(flush, flush_deadline_ns);
-        report.given_up.extend(unflushed);
-        report
+        (flush, unflushed)
     }
 
     /// The devices on the bus and their names (`Devices::listing`).
@@ -254,6 +287,13 @@ impl Registry {
     /// Every named RAM disk (kept here between their vbds).
     pub fn named_ram_disks(&self) -> impl Iterator<Item = &RamDisk> {
         self.ram_disks.values()
+    }
+
+    /// Every named RAM disk with its name.
+    pub fn ram_disks_by_name(&self) -> impl Iterator<Item = (String, &RamDisk)> {
+        self.ram_disks
+            .iter()
+            .map(|(name, disk)| (alloc::string::ToString::to_string(name), disk))
     }
 
     /// Bytes copied through bounce buffers by every device since blkdom started.
@@ -272,10 +312,7 @@ impl Registry {
         let most = crate::mm::STRIPES.total_bytes();
         let mut adopted = 0;
         for record in records {
-            let Some(name) = RamName::new(&record.name) else {
-                log::error!("upgrade: RAM disk {:?}: not a RAM disk name", record.name);
-                continue;
-            };
+            let name = RamName::new(&record.name);
             let table: Vec<blkdev::HandedStripe> = record
                 .stripes
                 .iter()
@@ -291,23 +328,40 @@ impl Registry {
                 Some(&crate::mm::DISK_MEMORY),
                 &table,
             );
-            match disk {
-                Ok(disk) => {
+            match &disk {
+                Ok(_) => {
                     log::info!(
-                        "upgrade: RAM disk {name} taken over ({} MiB, {} stripes resident)",
+                        "upgrade: RAM disk {} taken over ({} MiB, {} stripes resident)",
+                        record.name,
                         record.capacity >> 20,
                         record.stripes.len()
                     );
-                    self.ram_disks.insert(name, disk);
                     adopted += 1;
                 }
-                Err(e) => {
-                    log::error!("upgrade: RAM disk {name} not taken over: {e:?}");
-                    self.lost_ram_disks.insert(name, alloc::format!("{e:?}"));
+                Err(e) => log::error!("upgrade: RAM disk {} not taken over: {e:?}", record.name),
+            }
+            let disk = disk.map_err(|e| alloc::format!("{e:?}"));
+            match (name, disk) {
+                (Some(name), Ok(disk)) => {
+                    self.ram_disks.insert(name, disk);
+                }
+                (Some(name), Err(reason)) => {
+                    self.lost_ram_disks.insert(name, reason);
+                }
+                (None, disk) => {
+                    self.handed_by_vbd.insert(record.name.clone(), disk);
                 }
             }
         }
         adopted
+    }
+
+    /// The RAM disk of the vbd at `path` (one without a name) a live upgrade handed
+    /// over, rebuilt or why not; `None` when there was none.
+    pub fn take_handed_ram_disk(&mut self, path: &str) -> Option<Result<Disk, String>> {
+        self.handed_by_vbd
+            .remove(path)
+            .map(|disk| disk.map(Disk::Ram))
     }
 
     /// A new RAM disk, or the named one again if it exists and no other disk uses it.

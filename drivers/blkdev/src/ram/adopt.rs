@@ -305,5 +305,14 @@ mod tests {
         assert!(adopt(&[stripe(0, free), stripe(1, taken[0])]).is_err());
         assert_eq!(arena.arena.free_bytes(), before);
         assert!(adopt(&[stripe(3, free)]).is_ok());
+        // The table chunks come from the heap's room: none left, nothing adopted.
+        crate::heap::fake::set_free(4 << 20);
+        assert_eq!(
+            adopt(&[stripe(3, free)]),
+            Err(AdoptError::OutOfMemory(OutOfMemory {
+                bytes: 4 * STRIPE_BYTES as u64
+            }))
+        );
+        assert_eq!(arena.arena.free_bytes(), before);
     }
 }

@@ -213,6 +213,11 @@ impl RamDisk {
         self.store.wants_memory.load(Ordering::Acquire)
     }
 
+    /// Whether `other` is a handle on this disk's store.
+    pub fn same(&self, other: &RamDisk) -> bool {
+        Arc::ptr_eq(&self.store, &other.store)
+    }
+
     /// Handles on this disk's store (clones and queues): 1 means this one alone.
     pub fn handles(&self) -> usize {
         Arc::strong_count(&self.store)
