@@ -93,11 +93,21 @@ pub fn booted_from() -> Option<&'static Handover> {
     BOOTED_FROM.get()
 }
 
+/// Whether this boot was given a handover module (usable or not).
+static MODULE_GIVEN: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// `upgradetest.corrupt`: the next jump flips a byte of the block's body.
+#[cfg(feature = "test-hooks")]
+static CORRUPT_BLOCK: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
 /// The handover module of this boot, if any (logged when unusable).
 pub fn find_module(info: &BootInfo) -> Option<(u64, u64)> {
     let (ram, n) = info.ram();
     match park::find_handover(info.modules().iter().map(|m| m.as_triple()), &ram[..n]) {
-        Ok(found) => found,
+        Ok(found) => {
+            MODULE_GIVEN.store(found.is_some(), Ordering::Relaxed);
+            found
+        }
         Err(e) => {
             log::error!("upgrade: {e}; booting cold");
             None
@@ -216,7 +226,15 @@ pub fn jump(mut prepared: Prepared) -> Result<Infallible, JumpError> {
     {
         return Err(JumpError::ParkNotRam);
     }
-    let block = prepared.handover.encode();
+    #[allow(unused_mut)]
+    let mut block = prepared.handover.encode();
+    #[cfg(feature = "test-hooks")]
+    if CORRUPT_BLOCK.load(Ordering::Relaxed) {
+        if let Some(last) = block.last_mut() {
+            *last ^= 1;
+            log::warn!("upgradetest: the handover block's last byte flipped on purpose");
+        }
+    }
     // The boot's modules go on, but those the new image will land on (a loader puts
     // them after the image, in the load window) or the park area covers.
     let modules: Vec<Module> = info
@@ -348,13 +366,27 @@ pub fn release_parked(h: &Handover) -> usize {
 /// image checks it booted from the handover, that its parked vCPUs were released and
 /// take work, and the last reports the verdict and powers off.
 #[cfg(feature = "test-hooks")]
-pub fn upgrade_test(upgrades: &str, bus: crate::devices::open::PciBus) -> ! {
+pub fn upgrade_test(upgrades: &str, corrupt: bool, bus: crate::devices::open::PciBus) -> ! {
     use crate::power::{self, Verdict};
     let fail = |why: &str| -> ! {
         log::error!("upgradetest: FAILED: {why}");
         power::report_verdict(Verdict::Fail);
         power::power_off()
     };
+    if MODULE_GIVEN.load(Ordering::Relaxed) && booted_from().is_none() {
+        // The block came, and was refused: the boot went on cold (under plain QEMU the
+        // start-up IPIs reset the parked vCPUs into the cold path).
+        if !corrupt {
+            fail("a handover block was given and refused");
+        }
+        log::info!(
+            "upgradetest: the corrupted block was refused; booted cold, {} CPUs online, passed",
+            smp::online_count()
+        );
+        power::report_verdict(Verdict::Pass);
+        power::power_off();
+    }
+    CORRUPT_BLOCK.store(corrupt, Ordering::Relaxed);
     let Some(wanted) = upgrades
         .parse::<u32>()
         .ok()

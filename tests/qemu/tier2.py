@@ -731,6 +731,29 @@ def test_live_upgrade_jump(suite):
                  f"in {r.seconds:.1f} s", r)
 
 
+def test_live_upgrade_refuses_a_corrupt_block(suite):
+    """upgradetest.corrupt: the old image flips the last byte of the handover block before
+    the jump; the new image must find the block, refuse it (its checksum), keep nothing
+    it lists and boot cold."""
+    variant = os.path.join(suite.log_dir, "blkdom-variant.elf")
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "..",
+                    "tools", "upgrade", "build_id_variant.py"), suite.image, variant],
+                   check=True, capture_output=True)
+    r = suite.boot("upgrade.corrupt", "upgradetest=1 upgradetest.corrupt loglevel=info",
+                   timeout=90, smp=2, extra=["-initrd", variant])
+    problems = []
+    if r.verdict != "pass":
+        problems.append(f"verdict {r.verdict}")
+    for needle in ["last byte flipped on purpose", "handover block refused: handover checksum differs",
+                   "the corrupted block was refused; booted cold"]:
+        if needle not in r.log:
+            problems.append(f"log lacks {needle!r}")
+    if "booted from a handover" in r.log or "kept as the handover lists them" in r.log:
+        problems.append("the corrupt block was used")
+    suite.record("upgrade.corrupt-block-refused", not problems,
+                 "; ".join(problems) or f"refused, booted cold, in {r.seconds:.1f} s", r)
+
+
 def test_missing_or_failing_disk_fails_cleanly(suite):
     # QEMU's blkdebug driver fails every read of the backing file with EIO.
     blkdebug = os.path.join(os.path.dirname(suite.log_dir.rstrip("/")) or ".", "blkdebug-eio.conf")
@@ -849,7 +872,8 @@ def main():
                  test_nvme_slice, test_virtio_gpt_partition, test_bad_slices_fail_precisely,
                  test_registry_slices, test_stable_device_names,
                  test_missing_or_failing_disk_fails_cleanly, test_device_faults,
-                 test_clean_shutdown_reaches_the_devices, test_live_upgrade_jump]:
+                 test_clean_shutdown_reaches_the_devices, test_live_upgrade_jump,
+                 test_live_upgrade_refuses_a_corrupt_block]:
         if args.only and args.only not in test.__name__:
             continue
         try:
