@@ -66,18 +66,32 @@ pub fn answer_due() -> bool {
     booted_from().is_some() && ANSWER_DUE.load(Ordering::Acquire)
 }
 
+/// The request node's value when this image said `done`: the request that started it,
+/// which dom0's tool removes only after reading `done`. Not to be taken again.
+static SERVED_REQUEST: spin::Once<alloc::string::String> = spin::Once::new();
+
+/// Whether `value` is the request this image was started by.
+pub fn is_served_request(value: &str) -> bool {
+    SERVED_REQUEST
+        .get()
+        .is_some_and(|served| !value.trim().is_empty() && served.trim() == value.trim())
+}
+
 /// Tells dom0's tool the upgrade is done (`data/blkdom-upgrade` = `done <build id>`),
 /// once every handed-over vbd was taken over (or failed).
 pub fn answer_done(xs: &mut xen_domain::store::Client) {
     if !ANSWER_DUE.swap(false, Ordering::AcqRel) || booted_from().is_none() {
         return;
     }
+    let tx = xen::xenstore::Transaction::NONE;
+    if let Ok(request) = xs.read_string(tx, blkback::keys::UPGRADE) {
+        SERVED_REQUEST.call_once(|| request);
+    }
     let Some(id) = version::build_id() else {
         return;
     };
     let answer = alloc::format!("{}", handover::receive::Answer::Done(id));
     log::info!("upgrade: {answer}");
-    let tx = xen::xenstore::Transaction::NONE;
     if let Err(e) = xs.write(tx, blkback::keys::UPGRADE_ANSWER, answer.as_bytes()) {
         log::warn!(
             "upgrade: {} not written: {e:?}",
