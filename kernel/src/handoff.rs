@@ -33,6 +33,8 @@ pub enum JumpError {
     NoBuildId,
     ParkNotRam,
     Park(park::ParkError),
+    /// The handover block would be refused by the next image (why).
+    Block(alloc::string::String),
 }
 
 impl core::fmt::Display for JumpError {
@@ -45,9 +47,14 @@ impl core::fmt::Display for JumpError {
                 "the park area {PARK_BASE:#x}+{PARK_LEN:#x} is not RAM in the memory map"
             ),
             JumpError::Park(e) => write!(f, "park area: {e}"),
+            JumpError::Block(why) => write!(f, "handover block: {why}"),
         }
     }
 }
+
+/// How long vCPU 0 waits for each other vCPU to park (generous: a vCPU of a nested
+/// guest may not run for a while).
+const PARK_WAIT_MS: u64 = 5000;
 
 /// The module's bytes, copied once (the block is checked on the copy).
 pub fn read_module(paddr: u64, len: u64) -> Vec<u8> {
@@ -242,6 +249,18 @@ pub fn jump(mut prepared: Prepared) -> Result<Infallible, JumpError> {
     }
     #[allow(unused_mut)]
     let mut block = prepared.handover.encode();
+    // Read back as the next image will, domain part and all: a block it would refuse
+    // must not cost the guests their disks.
+    let limits = Limits {
+        ram: &ram[..n],
+        vcpus: smp::MAX_CPUS,
+        max_queues: smp::MAX_CPUS,
+    };
+    match Handover::decode(&block, &limits) {
+        Ok(read) if read == prepared.handover => {}
+        Ok(_) => return Err(JumpError::Block("it does not read back as written".into())),
+        Err(e) => return Err(JumpError::Block(alloc::format!("{e}"))),
+    }
     #[cfg(feature = "test-hooks")]
     if CORRUPT_BLOCK.load(Ordering::Relaxed) {
         if let Some(last) = block.last_mut() {
@@ -304,10 +323,10 @@ pub fn jump(mut prepared: Prepared) -> Result<Infallible, JumpError> {
     for cpu in 1..smp::online_count() {
         // Busy: it runs a poller, which parks on PARK instead.
         let _ = smp::start_on(cpu, park_here);
-        if !smp::wait_until(1000, || jump::is_parked(cpu)) {
-            // The vCPUs already parked cannot come back into this image: a vCPU that
-            // does not take its mailbox work in a second is a bug worth stopping for.
-            log::error!("upgrade: CPU {cpu} did not park within 1 s");
+        if !smp::wait_until(PARK_WAIT_MS, || jump::is_parked(cpu)) {
+            // The vCPUs already parked cannot come back into this image: a vCPU with no
+            // ring that does not reach its park in this long is a bug worth stopping for.
+            log::error!("upgrade: CPU {cpu} did not park within {PARK_WAIT_MS} ms");
             crate::power::crash("a vCPU did not park");
         }
     }
