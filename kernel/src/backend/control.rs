@@ -808,6 +808,10 @@ impl Control {
             }
             return Some(RETRY_NS);
         };
+        // An upgrade begun this round steps at once: the guests' pause starts with it.
+        if self.upgrade.is_some() {
+            return Some(0);
+        }
         // Woken sooner by any watch event's kick; the statistics are due within 5 s anyway.
         Some(wait)
     }
