@@ -712,6 +712,10 @@ impl Control {
             }
             return Some(RETRY_NS);
         };
+        // An upgrade began this round: its steps are 1 ms apart, not the round's wait.
+        if self.upgrade.is_some() {
+            return Some(wait.min(1_000_000));
+        }
         // Woken sooner by any watch event's kick; the statistics are due within 5 s anyway.
         Some(wait)
     }
