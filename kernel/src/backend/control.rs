@@ -808,9 +808,9 @@ impl Control {
             }
             return Some(RETRY_NS);
         };
-        // An upgrade begun this round steps at once: the guests' pause starts with it.
+        // An upgrade began this round: its steps are 1 ms apart, not the round's wait.
         if self.upgrade.is_some() {
-            return Some(0);
+            return Some(wait.min(1_000_000));
         }
         // Woken sooner by any watch event's kick; the statistics are due within 5 s anyway.
         Some(wait)

@@ -111,6 +111,9 @@ pub(in crate::backend) struct Upgrade {
     phase: Phase,
     /// When the current phase gives up.
     deadline: u64,
+    /// When the first ring was told to let go (0: none yet): the guests' pause runs
+    /// from here to the last re-attach.
+    drain_started: u64,
     /// Connected vbds whose drain began (their connection and keys as they were).
     draining: BTreeMap<String, (FrontendConnection, Vec<(String, String)>)>,
     drained: BTreeMap<String, Drained>,
@@ -151,6 +154,7 @@ impl Control {
             started: now,
             phase: Phase::Settle,
             deadline: now.saturating_add(WAIT_NS),
+            drain_started: 0,
             draining: BTreeMap::new(),
             drained: BTreeMap::new(),
             refusal: None,
@@ -167,8 +171,13 @@ impl Control {
             Phase::Settle => {
                 match self.vbds.iter().find(|(_, vbd)| !settled(vbd)) {
                     None => {
+                        log::info!(
+                            "upgrade: every vbd settled in {} ms",
+                            now.saturating_sub(upgrade.started) / 1_000_000
+                        );
                         upgrade.phase = Phase::Drain;
                         upgrade.deadline = now.saturating_add(WAIT_NS);
+                        upgrade.drain_started = now;
                     }
                     Some((path, _)) if now >= upgrade.deadline => {
                         upgrade.refusal = Some(Refusal::Busy(path.clone()));
@@ -183,7 +192,7 @@ impl Control {
                 let upgrade = self.upgrade.as_mut()?;
                 let all = upgrade.drained.len() == upgrade.draining.len();
                 if all {
-                    let drained_ms = now.saturating_sub(upgrade.started) / 1_000_000;
+                    let drained_ms = now.saturating_sub(upgrade.drain_started) / 1_000_000;
                     log::info!(
                         "upgrade: {} vbd(s) drained in {drained_ms} ms",
                         upgrade.drained.len()
@@ -232,10 +241,12 @@ impl Control {
                 let refusal = upgrade
                     .refusal
                     .unwrap_or(Refusal::Drain("abandoned".to_string()));
-                log::info!(
-                    "upgrade: every drained ring re-attached; {} ms without service at most",
-                    xen_domain::now_ns().saturating_sub(upgrade.started) / 1_000_000
-                );
+                if upgrade.drain_started != 0 {
+                    log::info!(
+                        "upgrade: every drained ring re-attached; rings away for {} ms at most",
+                        xen_domain::now_ns().saturating_sub(upgrade.drain_started) / 1_000_000
+                    );
+                }
                 tell(&Answer::Refused(refusal));
                 Some(STEP_NS)
             }
