@@ -2,10 +2,51 @@
 //! Reads what the PVH loader left for us: `hvm_start_info`, the command line and the
 //! memory map, copied into kernel-owned storage before anything can overwrite them.
 
-use boot::start_info::{HvmMemmapEntry, HvmStartInfo, HVM_START_MAGIC};
+use boot::start_info::{HvmMemmapEntry, HvmModlistEntry, HvmStartInfo, HVM_START_MAGIC};
 
 pub const MAX_MEMMAP_ENTRIES: usize = 128;
 pub const MAX_CMDLINE_LEN: usize = 1024;
+/// Modules kept (blkdom takes none but a live upgrade's handover block; a test may give
+/// the next image as one), and the longest module command line kept.
+pub const MAX_MODULES: usize = 8;
+pub const MAX_MODULE_CMDLINE: usize = 64;
+
+/// A module the loader listed: where, how long, and its command line (truncated to
+/// `MAX_MODULE_CMDLINE`, so a longer one never equals a name we look for).
+#[derive(Clone, Copy)]
+pub struct BootModule {
+    pub paddr: u64,
+    pub size: u64,
+    cmdline: [u8; MAX_MODULE_CMDLINE],
+    cmdline_len: usize,
+    cmdline_truncated: bool,
+}
+
+impl BootModule {
+    pub fn cmdline(&self) -> &[u8] {
+        if self.cmdline_truncated {
+            // Not a name anyone looks for: nothing matches it.
+            return b"\0truncated";
+        }
+        &self.cmdline[..self.cmdline_len]
+    }
+
+    pub fn as_triple(&self) -> (u64, u64, &[u8]) {
+        (self.paddr, self.size, self.cmdline())
+    }
+}
+
+/// The boot information, kept for a live upgrade's new `hvm_start_info`.
+static KEPT: spin::Once<BootInfo> = spin::Once::new();
+
+/// Keeps `info` for good (once, at boot).
+pub fn keep(info: BootInfo) -> &'static BootInfo {
+    KEPT.call_once(|| info)
+}
+
+pub fn get() -> Option<&'static BootInfo> {
+    KEPT.get()
+}
 
 pub struct BootInfo {
     pub start_info_paddr: u64,
@@ -17,6 +58,10 @@ pub struct BootInfo {
     cmdline: [u8; MAX_CMDLINE_LEN],
     cmdline_len: usize,
     pub cmdline_truncated: bool,
+    modules: [BootModule; MAX_MODULES],
+    modules_len: usize,
+    /// Modules beyond MAX_MODULES (ignored, but their memory is kept out all the same).
+    pub modules_dropped: usize,
 }
 
 #[derive(Debug)]
@@ -65,7 +110,43 @@ impl BootInfo {
             cmdline: [0; MAX_CMDLINE_LEN],
             cmdline_len: 0,
             cmdline_truncated: false,
+            modules: [BootModule {
+                paddr: 0,
+                size: 0,
+                cmdline: [0; MAX_MODULE_CMDLINE],
+                cmdline_len: 0,
+                cmdline_truncated: false,
+            }; MAX_MODULES],
+            modules_len: 0,
+            modules_dropped: 0,
         };
+        let entry_size = core::mem::size_of::<HvmModlistEntry>() as u64;
+        for i in 0..start_info.nr_modules as usize {
+            if i >= MAX_MODULES {
+                info.modules_dropped += 1;
+                continue;
+            }
+            let entry: HvmModlistEntry =
+                read_phys(start_info.modlist_paddr + i as u64 * entry_size)?;
+            let module = &mut info.modules[i];
+            module.paddr = entry.paddr;
+            module.size = entry.size;
+            if entry.cmdline_paddr != 0 {
+                loop {
+                    let byte: u8 = read_phys(entry.cmdline_paddr + module.cmdline_len as u64)?;
+                    if byte == 0 {
+                        break;
+                    }
+                    if module.cmdline_len == MAX_MODULE_CMDLINE {
+                        module.cmdline_truncated = true;
+                        break;
+                    }
+                    module.cmdline[module.cmdline_len] = byte;
+                    module.cmdline_len += 1;
+                }
+            }
+            info.modules_len += 1;
+        }
         if start_info.version >= 1 && start_info.memmap_paddr != 0 {
             let entries = start_info.memmap_entries as usize;
             info.memmap_len = entries.min(MAX_MEMMAP_ENTRIES);
@@ -92,6 +173,31 @@ impl BootInfo {
             info.cmdline_truncated = info.cmdline_len == MAX_CMDLINE_LEN;
         }
         Ok(info)
+    }
+
+    pub fn modules(&self) -> &[BootModule] {
+        &self.modules[..self.modules_len]
+    }
+
+    /// RAM below the identity map's end, as the memory map says (no heap needed).
+    pub fn ram(&self) -> ([core::ops::Range<u64>; MAX_MEMMAP_ENTRIES], usize) {
+        let mut ram = core::array::from_fn(|_| 0..0);
+        let mut n = 0;
+        for e in self
+            .memmap()
+            .iter()
+            .filter(|e| e.kind == boot::start_info::memmap_type::RAM)
+        {
+            let end = e
+                .addr
+                .saturating_add(e.size)
+                .min(crate::arch::paging::IDENTITY_MAPPED_LIMIT);
+            if e.addr < end {
+                ram[n] = e.addr..end;
+                n += 1;
+            }
+        }
+        (ram, n)
     }
 
     pub fn memmap(&self) -> &[HvmMemmapEntry] {

@@ -18,6 +18,9 @@ pub fn run(cmdline: &Cmdline<'_>, config: &Config, under_xen: bool, bus: PciBus)
     if let Some(what) = cmdline.value(Key::Crashtest) {
         crash_test(what);
     }
+    if let Some(upgrades) = cmdline.value(Key::Upgradetest) {
+        crate::handoff::upgrade_test(upgrades, cmdline.has(Key::UpgradetestCorrupt), bus);
+    }
     if let Some(spec) = cmdline.value(Key::Disktest) {
         devices::disk_test(spec, cmdline, config.device_timeout_ns, bus);
     }

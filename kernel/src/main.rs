@@ -18,6 +18,7 @@ mod bootinfo;
 mod console;
 mod devices;
 mod firmware;
+mod handoff;
 mod hooks;
 mod logger;
 mod mm;
@@ -49,7 +50,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     logger::init(LevelFilter::Info);
 
     let info = match bootinfo::BootInfo::read(start_info_paddr) {
-        Ok(info) => info,
+        Ok(info) => bootinfo::keep(info),
         Err(e) => {
             error!("no usable hvm_start_info at {start_info_paddr:#x}: {e}");
             power::crash("bad boot information");
@@ -94,14 +95,16 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         info.start_info.nr_modules,
         info.start_info.rsdp_paddr
     );
-    log_memory_map(&info);
+    log_memory_map(info);
 
     arch::gdt::init_boot_cpu();
     arch::trap::load_idt();
     arch::apic::mask_legacy_pic();
     smp::init_boot_cpu();
 
-    let memory = match mm::init(&info) {
+    // Booted from a live upgrade: the old image's handover block, one of our modules.
+    let handover_module = handoff::find_module(info);
+    let memory = match mm::init(info, handover_module) {
         Ok(report) => report,
         Err(e) => {
             error!("memory set-up failed: {e:?}");
@@ -109,19 +112,40 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
         }
     };
     info!(
-        "memory: {} MiB RAM, image {:#x}-{:#x} ({} KiB), heap {} MiB at {:#x}, {} MiB free",
+        "memory: {} MiB RAM, image {:#x}-{:#x} ({} KiB), heap {} MiB at {:#x}, \
+         RAM disk stripes {} MiB, {} MiB free",
         memory.ram_bytes >> 20,
         memory.image.start,
         memory.image.end,
         memory.image.len() / 1024,
         memory.heap_bytes >> 20,
         memory.heap_start,
+        memory.stripe_bytes >> 20,
         mm::free_frame_bytes() >> 20
     );
     info!(
         "memory: {:#x}-{:#x} kept free for a live upgrade's next image",
         memory.image.end, memory.load_window.end
     );
+    if let Some((ranges, bytes)) = memory.kept {
+        info!(
+            "memory: {ranges} ranges ({} KiB) kept as the handover lists them",
+            bytes / 1024
+        );
+    }
+    let handover = match (handover_module, memory.kept) {
+        (Some(module), Some(_)) => handoff::adopt(info, module, smp::MAX_CPUS),
+        _ => None,
+    };
+    if let Some(h) = handover {
+        let bytes = mm::add_handed_stripes(h);
+        if bytes > 0 {
+            info!(
+                "memory: {} MiB of handed-over RAM disk stripes",
+                bytes >> 20
+            );
+        }
+    }
     arch::copy::calibrate();
     log_grant_limits(&config.grants);
     log_device_timeout(config.device_timeout_ns, config.device_max_resets);
@@ -135,7 +159,13 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     // What a PAUSE costs here (timed at boot): the pollers' default idle.
     let mut pause = Cost::Unknown;
     if hypervisor.is_xen() {
-        match xen_domain::init() {
+        let adopt = handover
+            .filter(|h| !h.vcpu_info.is_empty())
+            .map(|h| (h.shared_info, h.vcpu_info[0]));
+        if handover.is_some() && adopt.is_none() {
+            error!("upgrade: the handover has no vcpu_info under Xen; registering afresh");
+        }
+        match xen_domain::init(adopt) {
             Ok(xen) => {
                 info!(
                     "xen: shared_info mapped, vcpu_info registered, event upcalls on vector {:#x} ({:?})",
@@ -164,11 +194,29 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
             Err(e) => error!("xen: platform set-up failed: {e}"),
         }
         match xen_domain::store::init() {
+            Ok(()) if handover.is_some() => {
+                // The old image's watches are xenstored's until dropped; ours come later.
+                match xen_domain::store::with(|xs| xs.reset_watches()) {
+                    Some(Ok(n)) => info!(
+                        "upgrade: the previous image's xenstore watches dropped ({n} of their \
+                         events forgotten)"
+                    ),
+                    Some(Err(e)) => error!("upgrade: XS_RESET_WATCHES failed: {e:?}"),
+                    None => {}
+                }
+                log_identity()
+            }
             Ok(()) => log_identity(),
             Err(e) => error!("xen: no xenstore: {e}"),
         }
     }
-    start_cpus(&hypervisor, &firmware);
+    match handover {
+        Some(h) => {
+            handoff::release_parked(h);
+            info!("cpu: {} CPUs online", smp::online_count());
+        }
+        None => start_cpus(&hypervisor, &firmware),
+    }
     // Configuration space, said once; the bus is walked on first use and kept.
     #[allow(unused_mut)] // the test image's network test borrows it
     let mut bus = devices::open::PciBus::new(&firmware);
@@ -184,7 +232,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     let mut bus = hooks::run(&cmdline, &config, hypervisor.is_xen(), bus);
 
     if hypervisor.is_xen() && xen_domain::get().is_some() {
-        match grant_map_hole(&info, &mut bus) {
+        match grant_map_hole(info, &mut bus) {
             Some(hole) => {
                 // `auto` is settled here, before any poller starts: by what a PAUSE costs.
                 config.poller.idle.get_or_insert_with(|| {

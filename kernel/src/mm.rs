@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! Physical memory: the frame allocator filled from the PVH memory map, and the kernel
-//! heap (`linked_list_allocator`, for set-up only: the I/O path never allocates).
+//! Physical memory: the frame allocator filled from the PVH memory map, the kernel
+//! heap (`linked_list_allocator`, for set-up only: the I/O path never allocates) and the
+//! RAM disks' stripe arena (64 KiB units of their own, so a live upgrade can hand them
+//! over by address: docs/design.md §4.12).
 
 use crate::arch::paging::IDENTITY_MAPPED_LIMIT;
 use crate::bootinfo::BootInfo;
-use blkdev::HeapBudget;
+use blkdev::{HeapBudget, StripeArena};
 use boot::start_info::{memmap_type, HvmModlistEntry};
 use core::alloc::GlobalAlloc;
 use linked_list_allocator::LockedHeap;
@@ -45,9 +47,27 @@ unsafe impl GlobalAlloc for LineHeap {
 
 static FRAMES: spin::Mutex<FrameAllocator> = spin::Mutex::new(FrameAllocator::new());
 
-/// Heap size: three quarters of free memory (RAM disks live on the heap), at least
-/// HEAP_MIN; the rest stays as frames for page tables, shared pages and stacks.
-const HEAP_MIN: u64 = 1 << 20;
+/// RAM as the memory map said at boot (identity-mapped part), for checking a handover
+/// block against: at most `MAX_RAM_RANGES` entries.
+const MAX_RAM_RANGES: usize = 32;
+static RAM: spin::Mutex<([core::ops::Range<u64>; MAX_RAM_RANGES], usize)> =
+    spin::Mutex::new(([const { 0..0 }; MAX_RAM_RANGES], 0));
+
+/// RAM as the memory map said at boot.
+pub fn ram_ranges() -> alloc::vec::Vec<core::ops::Range<u64>> {
+    let ram = RAM.lock();
+    ram.0[..ram.1].to_vec()
+}
+
+/// Heap size: a quarter of free memory, at least HEAP_MIN (or all there is): rings'
+/// engines, device queues and bounce pages, RAM disks' stripe tables and the control
+/// path. RAM disks' stripes take the stripe arena: every 64 KiB-aligned run left after
+/// the heap, less FRAMES_KEPT kept as frames for page tables, shared pages and stacks.
+const HEAP_MIN: u64 = 32 << 20;
+const FRAMES_KEPT: u64 = 8 << 20;
+
+/// The RAM disks' stripes (`blkdev::StripeFrames`), filled once at boot.
+pub static STRIPES: StripeArena = StripeArena::new();
 
 extern "C" {
     static __image_start: u8;
@@ -61,9 +81,15 @@ pub struct MemoryReport {
     pub ram_bytes: u64,
     pub heap_start: u64,
     pub heap_bytes: u64,
+    /// The stripe arena's size.
+    pub stripe_bytes: u64,
     pub image: PhysRange,
     /// Where every image is loaded, kept free for the next one (`handover::image`).
     pub load_window: PhysRange,
+    /// Booted from a live upgrade: the memory ranges its handover block lists (and
+    /// their bytes), kept out of the frame allocator; `None` on a cold boot or when the
+    /// block was refused (logged).
+    pub kept: Option<(usize, u64)>,
 }
 
 pub fn image_range() -> PhysRange {
@@ -84,8 +110,10 @@ pub fn image_notes() -> &'static [u8] {
     unsafe { core::slice::from_raw_parts(start, len) }
 }
 
-/// Fills the frame allocator from the memory map and carves out the heap.
-pub fn init(info: &BootInfo) -> Result<MemoryReport, FrameError> {
+/// Fills the frame allocator from the memory map and carves out the heap. `handover`:
+/// the handover module (address, length) when booted from a live upgrade, whose memory
+/// ranges are kept out before the heap is carved.
+pub fn init(info: &BootInfo, handover: Option<(u64, u64)>) -> Result<MemoryReport, FrameError> {
     let mut frames = FRAMES.lock();
     let mut ram_bytes = 0;
     for entry in info.memmap().iter().filter(|e| e.kind == memmap_type::RAM) {
@@ -97,6 +125,12 @@ pub fn init(info: &BootInfo) -> Result<MemoryReport, FrameError> {
             .min(IDENTITY_MAPPED_LIMIT);
         if entry.addr < end {
             frames.add(PhysRange::new(entry.addr, end))?;
+            let mut ram = RAM.lock();
+            if ram.1 < MAX_RAM_RANGES {
+                let n = ram.1;
+                ram.0[n] = entry.addr..end;
+                ram.1 += 1;
+            }
         }
     }
     // Keep out: the real-mode area and firmware data below 1 MiB, the image, and what
@@ -147,19 +181,132 @@ pub fn init(info: &BootInfo) -> Result<MemoryReport, FrameError> {
         }
     }
 
+    // Every module (beyond those BootInfo kept, too), whatever it holds.
+    let kept = handover.and_then(|module| keep_handover_ranges(info, &mut frames, module));
+
     let free_bytes_before_heap = frames.free_bytes();
-    let heap_bytes = (free_bytes_before_heap / 4 * 3).max(HEAP_MIN) / FRAME_SIZE * FRAME_SIZE;
+    let heap_bytes = (free_bytes_before_heap / 4).max(HEAP_MIN.min(free_bytes_before_heap / 4 * 3))
+        / FRAME_SIZE
+        * FRAME_SIZE;
     let heap_start = frames.allocate_contiguous(heap_bytes / FRAME_SIZE, 2 << 20)?;
     // SAFETY: the range was just taken from the frame allocator, so nothing else uses it;
     // it is identity mapped, writable, and handed to the heap exactly once.
     unsafe { HEAP.lock().init(heap_start as *mut u8, heap_bytes as usize) };
+    let stripe_bytes = fill_stripes(&mut frames);
     Ok(MemoryReport {
         ram_bytes,
         heap_start,
         heap_bytes,
+        stripe_bytes,
         image,
         load_window: PhysRange::new(window.start, window.end),
+        kept,
     })
+}
+
+/// Checks the handover block in a heap of its own (frames taken for the moment), keeps
+/// every memory range it lists out of `frames`, then gives those frames back and leaves
+/// the heap empty for `init` to carve: the block is untrusted until decoded, and
+/// decoding needs a heap, but the real heap must not land on a range it lists. The
+/// block is decoded again, in the real heap, when the rest of it is used.
+fn keep_handover_ranges(
+    info: &BootInfo,
+    frames: &mut FrameAllocator,
+    (paddr, len): (u64, u64),
+) -> Option<(usize, u64)> {
+    let scratch_frames = (len.saturating_mul(4) + (1 << 20)).div_ceil(FRAME_SIZE);
+    let scratch = match frames.allocate_contiguous(scratch_frames, FRAME_SIZE) {
+        Ok(start) => start,
+        Err(e) => {
+            log::error!("upgrade: no memory to check the handover block ({e:?}); ignored");
+            return None;
+        }
+    };
+    // SAFETY: the frames were just taken from the allocator and nothing else uses them;
+    // identity mapped and writable. The heap is empty (nothing allocated before `init`)
+    // and is emptied again below, after every allocation made in it is dropped.
+    unsafe {
+        HEAP.lock()
+            .init(scratch as *mut u8, (scratch_frames * FRAME_SIZE) as usize)
+    };
+    let (ram, n) = info.ram();
+    let block = crate::handoff::read_module(paddr, len);
+    let limits = handover::block::Limits {
+        ram: &ram[..n],
+        vcpus: crate::smp::MAX_CPUS,
+        max_queues: crate::smp::MAX_CPUS,
+    };
+    let decoded = handover::block::Handover::decode(&block, &limits);
+    // The scratch frames go back first (their bytes stay as they are until the heap is
+    // carved), so that a range the block lists inside them is removed after.
+    if let Err(e) = frames.free(scratch, scratch_frames) {
+        log::warn!("upgrade: scratch frames not given back ({e:?})");
+    }
+    let kept = match &decoded {
+        Ok(h) => {
+            for range in &h.ranges {
+                frames.remove(PhysRange::new(range.start, range.end()));
+            }
+            Some((h.ranges.len(), h.ranges.iter().map(|r| r.len).sum()))
+        }
+        Err(e) => {
+            log::error!("upgrade: handover block refused: {e}");
+            None
+        }
+    };
+    drop(decoded);
+    drop(block);
+    *HEAP.lock() = linked_list_allocator::Heap::empty();
+    kept
+}
+
+/// Moves every whole 64 KiB-aligned run of free frames but `FRAMES_KEPT` into the stripe
+/// arena (the heap exists by now: the arena's unit table is on it); returns its bytes.
+fn fill_stripes(frames: &mut FrameAllocator) -> u64 {
+    const UNIT: u64 = blkdev::STRIPE_BYTES as u64;
+    let mut spare = frames.free_bytes().saturating_sub(FRAMES_KEPT);
+    let ranges: alloc::vec::Vec<PhysRange> = frames.ranges().to_vec();
+    let mut added = 0;
+    // Highest first: low frames stay for page tables and shared pages.
+    for range in ranges.iter().rev() {
+        let start = range.start.next_multiple_of(UNIT);
+        let end = range.end / UNIT * UNIT;
+        if end <= start || spare < UNIT {
+            continue;
+        }
+        let len = (end - start).min(spare / UNIT * UNIT);
+        let run = PhysRange::new(end - len, end);
+        frames.remove(run);
+        spare -= len;
+        // SAFETY: the run was just taken from the frame allocator, so nothing else uses
+        // it; it lies below `IDENTITY_MAPPED_LIMIT` (the allocator holds nothing above),
+        // so it is identity mapped and writable; it is handed to the arena once, for the
+        // domain's life (the arena hands out each unit to one owner at a time).
+        let memory = unsafe { core::slice::from_raw_parts_mut(run.start as *mut u8, len as usize) };
+        added += STRIPES.add(memory);
+    }
+    added
+}
+
+/// Booted from a live upgrade: the RAM disks' stripes the handover lists (its RamDisk
+/// ranges, kept out of the frame allocator and so of the heap) join the stripe arena,
+/// where `RamDisk::adopt` finds them. Before any RAM disk is opened; returns the bytes.
+pub fn add_handed_stripes(handover: &handover::block::Handover) -> u64 {
+    let mut added = 0;
+    for range in handover
+        .ranges
+        .iter()
+        .filter(|r| r.kind == handover::block::RangeKind::RamDisk)
+    {
+        // SAFETY: `Handover::decode` checked the range lies in RAM below the identity
+        // map's end, page-aligned, overlapping no other range; `init` kept it out of
+        // the frame allocator before the heap was carved, so nothing else uses it; it
+        // goes to the arena once (ranges are disjoint), for the domain's life.
+        let memory =
+            unsafe { core::slice::from_raw_parts_mut(range.start as *mut u8, range.len as usize) };
+        added += STRIPES.add(memory);
+    }
+    added
 }
 
 pub fn allocate_frame() -> Result<u64, FrameError> {
@@ -191,9 +338,10 @@ pub fn heap_free() -> usize {
 /// 1 MiB of it; the rest holds a few hundred vbds.
 pub const CONTROL_RESERVE: u64 = 4 << 20;
 
-/// The heap as disks and rings may use it: RAM disks' stripes, rings' engines, device
-/// queues and bounce pages are taken only from its room (`blkdev::HeapBudget`).
-pub static DISK_MEMORY: HeapBudget = HeapBudget::new(CONTROL_RESERVE, heap_free);
+/// The memory disks and rings may use: rings' engines, device queues, bounce pages and
+/// RAM disks' stripe tables are taken only from the heap's room, RAM disks' stripes
+/// only from the arena's (`blkdev::HeapBudget`).
+pub static DISK_MEMORY: HeapBudget = HeapBudget::new(CONTROL_RESERVE, heap_free, &STRIPES);
 
 /// Bytes a ring's engine may take now (`DISK_MEMORY`'s room).
 pub fn ring_room() -> usize {
@@ -201,6 +349,7 @@ pub fn ring_room() -> usize {
 }
 
 /// Bytes of heap in use now.
+#[cfg(feature = "test-hooks")]
 pub fn heap_used() -> usize {
     HEAP.lock().used()
 }

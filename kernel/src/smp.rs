@@ -106,7 +106,7 @@ fn read_tsc() -> u64 {
 }
 
 /// Spins until `done()` or about `millis` ms (at least; longer on fast TSCs).
-fn wait_until(millis: u64, mut done: impl FnMut() -> bool) -> bool {
+pub fn wait_until(millis: u64, mut done: impl FnMut() -> bool) -> bool {
     let start = read_tsc();
     let budget = MIN_TSC_HZ / 1000 * millis;
     while read_tsc().wrapping_sub(start) < budget {

@@ -690,6 +690,71 @@ def test_ram_disk(suite):
     suite.record("disk.ram-disk-two-queues", ok, f"verdict {r.verdict}, {verified} queues verified", r)
 
 
+def test_live_upgrade_jump(suite):
+    """upgradetest=3 with 4 CPUs: the test image upgrades to a copy whose build id
+    differs (the module), which upgrades to itself twice; each new image must log that it
+    booted from the handover (old and new build id, the upgrade count), release the 3
+    parked vCPUs into its own AP entry and hand each of them work. A named 1 MiB RAM disk
+    goes along: each image checks the word the previous one wrote in its first block,
+    that it holds the very stripes handed over, and writes its own."""
+    variant = os.path.join(suite.log_dir, "blkdom-variant.elf")
+    os.makedirs(suite.log_dir, exist_ok=True)
+    ids = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "..",
+                          "tools", "upgrade", "build_id_variant.py"), suite.image, variant],
+                         check=True, capture_output=True, text=True).stdout.split()
+    old, new = ids
+    r = suite.boot("upgrade.jump", "upgradetest=3 loglevel=info", timeout=90, smp=4,
+                   extra=["-initrd", variant])
+    problems = []
+    if r.verdict != "pass":
+        problems.append(f"verdict {r.verdict}")
+    started = re.findall(r"blkdom \S+ build ([0-9a-f]+) starting", r.log)
+    if started != [old, new, new, new]:
+        problems.append(f"images started: {started}, expected {old} then {new} three times")
+    booted = re.findall(r"booted from a handover: build ([0-9a-f]+) -> ([0-9a-f]+), upgrade (\d+), (\d+) vCPUs", r.log)
+    expected = [(old, new, "1", "4"), (new, new, "2", "4"), (new, new, "3", "4")]
+    if booted != expected:
+        problems.append(f"handovers {booted}, expected {expected}")
+    if r.log.count("upgrade: 3 parked vCPUs released") != 3:
+        problems.append("not every new image released its 3 parked vCPUs")
+    if r.log.count("4 CPUs online, every released one took work") != 3:
+        problems.append("not every new image gave its released CPUs work")
+    if r.log.count("upgrade: 3 vCPUs parked; jumping") != 3:
+        problems.append("not every jump parked 3 vCPUs first")
+    carried = re.findall(r"upgradetest: RAM disk: (upgrade-\d+) matches", r.log)
+    if carried != ["upgrade-1", "upgrade-2", "upgrade-3"]:
+        problems.append(f"the RAM disk's word read back {carried}, expected upgrade-1..3")
+    if r.log.count("RAM disk upgradetest taken over (1 MiB, 16 stripes resident)") != 3:
+        problems.append("the RAM disk was not taken over by every new image")
+    suite.record("upgrade.jump-three-times-four-cpus", not problems,
+                 "; ".join(problems) or f"3 upgrades ({old[:8]} -> {new[:8]} -> {new[:8]} -> "
+                 f"{new[:8]}), 3 vCPUs parked and released each time, the RAM disk's contents kept, "
+                 f"in {r.seconds:.1f} s", r)
+
+
+def test_live_upgrade_refuses_a_corrupt_block(suite):
+    """upgradetest.corrupt: the old image flips the last byte of the handover block before
+    the jump; the new image must find the block, refuse it (its checksum), keep nothing
+    it lists and boot cold."""
+    variant = os.path.join(suite.log_dir, "blkdom-variant.elf")
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "..",
+                    "tools", "upgrade", "build_id_variant.py"), suite.image, variant],
+                   check=True, capture_output=True)
+    r = suite.boot("upgrade.corrupt", "upgradetest=1 upgradetest.corrupt loglevel=info",
+                   timeout=90, smp=2, extra=["-initrd", variant])
+    problems = []
+    if r.verdict != "pass":
+        problems.append(f"verdict {r.verdict}")
+    for needle in ["last byte flipped on purpose", "handover block refused: handover checksum differs",
+                   "the corrupted block was refused; booted cold"]:
+        if needle not in r.log:
+            problems.append(f"log lacks {needle!r}")
+    if "booted from a handover" in r.log or "kept as the handover lists them" in r.log:
+        problems.append("the corrupt block was used")
+    suite.record("upgrade.corrupt-block-refused", not problems,
+                 "; ".join(problems) or f"refused, booted cold, in {r.seconds:.1f} s", r)
+
+
 def test_missing_or_failing_disk_fails_cleanly(suite):
     # QEMU's blkdebug driver fails every read of the backing file with EIO.
     blkdebug = os.path.join(os.path.dirname(suite.log_dir.rstrip("/")) or ".", "blkdebug-eio.conf")
@@ -808,7 +873,8 @@ def main():
                  test_nvme_slice, test_virtio_gpt_partition, test_bad_slices_fail_precisely,
                  test_registry_slices, test_stable_device_names,
                  test_missing_or_failing_disk_fails_cleanly, test_device_faults,
-                 test_clean_shutdown_reaches_the_devices]:
+                 test_clean_shutdown_reaches_the_devices, test_live_upgrade_jump,
+                 test_live_upgrade_refuses_a_corrupt_block]:
         if args.only and args.only not in test.__name__:
             continue
         try:

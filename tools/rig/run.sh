@@ -123,6 +123,11 @@ if [ -n "$blkdom_image" ] && [ -f "$blkdom_image" ]; then
   # Xen device model is qemu-system-i386, whose ELF loader takes EM_386 files only. The
   # PVH entry is 32-bit code and every address is below 4 GiB, so nothing else changes.
   objcopy -O elf32-i386 "$blkdom_image" "$work/in/images/blkdom.elf32"
+  # The same image with another build id: the second build a live upgrade alternates
+  # with (tests/xen/blkdom-upgrade).
+  python3 "$REPO_DIR/tools/upgrade/build_id_variant.py" "$blkdom_image" \
+    "$work/in/images/blkdom-variant" > /dev/null ||
+    rig_die "tools/upgrade/build_id_variant.py failed on $blkdom_image"
 else
   rig_log "no blkdom image (${blkdom_image:-none given}); blkdom scenarios will fail"
 fi

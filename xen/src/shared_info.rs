@@ -109,6 +109,11 @@ pub struct VcpuInfoView {
 }
 
 impl VcpuInfoView {
+    /// Where the `vcpu_info` lies (what a live upgrade hands over).
+    pub fn address(&self) -> u64 {
+        self.mem.base_addr() as u64
+    }
+
     /// `None` if the window is smaller than `struct vcpu_info` or not 8-aligned.
     pub fn new(mem: SharedMem) -> Option<Self> {
         (mem.len() >= size_of::<VcpuInfo>() && mem.base_addr().is_multiple_of(8))

@@ -1,16 +1,20 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! The heap as disks and rings may use it.
+//! The memory disks and rings may use: the heap and the RAM disks' stripe arena.
 //!
 //! The control path allocates as any Rust program does (xenstore paths and replies, the
 //! vectors and maps of its vbds), and such an allocation that fails aborts the domain.
-//! Bulk memory (a RAM disk's stripes, a ring's engine, a device's queues and bounce
-//! pages) is taken fallibly and only from [`HeapBudget::room`]: the free heap less a
-//! fixed reserve no disk or ring may take, and less the memory RAM disks gave back
-//! (discarded stripes) that they will want again when their guest writes there. So no
-//! disk or ring can leave the control path short, and no new disk or ring takes the
-//! memory a RAM disk was given when it was made.
+//! Bulk memory on the heap (a ring's engine, a device's queues and bounce pages, a RAM
+//! disk's stripe table) is taken fallibly and only from [`HeapBudget::room`]: the free
+//! heap less a fixed reserve no disk or ring may take. A RAM disk's stripes live apart,
+//! in the arena ([`crate::StripeFrames`]: a live upgrade hands them over by address),
+//! and are taken only from [`HeapBudget::stripe_room`]: the arena's free memory less
+//! what RAM disks gave back (discarded stripes) and will want again when their guest
+//! writes there. So no disk or ring can leave the control path short, and no new disk
+//! takes the memory a RAM disk was given when it was made.
 
 use core::sync::atomic::{AtomicU64, Ordering};
+
+use crate::ram::StripeFrames;
 
 /// The heap's budget for disks and rings (one for the domain).
 #[derive(Debug)]
@@ -22,6 +26,8 @@ pub struct HeapBudget {
     /// Bytes RAM disks gave back and will want again (each disk's share is kept
     /// up to date by the disk itself: made, maintained, resized, dropped).
     promised: AtomicU64,
+    /// Where RAM disks' stripes come from.
+    stripes: &'static dyn StripeFrames,
 }
 
 /// `needed` bytes are more than a disk or ring may take (`room`).
@@ -44,13 +50,24 @@ impl core::fmt::Display for NoRoom {
 impl core::error::Error for NoRoom {}
 
 impl HeapBudget {
-    /// A budget keeping `reserve` bytes of a heap whose free bytes `free` tells.
-    pub const fn new(reserve: u64, free: fn() -> usize) -> Self {
+    /// A budget keeping `reserve` bytes of a heap whose free bytes `free` tells, with
+    /// RAM disks' stripes from `stripes`.
+    pub const fn new(
+        reserve: u64,
+        free: fn() -> usize,
+        stripes: &'static dyn StripeFrames,
+    ) -> Self {
         HeapBudget {
             reserve,
             free,
             promised: AtomicU64::new(0),
+            stripes,
         }
+    }
+
+    /// Where RAM disks' stripes come from.
+    pub fn stripes(&self) -> &'static dyn StripeFrames {
+        self.stripes
     }
 
     /// Bytes kept for the control path.
@@ -63,10 +80,24 @@ impl HeapBudget {
         self.promised.load(Ordering::Acquire)
     }
 
-    /// Bytes a new disk or ring may take now: the free heap less the reserve and less
-    /// what RAM disks were promised.
+    /// Heap a new disk or ring may take now: the free heap less the reserve.
     pub fn room(&self) -> u64 {
+        ((self.free)() as u64).saturating_sub(self.reserve)
+    }
+
+    /// Stripe memory a new RAM disk (or one growing) may take now: the arena's free
+    /// memory less what RAM disks were promised.
+    pub fn stripe_room(&self) -> u64 {
         self.room_besides(0)
+    }
+
+    /// `needed` bytes of stripes fit [`HeapBudget::stripe_room`].
+    pub fn fits_stripes(&self, needed: u64) -> Result<(), NoRoom> {
+        let room = self.stripe_room();
+        if needed > room {
+            return Err(NoRoom { needed, room });
+        }
+        Ok(())
     }
 
     /// `needed` bytes fit [`HeapBudget::room`].
@@ -78,13 +109,12 @@ impl HeapBudget {
         Ok(())
     }
 
-    /// The room of a RAM disk taking back the memory it was promised (`own`, part of
-    /// [`HeapBudget::promised`]): other disks' promises stay out of it, its own does not.
+    /// The stripe room of a RAM disk taking back the memory it was promised (`own`,
+    /// part of [`HeapBudget::promised`]): other disks' promises stay out of it, its own
+    /// does not.
     pub(crate) fn room_besides(&self, own: u64) -> u64 {
         let others = self.promised().saturating_sub(own);
-        ((self.free)() as u64)
-            .saturating_sub(self.reserve)
-            .saturating_sub(others)
+        self.stripes.free_bytes().saturating_sub(others)
     }
 
     /// A disk that was promised `before` bytes is promised `now`.
@@ -116,10 +146,19 @@ pub(crate) mod fake {
         FREE.with(|free| free.set(bytes));
     }
 
-    /// A budget keeping `reserve` bytes of this thread's heap (which has `free` free).
-    pub(crate) fn budget(reserve: u64, free_bytes: usize) -> &'static HeapBudget {
+    /// A budget keeping `reserve` bytes of this thread's heap (which has `free` free),
+    /// with an arena of `stripes` stripes.
+    pub(crate) fn budget(
+        reserve: u64,
+        free_bytes: usize,
+        stripes: usize,
+    ) -> (&'static HeapBudget, &'static crate::ram::fake::Inspecting) {
         set_free(free_bytes);
-        Box::leak(Box::new(HeapBudget::new(reserve, free)))
+        let arena = crate::ram::fake::arena(stripes);
+        (
+            Box::leak(Box::new(HeapBudget::new(reserve, free, arena))),
+            arena,
+        )
     }
 }
 
@@ -129,7 +168,7 @@ mod tests {
 
     #[test]
     fn a_disk_or_ring_that_would_leave_less_than_the_reserve_is_refused() {
-        let heap = fake::budget(4 << 20, 10 << 20);
+        let (heap, _) = fake::budget(4 << 20, 10 << 20, 0);
         assert_eq!(heap.room(), 6 << 20);
         assert_eq!(heap.fits(6 << 20), Ok(()));
         assert_eq!(
@@ -147,17 +186,22 @@ mod tests {
 
     #[test]
     fn memory_promised_to_ram_disks_is_not_room_for_others() {
-        let heap = fake::budget(1 << 20, 10 << 20);
+        // 160 stripes: 10 MiB.
+        let (heap, _) = fake::budget(1 << 20, 10 << 20, 160);
         heap.repromise(0, 3 << 20);
         heap.repromise(0, 2 << 20);
         assert_eq!(heap.promised(), 5 << 20);
-        assert_eq!(heap.room(), 4 << 20);
+        assert_eq!(heap.stripe_room(), 5 << 20);
+        assert!(heap.fits_stripes(5 << 20).is_ok());
+        assert!(heap.fits_stripes((5 << 20) + 1).is_err());
+        // Promises are stripes: the heap's room does not see them.
+        assert_eq!(heap.room(), 9 << 20);
         // A disk promised 3 MiB may take it back, not the other's 2 MiB.
-        assert_eq!(heap.room_besides(3 << 20), 7 << 20);
+        assert_eq!(heap.room_besides(3 << 20), 8 << 20);
         heap.repromise(3 << 20, 1 << 20);
         assert_eq!(heap.promised(), 3 << 20);
         heap.repromise(1 << 20, 0);
         heap.repromise(2 << 20, 0);
-        assert_eq!((heap.promised(), heap.room()), (0, 9 << 20));
+        assert_eq!((heap.promised(), heap.stripe_room()), (0, 10 << 20));
     }
 }

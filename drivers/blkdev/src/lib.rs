@@ -24,7 +24,10 @@ mod slice;
 pub use dma::{Dma, DmaRegion};
 pub use heap::{HeapBudget, NoRoom};
 pub use null::NullDisk;
-pub use ram::{Maintenance, OutOfMemory, RamDisk, RamDiskQueue, ResizeError};
+pub use ram::{
+    address_of, AdoptError, HandedStripe, Maintenance, OutOfMemory, RamDisk, RamDiskQueue,
+    ResizeError, StripeArena, StripeFrames, STRIPE_BYTES,
+};
 pub use slice::{SharedCapacity, Slice, SliceError};
 
 /// Bytes in the sector unit used for all addressing (`sector` fields, capacities).

@@ -783,6 +783,45 @@ impl<H: Hal> Controller<H> {
     }
 }
 
+impl<H: Hal> Controller<H> {
+    /// Asks the controller to disable (CC.EN = 0, no shutdown notification): every
+    /// queue is dropped and no command of it runs any more. A live upgrade's stop: the
+    /// next image enables it again at boot, and RTD3E's seconds are not spent.
+    pub fn begin_disable(&mut self) {
+        let cc = self.hal.read_register(reg::CC);
+        self.hal.write_register(reg::CC, cc & !reg::CC_ENABLE);
+    }
+
+    /// Whether the disable `begin_disable` asked for is done (CSTS.RDY = 0).
+    pub fn disabled(&self) -> bool {
+        self.hal.read_register(reg::CSTS) & reg::CSTS_READY == 0
+    }
+
+    /// How long the controller may take to change CSTS.RDY (CAP.TO, bounded).
+    pub fn ready_timeout_ms(&self) -> u64 {
+        self.ready_timeout_ms
+    }
+}
+
+/// A controller stopped by disabling it, without the shutdown notification (a live
+/// upgrade: docs/design.md §4.12).
+pub struct Disable<'a, H: Hal>(pub &'a mut Controller<H>);
+
+impl<H: Hal> blkdev::shutdown::Stop for Disable<'_, H> {
+    fn begin_stop(&mut self) -> Result<(), alloc::string::String> {
+        self.0.begin_disable();
+        Ok(())
+    }
+
+    fn stopped(&mut self) -> Result<bool, alloc::string::String> {
+        Ok(self.0.disabled())
+    }
+
+    fn stop_deadline_ns(&self) -> u64 {
+        self.0.ready_timeout_ms() * 1_000_000
+    }
+}
+
 /// A controller stops by its normal shutdown notification.
 impl<H: Hal> blkdev::shutdown::Stop for Controller<H> {
     fn begin_stop(&mut self) -> Result<(), alloc::string::String> {

@@ -24,8 +24,8 @@ mod queue;
 
 pub use command::{CommandStatus, Opcode};
 pub use controller::{
-    Controller, ControllerIdentity, InitConfig, Namespace, NamespaceIdentity, NvmeError, Version,
-    MAX_IDENTIFIED_NAMESPACES, SHUTDOWN_MAX_MS, SHUTDOWN_MIN_MS,
+    Controller, ControllerIdentity, Disable, InitConfig, Namespace, NamespaceIdentity, NvmeError,
+    Version, MAX_IDENTIFIED_NAMESPACES, SHUTDOWN_MAX_MS, SHUTDOWN_MIN_MS,
 };
 pub use prp::{plan_commands, plan_sgl_commands, CommandPlan, PlanError, SGL_LIST_ENTRIES};
 pub use queue::{IoQueue, QueueStats};

@@ -1012,6 +1012,21 @@ fn a_shutdown_flushes_the_cache_then_sends_the_normal_shutdown_notification() {
 }
 
 #[test]
+fn an_upgrade_disables_the_controller_without_the_shutdown_notification() {
+    use blkdev::shutdown::{stop_all, Outcome};
+    let (hal, mut controller, _queue) = controller_and_queue(FakeController::new(1 << 20));
+    let stopped = stop_all(&mut [&mut crate::Disable(&mut controller)], &mut Steps(0));
+    assert_eq!(stopped, [Outcome::Done { ns: 0 }]);
+    hal.with(|m| {
+        assert_eq!(m.cc & 1, 0, "CC.EN clear");
+        assert_eq!(m.csts & 1, 0, "CSTS.RDY clear");
+        assert_eq!(m.shutdowns, 0, "no shutdown notification");
+        assert_eq!((m.cc >> 14) & 0b11, 0, "CC.SHN untouched");
+        assert!(m.violations.is_empty(), "{:?}", m.violations);
+    });
+}
+
+#[test]
 fn without_a_volatile_write_cache_nothing_is_flushed() {
     let mut fake = FakeController::new(1 << 20);
     fake.vwc = false;

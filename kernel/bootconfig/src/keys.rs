@@ -159,6 +159,14 @@ command_line_keys! {
         default "", range "",
         "after the disk test, shut the device down as xl shutdown does (flush, NVMe \
          shutdown notification, virtio reset)";
+    Upgradetest "upgradetest" TestHook,
+        default "", range "a number of upgrades, 1 to 10",
+        "upgrade to the image given as a module (QEMU's -initrd) that many times, each new \
+         image checking it booted from the handover; power off";
+    UpgradetestCorrupt "upgradetest.corrupt" TestOption,
+        default "", range "",
+        "the old image flips a byte of the handover block's body before the jump: the new \
+         image must refuse the block and boot cold";
     Registrytest "registrytest" TestHook,
         default "", range "<step>;...: +<target> opens, -<n> releases the n-th opened",
         "open and release disks through the device registry, log each outcome, power off";

@@ -49,6 +49,9 @@ pub enum RangeKind {
     Park = 2,
     /// RAM disk stripes.
     RamDisk = 3,
+    /// The `shared_info` page: Xen took the frame there when it was added to the physmap,
+    /// and adding it elsewhere would leave a hole where RAM was.
+    SharedInfo = 4,
 }
 
 impl RangeKind {
@@ -57,6 +60,7 @@ impl RangeKind {
             1 => Some(Self::VcpuInfo),
             2 => Some(Self::Park),
             3 => Some(Self::RamDisk),
+            4 => Some(Self::SharedInfo),
             _ => None,
         }
     }
@@ -128,8 +132,12 @@ pub struct Handover {
     pub old_build_id: BuildId,
     /// Upgrades since the domain was built.
     pub generation: u32,
-    /// vCPU n's `vcpu_info` address.
+    /// vCPUs online at the jump: vCPU 0 jumped, the others wait in the park area.
+    pub vcpus: u32,
+    /// vCPU n's `vcpu_info` address; empty without Xen.
     pub vcpu_info: Vec<u64>,
+    /// Where `shared_info` is; 0 without Xen.
+    pub shared_info: u64,
     /// The page the parked vCPUs wait in.
     pub park_page: u64,
     pub ranges: Vec<MemRange>,
@@ -158,6 +166,7 @@ pub enum HandoverError {
     TrailingBytes,
     BadBuildId,
     VcpuCount(usize),
+    SharedInfo(u64),
     VcpuInfo {
         vcpu: usize,
         addr: u64,
@@ -238,6 +247,7 @@ impl core::fmt::Display for HandoverError {
             TrailingBytes => f.write_str("bytes after the last record"),
             BadBuildId => f.write_str("bad build id"),
             VcpuCount(n) => write!(f, "{n} vCPUs handed over"),
+            SharedInfo(a) => write!(f, "shared_info at {a:#x} is not a shared_info range"),
             VcpuInfo { vcpu, addr } => {
                 write!(
                     f,
@@ -284,8 +294,10 @@ impl Handover {
         let mut w = Writer::default();
         w.bytes(self.old_build_id.as_bytes());
         w.u32(self.generation);
+        w.u32(self.vcpus);
         w.count(self.vcpu_info.len());
         self.vcpu_info.iter().for_each(|&a| w.u64(a));
+        w.u64(self.shared_info);
         w.u64(self.park_page);
         w.count(self.ranges.len());
         for r in &self.ranges {
@@ -366,8 +378,10 @@ impl Handover {
         let old_build_id =
             BuildId::new(r.bytes("build id", MAX_BUILD_ID)?).ok_or(HandoverError::BadBuildId)?;
         let generation = r.u32()?;
+        let vcpus = r.u32()?;
         let n = bounded(r.count("vCPUs", 8)?, MAX_VCPUS, "vCPUs")?;
         let vcpu_info = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+        let shared_info = r.u64()?;
         let park_page = r.u64()?;
         let n = bounded(r.count("ranges", 17)?, MAX_RANGES, "ranges")?;
         let mut ranges = Vec::with_capacity(n);
@@ -456,7 +470,9 @@ impl Handover {
         Ok(Self {
             old_build_id,
             generation,
+            vcpus,
             vcpu_info,
+            shared_info,
             park_page,
             ranges,
             ram_disks,
@@ -497,8 +513,24 @@ impl Handover {
             })
         };
 
-        if self.vcpu_info.is_empty() || self.vcpu_info.len() > limits.vcpus {
-            return Err(HandoverError::VcpuCount(self.vcpu_info.len()));
+        // Under Xen every vCPU has its `vcpu_info`; without Xen none has.
+        let vcpus = self.vcpus as usize;
+        if vcpus == 0
+            || vcpus > limits.vcpus
+            || (!self.vcpu_info.is_empty() && self.vcpu_info.len() != vcpus)
+        {
+            return Err(HandoverError::VcpuCount(vcpus.max(self.vcpu_info.len())));
+        }
+        let xen = !self.vcpu_info.is_empty();
+        let shared_info_ok = match xen {
+            true => {
+                self.shared_info.is_multiple_of(PAGE)
+                    && inside(RangeKind::SharedInfo, self.shared_info, PAGE)
+            }
+            false => self.shared_info == 0,
+        };
+        if !shared_info_ok {
+            return Err(HandoverError::SharedInfo(self.shared_info));
         }
         for (vcpu, &addr) in self.vcpu_info.iter().enumerate() {
             if !addr.is_multiple_of(VCPU_INFO_SIZE)

@@ -13,10 +13,14 @@ extern crate alloc;
 
 pub mod block;
 pub mod image;
+pub mod park;
+pub mod ranges;
 pub mod receive;
 pub mod request;
 pub mod vbd;
 pub mod wire;
 
+#[cfg(test)]
+mod park_tests;
 #[cfg(test)]
 mod tests;

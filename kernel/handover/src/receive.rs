@@ -5,6 +5,7 @@
 //! staged copy checked. What blkdom answers in `data/blkdom-upgrade` is [`Answer`].
 //! The kernel maps and unmaps; everything decided is here.
 
+use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::image::{self, BuildId, CheckedImage, Expected, ImageError};
@@ -54,6 +55,13 @@ pub enum Refusal {
     /// The image passed every check, but this blkdom cannot switch to it: the drain,
     /// the handover and the jump are not built yet (docs/design.md §4.12).
     SwitchNotBuilt(BuildId),
+    /// The switch could not be made (the reason); nothing was given up.
+    Switch(String),
+    /// A vbd was negotiating or being torn down past the wait (its backend path).
+    Busy(String),
+    /// The drain or the handover block failed (the reason); every drained ring was
+    /// re-attached.
+    Drain(String),
 }
 
 impl core::fmt::Display for Refusal {
@@ -70,6 +78,9 @@ impl core::fmt::Display for Refusal {
                 f,
                 "image checked (build {id}), but this blkdom cannot switch images yet"
             ),
+            Refusal::Switch(why) => write!(f, "switch: {why}"),
+            Refusal::Busy(path) => write!(f, "vbd {path} busy"),
+            Refusal::Drain(why) => write!(f, "drain: {why}"),
         }
     }
 }

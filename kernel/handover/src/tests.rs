@@ -393,7 +393,9 @@ fn handover() -> Handover {
     Handover {
         old_build_id: BuildId::new(&[0xcd; 20]).unwrap(),
         generation: 3,
+        vcpus: 2,
         vcpu_info: vec![0x20_0000, 0x20_0040],
+        shared_info: 0x20_1000,
         park_page: 0x7000,
         ranges: vec![
             MemRange {
@@ -410,6 +412,11 @@ fn handover() -> Handover {
                 kind: RangeKind::RamDisk,
                 start: 0x100_0000,
                 len: 0x40_0000,
+            },
+            MemRange {
+                kind: RangeKind::SharedInfo,
+                start: 0x20_1000,
+                len: 0x1000,
             },
         ],
         ram_disks: vec![RamDiskRecord {
@@ -522,9 +529,10 @@ fn with_body(body: &[u8]) -> Vec<u8> {
 fn a_forged_count_allocates_nothing_and_is_refused() {
     let block = handover().encode();
     let body = &block[HEADER_LEN..];
-    // After the build id (4 + 20) and the generation (4): the vCPU count.
+    // After the build id (4 + 20), the generation (4) and the vCPUs (4): the count of
+    // vcpu_info addresses.
     let mut forged = body.to_vec();
-    forged[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
+    forged[32..36].copy_from_slice(&u32::MAX.to_le_bytes());
     assert_eq!(
         Handover::decode(&with_body(&forged), &limits()),
         Err(HandoverError::Wire(WireError::Count {
@@ -616,11 +624,35 @@ fn vcpu_info_and_the_park_page_must_lie_in_ranges_of_their_kind() {
         Err(HandoverError::VcpuInfo { vcpu: 1, .. })
     ));
     let mut h = handover();
+    h.vcpus = 5;
     h.vcpu_info = vec![0x20_0000; 5];
     assert_eq!(decode(&h), Err(HandoverError::VcpuCount(5)));
     let mut h = handover();
+    h.vcpus = 0;
     h.vcpu_info.clear();
+    h.shared_info = 0;
     assert_eq!(decode(&h), Err(HandoverError::VcpuCount(0)));
+    // Under Xen every vCPU has its vcpu_info.
+    let mut h = handover();
+    h.vcpus = 3;
+    assert_eq!(decode(&h), Err(HandoverError::VcpuCount(3)));
+    // Without Xen: no vcpu_info, no shared_info.
+    let mut h = handover();
+    h.vcpu_info.clear();
+    assert_eq!(decode(&h), Err(HandoverError::SharedInfo(0x20_1000)));
+    h.shared_info = 0;
+    assert!(decode(&h).is_ok());
+    // Under Xen, shared_info lies in its own range, page-aligned.
+    let mut h = handover();
+    h.shared_info = 0x20_0000; // the vcpu_info range
+    assert_eq!(decode(&h), Err(HandoverError::SharedInfo(0x20_0000)));
+    let mut h = handover();
+    h.shared_info = 0;
+    assert_eq!(decode(&h), Err(HandoverError::SharedInfo(0)));
+    let mut h = handover();
+    h.ranges.last_mut().unwrap().len = 0x2000;
+    h.shared_info = 0x20_1040; // inside its range, but not a page
+    assert_eq!(decode(&h), Err(HandoverError::SharedInfo(0x20_1040)));
     let mut h = handover();
     h.park_page = 0x20_0000;
     assert_eq!(decode(&h), Err(HandoverError::NoParkRange(0x20_0000)));
@@ -1130,5 +1162,15 @@ mod receiving {
             Answer::Refused(Refusal::SwitchNotBuilt(id)).to_string(),
             "refused: image checked (build 0fa0), but this blkdom cannot switch images yet"
         );
+        assert_eq!(
+            Answer::Refused(Refusal::Busy("/local/domain/1/backend/vbd/2/51712".into()))
+                .to_string(),
+            "refused: vbd /local/domain/1/backend/vbd/2/51712 busy"
+        );
+        assert_eq!(
+            Answer::Refused(Refusal::Drain("vbd x did not drain in 5000 ms".into())).to_string(),
+            "refused: drain: vbd x did not drain in 5000 ms"
+        );
+        assert_eq!(Answer::Draining.to_string(), "draining");
     }
 }

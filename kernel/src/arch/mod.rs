@@ -7,5 +7,6 @@ pub mod apic;
 pub mod copy;
 pub mod cpu;
 pub mod gdt;
+pub mod jump;
 pub mod paging;
 pub mod trap;

@@ -30,6 +30,7 @@ use xen::xenbus::{XenStore, NO_TRANSACTION};
 use xen::xenstore::Transaction;
 
 mod shutdown;
+mod upgrade;
 
 use crate::devices::open::PciBus;
 use crate::devices::stopwatch;
@@ -68,6 +69,11 @@ pub struct Control {
     config: Config,
     /// `xl shutdown` or `xl reboot` asked for a clean shutdown, under way.
     shutdown: Option<shutdown::Shutdown>,
+    /// Booted from a live upgrade: the vbds the old image served, taken over in the
+    /// first round before anything else is looked at.
+    handed_over: Vec<handover::block::VbdRecord>,
+    /// A live upgrade's drain, under way.
+    upgrade: Option<upgrade::Upgrade>,
 }
 
 /// The devices blkdom drives, with their names (`Devices::listing`), to
@@ -117,6 +123,13 @@ impl Control {
         log::info!("blkback: domain {domid} serving vbds; map space for {regions} rings");
         let mut registry = Registry::new(bus, crate::devices::recovery(config.device_max_resets));
         publish_devices(&registry.device_listing());
+        let handed_over = match crate::handoff::booted_from() {
+            Some(h) => {
+                registry.adopt_ram_disks(&h.ram_disks);
+                h.vbds.clone()
+            }
+            None => Vec::new(),
+        };
         Some(Control {
             domid,
             vbds: BTreeMap::new(),
@@ -130,6 +143,8 @@ impl Control {
             budget: GrantBudget::new(config.grants),
             config: *config,
             shutdown: None,
+            handed_over,
+            upgrade: None,
         })
     }
 
@@ -194,6 +209,101 @@ impl Control {
             .collect()
     }
 
+    /// What a vbd's negotiation keeps of it besides the backend.
+    fn hooks(path: &str, disk: Disk, params: String) -> VbdHooks {
+        VbdHooks {
+            name: path.rsplit('/').take(2).collect::<Vec<_>>().join("/"),
+            disk,
+            queues: Vec::new(),
+            leaked_pages: 0,
+            refusals: Default::default(),
+            params,
+            resize_epoch: 0,
+            pending_resize: None,
+            refused_params: None,
+            fault_reported: false,
+            limit_keys: Default::default(),
+            limits_epoch: 0,
+            limit_use: Vec::new(),
+            connection: None,
+        }
+    }
+
+    /// Takes over a vbd the previous image served (a live upgrade): the same backing
+    /// store, the rings re-attached where they were left, the same published keys
+    /// (`BlkifBackend::resume`), nothing written to the backend's state. A vbd that
+    /// cannot be taken over as it was is failed (the reason in `error`, Closing): its
+    /// guest sees I/O errors, never another disk or other features.
+    fn resume(&mut self, store: &mut Store<'_>, record: &handover::block::VbdRecord) {
+        let path = record.backend_path.clone();
+        stopwatch::start();
+        // A vbd's own RAM disk comes from the handover; anything else is opened again.
+        let opened = match self.registry.take_handed_ram_disk(&path) {
+            Some(Ok(disk)) => store
+                .read(NO_TRANSACTION, &format!("{path}/{PARAMS}"))
+                .map(|params| (disk, params.trim().to_string()))
+                .map_err(AttachError::NoParams),
+            Some(Err(reason)) => Err(AttachError::HandedOver(format!(
+                "its RAM disk was not taken over: {reason}"
+            ))),
+            None => self.open_backing(store, &path),
+        };
+        let opened = opened.and_then(|(disk, params)| {
+            if params == record.params {
+                Ok((disk, params))
+            } else {
+                self.registry.release(disk);
+                Err(AttachError::HandedOver(format!(
+                    "params {params:?}, the previous image served {:?}",
+                    record.params
+                )))
+            }
+        });
+        let (disk, params) = match opened {
+            Ok(opened) => opened,
+            Err(reason) => {
+                log_attach_cost(&path);
+                // The frontend is Connected: only Closing tells it the disk is gone.
+                let state = format!("{path}/{}", xen::xenbus::keys::STATE);
+                let closing = (xen::xenbus::XenbusState::Closing as u32).to_string();
+                let _ = store.write(NO_TRANSACTION, &state, &closing);
+                return self.fail(store, path, reason);
+            }
+        };
+        let offer = backend_params(&disk, self.config.persistent_grants);
+        let (connection, published) = handover::vbd::connection(record);
+        let mut hooks = Self::hooks(&path, disk, params);
+        let mut connecting = Connecting {
+            vbd: &mut hooks,
+            budget: &mut self.budget,
+            config: &self.config,
+        };
+        match BlkifBackend::resume(
+            store,
+            &path,
+            offer,
+            &connection,
+            &published,
+            &mut connecting,
+        ) {
+            Ok((backend, outcome)) => {
+                for watched in backend.watched_paths() {
+                    if let Err(e) = store.0.watch(&watched, &path) {
+                        log::error!("blkback: {path}: watch {watched}: {e:?}");
+                    }
+                }
+                log_attach_cost(&path);
+                log::info!("blkback: {path}: taken over from the previous image: {outcome:?}");
+                self.vbds.insert(path, Vbd { backend, hooks });
+            }
+            Err(e) => {
+                self.registry.release(hooks.disk);
+                log_attach_cost(&path);
+                self.fail(store, path, AttachError::Probe(e));
+            }
+        }
+    }
+
     fn add(&mut self, store: &mut Store<'_>, path: String) {
         stopwatch::start();
         let (disk, params) = match self.open_backing(store, &path) {
@@ -218,22 +328,7 @@ impl Control {
                     backend.frontend_path()
                 );
                 log_attach_cost(&path);
-                let name = path.rsplit('/').take(2).collect::<Vec<_>>().join("/");
-                let hooks = VbdHooks {
-                    name,
-                    disk,
-                    queues: Vec::new(),
-                    leaked_pages: 0,
-                    refusals: Default::default(),
-                    params,
-                    resize_epoch: 0,
-                    pending_resize: None,
-                    refused_params: None,
-                    fault_reported: false,
-                    limit_keys: Default::default(),
-                    limits_epoch: 0,
-                    limit_use: Vec::new(),
-                };
+                let hooks = Self::hooks(&path, disk, params);
                 self.vbds.insert(path, Vbd { backend, hooks });
             }
             Err(e) => {
@@ -580,6 +675,8 @@ impl poller::ControlWork for Control {
         let recovery_due = self.registry.recover(now);
         let wait = if self.shutdown.is_some() {
             self.shutdown_step()
+        } else if self.upgrade.is_some() {
+            self.upgrade_step()
         } else {
             self.run_store()
         };
@@ -644,6 +741,12 @@ impl Control {
             }
             self.first_round = false;
             let mut store = Store(xs);
+            if !self.handed_over.is_empty() || crate::handoff::answer_due() {
+                for record in core::mem::take(&mut self.handed_over) {
+                    self.resume(&mut store, &record);
+                }
+                crate::handoff::answer_done(store.0);
+            }
             if work.rescan {
                 self.reconcile(&mut store);
             } else {
@@ -677,8 +780,10 @@ impl Control {
             if report_request {
                 self.report_if_asked(&mut store);
             }
-            if upgrade_request {
-                super::upgrade::on_request(store.0);
+            if upgrade_request && self.upgrade.is_none() {
+                if let Some(staged) = super::upgrade::on_request(store.0) {
+                    self.begin_upgrade(staged);
+                }
             }
             // Events that came with the replies of this round's requests lost their kick
             // to the wait for those replies: they are taken at once, not at the next due
@@ -703,6 +808,10 @@ impl Control {
             }
             return Some(RETRY_NS);
         };
+        // An upgrade began this round: its steps are 1 ms apart, not the round's wait.
+        if self.upgrade.is_some() {
+            return Some(wait.min(1_000_000));
+        }
         // Woken sooner by any watch event's kick; the statistics are due within 5 s anyway.
         Some(wait)
     }

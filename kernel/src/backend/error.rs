@@ -99,6 +99,13 @@ pub enum DiskError {
         want_bytes: u64,
     },
     RamInUse(RamName),
+    /// A live upgrade handed this RAM disk over and it could not be rebuilt (the
+    /// reason): its contents are gone, and an empty disk of that name is never made in
+    /// its place.
+    RamLost {
+        name: RamName,
+        reason: String,
+    },
     RamDoesNotFit {
         bytes: u64,
         free_bytes: u64,
@@ -174,6 +181,11 @@ impl fmt::Display for DiskError {
                 want_bytes >> 10
             ),
             DiskError::RamInUse(name) => write!(f, "RAM disk {name} is in use by another disk"),
+            DiskError::RamLost { name, reason } => write!(
+                f,
+                "RAM disk {name} was handed over by the previous image but not taken over \
+                 ({reason}): its contents are lost"
+            ),
             DiskError::RamDoesNotFit { bytes, free_bytes } => write!(
                 f,
                 "ram:{} MiB does not fit: {} MiB of memory free for disks",
@@ -340,6 +352,8 @@ pub enum AttachError {
     Disk(DiskError),
     /// The blkif negotiation could not start.
     Probe(NegotiationError),
+    /// A live upgrade handed the vbd over, and this image cannot take it over as it was.
+    HandedOver(String),
 }
 
 impl fmt::Display for AttachError {
@@ -348,6 +362,7 @@ impl fmt::Display for AttachError {
             AttachError::NoParams(error) => write!(f, "no params: {error:?}"),
             AttachError::Disk(error) => write!(f, "{error}"),
             AttachError::Probe(error) => write!(f, "{error:?}"),
+            AttachError::HandedOver(why) => write!(f, "live upgrade: {why}"),
         }
     }
 }
@@ -364,6 +379,7 @@ impl Errno for AttachError {
             AttachError::NoParams(error) => error.errno(),
             AttachError::Disk(error) => error.errno(),
             AttachError::Probe(error) => error.errno(),
+            AttachError::HandedOver(_) => errno::EINVAL,
         }
     }
 }
@@ -379,7 +395,7 @@ impl Errno for DiskError {
             | DiskError::TableCovered { .. } => errno::EBUSY,
             DiskError::NoQueueLeft { .. } | DiskError::NoQueue { .. } => errno::EBUSY,
             DiskError::RamDoesNotFit { .. } => errno::ENOMEM,
-            DiskError::DeviceFailed { .. } => errno::EIO,
+            DiskError::DeviceFailed { .. } | DiskError::RamLost { .. } => errno::EIO,
             DiskError::Region { error, .. } => match error {
                 RegionError::Gpt(
                     GptError::NoSuchEntry { .. }

@@ -23,6 +23,10 @@ use bootconfig::{Config, PollerConfig};
 use control::Control;
 #[cfg(feature = "test-hooks")]
 pub use registrytest::registry_test;
+#[cfg(feature = "test-hooks")]
+mod upgradetest;
+#[cfg(feature = "test-hooks")]
+pub use upgradetest::carry_ram_disk;
 
 use crate::xen_domain;
 

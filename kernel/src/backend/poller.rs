@@ -66,6 +66,10 @@ pub struct QueueControl {
     /// changed them), never on the I/O path.
     pub limits: spin::Mutex<IoLimits>,
     pub limits_epoch: AtomicU64,
+    /// Where the poller let go of the ring (its port, closed since, and `rsp_prod`,
+    /// equal to `req_cons`: every request taken was answered), set before `detached`:
+    /// what a live upgrade hands over, or re-attaches at when it is abandoned.
+    pub left_at: spin::Mutex<Option<handover::vbd::LeftAt>>,
 }
 
 pub struct ServedQueue {
@@ -120,6 +124,8 @@ pub struct PollerSlot {
     inbox_pending: AtomicBool,
     /// Sending end of the poller's doorbell (0: no poller yet).
     doorbell: AtomicU32,
+    /// Its receiving end (closed with it before a live upgrade's jump).
+    doorbell_rx: AtomicU32,
     /// Rings assigned to this poller (counted at attach, so placement never lags).
     assigned: AtomicU32,
     /// Foreign pages (ring and data grants) this vCPU mapped and has not unmapped (can
@@ -134,6 +140,7 @@ impl PollerSlot {
             inbox: spin::Mutex::new(None),
             inbox_pending: AtomicBool::new(false),
             doorbell: AtomicU32::new(0),
+            doorbell_rx: AtomicU32::new(0),
             assigned: AtomicU32::new(0),
             mapped_pages: AtomicI64::new(0),
             counters: PollerCounters {
@@ -176,6 +183,25 @@ pub fn attach(cpu: usize, queue: ServedQueue) {
 pub fn ring_all_doorbells() {
     for cpu in 0..crate::smp::online_count() {
         ring_doorbell(cpu);
+    }
+}
+
+/// Set by a live upgrade's jump once the park area is written and every ring is
+/// released: each poller but vCPU 0's parks at its next sleep.
+pub static PARK: AtomicBool = AtomicBool::new(false);
+
+/// Closes `cpu`'s doorbell (both ends): no port this image bound outlives the jump.
+pub fn close_doorbell(cpu: usize) {
+    let Some(xen) = xen_domain::get() else { return };
+    for port in [
+        POLLERS[cpu].doorbell.swap(0, Ordering::AcqRel),
+        POLLERS[cpu].doorbell_rx.swap(0, Ordering::AcqRel),
+    ] {
+        if port != 0 {
+            if let Err(e) = xen::evtchn::close(&xen.hv, port) {
+                log::warn!("poller: doorbell port {port} of vCPU {cpu} not closed: {e:?}");
+            }
+        }
     }
 }
 
@@ -238,6 +264,12 @@ fn release(cpu: usize, queue: ServedQueue) {
     // A device that failed and could not be stopped may still write to the pages it was
     // given: their guest-physical addresses must never hold another grant.
     let unstoppable = engine.device_fault().is_some_and(|f| !f.dma_stopped);
+    // Drained: every request taken is answered and published, so `rsp_prod` is
+    // `req_cons` (the ring re-attaches there).
+    *control.left_at.lock() = Some(handover::vbd::LeftAt {
+        backend_port: ring.port(),
+        rsp_prod: engine.ring().rsp_prod_pvt(),
+    });
     let (_, grants, device, _) = engine.into_parts();
     *control.device.lock() = Some(device);
     let leaked = release_ring(ring, region, grants.leaked_pages(), unstoppable);
@@ -284,6 +316,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
     let counters = &slot.counters;
     let (sender, doorbell) = doorbell_pair().expect("doorbell event channel");
     slot.doorbell.store(sender, Ordering::Release);
+    slot.doorbell_rx.store(doorbell, Ordering::Release);
     let mut served: Vec<ServedQueue> = Vec::with_capacity(64);
     let mut ports: Vec<EvtchnPort> = Vec::with_capacity(128);
     let rebuild_ports = |served: &Vec<ServedQueue>,
@@ -429,6 +462,12 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         if !quiet || slot.inbox_pending.load(Ordering::Acquire) {
             spin.on_sleep_abandoned();
             continue;
+        }
+        // A live upgrade's jump: every ring was released (the drain), so this vCPU parks
+        // (vCPU 0, which runs the control path, jumps instead).
+        if control.is_none() && served.is_empty() && PARK.load(Ordering::Acquire) {
+            close_doorbell(cpu);
+            crate::arch::jump::park_this_cpu(cpu);
         }
         counters.sleeps.fetch_add(1, Ordering::Relaxed);
         // Device completions raise no event: with requests on a device, come back soon.

@@ -42,9 +42,6 @@ use blkdev::{BlockDevice, Geometry, RamDisk, SharedCapacity};
 use core::sync::atomic::{AtomicU64, Ordering};
 use pci::PciAddress;
 
-/// Room kept free next to a RAM disk for rings and engines (tens of MiB at most), on top
-/// of the control path's reserve (`mm::DISK_MEMORY`).
-const RAM_DISK_HEADROOM: u64 = 32 << 20;
 /// Virtqueues asked of a virtio device at its one open, per vCPU: room for several disks
 /// on it (each takes up to one per vCPU), as an NVMe controller's pool.
 const VIRTIO_QUEUES_PER_CPU: usize = 4;
@@ -66,6 +63,11 @@ struct Pool {
 pub struct Registry {
     /// Named RAM disks, kept until blkdom stops.
     ram_disks: BTreeMap<RamName, RamDisk>,
+    /// RAM disks a live upgrade handed over that could not be rebuilt, and why.
+    lost_ram_disks: BTreeMap<RamName, String>,
+    /// A vbd's own RAM disk (no name: the handover names it by the vbd's backend path),
+    /// rebuilt by a live upgrade, or why not, until its vbd takes it over.
+    handed_by_vbd: BTreeMap<String, Result<RamDisk, String>>,
     /// Every device opened so far, with its idle queues.
     pools: Vec<Pool>,
     /// The ranges of devices serving a disk now, with the spec that asked for each.
@@ -86,6 +88,8 @@ impl Registry {
         devices.prepare(crate::smp::online_count().max(1) * VIRTIO_QUEUES_PER_CPU);
         Registry {
             ram_disks: BTreeMap::new(),
+            lost_ram_disks: BTreeMap::new(),
+            handed_by_vbd: BTreeMap::new(),
             pools: Vec::new(),
             serving: Ranges::new(),
             bounce_counters: Vec::new(),
@@ -167,8 +171,8 @@ impl Registry {
         let device = match disk {
             Disk::Ram(disk) => {
                 let needed = disk.memory_to_grow(sectors);
-                let free = crate::mm::DISK_MEMORY.room();
-                if needed > 0 && needed + RAM_DISK_HEADROOM > free {
+                let free = crate::mm::DISK_MEMORY.stripe_room();
+                if needed > free {
                     return Err(ResizeRefusal::RamDoesNotFit { needed, free });
                 }
                 return disk.resize(sectors).map_err(ResizeRefusal::Ram);
@@ -227,9 +231,40 @@ impl Registry {
     /// brought up is told to stop (`Devices::shut_down`). A device whose queues are all
     /// still held by rings that did not drain cannot be flushed, and is reported so.
     pub fn shut_down(&mut self, flush_deadline_ns: u64) -> shutdown::Report {
+        let (flush, unflushed) = Self::idle_queues(&mut self.pools);
+        let mut report = self.devices.shut_down(flush, flush_deadline_ns);
+        report.given_up.extend(unflushed);
+        report
+    }
+
+    /// A live upgrade's flush, once its drain gave every ring's queue back: every
+    /// device a disk was opened on is flushed through one of its idle queues, each
+    /// within `flush_deadline_ns`; the devices go on serving.
+    pub fn flush(&mut self, flush_deadline_ns: u64) -> shutdown::Report {
+        let (flush, unflushed) = Self::idle_queues(&mut self.pools);
+        let mut report = crate::devices::shutdown::flush_queues(flush, flush_deadline_ns);
+        report.given_up.extend(unflushed);
+        report
+    }
+
+    /// A live upgrade's last step before the jump: every device stopped without the
+    /// shutdown notification and its bus mastering off (`Devices::quiesce`). Nothing may
+    /// use the devices afterwards: past this the upgrade cannot be abandoned.
+    #[allow(
+        dead_code,
+        reason = "the jump calls it (not built yet: docs/design.md §4.12)"
+    )]
+    pub fn quiesce(&mut self) -> shutdown::Report {
+        self.devices.quiesce()
+    }
+
+    /// One idle queue of each device pool, to flush through (with its name), and a
+    /// line for each pool whose queues are all held by rings.
+    #[allow(clippy::type_complexity)]
+    fn idle_queues(pools: &mut [Pool]) -> (Vec<(String, &mut dyn BlockDevice)>, Vec<String>) {
         let mut flush: Vec<(String, &mut dyn BlockDevice)> = Vec::new();
         let mut unflushed = Vec::new();
-        for pool in &mut self.pools {
+        for pool in pools {
             match pool.idle.last_mut() {
                 Some(queue) => flush.push((pool.device.to_string(), queue)),
                 None => unflushed.push(format!(
@@ -241,9 +276,7 @@ impl Registry {
         for line in &unflushed {
             log::error!("shutdown: {line}");
         }
-        let mut report = self.devices.shut_down(flush, flush_deadline_ns);
-        report.given_up.extend(unflushed);
-        report
+        (flush, unflushed)
     }
 
     /// The devices on the bus and their names (`Devices::listing`).
@@ -256,6 +289,13 @@ impl Registry {
         self.ram_disks.values()
     }
 
+    /// Every named RAM disk with its name.
+    pub fn ram_disks_by_name(&self) -> impl Iterator<Item = (String, &RamDisk)> {
+        self.ram_disks
+            .iter()
+            .map(|(name, disk)| (alloc::string::ToString::to_string(name), disk))
+    }
+
     /// Bytes copied through bounce buffers by every device since blkdom started.
     pub fn bounced_bytes_total(&self) -> u64 {
         self.bounce_counters
@@ -264,8 +304,76 @@ impl Registry {
             .sum()
     }
 
+    /// Rebuilds the RAM disks a live upgrade handed over from their stripe tables
+    /// (`mm::add_handed_stripes` put their stripes in the arena), before any disk is
+    /// opened. A disk that cannot be rebuilt is remembered as lost: its name never gets
+    /// an empty disk in its place. Returns how many were rebuilt.
+    pub fn adopt_ram_disks(&mut self, records: &[handover::block::RamDiskRecord]) -> usize {
+        let most = crate::mm::STRIPES.total_bytes();
+        let mut adopted = 0;
+        for record in records {
+            let name = RamName::new(&record.name);
+            let table: Vec<blkdev::HandedStripe> = record
+                .stripes
+                .iter()
+                .map(|s| blkdev::HandedStripe {
+                    index: u64::from(s.index),
+                    address: s.paddr,
+                })
+                .collect();
+            let disk = RamDisk::adopt(
+                RamDisk::plain(record.capacity / blkdev::SECTOR_SIZE),
+                most / blkdev::SECTOR_SIZE,
+                Some(&RAM_MEMORY_WANTED),
+                Some(&crate::mm::DISK_MEMORY),
+                &table,
+            );
+            match &disk {
+                Ok(_) => {
+                    log::info!(
+                        "upgrade: RAM disk {} taken over ({} MiB, {} stripes resident)",
+                        record.name,
+                        record.capacity >> 20,
+                        record.stripes.len()
+                    );
+                    adopted += 1;
+                }
+                Err(e) => log::error!("upgrade: RAM disk {} not taken over: {e:?}", record.name),
+            }
+            let disk = disk.map_err(|e| alloc::format!("{e:?}"));
+            match (name, disk) {
+                (Some(name), Ok(disk)) => {
+                    self.ram_disks.insert(name, disk);
+                }
+                (Some(name), Err(reason)) => {
+                    self.lost_ram_disks.insert(name, reason);
+                }
+                (None, disk) => {
+                    self.handed_by_vbd.insert(record.name.clone(), disk);
+                }
+            }
+        }
+        adopted
+    }
+
+    /// The RAM disk of the vbd at `path` (one without a name) a live upgrade handed
+    /// over, rebuilt or why not; `None` when there was none.
+    pub fn take_handed_ram_disk(&mut self, path: &str) -> Option<Result<Disk, String>> {
+        self.handed_by_vbd
+            .remove(path)
+            .map(|disk| disk.map(Disk::Ram))
+    }
+
     /// A new RAM disk, or the named one again if it exists and no other disk uses it.
     fn open_ram(&mut self, bytes: u64, name: Option<RamName>) -> Result<RamDisk, DiskError> {
+        if let Some((name, reason)) =
+            name.and_then(|name| Some((name, self.lost_ram_disks.get(&name)?)))
+        {
+            return Err(DiskError::RamLost {
+                name,
+                reason: reason.clone(),
+            });
+        }
         if let Some((name, disk)) = name.and_then(|name| Some((name, self.ram_disks.get(&name)?))) {
             let have = disk.geometry().sectors * blkdev::SECTOR_SIZE;
             if have != bytes {
@@ -280,20 +388,21 @@ impl Registry {
             }
             return Ok(disk.clone());
         }
-        // Not the control path's reserve, nor the memory discarded RAM disks gave back
-        // and will want again for their guests' writes.
-        let room = crate::mm::DISK_MEMORY.room();
-        if bytes + RAM_DISK_HEADROOM > room {
+        // Stripe memory, not what discarded RAM disks gave back and will want again for
+        // their guests' writes (their tables come from the heap's room: checked by
+        // `try_new`).
+        let room = crate::mm::DISK_MEMORY.stripe_room();
+        if bytes > room {
             return Err(DiskError::RamDoesNotFit {
                 bytes,
                 free_bytes: room,
             });
         }
-        // It may grow to what the heap could ever hold (a table of 16 bytes per 64 KiB).
-        let heap = (crate::mm::heap_free() + crate::mm::heap_used()) as u64;
+        // It may grow to what the arena could ever hold (a note bit per 64 KiB).
+        let most = crate::mm::STRIPES.total_bytes();
         let disk = RamDisk::try_new(
             RamDisk::plain(bytes / blkdev::SECTOR_SIZE),
-            heap / blkdev::SECTOR_SIZE,
+            most / blkdev::SECTOR_SIZE,
             Some(&RAM_MEMORY_WANTED),
             Some(&crate::mm::DISK_MEMORY),
         )

@@ -21,7 +21,11 @@ use log::{error, info};
 use testhooks::registry::Step;
 
 /// Writes `word` to the first block of `disk` (`write`), or checks the block holds it.
-fn first_block(disk: &mut Disk, write: bool, word: &str) -> Result<&'static str, String> {
+pub(super) fn first_block(
+    disk: &mut Disk,
+    write: bool,
+    word: &str,
+) -> Result<&'static str, String> {
     let mut queue = disk.take_queue(1).map_err(|e| format!("{e}"))?;
     let mut block = testhooks::registry::block_of(word);
     let op = if write { IoOp::Write } else { IoOp::Read };

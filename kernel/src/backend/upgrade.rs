@@ -2,9 +2,9 @@
 //! A live upgrade's request, received on the control path (docs/design.md §4.12, 1-2):
 //! the request node taken only from the toolstack, the index and image pages dom0
 //! granted mapped read-only in batches into a map region, copied once, unmapped, and
-//! the copy checked. The answer goes to `data/blkdom-upgrade` and the console. Every
-//! image is refused today, a good one once checked: the switch is not built yet. The
-//! decisions are `handover::receive`'s; here are the hypercalls and the copies.
+//! the copy checked. The answer goes to `data/blkdom-upgrade` and the console. A good
+//! image goes on to the drain (`control/upgrade.rs`). The decisions are
+//! `handover::receive`'s; here are the hypercalls and the copies.
 
 use alloc::format;
 use alloc::vec;
@@ -36,10 +36,31 @@ fn answer(xs: &mut Client, answer: &Answer) {
     }
 }
 
+/// An image received and checked: the drain may begin.
+pub struct Staged {
+    /// The image's bytes, in blkdom's own memory.
+    pub bytes: Vec<u8>,
+    pub image: handover::image::CheckedImage,
+}
+
+/// Answers `answer` (the console and `data/blkdom-upgrade`).
+pub fn tell(answer_: &Answer) {
+    xen_domain::store::with(|xs| answer(xs, answer_));
+}
+
 /// Looks at the request node (its watch fired): nothing when it is empty or gone,
-/// otherwise the image is received and checked, and answered.
-pub fn on_request(xs: &mut Client) {
+/// otherwise the image is received and checked: refused (answered), or staged for the
+/// drain (`Draining` answered).
+pub fn on_request(xs: &mut Client) -> Option<Staged> {
     let value = xs.read_string(Transaction::NONE, UPGRADE).ok();
+    // The request this image was started by stays until dom0's tool reads `done` and
+    // removes it; its watch fires at once when the new image watches it.
+    if value
+        .as_deref()
+        .is_some_and(crate::handoff::is_served_request)
+    {
+        return None;
+    }
     let perms: Vec<Perm> = match xs.get_perms(Transaction::NONE, UPGRADE) {
         Ok(perms) => perms
             .iter()
@@ -52,20 +73,28 @@ pub fn on_request(xs: &mut Client) {
         Err(_) => Vec::new(),
     };
     let request = match accept(value.as_deref(), &perms) {
-        Ok(None) => return,
+        Ok(None) => return None,
         Ok(Some(request)) => request,
-        Err(refusal) => return answer(xs, &Answer::Refused(refusal)),
+        Err(refusal) => {
+            answer(xs, &Answer::Refused(refusal));
+            return None;
+        }
     };
     answer(xs, &Answer::Checking);
     let outcome = receive(request).and_then(|staging| {
         answer(xs, &Answer::Copied);
         staging.check(HANDOVER_VERSION)
     });
-    let refusal = match outcome {
-        Ok((_, image)) => Refusal::SwitchNotBuilt(image.build_id),
-        Err(refusal) => refusal,
-    };
-    answer(xs, &Answer::Refused(refusal));
+    match outcome {
+        Ok((bytes, image)) => {
+            answer(xs, &Answer::Draining);
+            Some(Staged { bytes, image })
+        }
+        Err(refusal) => {
+            answer(xs, &Answer::Refused(refusal));
+            None
+        }
+    }
 }
 
 /// Maps dom0's grants into one map region, `CHUNK` at a time, and gives it back.

@@ -60,6 +60,9 @@ pub(super) struct VbdHooks {
     /// Each connected queue's counters when its part of the limits was last split
     /// (`rebalance_limits`).
     pub(super) limit_use: Vec<QueueUse>,
+    /// The connection as the frontend negotiated it, since it was last made: what a
+    /// live upgrade hands over (with where each ring was left).
+    pub(super) connection: Option<FrontendConnection>,
 }
 
 // A ring's cache and the grants of its requests in flight (mapped per request) never fill
@@ -321,6 +324,7 @@ impl ConnectionHooks for Connecting<'_> {
     type Error = ConnectError;
 
     fn connect(&mut self, connection: &FrontendConnection) -> Result<(), ConnectError> {
+        self.vbd.connection = Some(connection.clone());
         let cpus = crate::smp::online_count().max(1);
         // Devices start on the least loaded poller (single-queue frontends would
         // otherwise all share one vCPU).
@@ -343,6 +347,38 @@ impl ConnectionHooks for Connecting<'_> {
 }
 
 impl VbdHooks {
+    /// A live upgrade's drain: `disconnect`, and once every ring is released, where
+    /// each was left (in queue order). The backend is not told: nothing is written to
+    /// xenstore and the frontend still sees Connected.
+    pub(super) fn drain_for_upgrade(
+        &mut self,
+        budget: &mut GrantBudget,
+    ) -> Result<Vec<handover::vbd::LeftAt>, Busy> {
+        for (cpu, control, _) in &self.queues {
+            if !control.detach.swap(true, Ordering::AcqRel) {
+                poller::ring_doorbell(*cpu);
+            }
+        }
+        let left: Option<Vec<_>> = self
+            .queues
+            .iter()
+            .map(|(_, control, _)| {
+                if control.detached.load(Ordering::Acquire) {
+                    *control.left_at.lock()
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let Some(left) = left else {
+            return Err(Busy {
+                in_flight: self.queues.len(),
+            });
+        };
+        self.disconnect(budget)?;
+        Ok(left)
+    }
+
     /// Has the pollers release every ring; once they all have, gives back what the
     /// connection held (device queues, grant shares).
     fn disconnect(&mut self, budget: &mut GrantBudget) -> Result<(), Busy> {

@@ -57,6 +57,20 @@ pub struct PciBus {
 }
 
 impl PciBus {
+    /// Clears the bus mastering of the function at `address` and reads it back (the
+    /// read-back's completion comes after whatever the function wrote before it: see
+    /// `hal::DmaSwitch`); `true` when it reads back off.
+    #[allow(
+        dead_code,
+        reason = "the jump calls it (not built yet: docs/design.md §4.12)"
+    )]
+    pub fn bus_mastering_off(&self, address: PciAddress) -> bool {
+        let access = self.config.access();
+        pci::update_command(access, address, 0, pci::COMMAND_BUS_MASTER);
+        let command = access.read16(address, pci::REG_COMMAND);
+        command != u16::MAX && command & pci::COMMAND_BUS_MASTER == 0
+    }
+
     /// Through the MCFG's ECAM window, or ports 0xCF8/0xCFC without one (says which).
     pub fn new(firmware: &Firmware) -> PciBus {
         PciBus {
@@ -142,9 +156,9 @@ fn log_functions(inventory: &Inventory) {
 /// The PCI devices opened so far, owned by whoever opens disks (the control path's
 /// device registry, or the disk test): what must be done once per device is done once.
 pub struct Devices {
-    bus: PciBus,
+    pub(super) bus: PciBus,
     /// Brought up once, then shared by every disk on them.
-    nvme: NvmeControllers,
+    pub(super) nvme: NvmeControllers,
     /// Virtio devices brought up by `prepare`, their queues waiting for the device's
     /// first disk (without bounce buffers yet: whether it needs them is decided then).
     prepared_virtio: Vec<(PciAddress, OpenedDisk)>,
@@ -152,7 +166,7 @@ pub struct Devices {
     virtio_in_use: Vec<PciAddress>,
     /// Every virtio device brought up (prepared or in use): kept to recover it when a
     /// request times out, and to reset it at shutdown.
-    virtio: Vec<(PciAddress, virtio::VirtioBlk<hal::DeviceHal>)>,
+    pub(super) virtio: Vec<(PciAddress, virtio::VirtioBlk<hal::DeviceHal>)>,
     /// What each virtio device brought up answered GET_ID with (`None`: nothing).
     virtio_ids: Vec<(PciAddress, Option<super::virtio::DeviceId>)>,
     /// Devices whose bring-up at boot failed, and why (for the listing).

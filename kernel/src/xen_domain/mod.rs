@@ -30,6 +30,9 @@ pub struct XenDomain {
     pub upcall_mode: spin::Once<UpcallMode>,
     /// Each vCPU's registered `vcpu_info` (64 bytes at the start of a page of its own).
     vcpu_info: [spin::Once<VcpuInfoView>; MAX_CPUS],
+    /// Where `shared_info` and each `vcpu_info` are, for a live upgrade's handover.
+    pub shared_info_paddr: u64,
+    vcpu_info_paddr: [AtomicU64; MAX_CPUS],
 }
 
 static XEN_DOMAIN: spin::Once<XenDomain> = spin::Once::new();
@@ -114,13 +117,23 @@ pub fn uptime_ns() -> Option<u64> {
 
 /// Maps `shared_info`, registers the boot vCPU's `vcpu_info` and routes its upcalls,
 /// and starts logging to the Xen console. Once, on the boot CPU, after memory set-up.
-pub fn init() -> Result<&'static XenDomain, InitError> {
+/// Booted from a live upgrade (`adopt`: the handed-over `shared_info` and vCPU 0's
+/// `vcpu_info`), both are used where the old image left them: Xen refuses a second
+/// `VCPUOP_register_vcpu_info`, and `shared_info` added elsewhere would leave a hole.
+pub fn init(adopt: Option<(u64, u64)>) -> Result<&'static XenDomain, InitError> {
     BOOT_TSC.store(xen::raw::cpu::read_tsc(), Ordering::Relaxed);
     // SAFETY: the caller checked CPUID for Xen; we run at CPL 0 as an HVM/PVH guest,
     // and the instruction is chosen from the CPU vendor.
     let hv = unsafe { NativeHypervisor::detect() };
-    let frame = zeroed_frame()?;
-    xd::map_shared_info(&hv, frame >> 12).map_err(failed("XENMEM_add_to_physmap(shared_info)"))?;
+    let frame = match adopt {
+        Some((shared_info, _)) => shared_info,
+        None => {
+            let frame = zeroed_frame()?;
+            xd::map_shared_info(&hv, frame >> 12)
+                .map_err(failed("XENMEM_add_to_physmap(shared_info)"))?;
+            frame
+        }
+    };
     // SAFETY: the frame is now Xen's shared_info page, touched only through SharedMem.
     let shared =
         SharedInfoPage::new(unsafe { shared_page(frame, 4096) }).expect("a page holds shared_info");
@@ -129,13 +142,18 @@ pub fn init() -> Result<&'static XenDomain, InitError> {
         shared,
         upcall_mode: spin::Once::new(),
         vcpu_info: [const { spin::Once::new() }; MAX_CPUS],
+        shared_info_paddr: frame,
+        vcpu_info_paddr: [const { AtomicU64::new(0) }; MAX_CPUS],
     });
     // Every port starts masked (as Linux does at boot): a port is unmasked only once a
     // handler owns it, and pollers keep theirs masked.
     for port in 0..xen::abi::shared_info::EVTCHN_2L_NR_CHANNELS as u32 {
         domain.shared.mask(port);
     }
-    domain.register_vcpu_info(0)?;
+    match adopt {
+        Some((_, vcpu_info)) => domain.adopt_vcpu_info(0, vcpu_info)?,
+        None => domain.register_vcpu_info(0)?,
+    };
     events::init_vcpu(0)?;
     console::init(domain);
     Ok(domain)
@@ -150,7 +168,30 @@ impl XenDomain {
         // SAFETY: Xen writes this vCPU's vcpu_info into the first 64 bytes of the frame,
         // which we own and touch only through SharedMem.
         let view = VcpuInfoView::new(unsafe { shared_page(frame, 64) }).expect("aligned vcpu_info");
+        self.vcpu_info_paddr[vcpu as usize].store(frame, Ordering::Relaxed);
         Ok(*self.vcpu_info[vcpu as usize].call_once(|| view))
+    }
+
+    /// Takes the `vcpu_info` the old image registered for `vcpu` at `paddr` (the
+    /// handover checked it lies, 64-byte aligned, in a kept `vcpu_info` range).
+    pub fn adopt_vcpu_info(&self, vcpu: u32, paddr: u64) -> Result<VcpuInfoView, InitError> {
+        if vcpu as usize >= MAX_CPUS || !crate::physmem::in_identity_map(paddr, 64) {
+            return Err(InitError::Hypercall("adopting vcpu_info", XenError::Inval));
+        }
+        // SAFETY: Xen writes this vCPU's vcpu_info there (the old image registered it,
+        // and Xen keeps it for the domain's life); the frame is kept out of the frame
+        // allocator, and touched only through SharedMem.
+        let view = VcpuInfoView::new(unsafe { shared_page(paddr, 64) })
+            .ok_or(InitError::Hypercall("adopting vcpu_info", XenError::Inval))?;
+        self.vcpu_info_paddr[vcpu as usize].store(paddr, Ordering::Relaxed);
+        Ok(*self.vcpu_info[vcpu as usize].call_once(|| view))
+    }
+
+    /// Where vCPU `vcpu`'s `vcpu_info` is (0: not registered).
+    pub fn vcpu_info_paddr(&self, vcpu: usize) -> u64 {
+        self.vcpu_info_paddr
+            .get(vcpu)
+            .map_or(0, |a| a.load(Ordering::Relaxed))
     }
 
     pub fn vcpu_info(&self, vcpu: usize) -> Option<VcpuInfoView> {

@@ -351,6 +351,20 @@ impl<R: XenstoreRing> XenstoreClient<R> {
         .map(drop)
     }
 
+    /// `XS_RESET_WATCHES`: xenstored drops every watch the domain holds. A live
+    /// upgrade's new image sends it first (the old image's watches are not its own),
+    /// then forgets the events of those watches already read or still in the ring;
+    /// returns how many it forgot.
+    pub fn reset_watches(&mut self) -> Result<usize, XsError> {
+        // xenstored answers in order: every event of the dropped watches came before the
+        // reply, and was queued while it was read.
+        self.request(msg_type::RESET_WATCHES, Transaction::NONE, &[b"\0"])?;
+        let forgotten = self.watch_events.len();
+        self.watch_events.clear();
+        self.watch_events_lost = false;
+        Ok(forgotten)
+    }
+
     fn check_token(token: &str) -> Result<(), XsError> {
         if token.is_empty() || token.as_bytes().contains(&0) {
             Err(XsError::BadValue)
@@ -652,6 +666,25 @@ mod tests {
         client.dispatch_watch_events(|_| events += 1).unwrap();
         assert_eq!(events, MAX_QUEUED_WATCH_EVENTS + 1);
         assert!(!client.take_lost_watch_events());
+    }
+
+    #[test]
+    fn reset_watches_drops_every_watch_and_the_events_already_queued() {
+        let Rig {
+            mut client, server, ..
+        } = rig(5);
+        client.watch("device", "dev-token").unwrap();
+        server
+            .borrow_mut()
+            .external_write("device/vbd/1/state", b"4");
+        // The old image's events, unread in the ring.
+        assert_eq!(client.reset_watches(), Ok(2));
+        assert!(server.borrow().watches.is_empty());
+        assert!(!client.has_watch_events());
+        server
+            .borrow_mut()
+            .external_write("device/vbd/1/state", b"5");
+        assert_eq!(client.take_watch_event(), Ok(None));
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub struct FakeXenstored {
     mem: SharedMem,
     pub domid: u16,
     nodes: Tree,
-    watches: Vec<(String, String)>,
+    pub watches: Vec<(String, String)>,
     /// Transaction id -> (tree at start, working copy).
     transactions: HashMap<u32, (Tree, Tree)>,
     next_tx: u32,
@@ -260,6 +260,10 @@ impl FakeXenstored {
         }
         if h.msg_type == msg_type::WATCH {
             self.watches.push((args[0].clone(), args[1].clone()));
+            return Ok((ok, Vec::new()));
+        }
+        if h.msg_type == msg_type::RESET_WATCHES {
+            self.watches.clear();
             return Ok((ok, Vec::new()));
         }
         if h.msg_type == msg_type::UNWATCH {

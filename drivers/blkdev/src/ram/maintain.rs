@@ -19,7 +19,7 @@ const WORD_COST: usize = 64;
 /// What one [`RamDisk::maintain`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Maintenance {
-    /// Bytes of memory given back to the heap.
+    /// Bytes of memory given back to the stripe arena (the heap without a budget).
     pub freed: u64,
     /// Bytes allocated for the spare stripes (asked for by a write).
     pub allocated: u64,
@@ -78,7 +78,7 @@ impl RamDisk {
                     stripe.zero = false;
                     drop(stripe);
                     let freed = store.give_back(memory);
-                    // Zeroed on its way to the heap.
+                    // Zeroed on its way back.
                     cost += freed as usize;
                     done.freed += freed;
                 }
@@ -88,15 +88,15 @@ impl RamDisk {
         // What was freed is promised to the disk before it takes any back.
         store.settle();
         if store.wants_memory.load(Ordering::Acquire) {
-            // Allocated without the spare lock held (writers take it); never from the
-            // heap's reserve nor from what other disks were promised.
+            // Allocated without the spare lock held (writers take it); never from what
+            // other disks were promised.
             let room = store.stripes_to_take({
                 let spare = store.spare.lock();
                 spare.capacity() - spare.len()
             });
             let mut fresh: [Option<StripeMemory>; SPARE_STRIPES] = Default::default();
             for slot in fresh.iter_mut().take(room) {
-                *slot = stripe_memory();
+                *slot = stripe_memory(store.frames);
                 if slot.is_none() {
                     break;
                 }
@@ -303,10 +303,10 @@ mod tests {
     }
 
     #[test]
-    fn spare_stripes_are_never_taken_from_the_heaps_reserve() {
-        let reserve = 4 << 20;
-        let heap = crate::heap::fake::budget(reserve, 1 << 30);
+    fn spare_stripes_are_taken_only_from_the_arenas_room() {
+        use crate::ram::memory::StripeFrames;
         let stripes = 40;
+        let (heap, arena) = crate::heap::fake::budget(4 << 20, 1 << 30, stripes as usize);
         let disk = RamDisk::try_new(
             RamDisk::plain(stripes * STRIPE_SECTORS),
             0,
@@ -326,15 +326,16 @@ mod tests {
             write_page(&mut queue, 20, next, 0x44),
             Err(SubmitError::QueueFull)
         );
-        // The heap has three and a half stripes beyond its reserve: three are taken.
-        crate::heap::fake::set_free(reserve as usize + 7 * STRIPE_BYTES / 2);
+        // 24 stripes went back to the arena; someone else holds 21 of them: three are
+        // left to take.
+        assert_eq!(arena.free_bytes(), 24 * STRIPE_BYTES as u64);
+        let held: Vec<_> = (0..21).map(|_| arena.arena.take().unwrap()).collect();
         let done = disk.maintain();
         assert_eq!(done.allocated, 3 * STRIPE_BYTES as u64);
         write_page(&mut queue, 20, next, 0x44).unwrap();
         assert_eq!(collect(&mut queue)[0].status, IoStatus::Ok);
         // None beyond it: the next writes into empty stripes after the last spare one
         // fail rather than wait for memory that cannot come.
-        crate::heap::fake::set_free(reserve as usize + STRIPE_BYTES - 1);
         for n in 1..3 {
             write_page(&mut queue, 20, sector_in(SPARE_STRIPES + n), 0x44).unwrap();
         }
@@ -345,6 +346,10 @@ mod tests {
         assert_eq!(disk.maintain().allocated, 0);
         write_page(&mut queue, 21, sector_in(SPARE_STRIPES + 3), 0x44).unwrap();
         assert_eq!(collect(&mut queue)[2].status, IoStatus::Error);
+        for stripe in held {
+            stripe.fill(0);
+            arena.arena.give(stripe);
+        }
     }
 
     /// The second page of stripe `stripe`.

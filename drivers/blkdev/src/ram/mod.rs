@@ -26,8 +26,10 @@
 //! grow and shrink while queues serve it ([`RamDisk::resize`]): its capacity is one atomic
 //! every queue reads per request.
 
+mod adopt;
 mod discard;
 mod maintain;
+mod memory;
 mod resize;
 mod stripes;
 #[cfg(test)]
@@ -43,10 +45,15 @@ use crate::{
     BlockDevice, BufferAccess, Completion, CompletionQueue, DiscardGeometry, Geometry, HeapBudget,
     IoOp, IoRequest, IoStatus, SubmitError, SECTOR_SIZE,
 };
+pub use adopt::{AdoptError, HandedStripe};
 use discard::PendingDiscard;
 pub use maintain::Maintenance;
+#[cfg(test)]
+pub(crate) use memory::fake;
+pub use memory::{address_of, StripeArena, StripeFrames};
 pub use resize::ResizeError;
-use stripes::{Stop, Store, Stripe, CHUNK_STRIPES, SPARE_STRIPES, STRIPE_BYTES};
+pub use stripes::STRIPE_BYTES;
+use stripes::{Stop, Store, Stripe, CHUNK_STRIPES, SPARE_STRIPES};
 
 /// Why a RAM disk cannot be made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,6 +122,22 @@ impl RamDisk {
     ) -> Result<Self, OutOfMemory> {
         let bytes = geometry.sectors * SECTOR_SIZE;
         let out_of_memory = OutOfMemory { bytes };
+        let disk = Self::empty(geometry, max_sectors, signal, heap)?;
+        if geometry.sectors > 0 {
+            disk.grow(0, geometry.sectors).map_err(|_| out_of_memory)?;
+        }
+        Ok(disk)
+    }
+
+    /// A disk of no capacity yet (`try_new` grows it, `adopt` fills it).
+    fn empty(
+        geometry: Geometry,
+        max_sectors: u64,
+        signal: Option<&'static AtomicBool>,
+        heap: Option<&'static HeapBudget>,
+    ) -> Result<Self, OutOfMemory> {
+        let bytes = geometry.sectors * SECTOR_SIZE;
+        let out_of_memory = OutOfMemory { bytes };
         let max_sectors = max_sectors.max(geometry.sectors);
         let max_stripes =
             usize::try_from((max_sectors * SECTOR_SIZE).div_ceil(STRIPE_BYTES as u64))
@@ -148,13 +171,13 @@ impl RamDisk {
                 out_of_memory: AtomicBool::new(false),
                 signal,
                 heap,
+                frames: heap.map_or(&memory::HEAP_STRIPES as &dyn StripeFrames, |heap| {
+                    heap.stripes()
+                }),
                 promised: AtomicU64::new(0),
                 control: Mutex::new(0),
             }),
         };
-        if geometry.sectors > 0 {
-            disk.grow(0, geometry.sectors).map_err(|_| out_of_memory)?;
-        }
         Ok(disk)
     }
 
@@ -188,6 +211,11 @@ impl RamDisk {
     /// A write waits for memory: call [`RamDisk::maintain`].
     pub fn wants_memory(&self) -> bool {
         self.store.wants_memory.load(Ordering::Acquire)
+    }
+
+    /// Whether `other` is a handle on this disk's store.
+    pub fn same(&self, other: &RamDisk) -> bool {
+        Arc::ptr_eq(&self.store, &other.store)
     }
 
     /// Handles on this disk's store (clones and queues): 1 means this one alone.

@@ -94,24 +94,32 @@ impl RamDisk {
     /// Bytes of memory growing to `new` sectors would allocate now (stripes without
     /// memory on the way, and table chunks not made yet); 0 for no growth.
     pub fn memory_to_grow(&self, new: u64) -> u64 {
+        let (stripes, tables) = self.memory_to_grow_apart(new);
+        stripes + tables
+    }
+
+    /// [`RamDisk::memory_to_grow`] apart: stripes (from the arena) and table chunks
+    /// (from the heap).
+    pub(super) fn memory_to_grow_apart(&self, new: u64) -> (u64, u64) {
         let old = self.sectors();
         if new <= old || new > self.store.max_sectors {
-            return 0;
+            return (0, 0);
         }
         let stripes = Self::stripes_between(old, new);
         let table = (CHUNK_STRIPES * core::mem::size_of::<LockedStripe>()) as u64;
-        let mut bytes = 0;
+        let (mut memory, mut tables) = (0, 0);
         for index in stripes.clone() {
             match self.store.chunks[index / CHUNK_STRIPES].get() {
                 Some(chunk) if chunk[index % CHUNK_STRIPES].lock().memory.is_some() => {}
-                Some(_) => bytes += STRIPE_BYTES as u64,
+                Some(_) => memory += STRIPE_BYTES as u64,
                 None if index.is_multiple_of(CHUNK_STRIPES) || index == stripes.start => {
-                    bytes += STRIPE_BYTES as u64 + table
+                    memory += STRIPE_BYTES as u64;
+                    tables += table;
                 }
-                None => bytes += STRIPE_BYTES as u64,
+                None => memory += STRIPE_BYTES as u64,
             }
         }
-        bytes
+        (memory, tables)
     }
 
     /// The stripes holding sectors `[old, new)`.
@@ -122,15 +130,18 @@ impl RamDisk {
     }
 
     /// Backs sectors `[old, new)` with zeroed memory, then publishes `new` (`old` is
-    /// the capacity now). With a heap budget, refused unless all of it fits the room: not
-    /// the reserve, nor what RAM disks were promised, this one's too (a growth is new
-    /// memory, not memory the disk gave back).
+    /// the capacity now). With a budget, refused unless all of it fits: the stripes the
+    /// arena's room (not what RAM disks were promised, this one's too: a growth is new
+    /// memory, not memory the disk gave back), the table chunks the heap's.
     pub(super) fn grow(&self, old: u64, new: u64) -> Result<(), ResizeError> {
         let store = &*self.store;
         if let Some(heap) = store.heap {
-            let needed = self.memory_to_grow(new);
-            heap.fits(needed)
-                .map_err(|_| ResizeError::OutOfMemory { bytes: needed })?;
+            let (stripes, tables) = self.memory_to_grow_apart(new);
+            let out_of_memory = |_| ResizeError::OutOfMemory {
+                bytes: stripes + tables,
+            };
+            heap.fits_stripes(stripes).map_err(out_of_memory)?;
+            heap.fits(tables).map_err(out_of_memory)?;
         }
         let old_bytes = (old * SECTOR_SIZE) as usize;
         let new_bytes = (new * SECTOR_SIZE) as usize;
@@ -146,7 +157,7 @@ impl RamDisk {
             let zero = stripe.zero;
             match stripe.memory.as_deref_mut() {
                 None => {
-                    stripe.memory = Some(stripe_memory().ok_or_else(out_of_memory)?);
+                    stripe.memory = Some(stripe_memory(store.frames).ok_or_else(out_of_memory)?);
                     store
                         .resident
                         .fetch_add(STRIPE_BYTES as u64, Ordering::Relaxed);

@@ -3,6 +3,8 @@
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
+
+use super::memory::{address_of, StripeFrames};
 use core::ops::{Deref, DerefMut, Range};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use spin::{Mutex, Once};
@@ -20,28 +22,45 @@ pub(super) const CHUNK_STRIPES: usize = 256;
 /// Stripes a disk keeps ready for writes into stripes whose memory went back (1 MiB).
 pub const SPARE_STRIPES: usize = 16;
 
-/// One stripe's memory. Zeroed when it goes back to the heap (dropped): whatever the heap
-/// hands it to next (another disk, a bounce page a short device read leaves unwritten)
-/// must never see this guest's data.
-#[derive(Debug)]
-pub(super) struct StripeMemory(Box<[u8]>);
+/// One stripe's memory, from the disk's [`StripeFrames`]. Zeroed when it goes back
+/// there (dropped): whatever it is handed to next (another disk, or the next image's
+/// frame allocator) must never see this guest's data.
+pub(super) struct StripeMemory {
+    memory: &'static mut [u8],
+    from: &'static dyn StripeFrames,
+}
+
+impl core::fmt::Debug for StripeMemory {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "StripeMemory({:#x})", address_of(self.memory))
+    }
+}
+
+impl StripeMemory {
+    /// Where it lies (what a handover names it by).
+    pub(super) fn address(&self) -> u64 {
+        address_of(self.memory)
+    }
+}
 
 impl Drop for StripeMemory {
     fn drop(&mut self) {
-        self.0.fill(0);
+        let memory = core::mem::take(&mut self.memory);
+        memory.fill(0);
+        self.from.give(memory);
     }
 }
 
 impl Deref for StripeMemory {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.0
+        self.memory
     }
 }
 
 impl DerefMut for StripeMemory {
     fn deref_mut(&mut self) -> &mut [u8] {
-        &mut self.0
+        self.memory
     }
 }
 
@@ -71,13 +90,29 @@ impl core::ops::Deref for LockedStripe {
 /// One chunk of the stripe table: `CHUNK_STRIPES` stripes.
 pub(super) type Chunk = Box<[LockedStripe]>;
 
-/// `STRIPE_BYTES` of zeroed memory (the heap may hand back anything), or `None` (the
-/// heap is short).
-pub(super) fn stripe_memory() -> Option<StripeMemory> {
-    let mut memory = Vec::new();
-    memory.try_reserve_exact(STRIPE_BYTES).ok()?;
-    memory.resize(STRIPE_BYTES, 0);
-    Some(StripeMemory(memory.into_boxed_slice()))
+/// `STRIPE_BYTES` of zeroed memory from `from` (which may hand back anything), or
+/// `None` (it has none).
+pub(super) fn stripe_memory(from: &'static dyn StripeFrames) -> Option<StripeMemory> {
+    let memory = from.take()?;
+    if memory.len() != STRIPE_BYTES {
+        from.give(memory);
+        return None;
+    }
+    memory.fill(0);
+    Some(StripeMemory { memory, from })
+}
+
+/// The stripe `from` handed over at `address` (its bytes as the old image left them).
+pub(super) fn adopted_memory(
+    from: &'static dyn StripeFrames,
+    address: u64,
+) -> Option<StripeMemory> {
+    let memory = from.adopt(address)?;
+    if memory.len() != STRIPE_BYTES || address_of(memory) != address {
+        from.give(memory);
+        return None;
+    }
+    Some(StripeMemory { memory, from })
 }
 
 /// A chunk of the stripe table (stripes without memory yet), or `None`.
@@ -181,9 +216,11 @@ pub(super) struct Store {
     pub(super) out_of_memory: AtomicBool,
     /// Set with `wants_memory`, for whoever runs `maintain` (shared by several disks).
     pub(super) signal: Option<&'static AtomicBool>,
-    /// The heap's budget for disks: stripes are taken from its room alone, and what
-    /// the disk gave back and will want again is promised to it there.
+    /// The budget for disks: stripes are taken from its room alone, and what the disk
+    /// gave back and will want again is promised to it there.
     pub(super) heap: Option<&'static HeapBudget>,
+    /// Where its stripes come from (the budget's arena, or the heap without one).
+    pub(super) frames: &'static dyn StripeFrames,
     /// Bytes promised to the disk in `heap`, as last told (`settle`).
     pub(super) promised: AtomicU64,
     /// Resizing and maintenance, one at a time (the control path's own work); holds the

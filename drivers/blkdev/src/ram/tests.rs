@@ -1,87 +1,21 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 use super::*;
 use crate::DmaSegment;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
-
-/// What the tests' allocator fills a stripe-sized block with when it hands one out: the
-/// heap may give back anything, another disk's data included.
-const POISON: u8 = 0xA5;
-
-thread_local! {
-    /// Stripe-sized blocks this thread gave back to the heap holding a byte that is not
-    /// zero (data the heap's next user could see).
-    static DIRTY_FREES: Cell<usize> = const { Cell::new(0) };
-}
-
-fn dirty_frees() -> usize {
-    DIRTY_FREES.with(Cell::get)
-}
-
-/// The allocator of this crate's tests: the system's, but stripe-sized blocks come
-/// poisoned and are looked at when they go back.
-struct Inspecting;
-
-#[global_allocator]
-static ALLOCATOR: Inspecting = Inspecting;
-
-#[allow(unsafe_code, reason = "a test allocator that watches stripe memory")]
-mod inspecting {
-    use super::{Inspecting, DIRTY_FREES, POISON, STRIPE_BYTES};
-    use std::alloc::{GlobalAlloc, Layout, System};
-
-    // SAFETY: every block comes from and goes back to `System` with the caller's layout;
-    // the bytes written and read lie inside the block (its size is the layout's), and a
-    // stripe-sized block is written whole when it is handed out, so every byte read when
-    // it goes back was written.
-    unsafe impl GlobalAlloc for Inspecting {
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            // SAFETY: the caller's layout, handed on.
-            let block = unsafe { System.alloc(layout) };
-            if !block.is_null() && layout.size() == STRIPE_BYTES {
-                // SAFETY: the block is `STRIPE_BYTES` long.
-                unsafe { block.write_bytes(POISON, STRIPE_BYTES) };
-            }
-            block
-        }
-
-        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-            // SAFETY: the caller's layout, handed on.
-            unsafe { System.alloc_zeroed(layout) }
-        }
-
-        unsafe fn realloc(&self, block: *mut u8, layout: Layout, size: usize) -> *mut u8 {
-            // SAFETY: the caller's block, layout and size, handed on.
-            let moved = unsafe { System.realloc(block, layout, size) };
-            if !moved.is_null() && size == STRIPE_BYTES && layout.size() < size {
-                // SAFETY: the bytes past the old size, inside the new block.
-                unsafe {
-                    moved
-                        .add(layout.size())
-                        .write_bytes(POISON, size - layout.size())
-                };
-            }
-            moved
-        }
-
-        unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
-            if layout.size() == STRIPE_BYTES {
-                // SAFETY: the caller's block, all of it written (see the impl).
-                let bytes = unsafe { std::slice::from_raw_parts(block, STRIPE_BYTES) };
-                if bytes.iter().any(|&b| b != 0) {
-                    let _ = DIRTY_FREES.try_with(|dirty| dirty.set(dirty.get() + 1));
-                }
-            }
-            // SAFETY: the caller's block and layout, handed on.
-            unsafe { System.dealloc(block, layout) }
-        }
-    }
-}
 
 #[test]
 fn memory_a_disk_lets_go_holds_none_of_its_data() {
     let stripes = 48;
-    let disk = RamDisk::try_new(RamDisk::plain(stripes * STRIPE_SECTORS), 0, None, None).unwrap();
+    let (heap, arena) = crate::heap::fake::budget(4 << 20, 1 << 30, 64);
+    let dirty_frees = || arena.dirty.load(core::sync::atomic::Ordering::Relaxed);
+    let disk = RamDisk::try_new(
+        RamDisk::plain(stripes * STRIPE_SECTORS),
+        0,
+        None,
+        Some(heap),
+    )
+    .unwrap();
     let full = stripes as usize * STRIPE_BYTES;
     let mut bytes = vec![0xff; full];
     disk.read_at(0, &mut bytes);
@@ -93,11 +27,11 @@ fn memory_a_disk_lets_go_holds_none_of_its_data() {
     let mut queue = disk.queue(8);
     discard_now(&mut queue, 0, 40 * STRIPE_SECTORS);
     let before = dirty_frees();
-    // 40 stripes emptied: 16 kept spare (still holding the data), 24 to the heap.
+    // 40 stripes emptied: 16 kept spare (still holding the data), 24 to the arena.
     assert_eq!(maintain_all(&disk).freed, 24 * STRIPE_BYTES as u64);
     assert_eq!(dirty_frees(), before, "freed stripes were zeroed");
     // A write into an empty stripe once the spare ones are used takes fresh memory from
-    // the allocator (poisoned here): the rest of that stripe reads zero.
+    // the arena (poisoned here): the rest of that stripe reads zero.
     for n in 0..=SPARE_STRIPES as u64 {
         while write_page(&mut queue, 1, n * STRIPE_SECTORS, 0x11) == Err(SubmitError::QueueFull) {
             disk.maintain();
@@ -118,8 +52,8 @@ fn memory_a_disk_lets_go_holds_none_of_its_data() {
 fn a_disk_is_refused_the_memory_a_discarded_disk_will_want_back() {
     use crate::heap::fake;
     let stripe = STRIPE_BYTES as u64;
-    let reserve = 4 << 20;
-    let heap = fake::budget(reserve, 1 << 30);
+    // The disk's 64 stripes and 8 more.
+    let (heap, _) = fake::budget(4 << 20, 1 << 30, 72);
     let made = |stripes: u64, max: u64| {
         RamDisk::try_new(
             RamDisk::plain(stripes * STRIPE_SECTORS),
@@ -133,12 +67,11 @@ fn a_disk_is_refused_the_memory_a_discarded_disk_will_want_back() {
     let mut queue = disk.queue(32);
     discard_now(&mut queue, 0, 64 * STRIPE_SECTORS);
     maintain_all(&disk);
-    // 48 stripes went back to the heap (16 are kept spare): the disk wants them again
+    // 48 stripes went back to the arena (16 are kept spare): the disk wants them again
     // when its guest writes there.
     assert_eq!(heap.promised(), 48 * stripe);
-    // The heap has them free, and 8 stripes more.
-    fake::set_free(reserve as usize + 56 * STRIPE_BYTES);
-    assert_eq!(heap.room(), 8 * stripe);
+    // The arena has them free, and 8 stripes more.
+    assert_eq!(heap.stripe_room(), 8 * stripe);
     assert_eq!(
         made(16, 0).map(drop),
         Err(OutOfMemory { bytes: 16 * stripe })
@@ -148,9 +81,10 @@ fn a_disk_is_refused_the_memory_a_discarded_disk_will_want_back() {
         small.resize(16 * STRIPE_SECTORS),
         Err(ResizeError::OutOfMemory { bytes: 12 * stripe })
     );
-    small.resize(10 * STRIPE_SECTORS).unwrap();
+    small.resize(8 * STRIPE_SECTORS).unwrap();
+    assert_eq!(heap.stripe_room(), 0);
     // The discarded disk takes back its own: its guest writes into 32 of its stripes
-    // (16 from the spare ones, 16 from the heap).
+    // (16 from the spare ones, 16 from the arena).
     for n in 0..32 {
         while write_page(&mut queue, 1, n * STRIPE_SECTORS, 0x11) == Err(SubmitError::QueueFull) {
             disk.maintain();

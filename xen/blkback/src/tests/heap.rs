@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! A ring's engine takes its memory from the heap's room for disks and rings
 //! (`blkdev::HeapBudget`), as the kernel connects rings: never the control path's
-//! reserve, nor memory a discarded RAM disk will want back.
+//! reserve. RAM disks' stripes live apart (the budget's stripe arena): what a discarded
+//! disk will want back is promised there, and the heap's room does not move.
 
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-use blkdev::{BlockDevice, HeapBudget, IoOp, IoRequest, RamDisk};
+use blkdev::{BlockDevice, HeapBudget, IoOp, IoRequest, RamDisk, StripeArena};
 
 use crate::engine::{Engine, EngineConfig, EngineError};
 use crate::fake::{CountingEvents, GrantTable, GuestMemory, RingView, XenGrants};
@@ -20,10 +21,12 @@ fn free() -> usize {
     FREE.load(Ordering::SeqCst)
 }
 
-static HEAP: HeapBudget = HeapBudget::new(RESERVE, free);
+static STRIPES: StripeArena = StripeArena::new();
+
+static HEAP: HeapBudget = HeapBudget::new(RESERVE, free, &STRIPES);
 
 #[test]
-fn a_ring_that_would_eat_into_the_reserve_or_a_disks_promise_is_refused() {
+fn a_ring_that_would_eat_into_the_reserve_is_refused_and_stripes_are_apart() {
     let config = EngineConfig::new(2, true);
     let needed = config.memory_needed();
     let disk = RamDisk::new(2048);
@@ -48,10 +51,14 @@ fn a_ring_that_would_eat_into_the_reserve_or_a_disks_promise_is_refused() {
     FREE.store(RESERVE as usize + needed, Ordering::SeqCst);
     assert_eq!(connect(), Ok(()));
 
-    // A RAM disk whose guest discarded it: 32 of its stripes went back to the heap (16
-    // are kept spare), free there, and promised to it.
+    // A RAM disk whose guest discarded it: 32 of its stripes went back to the arena
+    // (16 are kept spare), free there, and promised to it: in the arena, so the heap's
+    // room for rings is what it was.
     let stripes = 48;
+    let region = vec![0u8; (stripes as usize + 1) * STRIPE as usize].leak();
+    assert!(STRIPES.add(region) >= stripes * STRIPE);
     let ram = RamDisk::try_new(RamDisk::plain(stripes * 128), 0, None, Some(&HEAP)).unwrap();
+    assert_eq!(HEAP.stripe_room(), 0, "the disk took every stripe");
     let mut queue = ram.queue(8);
     let discard = IoRequest {
         tag: 1,
@@ -66,14 +73,9 @@ fn a_ring_that_would_eat_into_the_reserve_or_a_disks_promise_is_refused() {
     while queue.poll_completions(&mut |_| {}) == 0 {}
     while ram.maintain().more {}
     assert_eq!(HEAP.promised(), 32 * STRIPE);
-    FREE.store(
-        RESERVE as usize + needed + 32 * STRIPE as usize - 1,
-        Ordering::SeqCst,
-    );
+    assert_eq!(HEAP.stripe_room(), 0, "free in the arena, but promised");
+    FREE.store(RESERVE as usize + needed - 1, Ordering::SeqCst);
     assert_eq!(connect(), refused);
-    FREE.store(
-        RESERVE as usize + needed + 32 * STRIPE as usize,
-        Ordering::SeqCst,
-    );
+    FREE.store(RESERVE as usize + needed, Ordering::SeqCst);
     assert_eq!(connect(), Ok(()));
 }
