@@ -372,7 +372,9 @@ pub fn release_parked(h: &Handover) -> usize {
                 break;
             }
         }
-        let up = smp::start_ap(vcpu, |start| {
+        // A parked vCPU is already running; under a loaded emulator its thread can wait
+        // for a host core longer than a cold AP's 1 s start, so it gets the park's bound.
+        let up = smp::start_ap(vcpu, PARK_WAIT_MS, |start| {
             let what = jump::Release {
                 cr3: start.cr3,
                 // The park code `call`s the entry: RSP ≡ 8 (mod 16) there, as the ABI wants.
@@ -385,7 +387,7 @@ pub fn release_parked(h: &Handover) -> usize {
             }
         });
         if !up {
-            log::error!("cpu: parked vCPU {vcpu} did not come up within 1 s");
+            log::error!("cpu: parked vCPU {vcpu} did not come up within {PARK_WAIT_MS} ms");
             break;
         }
         released += 1;

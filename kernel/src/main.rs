@@ -224,7 +224,7 @@ pub extern "C" fn kernel_main(start_info_paddr: u64) -> ! {
     // A test hook named on the command line runs instead of the service, and powers off.
     #[cfg(feature = "test-hooks")]
     if let Some(spec) = cmdline.value(bootconfig::Key::Nettest) {
-        match grant_map_hole(&info, &mut bus) {
+        match grant_map_hole(info, &mut bus) {
             Some(hole) => nettest::run(spec, &cmdline, &config, hole.start),
             None => error!("nettest: no hole in the memory map for the grant table"),
         }

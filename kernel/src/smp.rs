@@ -134,9 +134,9 @@ pub fn is_online(index: usize) -> bool {
         .is_some_and(|c| c.online.load(Ordering::Acquire))
 }
 
-/// Gives CPU `index` a stack, lets `launch` start it, and waits up to 1 s for it to
-/// come online. CPUs are numbered densely: the caller passes the next free index.
-pub fn start_ap(index: usize, launch: impl FnOnce(&ApStart)) -> bool {
+/// Gives CPU `index` a stack, lets `launch` start it, and waits up to `timeout_ms` for it
+/// to come online. CPUs are numbered densely: the caller passes the next free index.
+pub fn start_ap(index: usize, timeout_ms: u64, launch: impl FnOnce(&ApStart)) -> bool {
     if index == 0 || index >= MAX_CPUS {
         return false;
     }
@@ -151,7 +151,7 @@ pub fn start_ap(index: usize, launch: impl FnOnce(&ApStart)) -> bool {
         efer: unsafe { Msr::new(IA32_EFER).read() },
     };
     launch(&start);
-    wait_until(1000, || is_online(index))
+    wait_until(timeout_ms, || is_online(index))
 }
 
 /// Starts the CPUs with these APIC ids (the boot CPU's is skipped) the PC way: INIT and
@@ -164,7 +164,7 @@ pub fn start_aps_with_sipi(apic_ids: impl Iterator<Item = u32>) -> usize {
             log::warn!("cpu: more than {MAX_CPUS} CPUs; APIC {apic_id} and later stay off");
             break;
         }
-        let started = start_ap(next, |start| launch_with_sipi(apic_id, start));
+        let started = start_ap(next, 1000, |start| launch_with_sipi(apic_id, start));
         if started {
             next += 1;
         } else {

@@ -27,7 +27,7 @@ pub fn start(apic_ids: &[u32]) -> usize {
             log::error!("cpu: vCPU {vcpu} not started: {e}");
             break;
         }
-        let up = smp::start_ap(vcpu, |start| {
+        let up = smp::start_ap(vcpu, 1000, |start| {
             let context = LongModeStart {
                 rip: start.entry,
                 // Enter `entry(index)` as if called: RSP ≡ 8 (mod 16) at entry.
