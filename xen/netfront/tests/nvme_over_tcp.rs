@@ -7,32 +7,13 @@
 
 mod fake_netback;
 
-use fake_netback::{queue, Side};
-use netfront::stack::{Ipv4Setup, Stack};
-use netfront::NetDevice;
+use fake_netback::{leak, stack, Side};
+use netfront::stack::Stack;
 use nvmetcp::fake::{Target, BLOCK};
 use nvmetcp::{AdminSession, DataPort, HostIdentity, IoSession, SessionState};
-use smoltcp::iface::{SocketHandle, SocketStorage};
+use smoltcp::iface::SocketHandle;
 use smoltcp::socket::tcp;
 use smoltcp::wire::{IpAddress, Ipv4Address};
-
-fn leak<T>(value: T) -> &'static mut T {
-    Box::leak(Box::new(value))
-}
-
-fn stack(first_gref: u32, last: u8) -> (Stack, Side) {
-    let (mut q, side) = queue(first_gref);
-    q.post_rx();
-    let ip = Ipv4Setup {
-        address: [10, 9, 0, last],
-        prefix: 24,
-        gateway: None,
-    };
-    let storage: &'static mut [SocketStorage<'static>] = leak([SocketStorage::EMPTY; 4]);
-    let mac = [0x00, 0x16, 0x3e, 0, 0, last];
-    let stack = Stack::new(NetDevice::new(q), mac, ip, u64::from(last), 0, storage);
-    (stack, side)
-}
 
 fn tcp_socket(stack: &mut Stack) -> SocketHandle {
     stack
@@ -134,8 +115,8 @@ impl DataPort for Blocks {
 }
 
 fn nvme_over_vifs(drop_every: Option<usize>) {
-    let (a, side_a) = stack(1000, 1);
-    let (b, side_b) = stack(5000, 2);
+    let (a, side_a) = stack(1000, 1, 1, 4);
+    let (b, side_b) = stack(5000, 2, 2, 4);
     let mut w = World {
         a,
         b,

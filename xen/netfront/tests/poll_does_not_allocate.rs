@@ -6,10 +6,7 @@
 
 mod fake_netback;
 
-use fake_netback::queue;
-use netfront::stack::{Ipv4Setup, Stack};
-use netfront::NetDevice;
-use smoltcp::iface::SocketStorage;
+use fake_netback::{leak, stack};
 use smoltcp::socket::tcp;
 use smoltcp::wire::{IpAddress, Ipv4Address};
 
@@ -25,28 +22,10 @@ fn counting<R>(counted: &mut u64, f: impl FnOnce() -> R) -> R {
     result
 }
 
-fn leak<T>(value: T) -> &'static mut T {
-    Box::leak(Box::new(value))
-}
-
-fn stack(first_gref: u32, last: u8) -> (Stack, fake_netback::Side) {
-    let (mut q, side) = queue(first_gref);
-    q.post_rx();
-    let storage: &'static mut [SocketStorage<'static>] = leak([SocketStorage::EMPTY; 2]);
-    let ip = Ipv4Setup {
-        address: [10, 9, 0, last],
-        prefix: 24,
-        gateway: None,
-    };
-    let mac = [0x00, 0x16, 0x3e, 0, 0, last];
-    let stack = Stack::new(NetDevice::new(q), mac, ip, u64::from(last), 0, storage);
-    (stack, side)
-}
-
 #[test]
 fn the_data_path_allocates_nothing() {
-    let (mut a, mut side_a) = stack(1000, 1);
-    let (mut b, mut side_b) = stack(5000, 2);
+    let (mut a, mut side_a) = stack(1000, 1, 1, 2);
+    let (mut b, mut side_b) = stack(5000, 2, 2, 2);
     let client = a.add_tcp(leak([0u8; 65536]), leak([0u8; 65536])).unwrap();
     let server = b.add_tcp(leak([0u8; 65536]), leak([0u8; 65536])).unwrap();
     b.sockets

@@ -4,32 +4,9 @@
 
 mod fake_netback;
 
-use fake_netback::{queue, switch, Side};
-use netfront::stack::{Ipv4Setup, Stack};
-use netfront::NetDevice;
-use smoltcp::iface::SocketStorage;
+use fake_netback::{leak, stack, switch};
 use smoltcp::socket::tcp;
 use smoltcp::wire::{IpAddress, Ipv4Address};
-
-fn leak<T>(value: T) -> &'static mut T {
-    Box::leak(Box::new(value))
-}
-
-fn stack(first_gref: u32, mac_last: u8, ip_last: u8) -> (Stack, Side) {
-    let (mut q, side) = queue(first_gref);
-    q.post_rx();
-    let storage: &'static mut [SocketStorage<'static>] = leak([SocketStorage::EMPTY; 2]);
-    let ip = Ipv4Setup {
-        address: [10, 9, 0, ip_last],
-        prefix: 24,
-        gateway: None,
-    };
-    let mac = [0x00, 0x16, 0x3e, 0, 0, mac_last];
-    (
-        Stack::new(NetDevice::new(q), mac, ip, u64::from(ip_last), 0, storage),
-        side,
-    )
-}
 
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
     let mut x = seed | 1;
@@ -46,8 +23,8 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
 /// Sends `len` bytes from a to b and `len / 2` back; `drop_every` loses every n-th
 /// frame a sends. Returns the ms it took.
 fn transfer(len: usize, drop_every: Option<usize>) -> u64 {
-    let (mut a, mut side_a) = stack(1000, 1, 1);
-    let (mut b, mut side_b) = stack(5000, 2, 2);
+    let (mut a, mut side_a) = stack(1000, 1, 1, 2);
+    let (mut b, mut side_b) = stack(5000, 2, 2, 2);
     let client = a.add_tcp(leak([0u8; 65536]), leak([0u8; 65536])).unwrap();
     let server = b.add_tcp(leak([0u8; 65536]), leak([0u8; 65536])).unwrap();
     assert!(b.add_tcp(leak([0u8; 16]), leak([0u8; 16])).is_some());

@@ -147,3 +147,37 @@ pub fn switch(a: &mut Side, b: &mut Side) -> usize {
     }
     moved
 }
+
+/// What a test leaks to get the `'static` buffers smoltcp's sockets and stack borrow.
+pub fn leak<T>(value: T) -> &'static mut T {
+    Box::leak(Box::new(value))
+}
+
+/// A stack at 10.9.0.`ip_last`/24 (MAC 00:16:3e:00:00:`mac_last`) over a fresh vif queue
+/// with its rx pages posted, room for `sockets` sockets, and the netback side of it.
+pub fn stack(
+    first_gref: u32,
+    mac_last: u8,
+    ip_last: u8,
+    sockets: usize,
+) -> (netfront::stack::Stack, Side) {
+    use smoltcp::iface::SocketStorage;
+    let (mut q, side) = queue(first_gref);
+    q.post_rx();
+    let storage: Vec<SocketStorage<'static>> = (0..sockets).map(|_| SocketStorage::EMPTY).collect();
+    let ip = netfront::stack::Ipv4Setup {
+        address: [10, 9, 0, ip_last],
+        prefix: 24,
+        gateway: None,
+    };
+    let mac = [0x00, 0x16, 0x3e, 0, 0, mac_last];
+    let stack = netfront::stack::Stack::new(
+        netfront::NetDevice::new(q),
+        mac,
+        ip,
+        u64::from(ip_last),
+        0,
+        Box::leak(storage.into_boxed_slice()),
+    );
+    (stack, side)
+}
