@@ -61,9 +61,11 @@ fuzz-long:
 	@out=results/fuzz/$$(date -u +%Y%m%dT%H%M%SZ); mkdir -p $$out; \
 	  FUZZ_RESULTS=$$out nice -n 10 tools/fuzz.sh $(FUZZ_LONG_SECONDS)
 
-# Host benchmark of the blkif engine (a benchmark, not a test).
+# Host benchmark of the blkif engine (a benchmark, not a test); JSON in results/bench
+# (engine.json, engine-scale.json).
 bench-engine:
-	tools/bench-engine.sh
+	@mkdir -p results/bench
+	BENCH_JSON=$(CURDIR)/results/bench/engine.json tools/bench-engine.sh
 
 # make bench (BENCHMARKS.md): the engine on the host, then the nested comparison
 # (tests/xen/bench: Linux dom0 blkback, a Linux driver domain and blkdom on RAM disks,

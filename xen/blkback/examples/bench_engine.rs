@@ -32,7 +32,8 @@
 //! (default 5000, the kernel's); `BENCH_JSON=path` also writes the results as JSON there
 //! (tools/bench/report.py folds it into bench.json). `BENCH_PROFILE=order,queues,on|off`
 //! runs only that configuration's plain loop for a fixed number of requests, for
-//! valgrind (see `profile`).
+//! valgrind (see `profile`). `BENCH_MODE=scale` runs only the multi-queue scaling
+//! measurement instead (`scale.rs`).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -52,6 +53,9 @@ use blkback::parse::SegmentDesc;
 use blkback::ring::RingMemory;
 use blkdev::NullDisk;
 use xen::SharedMem;
+
+#[path = "bench_engine/scale.rs"]
+mod scale;
 
 type BenchEngine = Engine<RingView, XenGrants, NullDisk, CountingEvents>;
 
@@ -609,6 +613,9 @@ fn to_json(seconds: f64, results: &[Measurement], moderation: &[Moderation]) -> 
 fn main() {
     if let Ok(spec) = std::env::var("BENCH_PROFILE") {
         return profile(&spec);
+    }
+    if std::env::var("BENCH_MODE").as_deref() == Ok("scale") {
+        return scale::main();
     }
     let seconds: f64 = std::env::var("BENCH_SECONDS")
         .ok()
