@@ -9,8 +9,9 @@
 //!   them; requests per second of wall time (bounded by the slower thread and by
 //!   whatever else runs on the machine);
 //! - lockstep: one thread fills the rings, then times only `poll` until they are
-//!   drained; requests per second of the poller's core (best of ten windows), with the
-//!   fake Xen's shared pages (word-by-word atomics);
+//!   drained; requests per second of the poller's core (best of ten windows, without
+//!   the polls longer than four times the window's median, in which the thread lost its
+//!   core to other work), with the fake Xen's shared pages (word-by-word atomics);
 //! - plain: the same with the ring in plain memory (memcpy), the engine's own cost per
 //!   request;
 //! - kernel: the same with the ring seen as blkdom sees it, through `xen::SharedMem`
@@ -199,30 +200,94 @@ fn threaded(order: u32, queues: usize, persistent: bool, seconds: f64) -> f64 {
     total_reads(&engines) as f64 / elapsed
 }
 
-/// Fill, then time only the polls that drain; requests per second of poll time. The
-/// best of several windows is reported: other load on the machine only slows a window.
+/// Each poll's wall time and the responses it produced, so that the polls in which the
+/// thread lost its core to other work on the machine (longer than four times the
+/// window's median) can be left out of the engine's time.
+struct PollTimes(Vec<(u64, u64)>);
+
+/// A window's polls, the preempted ones left out of `ns` and `requests`.
+#[derive(Clone, Copy, Default)]
+struct PollSum {
+    ns: u64,
+    requests: u64,
+    polls: u64,
+    dropped: u64,
+}
+
+impl PollSum {
+    fn ns_per_request(&self) -> f64 {
+        self.ns as f64 / self.requests as f64
+    }
+}
+
+impl PollTimes {
+    fn new() -> Self {
+        PollTimes(Vec::with_capacity(1 << 20))
+    }
+
+    /// The responses the last poll produced (the frontend took them after it).
+    fn answered(&mut self, responses: u64) {
+        if let Some(last) = self.0.last_mut() {
+            last.1 = responses;
+        }
+    }
+
+    fn time(&mut self, poll: impl FnOnce()) {
+        let before = Instant::now();
+        poll();
+        let ns = before.elapsed().as_nanos() as u64;
+        if self.0.len() < self.0.capacity() {
+            self.0.push((ns, 0));
+        }
+    }
+
+    /// The polls so far, without those longer than four times their median; starts a
+    /// new window.
+    fn fold(&mut self) -> PollSum {
+        self.0.retain(|&(_, answered)| answered > 0);
+        let mut sorted: Vec<u64> = self.0.iter().map(|&(ns, _)| ns).collect();
+        sorted.sort_unstable();
+        let limit = sorted.get(sorted.len() / 2).copied().unwrap_or(0) * 4;
+        let mut sum = PollSum::default();
+        for &(ns, answered) in &self.0 {
+            sum.polls += 1;
+            if ns <= limit {
+                sum.ns += ns;
+                sum.requests += answered;
+            } else {
+                sum.dropped += 1;
+            }
+        }
+        self.0.clear();
+        sum
+    }
+}
+
+/// Fill, then time only the polls that drain; requests per second of poll time, the
+/// polls in which the thread lost its core left out (`PollTimes`). The best of several
+/// windows is reported: other load on the machine only slows a window.
 /// Also returns the grant map/unmap batches per request.
 fn lockstep(order: u32, queues: usize, persistent: bool, seconds: f64) -> (f64, f64) {
     let (mut fronts, mut engines) = setup(order, queues, persistent);
     let budget = abi::ring_slots(order) as usize;
     let windows = 10;
     let mut best = 0.0f64;
+    let mut polls = PollTimes::new();
     for _ in 0..windows {
-        let before_reads = total_reads(&engines);
-        let mut in_polls = Duration::ZERO;
         let start = Instant::now();
         while start.elapsed().as_secs_f64() < seconds / f64::from(windows) {
+            let mut taken = 0;
             for front in &mut fronts {
-                front.cycle();
+                taken += front.cycle() as u64;
             }
-            let before = Instant::now();
-            for engine in &mut engines {
-                engine.poll(budget);
-            }
-            in_polls += before.elapsed();
+            polls.answered(taken);
+            polls.time(|| {
+                for engine in &mut engines {
+                    engine.poll(budget);
+                }
+            });
         }
-        let rate = (total_reads(&engines) - before_reads) as f64 / in_polls.as_secs_f64();
-        best = best.max(rate);
+        best = best.max(1e9 / polls.fold().ns_per_request());
     }
     (best, grant_batches_per_request(&engines))
 }
@@ -384,17 +449,14 @@ impl<R: NewRing> PlainRig<R> {
 fn lockstep_plain<R: NewRing>(order: u32, queues: usize, persistent: bool, seconds: f64) -> f64 {
     let mut rig = PlainRig::<R>::new(order, queues, persistent);
     let mut best = 0.0f64;
+    let mut polls = PollTimes::new();
     for _ in 0..10 {
-        let mut done = 0u64;
-        let mut in_polls = Duration::ZERO;
         let start = Instant::now();
         while start.elapsed().as_secs_f64() < seconds / 10.0 {
-            done += rig.front();
-            let before = Instant::now();
-            rig.poll();
-            in_polls += before.elapsed();
+            polls.answered(rig.front());
+            polls.time(|| rig.poll());
         }
-        best = best.max(done as f64 / in_polls.as_secs_f64());
+        best = best.max(1e9 / polls.fold().ns_per_request());
     }
     best
 }

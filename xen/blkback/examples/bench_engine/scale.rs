@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use blkback::budget::{GrantBudget, GrantLimits, GrantShare};
 use blkback::CacheAligned;
 
-use super::{bench_config, KernelRing, PlainRig};
+use super::{bench_config, KernelRing, PlainRig, PollSum, PollTimes};
 
 const POLLERS: [usize; 4] = [1, 2, 4, 8];
 
@@ -57,10 +57,7 @@ impl Sharing {
 struct ThreadWindow {
     requests: u64,
     cpu_ns: u64,
-    poll_ns: u64,
-    poll_requests: u64,
-    polls: u64,
-    dropped: u64,
+    engine: PollSum,
 }
 
 /// The calling thread's CPU time in ns. The yield first has the kernel bring the
@@ -97,8 +94,7 @@ fn poller(
 ) -> Vec<ThreadWindow> {
     let mut rig = PlainRig::<KernelRing>::new(order, 1, persistent);
     rig.rings[0].engine.set_grant_share(share);
-    // (poll ns, responses it produced), this window's.
-    let mut polls: Vec<(u64, u64)> = Vec::with_capacity(1 << 20);
+    let mut polls = PollTimes::new();
     let mut out = Vec::new();
     let mut seen = 0;
     let mut total = 0u64;
@@ -110,7 +106,7 @@ fn poller(
         if epoch != seen {
             let cpu = thread_cpu_ns();
             window.cpu_ns = cpu - cpu_at;
-            fold_polls(&mut window, &mut polls);
+            window.engine = polls.fold();
             out.push(std::mem::take(&mut window));
             if epoch > windows {
                 return out;
@@ -119,43 +115,19 @@ fn poller(
             cpu_at = thread_cpu_ns();
         }
         let taken = rig.front();
-        if let Some(last) = polls.last_mut() {
-            last.1 = taken;
-        }
+        polls.answered(taken);
         window.requests += taken;
         total += taken;
         run.progress[me].store(total, Ordering::Relaxed);
-        let before = Instant::now();
-        rig.poll();
-        if line {
-            for _ in 0..taken {
-                run.line.fetch_add(1, Ordering::Relaxed);
+        polls.time(|| {
+            rig.poll();
+            if line {
+                for _ in 0..taken {
+                    run.line.fetch_add(1, Ordering::Relaxed);
+                }
             }
-        }
-        let ns = before.elapsed().as_nanos() as u64;
-        if polls.len() < polls.capacity() {
-            polls.push((ns, 0));
-        }
+        });
     }
-}
-
-/// The window's engine time: its polls, without those longer than four times the
-/// median (the thread was preempted in them).
-fn fold_polls(window: &mut ThreadWindow, polls: &mut Vec<(u64, u64)>) {
-    polls.retain(|&(_, answered)| answered > 0);
-    let mut sorted: Vec<u64> = polls.iter().map(|&(ns, _)| ns).collect();
-    sorted.sort_unstable();
-    let limit = sorted.get(sorted.len() / 2).copied().unwrap_or(0) * 4;
-    for &(ns, answered) in polls.iter() {
-        window.polls += 1;
-        if ns <= limit {
-            window.poll_ns += ns;
-            window.poll_requests += answered;
-        } else {
-            window.dropped += 1;
-        }
-    }
-    polls.clear();
 }
 
 /// Median, minimum and maximum.
@@ -311,7 +283,9 @@ fn measure(
             .flat_map(|w| w.iter().skip(1))
             .filter(|w| w.requests > 0)
     };
-    let (polls, dropped) = counted().fold((0, 0), |(p, d), w| (p + w.polls, d + w.dropped));
+    let (polls, dropped) = counted().fold((0, 0), |(p, d), w| {
+        (p + w.engine.polls, d + w.engine.dropped)
+    });
     let cpu: u64 = counted().map(|w| w.cpu_ns).sum();
     Samples {
         rates,
@@ -319,9 +293,7 @@ fn measure(
         cpu_ns: counted()
             .map(|w| w.cpu_ns as f64 / w.requests as f64)
             .collect(),
-        engine_ns: counted()
-            .map(|w| w.poll_ns as f64 / w.poll_requests as f64)
-            .collect(),
+        engine_ns: counted().map(|w| w.engine.ns_per_request()).collect(),
         polls,
         dropped,
         pool_moved,
@@ -399,21 +371,16 @@ pub fn main() {
             dropped_polls: samples.dropped as f64 / samples.polls.max(1) as f64,
         };
         if pollers == 1 {
-            single.push((
-                order,
-                persistent,
-                sharing,
-                m.aggregate.median,
-                m.cpu_ns.median,
-            ));
+            single.push((order, persistent, sharing, m.aggregate.max, m.cpu_ns.median));
         }
         let &(.., rate, cpu) = single
             .iter()
             .find(|s| (s.0, s.1, s.2) == (order, persistent, sharing))
             .expect("1 poller first");
         let efficiency = Efficiency {
-            // Against linear growth up to the cores.
-            wall: m.aggregate.median / (rate * pollers.min(cores) as f64),
+            // Best windows (those in which the machine left the pollers its cores)
+            // against linear growth up to the cores.
+            wall: m.aggregate.max / (rate * pollers.min(cores) as f64),
             cpu: cpu / m.cpu_ns.median,
         };
         println!(
@@ -440,8 +407,8 @@ pub fn main() {
     }
     println!(
         "(medians of windows x threads, min-max; cores: the pollers' CPU time over wall time; \
-         wall eff.: aggregate over the same sharing's 1-poller aggregate times min(pollers, \
-         cores); CPU: the thread's, frontend and engine, CPU eff.: 1 poller's over this; \
+         wall eff.: best window's aggregate over the same sharing's 1-poller best times \
+         min(pollers, cores); CPU: the thread's, frontend and engine, CPU eff.: 1 poller's over this; \
          engine: its polls, preempted ones dropped; line: plus one shared counter written per \
          request; more pollers than cores share them)"
     );
@@ -455,8 +422,8 @@ pub fn main() {
     }
 }
 
-/// Against 1 poller of the same sharing: `wall`, aggregate requests per second over
-/// linear growth up to the cores; `cpu`, thread CPU per request.
+/// Against 1 poller of the same sharing: `wall`, the best window's aggregate requests
+/// per second over linear growth up to the cores; `cpu`, thread CPU per request.
 struct Efficiency {
     wall: f64,
     cpu: f64,
