@@ -355,6 +355,13 @@ class ReportTest(unittest.TestCase):
              "threaded_req_per_s": 1e6, "lockstep_req_per_s_per_core": 5e6,
              "plain_req_per_s_per_core": 1e7, "lockstep_ns_per_req": 200.0,
              "plain_ns_per_req": 100.0, "grant_batches_per_req": 0.25}]}))
+        spread = {"median": 45.0, "min": 41.0, "max": 60.0}
+        (self.root / "engine-scale.json").write_text(json.dumps({
+            "benchmark": "blkback-engine-scale", "results": [
+                {"ring_order": 4, "persistent_grants": True, "sharing": "shared",
+                 "pollers": 8, "aggregate_req_per_s": {"median": 2e7, "min": 1e7, "max": 3e7},
+                 "cores_used": 1.5, "wall_efficiency": 0.9, "thread_cpu_ns_per_req": spread,
+                 "cpu_efficiency": 1.0, "engine_ns_per_req": spread, "dropped_polls": 0.01}]}))
         svg = self.root / "plot.svg"
         out = io.StringIO()
         with redirect_stdout(out):
@@ -368,10 +375,13 @@ class ReportTest(unittest.TestCase):
                       printed)
         self.assertIn("| 2,000/2,000, 4,000/2,000 |", printed)
         self.assertIn("| 0 | 1 | off |", printed)
+        self.assertIn("| 4 | on | shared | 8 | 20,000,000 (10,000,000–30,000,000) | 1.50 | 90% |"
+                      " 45.0 (41.0–60.0) | 100% | 45.0 (41.0–60.0) |", printed)
         written = list((self.root / "out").glob("*/bench.json"))
         self.assertEqual(len(written), 1)
         saved = json.loads(written[0].read_text())
         self.assertEqual(saved["engine"]["results"][0]["plain_ns_per_req"], 100.0)
+        self.assertEqual(saved["engine_scale"]["results"][0]["pollers"], 8)
         self.assertEqual(len(saved["nested"]["runs"]), 2 * 2 * len(JOBS))
         self.assertIn("nproc", saved["machine"])
         self.assertTrue(saved["commit"])

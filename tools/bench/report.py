@@ -8,7 +8,8 @@
 Reads what tests/xen/bench left in the nested directory (per round and system: fio JSON,
 through tools/fio_results.py like the demo's table, and backend CPU per job, the backend's counters at each job's edges, the guest's console
 with its blkif interrupt counts) and the engine benchmark's JSON (BENCH_JSON of
-xen/blkback/examples/bench_engine.rs). Writes <out-root>/<UTC timestamp>/bench.json
+xen/blkback/examples/bench_engine.rs, and its multi-queue scaling's beside it,
+engine-scale.json). Writes <out-root>/<UTC timestamp>/bench.json
 (commit, date, machine, every measurement, the summary) and tables.md (the tables in
 Markdown, for BENCHMARKS.md), prints the tables, and draws IOPS by block size (the
 random-read QD32 sweep), one line per system, as a hand-written SVG. Standard library only.
@@ -585,6 +586,26 @@ def engine_rows(engine: dict) -> list:
             for r in engine.get("results", [])]
 
 
+def scale_spread(figure: dict, digits: int) -> str:
+    return (f"{fmt(figure['median'], digits)} ({fmt(figure['min'], digits)}–"
+            f"{fmt(figure['max'], digits)})")
+
+
+def engine_scale_rows(scale: dict) -> list:
+    """The engine's multi-queue scaling (BENCH_MODE=scale of bench_engine.rs)."""
+    return [[str(r["ring_order"]), "on" if r["persistent_grants"] else "off", r["sharing"],
+             str(r["pollers"]), scale_spread(r["aggregate_req_per_s"], 0),
+             fmt(r["cores_used"], 2), fmt(100 * r["wall_efficiency"]) + "%",
+             scale_spread(r["thread_cpu_ns_per_req"], 1),
+             fmt(100 * r["cpu_efficiency"]) + "%", scale_spread(r["engine_ns_per_req"], 1)]
+            for r in scale.get("results", [])]
+
+
+ENGINE_SCALE_HEADER = ["ring order", "persistent", "sharing", "pollers", "aggregate req/s",
+                       "cores", "wall eff.", "thread CPU ns/req", "CPU eff.",
+                       "engine ns/req"]
+
+
 ENGINE_HEADER = ["ring order", "queues", "persistent", "threaded req/s",
                  "lockstep req/s/core", "ns/req", "plain req/s/core", "ns/req",
                  "kernel req/s/core", "ns/req", "map+unmap batches/req"]
@@ -738,6 +759,7 @@ def build_report(nested: Path, engine_path, now: datetime.datetime) -> dict:
         "machine": machine(),
         "nested": None,
         "engine": None,
+        "engine_scale": None,
     }
     if nested and nested.is_dir():
         data = load_nested(nested)
@@ -745,6 +767,10 @@ def build_report(nested: Path, engine_path, now: datetime.datetime) -> dict:
         report["nested"] = data
     if engine_path and Path(engine_path).exists():
         report["engine"] = json.loads(Path(engine_path).read_text())
+        # tools/bench-engine.sh writes the scaling beside it.
+        scale = Path(engine_path).with_name(Path(engine_path).stem + "-scale.json")
+        if scale.exists():
+            report["engine_scale"] = json.loads(scale.read_text())
     return report
 
 
@@ -781,6 +807,10 @@ def render_tables(report: dict, markdown: bool) -> str:
     if report.get("engine"):
         parts.append("Engine on the host (4 KiB reads, null device, one poller):")
         parts.append(table(ENGINE_HEADER, engine_rows(report["engine"])))
+    if report.get("engine_scale"):
+        parts.append("Engine on the host, 1 to 8 pollers (one ring each, frontend in the same"
+                     " thread; medians, min–max over threads, windows and rounds):")
+        parts.append(table(ENGINE_SCALE_HEADER, engine_scale_rows(report["engine_scale"])))
     return "\n\n".join(parts) + "\n" if parts else "no results\n"
 
 
