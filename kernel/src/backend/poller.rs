@@ -7,9 +7,10 @@
 //!
 //! Adaptive idle: the poller spins while the gaps between its bursts of work say a
 //! request is likely soon, for a spell that adapts to them (`polling::spin`); otherwise,
-//! or once the spell is over, it re-arms every ring (`prepare_to_sleep`, the final check) and blocks in `SCHEDOP_poll` on its rings'
-//! event channels (kept masked: no upcalls, the pending bit is the wake-up), so an idle
-//! blkdom leaves its pCPUs to the guests. While it spins, `poll.idle=yield` has it yield
+//! or once the spell is over, it re-arms every ring (`prepare_to_sleep`, the final check)
+//! and blocks in `SCHEDOP_poll` on one port (its lone ring's, kept masked, or its
+//! doorbell; its other ports come as upcalls: `arrange_wake`), so an idle blkdom leaves
+//! its pCPUs to the guests and is not woken by other vCPUs' events. While it spins, `poll.idle=yield` has it yield
 //! its pCPU (`SCHEDOP_yield`) between looks instead of a PAUSE.
 
 use super::adapters::{FrontendGrants, Notify, SharedRing};
