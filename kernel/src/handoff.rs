@@ -401,7 +401,12 @@ pub fn release_parked(h: &Handover) -> usize {
 /// image checks it booted from the handover, that its parked vCPUs were released and
 /// take work, and the last reports the verdict and powers off.
 #[cfg(feature = "test-hooks")]
-pub fn upgrade_test(upgrades: &str, corrupt: bool, bus: crate::devices::open::PciBus) -> ! {
+pub fn upgrade_test(
+    upgrades: &str,
+    corrupt: bool,
+    devices: bool,
+    bus: crate::devices::open::PciBus,
+) -> ! {
     use crate::power::{self, Verdict};
     let fail = |why: &str| -> ! {
         log::error!("upgradetest: FAILED: {why}");
@@ -450,7 +455,7 @@ pub fn upgrade_test(upgrades: &str, corrupt: bool, bus: crate::devices::open::Pc
         );
     }
     let mut handover = empty_handover();
-    match crate::backend::carry_ram_disk(bus, booted_from(), done + 1, &mut handover) {
+    match crate::backend::carry_ram_disk(bus, booted_from(), done + 1, &mut handover, devices) {
         Ok(seen) => log::info!("upgradetest: RAM disk: {seen}"),
         Err(e) => fail(&alloc::format!("RAM disk: {e}")),
     }

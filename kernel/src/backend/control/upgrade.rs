@@ -296,7 +296,8 @@ impl Control {
     /// next image's checks; devices flushed first.
     fn prepare(&mut self) -> Result<Prepared, Refusal> {
         let flush_ns = self.upgrade.as_ref().map_or(0, |u| u.flush_ns);
-        let report = self.registry.flush(flush_ns);
+        let disks = self.vbds.values_mut().map(|vbd| &mut vbd.hooks.disk);
+        let report = self.registry.flush(disks, flush_ns);
         if let Some(line) = report.given_up.first() {
             return Err(Refusal::Drain(format!("device flush: {line}")));
         }
