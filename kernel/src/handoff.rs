@@ -74,14 +74,14 @@ pub fn answer_due() -> bool {
 }
 
 /// The request node's value when this image said `done`: the request that started it,
-/// which dom0's tool removes only after reading `done`. Not to be taken again.
-static SERVED_REQUEST: spin::Once<alloc::string::String> = spin::Once::new();
+/// which dom0's tool removes only after reading `done`. Not to be taken again while the
+/// node still holds it (`ServedRequest`).
+static SERVED_REQUEST: spin::Mutex<handover::receive::ServedRequest> =
+    spin::Mutex::new(handover::receive::ServedRequest::new());
 
-/// Whether `value` is the request this image was started by.
-pub fn is_served_request(value: &str) -> bool {
-    SERVED_REQUEST
-        .get()
-        .is_some_and(|served| !value.trim().is_empty() && served.trim() == value.trim())
+/// Whether `value`, the request node now, is the request this image was started by.
+pub fn is_served_request(value: Option<&str>) -> bool {
+    SERVED_REQUEST.lock().holds(value)
 }
 
 /// Tells dom0's tool the upgrade is done (`data/blkdom-upgrade` = `done <build id>`),
@@ -92,7 +92,7 @@ pub fn answer_done(xs: &mut xen_domain::store::Client) {
     }
     let tx = xen::xenstore::Transaction::NONE;
     if let Ok(request) = xs.read_string(tx, blkback::keys::UPGRADE) {
-        SERVED_REQUEST.call_once(|| request);
+        SERVED_REQUEST.lock().set(&request);
     }
     let Some(id) = version::build_id() else {
         return;
