@@ -74,14 +74,14 @@ pub fn answer_due() -> bool {
 }
 
 /// The request node's value when this image said `done`: the request that started it,
-/// which dom0's tool removes only after reading `done`. Not to be taken again.
-static SERVED_REQUEST: spin::Once<alloc::string::String> = spin::Once::new();
+/// which dom0's tool removes only after reading `done`. Not to be taken again while the
+/// node still holds it (`ServedRequest`).
+static SERVED_REQUEST: spin::Mutex<handover::receive::ServedRequest> =
+    spin::Mutex::new(handover::receive::ServedRequest::new());
 
-/// Whether `value` is the request this image was started by.
-pub fn is_served_request(value: &str) -> bool {
-    SERVED_REQUEST
-        .get()
-        .is_some_and(|served| !value.trim().is_empty() && served.trim() == value.trim())
+/// Whether `value`, the request node now, is the request this image was started by.
+pub fn is_served_request(value: Option<&str>) -> bool {
+    SERVED_REQUEST.lock().holds(value)
 }
 
 /// Tells dom0's tool the upgrade is done (`data/blkdom-upgrade` = `done <build id>`),
@@ -92,7 +92,7 @@ pub fn answer_done(xs: &mut xen_domain::store::Client) {
     }
     let tx = xen::xenstore::Transaction::NONE;
     if let Ok(request) = xs.read_string(tx, blkback::keys::UPGRADE) {
-        SERVED_REQUEST.call_once(|| request);
+        SERVED_REQUEST.lock().set(&request);
     }
     let Some(id) = version::build_id() else {
         return;
@@ -401,7 +401,12 @@ pub fn release_parked(h: &Handover) -> usize {
 /// image checks it booted from the handover, that its parked vCPUs were released and
 /// take work, and the last reports the verdict and powers off.
 #[cfg(feature = "test-hooks")]
-pub fn upgrade_test(upgrades: &str, corrupt: bool, bus: crate::devices::open::PciBus) -> ! {
+pub fn upgrade_test(
+    upgrades: &str,
+    corrupt: bool,
+    devices: bool,
+    bus: crate::devices::open::PciBus,
+) -> ! {
     use crate::power::{self, Verdict};
     let fail = |why: &str| -> ! {
         log::error!("upgradetest: FAILED: {why}");
@@ -450,7 +455,7 @@ pub fn upgrade_test(upgrades: &str, corrupt: bool, bus: crate::devices::open::Pc
         );
     }
     let mut handover = empty_handover();
-    match crate::backend::carry_ram_disk(bus, booted_from(), done + 1, &mut handover) {
+    match crate::backend::carry_ram_disk(bus, booted_from(), done + 1, &mut handover, devices) {
         Ok(seen) => log::info!("upgradetest: RAM disk: {seen}"),
         Err(e) => fail(&alloc::format!("RAM disk: {e}")),
     }

@@ -19,7 +19,12 @@ pub fn run(cmdline: &Cmdline<'_>, config: &Config, under_xen: bool, bus: PciBus)
         crash_test(what);
     }
     if let Some(upgrades) = cmdline.value(Key::Upgradetest) {
-        crate::handoff::upgrade_test(upgrades, cmdline.has(Key::UpgradetestCorrupt), bus);
+        crate::handoff::upgrade_test(
+            upgrades,
+            cmdline.has(Key::UpgradetestCorrupt),
+            cmdline.has(Key::UpgradetestDevices),
+            bus,
+        );
     }
     if let Some(spec) = cmdline.value(Key::Disktest) {
         devices::disk_test(spec, cmdline, config.device_timeout_ns, bus);

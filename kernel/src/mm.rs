@@ -182,7 +182,7 @@ pub fn init(info: &BootInfo, handover: Option<(u64, u64)>) -> Result<MemoryRepor
     }
 
     // Every module (beyond those BootInfo kept, too), whatever it holds.
-    let kept = handover.and_then(|module| keep_handover_ranges(info, &mut frames, module));
+    let kept = handover.and_then(|module| keep_handover_ranges(info, &mut frames, image, module));
 
     let free_bytes_before_heap = frames.free_bytes();
     let heap_bytes = (free_bytes_before_heap / 4).max(HEAP_MIN.min(free_bytes_before_heap / 4 * 3))
@@ -209,26 +209,55 @@ pub fn init(info: &BootInfo, handover: Option<(u64, u64)>) -> Result<MemoryRepor
 /// the heap empty for `init` to carve: the block is untrusted until decoded, and
 /// decoding needs a heap, but the real heap must not land on a range it lists. The
 /// block is decoded again, in the real heap, when the rest of it is used.
+///
+/// The scratch heap lies in the load window past this image when it fits there: any
+/// free frame elsewhere may be one the block lists and something still writes, above
+/// all a `vcpu_info` or `shared_info` frame, where Xen keeps writing the time (it
+/// corrupted a decoded stripe list in the rig), while no image ever lets anything
+/// live in the window (`init`) and a jump passes no module there.
 fn keep_handover_ranges(
     info: &BootInfo,
     frames: &mut FrameAllocator,
+    image: PhysRange,
     (paddr, len): (u64, u64),
 ) -> Option<(usize, u64)> {
     let scratch_frames = (len.saturating_mul(4) + (1 << 20)).div_ceil(FRAME_SIZE);
-    let scratch = match frames.allocate_contiguous(scratch_frames, FRAME_SIZE) {
-        Ok(start) => start,
-        Err(e) => {
-            log::error!("upgrade: no memory to check the handover block ({e:?}); ignored");
-            return None;
+    let window = handover::image::LOAD_WINDOW;
+    let tail = image.end.next_multiple_of(FRAME_SIZE);
+    let tail_end = tail.saturating_add(scratch_frames * FRAME_SIZE);
+    let module_in_tail = info
+        .modules()
+        .iter()
+        .any(|m| m.paddr < tail_end && tail < m.paddr.saturating_add(m.size));
+    let in_window = tail >= window.start && tail_end <= window.end && !module_in_tail;
+    let scratch = if in_window {
+        tail
+    } else {
+        match frames.allocate_contiguous(scratch_frames, FRAME_SIZE) {
+            Ok(start) => start,
+            Err(e) => {
+                log::error!("upgrade: no memory to check the handover block ({e:?}); ignored");
+                return None;
+            }
         }
     };
-    // SAFETY: the frames were just taken from the allocator and nothing else uses them;
-    // identity mapped and writable. The heap is empty (nothing allocated before `init`)
-    // and is emptied again below, after every allocation made in it is dropped.
+    // SAFETY: the frames are the load window past the image (out of every allocator,
+    // no module there: checked above) or were just taken from the allocator, and nothing
+    // else uses them; identity mapped and writable. The heap is empty (nothing allocated
+    // before `init`) and is emptied again below, after every allocation made in it is
+    // dropped.
     unsafe {
         HEAP.lock()
             .init(scratch as *mut u8, (scratch_frames * FRAME_SIZE) as usize)
     };
+    log::info!(
+        "upgrade: handover block checked in a scratch heap at {scratch:#x} ({})",
+        if in_window {
+            "the load window"
+        } else {
+            "free frames"
+        }
+    );
     let (ram, n) = info.ram();
     let block = crate::handoff::read_module(paddr, len);
     let limits = handover::block::Limits {
@@ -237,10 +266,12 @@ fn keep_handover_ranges(
         max_queues: crate::smp::MAX_CPUS,
     };
     let decoded = handover::block::Handover::decode(&block, &limits);
-    // The scratch frames go back first (their bytes stay as they are until the heap is
-    // carved), so that a range the block lists inside them is removed after.
-    if let Err(e) = frames.free(scratch, scratch_frames) {
-        log::warn!("upgrade: scratch frames not given back ({e:?})");
+    // Frames taken from the allocator go back first (their bytes stay as they are until
+    // the heap is carved), so that a range the block lists inside them is removed after.
+    if !in_window {
+        if let Err(e) = frames.free(scratch, scratch_frames) {
+            log::warn!("upgrade: scratch frames not given back ({e:?})");
+        }
     }
     let kept = match &decoded {
         Ok(h) => {

@@ -732,6 +732,50 @@ def test_live_upgrade_jump(suite):
                  f"in {r.seconds:.1f} s", r)
 
 
+def test_live_upgrade_brings_devices_back(suite):
+    """upgradetest=3 upgradetest.devices with an NVMe controller and a virtio disk: each
+    image checks the word the previous one wrote in the first block of nvme:1 and
+    virtio:0, writes its own, then flushes and stops both devices as a switch does (NVMe
+    CC.EN = 0, virtio reset, bus mastering off); the new image's probe must bring them up
+    again and read the word back."""
+    variant = os.path.join(suite.log_dir, "blkdom-variant.elf")
+    os.makedirs(suite.log_dir, exist_ok=True)
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "..",
+                    "tools", "upgrade", "build_id_variant.py"), suite.image, variant],
+                   check=True, capture_output=True)
+    disks = []
+    for name in ("upgrade-nvme.img", "upgrade-virtio.img"):
+        path = os.path.join(suite.log_dir, name)
+        with open(path, "wb") as f:
+            f.truncate(16 << 20)
+        disks.append(path)
+    extra = ["-initrd", variant,
+             "-drive", f"file={disks[0]},format=raw,if=none,id=upnvme,cache=writeback",
+             "-device", "nvme,drive=upnvme,serial=upgrade-nvme",
+             "-drive", f"file={disks[1]},format=raw,if=none,id=upvirtio,cache=writeback",
+             "-device", "virtio-blk-pci,drive=upvirtio,num-queues=2"]
+    r = suite.boot("upgrade.devices", "upgradetest=3 upgradetest.devices loglevel=info", timeout=120,
+                   smp=2, extra=extra)
+    problems = []
+    if r.verdict != "pass":
+        problems.append(f"verdict {r.verdict}")
+    seen = re.findall(r"upgradetest: RAM disk: (.*)", r.log)
+    for n in (1, 2, 3):
+        line = next((l for l in seen if l.startswith(f"upgrade-{n} matches")), "")
+        for spec in ("nvme:1", "virtio:0"):
+            if f"{spec}: upgrade-{n} matches" not in line:
+                problems.append(f"{spec} after upgrade {n}: {line or 'no line'}")
+    # Each of the 4 images stops them (the last one before it powers off).
+    if sum("2 device(s) stopped" in l for l in seen) != 4:
+        problems.append(f"the devices were not stopped by each of the 4 images: {seen}")
+    with open(disks[0], "rb") as f:
+        if b"upgrade-4" not in f.read(512):
+            problems.append("the NVMe disk's first block lacks the last image's word")
+    suite.record("upgrade.devices-brought-up-again", not problems,
+                 "; ".join(problems[:3]) or f"nvme:1 and virtio:0 stopped before 3 jumps, brought up by "
+                 f"each new image, their first blocks carried, in {r.seconds:.1f} s", r)
+
+
 def test_live_upgrade_refuses_a_corrupt_block(suite):
     """upgradetest.corrupt: the old image flips the last byte of the handover block before
     the jump; the new image must find the block, refuse it (its checksum), keep nothing
@@ -874,7 +918,7 @@ def main():
                  test_registry_slices, test_stable_device_names,
                  test_missing_or_failing_disk_fails_cleanly, test_device_faults,
                  test_clean_shutdown_reaches_the_devices, test_live_upgrade_jump,
-                 test_live_upgrade_refuses_a_corrupt_block]:
+                 test_live_upgrade_brings_devices_back, test_live_upgrade_refuses_a_corrupt_block]:
         if args.only and args.only not in test.__name__:
             continue
         try:

@@ -167,6 +167,10 @@ command_line_keys! {
         default "", range "",
         "the old image flips a byte of the handover block's body before the jump: the new \
          image must refuse the block and boot cold";
+    UpgradetestDevices "upgradetest.devices" TestOption,
+        default "", range "",
+        "each image also checks and rewrites the first block of nvme:1 and virtio:0, \
+         then flushes and stops both devices before the jump, as a live upgrade does";
     Registrytest "registrytest" TestHook,
         default "", range "<step>;...: +<target> opens, -<n> releases the n-th opened",
         "open and release disks through the device registry, log each outcome, power off";

@@ -85,6 +85,37 @@ impl core::fmt::Display for Refusal {
     }
 }
 
+/// The request a new image was started by: its node keeps it until dom0's tool reads
+/// `done` and removes it, and the new image's watch on the node fires at once, so it
+/// must not be taken again. Only until the node is seen holding anything else: the same
+/// text may come back as a new request (the same image, shared in the same grant
+/// references, is the usual retry after a refusal).
+#[derive(Default)]
+pub struct ServedRequest(Option<String>);
+
+impl ServedRequest {
+    pub const fn new() -> Self {
+        ServedRequest(None)
+    }
+
+    /// The request that started this image, as the node holds it when `done` is said.
+    pub fn set(&mut self, value: &str) {
+        let value = value.trim();
+        self.0 = (!value.is_empty()).then(|| value.into());
+    }
+
+    /// Whether the node's value now is the served request (to be ignored). Anything
+    /// else forgets it.
+    pub fn holds(&mut self, value: Option<&str>) -> bool {
+        let value = value.map(str::trim).filter(|v| !v.is_empty());
+        let same = value.is_some() && value == self.0.as_deref();
+        if !same {
+            self.0 = None;
+        }
+        same
+    }
+}
+
 /// The request node changed: `Ok(None)` when it is empty or gone (dom0's tool removes it
 /// when done), the request when only the toolstack can have written it and it parses.
 pub fn accept(value: Option<&str>, perms: &[Perm]) -> Result<Option<Request>, Refusal> {

@@ -1019,7 +1019,7 @@ mod receiving {
     use super::{elf, sha_hex};
     use crate::block::HANDOVER_VERSION;
     use crate::image::{self, ImageError};
-    use crate::receive::{accept, image_refs, Answer, Refusal, Staging, PAGE};
+    use crate::receive::{accept, image_refs, Answer, Refusal, ServedRequest, Staging, PAGE};
     use crate::request::{Perm, Request, RequestError};
     use std::string::{String, ToString};
     use std::vec::Vec;
@@ -1172,5 +1172,27 @@ mod receiving {
             "refused: drain: vbd x did not drain in 5000 ms"
         );
         assert_eq!(Answer::Draining.to_string(), "draining");
+    }
+
+    #[test]
+    fn the_served_request_is_ignored_until_the_node_changes() {
+        let request = "v1 size=4096 sha256=00 index=207";
+        let mut served = ServedRequest::default();
+        assert!(!served.holds(Some(request)), "nothing served yet");
+        served.set(request);
+        // The new image's watch fires with the node still holding it.
+        assert!(served.holds(Some(request)));
+        assert!(served.holds(Some(&format!(" {request}\n"))));
+        // dom0's tool removes it; the same text later is a new request.
+        assert!(!served.holds(None));
+        assert!(!served.holds(Some(request)));
+        served.set(request);
+        assert!(!served.holds(Some("")), "an emptied node forgets it too");
+        assert!(!served.holds(Some(request)));
+        served.set(request);
+        assert!(!served.holds(Some("v1 size=8192 sha256=11 index=208")));
+        assert!(!served.holds(Some(request)), "another request came between");
+        served.set("  ");
+        assert!(!served.holds(Some("")));
     }
 }

@@ -239,9 +239,42 @@ impl Registry {
 
     /// A live upgrade's flush, once its drain gave every ring's queue back: every
     /// device a disk was opened on is flushed through one of its idle queues, each
-    /// within `flush_deadline_ns`; the devices go on serving.
-    pub fn flush(&mut self, flush_deadline_ns: u64) -> shutdown::Report {
-        let (flush, unflushed) = Self::idle_queues(&mut self.pools);
+    /// within `flush_deadline_ns`; the devices go on serving. The vbds keep their
+    /// `disks` (an abandoned upgrade re-attaches them), so a device whose queues are all
+    /// opened by disks is flushed through a queue its drained ring gave back to one.
+    pub fn flush<'a>(
+        &'a mut self,
+        disks: impl Iterator<Item = &'a mut Disk>,
+        flush_deadline_ns: u64,
+    ) -> shutdown::Report {
+        let mut held: Vec<(DeviceId, &'a mut DeviceQueue)> = Vec::new();
+        for disk in disks {
+            if let Disk::Device(disk) = disk {
+                let device = disk.device;
+                if held.iter().all(|(d, _)| *d != device) {
+                    if let Some(queue) = disk.idle.last_mut() {
+                        held.push((device, queue));
+                    }
+                }
+            }
+        }
+        let mut flush: Vec<(String, &mut dyn BlockDevice)> = Vec::new();
+        let mut unflushed = Vec::new();
+        for pool in &mut self.pools {
+            let name = pool.device.to_string();
+            if let Some(queue) = pool.idle.last_mut() {
+                flush.push((name, queue));
+            } else if let Some(at) = held.iter().position(|(d, _)| *d == pool.device) {
+                flush.push((name, held.swap_remove(at).1));
+            } else {
+                unflushed.push(format!(
+                    "{name}: flush not sent: every queue of it is held by a ring that did not drain"
+                ));
+            }
+        }
+        for line in &unflushed {
+            log::error!("upgrade: {line}");
+        }
         let mut report = crate::devices::shutdown::flush_queues(flush, flush_deadline_ns);
         report.given_up.extend(unflushed);
         report
@@ -250,10 +283,6 @@ impl Registry {
     /// A live upgrade's last step before the jump: every device stopped without the
     /// shutdown notification and its bus mastering off (`Devices::quiesce`). Nothing may
     /// use the devices afterwards: past this the upgrade cannot be abandoned.
-    #[allow(
-        dead_code,
-        reason = "the jump calls it (not built yet: docs/design.md §4.12)"
-    )]
     pub fn quiesce(&mut self) -> shutdown::Report {
         self.devices.quiesce()
     }

@@ -55,10 +55,7 @@ pub fn on_request(xs: &mut Client) -> Option<Staged> {
     let value = xs.read_string(Transaction::NONE, UPGRADE).ok();
     // The request this image was started by stays until dom0's tool reads `done` and
     // removes it; its watch fires at once when the new image watches it.
-    if value
-        .as_deref()
-        .is_some_and(crate::handoff::is_served_request)
-    {
+    if crate::handoff::is_served_request(value.as_deref()) {
         return None;
     }
     let perms: Vec<Perm> = match xs.get_perms(Transaction::NONE, UPGRADE) {

@@ -2,7 +2,9 @@
 //! `upgradetest=`'s RAM disk (tier 2, plain QEMU): a named RAM disk whose first block
 //! each image checks and rewrites, handed from image to image as a live upgrade hands
 //! RAM disks over (its stripes and their ranges in the block), so its contents must
-//! survive every switch.
+//! survive every switch. With `upgradetest.devices`, an NVMe namespace and a virtio disk
+//! go the same way as a switch takes them: flushed and stopped before the jump
+//! (`Registry::flush`, `Registry::quiesce`), brought up by the new image's probe.
 
 use alloc::format;
 use alloc::string::String;
@@ -18,6 +20,9 @@ use crate::devices::open::PciBus;
 const SPEC: &str = "ram:1M:upgradetest";
 const NAME: &str = "upgradetest";
 
+/// The devices `upgradetest.devices` carries across each switch.
+const DEVICES: [&str; 2] = ["nvme:1", "virtio:0"];
+
 /// The word image `generation` leaves in the disk's first block.
 fn word(generation: u32) -> String {
     format!("upgrade-{generation}")
@@ -25,12 +30,15 @@ fn word(generation: u32) -> String {
 
 /// Takes the disk over from `booted_from` (or makes it on a cold boot), checks the word
 /// the previous image wrote, writes this one's (`generation`, the upgrade it is about to
-/// make) and puts the disk in `handover`. Returns what it saw, for the log.
+/// make) and puts the disk in `handover`; with `devices`, does the same on the first
+/// block of each of `DEVICES` and then stops them as a switch does. Returns what it saw,
+/// for the log.
 pub fn carry_ram_disk(
     bus: PciBus,
     booted_from: Option<&Handover>,
     generation: u32,
     handover: &mut Handover,
+    devices: bool,
 ) -> Result<String, String> {
     let mut registry = Registry::new(bus, cmdslots::RecoveryConfig::NEVER);
     if let Some(h) = booted_from {
@@ -81,9 +89,36 @@ pub fn carry_ram_disk(
         capacity: ram.geometry().sectors * blkdev::SECTOR_SIZE,
         stripes,
     });
+    let mut opened = Vec::new();
+    if devices {
+        for spec in DEVICES {
+            let mut device = registry
+                .open(spec, &[])
+                .map_err(|e| format!("{spec}: {e}"))?;
+            if let Some(h) = booted_from {
+                let line = first_block(&mut device, false, &word(h.generation))
+                    .map_err(|e| format!("{spec}: {e}"))?;
+                seen = format!("{seen}; {spec}: {} {line}", word(h.generation));
+            }
+            first_block(&mut device, true, &word(generation))
+                .map_err(|e| format!("{spec}: {e}"))?;
+            opened.push(device);
+        }
+        // As `control::upgrade` does before the jump, with the disks still open (as the
+        // vbds keep theirs): every write on the medium, then no device left running
+        // into memory the next image reuses.
+        let deadline = crate::devices::shutdown::flush_deadline_ns(0);
+        let flushed = registry.flush(opened.iter_mut(), deadline);
+        let stopped = registry.quiesce();
+        if let Some(line) = flushed.given_up.first().or(stopped.given_up.first()) {
+            return Err(format!("devices not stopped: {line}"));
+        }
+        seen = format!("{seen}; {} device(s) stopped", stopped.stopped);
+    }
     // The disk stays with the registry (and the registry with this image): nothing is
     // given back before the jump.
     core::mem::forget(disk);
+    core::mem::forget(opened);
     core::mem::forget(registry);
     Ok(seen)
 }

@@ -8,7 +8,8 @@
 //!    (`detach`: nothing new taken, every request answered and published, every grant
 //!    unmapped, the port closed), but the backend is not told: nothing is written to
 //!    xenstore and the frontend sees Connected throughout (`VbdHooks::drain_for_upgrade`).
-//!    Each ring's `LeftAt` (port, `rsp_prod` = `req_cons`) is kept. 5 s at most.
+//!    Each ring's `LeftAt` (port, `rsp_prod` = `req_cons`) is kept. At most 5 s or the
+//!    device timeout, the longer: requests in flight on a device are answered first.
 //! 3. **Prepare.** Every device a disk was opened on is flushed (it goes on serving);
 //!    the handover block is built from the live state (`vcpu_info`, ranges, RAM disks'
 //!    stripe tables, the vbds with their published keys) and read back with the checks
@@ -40,8 +41,8 @@ use crate::xen_domain;
 
 /// How often the control path steps the upgrade.
 const STEP_NS: u64 = 1_000_000;
-/// How long a vbd negotiating or being torn down is waited for, and how long the rings
-/// may take to drain.
+/// How long a vbd negotiating or being torn down is waited for, and the least the rings
+/// may take to drain (a device's requests in flight may take up to its timeout).
 const WAIT_NS: u64 = 5_000_000_000;
 /// The park area the parked vCPUs wait in (the next image's trampoline and tables).
 pub const PARK_PAGE: u64 = handover::park::PARK_BASE;
@@ -121,6 +122,9 @@ pub(in crate::backend) struct Upgrade {
     refusal: Option<Refusal>,
     /// What each device's flush may take.
     flush_ns: u64,
+    /// How long the rings may take to drain: a ring lets go once its requests in flight
+    /// are answered, which a device may take up to its timeout over.
+    drain_ns: u64,
 }
 
 /// Whether a vbd is in a state an upgrade can take: connected with its rings, or
@@ -159,6 +163,7 @@ impl Control {
             drained: BTreeMap::new(),
             refusal: None,
             flush_ns: crate::devices::shutdown::flush_deadline_ns(self.config.device_timeout_ns),
+            drain_ns: WAIT_NS.max(self.config.device_timeout_ns),
         });
     }
 
@@ -176,7 +181,7 @@ impl Control {
                             now.saturating_sub(upgrade.started) / 1_000_000
                         );
                         upgrade.phase = Phase::Drain;
-                        upgrade.deadline = now.saturating_add(WAIT_NS);
+                        upgrade.deadline = now.saturating_add(upgrade.drain_ns);
                         upgrade.drain_started = now;
                     }
                     Some((path, _)) if now >= upgrade.deadline => {
@@ -222,7 +227,7 @@ impl Control {
                         .unwrap_or_default();
                     upgrade.refusal = Some(Refusal::Drain(format!(
                         "vbd {late} did not drain in {} ms",
-                        WAIT_NS / 1_000_000
+                        upgrade.drain_ns / 1_000_000
                     )));
                     upgrade.phase = Phase::Abort;
                 }
@@ -296,7 +301,8 @@ impl Control {
     /// next image's checks; devices flushed first.
     fn prepare(&mut self) -> Result<Prepared, Refusal> {
         let flush_ns = self.upgrade.as_ref().map_or(0, |u| u.flush_ns);
-        let report = self.registry.flush(flush_ns);
+        let disks = self.vbds.values_mut().map(|vbd| &mut vbd.hooks.disk);
+        let report = self.registry.flush(disks, flush_ns);
         if let Some(line) = report.given_up.first() {
             return Err(Refusal::Drain(format!("device flush: {line}")));
         }
