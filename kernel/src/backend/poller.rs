@@ -290,6 +290,12 @@ fn doorbell_pair() -> Option<(EvtchnPort, EvtchnPort)> {
 /// again (ns), and its event channel joins the poller's wait set.
 pub trait ControlWork {
     fn port(&self) -> Option<EvtchnPort>;
+    /// The storage network's event channel (the vif's), if there is a network.
+    fn net_port(&self) -> Option<EvtchnPort>;
+    /// One pass of the storage network (every pass of vCPU 0), if there is one.
+    fn poll_net(&mut self) -> Option<super::net::NetPoll>;
+    /// Requests of remote disks wait for the network (looked at before sleeping).
+    fn net_waiting(&self) -> bool;
     fn run(&mut self) -> Option<u64>;
     /// A RAM disk asked for memory or has maintenance left (`disk::RAM_MEMORY_WANTED`):
     /// run it now.
@@ -325,11 +331,12 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         ports.clear();
         ports.push(doorbell);
         ports.extend(control.as_ref().and_then(|c| c.port()));
+        ports.extend(control.as_ref().and_then(|c| c.net_port()));
         ports.extend(
             served
                 .iter()
                 .map(|s| s.ring.port())
-                .take(xen::abi::sched::SCHED_POLL_MAX_PORTS - 2),
+                .take(xen::abi::sched::SCHED_POLL_MAX_PORTS - 3),
         );
     };
     rebuild_ports(&served, &mut ports, &control);
@@ -408,6 +415,12 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
                 None => {}
             }
         }
+        // The storage network: frames, remote disks' commands and data, reconnects.
+        let mut net_busy = false;
+        if let Some(net) = control.as_mut().and_then(|c| c.poll_net()) {
+            work |= net.work;
+            net_busy = net.busy;
+        }
         // A device queue asked for its device's recovery: the control path runs it now.
         let recovery_news = crate::devices::RECOVERY_WANTED.load(Ordering::Relaxed);
         if recovery_news && control.is_none() && !RECOVERY_KICK_SENT.swap(true, Ordering::AcqRel) {
@@ -463,6 +476,16 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
             spin.on_sleep_abandoned();
             continue;
         }
+        // Remote disks' queues on other vCPUs ring vCPU 0 while this is set; what they
+        // submitted before they could see it is looked at now.
+        if let Some(control) = control.as_ref() {
+            super::net::NET_SLEEPING.store(true, Ordering::SeqCst);
+            if control.net_waiting() {
+                super::net::NET_SLEEPING.store(false, Ordering::SeqCst);
+                spin.on_sleep_abandoned();
+                continue;
+            }
+        }
         // A live upgrade's jump: every ring was released (the drain), so this vCPU parks
         // (vCPU 0, which runs the control path, jumps instead).
         if control.is_none() && served.is_empty() && PARK.load(Ordering::Acquire) {
@@ -474,7 +497,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         // `prepare_to_sleep` sent every held notification; a held deadline would still
         // bound the sleep. A ring at its I/O limits is looked at again when its buckets
         // let its next request go (one wake-up per due request, no periodic timer).
-        let device_busy = served.iter().any(|q| q.engine.in_flight() > 0);
+        let device_busy = net_busy || served.iter().any(|q| q.engine.in_flight() > 0);
         let notify_due = served
             .iter()
             .filter_map(|q| {
@@ -500,6 +523,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         if woke < deadline && !ports.iter().any(|&port| xen.shared.is_pending(port)) {
             counters.stray_wakes.fetch_add(1, Ordering::Relaxed);
         }
+        super::net::NET_SLEEPING.store(false, Ordering::SeqCst);
         // Whatever woke it: if its first look finds nothing it sleeps again at once.
         spin.on_wake();
         xen.shared.clear_pending(doorbell);

@@ -77,13 +77,19 @@ pub struct Registry {
     bounce_counters: Vec<Arc<AtomicU64>>,
     devices: Devices,
     tables: TableReader,
+    /// The storage network, or why there is none (`nvme-tcp:` disks are refused with it).
+    net: Result<super::net::Net, String>,
 }
 
 impl Registry {
     /// The registry of the devices on `bus`, brought up now (`Devices::prepare`): an
     /// attach then takes queues, where bringing a device up would cost it a VM exit to
     /// the device model per register access.
-    pub fn new(bus: PciBus, recovery: cmdslots::RecoveryConfig) -> Registry {
+    pub fn new(
+        bus: PciBus,
+        recovery: cmdslots::RecoveryConfig,
+        net: Result<super::net::Net, String>,
+    ) -> Registry {
         let mut devices = Devices::new(bus, recovery);
         devices.prepare(crate::smp::online_count().max(1) * VIRTIO_QUEUES_PER_CPU);
         Registry {
@@ -95,6 +101,7 @@ impl Registry {
             bounce_counters: Vec::new(),
             devices,
             tables: TableReader::default(),
+            net,
         }
     }
 
@@ -110,6 +117,9 @@ impl Registry {
         })?;
         let region = match backing {
             Backing::Ram { bytes, name } => return self.open_ram(bytes, name).map(Disk::Ram),
+            Backing::NvmeTcp { region } => {
+                return self.open_remote(spec, region).map(Disk::Device);
+            }
             Backing::Nvme { region, .. } | Backing::Virtio { region, .. } => region,
         };
         // Names reach devices by where they sit: two names of one device (its serial, its
@@ -130,6 +140,46 @@ impl Registry {
         }
         self.open_on_device(spec, device, region, passed_through)
             .map(Disk::Device)
+    }
+
+    /// A disk on a remote namespace: the remote connected (or already), then its
+    /// queues as any device's.
+    fn open_remote(&mut self, spec: &str, region: Region) -> Result<OpenDevice, DiskError> {
+        let refuse = |reason: String, errno: i32| DiskError::Remote {
+            spec: spec.into(),
+            reason,
+            errno,
+        };
+        if region.needs_partition_table() {
+            // Its table would be read over the network by the control path, which
+            // drives that network itself.
+            return Err(refuse(
+                "part= is not served on nvme-tcp: (name the slice by offset=,size=)".into(),
+                xen::xenbus::error::errno::EINVAL,
+            ));
+        }
+        let target = backing::parse_nvme_tcp(spec)
+            .map_err(|e| refuse(e.to_string(), xen::xenbus::error::errno::EINVAL))?;
+        let net = self.net.as_mut().map_err(|why| {
+            refuse(
+                format!("no storage network: {why}"),
+                xen::xenbus::error::errno::ENODEV,
+            )
+        })?;
+        let remote = net
+            .remote(&target)
+            .map_err(|(reason, errno)| refuse(reason, errno))?;
+        self.open_on_device(spec, DeviceId::NvmeTcp { remote }, region, &[])
+    }
+
+    /// Remote disks' requests wait for the network.
+    pub fn net_waiting(&self) -> bool {
+        self.net.as_ref().is_ok_and(|net| net.has_submissions())
+    }
+
+    /// The storage network, for the poller of vCPU 0.
+    pub fn net(&mut self) -> Option<&mut super::net::Net> {
+        self.net.as_mut().ok()
     }
 
     /// Takes back the disk of a vbd that is gone: its range is free again, and its
@@ -610,7 +660,7 @@ impl Registry {
         }
         let cpus = crate::smp::online_count().max(1);
         let wanted = match device {
-            DeviceId::Nvme { .. } => cpus,
+            DeviceId::Nvme { .. } | DeviceId::NvmeTcp { .. } => cpus,
             DeviceId::Virtio { .. } => cpus * VIRTIO_QUEUES_PER_CPU,
         };
         let opened = self.open_queues(spec, device, wanted, passed_through)?;
@@ -675,6 +725,25 @@ impl Registry {
         wanted: usize,
         passed_through: &[PciAddress],
     ) -> Result<crate::devices::open::OpenedDisk, DiskError> {
+        if let DeviceId::NvmeTcp { remote } = device {
+            let net = self
+                .net
+                .as_mut()
+                .map_err(|_| DiskError::NoQueue { spec: spec.into() })?;
+            let queues = net.queues(remote, wanted);
+            if queues.is_empty() {
+                return Err(DiskError::NoQueueLeft {
+                    spec: spec.into(),
+                    made: nvmetcp::remote::MAX_CHANNELS,
+                });
+            }
+            return Ok(crate::devices::open::OpenedDisk {
+                description: net.describe(remote),
+                queues,
+                bounced_bytes: Arc::default(),
+                device_model: false,
+            });
+        }
         let opened = self
             .devices
             .open_device(

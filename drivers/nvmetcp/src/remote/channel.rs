@@ -165,6 +165,11 @@ impl Shared {
         !self.submitted.is_empty()
     }
 
+    /// Completions wait for the queue.
+    pub fn has_completions(&self) -> bool {
+        !self.completed.is_empty()
+    }
+
     /// Segment `n` of `slot`: where it is and how long.
     pub(crate) fn segment(&self, slot: u16, n: usize) -> (u64, u32) {
         let packed = self.segments[usize::from(slot) * MAX_SEGMENTS + n].load(Ordering::Relaxed);
@@ -251,7 +256,7 @@ impl BlockDevice for DiskQueue {
         let data = matches!(op, Op::Read | Op::Write { .. });
         if !request.fits(sectors, self.geometry.sectors)
             || request.segments.len() > MAX_SEGMENTS
-            || (data && (request.segments.is_empty() || bytes % blkdev::SECTOR_SIZE != 0))
+            || (data && (request.segments.is_empty() || !bytes.is_multiple_of(blkdev::SECTOR_SIZE)))
         {
             return Err(SubmitError::Invalid);
         }

@@ -275,7 +275,8 @@ impl Remote {
         self.controller
     }
 
-    pub fn namespace(&self) -> Option<NamespaceInfo> {
+    /// The namespace as the first bring-up found it (every reconnect must find it so).
+    pub fn first_namespace(&self) -> Option<NamespaceInfo> {
         self.first_namespace
     }
 
@@ -670,7 +671,7 @@ impl Remote {
                 Op::Read | Op::Write { .. } => {
                     let sector_bytes = r.sector * blkdev::SECTOR_SIZE;
                     let len = (r.amount - h.issued).min(most);
-                    if sector_bytes % block != 0 || r.amount % block != 0 {
+                    if !sector_bytes.is_multiple_of(block) || !r.amount.is_multiple_of(block) {
                         Done::Fail
                     } else {
                         let lba = (sector_bytes + h.issued) / block;
@@ -686,7 +687,7 @@ impl Remote {
                 Op::Discard => {
                     let sector_bytes = r.sector * blkdev::SECTOR_SIZE;
                     let bytes = r.amount * blkdev::SECTOR_SIZE;
-                    if sector_bytes % block != 0 || bytes % block != 0 {
+                    if !sector_bytes.is_multiple_of(block) || !bytes.is_multiple_of(block) {
                         Done::Fail
                     } else {
                         let left = (bytes - h.issued * blkdev::SECTOR_SIZE) / block;
