@@ -280,8 +280,9 @@ impl Net {
         };
         let name = describe(target);
         loop {
+            // The disks already served go on meanwhile (their requests, keep-alives).
+            self.poll();
             let now = Vif::now_ms();
-            self.vif.poll();
             Self::poll_entry(&mut self.vif, &mut self.next_port, &mut entry, now, &name);
             self.vif.poll();
             match entry.remote.state() {
