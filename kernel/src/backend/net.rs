@@ -43,6 +43,8 @@ pub static NET_SLEEPING: AtomicBool = AtomicBool::new(false);
 /// One remote namespace and its two sockets.
 struct Entry {
     target: NvmeTcpTarget,
+    /// For the log (made once: the poll loop allocates nothing).
+    name: String,
     remote: Remote,
     sockets: [SocketHandle; 2],
     /// The link was seen open since it was (re)opened.
@@ -271,19 +273,20 @@ impl Net {
             Some(sockets) => sockets,
             None => return Err(("no socket left".into(), xen::xenbus::error::errno::ENOSPC)),
         };
+        let name = describe(target);
         let mut entry = Entry {
             target: *target,
+            name: name.clone(),
             remote,
             sockets,
             was_open: [false; 2],
             refused: [false; 2],
         };
-        let name = describe(target);
         loop {
             // The disks already served go on meanwhile (their requests, keep-alives).
             self.poll();
             let now = Vif::now_ms();
-            Self::poll_entry(&mut self.vif, &mut self.next_port, &mut entry, now, &name);
+            Self::poll_entry(&mut self.vif, &mut self.next_port, &mut entry, now);
             self.vif.poll();
             match entry.remote.state() {
                 State::Live => break,
@@ -329,7 +332,7 @@ impl Net {
     pub fn describe(&self, at: u32) -> String {
         self.entries
             .get(at as usize)
-            .map_or_else(|| "nvme-tcp".into(), |e| describe(&e.target))
+            .map_or_else(|| "nvme-tcp".into(), |e| e.name.clone())
     }
 
     /// Sockets for a new entry: those of one whose bring-up failed, or new ones.
@@ -364,22 +367,19 @@ impl Net {
         }
     }
 
-    fn poll_entry(
-        vif: &mut Vif,
-        next_port: &mut u16,
-        entry: &mut Entry,
-        now: u64,
-        name: &str,
-    ) -> bool {
+    fn poll_entry(vif: &mut Vif, next_port: &mut u16, entry: &mut Entry, now: u64) -> bool {
         let Entry {
             target,
+            name,
             remote,
             sockets,
             was_open,
             refused,
         } = entry;
         let mut links = Self::links(vif, next_port, target, *sockets, was_open, refused);
-        remote.poll(&mut links, &Pages, now, &mut |e| log_event(name, e))
+        remote.poll(&mut links, &Pages, now, &mut |e| {
+            log_event(name.as_str(), e)
+        })
     }
 
     /// One pass: frames in, every remote, frames out; queues on other vCPUs with new
@@ -393,8 +393,7 @@ impl Net {
         let mut busy = false;
         let mut wake = 0u64;
         for entry in &mut self.entries {
-            let name = describe(&entry.target);
-            let moved = Self::poll_entry(&mut self.vif, &mut self.next_port, entry, now, &name);
+            let moved = Self::poll_entry(&mut self.vif, &mut self.next_port, entry, now);
             work |= moved;
             busy |= entry.remote.busy();
             if moved {
