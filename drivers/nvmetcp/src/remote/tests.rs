@@ -517,3 +517,38 @@ fn a_target_that_never_comes_back_fails_the_disk_after_the_give_up_time() {
     );
     assert!(rig.remote.add_queue().unwrap().fault().is_some());
 }
+
+#[test]
+fn a_reconnect_that_finds_another_namespace_is_not_taken() {
+    let (mut rig, mut a, _b) = live();
+    let r = segments(0, 1);
+    a.submit(&request(1, IoOp::Read, 0, &r), &Pages).unwrap();
+    rig.net.crash();
+    rig.step();
+    // Back, but the namespace shrank: every attempt fails, the request stays held.
+    rig.net.knobs = |t| t.ns_blocks = Some(1024);
+    rig.net.up = true;
+    let done = rig.run(&mut [&mut a], 1, 12_000);
+    assert!(done.is_empty(), "held: {done:?}");
+    let changed = rig
+        .events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::AttemptFailed(Failure::NamespaceChanged { blocks: 1024, .. })
+            )
+        })
+        .count();
+    assert!(changed >= 2, "{:?}", rig.events);
+    // The namespace as it was: served.
+    rig.net.knobs = |_| {};
+    let done = rig.run(&mut [&mut a], 1, 12_000);
+    assert_eq!(
+        done,
+        [Completion {
+            tag: 1,
+            status: IoStatus::Ok
+        }]
+    );
+}
