@@ -414,11 +414,14 @@ impl Net {
         NetPoll { work, busy }
     }
 
-    /// Requests wait in a channel (checked after [`NET_SLEEPING`] is set).
+    /// Requests wait in a channel of a live remote (checked after [`NET_SLEEPING`] is
+    /// set). A remote that is away holds its channels' requests on purpose: vCPU 0
+    /// sleeps meanwhile (at most 1 ms: `NetPoll::busy`).
     pub fn has_submissions(&self) -> bool {
-        self.entries
-            .iter()
-            .any(|e| e.remote.channels().iter().any(|c| c.has_submissions()))
+        self.entries.iter().any(|e| {
+            e.remote.state() == State::Live
+                && e.remote.channels().iter().any(|c| c.has_submissions())
+        })
     }
 }
 
