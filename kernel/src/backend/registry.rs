@@ -281,19 +281,50 @@ impl Registry {
     /// brought up is told to stop (`Devices::shut_down`). A device whose queues are all
     /// still held by rings that did not drain cannot be flushed, and is reported so.
     pub fn shut_down(&mut self, flush_deadline_ns: u64) -> shutdown::Report {
+        let mut remote = self.flush_remote(flush_deadline_ns);
         let (flush, unflushed) = Self::idle_queues(&mut self.pools);
         let mut report = self.devices.shut_down(flush, flush_deadline_ns);
         report.given_up.extend(unflushed);
+        report.flushed += remote.flushed;
+        report.given_up.append(&mut remote.given_up);
         report
+    }
+
+    /// Remote namespaces' flushes (through one idle queue of each), with the network
+    /// driven while they wait: nothing else on this vCPU moves it meanwhile.
+    fn flush_remote(&mut self, flush_deadline_ns: u64) -> shutdown::Report {
+        let Ok(net) = self.net.as_mut() else {
+            return shutdown::Report::default();
+        };
+        let flush: Vec<(String, &mut dyn BlockDevice)> = self
+            .pools
+            .iter_mut()
+            .filter(|pool| matches!(pool.device, DeviceId::NvmeTcp { .. }))
+            .filter_map(|pool| {
+                let name = pool.description.clone();
+                pool.idle
+                    .last_mut()
+                    .map(|q| (name, q as &mut dyn BlockDevice))
+            })
+            .collect();
+        if flush.is_empty() {
+            return shutdown::Report::default();
+        }
+        crate::devices::shutdown::flush_queues_relaxing(flush, flush_deadline_ns, &mut || {
+            net.poll();
+        })
     }
 
     /// A live upgrade's flush, once its drain gave every ring's queue back: every
     /// device a disk was opened on is flushed through one of its idle queues, each
     /// within `flush_deadline_ns`; the devices go on serving.
     pub fn flush(&mut self, flush_deadline_ns: u64) -> shutdown::Report {
+        let mut remote = self.flush_remote(flush_deadline_ns);
         let (flush, unflushed) = Self::idle_queues(&mut self.pools);
         let mut report = crate::devices::shutdown::flush_queues(flush, flush_deadline_ns);
         report.given_up.extend(unflushed);
+        report.flushed += remote.flushed;
+        report.given_up.append(&mut remote.given_up);
         report
     }
 
@@ -314,7 +345,11 @@ impl Registry {
     fn idle_queues(pools: &mut [Pool]) -> (Vec<(String, &mut dyn BlockDevice)>, Vec<String>) {
         let mut flush: Vec<(String, &mut dyn BlockDevice)> = Vec::new();
         let mut unflushed = Vec::new();
-        for pool in pools {
+        // Remote namespaces are flushed apart (`flush_remote`).
+        for pool in pools
+            .iter_mut()
+            .filter(|pool| !matches!(pool.device, DeviceId::NvmeTcp { .. }))
+        {
             match pool.idle.last_mut() {
                 Some(queue) => flush.push((pool.device.to_string(), queue)),
                 None => unflushed.push(format!(
