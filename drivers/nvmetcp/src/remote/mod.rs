@@ -24,6 +24,7 @@ use crate::queue::DataPort;
 use crate::reconnect::{Action, Reconnect, ReconnectPolicy};
 use crate::session::{AdminSession, ControllerInfo, HostIdentity, IoSession, NamespaceInfo};
 use crate::{Error, SessionState};
+use alloc::boxed::Box;
 use alloc::collections::VecDeque;
 use alloc::string::String;
 use alloc::sync::Arc;
@@ -217,8 +218,10 @@ pub struct Remote {
     stage_since: u64,
     /// The current attempt opened its first connection.
     started: bool,
-    admin: Option<AdminSession>,
-    io: Option<IoSession<IO_DEPTH>>,
+    /// Boxed, as the I/O session: their buffers and command slots (tens of KiB) stay
+    /// off the small kernel stacks that move a `Remote` about.
+    admin: Option<Box<AdminSession>>,
+    io: Option<Box<IoSession<IO_DEPTH>>>,
     controller: Option<ControllerInfo>,
     namespace: Option<NamespaceInfo>,
     /// Set once live: what every reconnect must find again.
@@ -435,19 +438,19 @@ impl Remote {
                 match t.state(link) {
                     LinkState::Open => {
                         if self.stage == Stage::AdminTcp {
-                            self.admin = Some(AdminSession::new(
+                            self.admin = Some(Box::new(AdminSession::new(
                                 &self.identity(),
                                 self.nsid,
                                 KATO_MS,
                                 now,
                                 self.timing.bringup_ms,
-                            ));
+                            )));
                             self.stage = Stage::Admin;
                         } else {
                             let (Some(c), Some(ns)) = (self.controller, self.namespace) else {
                                 return Err(Failure::Session(Error::Internal("no controller")));
                             };
-                            self.io = Some(IoSession::new(&self.identity(), &c, ns, 1));
+                            self.io = Some(Box::new(IoSession::new(&self.identity(), &c, ns, 1)));
                             self.stage = Stage::Io;
                         }
                         self.stage_since = now;
