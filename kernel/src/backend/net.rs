@@ -345,7 +345,17 @@ impl Net {
             let tx = alloc::vec![0u8; size].leak();
             self.vif.stack.add_tcp(rx, tx)
         };
-        Some([make(ADMIN_BUFFER)?, make(IO_BUFFER)?])
+        let sockets = [make(ADMIN_BUFFER)?, make(IO_BUFFER)?];
+        for handle in sockets {
+            // A command's PDU goes out whole at once and every received PDU is acked at
+            // once: Nagle's wait for an ack, against a delayed ack at the other end,
+            // and smoltcp's own delayed ack would add their timers to every command at
+            // low depth (Linux's host and nvmet-tcp set TCP_NODELAY too).
+            let socket = self.vif.stack.sockets.get_mut::<tcp::Socket>(handle);
+            socket.set_nagle_enabled(false);
+            socket.set_ack_delay(None);
+        }
+        Some(sockets)
     }
 
     fn links<'a>(
