@@ -61,7 +61,21 @@ pub struct Net {
     /// Sockets of entries whose first bring-up failed, for the next.
     spare: Vec<[SocketHandle; 2]>,
     next_port: u16,
+    /// The vif's counters as last logged, and when (`log_counters`).
+    logged: (NetCounters, u64),
 }
+
+/// What the vif moved, for the console every [`COUNTERS_EVERY_MS`] while it changes.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+struct NetCounters {
+    tx_frames: u64,
+    tx_errors: u64,
+    tx_full: u64,
+    rx_frames: u64,
+    rx_dropped: u64,
+    events_sent: u64,
+}
+const COUNTERS_EVERY_MS: u64 = 10_000;
 
 /// The guests' granted pages, by the CPU addresses the queues were given.
 struct Pages;
@@ -167,6 +181,9 @@ pub struct NetPoll {
     pub work: bool,
     /// Requests are out or a connection is being made: look again within a ms.
     pub busy: bool,
+    /// When smoltcp's next timer is due (a retransmission, an ack, a keep-alive), in
+    /// the poller's clock (ns): the sleep ends by then.
+    pub timer_due_ns: Option<u64>,
 }
 
 /// The host identifier sent in Connect: the same for every connection of this blkdom,
@@ -227,6 +244,7 @@ impl Net {
             entries: Vec::with_capacity(MAX_REMOTES),
             spare: Vec::with_capacity(MAX_REMOTES),
             next_port: 49152 + (xen::raw::cpu::read_tsc() % 8192) as u16,
+            logged: (NetCounters::default(), 0),
         }
     }
 
@@ -416,12 +434,53 @@ impl Net {
             }
         }
         work |= self.vif.poll();
+        let timer_due_ns = self
+            .vif
+            .stack
+            .poll_delay_ms(Vif::now_ms())
+            .map(|ms| crate::xen_domain::now_ns().saturating_add(ms.saturating_mul(1_000_000)));
         while wake != 0 {
             let cpu = wake.trailing_zeros() as usize;
             wake &= wake - 1;
             super::poller::ring_doorbell(cpu);
         }
-        NetPoll { work, busy }
+        self.log_counters(now);
+        NetPoll {
+            work,
+            busy,
+            timer_due_ns,
+        }
+    }
+
+    /// The vif's counters on the console, at most every [`COUNTERS_EVERY_MS`] and only
+    /// when they moved: what an operator reads first when a remote disk is slow (frames
+    /// lost on the way out, dropped on the way in).
+    fn log_counters(&mut self, now_ms: u64) {
+        if now_ms < self.logged.1 + COUNTERS_EVERY_MS {
+            return;
+        }
+        let device = &self.vif.stack.device;
+        let queue = device.queue().stats;
+        let counters = NetCounters {
+            tx_frames: queue.tx_frames,
+            tx_errors: queue.tx_errors,
+            tx_full: device.stats.tx_full,
+            rx_frames: queue.rx_frames,
+            rx_dropped: queue.rx_dropped,
+            events_sent: queue.notifications,
+        };
+        if counters != self.logged.0 {
+            log::info!(
+                "net: vif: {} frames out ({} refused by netback, {} lost with the ring full), {} in ({} dropped), {} events sent",
+                counters.tx_frames,
+                counters.tx_errors,
+                counters.tx_full,
+                counters.rx_frames,
+                counters.rx_dropped,
+                counters.events_sent
+            );
+        }
+        self.logged = (counters, now_ms);
     }
 
     /// Requests wait in a channel of a live remote (checked after [`NET_SLEEPING`] is
@@ -432,6 +491,13 @@ impl Net {
             e.remote.state() == State::Live
                 && e.remote.channels().iter().any(|c| c.has_submissions())
         })
+    }
+
+    /// Before vCPU 0 sleeps: asks netback for an event at its next rx or tx response
+    /// (without it netback's first response after a sleep raises none, and a frame
+    /// waits for the sleep's deadline); true when one came meanwhile.
+    pub fn frames_waiting(&self) -> bool {
+        self.vif.stack.device.queue().final_check()
     }
 }
 

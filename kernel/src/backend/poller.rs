@@ -294,7 +294,8 @@ pub trait ControlWork {
     fn net_port(&self) -> Option<EvtchnPort>;
     /// One pass of the storage network (every pass of vCPU 0), if there is one.
     fn poll_net(&mut self) -> Option<super::net::NetPoll>;
-    /// Requests of remote disks wait for the network (looked at before sleeping).
+    /// Requests of remote disks wait for the network, or frames for it arrived (looked
+    /// at before sleeping; arms the network's events for the sleep).
     fn net_waiting(&self) -> bool;
     fn run(&mut self) -> Option<u64>;
     /// A RAM disk asked for memory or has maintenance left (`disk::RAM_MEMORY_WANTED`):
@@ -417,9 +418,11 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         }
         // The storage network: frames, remote disks' commands and data, reconnects.
         let mut net_busy = false;
+        let mut net_timer_due = None;
         if let Some(net) = control.as_mut().and_then(|c| c.poll_net()) {
             work |= net.work;
             net_busy = net.busy;
+            net_timer_due = net.timer_due_ns;
         }
         // A device queue asked for its device's recovery: the control path runs it now.
         let recovery_news = crate::devices::RECOVERY_WANTED.load(Ordering::Relaxed);
@@ -507,6 +510,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
                     .chain(q.engine.throttle_deadline())
                     .min()
             })
+            .chain(net_timer_due)
             .min();
         let deadline = sleep_deadline(
             now,

@@ -172,9 +172,12 @@ impl Registry {
         self.open_on_device(spec, DeviceId::NvmeTcp { remote }, region, &[])
     }
 
-    /// Remote disks' requests wait for the network.
+    /// Remote disks' requests wait for the network, or frames arrived for it.
     pub fn net_waiting(&self) -> bool {
-        self.net.as_ref().is_ok_and(|net| net.has_submissions())
+        // Both looks, always: the second arms the vif's events for the sleep.
+        self.net
+            .as_ref()
+            .is_ok_and(|net| net.has_submissions() | net.frames_waiting())
     }
 
     /// The storage network, for the poller of vCPU 0.

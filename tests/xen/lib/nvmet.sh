@@ -38,6 +38,15 @@ setup_target() {
 target_stop() { rm "$NVMET/ports/1/subsystems/$1"; }
 target_start() { ln -s "$NVMET/subsystems/$1" "$NVMET/ports/1/subsystems/$1"; }
 
+# net_counters: dom0's TCP counters (segments retransmitted, and why) and the vif's.
+net_counters() {
+  grep -E '^Tcp:' /proc/net/snmp
+  grep -E '^TcpExt:' /proc/net/netstat
+  for f in /sys/class/net/vif*/statistics/*; do
+    [ -r "$f" ] && echo "$f $(cat "$f")"
+  done
+}
+
 # save_network_state: what the network looked like, for a failure's diagnosis.
 save_network_state() {
   {
@@ -45,6 +54,7 @@ save_network_state() {
     echo "xenbr0 ports: $(ls /sys/class/net/xenbr0/brif 2>&1)"
     ip -s link
     ip addr
+    net_counters
   } > "$RESULTS/dom0-network.txt" 2>&1
   dmesg | tail -n 60 > "$RESULTS/dom0-dmesg-tail.txt"
 }
