@@ -33,10 +33,11 @@
 //! 9. Event channels: [`evtchn::bind_interdomain`] / [`evtchn::alloc_unbound`],
 //!    [`evtchn::bind_vcpu`] to the serving vCPU, register in that vCPU's
 //!    [`evtchn::HandlerTable`], [`evtchn::unmask`], for ports served from upcalls
-//!    (`dispatch_pending(&VcpuEvents { .. })`). blkdom's pollers keep their ring ports
-//!    masked and sleep in [`evtchn::poll`] on them; [`evtchn::idle_wait`] is the
-//!    wake-up-safe sleep on upcalls, for a poller that must not be woken by other
-//!    vCPUs' events (a multi-port `SCHEDOP_poll` is: docs/design.md, "Stray wake-ups").
+//!    (`dispatch_pending(&VcpuEvents { .. })`). blkdom's pollers sleep in
+//!    [`evtchn::poll`] on one masked port each and take their other ports as upcalls (a
+//!    multi-port `SCHEDOP_poll` is woken by every event of the domain: docs/design.md,
+//!    "Stray wake-ups"); [`evtchn::idle_wait`] is the wake-up-safe sleep on upcalls
+//!    alone.
 //! 10. Grants: [`grant::map_batch`]/[`grant::unmap_batch`]/[`grant::copy_batch`] at
 //!     guest-physical pages from a [`grant::GrantMapArea`] (a hole in the memory map),
 //!     or [`grant::ForeignGrants`] for per-entry results over such an area (data

@@ -70,6 +70,15 @@ impl SharedInfoPage {
         }
     }
 
+    /// Marks a port pending from inside the guest: a vCPU in `SCHEDOP_poll` on it, or
+    /// about to be, returns (Xen checks the polled ports' bits after blocking the vCPU).
+    /// Raises no upcall.
+    pub fn set_pending(&self, port: EvtchnPort) {
+        if let Some((off, bit)) = Self::port_bit(port) {
+            self.mem.fetch_or_u64(PENDING + off, bit, Ordering::AcqRel);
+        }
+    }
+
     /// Masks a port locally (no upcall while set). Unmasking must go through
     /// `EVTCHNOP_unmask` so that Xen re-raises an event that arrived meanwhile.
     pub fn mask(&self, port: EvtchnPort) {

@@ -8,3 +8,4 @@
 pub mod idle;
 pub mod sleep;
 pub mod spin;
+pub mod wake;

@@ -12,9 +12,8 @@
 //! the longest spell (the *spin window*: a request likely comes within it), an idle
 //! poller spins twice the average, within `poll.spin-us=`'s bounds, then sleeps; above
 //! it, it sleeps at once and the frontend's next request wakes it (`req_event`). A
-//! wake-up whose first look finds nothing (the sleep's deadline, the doorbell, or
-//! another vCPU's event: Xen wakes every multi-port poller at any event of the domain)
-//! is followed by the next sleep at once, with no spell: an idle poller costs one look
+//! wake-up whose first look finds nothing (the sleep's deadline, the doorbell, or an
+//! upcall for a port with nothing to do) is followed by the next sleep at once, with no spell: an idle poller costs one look
 //! per wake-up.
 //!
 //! So a poller follows its load: under a steady stream with short gaps it never sleeps;

@@ -7,9 +7,10 @@
 //!
 //! Adaptive idle: the poller spins while the gaps between its bursts of work say a
 //! request is likely soon, for a spell that adapts to them (`polling::spin`); otherwise,
-//! or once the spell is over, it re-arms every ring (`prepare_to_sleep`, the final check) and blocks in `SCHEDOP_poll` on its rings'
-//! event channels (kept masked: no upcalls, the pending bit is the wake-up), so an idle
-//! blkdom leaves its pCPUs to the guests. While it spins, `poll.idle=yield` has it yield
+//! or once the spell is over, it re-arms every ring (`prepare_to_sleep`, the final check)
+//! and blocks in `SCHEDOP_poll` on one port (its lone ring's, kept masked, or its
+//! doorbell; its other ports come as upcalls: `arrange_wake`), so an idle blkdom leaves
+//! its pCPUs to the guests and is not woken by other vCPUs' events. While it spins, `poll.idle=yield` has it yield
 //! its pCPU (`SCHEDOP_yield`) between looks instead of a PAUSE.
 
 use super::adapters::{FrontendGrants, Notify, SharedRing};
@@ -28,6 +29,7 @@ use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use polling::idle::PollIdle;
 use polling::sleep::{sleep_deadline, MAX_SLEEP_NS};
 use polling::spin::{Decision, SpinPolicy};
+use polling::wake::WakePlan;
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::DOMID_SELF;
 use xen::ring::RingConnection;
@@ -192,6 +194,7 @@ pub static PARK: AtomicBool = AtomicBool::new(false);
 
 /// Closes `cpu`'s doorbell (both ends): no port this image bound outlives the jump.
 pub fn close_doorbell(cpu: usize) {
+    crate::xen_domain::events::set_wake_port(cpu, 0);
     let Some(xen) = xen_domain::get() else { return };
     for port in [
         POLLERS[cpu].doorbell.swap(0, Ordering::AcqRel),
@@ -277,6 +280,24 @@ fn release(cpu: usize, queue: ServedQueue) {
     control.detached.store(true, Ordering::Release);
 }
 
+/// Masks the port `cpu`'s poller polls and unmasks its others, bound to `cpu`, so each
+/// reaches it as an upcall (`polling::wake`). Cheap when nothing changed: only a port
+/// still masked costs a hypercall. Interrupts must be on while the poller runs, so an
+/// upcall is taken (a vLAPIC request left pending would swallow the next one).
+fn arrange_wake(cpu: usize, ports: &[EvtchnPort], wake: &WakePlan) {
+    let Some(xen) = xen_domain::get() else { return };
+    crate::xen_domain::events::set_wake_port(cpu, wake.polled);
+    for &port in ports {
+        if wake.masked(port) {
+            xen.shared.mask(port);
+        } else if xen.shared.is_masked(port) {
+            if let Err(e) = xen::evtchn::unmask(&xen.hv, port) {
+                log::warn!("poller: vCPU {cpu}: port {port} not unmasked: {e:?}");
+            }
+        }
+    }
+}
+
 /// A loopback event channel: sending on the first port marks the second pending.
 fn doorbell_pair() -> Option<(EvtchnPort, EvtchnPort)> {
     let xen = xen_domain::get()?;
@@ -322,25 +343,31 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
     let slot = &POLLERS[cpu];
     let counters = &slot.counters;
     let (sender, doorbell) = doorbell_pair().expect("doorbell event channel");
+    if let Err(e) = xen::evtchn::bind_vcpu(&xen.hv, doorbell, cpu as u32) {
+        log::warn!("poller: vCPU {cpu}: doorbell port {doorbell} stays on vCPU 0: {e:?}");
+    }
+    // The doorbell and the ports this poller does not poll come as upcalls.
+    x86_64::instructions::interrupts::enable();
     slot.doorbell.store(sender, Ordering::Release);
     slot.doorbell_rx.store(doorbell, Ordering::Release);
     let mut served: Vec<ServedQueue> = Vec::with_capacity(64);
     let mut ports: Vec<EvtchnPort> = Vec::with_capacity(128);
+    // Every port this poller waits on; it polls exactly one of them (`wake`).
+    let mut wake = WakePlan::new(doorbell, &[]);
     let rebuild_ports = |served: &Vec<ServedQueue>,
                          ports: &mut Vec<EvtchnPort>,
+                         wake: &mut WakePlan,
                          control: &Option<&mut dyn ControlWork>| {
         ports.clear();
         ports.push(doorbell);
         ports.extend(control.as_ref().and_then(|c| c.port()));
         ports.extend(control.as_ref().and_then(|c| c.net_port()));
-        ports.extend(
-            served
-                .iter()
-                .map(|s| s.ring.port())
-                .take(xen::abi::sched::SCHED_POLL_MAX_PORTS - 3),
-        );
+        let first_ring = ports.len();
+        ports.extend(served.iter().map(|s| s.ring.port()));
+        *wake = WakePlan::new(doorbell, &ports[first_ring..]);
+        arrange_wake(cpu, ports, wake);
     };
-    rebuild_ports(&served, &mut ports, &control);
+    rebuild_ports(&served, &mut ports, &mut wake, &control);
     let (min_spell_ns, max_spell_ns) = (config.spin_min_ns, config.spin_max_ns);
     let mut spin = SpinPolicy::new(min_spell_ns, max_spell_ns);
     // `auto` was settled at boot (main); the default only if it was not.
@@ -368,7 +395,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
                 xen.shared.mask(queue.ring.port());
                 served.push(queue);
             }
-            rebuild_ports(&served, &mut ports, &control);
+            rebuild_ports(&served, &mut ports, &mut wake, &control);
             counters.rings.store(served.len() as u32, Ordering::Relaxed);
         }
         let mut work = false;
@@ -379,7 +406,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
                 if queue.engine.disconnect().is_ok() {
                     *queue.control.stats.lock() = queue.engine.stats();
                     release(cpu, served.swap_remove(i));
-                    rebuild_ports(&served, &mut ports, &control);
+                    rebuild_ports(&served, &mut ports, &mut wake, &control);
                     counters.rings.store(served.len() as u32, Ordering::Relaxed);
                 } else {
                     work = true;
@@ -450,7 +477,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
                 }
                 RECOVERY_KICK_SENT.store(false, Ordering::Release);
                 control_due = now.saturating_add(control.run().unwrap_or(MAX_SLEEP_NS));
-                rebuild_ports(&served, &mut ports, &Some(&mut **control));
+                rebuild_ports(&served, &mut ports, &mut wake, &Some(&mut **control));
             }
         }
         if work {
@@ -518,9 +545,10 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
             device_busy,
             notify_due,
         );
-        // Returns when one of the ports is pending, at the deadline, or on an interrupt
-        // (and, since it polls more than one port, at any other event of the domain).
-        let _ = xen::evtchn::poll(&xen.hv, &ports, deadline);
+        // Returns when the polled port is pending (an upcall for any other port of this
+        // vCPU marks it so), at the deadline, or on an interrupt; not for other vCPUs'
+        // events, as it polls one port.
+        let _ = xen::evtchn::poll(&xen.hv, core::slice::from_ref(&wake.polled), deadline);
         // Up to a second asleep: the grants the next polls unpin must not carry the
         // time before the sleep (they would look idle for that much longer).
         let woke = xen.now_ns();

@@ -6,13 +6,14 @@
 use super::{failed, get, InitError};
 use crate::arch::{apic, trap};
 use crate::smp::{self, MAX_CPUS};
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use xen::abi::event_channel::EvtchnPort;
 use xen::domain::UpcallMode;
 use xen::evtchn::HandlerTable;
 use xen::shared_info::VcpuEvents;
 // Handlers are registered by the self-tests only.
 #[cfg(feature = "test-hooks")]
-use xen::{abi::event_channel::EvtchnPort, evtchn, evtchn::EventHandler, XenError};
+use xen::{evtchn, evtchn::EventHandler, XenError};
 
 /// The vector Xen raises for event channels on every vCPU.
 pub const UPCALL_VECTOR: u8 = 0xf3;
@@ -26,6 +27,19 @@ struct EventSlot {
     upcalls: AtomicU64,
     /// Handlers run.
     dispatched: AtomicU64,
+}
+
+/// Per vCPU, the one port its poller blocks on in `SCHEDOP_poll` (0: none). An upcall
+/// marks it pending, so an event that reached this vCPU as an upcall (on a port it does
+/// not poll) also ends that poll, or, taken just before the poll, makes it return at once
+/// (docs/design.md, "Stray wake-ups").
+static WAKE_PORT: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
+
+/// Says which port `vcpu`'s poller blocks on (0: none); its upcalls will mark it pending.
+pub fn set_wake_port(vcpu: usize, port: EvtchnPort) {
+    if let Some(slot) = WAKE_PORT.get(vcpu) {
+        slot.store(port, Ordering::Release);
+    }
 }
 
 static EVENTS: [EventSlot; MAX_CPUS] = [const {
@@ -82,6 +96,10 @@ fn on_upcall(_frame: &mut trap::TrapFrame) {
         if !vcpu_info.upcall_pending() {
             break;
         }
+    }
+    let wake = WAKE_PORT[cpu].load(Ordering::Acquire);
+    if wake != 0 {
+        domain.shared.set_pending(wake);
     }
 }
 
