@@ -3,7 +3,7 @@
 //! and every remote namespace (`nvmetcp::remote::Remote`) blkdom serves disks from.
 //! Owned by the control path and driven by vCPU 0's poller on every pass
 //! ([`Net::poll`]); the disks' queues, on any poller, reach it through their channels
-//! (lock-free), and vCPU 0 is woken for them when it sleeps ([`NET_SLEEPING`]).
+//! (lock-free), and ring vCPU 0's doorbell for each request.
 
 use crate::xen_domain::vif::Vif;
 use alloc::boxed::Box;
@@ -13,7 +13,7 @@ use alloc::vec::Vec;
 use backing::NvmeTcpTarget;
 use blkdev::{BlockDevice, BufferAccess, IoRequest, SubmitError};
 use bootconfig::HostNqn;
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::Ordering;
 use nvmetcp::remote::{
     DiskQueue, Event, Failure, Link, LinkState, Remote, State, Timing, Transport,
 };
@@ -36,9 +36,6 @@ pub const TIMING: Timing = Timing {
     bringup_ms: 5_000,
     reconnect: Timing::DEFAULT.reconnect,
 };
-
-/// vCPU 0 is about to sleep, or sleeps: a queue that submits wakes it (its doorbell).
-pub static NET_SLEEPING: AtomicBool = AtomicBool::new(false);
 
 /// One remote namespace and its two sockets.
 struct Entry {
@@ -479,12 +476,22 @@ impl Net {
                 counters.rx_dropped,
                 counters.events_sent
             );
+            for entry in &self.entries {
+                let held = entry.remote.held_times();
+                log::info!(
+                    "net: {}: {} requests completed, held {} ms on average, {} ms at most",
+                    entry.name,
+                    held.completed,
+                    held.total_ms / held.completed.max(1),
+                    held.max_ms
+                );
+            }
         }
         self.logged = (counters, now_ms);
     }
 
-    /// Requests wait in a channel of a live remote (checked after [`NET_SLEEPING`] is
-    /// set). A remote that is away holds its channels' requests on purpose: vCPU 0
+    /// Requests wait in a channel of a live remote (looked at before vCPU 0 sleeps). A
+    /// remote that is away holds its channels' requests on purpose: vCPU 0
     /// sleeps meanwhile (at most 1 ms: `NetPoll::busy`).
     pub fn has_submissions(&self) -> bool {
         self.entries.iter().any(|e| {
@@ -502,7 +509,7 @@ impl Net {
 }
 
 /// A remote namespace's queue as a ring's engine drives it: the channel's producer end,
-/// which wakes vCPU 0 when it sleeps.
+/// which rings vCPU 0 for each request.
 struct RemoteQueue(DiskQueue);
 
 impl BlockDevice for RemoteQueue {
@@ -516,9 +523,10 @@ impl BlockDevice for RemoteQueue {
         self.0.submit(request, buffers)?;
         let cpu = crate::smp::current().index.load(Ordering::Relaxed);
         self.0.shared().producer_cpu.store(cpu, Ordering::Relaxed);
-        // Pairs with vCPU 0 setting NET_SLEEPING, then looking at the channels.
-        core::sync::atomic::fence(Ordering::SeqCst);
-        if cpu != 0 && NET_SLEEPING.load(Ordering::SeqCst) {
+        // Every request from another vCPU rings vCPU 0: asleep, it wakes; awake, its next
+        // sleep returns at once. (Ringing only while a flag said vCPU 0 slept lost
+        // wake-ups in the rig: requests waited for its 1 s deadline.)
+        if cpu != 0 {
             super::poller::ring_doorbell(0);
         }
         Ok(())

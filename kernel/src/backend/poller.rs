@@ -506,15 +506,14 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
             spin.on_sleep_abandoned();
             continue;
         }
-        // Remote disks' queues on other vCPUs ring vCPU 0 while this is set; what they
-        // submitted before they could see it is looked at now.
-        if let Some(control) = control.as_ref() {
-            super::net::NET_SLEEPING.store(true, Ordering::SeqCst);
-            if control.net_waiting() {
-                super::net::NET_SLEEPING.store(false, Ordering::SeqCst);
-                spin.on_sleep_abandoned();
-                continue;
-            }
+        // Remote disks' requests and the vif's frames that came since the network's
+        // pass are taken now (this also arms the vif's events for the sleep).
+        if control
+            .as_ref()
+            .is_some_and(|control| control.net_waiting())
+        {
+            spin.on_sleep_abandoned();
+            continue;
         }
         // A live upgrade's jump: every ring was released (the drain), so this vCPU parks
         // (vCPU 0, which runs the control path, jumps instead).
@@ -555,7 +554,6 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         if woke < deadline && !ports.iter().any(|&port| xen.shared.is_pending(port)) {
             counters.stray_wakes.fetch_add(1, Ordering::Relaxed);
         }
-        super::net::NET_SLEEPING.store(false, Ordering::SeqCst);
         // Whatever woke it: if its first look finds nothing it sleeps again at once.
         spin.on_wake();
         xen.shared.clear_pending(doorbell);

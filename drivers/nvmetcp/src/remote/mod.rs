@@ -181,6 +181,17 @@ struct Held {
     /// A write's pre-flush has completed (or was not asked for).
     flushed: bool,
     active: bool,
+    /// When it was taken from its channel (ms).
+    taken_at: u64,
+}
+
+/// Requests completed and how long the remote held them (taken from the channel to
+/// completed: the network and the target), for the console.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeldTimes {
+    pub completed: u64,
+    pub total_ms: u64,
+    pub max_ms: u64,
 }
 
 const IDLE: Held = Held {
@@ -195,6 +206,7 @@ const IDLE: Held = Held {
     failed: false,
     flushed: false,
     active: false,
+    taken_at: 0,
 };
 
 /// Things worth logging, handed to the caller's closure.
@@ -234,6 +246,9 @@ pub struct Remote {
     pending: VecDeque<(u16, u16)>,
     /// Requests taken and not completed.
     active: usize,
+    /// The time of the current pass (ms).
+    now: u64,
+    held_times: HeldTimes,
 }
 
 impl Remote {
@@ -267,6 +282,8 @@ impl Remote {
             held: Vec::with_capacity(MAX_CHANNELS),
             pending: VecDeque::with_capacity(MAX_CHANNELS * SLOTS),
             active: 0,
+            now,
+            held_times: HeldTimes::default(),
         }
     }
 
@@ -276,6 +293,10 @@ impl Remote {
 
     pub fn controller(&self) -> Option<ControllerInfo> {
         self.controller
+    }
+
+    pub fn held_times(&self) -> HeldTimes {
+        self.held_times
     }
 
     /// The namespace as the first bring-up found it (every reconnect must find it so).
@@ -333,6 +354,7 @@ impl Remote {
         now: u64,
         log: &mut dyn FnMut(Event),
     ) -> bool {
+        self.now = now;
         match self.state {
             State::Connecting if !self.started => {
                 self.start(t, now);
@@ -625,6 +647,7 @@ impl Remote {
                     failed: false,
                     flushed: !matches!(request.op, Op::Write { preflush: true }),
                     active: true,
+                    taken_at: self.now,
                 };
                 self.active += 1;
                 self.pending.push_back((ch as u16, slot));
@@ -765,6 +788,10 @@ impl Remote {
         }
         h.active = false;
         self.active -= 1;
+        let held = self.now.saturating_sub(h.taken_at);
+        self.held_times.completed += 1;
+        self.held_times.total_ms += held;
+        self.held_times.max_ms = self.held_times.max_ms.max(held);
         self.channels[usize::from(ch)].complete(slot, !h.failed);
     }
 

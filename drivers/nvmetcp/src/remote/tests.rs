@@ -552,3 +552,25 @@ fn a_reconnect_that_finds_another_namespace_is_not_taken() {
         }]
     );
 }
+
+#[test]
+fn the_time_a_remote_held_each_request_is_counted() {
+    let (mut rig, mut a, _b) = live();
+    assert_eq!(rig.remote.held_times(), HeldTimes::default());
+    let segs = segments(0, 1);
+    a.submit(&request(1, IoOp::Read, 0, &segs), &Pages).unwrap();
+    let taken = rig.now;
+    let done = rig.run(&mut [&mut a], 1, 1_000);
+    assert_eq!(done.len(), 1);
+    let held = rig.remote.held_times();
+    assert_eq!(held.completed, 1);
+    // Taken at the first pass after the submit, completed at the pass before the last.
+    assert!(
+        held.total_ms >= 1 && held.total_ms < rig.now - taken,
+        "{held:?}"
+    );
+    assert_eq!(held.max_ms, held.total_ms);
+    a.submit(&request(2, IoOp::Read, 8, &segs), &Pages).unwrap();
+    assert_eq!(rig.run(&mut [&mut a], 1, 1_000).len(), 1);
+    assert_eq!(rig.remote.held_times().completed, 2);
+}
