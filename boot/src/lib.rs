@@ -14,7 +14,9 @@
 pub mod start_info;
 
 /// Size of the stack the bootstrap processor runs on until the kernel switches stacks.
-pub const BOOT_STACK_SIZE: usize = 64 * 1024;
+/// vCPU 0's control path runs on it too, and an NVMe/TCP disk's attach (the control
+/// path, the network and a session's bring-up, nested) took more than 64 KiB.
+pub const BOOT_STACK_SIZE: usize = 256 * 1024;
 
 /// ELF note type of the 32-bit physical entry point (Xen's `elfnote.h`).
 pub const XEN_ELFNOTE_PHYS32_ENTRY: u32 = 18;

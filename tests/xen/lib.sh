@@ -21,8 +21,9 @@
 #   fio.sh      the PV fio guests (run_fio_guest) and the hooks it calls
 #   stats.sh    reading results: fio's JSON, backend CPU, medians, blkdom's counters
 #   compare.sh  whole comparisons (emulated and passed-through NVMe) and run_variants
+#   nvmet.sh    the storage network: dom0's bridge and Linux's NVMe/TCP target
 # shellcheck shell=dash disable=SC1090 # (the parts: tests/xen/lib/*.sh)
-for rig_lib_part in core blkdom domains disks fio stats compare; do
+for rig_lib_part in core blkdom domains disks fio stats compare nvmet; do
   . "$RIG/tests/xen/lib/$rig_lib_part.sh"
 done
 unset rig_lib_part

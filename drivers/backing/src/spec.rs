@@ -28,6 +28,9 @@ pub enum Backing {
     /// disk that asked for it; named, it outlives it (a guest that reboots, or a disk
     /// detached and attached again, finds its data).
     Ram { bytes: u64, name: Option<RamName> },
+    /// A namespace of a remote NVMe/TCP subsystem, or a slice of it: where it is, with
+    /// its subsystem NQN, is `parse_nvme_tcp`'s (kept out of here, which stays small).
+    NvmeTcp { region: Region },
 }
 
 /// How a `target=` names a device (several names can reach one device).
@@ -41,8 +44,17 @@ pub enum DeviceName {
 /// reached it (`names::resolve_nvme`, `names::resolve_virtio`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DeviceId {
-    Nvme { controller: PciAddress, nsid: u32 },
-    Virtio { device: PciAddress },
+    Nvme {
+        controller: PciAddress,
+        nsid: u32,
+    },
+    Virtio {
+        device: PciAddress,
+    },
+    /// A remote namespace, by its place among the ones blkdom connected to.
+    NvmeTcp {
+        remote: u32,
+    },
 }
 
 /// Which part of a device a disk serves.
@@ -66,7 +78,7 @@ impl Backing {
         match *self {
             Backing::Nvme { name, region } => Some((DeviceName::Nvme(name), region)),
             Backing::Virtio { name, region } => Some((DeviceName::Virtio(name), region)),
-            Backing::Ram { .. } => None,
+            Backing::Ram { .. } | Backing::NvmeTcp { .. } => None,
         }
     }
 }
@@ -84,6 +96,7 @@ impl fmt::Display for DeviceId {
         match self {
             DeviceId::Nvme { controller, nsid } => write!(f, "nvme@{controller}:{nsid}"),
             DeviceId::Virtio { device } => write!(f, "virtio@{device}"),
+            DeviceId::NvmeTcp { remote } => write!(f, "nvme-tcp remote {remote}"),
         }
     }
 }
@@ -139,12 +152,14 @@ impl fmt::Display for Region {
 }
 
 /// The backing store in the grammar's words (sizes with the largest suffix that divides
-/// them): `parse_backing` reads it back as the same value.
+/// them): `parse_backing` reads it back as the same value, but for `nvme-tcp:`, whose
+/// address and NQN it does not keep (`nvme-tcp:...` and the slice).
 impl fmt::Display for Backing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Backing::Nvme { name, region } => write!(f, "{name}{region}"),
             Backing::Virtio { name, region } => write!(f, "{name}{region}"),
+            Backing::NvmeTcp { region } => write!(f, "nvme-tcp:...{region}"),
             Backing::Ram { bytes, name } => {
                 write!(f, "ram:{}", Bytes(*bytes))?;
                 match name {
@@ -235,13 +250,28 @@ pub enum SpecError<'a> {
     MissingNamespace(&'static str),
     /// `nvme:<key>=...` or `virtio:<key>=...` with another key.
     UnknownName(&'static str, &'a str),
+    /// An `nvme-tcp:` target whose address, port, namespace or NQN does not parse
+    /// (`NvmeTcpError`'s words; its slice errors are this type's own).
+    NvmeTcp(NvmeTcpField, &'a str),
+}
+
+/// Which part of an `nvme-tcp:` target is wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NvmeTcpField {
+    Form,
+    Address,
+    Port,
+    Namespace,
+    MissingNqn,
+    Nqn,
 }
 
 impl fmt::Display for SpecError<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const FORMS: &str = "use nvme:serial=<SN>:<nsid>, nvme:nguid=<hex>, nvme:eui64=<hex>, \
              nvme@<bb:dd.f>:<nsid>, virtio:serial=<id>, virtio@<bb:dd.f> (each [:<slice>]), \
-             nvme:<nsid>, virtio:<index> or ram:<size>[K|M|G][:<name>]";
+             nvme:<nsid>, virtio:<index>, ram:<size>[K|M|G][:<name>] or \
+             nvme-tcp:<ipv4>:<port>:<nsid>:nqn=<subsystem NQN>[,<slice>]";
         const SLICES: &str = "part=<n>, part=name:<label> or offset=<size>,size=<size>";
         match self {
             SpecError::Empty => write!(f, "empty backing store name; {FORMS}"),
@@ -325,6 +355,17 @@ impl fmt::Display for SpecError<'_> {
                 f,
                 "{kind}: unknown name {text:?}; {FORMS}"
             ),
+            SpecError::NvmeTcp(field, text) => {
+                let e = match field {
+                    NvmeTcpField::Form => NvmeTcpError::Form,
+                    NvmeTcpField::Address => NvmeTcpError::BadAddress(text),
+                    NvmeTcpField::Port => NvmeTcpError::BadPort(text),
+                    NvmeTcpField::Namespace => NvmeTcpError::BadNamespace(text),
+                    NvmeTcpField::MissingNqn => NvmeTcpError::MissingNqn,
+                    NvmeTcpField::Nqn => NvmeTcpError::BadNqn(text),
+                };
+                e.fmt(f)
+            }
         }
     }
 }
@@ -544,6 +585,22 @@ fn virtio(argument: &str) -> Result<Backing, SpecError<'_>> {
 pub fn parse_backing(text: &str) -> Result<Backing, SpecError<'_>> {
     if text.is_empty() {
         return Err(SpecError::Empty);
+    }
+    if text.starts_with("nvme-tcp:") {
+        return parse_nvme_tcp(text)
+            .map(|target| Backing::NvmeTcp {
+                region: target.region,
+            })
+            .map_err(|e| match e {
+                // The slice's own words, as for nvme:.
+                NvmeTcpError::Slice(e) => e,
+                NvmeTcpError::Form => SpecError::NvmeTcp(NvmeTcpField::Form, ""),
+                NvmeTcpError::BadAddress(t) => SpecError::NvmeTcp(NvmeTcpField::Address, t),
+                NvmeTcpError::BadPort(t) => SpecError::NvmeTcp(NvmeTcpField::Port, t),
+                NvmeTcpError::BadNamespace(t) => SpecError::NvmeTcp(NvmeTcpField::Namespace, t),
+                NvmeTcpError::MissingNqn => SpecError::NvmeTcp(NvmeTcpField::MissingNqn, ""),
+                NvmeTcpError::BadNqn(t) => SpecError::NvmeTcp(NvmeTcpField::Nqn, t),
+            });
     }
     if let Some(rest) = text.strip_prefix("nvme@") {
         let (controller, after) = at_address("nvme", rest)?;

@@ -161,6 +161,9 @@ pub enum FaultKind {
     Fatal,
     /// Another queue of the same device failed, and the device was stopped.
     Stopped,
+    /// A remote target (NVMe/TCP) stayed unreachable this long while its requests
+    /// were held: given up, they and every later one fail.
+    TargetGone { waited_ms: u64 },
 }
 
 impl core::fmt::Display for DeviceFault {
@@ -171,6 +174,13 @@ impl core::fmt::Display for DeviceFault {
             }
             FaultKind::Fatal => f.write_str("the device reported a fatal error")?,
             FaultKind::Stopped => f.write_str("another queue of the device failed")?,
+            FaultKind::TargetGone { waited_ms } => {
+                return write!(
+                    f,
+                    "the target stayed unreachable for {} s; every request answered with an error",
+                    waited_ms / 1000
+                )
+            }
         }
         f.write_str(if self.dma_stopped {
             "; device stopped (bus mastering off), every request answered with an error"

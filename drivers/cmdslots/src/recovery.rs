@@ -97,7 +97,8 @@ fn encode(kind: FaultKind) -> u64 {
     match kind {
         FaultKind::Timeout { waited_ms } => CAUSE_TIMEOUT | (waited_ms << 2),
         FaultKind::Fatal => CAUSE_FATAL,
-        FaultKind::Stopped => 0,
+        // A PCIe device's recovery never sees a remote target's fault.
+        FaultKind::Stopped | FaultKind::TargetGone { .. } => 0,
     }
 }
 

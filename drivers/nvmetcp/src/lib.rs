@@ -27,9 +27,12 @@
 #![cfg_attr(not(any(test, feature = "fake")), no_std)]
 #![deny(unsafe_code)]
 
+extern crate alloc;
+
 pub mod pdu;
 mod queue;
 pub mod reconnect;
+pub mod remote;
 mod session;
 pub mod sqe;
 

@@ -115,6 +115,10 @@ command_line_keys! {
     NetGw "net.gw" Setting,
         default "none", range "<a.b.c.d>, inside net.ip's subnet",
         "the IPv4 router towards targets outside net.ip's subnet";
+    NetHostnqn "net.hostnqn" Setting,
+        default "none", range "nqn.<...>, up to 223 printable ASCII characters other than ','",
+        "blkdom's NVMe host NQN, what NVMe/TCP targets know it by (their allowed hosts); \
+         without it no nvme-tcp: disk is served";
 
     Selftest "selftest" TestHook,
         default "", range "",

@@ -46,6 +46,47 @@ pub struct Config {
     pub device_max_resets: u32,
     /// `net.ip=`, `net.gw=`: the storage network's address; `None`: no vif is used.
     pub net: Option<NetConfig>,
+    /// `net.hostnqn=`: the NVMe host NQN blkdom connects to targets with.
+    pub host_nqn: Option<HostNqn>,
+}
+
+/// An NQN as NVMe allows it (up to 223 bytes), starting `nqn.`, printable ASCII other
+/// than space and `,`; kept inline so the configuration stays a plain value.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct HostNqn {
+    bytes: [u8; HostNqn::MAX_LEN],
+    len: u8,
+}
+
+impl HostNqn {
+    pub const MAX_LEN: usize = 223;
+
+    pub fn new(text: &str) -> Option<HostNqn> {
+        let valid = |b: u8| (b'!'..=b'~').contains(&b) && b != b',';
+        if !text.starts_with("nqn.") || text.len() <= 4 || text.len() > Self::MAX_LEN {
+            return None;
+        }
+        if !text.bytes().all(valid) {
+            return None;
+        }
+        let mut bytes = [0; Self::MAX_LEN];
+        bytes[..text.len()].copy_from_slice(text.as_bytes());
+        Some(HostNqn {
+            bytes,
+            len: text.len() as u8,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII went in (checked by `new`).
+        core::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
+}
+
+impl core::fmt::Debug for HostNqn {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
 }
 
 /// blkdom's static IPv4 configuration on its vif.
@@ -128,6 +169,7 @@ impl Config {
         device_timeout_ns: DEFAULT_DEVICE_TIMEOUT_NS,
         device_max_resets: DEFAULT_MAX_RESETS,
         net: None,
+        host_nqn: None,
     };
 
     /// The configuration `cmdline` sets, and the values it had to refuse (each keeps its
@@ -207,6 +249,12 @@ impl Config {
                 }
                 _ => refuse(Key::NetGw, text),
             },
+        }
+        if let Some(text) = cmdline.value(Key::NetHostnqn) {
+            match HostNqn::new(text) {
+                Some(nqn) => config.host_nqn = Some(nqn),
+                None => refuse(Key::NetHostnqn, text),
+            }
         }
         (config, bad)
     }
@@ -323,6 +371,12 @@ impl fmt::Display for BadValue<'_> {
                 f,
                 "{key}={text}: want <a.b.c.d> inside net.ip's subnet (and net.ip set); no \
                  router is used"
+            ),
+            Key::NetHostnqn => write!(
+                f,
+                "{key}={text}: want nqn.<...>, up to {} printable ASCII characters other \
+                 than ','; no nvme-tcp: disk is served",
+                HostNqn::MAX_LEN
             ),
             Key::DeviceTimeoutMs => write!(
                 f,
@@ -455,6 +509,30 @@ mod tests {
             (None, 1),
             "a router without an address"
         );
+    }
+
+    #[test]
+    fn the_host_nqn_is_an_nqn() {
+        let nqn = "nqn.2014-08.org.nvmexpress:uuid:b1cd0000-0000-4000-8000-000000000001";
+        let config = parse_good(&format!("net.hostnqn={nqn}"));
+        assert_eq!(config.host_nqn.unwrap().as_str(), nqn);
+        let long = format!("nqn.{}", "a".repeat(HostNqn::MAX_LEN - 4));
+        assert_eq!(
+            parse_good(&format!("net.hostnqn={long}"))
+                .host_nqn
+                .unwrap()
+                .as_str(),
+            long
+        );
+        for bad in [
+            "nqn.",
+            "iqn.2001-04.com.example",
+            "nqn.a,b",
+            &format!("{long}a"),
+        ] {
+            let (config, refused) = parse(&format!("net.hostnqn={bad}"));
+            assert_eq!((config.host_nqn, refused.len()), (None, 1), "{bad}");
+        }
     }
 
     #[test]
@@ -645,7 +723,7 @@ mod tests {
         let line = "loglevel=loud poll.spin-us=9-1 poll.idle=nap notify.hold-us=x \
                     grants.max-total=y grants.max-per-ring=z grants.idle-s=w \
                     grants.persistent=maybe device.timeout-ms=never device.max-resets=lots \
-                    net.ip=10.0.0.0/24 net.gw=10.0.0.1";
+                    net.ip=10.0.0.0/24 net.gw=10.0.0.1 net.hostnqn=iqn.x";
         let (config, bad) = parse(line);
         assert_eq!(config, Config::DEFAULT);
         assert_eq!(bad.len(), SETTINGS);
@@ -703,6 +781,7 @@ mod tests {
             ),
             (Key::NetIp, "none".into(), "prefix 1 to 30".into()),
             (Key::NetGw, "none".into(), "inside net.ip's subnet".into()),
+            (Key::NetHostnqn, "none".into(), "up to 223".into()),
         ];
         assert!(d.persistent_grants);
         assert_eq!(expected.len(), SETTINGS);

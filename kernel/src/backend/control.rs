@@ -74,6 +74,8 @@ pub struct Control {
     handed_over: Vec<handover::block::VbdRecord>,
     /// A live upgrade's drain, under way.
     upgrade: Option<upgrade::Upgrade>,
+    /// The vif's event channel, when blkdom has a storage network.
+    net_port: Option<EvtchnPort>,
 }
 
 /// The devices blkdom drives, with their names (`Devices::listing`), to
@@ -100,7 +102,11 @@ fn publish_devices(lines: &[String]) {
 }
 
 impl Control {
-    pub fn new(bus: PciBus, config: &Config) -> Option<Control> {
+    pub fn new(
+        bus: PciBus,
+        config: &Config,
+        net: Result<super::net::Net, String>,
+    ) -> Option<Control> {
         let xen = xen_domain::get()?;
         let store_port = xen::domain::store_params(&xen.hv).ok().map(|p| p.evtchn);
         let domid =
@@ -121,7 +127,9 @@ impl Control {
         }
         let regions = space::available();
         log::info!("blkback: domain {domid} serving vbds; map space for {regions} rings");
-        let mut registry = Registry::new(bus, crate::devices::recovery(config.device_max_resets));
+        let net_port = net.as_ref().ok().map(|net| net.port());
+        let mut registry =
+            Registry::new(bus, crate::devices::recovery(config.device_max_resets), net);
         publish_devices(&registry.device_listing());
         let handed_over = match crate::handoff::booted_from() {
             Some(h) => {
@@ -145,6 +153,7 @@ impl Control {
             shutdown: None,
             handed_over,
             upgrade: None,
+            net_port,
         })
     }
 
@@ -659,6 +668,18 @@ impl Control {
 impl poller::ControlWork for Control {
     fn port(&self) -> Option<EvtchnPort> {
         self.store_port
+    }
+
+    fn net_port(&self) -> Option<EvtchnPort> {
+        self.net_port
+    }
+
+    fn poll_net(&mut self) -> Option<super::net::NetPoll> {
+        self.registry.net().map(|net| net.poll())
+    }
+
+    fn net_waiting(&self) -> bool {
+        self.registry.net_waiting()
     }
 
     fn maintain_memory(&mut self) {

@@ -164,6 +164,14 @@ pub enum DiskError {
         spec: String,
         fault: blkdev::DeviceFault,
     },
+    /// A remote namespace (`nvme-tcp:`) could not be reached or used: why, and the
+    /// errno (ETIMEDOUT no answer, ECONNREFUSED refused, ENODEV no such subsystem or
+    /// namespace, EACCES this host not allowed).
+    Remote {
+        spec: String,
+        reason: String,
+        errno: i32,
+    },
 }
 
 impl fmt::Display for DiskError {
@@ -238,6 +246,7 @@ impl fmt::Display for DiskError {
                 f,
                 "{spec}: the device failed ({fault}); it serves no disk until blkdom restarts"
             ),
+            DiskError::Remote { spec, reason, .. } => write!(f, "{spec}: {reason}"),
         }
     }
 }
@@ -396,6 +405,7 @@ impl Errno for DiskError {
             DiskError::NoQueueLeft { .. } | DiskError::NoQueue { .. } => errno::EBUSY,
             DiskError::RamDoesNotFit { .. } => errno::ENOMEM,
             DiskError::DeviceFailed { .. } | DiskError::RamLost { .. } => errno::EIO,
+            DiskError::Remote { errno, .. } => *errno,
             DiskError::Region { error, .. } => match error {
                 RegionError::Gpt(
                     GptError::NoSuchEntry { .. }

@@ -11,6 +11,7 @@ pub mod adapters;
 mod control;
 pub mod disk;
 mod error;
+pub mod net;
 pub mod poller;
 mod registry;
 #[cfg(feature = "test-hooks")]
@@ -38,10 +39,12 @@ static POLLER_CONFIG: spin::Once<PollerConfig> = spin::Once::new();
 /// Starts a poller on every other vCPU and runs vCPU 0's (with the control path), as
 /// `config` says.
 pub fn serve(
-    hole: machine::frames::PhysRange,
+    mut hole: machine::frames::PhysRange,
     bus: crate::devices::open::PciBus,
     config: &Config,
 ) -> ! {
+    // The vif's grant table frames come out of the map hole before the rings take it.
+    let net = storage_network(&mut hole, config);
     let rings = space::init(hole);
     log::info!(
         "blkback: map space {:#x}-{:#x} ({} MiB, {} rings)",
@@ -57,7 +60,7 @@ pub fn serve(
         }
     }
     xen_domain::control::listen();
-    let mut control = Control::new(bus, config);
+    let mut control = Control::new(bus, config, net);
     if control.is_none() {
         log::error!("blkback: no xenstore control path: serving nothing");
     }
@@ -67,6 +70,45 @@ pub fn serve(
         control.as_mut().map(|c| c as &mut dyn poller::ControlWork),
         pollers,
     )
+}
+
+/// The vif and its stack, when the command line gives blkdom an address (`net.ip`), or
+/// why there is none: what `nvme-tcp:` disks are refused with.
+fn storage_network(
+    hole: &mut machine::frames::PhysRange,
+    config: &Config,
+) -> Result<net::Net, alloc::string::String> {
+    let Some(address) = config.net else {
+        return Err("no net.ip= on blkdom's command line".into());
+    };
+    // Carved on a 2 MiB boundary so the rings' regions keep theirs.
+    const CARVE: u64 = 2 << 20;
+    if hole.len() < 4 * CARVE {
+        return Err("no room in the map hole for the vif's grant table".into());
+    }
+    let grant_gpa = hole.start;
+    *hole = machine::frames::PhysRange::new(hole.start + CARVE, hole.end);
+    let started = xen_domain::vif::Vif::now_ms();
+    match xen_domain::vif::bring_up(&address, grant_gpa) {
+        Ok(vif) => {
+            let [a, b, c, d] = address.address;
+            log::info!(
+                "net: vif connected to {} in {} ms; {a}.{b}.{c}.{d}/{}; host NQN {}",
+                vif.info.backend,
+                xen_domain::vif::Vif::now_ms() - started,
+                address.prefix,
+                config
+                    .host_nqn
+                    .as_ref()
+                    .map_or("none (net.hostnqn=)", |n| n.as_str())
+            );
+            Ok(net::Net::new(vif, config.host_nqn))
+        }
+        Err(e) => {
+            log::error!("net: the vif did not come up: {e}; nvme-tcp: disks are refused");
+            Err(alloc::format!("the vif did not come up: {e}"))
+        }
+    }
 }
 
 fn start_poller(cpu: usize) {

@@ -311,6 +311,13 @@ fn doorbell_pair() -> Option<(EvtchnPort, EvtchnPort)> {
 /// again (ns), and its event channel joins the poller's wait set.
 pub trait ControlWork {
     fn port(&self) -> Option<EvtchnPort>;
+    /// The storage network's event channel (the vif's), if there is a network.
+    fn net_port(&self) -> Option<EvtchnPort>;
+    /// One pass of the storage network (every pass of vCPU 0), if there is one.
+    fn poll_net(&mut self) -> Option<super::net::NetPoll>;
+    /// Requests of remote disks wait for the network, or frames for it arrived (looked
+    /// at before sleeping; arms the network's events for the sleep).
+    fn net_waiting(&self) -> bool;
     fn run(&mut self) -> Option<u64>;
     /// A RAM disk asked for memory or has maintenance left (`disk::RAM_MEMORY_WANTED`):
     /// run it now.
@@ -354,6 +361,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         ports.clear();
         ports.push(doorbell);
         ports.extend(control.as_ref().and_then(|c| c.port()));
+        ports.extend(control.as_ref().and_then(|c| c.net_port()));
         let first_ring = ports.len();
         ports.extend(served.iter().map(|s| s.ring.port()));
         *wake = WakePlan::new(doorbell, &ports[first_ring..]);
@@ -435,6 +443,14 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
                 None => {}
             }
         }
+        // The storage network: frames, remote disks' commands and data, reconnects.
+        let mut net_busy = false;
+        let mut net_timer_due = None;
+        if let Some(net) = control.as_mut().and_then(|c| c.poll_net()) {
+            work |= net.work;
+            net_busy = net.busy;
+            net_timer_due = net.timer_due_ns;
+        }
         // A device queue asked for its device's recovery: the control path runs it now.
         let recovery_news = crate::devices::RECOVERY_WANTED.load(Ordering::Relaxed);
         if recovery_news && control.is_none() && !RECOVERY_KICK_SENT.swap(true, Ordering::AcqRel) {
@@ -490,6 +506,15 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
             spin.on_sleep_abandoned();
             continue;
         }
+        // Remote disks' requests and the vif's frames that came since the network's
+        // pass are taken now (this also arms the vif's events for the sleep).
+        if control
+            .as_ref()
+            .is_some_and(|control| control.net_waiting())
+        {
+            spin.on_sleep_abandoned();
+            continue;
+        }
         // A live upgrade's jump: every ring was released (the drain), so this vCPU parks
         // (vCPU 0, which runs the control path, jumps instead).
         if control.is_none() && served.is_empty() && PARK.load(Ordering::Acquire) {
@@ -501,7 +526,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         // `prepare_to_sleep` sent every held notification; a held deadline would still
         // bound the sleep. A ring at its I/O limits is looked at again when its buckets
         // let its next request go (one wake-up per due request, no periodic timer).
-        let device_busy = served.iter().any(|q| q.engine.in_flight() > 0);
+        let device_busy = net_busy || served.iter().any(|q| q.engine.in_flight() > 0);
         let notify_due = served
             .iter()
             .filter_map(|q| {
@@ -511,6 +536,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
                     .chain(q.engine.throttle_deadline())
                     .min()
             })
+            .chain(net_timer_due)
             .min();
         let deadline = sleep_deadline(
             now,

@@ -77,13 +77,19 @@ pub struct Registry {
     bounce_counters: Vec<Arc<AtomicU64>>,
     devices: Devices,
     tables: TableReader,
+    /// The storage network, or why there is none (`nvme-tcp:` disks are refused with it).
+    net: Result<super::net::Net, String>,
 }
 
 impl Registry {
     /// The registry of the devices on `bus`, brought up now (`Devices::prepare`): an
     /// attach then takes queues, where bringing a device up would cost it a VM exit to
     /// the device model per register access.
-    pub fn new(bus: PciBus, recovery: cmdslots::RecoveryConfig) -> Registry {
+    pub fn new(
+        bus: PciBus,
+        recovery: cmdslots::RecoveryConfig,
+        net: Result<super::net::Net, String>,
+    ) -> Registry {
         let mut devices = Devices::new(bus, recovery);
         devices.prepare(crate::smp::online_count().max(1) * VIRTIO_QUEUES_PER_CPU);
         Registry {
@@ -95,6 +101,7 @@ impl Registry {
             bounce_counters: Vec::new(),
             devices,
             tables: TableReader::default(),
+            net,
         }
     }
 
@@ -110,6 +117,9 @@ impl Registry {
         })?;
         let region = match backing {
             Backing::Ram { bytes, name } => return self.open_ram(bytes, name).map(Disk::Ram),
+            Backing::NvmeTcp { region } => {
+                return self.open_remote(spec, region).map(Disk::Device);
+            }
             Backing::Nvme { region, .. } | Backing::Virtio { region, .. } => region,
         };
         // Names reach devices by where they sit: two names of one device (its serial, its
@@ -130,6 +140,49 @@ impl Registry {
         }
         self.open_on_device(spec, device, region, passed_through)
             .map(Disk::Device)
+    }
+
+    /// A disk on a remote namespace: the remote connected (or already), then its
+    /// queues as any device's.
+    fn open_remote(&mut self, spec: &str, region: Region) -> Result<OpenDevice, DiskError> {
+        let refuse = |reason: String, errno: i32| DiskError::Remote {
+            spec: spec.into(),
+            reason,
+            errno,
+        };
+        if region.needs_partition_table() {
+            // Its table would be read over the network by the control path, which
+            // drives that network itself.
+            return Err(refuse(
+                "part= is not served on nvme-tcp: (name the slice by offset=,size=)".into(),
+                xen::xenbus::error::errno::EINVAL,
+            ));
+        }
+        let target = backing::parse_nvme_tcp(spec)
+            .map_err(|e| refuse(e.to_string(), xen::xenbus::error::errno::EINVAL))?;
+        let net = self.net.as_mut().map_err(|why| {
+            refuse(
+                format!("no storage network: {why}"),
+                xen::xenbus::error::errno::ENODEV,
+            )
+        })?;
+        let remote = net
+            .remote(&target)
+            .map_err(|(reason, errno)| refuse(reason, errno))?;
+        self.open_on_device(spec, DeviceId::NvmeTcp { remote }, region, &[])
+    }
+
+    /// Remote disks' requests wait for the network, or frames arrived for it.
+    pub fn net_waiting(&self) -> bool {
+        // Both looks, always: the second arms the vif's events for the sleep.
+        self.net
+            .as_ref()
+            .is_ok_and(|net| net.has_submissions() | net.frames_waiting())
+    }
+
+    /// The storage network, for the poller of vCPU 0.
+    pub fn net(&mut self) -> Option<&mut super::net::Net> {
+        self.net.as_mut().ok()
     }
 
     /// Takes back the disk of a vbd that is gone: its range is free again, and its
@@ -231,10 +284,38 @@ impl Registry {
     /// brought up is told to stop (`Devices::shut_down`). A device whose queues are all
     /// still held by rings that did not drain cannot be flushed, and is reported so.
     pub fn shut_down(&mut self, flush_deadline_ns: u64) -> shutdown::Report {
+        let mut remote = self.flush_remote(flush_deadline_ns);
         let (flush, unflushed) = Self::idle_queues(&mut self.pools);
         let mut report = self.devices.shut_down(flush, flush_deadline_ns);
         report.given_up.extend(unflushed);
+        report.flushed += remote.flushed;
+        report.given_up.append(&mut remote.given_up);
         report
+    }
+
+    /// Remote namespaces' flushes (through one idle queue of each), with the network
+    /// driven while they wait: nothing else on this vCPU moves it meanwhile.
+    fn flush_remote(&mut self, flush_deadline_ns: u64) -> shutdown::Report {
+        let Ok(net) = self.net.as_mut() else {
+            return shutdown::Report::default();
+        };
+        let flush: Vec<(String, &mut dyn BlockDevice)> = self
+            .pools
+            .iter_mut()
+            .filter(|pool| matches!(pool.device, DeviceId::NvmeTcp { .. }))
+            .filter_map(|pool| {
+                let name = pool.description.clone();
+                pool.idle
+                    .last_mut()
+                    .map(|q| (name, q as &mut dyn BlockDevice))
+            })
+            .collect();
+        if flush.is_empty() {
+            return shutdown::Report::default();
+        }
+        crate::devices::shutdown::flush_queues_relaxing(flush, flush_deadline_ns, &mut || {
+            net.poll();
+        })
     }
 
     /// A live upgrade's flush, once its drain gave every ring's queue back: every
@@ -242,11 +323,13 @@ impl Registry {
     /// within `flush_deadline_ns`; the devices go on serving. The vbds keep their
     /// `disks` (an abandoned upgrade re-attaches them), so a device whose queues are all
     /// opened by disks is flushed through a queue its drained ring gave back to one.
+    /// Remote namespaces are flushed apart (`flush_remote`).
     pub fn flush<'a>(
         &'a mut self,
         disks: impl Iterator<Item = &'a mut Disk>,
         flush_deadline_ns: u64,
     ) -> shutdown::Report {
+        let mut remote = self.flush_remote(flush_deadline_ns);
         let mut held: Vec<(DeviceId, &'a mut DeviceQueue)> = Vec::new();
         for disk in disks {
             if let Disk::Device(disk) = disk {
@@ -260,7 +343,11 @@ impl Registry {
         }
         let mut flush: Vec<(String, &mut dyn BlockDevice)> = Vec::new();
         let mut unflushed = Vec::new();
-        for pool in &mut self.pools {
+        for pool in self
+            .pools
+            .iter_mut()
+            .filter(|pool| !matches!(pool.device, DeviceId::NvmeTcp { .. }))
+        {
             let name = pool.device.to_string();
             if let Some(queue) = pool.idle.last_mut() {
                 flush.push((name, queue));
@@ -277,6 +364,8 @@ impl Registry {
         }
         let mut report = crate::devices::shutdown::flush_queues(flush, flush_deadline_ns);
         report.given_up.extend(unflushed);
+        report.flushed += remote.flushed;
+        report.given_up.append(&mut remote.given_up);
         report
     }
 
@@ -293,7 +382,11 @@ impl Registry {
     fn idle_queues(pools: &mut [Pool]) -> (Vec<(String, &mut dyn BlockDevice)>, Vec<String>) {
         let mut flush: Vec<(String, &mut dyn BlockDevice)> = Vec::new();
         let mut unflushed = Vec::new();
-        for pool in pools {
+        // Remote namespaces are flushed apart (`flush_remote`).
+        for pool in pools
+            .iter_mut()
+            .filter(|pool| !matches!(pool.device, DeviceId::NvmeTcp { .. }))
+        {
             match pool.idle.last_mut() {
                 Some(queue) => flush.push((pool.device.to_string(), queue)),
                 None => unflushed.push(format!(
@@ -639,7 +732,7 @@ impl Registry {
         }
         let cpus = crate::smp::online_count().max(1);
         let wanted = match device {
-            DeviceId::Nvme { .. } => cpus,
+            DeviceId::Nvme { .. } | DeviceId::NvmeTcp { .. } => cpus,
             DeviceId::Virtio { .. } => cpus * VIRTIO_QUEUES_PER_CPU,
         };
         let opened = self.open_queues(spec, device, wanted, passed_through)?;
@@ -704,6 +797,25 @@ impl Registry {
         wanted: usize,
         passed_through: &[PciAddress],
     ) -> Result<crate::devices::open::OpenedDisk, DiskError> {
+        if let DeviceId::NvmeTcp { remote } = device {
+            let net = self
+                .net
+                .as_mut()
+                .map_err(|_| DiskError::NoQueue { spec: spec.into() })?;
+            let queues = net.queues(remote, wanted);
+            if queues.is_empty() {
+                return Err(DiskError::NoQueueLeft {
+                    spec: spec.into(),
+                    made: nvmetcp::remote::MAX_CHANNELS,
+                });
+            }
+            return Ok(crate::devices::open::OpenedDisk {
+                description: net.describe(remote),
+                queues,
+                bounced_bytes: Arc::default(),
+                device_model: false,
+            });
+        }
         let opened = self
             .devices
             .open_device(

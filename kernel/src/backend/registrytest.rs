@@ -47,7 +47,11 @@ pub(super) fn first_block(
 
 pub fn registry_test(steps: &str, bus: PciBus) -> ! {
     // Opens and releases only: no device is recovered here.
-    let mut registry = Registry::new(bus, cmdslots::RecoveryConfig::NEVER);
+    let mut registry = Registry::new(
+        bus,
+        cmdslots::RecoveryConfig::NEVER,
+        Err("no network in this test".into()),
+    );
     let mut disks: Vec<Option<Disk>> = Vec::new();
     let mut verdict = power::Verdict::Pass;
     for step in testhooks::registry::steps(steps) {

@@ -40,7 +40,11 @@ pub fn carry_ram_disk(
     handover: &mut Handover,
     devices: bool,
 ) -> Result<String, String> {
-    let mut registry = Registry::new(bus, cmdslots::RecoveryConfig::NEVER);
+    let mut registry = Registry::new(
+        bus,
+        cmdslots::RecoveryConfig::NEVER,
+        Err("no network in this test".into()),
+    );
     if let Some(h) = booted_from {
         if registry.adopt_ram_disks(&h.ram_disks) != 1 {
             return Err("the RAM disk was not taken over".into());

@@ -225,8 +225,8 @@ fn run(
                 None
             }
         },
-        // A second RAM disk would be another disk.
-        Backing::Ram { .. } => None,
+        // A second RAM disk would be another disk; remote ones are not opened here.
+        Backing::Ram { .. } | Backing::NvmeTcp { .. } => None,
     };
 
     if let Some((_, sectors)) = window {

@@ -81,7 +81,7 @@ pub enum OpenError {
 impl fmt::Display for OpenError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            OpenError::NoDevice => f.write_str("a RAM disk is not a device"),
+            OpenError::NoDevice => f.write_str("a RAM disk or a remote namespace is not a PCI device"),
             OpenError::Name(error) => write!(f, "{error}"),
             OpenError::NoNvme => f.write_str("no NVMe controller on the PCI bus"),
             OpenError::NoVirtio { index } => {

@@ -13,6 +13,7 @@ mod hal;
 mod nvme;
 pub mod open;
 pub mod region;
+pub mod remote_memory;
 pub mod shutdown;
 pub mod stopwatch;
 mod virtio;

@@ -253,6 +253,8 @@ impl Devices {
                 let device = self.resolve(&backing)?;
                 self.open_device(device, wanted_queues, options)
             }
+            // The registry opens remote namespaces itself, over the network.
+            Backing::NvmeTcp { .. } => Err(OpenError::NoDevice),
         }
     }
 
@@ -274,7 +276,7 @@ impl Devices {
     /// serial, NGUID, EUI-64 or address. A RAM disk names none.
     pub fn resolve(&mut self, backing: &Backing) -> Result<DeviceId, OpenError> {
         match *backing {
-            Backing::Ram { .. } => Err(OpenError::NoDevice),
+            Backing::Ram { .. } | Backing::NvmeTcp { .. } => Err(OpenError::NoDevice),
             Backing::Nvme {
                 name: NvmeName::First { nsid },
                 ..
@@ -364,6 +366,7 @@ impl Devices {
     ) -> Result<OpenedDisk, OpenError> {
         let wanted_queues = wanted_queues.max(1);
         match device {
+            DeviceId::NvmeTcp { .. } => Err(OpenError::NoDevice),
             DeviceId::Nvme { controller, nsid } => {
                 let function =
                     self.function_at(controller, Function::is_nvme)

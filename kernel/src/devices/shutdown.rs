@@ -122,9 +122,36 @@ impl Devices {
 /// `flush_deadline_ns` (a shutdown's first step, and a live upgrade's after its drain:
 /// the devices go on serving).
 pub fn flush_queues(flush: Vec<(String, &mut dyn BlockDevice)>, flush_deadline_ns: u64) -> Report {
+    flush_queues_with(flush, flush_deadline_ns, &mut Clock)
+}
+
+/// As [`flush_queues`], with `relax` run between two looks at the queues: what moves a
+/// remote namespace's flush on (the network, driven by this vCPU).
+pub fn flush_queues_relaxing(
+    flush: Vec<(String, &mut dyn BlockDevice)>,
+    flush_deadline_ns: u64,
+    relax: &mut dyn FnMut(),
+) -> Report {
+    struct Relaxing<'a>(&'a mut dyn FnMut());
+    impl shutdown::Clock for Relaxing<'_> {
+        fn now_ns(&mut self) -> u64 {
+            hal::now_ns()
+        }
+        fn relax(&mut self) {
+            (self.0)()
+        }
+    }
+    flush_queues_with(flush, flush_deadline_ns, &mut Relaxing(relax))
+}
+
+fn flush_queues_with(
+    flush: Vec<(String, &mut dyn BlockDevice)>,
+    flush_deadline_ns: u64,
+    clock: &mut dyn shutdown::Clock,
+) -> Report {
     let mut report = Report::default();
     let (names, mut queues): (Vec<String>, Vec<&mut dyn BlockDevice>) = flush.into_iter().unzip();
-    let flushed = shutdown::flush_all(&mut queues, flush_deadline_ns, &mut Clock);
+    let flushed = shutdown::flush_all(&mut queues, flush_deadline_ns, clock);
     for (name, outcome) in names.iter().zip(flushed) {
         report.flushed += usize::from(report.note(&format!("{name}: flush"), outcome));
     }

@@ -10,8 +10,6 @@ pub mod control;
 pub mod events;
 pub mod store;
 pub mod vcpus;
-// Only the network test uses the vif until NVMe/TCP disks are served (design.md §5.9).
-#[cfg(feature = "test-hooks")]
 pub mod vif;
 
 use crate::arch::paging::IDENTITY_MAPPED_LIMIT;

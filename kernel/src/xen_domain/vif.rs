@@ -20,8 +20,8 @@ use xen::raw::hypercall::NativeHypervisor;
 
 /// Our grant table's frames: 1,024 entries, enough for the two rings and 512 pages.
 pub const GRANT_FRAMES: u32 = 2;
-/// Sockets the interface can hold (one TCP connection per NVMe/TCP queue).
-const SOCKETS: usize = 4;
+/// Sockets the interface can hold: two per remote namespace (its admin and I/O queue).
+const SOCKETS: usize = 2 * crate::backend::net::MAX_REMOTES;
 /// The vif blkdom uses (the first of the xl config's `vif=`).
 const VIF_DIR: &str = "device/vif/0";
 
@@ -34,6 +34,11 @@ pub struct Vif {
 }
 
 impl Vif {
+    /// The vif's event channel (masked: a poller waits on its pending bit).
+    pub fn port(&self) -> EvtchnPort {
+        self.port
+    }
+
     pub fn now_ms() -> u64 {
         now_ns() / 1_000_000
     }

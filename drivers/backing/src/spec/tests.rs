@@ -47,7 +47,7 @@ fn errors_display_their_cause() {
         text(&SpecError::UnknownKind("scsi")),
         "unknown backing store \"scsi\"; use nvme:serial=<SN>:<nsid>, nvme:nguid=<hex>, \
          nvme:eui64=<hex>, nvme@<bb:dd.f>:<nsid>, virtio:serial=<id>, virtio@<bb:dd.f> (each \
-         [:<slice>]), nvme:<nsid>, virtio:<index> or ram:<size>[K|M|G][:<name>]"
+         [:<slice>]), nvme:<nsid>, virtio:<index>, ram:<size>[K|M|G][:<name>] or nvme-tcp:<ipv4>:<port>:<nsid>:nqn=<subsystem NQN>[,<slice>]"
     );
     assert_eq!(
         text(&SpecError::BadNumber("virtio", "x")),
@@ -442,4 +442,42 @@ fn backing_stays_small_and_copy() {
     fn copy<T: Copy>() {}
     copy::<Backing>();
     assert!(core::mem::size_of::<Backing>() <= 80);
+}
+
+#[test]
+fn nvme_tcp_targets_are_a_kind_of_their_own() {
+    let nqn = "nqn.2026-01.org.example:disk1";
+    assert_eq!(
+        parse_backing(&format!("nvme-tcp:10.9.0.1:4420:1:nqn={nqn}")),
+        Ok(Backing::NvmeTcp {
+            region: Region::Whole
+        })
+    );
+    assert_eq!(
+        parse_backing(&format!(
+            "nvme-tcp:10.9.0.1:4420:1:nqn={nqn},offset=1G,size=8G"
+        )),
+        Ok(Backing::NvmeTcp {
+            region: Region::Extent {
+                offset: 1 << 30,
+                size: 8 << 30
+            }
+        })
+    );
+    let text = |spec: &str| parse_backing(spec).unwrap_err().to_string();
+    assert!(text("nvme-tcp:10.9.0:4420:1:nqn=nqn.a").contains("is not an IPv4 address"));
+    assert!(text("nvme-tcp:10.9.0.1:4420:1:nqn=iqn.a").contains("is not a subsystem NQN"));
+    assert!(text("nvme-tcp:10.9.0.1:4420:1").contains("nqn=<subsystem NQN>"));
+    assert!(
+        text("nvme-tcp:10.9.0.1:4420:1:nqn=nqn.a,part=0").contains("part=0"),
+        "{}",
+        text("nvme-tcp:10.9.0.1:4420:1:nqn=nqn.a,part=0")
+    );
+    assert_eq!(
+        Backing::NvmeTcp {
+            region: Region::Whole
+        }
+        .device(),
+        None
+    );
 }

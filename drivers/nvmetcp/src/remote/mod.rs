@@ -1,0 +1,927 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! A remote namespace served as a block device: one association with the target (an
+//! admin queue and one I/O queue, each on its own TCP connection), the channels of the
+//! disk queues that use it, and the reconnect loop.
+//!
+//! Runs where the network is driven (vCPU 0 in the image): [`Remote::poll`] moves
+//! bytes through a [`Transport`] the caller owns, takes requests from every channel,
+//! splits them into commands (at the controller's MDTS), copies data between TCP and
+//! the guests' pages through [`Memory`], and completes them on their channels. The
+//! queues (`DiskQueue`, a `BlockDevice`) live on whichever poller serves each ring.
+//!
+//! When a connection breaks, every request sent on it is held (not failed) and the
+//! association is rebuilt as [`Reconnect`] says: at once, then every `delay_ms`; once
+//! `give_up_ms` passed without a connection, every request held and every later one
+//! fails and the queues report a fault (the disk reports it).
+
+mod channel;
+#[cfg(test)]
+mod tests;
+
+pub use channel::{DiskQueue, Shared, MAX_SEGMENTS, SLOTS};
+
+use crate::queue::DataPort;
+use crate::reconnect::{Action, Reconnect, ReconnectPolicy};
+use crate::session::{AdminSession, ControllerInfo, HostIdentity, IoSession, NamespaceInfo};
+use crate::{Error, SessionState};
+use alloc::boxed::Box;
+use alloc::collections::VecDeque;
+use alloc::string::String;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use blkdev::{DiscardGeometry, Geometry};
+use channel::{Op, SlotRequest};
+use core::fmt;
+
+/// Commands one I/O queue has out at once (at most the controller's queue size).
+pub const IO_DEPTH: usize = 128;
+/// Channels (disk queues) one remote namespace serves at most.
+pub const MAX_CHANNELS: usize = 16;
+/// Largest command this host sends, whatever MDTS allows: a blkif request is at most
+/// 2 MiB, and smaller commands keep one from holding the connection long.
+const MAX_COMMAND_BYTES: u64 = 1 << 20;
+/// Keep Alive Timeout asked in Connect: three times Linux's host default
+/// (NVME_DEFAULT_KATO), room for emulated CPUs; a keep-alive goes every half of it.
+const KATO_MS: u32 = 15_000;
+
+/// The two connections of an association.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Link {
+    Admin = 0,
+    Io = 1,
+}
+
+/// Where a TCP connection is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkState {
+    Opening,
+    Open,
+    /// Refused (reset) while opening.
+    Refused,
+    /// Closed or reset after it was open.
+    Closed,
+}
+
+/// The TCP connections of one remote namespace, as the caller keeps them.
+pub trait Transport {
+    /// Starts `link` afresh (any previous connection of it is dropped).
+    fn open(&mut self, link: Link);
+    fn state(&mut self, link: Link) -> LinkState;
+    /// Hands what arrived to `f`, which returns how much it took.
+    fn recv(&mut self, link: Link, f: &mut dyn FnMut(&[u8]) -> usize);
+    /// Lets `f` fill the send window; it returns how much it wrote.
+    fn send(&mut self, link: Link, f: &mut dyn FnMut(&mut [u8]) -> usize);
+    fn close(&mut self, link: Link);
+}
+
+/// The guests' pages, by the CPU addresses the queues were given.
+pub trait Memory {
+    fn read(&self, address: u64, out: &mut [u8]);
+    fn write(&self, address: u64, data: &[u8]);
+}
+
+/// Timing of connections and of reconnecting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    /// A TCP connection not open by then has no answer (no route, no ARP reply, filtered).
+    pub connect_ms: u64,
+    /// The controller's bring-up on a live connection.
+    pub bringup_ms: u64,
+    pub reconnect: ReconnectPolicy,
+}
+
+impl Timing {
+    /// Reconnect every 5 s, give up after 600 s (Linux's `ctrl_loss_tmo`); 5 s for a
+    /// connection, 10 s for a bring-up.
+    pub const DEFAULT: Timing = Timing {
+        connect_ms: 5_000,
+        bringup_ms: 10_000,
+        reconnect: ReconnectPolicy {
+            delay_ms: 5_000,
+            give_up_ms: 600_000,
+        },
+    };
+}
+
+/// Why an association could not be made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// TCP got no answer in time.
+    NoAnswer,
+    /// The target reset the connection (nothing listens on that port).
+    Refused,
+    /// The connection closed during bring-up.
+    Closed,
+    /// The NVMe bring-up failed (the target refused Connect, the namespace is missing ...).
+    Session(Error),
+    /// On a reconnect: the namespace is not what it was.
+    NamespaceChanged { blocks: u64, block_size: u32 },
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::NoAnswer => f.write_str("no answer (no route, no ARP reply, or filtered)"),
+            Failure::Refused => f.write_str("connection refused (reset)"),
+            Failure::Closed => f.write_str("the target closed the connection during bring-up"),
+            Failure::Session(e) => write!(f, "{e}"),
+            Failure::NamespaceChanged { blocks, block_size } => write!(
+                f,
+                "the namespace changed: now {blocks} blocks of {block_size} B"
+            ),
+        }
+    }
+}
+
+impl Failure {
+    /// The Linux errno of the error node.
+    pub fn errno(&self) -> i32 {
+        use crate::ConnectRefusal as R;
+        match self {
+            Failure::NoAnswer => 110, // ETIMEDOUT
+            Failure::Refused => 111,  // ECONNREFUSED
+            Failure::Session(Error::ConnectRefused(R::HostNotAllowed)) => 13, // EACCES
+            Failure::Session(Error::ConnectRefused(R::UnknownSubsystem))
+            | Failure::Session(Error::NamespaceMissing(_)) => 19, // ENODEV
+            _ => 5,                   // EIO
+        }
+    }
+}
+
+/// Where the association is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Being made (first time or a reconnect attempt).
+    Connecting,
+    Live,
+    /// Lost; waiting for the next attempt, requests held.
+    Down,
+    /// The first bring-up failed: nothing was ever served.
+    Failed(Failure),
+    /// The target stayed away too long: every request fails.
+    GaveUp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    AdminTcp,
+    Admin,
+    IoTcp,
+    Io,
+}
+
+/// What the network side keeps of a request it took.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    request: SlotRequest,
+    /// Bytes (or sectors, discard) given to commands so far.
+    issued: u64,
+    outstanding: u16,
+    failed: bool,
+    /// A write's pre-flush has completed (or was not asked for).
+    flushed: bool,
+    active: bool,
+    /// When it was taken from its channel (ms).
+    taken_at: u64,
+}
+
+/// Requests completed and how long the remote held them (taken from the channel to
+/// completed: the network and the target), for the console.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeldTimes {
+    pub completed: u64,
+    pub total_ms: u64,
+    pub max_ms: u64,
+}
+
+const IDLE: Held = Held {
+    request: SlotRequest {
+        op: Op::Flush,
+        sector: 0,
+        amount: 0,
+        segments: 0,
+    },
+    issued: 0,
+    outstanding: 0,
+    failed: false,
+    flushed: false,
+    active: false,
+    taken_at: 0,
+};
+
+/// Things worth logging, handed to the caller's closure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    Live { controller: u16, reconnect: bool },
+    Lost(Failure),
+    AttemptFailed(Failure),
+    GaveUp { waited_ms: u64 },
+}
+
+/// One remote namespace and the disk queues on it.
+pub struct Remote {
+    host_nqn: String,
+    host_id: [u8; 16],
+    subsystem: String,
+    nsid: u32,
+    timing: Timing,
+    state: State,
+    stage: Stage,
+    stage_since: u64,
+    /// The current attempt opened its first connection.
+    started: bool,
+    /// Boxed, as the I/O session: their buffers and command slots (tens of KiB) stay
+    /// off the small kernel stacks that move a `Remote` about.
+    admin: Option<Box<AdminSession>>,
+    io: Option<Box<IoSession<IO_DEPTH>>>,
+    controller: Option<ControllerInfo>,
+    namespace: Option<NamespaceInfo>,
+    /// Set once live: what every reconnect must find again.
+    first_namespace: Option<NamespaceInfo>,
+    reconnect: Reconnect,
+    lost_at: u64,
+    channels: Vec<Arc<Shared>>,
+    held: Vec<[Held; SLOTS]>,
+    /// Requests with commands still to send, in order: (channel, slot).
+    pending: VecDeque<(u16, u16)>,
+    /// Requests taken and not completed.
+    active: usize,
+    /// The time of the current pass (ms).
+    now: u64,
+    held_times: HeldTimes,
+}
+
+impl Remote {
+    /// An association to make with namespace `nsid` of `subsystem`, from `now` (ms).
+    pub fn new(
+        host_nqn: &str,
+        host_id: [u8; 16],
+        subsystem: &str,
+        nsid: u32,
+        timing: Timing,
+        now: u64,
+    ) -> Remote {
+        Remote {
+            host_nqn: host_nqn.into(),
+            host_id,
+            subsystem: subsystem.into(),
+            nsid,
+            timing,
+            state: State::Connecting,
+            stage: Stage::AdminTcp,
+            stage_since: now,
+            started: false,
+            admin: None,
+            io: None,
+            controller: None,
+            namespace: None,
+            first_namespace: None,
+            reconnect: Reconnect::new(timing.reconnect),
+            lost_at: 0,
+            channels: Vec::with_capacity(MAX_CHANNELS),
+            held: Vec::with_capacity(MAX_CHANNELS),
+            pending: VecDeque::with_capacity(MAX_CHANNELS * SLOTS),
+            active: 0,
+            now,
+            held_times: HeldTimes::default(),
+        }
+    }
+
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    pub fn controller(&self) -> Option<ControllerInfo> {
+        self.controller
+    }
+
+    pub fn held_times(&self) -> HeldTimes {
+        self.held_times
+    }
+
+    /// The namespace as the first bring-up found it (every reconnect must find it so).
+    pub fn first_namespace(&self) -> Option<NamespaceInfo> {
+        self.first_namespace
+    }
+
+    /// The disk's geometry (once live).
+    pub fn geometry(&self) -> Option<Geometry> {
+        let (c, ns) = (self.controller?, self.first_namespace?);
+        Some(Geometry {
+            sectors: ns.blocks * u64::from(ns.block_size) / blkdev::SECTOR_SIZE,
+            logical_block_size: ns.block_size,
+            physical_block_size: ns.block_size,
+            read_only: false,
+            flush: c.volatile_write_cache,
+            discard: c.deallocate.then_some(DiscardGeometry {
+                granularity: ns.block_size,
+                alignment: 0,
+                secure: false,
+            }),
+        })
+    }
+
+    /// A new disk queue on this namespace (once live); `None` past [`MAX_CHANNELS`].
+    pub fn add_queue(&mut self) -> Option<DiskQueue> {
+        let geometry = self.geometry()?;
+        if self.channels.len() >= MAX_CHANNELS {
+            return None;
+        }
+        let shared = Shared::new();
+        if self.state == State::GaveUp {
+            shared.give_up(self.timing.reconnect.give_up_ms);
+        }
+        self.channels.push(shared.clone());
+        self.held.push([IDLE; SLOTS]);
+        Some(DiskQueue::new(shared, geometry))
+    }
+
+    /// Requests taken and not completed, or the association is not live: the caller
+    /// polls again soon.
+    pub fn busy(&self) -> bool {
+        self.active > 0 || matches!(self.state, State::Connecting | State::Down)
+    }
+
+    pub fn channels(&self) -> &[Arc<Shared>] {
+        &self.channels
+    }
+
+    /// One pass at `now` (ms). True when something moved.
+    pub fn poll(
+        &mut self,
+        t: &mut dyn Transport,
+        mem: &dyn Memory,
+        now: u64,
+        log: &mut dyn FnMut(Event),
+    ) -> bool {
+        self.now = now;
+        match self.state {
+            State::Connecting if !self.started => {
+                self.start(t, now);
+                true
+            }
+            State::Connecting => self.connect_step(t, now, log),
+            State::Live => self.live_step(t, mem, now, log),
+            State::Down => match self.reconnect.poll(now) {
+                Action::Attempt => {
+                    self.start(t, now);
+                    true
+                }
+                Action::GiveUp => {
+                    self.state = State::GaveUp;
+                    let waited_ms = now.saturating_sub(self.lost_at);
+                    for shared in &self.channels {
+                        shared.give_up(waited_ms);
+                    }
+                    log(Event::GaveUp { waited_ms });
+                    self.fail_everything();
+                    true
+                }
+                Action::Nothing => false,
+            },
+            State::GaveUp => self.fail_everything(),
+            State::Failed(_) => false,
+        }
+    }
+
+    fn start(&mut self, t: &mut dyn Transport, now: u64) {
+        t.close(Link::Admin);
+        t.close(Link::Io);
+        t.open(Link::Admin);
+        self.admin = None;
+        self.io = None;
+        self.state = State::Connecting;
+        self.stage = Stage::AdminTcp;
+        self.stage_since = now;
+        self.started = true;
+    }
+
+    fn identity(&self) -> HostIdentity<'_> {
+        HostIdentity {
+            host_nqn: &self.host_nqn,
+            host_id: self.host_id,
+            subsystem_nqn: &self.subsystem,
+        }
+    }
+
+    fn connect_step(
+        &mut self,
+        t: &mut dyn Transport,
+        now: u64,
+        log: &mut dyn FnMut(Event),
+    ) -> bool {
+        let result = self.bring_up(t, now);
+        match result {
+            Ok(false) => false,
+            Ok(true) => {
+                let reconnect = self.first_namespace.is_some();
+                self.first_namespace
+                    .get_or_insert(self.namespace.unwrap_or(NamespaceInfo {
+                        nsid: self.nsid,
+                        blocks: 0,
+                        block_size: 512,
+                    }));
+                self.state = State::Live;
+                self.reconnect.connected();
+                log(Event::Live {
+                    controller: self.controller.map_or(0, |c| c.cntlid),
+                    reconnect,
+                });
+                // What the old connection held goes again, first.
+                self.replay_active();
+                true
+            }
+            Err(failure) => {
+                t.close(Link::Admin);
+                t.close(Link::Io);
+                self.admin = None;
+                self.io = None;
+                if self.first_namespace.is_none() {
+                    self.state = State::Failed(failure);
+                } else {
+                    log(Event::AttemptFailed(failure));
+                    self.reconnect.attempt_failed(now);
+                    self.state = State::Down;
+                }
+                true
+            }
+        }
+    }
+
+    /// Moves the bring-up on; true once live.
+    fn bring_up(&mut self, t: &mut dyn Transport, now: u64) -> Result<bool, Failure> {
+        match self.stage {
+            Stage::AdminTcp | Stage::IoTcp => {
+                let link = if self.stage == Stage::AdminTcp {
+                    Link::Admin
+                } else {
+                    Link::Io
+                };
+                match t.state(link) {
+                    LinkState::Open => {
+                        if self.stage == Stage::AdminTcp {
+                            self.admin = Some(Box::new(AdminSession::new(
+                                &self.identity(),
+                                self.nsid,
+                                KATO_MS,
+                                now,
+                                self.timing.bringup_ms,
+                            )));
+                            self.stage = Stage::Admin;
+                        } else {
+                            let (Some(c), Some(ns)) = (self.controller, self.namespace) else {
+                                return Err(Failure::Session(Error::Internal("no controller")));
+                            };
+                            self.io = Some(Box::new(IoSession::new(&self.identity(), &c, ns, 1)));
+                            self.stage = Stage::Io;
+                        }
+                        self.stage_since = now;
+                        Ok(false)
+                    }
+                    LinkState::Refused => Err(Failure::Refused),
+                    LinkState::Closed => Err(Failure::Closed),
+                    LinkState::Opening if now >= self.stage_since + self.timing.connect_ms => {
+                        Err(Failure::NoAnswer)
+                    }
+                    LinkState::Opening => Ok(false),
+                }
+            }
+            Stage::Admin => {
+                let admin = self.admin.as_mut().ok_or(Failure::Closed)?;
+                pump_admin(admin, t, now);
+                if t.state(Link::Admin) != LinkState::Open {
+                    admin.connection_lost();
+                }
+                let _ = admin.poll(now);
+                match admin.state() {
+                    SessionState::Live => {
+                        let ns = admin.namespace();
+                        if let (Some(first), Some(ns)) = (self.first_namespace, ns) {
+                            if (first.blocks, first.block_size) != (ns.blocks, ns.block_size) {
+                                return Err(Failure::NamespaceChanged {
+                                    blocks: ns.blocks,
+                                    block_size: ns.block_size,
+                                });
+                            }
+                        }
+                        self.controller = admin.controller();
+                        self.namespace = ns;
+                        t.open(Link::Io);
+                        self.stage = Stage::IoTcp;
+                        self.stage_since = now;
+                        Ok(false)
+                    }
+                    SessionState::Failed(e) => Err(Failure::Session(e)),
+                    SessionState::Connecting => Ok(false),
+                }
+            }
+            Stage::Io => {
+                let mut no_data = NoData;
+                let io = self.io.as_mut().ok_or(Failure::Closed)?;
+                pump_io(io, t, &mut no_data);
+                if t.state(Link::Io) != LinkState::Open {
+                    io.connection_lost();
+                }
+                if let Some(admin) = self.admin.as_mut() {
+                    pump_admin(admin, t, now);
+                    if let Err(e) = admin.poll(now) {
+                        return Err(Failure::Session(e));
+                    }
+                }
+                match io.state() {
+                    SessionState::Live => Ok(true),
+                    SessionState::Failed(e) => Err(Failure::Session(e)),
+                    SessionState::Connecting
+                        if now >= self.stage_since + self.timing.bringup_ms =>
+                    {
+                        Err(Failure::Session(Error::Timeout("I/O queue Connect")))
+                    }
+                    SessionState::Connecting => Ok(false),
+                }
+            }
+        }
+    }
+
+    fn live_step(
+        &mut self,
+        t: &mut dyn Transport,
+        mem: &dyn Memory,
+        now: u64,
+        log: &mut dyn FnMut(Event),
+    ) -> bool {
+        let mut moved = self.take_new();
+        moved |= self.issue();
+        let mut failure = None;
+        {
+            let (Some(admin), Some(io)) = (self.admin.as_mut(), self.io.as_mut()) else {
+                return moved;
+            };
+            pump_admin(admin, t, now);
+            let mut port = Port {
+                channels: &self.channels,
+                held: &self.held,
+                mem,
+            };
+            moved |= pump_io(io, t, &mut port);
+            if t.state(Link::Admin) != LinkState::Open || t.state(Link::Io) != LinkState::Open {
+                failure = Some(Failure::Closed);
+            }
+            if let Err(e) = admin.poll(now) {
+                failure = Some(Failure::Session(e));
+            }
+            if let SessionState::Failed(e) = io.state() {
+                failure = Some(Failure::Session(e));
+            }
+        }
+        // Completions that arrived before any failure are genuine.
+        while let Some(done) = self.io.as_mut().and_then(|io| io.next_completion()) {
+            moved = true;
+            self.command_done(done.tag, done.status.is_success());
+        }
+        if let Some(failure) = failure {
+            self.lose(t, now, failure, log);
+            return true;
+        }
+        moved |= self.issue();
+        // Anything issued just now goes out in this pass.
+        if let Some(io) = self.io.as_mut() {
+            let mut port = Port {
+                channels: &self.channels,
+                held: &self.held,
+                mem,
+            };
+            moved |= pump_io(io, t, &mut port);
+        }
+        moved
+    }
+
+    fn lose(&mut self, t: &mut dyn Transport, now: u64, why: Failure, log: &mut dyn FnMut(Event)) {
+        log(Event::Lost(why));
+        if let Some(io) = self.io.as_mut() {
+            io.connection_lost();
+            io.drain(|_| {});
+        }
+        self.io = None;
+        self.admin = None;
+        t.close(Link::Admin);
+        t.close(Link::Io);
+        self.lost_at = now;
+        self.reconnect.lost(now);
+        self.state = State::Down;
+    }
+
+    /// Every request taken and not completed goes again from its start (a read read
+    /// twice or a write written twice is harmless; one completed is never sent again).
+    fn replay_active(&mut self) {
+        self.pending.clear();
+        for (ch, held) in self.held.iter_mut().enumerate() {
+            for (slot, h) in held.iter_mut().enumerate() {
+                if h.active {
+                    h.issued = 0;
+                    h.outstanding = 0;
+                    h.failed = false;
+                    h.flushed = !matches!(h.request.op, Op::Write { preflush: true });
+                    self.pending.push_back((ch as u16, slot as u16));
+                }
+            }
+        }
+    }
+
+    /// New requests from every channel.
+    fn take_new(&mut self) -> bool {
+        let mut moved = false;
+        for (ch, shared) in self.channels.iter().enumerate() {
+            while let Some((slot, request)) = shared.take() {
+                moved = true;
+                let h = &mut self.held[ch][usize::from(slot)];
+                if h.active {
+                    // The producer reused a slot it was never given back: its bug, not
+                    // the target's; fail it rather than lose track.
+                    shared.complete(slot, false);
+                    continue;
+                }
+                *h = Held {
+                    request,
+                    issued: 0,
+                    outstanding: 0,
+                    failed: false,
+                    flushed: !matches!(request.op, Op::Write { preflush: true }),
+                    active: true,
+                    taken_at: self.now,
+                };
+                self.active += 1;
+                self.pending.push_back((ch as u16, slot));
+            }
+        }
+        moved
+    }
+
+    /// Sends commands for pending requests while the I/O queue takes them.
+    fn issue(&mut self) -> bool {
+        let (Some(io), Some(c), Some(ns)) = (self.io.as_mut(), self.controller, self.namespace)
+        else {
+            return false;
+        };
+        let block = u64::from(ns.block_size);
+        let most = u64::from(c.max_transfer.unwrap_or(u32::MAX))
+            .min(MAX_COMMAND_BYTES)
+            .min(65_536 * block);
+        let most = (most / block).max(1) * block;
+        let mut moved = false;
+        while let Some(&(ch, slot)) = self.pending.front() {
+            let h = &mut self.held[usize::from(ch)][usize::from(slot)];
+            let r = h.request;
+            let tag = u64::from(ch) << 48 | u64::from(slot) << 32 | h.issued;
+            let sent = match r.op {
+                Op::Flush if !c.volatile_write_cache => Done::Complete,
+                Op::Write { preflush: true } if !h.flushed && !c.volatile_write_cache => {
+                    h.flushed = true;
+                    continue;
+                }
+                Op::Flush => submit(io.flush(tag | 1 << 31), r.amount),
+                Op::Write { .. } if !h.flushed => {
+                    if h.outstanding > 0 {
+                        // The pre-flush is out: the data waits for it.
+                        break;
+                    }
+                    match io.flush(tag | 1 << 31) {
+                        Ok(()) => {
+                            h.outstanding += 1;
+                            moved = true;
+                            break;
+                        }
+                        Err(crate::SubmitError::Full) => break,
+                        Err(_) => Done::Fail,
+                    }
+                }
+                Op::Read | Op::Write { .. } => {
+                    let sector_bytes = r.sector * blkdev::SECTOR_SIZE;
+                    let len = (r.amount - h.issued).min(most);
+                    if !sector_bytes.is_multiple_of(block) || !r.amount.is_multiple_of(block) {
+                        Done::Fail
+                    } else {
+                        let lba = (sector_bytes + h.issued) / block;
+                        let blocks = (len / block) as u32;
+                        let result = if r.op == Op::Read {
+                            io.read(tag, lba, blocks)
+                        } else {
+                            io.write(tag, lba, blocks)
+                        };
+                        submit(result, len)
+                    }
+                }
+                Op::Discard => {
+                    let sector_bytes = r.sector * blkdev::SECTOR_SIZE;
+                    let bytes = r.amount * blkdev::SECTOR_SIZE;
+                    if !sector_bytes.is_multiple_of(block) || !bytes.is_multiple_of(block) {
+                        Done::Fail
+                    } else {
+                        let left = (bytes - h.issued * blkdev::SECTOR_SIZE) / block;
+                        let blocks = left.min(u64::from(u32::MAX >> 1)) as u32;
+                        let lba = sector_bytes / block + h.issued * blkdev::SECTOR_SIZE / block;
+                        let sectors = u64::from(blocks) * block / blkdev::SECTOR_SIZE;
+                        submit(io.discard(tag, lba, blocks), sectors)
+                    }
+                }
+            };
+            match sent {
+                Done::Sent(amount) => {
+                    h.issued += amount;
+                    h.outstanding += 1;
+                    moved = true;
+                    let all = match r.op {
+                        Op::Flush => true,
+                        _ => h.issued >= r.amount,
+                    };
+                    if all {
+                        self.pending.pop_front();
+                    }
+                }
+                Done::Full => break,
+                Done::Complete | Done::Fail => {
+                    let ok = matches!(sent, Done::Complete);
+                    h.failed |= !ok;
+                    h.issued = r.amount;
+                    self.pending.pop_front();
+                    if h.outstanding == 0 {
+                        h.active = false;
+                        self.active -= 1;
+                        self.channels[usize::from(ch)].complete(slot, !h.failed);
+                    }
+                    moved = true;
+                }
+            }
+        }
+        moved
+    }
+
+    fn command_done(&mut self, tag: u64, ok: bool) {
+        let (ch, slot) = ((tag >> 48) as u16, (tag >> 32) as u16);
+        let Some(h) = self
+            .held
+            .get_mut(usize::from(ch))
+            .and_then(|held| held.get_mut(usize::from(slot)))
+            .filter(|h| h.active && h.outstanding > 0)
+        else {
+            return;
+        };
+        h.outstanding -= 1;
+        h.failed |= !ok;
+        if !h.flushed {
+            // The pre-flush: the data goes now.
+            h.flushed = true;
+            return;
+        }
+        let all = match h.request.op {
+            Op::Flush => true,
+            _ => h.issued >= h.request.amount,
+        };
+        if h.outstanding == 0 && all {
+            self.finish(ch, slot);
+        }
+    }
+
+    fn finish(&mut self, ch: u16, slot: u16) {
+        let h = &mut self.held[usize::from(ch)][usize::from(slot)];
+        if !h.active {
+            return;
+        }
+        h.active = false;
+        self.active -= 1;
+        let held = self.now.saturating_sub(h.taken_at);
+        self.held_times.completed += 1;
+        self.held_times.total_ms += held;
+        self.held_times.max_ms = self.held_times.max_ms.max(held);
+        self.channels[usize::from(ch)].complete(slot, !h.failed);
+    }
+
+    /// Given up: everything held and every new request fails.
+    fn fail_everything(&mut self) -> bool {
+        let _ = self.take_new();
+        self.pending.clear();
+        let mut moved = false;
+        for ch in 0..self.held.len() {
+            for slot in 0..SLOTS {
+                let h = &mut self.held[ch][slot];
+                if h.active {
+                    h.failed = true;
+                    self.finish(ch as u16, slot as u16);
+                    moved = true;
+                }
+            }
+        }
+        moved
+    }
+}
+
+enum Done {
+    Sent(u64),
+    Full,
+    Complete,
+    Fail,
+}
+
+fn submit(result: Result<(), crate::SubmitError>, amount: u64) -> Done {
+    match result {
+        Ok(()) => Done::Sent(amount),
+        Err(crate::SubmitError::Full | crate::SubmitError::NotReady) => Done::Full,
+        Err(_) => Done::Fail,
+    }
+}
+
+fn pump_admin(admin: &mut AdminSession, t: &mut dyn Transport, now: u64) {
+    t.recv(Link::Admin, &mut |data| {
+        let _ = admin.receive(data, now);
+        data.len()
+    });
+    if admin.wants_to_send() {
+        t.send(Link::Admin, &mut |buf| admin.transmit(buf));
+    }
+}
+
+fn pump_io<P: DataPort>(io: &mut IoSession<IO_DEPTH>, t: &mut dyn Transport, port: &mut P) -> bool {
+    let mut moved = false;
+    t.recv(Link::Io, &mut |data| {
+        moved = true;
+        let _ = io.receive(data, port);
+        data.len()
+    });
+    if io.wants_to_send() {
+        t.send(Link::Io, &mut |buf| {
+            let n = io.transmit(buf, port);
+            moved |= n > 0;
+            n
+        });
+    }
+    moved
+}
+
+/// No data moves before the I/O queue is connected.
+struct NoData;
+
+impl DataPort for NoData {
+    fn fetch(&mut self, _: u64, _: u32, _: &mut [u8]) {}
+    fn deliver(&mut self, _: u64, _: u32, _: &[u8]) {}
+}
+
+/// Command data: the request's segments, by the command's tag (channel, slot, byte
+/// offset of the command in the request).
+struct Port<'a> {
+    channels: &'a [Arc<Shared>],
+    held: &'a [[Held; SLOTS]],
+    mem: &'a dyn Memory,
+}
+
+impl Port<'_> {
+    /// Calls `f` with (address, range of the buffer) for each piece of the request's
+    /// segments that `len` bytes at `offset` of command `tag` cover.
+    fn walk(&self, tag: u64, offset: u32, len: usize, f: &mut dyn FnMut(u64, usize, usize)) {
+        let (ch, slot) = (
+            usize::from((tag >> 48) as u16),
+            usize::from((tag >> 32) as u16),
+        );
+        let (Some(shared), Some(h)) = (
+            self.channels.get(ch),
+            self.held.get(ch).and_then(|h| h.get(slot)),
+        ) else {
+            return;
+        };
+        if !h.active {
+            return;
+        }
+        let mut at = (tag & 0xffff_ffff) + u64::from(offset);
+        let mut done = 0usize;
+        let mut start = 0u64;
+        for n in 0..h.request.segments {
+            if done == len {
+                break;
+            }
+            let (address, seg_len) = shared.segment(slot as u16, n);
+            let end = start + u64::from(seg_len);
+            if at < end {
+                let inside = (at - start) as usize;
+                let k = (seg_len as usize - inside).min(len - done);
+                f(address + inside as u64, done, k);
+                done += k;
+                at += k as u64;
+            }
+            start = end;
+        }
+    }
+}
+
+impl DataPort for Port<'_> {
+    fn fetch(&mut self, tag: u64, offset: u32, dst: &mut [u8]) {
+        let mem = self.mem;
+        self.walk(tag, offset, dst.len(), &mut |address, from, k| {
+            mem.read(address, &mut dst[from..from + k]);
+        });
+    }
+
+    fn deliver(&mut self, tag: u64, offset: u32, src: &[u8]) {
+        let mem = self.mem;
+        self.walk(tag, offset, src.len(), &mut |address, from, k| {
+            mem.write(address, &src[from..from + k]);
+        });
+    }
+}

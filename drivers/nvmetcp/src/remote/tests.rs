@@ -1,0 +1,576 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! A remote namespace served through disk queues, against the fake target over a fake
+//! network that can refuse, stay silent, cut connections and come back.
+
+use super::*;
+use crate::fake::{Target, HOST_NQN, SUBNQN};
+use crate::sqe::Status;
+use crate::ConnectRefusal;
+use blkdev::{
+    BlockDevice, BufferAccess, Completion, DmaSegment, FaultKind, IoOp, IoRequest, IoStatus,
+};
+use std::cell::RefCell;
+
+const BASE: u64 = 0x1000_0000;
+const PAGES: usize = 1024;
+const DISK: usize = 8 << 20;
+
+/// The target's side of the network: each link a fake target connection, the
+/// namespace's data kept across connections.
+struct FakeNet {
+    /// The target listens; false: connections are refused (reset).
+    up: bool,
+    /// Nothing answers: connections stay opening.
+    silent: bool,
+    links: [Option<Target>; 2],
+    states: [LinkState; 2],
+    disk: Vec<u8>,
+    knobs: fn(&mut Target),
+    chunk: usize,
+    opens: usize,
+}
+
+impl FakeNet {
+    fn new(knobs: fn(&mut Target)) -> FakeNet {
+        FakeNet {
+            up: true,
+            silent: false,
+            links: [None, None],
+            states: [LinkState::Closed; 2],
+            disk: (0..DISK).map(|i| (i / 512) as u8 ^ (i as u8)).collect(),
+            knobs,
+            chunk: 1,
+            opens: 0,
+        }
+    }
+
+    /// The target goes away: its connections close, new ones are refused.
+    fn crash(&mut self) {
+        for link in [Link::Admin, Link::Io] {
+            self.take_back(link);
+            if self.states[link as usize] != LinkState::Refused {
+                self.states[link as usize] = LinkState::Closed;
+            }
+        }
+        self.up = false;
+    }
+
+    fn take_back(&mut self, link: Link) {
+        if let Some(t) = self.links[link as usize].take() {
+            if link == Link::Io {
+                self.disk = t.disk;
+            }
+        }
+    }
+
+    fn next_chunk(&mut self) -> usize {
+        self.chunk = (self.chunk * 7 + 3) % 9000 + 1;
+        self.chunk
+    }
+}
+
+impl Transport for FakeNet {
+    fn open(&mut self, link: Link) {
+        self.take_back(link);
+        self.opens += 1;
+        let at = link as usize;
+        if self.silent {
+            self.states[at] = LinkState::Opening;
+            return;
+        }
+        if !self.up {
+            self.states[at] = LinkState::Refused;
+            return;
+        }
+        let mut t = Target::new();
+        (self.knobs)(&mut t);
+        t.disk = if link == Link::Io {
+            core::mem::take(&mut self.disk)
+        } else {
+            vec![0; DISK]
+        };
+        self.links[at] = Some(t);
+        self.states[at] = LinkState::Open;
+    }
+
+    fn state(&mut self, link: Link) -> LinkState {
+        self.states[link as usize]
+    }
+
+    fn recv(&mut self, link: Link, f: &mut dyn FnMut(&[u8]) -> usize) {
+        let n = self.next_chunk();
+        if let Some(t) = self.links[link as usize].as_mut() {
+            let k = n.min(t.out.len());
+            if k > 0 {
+                let used = f(&t.out[..k]);
+                t.out.drain(..used);
+            }
+        }
+    }
+
+    fn send(&mut self, link: Link, f: &mut dyn FnMut(&mut [u8]) -> usize) {
+        let n = self.next_chunk();
+        if let Some(t) = self.links[link as usize].as_mut() {
+            let mut buf = vec![0u8; n];
+            let k = f(&mut buf);
+            t.input(&buf[..k]);
+        }
+    }
+
+    fn close(&mut self, link: Link) {
+        self.take_back(link);
+        if self.states[link as usize] == LinkState::Open {
+            self.states[link as usize] = LinkState::Closed;
+        }
+    }
+}
+
+/// The guests' pages: `PAGES` pages from `BASE`.
+struct Mem(RefCell<Vec<u8>>);
+
+impl Memory for Mem {
+    fn read(&self, address: u64, out: &mut [u8]) {
+        let at = (address - BASE) as usize;
+        out.copy_from_slice(&self.0.borrow()[at..at + out.len()]);
+    }
+    fn write(&self, address: u64, data: &[u8]) {
+        let at = (address - BASE) as usize;
+        self.0.borrow_mut()[at..at + data.len()].copy_from_slice(data);
+    }
+}
+
+/// Buffers are page numbers in `Mem`.
+struct Pages;
+
+impl BufferAccess for Pages {
+    fn read_buffer(&self, _: u64, _: usize, _: &mut [u8]) -> bool {
+        false
+    }
+    fn write_buffer(&self, _: u64, _: usize, _: &[u8]) -> bool {
+        false
+    }
+    fn cpu_address(&self, buffer: u64, offset: usize, len: usize) -> Option<u64> {
+        (buffer < PAGES as u64 && offset + len <= 4096)
+            .then(|| BASE + buffer * 4096 + offset as u64)
+    }
+}
+
+struct Rig {
+    net: FakeNet,
+    mem: Mem,
+    remote: Remote,
+    now: u64,
+    events: Vec<Event>,
+}
+
+impl Rig {
+    fn new(knobs: fn(&mut Target)) -> Rig {
+        Rig {
+            net: FakeNet::new(knobs),
+            mem: Mem(RefCell::new(vec![0; PAGES * 4096])),
+            remote: Remote::new(HOST_NQN, [7; 16], SUBNQN, 1, Timing::DEFAULT, 0),
+            now: 0,
+            events: Vec::new(),
+        }
+    }
+
+    fn step(&mut self) {
+        let events = &mut self.events;
+        self.remote
+            .poll(&mut self.net, &self.mem, self.now, &mut |e| events.push(e));
+        self.now += 1;
+    }
+
+    /// Polls until the first bring-up ends (live or failed).
+    fn bring_up(&mut self) -> State {
+        while self.remote.state() == State::Connecting && self.now < 60_000 {
+            self.step();
+        }
+        self.remote.state()
+    }
+
+    /// Polls (1 ms a pass) until `queues` report `want` completions or `ms` passed.
+    fn run(&mut self, queues: &mut [&mut DiskQueue], want: usize, ms: u64) -> Vec<Completion> {
+        let mut done = Vec::new();
+        let end = self.now + ms;
+        while done.len() < want && self.now < end {
+            self.step();
+            for q in queues.iter_mut() {
+                q.poll_completions(&mut |c| done.push(c));
+            }
+        }
+        done
+    }
+}
+
+/// `pages` consecutive whole pages from `first`.
+fn segments(first: u64, pages: usize) -> Vec<DmaSegment> {
+    (0..pages as u64)
+        .map(|p| DmaSegment {
+            buffer: first + p,
+            offset: 0,
+            len: 4096,
+        })
+        .collect()
+}
+
+fn request(tag: u32, op: IoOp, sector: u64, segs: &[DmaSegment]) -> IoRequest<'_> {
+    let bytes: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
+    IoRequest {
+        tag,
+        op,
+        sector,
+        nr_sectors: bytes / 512,
+        preflush: false,
+        segments: segs,
+    }
+}
+
+fn live() -> (Rig, DiskQueue, DiskQueue) {
+    let mut rig = Rig::new(|_| {});
+    assert_eq!(rig.bring_up(), State::Live);
+    let a = rig.remote.add_queue().unwrap();
+    let b = rig.remote.add_queue().unwrap();
+    (rig, a, b)
+}
+
+#[test]
+fn a_remote_namespace_serves_reads_writes_flushes_and_discards() {
+    let (mut rig, mut a, mut b) = live();
+    let g = a.geometry();
+    assert_eq!(
+        (g.sectors, g.logical_block_size),
+        ((DISK / 512) as u64, 512)
+    );
+    assert!(g.flush && g.discard.is_some());
+    assert!(matches!(
+        rig.events[..],
+        [Event::Live {
+            reconnect: false,
+            ..
+        }]
+    ));
+    // A 1 MiB write (8 commands at the fake's MDTS of 128 KiB) from pages 0..256 with a
+    // pattern, through queue a; read back through queue b into pages 256..512.
+    for (i, byte) in rig.mem.0.borrow_mut()[..1 << 20].iter_mut().enumerate() {
+        *byte = (i * 13 + i / 4096) as u8;
+    }
+    let w = segments(0, 256);
+    a.submit(&request(1, IoOp::Write, 2048, &w), &Pages)
+        .unwrap();
+    let done = rig.run(&mut [&mut a], 1, 10_000);
+    assert_eq!(
+        done,
+        [Completion {
+            tag: 1,
+            status: IoStatus::Ok
+        }]
+    );
+    let r = segments(256, 256);
+    b.submit(&request(2, IoOp::Read, 2048, &r), &Pages).unwrap();
+    let done = rig.run(&mut [&mut b], 1, 10_000);
+    assert_eq!(
+        done,
+        [Completion {
+            tag: 2,
+            status: IoStatus::Ok
+        }]
+    );
+    {
+        let mem = rig.mem.0.borrow();
+        assert!(
+            mem[..1 << 20] == mem[1 << 20..2 << 20],
+            "read back what was written"
+        );
+    }
+    // Partial pages (a segment inside a page), many requests at once on both queues.
+    let mut tags = 0;
+    for i in 0..40u64 {
+        let seg = [DmaSegment {
+            buffer: 600 + i,
+            offset: 512,
+            len: 1024,
+        }];
+        let q = if i % 2 == 0 { &mut a } else { &mut b };
+        q.submit(&request(100 + i as u32, IoOp::Read, i * 2, &seg), &Pages)
+            .unwrap();
+        tags += 1;
+    }
+    let done = rig.run(&mut [&mut a, &mut b], tags, 10_000);
+    assert_eq!(done.len(), tags);
+    assert!(done.iter().all(|c| c.status == IoStatus::Ok));
+    for i in 0..40usize {
+        let at = (600 + i) * 4096 + 512;
+        let disk_at = i * 1024;
+        let want: Vec<u8> = (disk_at..disk_at + 1024)
+            .map(|j| (j / 512) as u8 ^ (j as u8))
+            .collect();
+        assert_eq!(rig.mem.0.borrow()[at..at + 1024], want[..], "read {i}");
+    }
+    // A flush, a write with a pre-flush, and a discard.
+    a.submit(&request(7, IoOp::Flush, u64::MAX, &[]), &Pages)
+        .unwrap();
+    let mut pre = request(8, IoOp::Write, 0, &w[..1]);
+    pre.preflush = true;
+    a.submit(&pre, &Pages).unwrap();
+    let discard = IoRequest {
+        tag: 9,
+        op: IoOp::Discard { secure: false },
+        sector: 4096,
+        nr_sectors: 64,
+        preflush: false,
+        segments: &[],
+    };
+    b.submit(&discard, &Pages).unwrap();
+    let done = rig.run(&mut [&mut a, &mut b], 3, 10_000);
+    assert_eq!(done.len(), 3);
+    assert!(done.iter().all(|c| c.status == IoStatus::Ok));
+    let disk = &rig.net.links[1].as_ref().unwrap().disk;
+    assert!(
+        disk[4096 * 512..4160 * 512].iter().all(|&b| b == 0),
+        "discarded"
+    );
+    assert_eq!(
+        disk[..4096],
+        rig.mem.0.borrow()[..4096],
+        "written after its flush"
+    );
+    assert_eq!(a.in_flight() + b.in_flight(), 0);
+}
+
+#[test]
+fn requests_the_queue_cannot_take_are_refused_before_they_go() {
+    let (_rig, mut a, _) = live();
+    let sectors = a.geometry().sectors;
+    let w = segments(0, 2);
+    // Past the end.
+    let past = request(1, IoOp::Write, sectors - 8, &w);
+    assert_eq!(a.submit(&past, &Pages), Err(blkdev::SubmitError::Invalid));
+    // A buffer with no CPU address.
+    let bad = [DmaSegment {
+        buffer: PAGES as u64,
+        offset: 0,
+        len: 4096,
+    }];
+    assert_eq!(
+        a.submit(&request(2, IoOp::Read, 0, &bad), &Pages),
+        Err(blkdev::SubmitError::Invalid)
+    );
+    // Full after SLOTS requests.
+    for tag in 0..SLOTS as u32 {
+        a.submit(&request(tag, IoOp::Read, 0, &w), &Pages).unwrap();
+    }
+    assert_eq!(
+        a.submit(&request(99, IoOp::Read, 0, &w), &Pages),
+        Err(blkdev::SubmitError::QueueFull)
+    );
+}
+
+fn failure(knobs: fn(&mut Target), net: impl FnOnce(&mut FakeNet)) -> (Failure, u64) {
+    let mut rig = Rig::new(knobs);
+    net(&mut rig.net);
+    match rig.bring_up() {
+        State::Failed(f) => (f, rig.now),
+        other => panic!("bring-up ended {other:?}"),
+    }
+}
+
+#[test]
+fn each_way_a_first_bring_up_fails_is_named() {
+    let (f, _) = failure(|_| {}, |n| n.up = false);
+    assert_eq!(f, Failure::Refused);
+    assert_eq!(
+        (f.to_string().as_str(), f.errno()),
+        ("connection refused (reset)", 111)
+    );
+
+    let (f, at) = failure(|_| {}, |n| n.silent = true);
+    assert_eq!(f, Failure::NoAnswer);
+    assert!(
+        (5_000..5_010).contains(&at),
+        "given up at the connect timeout, {at} ms"
+    );
+    assert!(f.to_string().contains("no route, no ARP reply"));
+    assert_eq!(f.errno(), 110);
+
+    let (f, _) = failure(
+        |t| t.connect_status = Some((Status(Status::new(1, 0x82).0 | 1 << 14), (1 << 16) | 256)),
+        |_| {},
+    );
+    assert_eq!(
+        f,
+        Failure::Session(Error::ConnectRefused(ConnectRefusal::UnknownSubsystem))
+    );
+    assert!(f.to_string().contains("no subsystem of that NQN"));
+    assert_eq!(f.errno(), 19);
+
+    let (f, _) = failure(
+        |t| t.connect_status = Some((Status(Status::new(1, 0x84).0 | 1 << 14), (1 << 16) | 512)),
+        |_| {},
+    );
+    assert_eq!(
+        f,
+        Failure::Session(Error::ConnectRefused(ConnectRefusal::HostNotAllowed))
+    );
+    assert_eq!(f.errno(), 13);
+
+    let (f, _) = failure(|t| t.nsid = 2, |_| {});
+    assert_eq!(f, Failure::Session(Error::NamespaceMissing(1)));
+    assert_eq!(f.to_string(), "namespace 1 does not exist");
+    assert_eq!(f.errno(), 19);
+}
+
+#[test]
+fn requests_are_held_while_the_target_is_away_and_served_when_it_is_back() {
+    let (mut rig, mut a, mut b) = live();
+    for (i, byte) in rig.mem.0.borrow_mut()[..64 << 12].iter_mut().enumerate() {
+        *byte = (i * 31 + 5) as u8;
+    }
+    let w = segments(0, 64);
+    // In flight when the target goes: a 256 KiB write and reads.
+    a.submit(&request(1, IoOp::Write, 8192, &w), &Pages)
+        .unwrap();
+    let r = segments(100, 8);
+    b.submit(&request(2, IoOp::Read, 0, &r), &Pages).unwrap();
+    rig.step();
+    rig.step();
+    rig.net.crash();
+    // 20 s away: nothing completes, and requests submitted meanwhile wait too.
+    let done = rig.run(&mut [&mut a, &mut b], 1, 10_000);
+    assert!(done.is_empty(), "held, not failed: {done:?}");
+    b.submit(&request(3, IoOp::Read, 64, &segments(200, 8)), &Pages)
+        .unwrap();
+    let done = rig.run(&mut [&mut a, &mut b], 1, 10_000);
+    assert!(done.is_empty(), "held, not failed: {done:?}");
+    assert!(rig.remote.busy() && a.fault().is_none());
+    let attempts = rig
+        .events
+        .iter()
+        .filter(|e| matches!(e, Event::AttemptFailed(Failure::Refused)))
+        .count();
+    assert!(
+        (4..=5).contains(&attempts),
+        "at once, then every 5 s: {attempts}"
+    );
+    assert!(matches!(rig.events[1], Event::Lost(_)));
+    rig.net.up = true;
+    let done = rig.run(&mut [&mut a, &mut b], 3, 20_000);
+    assert_eq!(done.len(), 3, "{:?}", rig.events);
+    assert!(done.iter().all(|c| c.status == IoStatus::Ok), "{done:?}");
+    assert!(rig.events.iter().any(|e| matches!(
+        e,
+        Event::Live {
+            reconnect: true,
+            ..
+        }
+    )));
+    let mem = rig.mem.0.borrow();
+    let disk = &rig.net.links[1].as_ref().unwrap().disk;
+    assert!(
+        disk[8192 * 512..8192 * 512 + (64 << 12)] == mem[..64 << 12],
+        "the held write landed"
+    );
+    let want: Vec<u8> = (0..16 << 12).map(|j| (j / 512) as u8 ^ (j as u8)).collect();
+    assert!(
+        mem[100 << 12..108 << 12] == want[..8 << 12],
+        "the held read was served"
+    );
+    assert!(
+        mem[200 << 12..208 << 12] == want[8 << 12..],
+        "the read sent while away too"
+    );
+}
+
+#[test]
+fn a_target_that_never_comes_back_fails_the_disk_after_the_give_up_time() {
+    let (mut rig, mut a, _b) = live();
+    let r = segments(0, 1);
+    a.submit(&request(1, IoOp::Read, 0, &r), &Pages).unwrap();
+    rig.net.crash();
+    let lost = rig.now;
+    let done = rig.run(&mut [&mut a], 1, 700_000);
+    assert_eq!(
+        done,
+        [Completion {
+            tag: 1,
+            status: IoStatus::Error
+        }]
+    );
+    let waited = rig.now - lost;
+    assert!(
+        (600_000..600_010).contains(&waited),
+        "failed {waited} ms after the loss"
+    );
+    let fault = a.fault().expect("the queue reports the fault");
+    assert!(matches!(fault.kind, FaultKind::TargetGone { waited_ms } if waited_ms >= 600_000));
+    assert!(fault.to_string().contains("unreachable for 600 s"));
+    assert!(matches!(rig.events.last(), Some(Event::GaveUp { .. })));
+    // Later requests fail at once, and a new queue is born failed.
+    a.submit(&request(2, IoOp::Read, 0, &r), &Pages).unwrap();
+    let done = rig.run(&mut [&mut a], 1, 10);
+    assert_eq!(
+        done,
+        [Completion {
+            tag: 2,
+            status: IoStatus::Error
+        }]
+    );
+    assert!(rig.remote.add_queue().unwrap().fault().is_some());
+}
+
+#[test]
+fn a_reconnect_that_finds_another_namespace_is_not_taken() {
+    let (mut rig, mut a, _b) = live();
+    let r = segments(0, 1);
+    a.submit(&request(1, IoOp::Read, 0, &r), &Pages).unwrap();
+    rig.net.crash();
+    rig.step();
+    // Back, but the namespace shrank: every attempt fails, the request stays held.
+    rig.net.knobs = |t| t.ns_blocks = Some(1024);
+    rig.net.up = true;
+    let done = rig.run(&mut [&mut a], 1, 12_000);
+    assert!(done.is_empty(), "held: {done:?}");
+    let changed = rig
+        .events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::AttemptFailed(Failure::NamespaceChanged { blocks: 1024, .. })
+            )
+        })
+        .count();
+    assert!(changed >= 2, "{:?}", rig.events);
+    // The namespace as it was: served.
+    rig.net.knobs = |_| {};
+    let done = rig.run(&mut [&mut a], 1, 12_000);
+    assert_eq!(
+        done,
+        [Completion {
+            tag: 1,
+            status: IoStatus::Ok
+        }]
+    );
+}
+
+#[test]
+fn the_time_a_remote_held_each_request_is_counted() {
+    let (mut rig, mut a, _b) = live();
+    assert_eq!(rig.remote.held_times(), HeldTimes::default());
+    let segs = segments(0, 1);
+    a.submit(&request(1, IoOp::Read, 0, &segs), &Pages).unwrap();
+    let taken = rig.now;
+    let done = rig.run(&mut [&mut a], 1, 1_000);
+    assert_eq!(done.len(), 1);
+    let held = rig.remote.held_times();
+    assert_eq!(held.completed, 1);
+    // Taken at the first pass after the submit, completed at the pass before the last.
+    assert!(
+        held.total_ms >= 1 && held.total_ms < rig.now - taken,
+        "{held:?}"
+    );
+    assert_eq!(held.max_ms, held.total_ms);
+    a.submit(&request(2, IoOp::Read, 8, &segs), &Pages).unwrap();
+    assert_eq!(rig.run(&mut [&mut a], 1, 1_000).len(), 1);
+    assert_eq!(rig.remote.held_times().completed, 2);
+}

@@ -1,0 +1,534 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+//! The storage network on the service's path (docs/design.md §5.9): the vif, smoltcp,
+//! and every remote namespace (`nvmetcp::remote::Remote`) blkdom serves disks from.
+//! Owned by the control path and driven by vCPU 0's poller on every pass
+//! ([`Net::poll`]); the disks' queues, on any poller, reach it through their channels
+//! (lock-free), and ring vCPU 0's doorbell for each request.
+
+use crate::xen_domain::vif::Vif;
+use alloc::boxed::Box;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use backing::NvmeTcpTarget;
+use blkdev::{BlockDevice, BufferAccess, IoRequest, SubmitError};
+use bootconfig::HostNqn;
+use core::sync::atomic::Ordering;
+use nvmetcp::remote::{
+    DiskQueue, Event, Failure, Link, LinkState, Remote, State, Timing, Transport,
+};
+use smoltcp::iface::SocketHandle;
+use smoltcp::socket::tcp;
+use smoltcp::wire::{IpAddress, Ipv4Address};
+use xen::abi::event_channel::EvtchnPort;
+
+/// Remote namespaces blkdom connects to at most (two TCP connections each).
+pub const MAX_REMOTES: usize = 8;
+/// Socket buffers of a connection: the admin queue's carry little; an I/O queue's hold
+/// a few 1 MiB requests' PDUs in flight either way.
+const ADMIN_BUFFER: usize = 16 << 10;
+const IO_BUFFER: usize = 256 << 10;
+/// A first bring-up (at attach) must end before libxl's 10 s wait for InitWait.
+const ATTACH_MS: u64 = 8_000;
+/// How the network's remotes connect, reconnect and give up.
+pub const TIMING: Timing = Timing {
+    connect_ms: 3_000,
+    bringup_ms: 5_000,
+    reconnect: Timing::DEFAULT.reconnect,
+};
+
+/// One remote namespace and its two sockets.
+struct Entry {
+    target: NvmeTcpTarget,
+    /// For the log (made once: the poll loop allocates nothing).
+    name: String,
+    remote: Remote,
+    sockets: [SocketHandle; 2],
+    /// The link was seen open since it was (re)opened.
+    was_open: [bool; 2],
+    /// smoltcp refused to start the connection (no route, say).
+    refused: [bool; 2],
+}
+
+pub struct Net {
+    vif: Vif,
+    host_nqn: Option<HostNqn>,
+    host_id: [u8; 16],
+    entries: Vec<Entry>,
+    /// Sockets of entries whose first bring-up failed, for the next.
+    spare: Vec<[SocketHandle; 2]>,
+    next_port: u16,
+    /// The vif's counters as last logged, and when (`log_counters`).
+    logged: (NetCounters, u64),
+}
+
+/// What the vif moved, for the console every [`COUNTERS_EVERY_MS`] while it changes.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+struct NetCounters {
+    tx_frames: u64,
+    tx_errors: u64,
+    tx_full: u64,
+    rx_frames: u64,
+    rx_dropped: u64,
+    events_sent: u64,
+}
+const COUNTERS_EVERY_MS: u64 = 10_000;
+
+/// The guests' granted pages, by the CPU addresses the queues were given.
+struct Pages;
+
+impl nvmetcp::remote::Memory for Pages {
+    fn read(&self, address: u64, out: &mut [u8]) {
+        crate::devices::remote_memory::read(address, out)
+    }
+    fn write(&self, address: u64, data: &[u8]) {
+        crate::devices::remote_memory::write(address, data)
+    }
+}
+
+/// A remote's two connections on the vif's sockets.
+struct Links<'a> {
+    vif: &'a mut Vif,
+    entry_sockets: [SocketHandle; 2],
+    was_open: &'a mut [bool; 2],
+    refused: &'a mut [bool; 2],
+    remote: (IpAddress, u16),
+    next_port: &'a mut u16,
+}
+
+impl Transport for Links<'_> {
+    fn open(&mut self, link: Link) {
+        let at = link as usize;
+        let context = self.vif.stack.iface.context();
+        let socket = self
+            .vif
+            .stack
+            .sockets
+            .get_mut::<tcp::Socket>(self.entry_sockets[at]);
+        socket.abort();
+        *self.next_port = if *self.next_port >= 65000 {
+            49152
+        } else {
+            *self.next_port + 1
+        };
+        self.was_open[at] = false;
+        self.refused[at] = socket
+            .connect(context, self.remote, *self.next_port)
+            .is_err();
+    }
+
+    fn state(&mut self, link: Link) -> LinkState {
+        let at = link as usize;
+        if self.refused[at] {
+            return LinkState::Refused;
+        }
+        let socket = self
+            .vif
+            .stack
+            .sockets
+            .get::<tcp::Socket>(self.entry_sockets[at]);
+        match socket.state() {
+            tcp::State::SynSent | tcp::State::SynReceived => LinkState::Opening,
+            tcp::State::Established => {
+                self.was_open[at] = true;
+                LinkState::Open
+            }
+            _ if self.was_open[at] => LinkState::Closed,
+            // Reset while opening: nothing listens there.
+            _ => LinkState::Refused,
+        }
+    }
+
+    fn recv(&mut self, link: Link, f: &mut dyn FnMut(&[u8]) -> usize) {
+        let socket = self
+            .vif
+            .stack
+            .sockets
+            .get_mut::<tcp::Socket>(self.entry_sockets[link as usize]);
+        if socket.can_recv() {
+            let _ = socket.recv(|data| (f(data), ()));
+        }
+    }
+
+    fn send(&mut self, link: Link, f: &mut dyn FnMut(&mut [u8]) -> usize) {
+        let socket = self
+            .vif
+            .stack
+            .sockets
+            .get_mut::<tcp::Socket>(self.entry_sockets[link as usize]);
+        if socket.can_send() {
+            let _ = socket.send(|buf| (f(buf), ()));
+        }
+    }
+
+    fn close(&mut self, link: Link) {
+        let at = link as usize;
+        self.vif
+            .stack
+            .sockets
+            .get_mut::<tcp::Socket>(self.entry_sockets[at])
+            .abort();
+        self.was_open[at] = false;
+        self.refused[at] = false;
+    }
+}
+
+/// What one pass of the network did.
+pub struct NetPoll {
+    pub work: bool,
+    /// Requests are out or a connection is being made: look again within a ms.
+    pub busy: bool,
+    /// When smoltcp's next timer is due (a retransmission, an ack, a keep-alive), in
+    /// the poller's clock (ns): the sleep ends by then.
+    pub timer_due_ns: Option<u64>,
+}
+
+/// The host identifier sent in Connect: the same for every connection of this blkdom,
+/// made from its host NQN (FNV-1a, twice).
+fn host_id(nqn: &str) -> [u8; 16] {
+    let hash = |seed: u64| {
+        nqn.bytes().fold(seed, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    };
+    let (a, b) = (hash(0xcbf2_9ce4_8422_2325), hash(0x6c62_272e_07bb_0142));
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&a.to_le_bytes());
+    id[8..].copy_from_slice(&b.to_le_bytes());
+    id
+}
+
+fn describe(target: &NvmeTcpTarget) -> String {
+    let [a, b, c, d] = target.addr;
+    format!(
+        "nvme-tcp {a}.{b}.{c}.{d}:{} {} ns {}",
+        target.port, target.subsystem, target.nsid
+    )
+}
+
+fn log_event(name: &str, event: Event) {
+    let delay = TIMING.reconnect.delay_ms / 1000;
+    let give_up = TIMING.reconnect.give_up_ms / 1000;
+    match event {
+        Event::Live {
+            controller,
+            reconnect: false,
+        } => log::info!("{name}: connected (controller {controller})"),
+        Event::Live {
+            controller,
+            reconnect: true,
+        } => log::info!(
+            "{name}: reconnected (controller {controller}); held requests sent again"
+        ),
+        Event::Lost(why) => log::error!(
+            "{name}: connection lost: {why}; I/O held while reconnecting (every {delay} s, for up to {give_up} s)"
+        ),
+        Event::AttemptFailed(why) => log::warn!("{name}: reconnect attempt failed: {why}"),
+        Event::GaveUp { waited_ms } => log::error!(
+            "{name}: the target stayed unreachable for {} s: given up, its disks fail every request",
+            waited_ms / 1000
+        ),
+    }
+}
+
+impl Net {
+    pub fn new(vif: Vif, host_nqn: Option<HostNqn>) -> Net {
+        let host_id = host_id(host_nqn.as_ref().map_or("", |n| n.as_str()));
+        Net {
+            vif,
+            host_nqn,
+            host_id,
+            entries: Vec::with_capacity(MAX_REMOTES),
+            spare: Vec::with_capacity(MAX_REMOTES),
+            next_port: 49152 + (xen::raw::cpu::read_tsc() % 8192) as u16,
+            logged: (NetCounters::default(), 0),
+        }
+    }
+
+    pub fn port(&self) -> EvtchnPort {
+        self.vif.port()
+    }
+
+    /// The remote `target` names (its region aside): one already connected, or a new
+    /// one brought up now, within [`ATTACH_MS`]. Its index, or why not (with its errno).
+    pub fn remote(&mut self, target: &NvmeTcpTarget) -> Result<u32, (String, i32)> {
+        let same = |e: &Entry| {
+            (
+                e.target.addr,
+                e.target.port,
+                e.target.nsid,
+                e.target.subsystem,
+            ) == (target.addr, target.port, target.nsid, target.subsystem)
+        };
+        if let Some(at) = self.entries.iter().position(same) {
+            return Ok(at as u32);
+        }
+        let Some(host_nqn) = self.host_nqn else {
+            return Err((
+                "no host NQN: set net.hostnqn= on blkdom's command line".into(),
+                xen::xenbus::error::errno::EINVAL,
+            ));
+        };
+        if self.entries.len() >= MAX_REMOTES {
+            return Err((
+                format!("blkdom connects to at most {MAX_REMOTES} remote namespaces"),
+                xen::xenbus::error::errno::ENOSPC,
+            ));
+        }
+        let start = Vif::now_ms();
+        let remote = Remote::new(
+            host_nqn.as_str(),
+            self.host_id,
+            target.subsystem.as_str(),
+            target.nsid,
+            TIMING,
+            start,
+        );
+        let sockets = match self.spare_sockets() {
+            Some(sockets) => sockets,
+            None => return Err(("no socket left".into(), xen::xenbus::error::errno::ENOSPC)),
+        };
+        let name = describe(target);
+        let mut entry = Entry {
+            target: *target,
+            name: name.clone(),
+            remote,
+            sockets,
+            was_open: [false; 2],
+            refused: [false; 2],
+        };
+        loop {
+            // The disks already served go on meanwhile (their requests, keep-alives).
+            self.poll();
+            let now = Vif::now_ms();
+            Self::poll_entry(&mut self.vif, &mut self.next_port, &mut entry, now);
+            self.vif.poll();
+            match entry.remote.state() {
+                State::Live => break,
+                State::Failed(why) => {
+                    self.spare.push(entry.sockets);
+                    return Err((format!("{name}: {why}"), why.errno()));
+                }
+                _ if now > start + ATTACH_MS => {
+                    let mut links = Self::links(
+                        &mut self.vif,
+                        &mut self.next_port,
+                        &entry.target,
+                        entry.sockets,
+                        &mut entry.was_open,
+                        &mut entry.refused,
+                    );
+                    links.close(Link::Admin);
+                    links.close(Link::Io);
+                    self.spare.push(entry.sockets);
+                    return Err((
+                        format!("{name}: not connected within {} s", ATTACH_MS / 1000),
+                        Failure::NoAnswer.errno(),
+                    ));
+                }
+                _ => core::hint::spin_loop(),
+            }
+        }
+        self.entries.push(entry);
+        Ok(self.entries.len() as u32 - 1)
+    }
+
+    /// `wanted` new queues of remote `at`.
+    pub fn queues(&mut self, at: u32, wanted: usize) -> Vec<crate::devices::open::Queue> {
+        let Some(entry) = self.entries.get_mut(at as usize) else {
+            return Vec::new();
+        };
+        (0..wanted)
+            .map_while(|_| entry.remote.add_queue())
+            .map(|q| Box::new(RemoteQueue(q)) as crate::devices::open::Queue)
+            .collect()
+    }
+
+    pub fn describe(&self, at: u32) -> String {
+        self.entries
+            .get(at as usize)
+            .map_or_else(|| "nvme-tcp".into(), |e| e.name.clone())
+    }
+
+    /// Sockets for a new entry: those of one whose bring-up failed, or new ones.
+    fn spare_sockets(&mut self) -> Option<[SocketHandle; 2]> {
+        if let Some(sockets) = self.spare.pop() {
+            return Some(sockets);
+        }
+        let mut make = |size: usize| {
+            let rx = alloc::vec![0u8; size].leak();
+            let tx = alloc::vec![0u8; size].leak();
+            self.vif.stack.add_tcp(rx, tx)
+        };
+        let sockets = [make(ADMIN_BUFFER)?, make(IO_BUFFER)?];
+        for handle in sockets {
+            // A command's PDU goes out whole at once and every received PDU is acked at
+            // once: Nagle's wait for an ack, against a delayed ack at the other end,
+            // and smoltcp's own delayed ack would add their timers to every command at
+            // low depth (Linux's host and nvmet-tcp set TCP_NODELAY too).
+            let socket = self.vif.stack.sockets.get_mut::<tcp::Socket>(handle);
+            socket.set_nagle_enabled(false);
+            socket.set_ack_delay(None);
+        }
+        Some(sockets)
+    }
+
+    fn links<'a>(
+        vif: &'a mut Vif,
+        next_port: &'a mut u16,
+        target: &NvmeTcpTarget,
+        sockets: [SocketHandle; 2],
+        was_open: &'a mut [bool; 2],
+        refused: &'a mut [bool; 2],
+    ) -> Links<'a> {
+        let [a, b, c, d] = target.addr;
+        Links {
+            vif,
+            entry_sockets: sockets,
+            was_open,
+            refused,
+            remote: (IpAddress::Ipv4(Ipv4Address::new(a, b, c, d)), target.port),
+            next_port,
+        }
+    }
+
+    fn poll_entry(vif: &mut Vif, next_port: &mut u16, entry: &mut Entry, now: u64) -> bool {
+        let Entry {
+            target,
+            name,
+            remote,
+            sockets,
+            was_open,
+            refused,
+        } = entry;
+        let mut links = Self::links(vif, next_port, target, *sockets, was_open, refused);
+        remote.poll(&mut links, &Pages, now, &mut |e| {
+            log_event(name.as_str(), e)
+        })
+    }
+
+    /// One pass: frames in, every remote, frames out; queues on other vCPUs with new
+    /// completions are woken.
+    pub fn poll(&mut self) -> NetPoll {
+        if let Some(xen) = crate::xen_domain::get() {
+            xen.shared.clear_pending(self.vif.port());
+        }
+        let now = Vif::now_ms();
+        let mut work = self.vif.poll();
+        let mut busy = false;
+        let mut wake = 0u64;
+        for entry in &mut self.entries {
+            let moved = Self::poll_entry(&mut self.vif, &mut self.next_port, entry, now);
+            work |= moved;
+            busy |= entry.remote.busy();
+            if moved {
+                for shared in entry.remote.channels() {
+                    let cpu = shared.producer_cpu.load(Ordering::Relaxed);
+                    if cpu != 0 && cpu < 64 && shared.has_completions() {
+                        wake |= 1 << cpu;
+                    }
+                }
+            }
+        }
+        work |= self.vif.poll();
+        let timer_due_ns = self
+            .vif
+            .stack
+            .poll_delay_ms(Vif::now_ms())
+            .map(|ms| crate::xen_domain::now_ns().saturating_add(ms.saturating_mul(1_000_000)));
+        while wake != 0 {
+            let cpu = wake.trailing_zeros() as usize;
+            wake &= wake - 1;
+            super::poller::ring_doorbell(cpu);
+        }
+        self.log_counters(now);
+        NetPoll {
+            work,
+            busy,
+            timer_due_ns,
+        }
+    }
+
+    /// The vif's counters on the console, at most every [`COUNTERS_EVERY_MS`] and only
+    /// when they moved: what an operator reads first when a remote disk is slow (frames
+    /// lost on the way out, dropped on the way in).
+    fn log_counters(&mut self, now_ms: u64) {
+        if now_ms < self.logged.1 + COUNTERS_EVERY_MS {
+            return;
+        }
+        let device = &self.vif.stack.device;
+        let queue = device.queue().stats;
+        let counters = NetCounters {
+            tx_frames: queue.tx_frames,
+            tx_errors: queue.tx_errors,
+            tx_full: device.stats.tx_full,
+            rx_frames: queue.rx_frames,
+            rx_dropped: queue.rx_dropped,
+            events_sent: queue.notifications,
+        };
+        if counters != self.logged.0 {
+            log::info!(
+                "net: vif: {} frames out ({} refused by netback, {} lost with the ring full), {} in ({} dropped), {} events sent",
+                counters.tx_frames,
+                counters.tx_errors,
+                counters.tx_full,
+                counters.rx_frames,
+                counters.rx_dropped,
+                counters.events_sent
+            );
+            for entry in &self.entries {
+                let held = entry.remote.held_times();
+                log::info!(
+                    "net: {}: {} requests completed, held {} ms on average, {} ms at most",
+                    entry.name,
+                    held.completed,
+                    held.total_ms / held.completed.max(1),
+                    held.max_ms
+                );
+            }
+        }
+        self.logged = (counters, now_ms);
+    }
+
+    /// Requests wait in a channel of a live remote (looked at before vCPU 0 sleeps). A
+    /// remote that is away holds its channels' requests on purpose: vCPU 0
+    /// sleeps meanwhile (at most 1 ms: `NetPoll::busy`).
+    pub fn has_submissions(&self) -> bool {
+        self.entries.iter().any(|e| {
+            e.remote.state() == State::Live
+                && e.remote.channels().iter().any(|c| c.has_submissions())
+        })
+    }
+
+    /// Before vCPU 0 sleeps: asks netback for an event at its next rx or tx response
+    /// (without it netback's first response after a sleep raises none, and a frame
+    /// waits for the sleep's deadline); true when one came meanwhile.
+    pub fn frames_waiting(&self) -> bool {
+        self.vif.stack.device.queue().final_check()
+    }
+}
+
+/// A remote namespace's queue as a ring's engine drives it: the channel's producer end,
+/// which rings vCPU 0 for each request.
+struct RemoteQueue(DiskQueue);
+
+impl BlockDevice for RemoteQueue {
+    blkdev::forward_to!(0: geometry, queue_depth, poll_completions, fault);
+
+    fn submit(
+        &mut self,
+        request: &IoRequest<'_>,
+        buffers: &dyn BufferAccess,
+    ) -> Result<(), SubmitError> {
+        self.0.submit(request, buffers)?;
+        let cpu = crate::smp::current().index.load(Ordering::Relaxed);
+        self.0.shared().producer_cpu.store(cpu, Ordering::Relaxed);
+        // Every request from another vCPU rings vCPU 0: asleep, it wakes; awake, its next
+        // sleep returns at once. (Ringing only while a flag said vCPU 0 slept lost
+        // wake-ups in the rig: requests waited for its 1 s deadline.)
+        if cpu != 0 {
+            super::poller::ring_doorbell(0);
+        }
+        Ok(())
+    }
+}
