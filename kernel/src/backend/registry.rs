@@ -285,7 +285,7 @@ impl Registry {
     /// still held by rings that did not drain cannot be flushed, and is reported so.
     pub fn shut_down(&mut self, flush_deadline_ns: u64) -> shutdown::Report {
         let mut remote = self.flush_remote(flush_deadline_ns);
-        let (flush, unflushed) = Self::idle_queues(&mut self.pools);
+        let (flush, unflushed) = Self::idle_queues(&mut self.pools, Vec::new(), "shutdown");
         let mut report = self.devices.shut_down(flush, flush_deadline_ns);
         report.given_up.extend(unflushed);
         report.flushed += remote.flushed;
@@ -341,10 +341,34 @@ impl Registry {
                 }
             }
         }
+        let (flush, unflushed) = Self::idle_queues(&mut self.pools, held, "upgrade");
+        let mut report = crate::devices::shutdown::flush_queues(flush, flush_deadline_ns);
+        report.given_up.extend(unflushed);
+        report.flushed += remote.flushed;
+        report.given_up.append(&mut remote.given_up);
+        report
+    }
+
+    /// A live upgrade's last step before the jump: every device stopped without the
+    /// shutdown notification and its bus mastering off (`Devices::quiesce`). Nothing may
+    /// use the devices afterwards: past this the upgrade cannot be abandoned.
+    pub fn quiesce(&mut self) -> shutdown::Report {
+        self.devices.quiesce()
+    }
+
+    /// One idle queue of each device pool, to flush through (with its name): the pool's
+    /// own, else one of `held` (queues of the same device that disks keep); and a line,
+    /// logged under `context`, for each pool with neither (all held by rings).
+    #[allow(clippy::type_complexity)]
+    fn idle_queues<'a>(
+        pools: &'a mut [Pool],
+        mut held: Vec<(DeviceId, &'a mut DeviceQueue)>,
+        context: &str,
+    ) -> (Vec<(String, &'a mut dyn BlockDevice)>, Vec<String>) {
         let mut flush: Vec<(String, &mut dyn BlockDevice)> = Vec::new();
         let mut unflushed = Vec::new();
-        for pool in self
-            .pools
+        // Remote namespaces are flushed apart (`flush_remote`).
+        for pool in pools
             .iter_mut()
             .filter(|pool| !matches!(pool.device, DeviceId::NvmeTcp { .. }))
         {
@@ -360,43 +384,7 @@ impl Registry {
             }
         }
         for line in &unflushed {
-            log::error!("upgrade: {line}");
-        }
-        let mut report = crate::devices::shutdown::flush_queues(flush, flush_deadline_ns);
-        report.given_up.extend(unflushed);
-        report.flushed += remote.flushed;
-        report.given_up.append(&mut remote.given_up);
-        report
-    }
-
-    /// A live upgrade's last step before the jump: every device stopped without the
-    /// shutdown notification and its bus mastering off (`Devices::quiesce`). Nothing may
-    /// use the devices afterwards: past this the upgrade cannot be abandoned.
-    pub fn quiesce(&mut self) -> shutdown::Report {
-        self.devices.quiesce()
-    }
-
-    /// One idle queue of each device pool, to flush through (with its name), and a
-    /// line for each pool whose queues are all held by rings.
-    #[allow(clippy::type_complexity)]
-    fn idle_queues(pools: &mut [Pool]) -> (Vec<(String, &mut dyn BlockDevice)>, Vec<String>) {
-        let mut flush: Vec<(String, &mut dyn BlockDevice)> = Vec::new();
-        let mut unflushed = Vec::new();
-        // Remote namespaces are flushed apart (`flush_remote`).
-        for pool in pools
-            .iter_mut()
-            .filter(|pool| !matches!(pool.device, DeviceId::NvmeTcp { .. }))
-        {
-            match pool.idle.last_mut() {
-                Some(queue) => flush.push((pool.device.to_string(), queue)),
-                None => unflushed.push(format!(
-                    "{}: flush not sent: every queue of it is held by a ring that did not drain",
-                    pool.device
-                )),
-            }
-        }
-        for line in &unflushed {
-            log::error!("shutdown: {line}");
+            log::error!("{context}: {line}");
         }
         (flush, unflushed)
     }
