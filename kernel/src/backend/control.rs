@@ -682,6 +682,10 @@ impl poller::ControlWork for Control {
         self.registry.net_waiting()
     }
 
+    fn net_timer_due(&mut self) -> Option<u64> {
+        self.registry.net().and_then(|net| net.timer_due_ns())
+    }
+
     fn maintain_memory(&mut self) {
         super::disk::RAM_MEMORY_WANTED.store(false, Ordering::Release);
         poller::RAM_KICK_SENT.store(false, Ordering::Release);

@@ -178,9 +178,6 @@ pub struct NetPoll {
     pub work: bool,
     /// Requests are out or a connection is being made: look again within a ms.
     pub busy: bool,
-    /// When smoltcp's next timer is due (a retransmission, an ack, a keep-alive), in
-    /// the poller's clock (ns): the sleep ends by then.
-    pub timer_due_ns: Option<u64>,
 }
 
 /// The host identifier sent in Connect: the same for every connection of this blkdom,
@@ -431,22 +428,23 @@ impl Net {
             }
         }
         work |= self.vif.poll();
-        let timer_due_ns = self
-            .vif
-            .stack
-            .poll_delay_ms(Vif::now_ms())
-            .map(|ms| crate::xen_domain::now_ns().saturating_add(ms.saturating_mul(1_000_000)));
         while wake != 0 {
             let cpu = wake.trailing_zeros() as usize;
             wake &= wake - 1;
             super::poller::ring_doorbell(cpu);
         }
         self.log_counters(now);
-        NetPoll {
-            work,
-            busy,
-            timer_due_ns,
-        }
+        NetPoll { work, busy }
+    }
+
+    /// When smoltcp's next timer is due (a retransmission, an ack, a keep-alive), in the
+    /// poller's clock (ns): vCPU 0's sleep ends by then. Asked only before a sleep.
+    pub fn timer_due_ns(&mut self) -> Option<u64> {
+        let now_ns = crate::xen_domain::now_ns();
+        self.vif
+            .stack
+            .poll_delay_ms(now_ns / 1_000_000)
+            .map(|ms| now_ns.saturating_add(ms.saturating_mul(1_000_000)))
     }
 
     /// The vif's counters on the console, at most every [`COUNTERS_EVERY_MS`] and only

@@ -318,6 +318,8 @@ pub trait ControlWork {
     /// Requests of remote disks wait for the network, or frames for it arrived (looked
     /// at before sleeping; arms the network's events for the sleep).
     fn net_waiting(&self) -> bool;
+    /// When the storage network's next timer is due (ns), if there is a network.
+    fn net_timer_due(&mut self) -> Option<u64>;
     fn run(&mut self) -> Option<u64>;
     /// A RAM disk asked for memory or has maintenance left (`disk::RAM_MEMORY_WANTED`):
     /// run it now.
@@ -445,11 +447,9 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         }
         // The storage network: frames, remote disks' commands and data, reconnects.
         let mut net_busy = false;
-        let mut net_timer_due = None;
         if let Some(net) = control.as_mut().and_then(|c| c.poll_net()) {
             work |= net.work;
             net_busy = net.busy;
-            net_timer_due = net.timer_due_ns;
         }
         // A device queue asked for its device's recovery: the control path runs it now.
         let recovery_news = crate::devices::RECOVERY_WANTED.load(Ordering::Relaxed);
@@ -536,7 +536,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
                     .chain(q.engine.throttle_deadline())
                     .min()
             })
-            .chain(net_timer_due)
+            .chain(control.as_mut().and_then(|c| c.net_timer_due()))
             .min();
         let deadline = sleep_deadline(
             now,
