@@ -10,13 +10,14 @@ use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
-use backing::NvmeTcpTarget;
+use backing::{NvmeTcpTarget, ReconnectTimes};
 use blkdev::{BlockDevice, BufferAccess, IoRequest, SubmitError};
 use bootconfig::HostNqn;
 use core::sync::atomic::Ordering;
 use nvmetcp::remote::{
     DiskQueue, Event, Failure, Link, LinkState, Remote, State, Timing, Transport,
 };
+use nvmetcp::ReconnectPolicy;
 use smoltcp::iface::SocketHandle;
 use smoltcp::socket::tcp;
 use smoltcp::wire::{IpAddress, Ipv4Address};
@@ -30,12 +31,21 @@ const ADMIN_BUFFER: usize = 16 << 10;
 const IO_BUFFER: usize = 256 << 10;
 /// A first bring-up (at attach) must end before libxl's 10 s wait for InitWait.
 const ATTACH_MS: u64 = 8_000;
-/// How the network's remotes connect, reconnect and give up.
+/// How the network's remotes connect; how each reconnects and gives up is its
+/// target's (`reconnect-delay=`, `ctrl-loss-tmo=`: [`reconnect_policy`]).
 pub const TIMING: Timing = Timing {
     connect_ms: 3_000,
     bringup_ms: 5_000,
     reconnect: Timing::DEFAULT.reconnect,
 };
+
+/// The reconnect policy a target's times ask for.
+pub fn reconnect_policy(times: &ReconnectTimes) -> ReconnectPolicy {
+    ReconnectPolicy {
+        delay_ms: times.delay_ms(),
+        give_up_ms: times.ctrl_loss_tmo_ms(),
+    }
+}
 
 /// One remote namespace and its two sockets.
 struct Entry {
@@ -203,9 +213,10 @@ fn describe(target: &NvmeTcpTarget) -> String {
     )
 }
 
-fn log_event(name: &str, event: Event) {
-    let delay = TIMING.reconnect.delay_ms / 1000;
-    let give_up = TIMING.reconnect.give_up_ms / 1000;
+/// `policy`: the remote's own reconnect times.
+fn log_event(name: &str, event: Event, policy: ReconnectPolicy) {
+    let delay = policy.delay_ms / 1000;
+    let give_up = policy.give_up_ms / 1000;
     match event {
         Event::Live {
             controller,
@@ -246,8 +257,15 @@ impl Net {
         self.vif.port()
     }
 
-    /// The remote `target` names (its region aside): one already connected, or a new
-    /// one brought up now, within [`ATTACH_MS`]. Its index, or why not (with its errno).
+    /// The remote `target` names (its region and reconnect times aside): one already
+    /// connected, or a new one brought up now, within [`ATTACH_MS`], with the target's
+    /// reconnect times. Its index, or why not (with its errno).
+    ///
+    /// Disks naming one namespace share one association whatever times they ask (the
+    /// caller settles a difference: `reconnect_policy`, `set_reconnect_policy`): one
+    /// association per time would let two disks on one namespace escape the check that
+    /// their ranges do not overlap, which goes by the remote, and double the
+    /// connections to the target.
     pub fn remote(&mut self, target: &NvmeTcpTarget) -> Result<u32, (String, i32)> {
         let same = |e: &Entry| {
             (
@@ -278,7 +296,10 @@ impl Net {
             self.host_id,
             target.subsystem.as_str(),
             target.nsid,
-            TIMING,
+            Timing {
+                reconnect: reconnect_policy(&target.reconnect),
+                ..TIMING
+            },
             start,
         );
         let sockets = match self.spare_sockets() {
@@ -341,6 +362,30 @@ impl Net {
             .collect()
     }
 
+    /// When remote `at` reconnects and gives up.
+    pub fn reconnect_policy(&self, at: u32) -> Option<ReconnectPolicy> {
+        self.entries
+            .get(at as usize)
+            .map(|e| e.remote.reconnect_policy())
+    }
+
+    /// Other reconnect times for remote `at`, from now on: for a disk that asks for them
+    /// while no other disk is served from it.
+    pub fn set_reconnect_policy(&mut self, at: u32, policy: ReconnectPolicy) {
+        if let Some(entry) = self.entries.get_mut(at as usize) {
+            let old = entry.remote.reconnect_policy();
+            log::info!(
+                "{}: reconnect every {} s, give up after {} s (was {} s, {} s)",
+                entry.name,
+                policy.delay_ms / 1000,
+                policy.give_up_ms / 1000,
+                old.delay_ms / 1000,
+                old.give_up_ms / 1000
+            );
+            entry.remote.set_reconnect_policy(policy);
+        }
+    }
+
     pub fn describe(&self, at: u32) -> String {
         self.entries
             .get(at as usize)
@@ -399,8 +444,9 @@ impl Net {
             refused,
         } = entry;
         let mut links = Self::links(vif, next_port, target, *sockets, was_open, refused);
+        let policy = remote.reconnect_policy();
         remote.poll(&mut links, &Pages, now, &mut |e| {
-            log_event(name.as_str(), e)
+            log_event(name.as_str(), e, policy)
         })
     }
 

@@ -169,7 +169,32 @@ impl Registry {
         let remote = net
             .remote(&target)
             .map_err(|(reason, errno)| refuse(reason, errno))?;
-        self.open_on_device(spec, DeviceId::NvmeTcp { remote }, region, &[])
+        let device = DeviceId::NvmeTcp { remote };
+        // The disks of a namespace share its association, and so its reconnect times
+        // (`Net::remote`): a disk asking for others takes the association over only
+        // when no disk is served from it, else it is refused (one disk's guest would
+        // wait on a target gone longer, or shorter, than its own times say).
+        let wanted = super::net::reconnect_policy(&target.reconnect);
+        let policy = net.reconnect_policy(remote).unwrap_or(wanted);
+        let served = self.serving.on(&device).next();
+        match policy.share(wanted, served.is_some()) {
+            nvmetcp::Share::Same => {}
+            nvmetcp::Share::Change => net.set_reconnect_policy(remote, wanted),
+            nvmetcp::Share::Refuse => {
+                let owner = served.map_or("", |claim| claim.owner.as_str());
+                return Err(refuse(
+                    format!(
+                        "{owner} is served from this namespace with reconnect-delay={},\
+                         ctrl-loss-tmo={}: disks of one namespace share its connection and its \
+                         reconnect times; give the same ones",
+                        policy.delay_ms / 1000,
+                        policy.give_up_ms / 1000
+                    ),
+                    xen::xenbus::error::errno::EINVAL,
+                ));
+            }
+        }
+        self.open_on_device(spec, device, region, &[])
     }
 
     /// Remote disks' requests wait for the network, or frames arrived for it.

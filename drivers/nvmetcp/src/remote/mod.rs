@@ -295,6 +295,17 @@ impl Remote {
         self.controller
     }
 
+    /// When it reconnects and gives up.
+    pub fn reconnect_policy(&self) -> ReconnectPolicy {
+        self.reconnect.policy()
+    }
+
+    /// Other reconnect times, from now on (`Reconnect::set_policy`).
+    pub fn set_reconnect_policy(&mut self, policy: ReconnectPolicy) {
+        self.timing.reconnect = policy;
+        self.reconnect.set_policy(policy);
+    }
+
     pub fn held_times(&self) -> HeldTimes {
         self.held_times
     }
