@@ -276,6 +276,9 @@ impl Net {
             ) == (target.addr, target.port, target.nsid, target.subsystem)
         };
         if let Some(at) = self.entries.iter().position(same) {
+            if self.entries[at].remote.state() == State::GaveUp {
+                self.revive(at)?;
+            }
             return Ok(at as u32);
         }
         let Some(host_nqn) = self.host_nqn else {
@@ -349,6 +352,55 @@ impl Net {
         }
         self.entries.push(entry);
         Ok(self.entries.len() as u32 - 1)
+    }
+
+    /// Remote `at` gave up on its target and a disk is attached on it again: one more
+    /// bring-up, bounded as a first one ([`ATTACH_MS`]). Live: its disks serve again
+    /// (those still attached too). Not live by then: given up again, and the attach is
+    /// refused with the last attempt's reason.
+    fn revive(&mut self, at: usize) -> Result<(), (String, i32)> {
+        let start = Vif::now_ms();
+        log::info!(
+            "{}: a disk is attached on it again: connecting again",
+            self.entries[at].name
+        );
+        self.entries[at].remote.revive(start);
+        loop {
+            self.poll();
+            let now = Vif::now_ms();
+            let entry = &mut self.entries[at];
+            match entry.remote.state() {
+                State::Live => return Ok(()),
+                _ if now > start + ATTACH_MS => {
+                    let why = entry.remote.last_failure();
+                    let name = entry.name.as_str();
+                    let policy = entry.remote.reconnect_policy();
+                    entry.remote.give_up(now, &mut |e| log_event(name, e, policy));
+                    let mut links = Self::links(
+                        &mut self.vif,
+                        &mut self.next_port,
+                        &entry.target,
+                        entry.sockets,
+                        &mut entry.was_open,
+                        &mut entry.refused,
+                    );
+                    links.close(Link::Admin);
+                    links.close(Link::Io);
+                    return Err(match why {
+                        Some(why) => (format!("{}: {why}", entry.name), why.errno()),
+                        None => (
+                            format!(
+                                "{}: not connected within {} s",
+                                entry.name,
+                                ATTACH_MS / 1000
+                            ),
+                            Failure::NoAnswer.errno(),
+                        ),
+                    });
+                }
+                _ => core::hint::spin_loop(),
+            }
+        }
     }
 
     /// `wanted` new queues of remote `at`.

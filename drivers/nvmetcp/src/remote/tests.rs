@@ -540,6 +540,71 @@ fn a_target_that_never_comes_back_fails_the_disk_after_the_give_up_time() {
     assert!(rig.remote.add_queue().unwrap().fault().is_some());
 }
 
+/// A remote that gave up, the target away for good (`up` false), its request failed.
+fn given_up() -> (Rig, DiskQueue) {
+    let (mut rig, mut a, _b) = live();
+    let r = segments(0, 1);
+    a.submit(&request(1, IoOp::Read, 0, &r), &Pages).unwrap();
+    rig.net.crash();
+    assert_eq!(rig.run(&mut [&mut a], 1, 700_000).len(), 1);
+    assert_eq!(rig.remote.state(), State::GaveUp);
+    (rig, a)
+}
+
+#[test]
+fn a_remote_that_gave_up_serves_again_once_revived_with_the_target_back() {
+    let (mut rig, mut a) = given_up();
+    assert!(a.fault().is_some());
+    rig.net.up = true;
+    assert!(rig.remote.revive(rig.now));
+    assert!(a.fault().is_none(), "the queue takes requests again");
+    assert!(rig.remote.add_queue().unwrap().fault().is_none());
+    let r = segments(0, 1);
+    a.submit(&request(3, IoOp::Read, 8, &r), &Pages).unwrap();
+    let done = rig.run(&mut [&mut a], 1, 10_000);
+    assert_eq!(
+        done,
+        [Completion {
+            tag: 3,
+            status: IoStatus::Ok
+        }]
+    );
+    assert_eq!(rig.remote.state(), State::Live);
+    assert!(matches!(
+        rig.events.last(),
+        Some(Event::Live {
+            reconnect: true,
+            ..
+        })
+    ));
+    // Only a remote that gave up is revived.
+    assert!(!rig.remote.revive(rig.now));
+}
+
+#[test]
+fn a_revival_with_the_target_still_away_says_why_and_can_give_up_at_once() {
+    let (mut rig, mut a) = given_up();
+    assert!(rig.remote.revive(rig.now));
+    let r = segments(0, 1);
+    a.submit(&request(4, IoOp::Read, 8, &r), &Pages).unwrap();
+    // Held while it tries (refused: nothing listens).
+    assert!(rig.run(&mut [&mut a], 1, 8_000).is_empty());
+    assert_eq!(rig.remote.last_failure(), Some(Failure::Refused));
+    let events = &mut Vec::new();
+    rig.remote.give_up(rig.now, &mut |e| events.push(e));
+    assert!(matches!(events[..], [Event::GaveUp { .. }]));
+    let done = rig.run(&mut [&mut a], 1, 10);
+    assert_eq!(
+        done,
+        [Completion {
+            tag: 4,
+            status: IoStatus::Error
+        }]
+    );
+    assert!(a.fault().is_some());
+    assert_eq!(rig.remote.state(), State::GaveUp);
+}
+
 #[test]
 fn a_remote_with_a_ctrl_loss_tmo_of_30_s_fails_its_held_requests_at_30_s() {
     let timing = Timing {
