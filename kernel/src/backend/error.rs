@@ -142,6 +142,11 @@ pub enum DiskError {
         spec: String,
         made: usize,
     },
+    /// Every queue a remote namespace serves at most is another disk's.
+    NoRemoteQueueLeft {
+        spec: String,
+        made: usize,
+    },
     /// The disk's region does not fit the device, or its partition was not found.
     Region {
         spec: String,
@@ -237,6 +242,10 @@ impl fmt::Display for DiskError {
             DiskError::NoQueueLeft { spec, made } => write!(
                 f,
                 "{spec}: all {made} virtqueues of the device serve other disks (each disk takes up to one per vCPU; a device with more queues serves more disks)"
+            ),
+            DiskError::NoRemoteQueueLeft { spec, made } => write!(
+                f,
+                "{spec}: all {made} queues of the remote namespace serve other disks (each disk takes up to one per vCPU)"
             ),
             DiskError::Region { spec, error } => write!(f, "{spec}: {error}"),
             DiskError::Slice { spec, error } => write!(f, "{spec}: {error}"),
@@ -402,7 +411,9 @@ impl Errno for DiskError {
             | DiskError::Overlaps { .. }
             | DiskError::CoversTable { .. }
             | DiskError::TableCovered { .. } => errno::EBUSY,
-            DiskError::NoQueueLeft { .. } | DiskError::NoQueue { .. } => errno::EBUSY,
+            DiskError::NoQueueLeft { .. }
+            | DiskError::NoRemoteQueueLeft { .. }
+            | DiskError::NoQueue { .. } => errno::EBUSY,
             DiskError::RamDoesNotFit { .. } => errno::ENOMEM,
             DiskError::DeviceFailed { .. } | DiskError::RamLost { .. } => errno::EIO,
             DiskError::Remote { errno, .. } => *errno,

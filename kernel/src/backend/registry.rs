@@ -817,7 +817,7 @@ impl Registry {
                 .map_err(|_| DiskError::NoQueue { spec: spec.into() })?;
             let queues = net.queues(remote, wanted);
             if queues.is_empty() {
-                return Err(DiskError::NoQueueLeft {
+                return Err(DiskError::NoRemoteQueueLeft {
                     spec: spec.into(),
                     made: nvmetcp::remote::MAX_CHANNELS,
                 });
