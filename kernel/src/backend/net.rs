@@ -331,16 +331,7 @@ impl Net {
                     return Err((format!("{name}: {why}"), why.errno()));
                 }
                 _ if now > start + ATTACH_MS => {
-                    let mut links = Self::links(
-                        &mut self.vif,
-                        &mut self.next_port,
-                        &entry.target,
-                        entry.sockets,
-                        &mut entry.was_open,
-                        &mut entry.refused,
-                    );
-                    links.close(Link::Admin);
-                    links.close(Link::Io);
+                    Self::close_links(&mut self.vif, &mut self.next_port, &mut entry);
                     self.spare.push(entry.sockets);
                     return Err((
                         format!("{name}: not connected within {} s", ATTACH_MS / 1000),
@@ -375,17 +366,10 @@ impl Net {
                     let why = entry.remote.last_failure();
                     let name = entry.name.as_str();
                     let policy = entry.remote.reconnect_policy();
-                    entry.remote.give_up(now, &mut |e| log_event(name, e, policy));
-                    let mut links = Self::links(
-                        &mut self.vif,
-                        &mut self.next_port,
-                        &entry.target,
-                        entry.sockets,
-                        &mut entry.was_open,
-                        &mut entry.refused,
-                    );
-                    links.close(Link::Admin);
-                    links.close(Link::Io);
+                    entry
+                        .remote
+                        .give_up(now, &mut |e| log_event(name, e, policy));
+                    Self::close_links(&mut self.vif, &mut self.next_port, entry);
                     return Err(match why {
                         Some(why) => (format!("{}: {why}", entry.name), why.errno()),
                         None => (
@@ -484,6 +468,20 @@ impl Net {
             remote: (IpAddress::Ipv4(Ipv4Address::new(a, b, c, d)), target.port),
             next_port,
         }
+    }
+
+    /// Both connections of `entry` closed (an attach that gave up on it).
+    fn close_links(vif: &mut Vif, next_port: &mut u16, entry: &mut Entry) {
+        let mut links = Self::links(
+            vif,
+            next_port,
+            &entry.target,
+            entry.sockets,
+            &mut entry.was_open,
+            &mut entry.refused,
+        );
+        links.close(Link::Admin);
+        links.close(Link::Io);
     }
 
     fn poll_entry(vif: &mut Vif, next_port: &mut u16, entry: &mut Entry, now: u64) -> bool {
