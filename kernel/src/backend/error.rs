@@ -177,6 +177,14 @@ pub enum DiskError {
         reason: String,
         errno: i32,
     },
+    /// Not a failure: the remote namespace's bring-up runs and the attach asks again
+    /// (`Net::remote`); an attach still waiting at [`Control`]'s shutdown or upgrade
+    /// fails with it.
+    ///
+    /// [`Control`]: super::control::Control
+    RemoteConnecting {
+        spec: String,
+    },
 }
 
 impl fmt::Display for DiskError {
@@ -256,6 +264,9 @@ impl fmt::Display for DiskError {
                 "{spec}: the device failed ({fault}); it serves no disk until blkdom restarts"
             ),
             DiskError::Remote { spec, reason, .. } => write!(f, "{spec}: {reason}"),
+            DiskError::RemoteConnecting { spec } => {
+                write!(f, "{spec}: still connecting to the target")
+            }
         }
     }
 }
@@ -417,6 +428,7 @@ impl Errno for DiskError {
             DiskError::RamDoesNotFit { .. } => errno::ENOMEM,
             DiskError::DeviceFailed { .. } | DiskError::RamLost { .. } => errno::EIO,
             DiskError::Remote { errno, .. } => *errno,
+            DiskError::RemoteConnecting { .. } => errno::EAGAIN,
             DiskError::Region { error, .. } => match error {
                 RegionError::Gpt(
                     GptError::NoSuchEntry { .. }

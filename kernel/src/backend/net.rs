@@ -58,13 +58,25 @@ struct Entry {
     was_open: [bool; 2],
     /// smoltcp refused to start the connection (no route, say).
     refused: [bool; 2],
+    /// An attach waits for this bring-up (a first one, or a revival) until then (ms).
+    attach_until: Option<u64>,
+}
+
+/// Where a remote an attach names stands ([`Net::remote`]).
+pub enum Attach {
+    /// Served from remote `0`: open the disk's queues on it.
+    Ready(u32),
+    /// Its bring-up runs: ask again on the next round.
+    Connecting,
 }
 
 pub struct Net {
     vif: Vif,
     host_nqn: Option<HostNqn>,
     host_id: [u8; 16],
-    entries: Vec<Entry>,
+    /// By slot (a remote's number, `DeviceId::NvmeTcp`); a slot whose first bring-up
+    /// failed is empty, for the next.
+    entries: Vec<Option<Entry>>,
     /// Sockets of entries whose first bring-up failed, for the next.
     spare: Vec<[SocketHandle; 2]>,
     next_port: u16,
@@ -257,29 +269,34 @@ impl Net {
         self.vif.port()
     }
 
-    /// The remote `target` names (its region and reconnect times aside): one already
-    /// connected, or a new one brought up now, within [`ATTACH_MS`], with the target's
-    /// reconnect times. Its index, or why not (with its errno).
+    /// The remote `target` names (its region and reconnect times aside), for a disk
+    /// being attached: [`Attach::Ready`] once its association is live (or was, and is
+    /// reconnecting: the disk's I/O is then held like the others'), [`Attach::Connecting`]
+    /// while a bring-up the attach waits for runs (a new remote's first, or the revival of
+    /// one that gave up), or why not (with its errno). Never waits itself: the bring-up
+    /// goes on in [`Net::poll`] on vCPU 0's passes, so its rings and the control path
+    /// serve on meanwhile, and the caller asks again; an attach waits [`ATTACH_MS`] at
+    /// most.
     ///
     /// Disks naming one namespace share one association whatever times they ask (the
     /// caller settles a difference: `reconnect_policy`, `set_reconnect_policy`): one
     /// association per time would let two disks on one namespace escape the check that
     /// their ranges do not overlap, which goes by the remote, and double the
     /// connections to the target.
-    pub fn remote(&mut self, target: &NvmeTcpTarget) -> Result<u32, (String, i32)> {
-        let same = |e: &Entry| {
-            (
-                e.target.addr,
-                e.target.port,
-                e.target.nsid,
-                e.target.subsystem,
-            ) == (target.addr, target.port, target.nsid, target.subsystem)
+    pub fn remote(&mut self, target: &NvmeTcpTarget) -> Result<Attach, (String, i32)> {
+        let now = Vif::now_ms();
+        let same = |e: &Option<Entry>| {
+            e.as_ref().is_some_and(|e| {
+                (
+                    e.target.addr,
+                    e.target.port,
+                    e.target.nsid,
+                    e.target.subsystem,
+                ) == (target.addr, target.port, target.nsid, target.subsystem)
+            })
         };
         if let Some(at) = self.entries.iter().position(same) {
-            if self.entries[at].remote.state() == State::GaveUp {
-                self.revive(at)?;
-            }
-            return Ok(at as u32);
+            return self.attach_progress(at, now);
         }
         let Some(host_nqn) = self.host_nqn else {
             return Err((
@@ -287,13 +304,14 @@ impl Net {
                 xen::xenbus::error::errno::EINVAL,
             ));
         };
-        if self.entries.len() >= MAX_REMOTES {
+        self.forget_abandoned(now);
+        let vacant = self.entries.iter().position(Option::is_none);
+        if vacant.is_none() && self.entries.len() >= MAX_REMOTES {
             return Err((
                 format!("blkdom connects to at most {MAX_REMOTES} remote namespaces"),
                 xen::xenbus::error::errno::ENOSPC,
             ));
         }
-        let start = Vif::now_ms();
         let remote = Remote::new(
             host_nqn.as_str(),
             self.host_id,
@@ -303,93 +321,121 @@ impl Net {
                 reconnect: reconnect_policy(&target.reconnect),
                 ..TIMING
             },
-            start,
+            now,
         );
         let sockets = match self.spare_sockets() {
             Some(sockets) => sockets,
             None => return Err(("no socket left".into(), xen::xenbus::error::errno::ENOSPC)),
         };
-        let name = describe(target);
-        let mut entry = Entry {
+        let entry = Entry {
             target: *target,
-            name: name.clone(),
+            name: describe(target),
             remote,
             sockets,
             was_open: [false; 2],
             refused: [false; 2],
+            attach_until: Some(now + ATTACH_MS),
         };
-        loop {
-            // The disks already served go on meanwhile (their requests, keep-alives).
-            self.poll();
-            let now = Vif::now_ms();
-            Self::poll_entry(&mut self.vif, &mut self.next_port, &mut entry, now);
-            self.vif.poll();
-            match entry.remote.state() {
-                State::Live => break,
-                State::Failed(why) => {
-                    self.spare.push(entry.sockets);
-                    return Err((format!("{name}: {why}"), why.errno()));
-                }
-                _ if now > start + ATTACH_MS => {
-                    Self::close_links(&mut self.vif, &mut self.next_port, &mut entry);
-                    self.spare.push(entry.sockets);
-                    return Err((
-                        format!("{name}: not connected within {} s", ATTACH_MS / 1000),
-                        Failure::NoAnswer.errno(),
-                    ));
-                }
-                _ => core::hint::spin_loop(),
-            }
+        log::info!(
+            "{}: connecting (the attach waits up to {} s)",
+            entry.name,
+            ATTACH_MS / 1000
+        );
+        match vacant {
+            Some(at) => self.entries[at] = Some(entry),
+            None => self.entries.push(Some(entry)),
         }
-        self.entries.push(entry);
-        Ok(self.entries.len() as u32 - 1)
+        Ok(Attach::Connecting)
     }
 
-    /// Remote `at` gave up on its target and a disk is attached on it again: one more
-    /// bring-up, bounded as a first one ([`ATTACH_MS`]). Live: its disks serve again
-    /// (those still attached too). Not live by then: given up again, and the attach is
-    /// refused with the last attempt's reason.
-    fn revive(&mut self, at: usize) -> Result<(), (String, i32)> {
-        let start = Vif::now_ms();
-        log::info!(
-            "{}: a disk is attached on it again: connecting again",
-            self.entries[at].name
-        );
-        self.entries[at].remote.revive(start);
-        loop {
-            self.poll();
-            let now = Vif::now_ms();
-            let entry = &mut self.entries[at];
-            match entry.remote.state() {
-                State::Live => return Ok(()),
-                _ if now > start + ATTACH_MS => {
-                    let why = entry.remote.last_failure();
+    /// Where the bring-up an attach on remote `at` waits for stands at `now` (ms).
+    fn attach_progress(&mut self, at: usize, now: u64) -> Result<Attach, (String, i32)> {
+        let Some(entry) = self.entries[at].as_mut() else {
+            return Err(("no such remote".into(), xen::xenbus::error::errno::ENODEV));
+        };
+        let first = entry.remote.first_namespace().is_none();
+        match (entry.remote.state(), entry.attach_until) {
+            (State::Live, _) => {
+                entry.attach_until = None;
+                Ok(Attach::Ready(at as u32))
+            }
+            // The target stayed away too long and a disk is attached on it again: one
+            // more round of attempts, bounded as a first bring-up. Live: its disks serve
+            // again (those still attached too).
+            (State::GaveUp, _) => {
+                log::info!(
+                    "{}: a disk is attached on it again: connecting again",
+                    entry.name
+                );
+                entry.remote.revive(now);
+                entry.attach_until = Some(now + ATTACH_MS);
+                Ok(Attach::Connecting)
+            }
+            (State::Failed(why), _) => {
+                let refusal = (format!("{}: {why}", entry.name), why.errno());
+                self.forget(at);
+                Err(refusal)
+            }
+            (_, Some(until)) if now > until => {
+                let why = entry.remote.last_failure();
+                let refusal = match why {
+                    Some(why) => (format!("{}: {why}", entry.name), why.errno()),
+                    None => (
+                        format!(
+                            "{}: not connected within {} s",
+                            entry.name,
+                            ATTACH_MS / 1000
+                        ),
+                        Failure::NoAnswer.errno(),
+                    ),
+                };
+                if first {
+                    self.forget(at);
+                } else {
+                    // A revival not live in time: given up again.
                     let name = entry.name.as_str();
                     let policy = entry.remote.reconnect_policy();
                     entry
                         .remote
                         .give_up(now, &mut |e| log_event(name, e, policy));
+                    entry.attach_until = None;
                     Self::close_links(&mut self.vif, &mut self.next_port, entry);
-                    return Err(match why {
-                        Some(why) => (format!("{}: {why}", entry.name), why.errno()),
-                        None => (
-                            format!(
-                                "{}: not connected within {} s",
-                                entry.name,
-                                ATTACH_MS / 1000
-                            ),
-                            Failure::NoAnswer.errno(),
-                        ),
-                    });
                 }
-                _ => core::hint::spin_loop(),
+                Err(refusal)
+            }
+            (_, Some(_)) => Ok(Attach::Connecting),
+            // Live before and reconnecting now: the disk attaches, its I/O held.
+            (_, None) => Ok(Attach::Ready(at as u32)),
+        }
+    }
+
+    /// Remote `at`, whose first bring-up failed, is dropped: its links closed, its
+    /// sockets kept for the next, its slot free (no disk was ever opened on it).
+    fn forget(&mut self, at: usize) {
+        if let Some(mut entry) = self.entries[at].take() {
+            Self::close_links(&mut self.vif, &mut self.next_port, &mut entry);
+            self.spare.push(entry.sockets);
+        }
+    }
+
+    /// Remotes whose first bring-up failed, or outlived its attach, with nobody asking
+    /// any more (the vbd was removed meanwhile): their slots are free again.
+    fn forget_abandoned(&mut self, now: u64) {
+        for at in 0..self.entries.len() {
+            let abandoned = self.entries[at].as_ref().is_some_and(|e| {
+                e.remote.first_namespace().is_none()
+                    && (matches!(e.remote.state(), State::Failed(_))
+                        || e.attach_until.is_some_and(|until| now > until))
+            });
+            if abandoned {
+                self.forget(at);
             }
         }
     }
 
     /// `wanted` new queues of remote `at`.
     pub fn queues(&mut self, at: u32, wanted: usize) -> Vec<crate::devices::open::Queue> {
-        let Some(entry) = self.entries.get_mut(at as usize) else {
+        let Some(entry) = self.entry_mut(at) else {
             return Vec::new();
         };
         (0..wanted)
@@ -400,15 +446,13 @@ impl Net {
 
     /// When remote `at` reconnects and gives up.
     pub fn reconnect_policy(&self, at: u32) -> Option<ReconnectPolicy> {
-        self.entries
-            .get(at as usize)
-            .map(|e| e.remote.reconnect_policy())
+        self.entry(at).map(|e| e.remote.reconnect_policy())
     }
 
     /// Other reconnect times for remote `at`, from now on: for a disk that asks for them
     /// while no other disk is served from it.
     pub fn set_reconnect_policy(&mut self, at: u32, policy: ReconnectPolicy) {
-        if let Some(entry) = self.entries.get_mut(at as usize) {
+        if let Some(entry) = self.entry_mut(at) {
             let old = entry.remote.reconnect_policy();
             log::info!(
                 "{}: reconnect every {} s, give up after {} s (was {} s, {} s)",
@@ -423,9 +467,16 @@ impl Net {
     }
 
     pub fn describe(&self, at: u32) -> String {
-        self.entries
-            .get(at as usize)
+        self.entry(at)
             .map_or_else(|| "nvme-tcp".into(), |e| e.name.clone())
+    }
+
+    fn entry(&self, at: u32) -> Option<&Entry> {
+        self.entries.get(at as usize).and_then(Option::as_ref)
+    }
+
+    fn entry_mut(&mut self, at: u32) -> Option<&mut Entry> {
+        self.entries.get_mut(at as usize).and_then(Option::as_mut)
     }
 
     /// Sockets for a new entry: those of one whose bring-up failed, or new ones.
@@ -492,6 +543,7 @@ impl Net {
             sockets,
             was_open,
             refused,
+            attach_until: _,
         } = entry;
         let mut links = Self::links(vif, next_port, target, *sockets, was_open, refused);
         let policy = remote.reconnect_policy();
@@ -510,7 +562,7 @@ impl Net {
         let mut work = self.vif.poll();
         let mut busy = false;
         let mut wake = 0u64;
-        for entry in &mut self.entries {
+        for entry in self.entries.iter_mut().flatten() {
             let moved = Self::poll_entry(&mut self.vif, &mut self.next_port, entry, now);
             work |= moved;
             busy |= entry.remote.busy();
@@ -570,7 +622,7 @@ impl Net {
                 counters.rx_dropped,
                 counters.events_sent
             );
-            for entry in &self.entries {
+            for entry in self.entries.iter().flatten() {
                 let held = entry.remote.held_times();
                 log::info!(
                     "net: {}: {} requests completed, held {} ms on average, {} ms at most",
@@ -588,7 +640,7 @@ impl Net {
     /// remote that is away holds its channels' requests on purpose: vCPU 0
     /// sleeps meanwhile (at most 1 ms: `NetPoll::busy`).
     pub fn has_submissions(&self) -> bool {
-        self.entries.iter().any(|e| {
+        self.entries.iter().flatten().any(|e| {
             e.remote.state() == State::Live
                 && e.remote.channels().iter().any(|c| c.has_submissions())
         })

@@ -166,9 +166,15 @@ impl Registry {
                 xen::xenbus::error::errno::ENODEV,
             )
         })?;
-        let remote = net
+        let remote = match net
             .remote(&target)
-            .map_err(|(reason, errno)| refuse(reason, errno))?;
+            .map_err(|(reason, errno)| refuse(reason, errno))?
+        {
+            super::net::Attach::Ready(remote) => remote,
+            super::net::Attach::Connecting => {
+                return Err(DiskError::RemoteConnecting { spec: spec.into() })
+            }
+        };
         let device = DeviceId::NvmeTcp { remote };
         // The disks of a namespace share its association, and so its reconnect times
         // (`Net::remote`): a disk asking for others takes the association over only
