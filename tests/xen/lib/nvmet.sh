@@ -117,7 +117,9 @@ nvme_namespace_dev() {
 dom0_nvme_connect() {
   local options reply instance dev
   options=$(dom0_nvme_options "$1" "${2:-}")
-  exec 7<> "$NVME_FABRICS" || return 1
+  # (A failed redirection of exec ends the shell: look first.)
+  [ -c "$NVME_FABRICS" ] || return 1
+  exec 7<> "$NVME_FABRICS"
   if ! { printf '%s' "$options" >&7 && read -r reply <&7; }; then
     exec 7>&-
     return 1
