@@ -497,5 +497,71 @@ class RigGptTest(unittest.TestCase):
                                                       shell))
 
 
+class RigNvmeHostTest(unittest.TestCase):
+    """dom0 as an NVMe/TCP host (tests/xen/lib/nvmet.sh): the options it writes to
+    /dev/nvme-fabrics, the namespace's block device found from the controller in sysfs
+    (with and without native multipath), and a disconnect that deletes only the
+    controllers of the subsystem named; over a fake /sys/class/nvme."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.sys = Path(self.tmp.name) / "class-nvme"
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def controller(self, name: str, subsysnqn: str, *children: str) -> Path:
+        ctrl = self.sys / name
+        ctrl.mkdir(parents=True)
+        (ctrl / "subsysnqn").write_text(subsysnqn + "\n")
+        (ctrl / "delete_controller").write_text("")
+        for child in children:
+            (ctrl / child).mkdir()
+        return ctrl
+
+    def run_lib(self, script: str, shell) -> subprocess.CompletedProcess:
+        env = {"PATH": "/usr/bin:/bin", "RIG": str(REPO)}
+        return subprocess.run([*shell, "-c", f'. "{LIB}"; NVME_CLASS="{self.sys}"; {script}'],
+                              env=env, capture_output=True, text=True, timeout=30)
+
+    def test_the_options_are_nvme_connects(self):
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                out = self.run_lib("dom0_nvme_options nqn.x:y; dom0_nvme_options nqn.x:y nqn.h:z",
+                                   shell).stdout.splitlines()
+                self.assertEqual(out, [
+                    "transport=tcp,traddr=10.9.0.1,trsvcid=4420,nqn=nqn.x:y,"
+                    "hostnqn=nqn.2026-12.dev.blkdom:rig-dom0,ctrl_loss_tmo=30",
+                    "transport=tcp,traddr=10.9.0.1,trsvcid=4420,nqn=nqn.x:y,"
+                    "hostnqn=nqn.h:z,ctrl_loss_tmo=30"])
+
+    def test_the_namespace_with_and_without_multipath(self):
+        self.controller("nvme0", "nqn.pci", "nvme0n1")
+        self.controller("nvme2", "nqn.x:y", "nvme1c2n1", "power")
+        self.controller("nvme3", "nqn.x:y")
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                result = self.run_lib("nvme_namespace_dev nvme0; nvme_namespace_dev nvme2;"
+                                      " nvme_namespace_dev nvme3 || echo none", shell)
+                self.assertEqual(result.stderr, "")
+                self.assertEqual(result.stdout.splitlines(),
+                                 ["/dev/nvme0n1", "/dev/nvme1n1", "none"])
+
+    def test_a_disconnect_deletes_the_subsystems_controllers_only(self):
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                if self.sys.exists():
+                    shutil.rmtree(self.sys)
+                ours = [self.controller("nvme2", "nqn.x:y"), self.controller("nvme4", "nqn.x:y")]
+                other = self.controller("nvme0", "nqn.pci")
+                result = self.run_lib("dom0_nvme_disconnect nqn.x:y && echo gone;"
+                                      " dom0_nvme_disconnect nqn.none || echo none", shell)
+                self.assertEqual(result.stderr, "")
+                self.assertEqual(result.stdout.splitlines(), ["gone", "none"])
+                for ctrl in ours:
+                    self.assertEqual((ctrl / "delete_controller").read_text(), "1\n")
+                self.assertEqual((other / "delete_controller").read_text(), "")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -32,8 +32,9 @@ const IO_BUFFER: usize = 256 << 10;
 /// A first bring-up (at attach) must end before libxl's 10 s wait for InitWait.
 const ATTACH_MS: u64 = 8_000;
 /// How the network's remotes connect; how each reconnects and gives up is its
-/// target's (`reconnect-delay=`, `ctrl-loss-tmo=`: [`reconnect_policy`]).
-pub const TIMING: Timing = Timing {
+/// target's (`reconnect-delay=`, `ctrl-loss-tmo=`: [`reconnect_policy`]), which replaces
+/// `reconnect` here.
+const TIMING: Timing = Timing {
     connect_ms: 3_000,
     bringup_ms: 5_000,
     reconnect: Timing::DEFAULT.reconnect,
