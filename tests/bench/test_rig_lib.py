@@ -205,6 +205,25 @@ class RigSweepTest(unittest.TestCase):
                     stub + "blkdom_cmdline_from rig.y.blkdom; blkdom_cmdline_config", shell),
                     "blkdom=\n")
 
+    def test_cpu_seconds_of_one_domain_or_of_several_together(self):
+        # A fake xl list: a header and the domain's line, Time(s) in the sixth column.
+        (self.dir / "bin").mkdir()
+        (self.dir / "bin" / "xl").write_text(
+            "#!/bin/sh\n"
+            'echo "Name ID Mem VCPUs State Time(s)"\n'
+            'case $2 in\n'
+            '  Domain-0) echo "Domain-0 0 2048 2 r----- 1234.5" ;;\n'
+            '  blkdom) echo "blkdom 5 128 2 -b---- 99.25" ;;\n'
+            "esac\n")
+        (self.dir / "bin" / "xl").chmod(0o755)
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                self.assertEqual(self.run_lib("cpu_seconds blkdom", shell), "99.2\n")
+                self.assertEqual(self.run_lib("cpu_seconds Domain-0+blkdom", shell),
+                                 "1333.8\n")
+                # A domain that is gone: no figure, not a partial sum.
+                self.assertEqual(self.run_lib("cpu_seconds Domain-0+gone", shell), "")
+
     def test_fio_read_stats_reads_the_read_side(self):
         (self.dir / "r.json").write_text(fio_json(1261.4, 20578304))
         (self.dir / "w.json").write_text(fio_json(0, 0, 500.0, 99000))
