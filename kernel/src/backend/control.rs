@@ -835,7 +835,18 @@ impl Control {
             }
             if upgrade_request && self.upgrade.is_none() {
                 if let Some(staged) = super::upgrade::on_request(store.0) {
-                    self.begin_upgrade(staged);
+                    if self.registry.has_net() {
+                        // The new image would not take the vif and its remotes over: their
+                        // disks would be lost, so nothing is given up.
+                        let why = "blkdom has a storage network (vif): its NVMe/TCP disks \
+                                   cannot be handed over to a new image yet";
+                        log::error!("upgrade refused: {why}");
+                        super::upgrade::tell(&handover::receive::Answer::Refused(
+                            handover::receive::Refusal::Switch(why.into()),
+                        ));
+                    } else {
+                        self.begin_upgrade(staged);
+                    }
                 }
             }
             // Events that came with the replies of this round's requests lost their kick
