@@ -52,7 +52,7 @@ fuzz:
 	tools/fuzz.sh $(FUZZ_SECONDS)
 
 # make fuzz-long (not in CI, not in make test): every target for FUZZ_LONG_SECONDS (an
-# hour each by default: five hours for the five targets), one at a time, niced; each
+# hour each by default: seven hours for the seven targets), one at a time, niced; each
 # continues from what earlier runs found (target/fuzz/corpus/). The logs, any crashing
 # input and a summary (runs, coverage, crashes: summary.txt, summary.json) go to
 # results/fuzz/<UTC time>/. FUZZ_TARGETS="gpt x86_32" runs only those.
