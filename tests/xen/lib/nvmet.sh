@@ -9,8 +9,10 @@
 NVMET=/sys/kernel/config/nvmet
 
 # setup_dom0_network: the bridge xenbr0 at 10.9.0.1/24 (no outer network card: no packet
-# leaves the rig).
+# leaves the rig), and loopback up: dom0's own NVMe/TCP host reaches its target at
+# 10.9.0.1 through lo (a connect to a local address while lo is down times out).
 setup_dom0_network() {
+  ip link set lo up || return 1
   ip link add name xenbr0 type bridge 2> /dev/null || brctl addbr xenbr0 || return 1
   ip addr add 10.9.0.1/24 dev xenbr0 && ip link set xenbr0 up
 }
