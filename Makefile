@@ -15,7 +15,7 @@ TEST_TARGET_DIR := target/test-hooks
 TEST_IMAGE := $(TEST_TARGET_DIR)/$(TARGET)/release/blkdom
 CARGO ?= cargo
 
-.PHONY: all deps image run test test-host test-qemu lint fuzz fuzz-long bench-engine bench bench-paired bench-backend
+.PHONY: all deps image run test test-host test-qemu lint fuzz fuzz-long bench-engine bench bench-paired bench-nvmetcp bench-backend
 
 all: image
 
@@ -95,6 +95,12 @@ bench-paired: deps-xen
 	  $(RIG)/run.sh paired --runtime $(BENCH_RUNTIME) || rc=$$?; \
 	  else echo "blkdom image does not build: no nested comparison"; rc=1; fi; \
 	  python3 tools/bench/paired.py || rc=1; exit $$rc
+
+# make bench-nvmetcp (BENCHMARKS.md): bench-paired with both disks on one Linux nvmet-tcp
+# target in dom0: xvda through dom0's own NVMe/TCP host and blkback, xvdb through blkdom
+# over its vif (PAIRED_DISKS=nvmetcp); CPU is dom0's and blkdom's together.
+bench-nvmetcp: deps-xen
+	@PAIRED_DISKS=nvmetcp $(MAKE) --no-print-directory bench-paired
 
 # make bench-backend (BENCHMARKS.md): Linux dom0 blkback and blkdom at the backend's own
 # limit: one guest whose frontend is tools/hostile's load generator (`hostile load`)

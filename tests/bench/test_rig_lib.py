@@ -205,6 +205,25 @@ class RigSweepTest(unittest.TestCase):
                     stub + "blkdom_cmdline_from rig.y.blkdom; blkdom_cmdline_config", shell),
                     "blkdom=\n")
 
+    def test_cpu_seconds_of_one_domain_or_of_several_together(self):
+        # A fake xl list: a header and the domain's line, Time(s) in the sixth column.
+        (self.dir / "bin").mkdir()
+        (self.dir / "bin" / "xl").write_text(
+            "#!/bin/sh\n"
+            'echo "Name ID Mem VCPUs State Time(s)"\n'
+            'case $2 in\n'
+            '  Domain-0) echo "Domain-0 0 2048 2 r----- 1234.5" ;;\n'
+            '  blkdom) echo "blkdom 5 128 2 -b---- 99.25" ;;\n'
+            "esac\n")
+        (self.dir / "bin" / "xl").chmod(0o755)
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                self.assertEqual(self.run_lib("cpu_seconds blkdom", shell), "99.2\n")
+                self.assertEqual(self.run_lib("cpu_seconds Domain-0+blkdom", shell),
+                                 "1333.8\n")
+                # A domain that is gone: no figure, not a partial sum.
+                self.assertEqual(self.run_lib("cpu_seconds Domain-0+gone", shell), "")
+
     def test_fio_read_stats_reads_the_read_side(self):
         (self.dir / "r.json").write_text(fio_json(1261.4, 20578304))
         (self.dir / "w.json").write_text(fio_json(0, 0, 500.0, 99000))
@@ -495,6 +514,72 @@ class RigGptTest(unittest.TestCase):
                 self.assertTrue(dom0.startswith(b"slice-b slice-b "))
                 self.assertNotEqual(dom0, self.run_sh(f'. "{LIB}"; slice_pattern slice-a 100000',
                                                       shell))
+
+
+class RigNvmeHostTest(unittest.TestCase):
+    """dom0 as an NVMe/TCP host (tests/xen/lib/nvmet.sh): the options it writes to
+    /dev/nvme-fabrics, the namespace's block device found from the controller in sysfs
+    (with and without native multipath), and a disconnect that deletes only the
+    controllers of the subsystem named; over a fake /sys/class/nvme."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.sys = Path(self.tmp.name) / "class-nvme"
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def controller(self, name: str, subsysnqn: str, *children: str) -> Path:
+        ctrl = self.sys / name
+        ctrl.mkdir(parents=True)
+        (ctrl / "subsysnqn").write_text(subsysnqn + "\n")
+        (ctrl / "delete_controller").write_text("")
+        for child in children:
+            (ctrl / child).mkdir()
+        return ctrl
+
+    def run_lib(self, script: str, shell) -> subprocess.CompletedProcess:
+        env = {"PATH": "/usr/bin:/bin", "RIG": str(REPO)}
+        return subprocess.run([*shell, "-c", f'. "{LIB}"; NVME_CLASS="{self.sys}"; {script}'],
+                              env=env, capture_output=True, text=True, timeout=30)
+
+    def test_the_options_are_nvme_connects(self):
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                out = self.run_lib("dom0_nvme_options nqn.x:y; dom0_nvme_options nqn.x:y nqn.h:z",
+                                   shell).stdout.splitlines()
+                self.assertEqual(out, [
+                    "transport=tcp,traddr=10.9.0.1,trsvcid=4420,nqn=nqn.x:y,"
+                    "hostnqn=nqn.2026-12.dev.blkdom:rig-dom0,ctrl_loss_tmo=30",
+                    "transport=tcp,traddr=10.9.0.1,trsvcid=4420,nqn=nqn.x:y,"
+                    "hostnqn=nqn.h:z,ctrl_loss_tmo=30"])
+
+    def test_the_namespace_with_and_without_multipath(self):
+        self.controller("nvme0", "nqn.pci", "nvme0n1")
+        self.controller("nvme2", "nqn.x:y", "nvme1c2n1", "power")
+        self.controller("nvme3", "nqn.x:y")
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                result = self.run_lib("nvme_namespace_dev nvme0; nvme_namespace_dev nvme2;"
+                                      " nvme_namespace_dev nvme3 || echo none", shell)
+                self.assertEqual(result.stderr, "")
+                self.assertEqual(result.stdout.splitlines(),
+                                 ["/dev/nvme0n1", "/dev/nvme1n1", "none"])
+
+    def test_a_disconnect_deletes_the_subsystems_controllers_only(self):
+        for shell in SHELLS:
+            with self.subTest(shell=shell[0]):
+                if self.sys.exists():
+                    shutil.rmtree(self.sys)
+                ours = [self.controller("nvme2", "nqn.x:y"), self.controller("nvme4", "nqn.x:y")]
+                other = self.controller("nvme0", "nqn.pci")
+                result = self.run_lib("dom0_nvme_disconnect nqn.x:y && echo gone;"
+                                      " dom0_nvme_disconnect nqn.none || echo none", shell)
+                self.assertEqual(result.stderr, "")
+                self.assertEqual(result.stdout.splitlines(), ["gone", "none"])
+                for ctrl in ours:
+                    self.assertEqual((ctrl / "delete_controller").read_text(), "1\n")
+                self.assertEqual((other / "delete_controller").read_text(), "")
 
 
 if __name__ == "__main__":

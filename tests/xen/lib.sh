@@ -17,11 +17,13 @@
 #   domains.sh  create_domain, destroy_domain, boot_blkdom (PVH), boot_blkdom_hvm,
 #               boot_blkdom_passthrough, boot_linux_dd, BLKDOM_CMDLINE from dom0's
 #   disks.sh    dom0's RAM disk, the emulated NVMe's file and its GPT (gpt_onto), the
-#               slices' pattern, the outer disks for passthrough
+#               slices' pattern, the outer disks for passthrough, disks attached to a
+#               running guest (attach_ok, go, backend_node)
 #   fio.sh      the PV fio guests (run_fio_guest) and the hooks it calls
 #   stats.sh    reading results: fio's JSON, backend CPU, medians, blkdom's counters
 #   compare.sh  whole comparisons (emulated and passed-through NVMe) and run_variants
-#   nvmet.sh    the storage network: dom0's bridge and Linux's NVMe/TCP target
+#   nvmet.sh    the storage network: dom0's bridge, Linux's NVMe/TCP target and dom0's
+#               own NVMe/TCP host (dom0_nvme_connect)
 # shellcheck shell=dash disable=SC1090 # (the parts: tests/xen/lib/*.sh)
 for rig_lib_part in core blkdom domains disks fio stats compare nvmet; do
   . "$RIG/tests/xen/lib/$rig_lib_part.sh"

@@ -16,9 +16,12 @@ source "$(dirname "$0")/common.sh"
 # nvme: the Linux HVM driver domain (tools/xl/linux-hvm-dd.cfg) serves an emulated NVMe.
 # xen-pciback: xl pci-assignable-add (tests/xen/blkdom-passthrough) hands disks to it.
 # xen-netback, bridge: blkdom's vif on dom0's bridge; nvmet, nvmet-tcp: Linux's NVMe/TCP
-# target that blkdom's initiator talks to (tests/xen/blkdom-nvmetcp).
+# target that blkdom's initiator talks to (tests/xen/blkdom-nvmetcp); nvme-tcp (after its
+# dependencies nvme-core and nvme-fabrics, which add_module puts first): dom0's own
+# NVMe/TCP host, connected by writing to /dev/nvme-fabrics (tests/xen/lib/nvmet.sh,
+# dom0_nvme_connect; tests/xen/blkdom-nvmetcp-ops).
 DOM0_MODULES=(xen-evtchn xen-gntdev xen-gntalloc xen-privcmd xenfs xen-blkback brd null_blk
-  virtio_pci virtio_blk nvme xen-pciback xen-netback bridge nvmet nvmet-tcp)
+  virtio_pci virtio_blk nvme xen-pciback xen-netback bridge nvmet nvmet-tcp nvme-tcp)
 # crc32c_generic before ext4: ext4's checksums ask the crypto API for crc32c, which would
 # need modprobe (the guest has none) to load it on demand.
 # xen-evtchn, xen-gntalloc: the hostile guest (tests/xen/hostile) is a blkfront in user

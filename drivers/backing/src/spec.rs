@@ -264,6 +264,10 @@ pub enum NvmeTcpField {
     Namespace,
     MissingNqn,
     Nqn,
+    UnknownOption,
+    ReconnectDelay,
+    /// With the least it may be: the reconnect delay.
+    CtrlLossTmo(u32),
 }
 
 impl fmt::Display for SpecError<'_> {
@@ -271,7 +275,7 @@ impl fmt::Display for SpecError<'_> {
         const FORMS: &str = "use nvme:serial=<SN>:<nsid>, nvme:nguid=<hex>, nvme:eui64=<hex>, \
              nvme@<bb:dd.f>:<nsid>, virtio:serial=<id>, virtio@<bb:dd.f> (each [:<slice>]), \
              nvme:<nsid>, virtio:<index>, ram:<size>[K|M|G][:<name>] or \
-             nvme-tcp:<ipv4>:<port>:<nsid>:nqn=<subsystem NQN>[,<slice>]";
+             nvme-tcp:<ipv4>:<port>:<nsid>:nqn=<subsystem NQN>[,<option>...]";
         const SLICES: &str = "part=<n>, part=name:<label> or offset=<size>,size=<size>";
         match self {
             SpecError::Empty => write!(f, "empty backing store name; {FORMS}"),
@@ -363,6 +367,9 @@ impl fmt::Display for SpecError<'_> {
                     NvmeTcpField::Namespace => NvmeTcpError::BadNamespace(text),
                     NvmeTcpField::MissingNqn => NvmeTcpError::MissingNqn,
                     NvmeTcpField::Nqn => NvmeTcpError::BadNqn(text),
+                    NvmeTcpField::UnknownOption => NvmeTcpError::UnknownOption(text),
+                    NvmeTcpField::ReconnectDelay => NvmeTcpError::BadReconnectDelay(text),
+                    NvmeTcpField::CtrlLossTmo(min) => NvmeTcpError::BadCtrlLossTmo(text, *min),
                 };
                 e.fmt(f)
             }
@@ -403,8 +410,16 @@ fn region<'a>(kind: &'static str, options: &'a str) -> Result<Region, SpecError<
     if options.is_empty() {
         return Err(SpecError::NoSlice(kind));
     }
+    slice_options(kind, options.split(','))
+}
+
+/// The slice a list of options names (none of them empty or unknown, none twice).
+fn slice_options<'a>(
+    kind: &'static str,
+    options: impl Iterator<Item = &'a str>,
+) -> Result<Region, SpecError<'a>> {
     let (mut part, mut offset, mut size) = (None, None, None);
-    for option in options.split(',') {
+    for option in options {
         if option.is_empty() {
             return Err(SpecError::EmptyOption(kind));
         }
@@ -600,6 +615,15 @@ pub fn parse_backing(text: &str) -> Result<Backing, SpecError<'_>> {
                 NvmeTcpError::BadNamespace(t) => SpecError::NvmeTcp(NvmeTcpField::Namespace, t),
                 NvmeTcpError::MissingNqn => SpecError::NvmeTcp(NvmeTcpField::MissingNqn, ""),
                 NvmeTcpError::BadNqn(t) => SpecError::NvmeTcp(NvmeTcpField::Nqn, t),
+                NvmeTcpError::UnknownOption(t) => {
+                    SpecError::NvmeTcp(NvmeTcpField::UnknownOption, t)
+                }
+                NvmeTcpError::BadReconnectDelay(t) => {
+                    SpecError::NvmeTcp(NvmeTcpField::ReconnectDelay, t)
+                }
+                NvmeTcpError::BadCtrlLossTmo(t, min) => {
+                    SpecError::NvmeTcp(NvmeTcpField::CtrlLossTmo(min), t)
+                }
             });
     }
     if let Some(rest) = text.strip_prefix("nvme@") {
@@ -646,7 +670,7 @@ pub fn parse_backing(text: &str) -> Result<Backing, SpecError<'_>> {
 }
 
 mod nvme_tcp;
-pub use nvme_tcp::{parse_nvme_tcp, Nqn, NvmeTcpError, NvmeTcpTarget};
+pub use nvme_tcp::{parse_nvme_tcp, Nqn, NvmeTcpError, NvmeTcpTarget, ReconnectTimes};
 
 #[cfg(test)]
 mod tests;

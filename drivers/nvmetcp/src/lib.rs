@@ -37,7 +37,7 @@ mod session;
 pub mod sqe;
 
 pub use queue::{Completion, DataPort, Payload, Queue, QueueKind, SubmitError, MAX_DATA_LEN};
-pub use reconnect::{Action, Reconnect, ReconnectPolicy};
+pub use reconnect::{Action, Reconnect, ReconnectPolicy, Share};
 pub use session::{
     AdminSession, ControllerInfo, HostIdentity, IoSession, NamespaceInfo, SessionState,
     ADMIN_QUEUE_SLOTS,

@@ -23,6 +23,33 @@ impl ReconnectPolicy {
     };
 }
 
+/// What a disk that asks for its own reconnect times does with an association its
+/// namespace already has, which other disks may be served from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Share {
+    /// The same times: nothing changes.
+    Same,
+    /// No disk is served from it: it takes the disk's times.
+    Change,
+    /// Other disks are served from it with other times: the disk is refused (a guest
+    /// would wait on a target gone longer, or shorter, than its own times say).
+    Refuse,
+}
+
+impl ReconnectPolicy {
+    /// See [`Share`]: `self` is the association's, `others_served` whether any disk is
+    /// served from it now.
+    pub fn share(self, wanted: ReconnectPolicy, others_served: bool) -> Share {
+        if self == wanted {
+            Share::Same
+        } else if others_served {
+            Share::Refuse
+        } else {
+            Share::Change
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     Up,
@@ -57,6 +84,16 @@ impl Reconnect {
             policy,
             state: State::Up,
         }
+    }
+
+    pub fn policy(&self) -> ReconnectPolicy {
+        self.policy
+    }
+
+    /// Other times from now on: a loss being ridden out keeps its start, and gives up
+    /// at its start plus the new give-up time.
+    pub fn set_policy(&mut self, policy: ReconnectPolicy) {
+        self.policy = policy;
     }
 
     /// I/O waits for a connection (the link is down and not given up).
@@ -189,6 +226,23 @@ mod tests {
         );
         assert_eq!(r.poll(159_999), Action::Nothing);
         assert_eq!(r.poll(160_000), Action::GiveUp);
+    }
+
+    #[test]
+    fn a_disk_with_other_times_takes_over_an_association_only_no_disk_uses() {
+        let other = ReconnectPolicy {
+            delay_ms: 5_000,
+            give_up_ms: 30_000,
+        };
+        assert_eq!(P.share(P, true), Share::Same);
+        assert_eq!(P.share(P, false), Share::Same);
+        assert_eq!(P.share(other, false), Share::Change);
+        assert_eq!(P.share(other, true), Share::Refuse);
+        let delay = ReconnectPolicy {
+            delay_ms: 1_000,
+            ..P
+        };
+        assert_eq!(P.share(delay, true), Share::Refuse, "the delay counts too");
     }
 
     #[test]

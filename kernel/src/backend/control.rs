@@ -5,7 +5,7 @@
 
 use super::adapters::{self, Store};
 use super::disk::Disk;
-use super::error::{AttachError, ResizeRefusal};
+use super::error::{AttachError, DiskError, ResizeRefusal};
 use super::poller;
 use super::registry::Registry;
 use super::space;
@@ -52,6 +52,9 @@ pub struct Control {
     vbds: BTreeMap<String, Vbd>,
     /// Devices whose configuration failed (kept so they are not retried on every event).
     failed: BTreeMap<String, AttachError>,
+    /// Devices whose attach waits for their remote namespace's bring-up (`Net::remote`):
+    /// tried again every round until it is live or refused.
+    connecting: Vec<String>,
     store_port: Option<EvtchnPort>,
     next_stats: u64,
     /// When the I/O limits of disks with several queues are next split by use.
@@ -142,6 +145,7 @@ impl Control {
             domid,
             vbds: BTreeMap::new(),
             failed: BTreeMap::new(),
+            connecting: Vec::new(),
             store_port,
             next_stats: 0,
             next_limit_split: 0,
@@ -315,13 +319,25 @@ impl Control {
 
     fn add(&mut self, store: &mut Store<'_>, path: String) {
         stopwatch::start();
-        let (disk, params) = match self.open_backing(store, &path) {
+        let opened = self.open_backing(store, &path);
+        let waiting = self.connecting.contains(&path);
+        let (disk, params) = match opened {
             Ok(opened) => opened,
+            // The remote's bring-up runs on vCPU 0's passes; the next round asks again.
+            Err(AttachError::Disk(DiskError::RemoteConnecting { .. })) => {
+                if !waiting {
+                    log::info!("blkback: {path}: waits for its remote namespace");
+                    self.connecting.push(path);
+                }
+                return;
+            }
             Err(reason) => {
+                self.connecting.retain(|p| *p != path);
                 log_attach_cost(&path);
                 return self.fail(store, path, reason);
             }
         };
+        self.connecting.retain(|p| *p != path);
         let offer = backend_params(&disk, self.config.persistent_grants);
         match BlkifBackend::probe(store, &path, offer) {
             Ok(backend) => {
@@ -788,6 +804,18 @@ impl Control {
                     self.step(&mut store, path);
                 }
             }
+            // Attaches waiting for a remote namespace (a vbd removed meanwhile is
+            // forgotten: its params are gone).
+            for path in self.connecting.clone() {
+                let present = store
+                    .read(NO_TRANSACTION, &format!("{path}/{PARAMS}"))
+                    .is_ok();
+                if present && !self.vbds.contains_key(&path) && !self.failed.contains_key(&path) {
+                    self.add(&mut store, path);
+                } else {
+                    self.connecting.retain(|p| *p != path);
+                }
+            }
             self.report_faults(&mut store);
             let now = xen_domain::now_ns();
             let splitting = self.vbds.values().any(|vbd| vbd.hooks.splits_limits());
@@ -807,7 +835,18 @@ impl Control {
             }
             if upgrade_request && self.upgrade.is_none() {
                 if let Some(staged) = super::upgrade::on_request(store.0) {
-                    self.begin_upgrade(staged);
+                    if self.registry.has_net() {
+                        // The new image would not take the vif and its remotes over: their
+                        // disks would be lost, so nothing is given up.
+                        let why = "blkdom has a storage network (vif): its NVMe/TCP disks \
+                                   cannot be handed over to a new image yet";
+                        log::error!("upgrade refused: {why}");
+                        super::upgrade::tell(&handover::receive::Answer::Refused(
+                            handover::receive::Refusal::Switch(why.into()),
+                        ));
+                    } else {
+                        self.begin_upgrade(staged);
+                    }
                 }
             }
             // Events that came with the replies of this round's requests lost their kick
@@ -836,6 +875,10 @@ impl Control {
         // An upgrade began this round: its steps are 1 ms apart, not the round's wait.
         if self.upgrade.is_some() {
             return Some(wait.min(1_000_000));
+        }
+        // An attach waiting for a remote asks again soon.
+        if !self.connecting.is_empty() {
+            return Some(wait.min(RETRY_NS));
         }
         // Woken sooner by any watch event's kick; the statistics are due within 5 s anyway.
         Some(wait)

@@ -166,6 +166,11 @@ impl Disk {
         }
     }
 
+    /// A namespace reached over the storage network (NVMe/TCP), served by vCPU 0.
+    pub fn on_the_network(&self) -> bool {
+        matches!(self, Disk::Device(device) if matches!(device.device, DeviceId::NvmeTcp { .. }))
+    }
+
     /// Queues a frontend may connect at once (advertised as multi-queue-max-queues).
     pub fn max_queues(&self, cpus: usize) -> usize {
         match self {

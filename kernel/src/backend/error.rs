@@ -142,6 +142,11 @@ pub enum DiskError {
         spec: String,
         made: usize,
     },
+    /// Every queue a remote namespace serves at most is another disk's.
+    NoRemoteQueueLeft {
+        spec: String,
+        made: usize,
+    },
     /// The disk's region does not fit the device, or its partition was not found.
     Region {
         spec: String,
@@ -171,6 +176,14 @@ pub enum DiskError {
         spec: String,
         reason: String,
         errno: i32,
+    },
+    /// Not a failure: the remote namespace's bring-up runs and the attach asks again
+    /// (`Net::remote`); an attach still waiting at [`Control`]'s shutdown or upgrade
+    /// fails with it.
+    ///
+    /// [`Control`]: super::control::Control
+    RemoteConnecting {
+        spec: String,
     },
 }
 
@@ -238,6 +251,10 @@ impl fmt::Display for DiskError {
                 f,
                 "{spec}: all {made} virtqueues of the device serve other disks (each disk takes up to one per vCPU; a device with more queues serves more disks)"
             ),
+            DiskError::NoRemoteQueueLeft { spec, made } => write!(
+                f,
+                "{spec}: all {made} queues of the remote namespace serve other disks (each disk takes up to one per vCPU)"
+            ),
             DiskError::Region { spec, error } => write!(f, "{spec}: {error}"),
             DiskError::Slice { spec, error } => write!(f, "{spec}: {error}"),
             DiskError::Device { spec, error } => write!(f, "{spec}: {error}"),
@@ -247,6 +264,9 @@ impl fmt::Display for DiskError {
                 "{spec}: the device failed ({fault}); it serves no disk until blkdom restarts"
             ),
             DiskError::Remote { spec, reason, .. } => write!(f, "{spec}: {reason}"),
+            DiskError::RemoteConnecting { spec } => {
+                write!(f, "{spec}: still connecting to the target")
+            }
         }
     }
 }
@@ -402,10 +422,13 @@ impl Errno for DiskError {
             | DiskError::Overlaps { .. }
             | DiskError::CoversTable { .. }
             | DiskError::TableCovered { .. } => errno::EBUSY,
-            DiskError::NoQueueLeft { .. } | DiskError::NoQueue { .. } => errno::EBUSY,
+            DiskError::NoQueueLeft { .. }
+            | DiskError::NoRemoteQueueLeft { .. }
+            | DiskError::NoQueue { .. } => errno::EBUSY,
             DiskError::RamDoesNotFit { .. } => errno::ENOMEM,
             DiskError::DeviceFailed { .. } | DiskError::RamLost { .. } => errno::EIO,
             DiskError::Remote { errno, .. } => *errno,
+            DiskError::RemoteConnecting { .. } => errno::EAGAIN,
             DiskError::Region { error, .. } => match error {
                 RegionError::Gpt(
                     GptError::NoSuchEntry { .. }

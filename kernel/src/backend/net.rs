@@ -10,13 +10,14 @@ use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
-use backing::NvmeTcpTarget;
+use backing::{NvmeTcpTarget, ReconnectTimes};
 use blkdev::{BlockDevice, BufferAccess, IoRequest, SubmitError};
 use bootconfig::HostNqn;
 use core::sync::atomic::Ordering;
 use nvmetcp::remote::{
     DiskQueue, Event, Failure, Link, LinkState, Remote, State, Timing, Transport,
 };
+use nvmetcp::ReconnectPolicy;
 use smoltcp::iface::SocketHandle;
 use smoltcp::socket::tcp;
 use smoltcp::wire::{IpAddress, Ipv4Address};
@@ -30,12 +31,22 @@ const ADMIN_BUFFER: usize = 16 << 10;
 const IO_BUFFER: usize = 256 << 10;
 /// A first bring-up (at attach) must end before libxl's 10 s wait for InitWait.
 const ATTACH_MS: u64 = 8_000;
-/// How the network's remotes connect, reconnect and give up.
-pub const TIMING: Timing = Timing {
+/// How the network's remotes connect; how each reconnects and gives up is its
+/// target's (`reconnect-delay=`, `ctrl-loss-tmo=`: [`reconnect_policy`]), which replaces
+/// `reconnect` here.
+const TIMING: Timing = Timing {
     connect_ms: 3_000,
     bringup_ms: 5_000,
     reconnect: Timing::DEFAULT.reconnect,
 };
+
+/// The reconnect policy a target's times ask for.
+pub fn reconnect_policy(times: &ReconnectTimes) -> ReconnectPolicy {
+    ReconnectPolicy {
+        delay_ms: times.delay_ms(),
+        give_up_ms: times.ctrl_loss_tmo_ms(),
+    }
+}
 
 /// One remote namespace and its two sockets.
 struct Entry {
@@ -48,13 +59,25 @@ struct Entry {
     was_open: [bool; 2],
     /// smoltcp refused to start the connection (no route, say).
     refused: [bool; 2],
+    /// An attach waits for this bring-up (a first one, or a revival) until then (ms).
+    attach_until: Option<u64>,
+}
+
+/// Where a remote an attach names stands ([`Net::remote`]).
+pub enum Attach {
+    /// Served from remote `0`: open the disk's queues on it.
+    Ready(u32),
+    /// Its bring-up runs: ask again on the next round.
+    Connecting,
 }
 
 pub struct Net {
     vif: Vif,
     host_nqn: Option<HostNqn>,
     host_id: [u8; 16],
-    entries: Vec<Entry>,
+    /// By slot (a remote's number, `DeviceId::NvmeTcp`); a slot whose first bring-up
+    /// failed is empty, for the next.
+    entries: Vec<Option<Entry>>,
     /// Sockets of entries whose first bring-up failed, for the next.
     spare: Vec<[SocketHandle; 2]>,
     next_port: u16,
@@ -203,9 +226,10 @@ fn describe(target: &NvmeTcpTarget) -> String {
     )
 }
 
-fn log_event(name: &str, event: Event) {
-    let delay = TIMING.reconnect.delay_ms / 1000;
-    let give_up = TIMING.reconnect.give_up_ms / 1000;
+/// `policy`: the remote's own reconnect times.
+fn log_event(name: &str, event: Event, policy: ReconnectPolicy) {
+    let delay = policy.delay_ms / 1000;
+    let give_up = policy.give_up_ms / 1000;
     match event {
         Event::Live {
             controller,
@@ -246,19 +270,34 @@ impl Net {
         self.vif.port()
     }
 
-    /// The remote `target` names (its region aside): one already connected, or a new
-    /// one brought up now, within [`ATTACH_MS`]. Its index, or why not (with its errno).
-    pub fn remote(&mut self, target: &NvmeTcpTarget) -> Result<u32, (String, i32)> {
-        let same = |e: &Entry| {
-            (
-                e.target.addr,
-                e.target.port,
-                e.target.nsid,
-                e.target.subsystem,
-            ) == (target.addr, target.port, target.nsid, target.subsystem)
+    /// The remote `target` names (its region and reconnect times aside), for a disk
+    /// being attached: [`Attach::Ready`] once its association is live (or was, and is
+    /// reconnecting: the disk's I/O is then held like the others'), [`Attach::Connecting`]
+    /// while a bring-up the attach waits for runs (a new remote's first, or the revival of
+    /// one that gave up), or why not (with its errno). Never waits itself: the bring-up
+    /// goes on in [`Net::poll`] on vCPU 0's passes, so its rings and the control path
+    /// serve on meanwhile, and the caller asks again; an attach waits [`ATTACH_MS`] at
+    /// most.
+    ///
+    /// Disks naming one namespace share one association whatever times they ask (the
+    /// caller settles a difference: `reconnect_policy`, `set_reconnect_policy`): one
+    /// association per time would let two disks on one namespace escape the check that
+    /// their ranges do not overlap, which goes by the remote, and double the
+    /// connections to the target.
+    pub fn remote(&mut self, target: &NvmeTcpTarget) -> Result<Attach, (String, i32)> {
+        let now = Vif::now_ms();
+        let same = |e: &Option<Entry>| {
+            e.as_ref().is_some_and(|e| {
+                (
+                    e.target.addr,
+                    e.target.port,
+                    e.target.nsid,
+                    e.target.subsystem,
+                ) == (target.addr, target.port, target.nsid, target.subsystem)
+            })
         };
         if let Some(at) = self.entries.iter().position(same) {
-            return Ok(at as u32);
+            return self.attach_progress(at, now);
         }
         let Some(host_nqn) = self.host_nqn else {
             return Err((
@@ -266,73 +305,138 @@ impl Net {
                 xen::xenbus::error::errno::EINVAL,
             ));
         };
-        if self.entries.len() >= MAX_REMOTES {
+        self.forget_abandoned(now);
+        let vacant = self.entries.iter().position(Option::is_none);
+        if vacant.is_none() && self.entries.len() >= MAX_REMOTES {
             return Err((
                 format!("blkdom connects to at most {MAX_REMOTES} remote namespaces"),
                 xen::xenbus::error::errno::ENOSPC,
             ));
         }
-        let start = Vif::now_ms();
         let remote = Remote::new(
             host_nqn.as_str(),
             self.host_id,
             target.subsystem.as_str(),
             target.nsid,
-            TIMING,
-            start,
+            Timing {
+                reconnect: reconnect_policy(&target.reconnect),
+                ..TIMING
+            },
+            now,
         );
         let sockets = match self.spare_sockets() {
             Some(sockets) => sockets,
             None => return Err(("no socket left".into(), xen::xenbus::error::errno::ENOSPC)),
         };
-        let name = describe(target);
-        let mut entry = Entry {
+        let entry = Entry {
             target: *target,
-            name: name.clone(),
+            name: describe(target),
             remote,
             sockets,
             was_open: [false; 2],
             refused: [false; 2],
+            attach_until: Some(now + ATTACH_MS),
         };
-        loop {
-            // The disks already served go on meanwhile (their requests, keep-alives).
-            self.poll();
-            let now = Vif::now_ms();
-            Self::poll_entry(&mut self.vif, &mut self.next_port, &mut entry, now);
-            self.vif.poll();
-            match entry.remote.state() {
-                State::Live => break,
-                State::Failed(why) => {
-                    self.spare.push(entry.sockets);
-                    return Err((format!("{name}: {why}"), why.errno()));
-                }
-                _ if now > start + ATTACH_MS => {
-                    let mut links = Self::links(
-                        &mut self.vif,
-                        &mut self.next_port,
-                        &entry.target,
-                        entry.sockets,
-                        &mut entry.was_open,
-                        &mut entry.refused,
-                    );
-                    links.close(Link::Admin);
-                    links.close(Link::Io);
-                    self.spare.push(entry.sockets);
-                    return Err((
-                        format!("{name}: not connected within {} s", ATTACH_MS / 1000),
+        log::info!(
+            "{}: connecting (the attach waits up to {} s)",
+            entry.name,
+            ATTACH_MS / 1000
+        );
+        match vacant {
+            Some(at) => self.entries[at] = Some(entry),
+            None => self.entries.push(Some(entry)),
+        }
+        Ok(Attach::Connecting)
+    }
+
+    /// Where the bring-up an attach on remote `at` waits for stands at `now` (ms).
+    fn attach_progress(&mut self, at: usize, now: u64) -> Result<Attach, (String, i32)> {
+        let Some(entry) = self.entries[at].as_mut() else {
+            return Err(("no such remote".into(), xen::xenbus::error::errno::ENODEV));
+        };
+        let first = entry.remote.first_namespace().is_none();
+        match (entry.remote.state(), entry.attach_until) {
+            (State::Live, _) => {
+                entry.attach_until = None;
+                Ok(Attach::Ready(at as u32))
+            }
+            // The target stayed away too long and a disk is attached on it again: one
+            // more round of attempts, bounded as a first bring-up. Live: its disks serve
+            // again (those still attached too).
+            (State::GaveUp, _) => {
+                log::info!(
+                    "{}: a disk is attached on it again: connecting again",
+                    entry.name
+                );
+                entry.remote.revive(now);
+                entry.attach_until = Some(now + ATTACH_MS);
+                Ok(Attach::Connecting)
+            }
+            (State::Failed(why), _) => {
+                let refusal = (format!("{}: {why}", entry.name), why.errno());
+                self.forget(at);
+                Err(refusal)
+            }
+            (_, Some(until)) if now > until => {
+                let why = entry.remote.last_failure();
+                let refusal = match why {
+                    Some(why) => (format!("{}: {why}", entry.name), why.errno()),
+                    None => (
+                        format!(
+                            "{}: not connected within {} s",
+                            entry.name,
+                            ATTACH_MS / 1000
+                        ),
                         Failure::NoAnswer.errno(),
-                    ));
+                    ),
+                };
+                if first {
+                    self.forget(at);
+                } else {
+                    // A revival not live in time: given up again.
+                    let name = entry.name.as_str();
+                    let policy = entry.remote.reconnect_policy();
+                    entry
+                        .remote
+                        .give_up(now, &mut |e| log_event(name, e, policy));
+                    entry.attach_until = None;
+                    Self::close_links(&mut self.vif, &mut self.next_port, entry);
                 }
-                _ => core::hint::spin_loop(),
+                Err(refusal)
+            }
+            (_, Some(_)) => Ok(Attach::Connecting),
+            // Live before and reconnecting now: the disk attaches, its I/O held.
+            (_, None) => Ok(Attach::Ready(at as u32)),
+        }
+    }
+
+    /// Remote `at`, whose first bring-up failed, is dropped: its links closed, its
+    /// sockets kept for the next, its slot free (no disk was ever opened on it).
+    fn forget(&mut self, at: usize) {
+        if let Some(mut entry) = self.entries[at].take() {
+            Self::close_links(&mut self.vif, &mut self.next_port, &mut entry);
+            self.spare.push(entry.sockets);
+        }
+    }
+
+    /// Remotes whose first bring-up failed, or outlived its attach, with nobody asking
+    /// any more (the vbd was removed meanwhile): their slots are free again.
+    fn forget_abandoned(&mut self, now: u64) {
+        for at in 0..self.entries.len() {
+            let abandoned = self.entries[at].as_ref().is_some_and(|e| {
+                e.remote.first_namespace().is_none()
+                    && (matches!(e.remote.state(), State::Failed(_))
+                        || e.attach_until.is_some_and(|until| now > until))
+            });
+            if abandoned {
+                self.forget(at);
             }
         }
-        self.entries.push(entry);
-        Ok(self.entries.len() as u32 - 1)
     }
 
     /// `wanted` new queues of remote `at`.
     pub fn queues(&mut self, at: u32, wanted: usize) -> Vec<crate::devices::open::Queue> {
-        let Some(entry) = self.entries.get_mut(at as usize) else {
+        let Some(entry) = self.entry_mut(at) else {
             return Vec::new();
         };
         (0..wanted)
@@ -341,10 +445,39 @@ impl Net {
             .collect()
     }
 
+    /// When remote `at` reconnects and gives up.
+    pub fn reconnect_policy(&self, at: u32) -> Option<ReconnectPolicy> {
+        self.entry(at).map(|e| e.remote.reconnect_policy())
+    }
+
+    /// Other reconnect times for remote `at`, from now on: for a disk that asks for them
+    /// while no other disk is served from it.
+    pub fn set_reconnect_policy(&mut self, at: u32, policy: ReconnectPolicy) {
+        if let Some(entry) = self.entry_mut(at) {
+            let old = entry.remote.reconnect_policy();
+            log::info!(
+                "{}: reconnect every {} s, give up after {} s (was {} s, {} s)",
+                entry.name,
+                policy.delay_ms / 1000,
+                policy.give_up_ms / 1000,
+                old.delay_ms / 1000,
+                old.give_up_ms / 1000
+            );
+            entry.remote.set_reconnect_policy(policy);
+        }
+    }
+
     pub fn describe(&self, at: u32) -> String {
-        self.entries
-            .get(at as usize)
+        self.entry(at)
             .map_or_else(|| "nvme-tcp".into(), |e| e.name.clone())
+    }
+
+    fn entry(&self, at: u32) -> Option<&Entry> {
+        self.entries.get(at as usize).and_then(Option::as_ref)
+    }
+
+    fn entry_mut(&mut self, at: u32) -> Option<&mut Entry> {
+        self.entries.get_mut(at as usize).and_then(Option::as_mut)
     }
 
     /// Sockets for a new entry: those of one whose bring-up failed, or new ones.
@@ -389,6 +522,20 @@ impl Net {
         }
     }
 
+    /// Both connections of `entry` closed (an attach that gave up on it).
+    fn close_links(vif: &mut Vif, next_port: &mut u16, entry: &mut Entry) {
+        let mut links = Self::links(
+            vif,
+            next_port,
+            &entry.target,
+            entry.sockets,
+            &mut entry.was_open,
+            &mut entry.refused,
+        );
+        links.close(Link::Admin);
+        links.close(Link::Io);
+    }
+
     fn poll_entry(vif: &mut Vif, next_port: &mut u16, entry: &mut Entry, now: u64) -> bool {
         let Entry {
             target,
@@ -397,10 +544,12 @@ impl Net {
             sockets,
             was_open,
             refused,
+            attach_until: _,
         } = entry;
         let mut links = Self::links(vif, next_port, target, *sockets, was_open, refused);
+        let policy = remote.reconnect_policy();
         remote.poll(&mut links, &Pages, now, &mut |e| {
-            log_event(name.as_str(), e)
+            log_event(name.as_str(), e, policy)
         })
     }
 
@@ -414,7 +563,7 @@ impl Net {
         let mut work = self.vif.poll();
         let mut busy = false;
         let mut wake = 0u64;
-        for entry in &mut self.entries {
+        for entry in self.entries.iter_mut().flatten() {
             let moved = Self::poll_entry(&mut self.vif, &mut self.next_port, entry, now);
             work |= moved;
             busy |= entry.remote.busy();
@@ -474,7 +623,7 @@ impl Net {
                 counters.rx_dropped,
                 counters.events_sent
             );
-            for entry in &self.entries {
+            for entry in self.entries.iter().flatten() {
                 let held = entry.remote.held_times();
                 log::info!(
                     "net: {}: {} requests completed, held {} ms on average, {} ms at most",
@@ -492,7 +641,7 @@ impl Net {
     /// remote that is away holds its channels' requests on purpose: vCPU 0
     /// sleeps meanwhile (at most 1 ms: `NetPoll::busy`).
     pub fn has_submissions(&self) -> bool {
-        self.entries.iter().any(|e| {
+        self.entries.iter().flatten().any(|e| {
             e.remote.state() == State::Live
                 && e.remote.channels().iter().any(|c| c.has_submissions())
         })

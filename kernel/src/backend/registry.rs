@@ -166,10 +166,41 @@ impl Registry {
                 xen::xenbus::error::errno::ENODEV,
             )
         })?;
-        let remote = net
+        let remote = match net
             .remote(&target)
-            .map_err(|(reason, errno)| refuse(reason, errno))?;
-        self.open_on_device(spec, DeviceId::NvmeTcp { remote }, region, &[])
+            .map_err(|(reason, errno)| refuse(reason, errno))?
+        {
+            super::net::Attach::Ready(remote) => remote,
+            super::net::Attach::Connecting => {
+                return Err(DiskError::RemoteConnecting { spec: spec.into() })
+            }
+        };
+        let device = DeviceId::NvmeTcp { remote };
+        // The disks of a namespace share its association, and so its reconnect times
+        // (`Net::remote`): a disk asking for others takes the association over only
+        // when no disk is served from it, else it is refused (one disk's guest would
+        // wait on a target gone longer, or shorter, than its own times say).
+        let wanted = super::net::reconnect_policy(&target.reconnect);
+        let policy = net.reconnect_policy(remote).unwrap_or(wanted);
+        let served = self.serving.on(&device).next();
+        match policy.share(wanted, served.is_some()) {
+            nvmetcp::Share::Same => {}
+            nvmetcp::Share::Change => net.set_reconnect_policy(remote, wanted),
+            nvmetcp::Share::Refuse => {
+                let owner = served.map_or("", |claim| claim.owner.as_str());
+                return Err(refuse(
+                    format!(
+                        "{owner} is served from this namespace with reconnect-delay={},\
+                         ctrl-loss-tmo={}: disks of one namespace share its connection and its \
+                         reconnect times; give the same ones",
+                        policy.delay_ms / 1000,
+                        policy.give_up_ms / 1000
+                    ),
+                    xen::xenbus::error::errno::EINVAL,
+                ));
+            }
+        }
+        self.open_on_device(spec, device, region, &[])
     }
 
     /// Remote disks' requests wait for the network, or frames arrived for it.
@@ -178,6 +209,11 @@ impl Registry {
         self.net
             .as_ref()
             .is_ok_and(|net| net.has_submissions() | net.frames_waiting())
+    }
+
+    /// blkdom has a storage network (a vif came up at boot).
+    pub fn has_net(&self) -> bool {
+        self.net.is_ok()
     }
 
     /// The storage network, for the poller of vCPU 0.
@@ -792,7 +828,7 @@ impl Registry {
                 .map_err(|_| DiskError::NoQueue { spec: spec.into() })?;
             let queues = net.queues(remote, wanted);
             if queues.is_empty() {
-                return Err(DiskError::NoQueueLeft {
+                return Err(DiskError::NoRemoteQueueLeft {
                     spec: spec.into(),
                     made: nvmetcp::remote::MAX_CHANNELS,
                 });

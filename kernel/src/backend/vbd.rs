@@ -327,8 +327,14 @@ impl ConnectionHooks for Connecting<'_> {
         self.vbd.connection = Some(connection.clone());
         let cpus = crate::smp::online_count().max(1);
         // Devices start on the least loaded poller (single-queue frontends would
-        // otherwise all share one vCPU).
-        let first = poller::least_loaded(cpus);
+        // otherwise all share one vCPU). A remote namespace's first ring goes to vCPU 0,
+        // which runs the network and completes its requests: on another vCPU every
+        // request would cost two doorbells and two wake-ups between them.
+        let first = if self.vbd.disk.on_the_network() {
+            0
+        } else {
+            poller::least_loaded(cpus)
+        };
         for q in 0..connection.queues.len() {
             let cpu = serving_cpu(first, q, cpus);
             self.vbd

@@ -47,8 +47,17 @@ wait_for() {
   done
   return 1
 }
-# CPU seconds a domain has used so far (xl list's Time(s) column).
-cpu_seconds() { xl list "$1" 2>/dev/null | awk 'NR == 2 { print $6 }'; }
+# cpu_seconds DOMAIN[+DOMAIN...]: CPU seconds the domain (or the domains together: a
+# storage path that spans domains) has used so far (xl list's Time(s) column).
+cpu_seconds() {
+  local domain total=0 one
+  for domain in $(echo "$1" | tr '+' ' '); do
+    one=$(xl list "$domain" 2>/dev/null | awk 'NR == 2 { print $6 }')
+    [ -n "$one" ] || return 0
+    total=$(awk -v a="$total" -v b="$one" 'BEGIN { printf "%.1f", a + b }')
+  done
+  echo "$total"
+}
 
 # Saves what explains a failure: xenstore, domain list, Xen's log, guest consoles.
 dump_state() {

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT OR Apache-2.0
 # The disks the backends serve (sourced by tests/xen/lib.sh): dom0's RAM disk, the
 # emulated NVMe's backing file and the GPT the host made for it, the pattern the slice
-# guests write, and the outer disks dom0 hands over for passthrough.
+# guests write, the outer disks dom0 hands over for passthrough, and disks attached to a
+# running guest (blkdom's backend keys of one, a RAM disk as a guest's cue).
 # shellcheck shell=dash disable=SC2034
 # (dash: the dialect closest to dom0's busybox sh; SC2034: variables set here are read by
 # the scenarios and the other parts)
@@ -79,4 +80,36 @@ assign_passthrough_disks() {
     fi
     case $kind in nvme) PT_NVME=$bdf ;; nvme2) PT_NVME2=$bdf ;; virtio) PT_VIRTIO=$bdf ;; esac
   done
+}
+
+# --- disks attached to a running guest (blkdom $bid their backend) ---------------------
+# vbd_id xvdX: the device number (xen-vbd-interface: 202 << 8 | disk << 4).
+vbd_id() {
+  local disk
+  case $1 in
+    xvda) disk=0 ;; xvdb) disk=1 ;; xvdc) disk=2 ;; xvdd) disk=3 ;;
+    xvde) disk=4 ;; xvdf) disk=5 ;; xvdg) disk=6 ;; *) disk=15 ;;
+  esac
+  echo $(((202 << 8) | (disk << 4)))
+}
+# backend_node GUEST VDEV KEY: a key of blkdom's backend directory of that disk.
+# shellcheck disable=SC2154 # bid: the scenario's blkdom
+backend_node() {
+  xenstore-read "/local/domain/$bid/backend/vbd/$(domid_of "$1")/$(vbd_id "$2")/$3" 2>/dev/null
+}
+# attach_ok GUEST VDEV TARGET: xl block-attach of a disk that must work.
+attach_ok() {
+  if timeout 90 xl block-attach "$1" "backend=blkdom,vdev=$2,access=rw,target=$3" \
+       > "$RESULTS/block-attach-$1-$2.log" 2>&1; then
+    pass "$1: xl block-attach $3 as $2"
+  else
+    fail "$1: xl block-attach $3 as $2 ($(tail -n 2 "$RESULTS/block-attach-$1-$2.log" | tr '\n' ' '))"
+  fi
+}
+# go GUEST VDEV: attaches a small RAM disk as VDEV to GUEST: its cue to go on (guest-init's
+# job await-VDEV). Once per cue, whoever gives it first.
+go() {
+  [ -f "/tmp/go-$1-$2" ] && return 0
+  touch "/tmp/go-$1-$2"
+  attach_ok "$1" "$2" ram:4M
 }

@@ -78,15 +78,15 @@ wait_blkdom_up() {
   return 1
 }
 
-# boot_blkdom: creates the blkdom driver domain (tools/xl/blkdom.cfg) from the image
-# `make image` built (with BLKDOM_CMDLINE as its kernel command line, if set), waits for
-# "blkdom: up", and checks it is still running 3 s later.
+# boot_blkdom [xl overrides...]: creates the blkdom driver domain (tools/xl/blkdom.cfg)
+# from the image `make image` built (with BLKDOM_CMDLINE as its kernel command line, if
+# set), waits for "blkdom: up", and checks it is still running 3 s later.
 boot_blkdom() {
   if [ ! -f "$RIG/images/blkdom" ]; then
     fail "blkdom image present (run make image)"
     return 1
   fi
-  create_domain blkdom "$XL_DIR/blkdom.cfg" ${BLKDOM_CMDLINE:+"cmdline=\"$BLKDOM_CMDLINE\""} ||
+  create_domain blkdom "$XL_DIR/blkdom.cfg" ${BLKDOM_CMDLINE:+"cmdline=\"$BLKDOM_CMDLINE\""} "$@" ||
     return 1
   wait_blkdom_up blkdom 60 || return 1
   still_running_after_up blkdom-died

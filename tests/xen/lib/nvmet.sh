@@ -1,36 +1,58 @@
 # SPDX-License-Identifier: MIT OR Apache-2.0
 # The storage network in dom0 (sourced by tests/xen/lib.sh): the bridge blkdom's vif
-# joins, and Linux's own NVMe/TCP target (nvmet-tcp, configured through configfs) on a
-# brd RAM disk. Scenarios: tests/xen/blkdom-nvmetcp, tests/xen/blkdom-nvmetcp-disk.
+# joins, Linux's own NVMe/TCP target (nvmet-tcp, configured through configfs) on brd RAM
+# disks, and dom0's own NVMe/TCP host (nvme-tcp) connecting to it. Scenarios:
+# tests/xen/blkdom-nvmetcp, tests/xen/blkdom-nvmetcp-disk, tests/xen/blkdom-nvmetcp-ops.
 # shellcheck shell=dash
 # (dash: the dialect closest to dom0's busybox sh)
 
 NVMET=/sys/kernel/config/nvmet
 
 # setup_dom0_network: the bridge xenbr0 at 10.9.0.1/24 (no outer network card: no packet
-# leaves the rig).
+# leaves the rig), and loopback up: dom0's own NVMe/TCP host reaches its target at
+# 10.9.0.1 through lo (a connect to a local address while lo is down times out).
 setup_dom0_network() {
+  ip link set lo up || return 1
   ip link add name xenbr0 type bridge 2> /dev/null || brctl addbr xenbr0 || return 1
   ip addr add 10.9.0.1/24 dev xenbr0 && ip link set xenbr0 up
 }
 
-# setup_target NQN RD_SIZE_KIB: /dev/ram0 of that size as namespace 1 of subsystem NQN
-# (any host allowed), on port 1 (10.9.0.1:4420).
+# setup_target NQN RD_SIZE_KIB [RAM_DISKS]: port 1 (10.9.0.1:4420) and /dev/ram0 of that
+# size as namespace 1 of subsystem NQN (any host allowed); RAM_DISKS (default 1) RAM
+# disks of that size, /dev/ram1 on for add_subsystem.
 setup_target() {
-  local nqn=$1
-  insmod /lib/modules/brd.ko rd_nr=1 rd_size="$2" max_part=0 || return 1
+  insmod /lib/modules/brd.ko rd_nr="${3:-1}" rd_size="$2" max_part=0 || return 1
   grep -q configfs /proc/mounts || mount -t configfs none /sys/kernel/config || return 1
-  mkdir "$NVMET/subsystems/$nqn" &&
-    echo 1 > "$NVMET/subsystems/$nqn/attr_allow_any_host" &&
-    mkdir "$NVMET/subsystems/$nqn/namespaces/1" &&
-    echo /dev/ram0 > "$NVMET/subsystems/$nqn/namespaces/1/device_path" &&
-    echo 1 > "$NVMET/subsystems/$nqn/namespaces/1/enable" &&
-    mkdir "$NVMET/ports/1" &&
+  mkdir "$NVMET/ports/1" &&
     echo 10.9.0.1 > "$NVMET/ports/1/addr_traddr" &&
     echo tcp > "$NVMET/ports/1/addr_trtype" &&
     echo 4420 > "$NVMET/ports/1/addr_trsvcid" &&
     echo ipv4 > "$NVMET/ports/1/addr_adrfam" &&
-    target_start "$nqn"
+    add_subsystem "$1" /dev/ram0
+}
+
+# add_subsystem NQN DEVICE: subsystem NQN (any host allowed) with DEVICE as namespace 1,
+# on port 1.
+add_subsystem() {
+  mkdir "$NVMET/subsystems/$1" &&
+    echo 1 > "$NVMET/subsystems/$1/attr_allow_any_host" &&
+    mkdir "$NVMET/subsystems/$1/namespaces/1" &&
+    echo "$2" > "$NVMET/subsystems/$1/namespaces/1/device_path" &&
+    echo 1 > "$NVMET/subsystems/$1/namespaces/1/enable" &&
+    target_start "$1"
+}
+
+# allow_only NQN HOSTNQN...: subsystem NQN admits these hosts and no other (its
+# allowed_hosts, README's access control). nvmet takes no host while any host is
+# allowed: that goes first.
+allow_only() {
+  local nqn=$1 host
+  shift
+  echo 0 > "$NVMET/subsystems/$nqn/attr_allow_any_host" || return 1
+  for host in "$@"; do
+    { [ -d "$NVMET/hosts/$host" ] || mkdir "$NVMET/hosts/$host"; } &&
+      ln -s "$NVMET/hosts/$host" "$NVMET/subsystems/$nqn/allowed_hosts/$host" || return 1
+  done
 }
 
 # target_stop NQN / target_start NQN: the subsystem leaves port 1 (nvmet closes its
@@ -57,4 +79,71 @@ save_network_state() {
     net_counters
   } > "$RESULTS/dom0-network.txt" 2>&1
   dmesg | tail -n 60 > "$RESULTS/dom0-dmesg-tail.txt"
+}
+
+# --- dom0 as an NVMe/TCP host -----------------------------------------------------------
+# dom0's own host NQN (blkdom has its own: a target tells them apart).
+DOM0_HOSTNQN=nqn.2026-12.dev.blkdom:rig-dom0
+# Where Linux's fabrics host is (tests/bench/test_rig_lib.py points them at fakes).
+NVME_FABRICS=/dev/nvme-fabrics
+NVME_CLASS=/sys/class/nvme
+
+# dom0_nvme_options NQN [HOSTNQN]: what `nvme connect -t tcp -a 10.9.0.1 -s 4420 -n NQN
+# --hostnqn=HOSTNQN --ctrl-loss-tmo=30` writes to /dev/nvme-fabrics (the option names of
+# Linux's drivers/nvme/host/fabrics.c). HOSTNQN defaults to $DOM0_HOSTNQN; 30 s: a read
+# of a target gone fails then, not after Linux's 600.
+dom0_nvme_options() {
+  echo "transport=tcp,traddr=10.9.0.1,trsvcid=4420,nqn=$1,hostnqn=${2:-$DOM0_HOSTNQN},ctrl_loss_tmo=30"
+}
+
+# nvme_namespace_dev CTRL: the block device of namespace 1 of controller CTRL (nvmeN):
+# /dev/nvmeNn1, or with native multipath (Debian's kernel) the subsystem's /dev/nvmeSn1,
+# whose path through CTRL (nvmeScNn1) is what CTRL lists.
+nvme_namespace_dev() {
+  local path name
+  for path in "$NVME_CLASS/$1"/nvme*n1; do
+    [ -e "$path" ] || continue
+    name=${path##*/}
+    echo "/dev/$(echo "$name" | sed 's/c[0-9]*n/n/')"
+    return 0
+  done
+  return 1
+}
+
+# dom0_nvme_connect NQN [HOSTNQN]: dom0's own NVMe/TCP host (nvme-tcp) connects to
+# subsystem NQN on 10.9.0.1:4420, as `nvme connect` does without nvme-cli: the options
+# in one write to /dev/nvme-fabrics (the kernel takes each write as a whole request and
+# connects before it returns), the new controller read back from the same open file
+# ("instance=N,cntlid=M"). Prints namespace 1's block device once it is there (the
+# namespace scan runs after the connect), within 30 s.
+dom0_nvme_connect() {
+  local options reply instance dev
+  options=$(dom0_nvme_options "$1" "${2:-}")
+  # (A failed redirection of exec ends the shell: look first.)
+  [ -c "$NVME_FABRICS" ] || return 1
+  exec 7<> "$NVME_FABRICS"
+  if ! { printf '%s' "$options" >&7 && read -r reply <&7; }; then
+    exec 7>&-
+    return 1
+  fi
+  exec 7>&-
+  instance=${reply#instance=}
+  instance=${instance%%,*}
+  case $instance in ''|*[!0-9]*) return 1 ;; esac
+  for _ in $(seq 150); do
+    dev=$(nvme_namespace_dev "nvme$instance") && [ -b "$dev" ] && { echo "$dev"; return 0; }
+    sleep 0.2
+  done
+  return 1
+}
+
+# dom0_nvme_disconnect NQN: every controller dom0's host has to subsystem NQN is deleted
+# (`nvme disconnect -n NQN`; the kernel returns once it is gone). True if there was one.
+dom0_nvme_disconnect() {
+  local ctrl found=1
+  for ctrl in "$NVME_CLASS"/nvme*; do
+    [ "$(cat "$ctrl/subsysnqn" 2> /dev/null)" = "$1" ] || continue
+    echo 1 > "$ctrl/delete_controller" && found=0
+  done
+  return $found
 }

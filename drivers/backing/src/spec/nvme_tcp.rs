@@ -1,15 +1,54 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
-//! `nvme-tcp:<ipv4>:<port>:<nsid>:nqn=<subsystem NQN>[,<slice>]`: a namespace of a
-//! remote NVMe/TCP subsystem (in progress: parsed here, not yet served; see
-//! docs/design.md, "NVMe over TCP").
+//! `nvme-tcp:<ipv4>:<port>:<nsid>:nqn=<subsystem NQN>[,<option>...]`: a namespace of a
+//! remote NVMe/TCP subsystem (docs/design.md §5.9).
 //!
 //! NQNs contain `:` (`nqn.2014-08.org.nvmexpress:uuid:...`), so the NQN is not a
-//! `:`-field but the first option, running to the first `,`; the slice options
-//! (`part=`, `offset=,size=`) follow it as for `nvme:`.
+//! `:`-field but the first option, running to the first `,`. The options after it, in
+//! any order: the slice (`part=`, `offset=,size=`, as for `nvme:`) and the reconnect
+//! times, named as Linux's `nvme connect` names them (`reconnect-delay=`,
+//! `ctrl-loss-tmo=`, in seconds).
 
 use core::fmt;
 
-use super::{number, region, Region, SpecError};
+use super::{number, slice_options, Region, SpecError};
+
+/// How a remote namespace's loss is ridden out, in seconds: an attempt every `delay_s`,
+/// and I/O held for `ctrl_loss_tmo_s` from the loss before every held request fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReconnectTimes {
+    /// `reconnect-delay=`.
+    pub delay_s: u32,
+    /// `ctrl-loss-tmo=`.
+    pub ctrl_loss_tmo_s: u32,
+}
+
+impl ReconnectTimes {
+    /// Linux's `ctrl_loss_tmo`; a delay half of Linux's 10 s: an outage ends sooner.
+    pub const DEFAULT: ReconnectTimes = ReconnectTimes {
+        delay_s: 5,
+        ctrl_loss_tmo_s: 600,
+    };
+    /// Beyond a minute between attempts, a target back long since still waits for one.
+    pub const MAX_DELAY_S: u32 = 60;
+    /// Linux's blkfront has no request timeout: the guest waits as long as blkdom holds,
+    /// so holding is bounded (Linux's `-1`, forever, is not offered).
+    pub const MAX_CTRL_LOSS_TMO_S: u32 = 3600;
+
+    pub fn delay_ms(&self) -> u64 {
+        u64::from(self.delay_s) * 1000
+    }
+
+    pub fn ctrl_loss_tmo_ms(&self) -> u64 {
+        u64::from(self.ctrl_loss_tmo_s) * 1000
+    }
+}
+
+// Any delay goes with the default give-up time.
+const _: () = assert!(ReconnectTimes::MAX_DELAY_S <= ReconnectTimes::DEFAULT.ctrl_loss_tmo_s);
+
+/// The option keys after the NQN that are not the slice's.
+const RECONNECT_DELAY: &str = "reconnect-delay";
+const CTRL_LOSS_TMO: &str = "ctrl-loss-tmo";
 
 /// A subsystem NQN: 5 to 223 bytes (NVMe's NQN limit), starting `nqn.`, printable ASCII
 /// other than space and `,`. Stored inline.
@@ -64,6 +103,7 @@ pub struct NvmeTcpTarget {
     pub port: u16,
     pub nsid: u32,
     pub subsystem: Nqn,
+    pub reconnect: ReconnectTimes,
     pub region: Region,
 }
 
@@ -75,6 +115,14 @@ impl fmt::Display for NvmeTcpTarget {
             "nvme-tcp:{a}.{b}.{c}.{d}:{}:{}:nqn={}",
             self.port, self.nsid, self.subsystem
         )?;
+        // The defaults are not written: the text reads back as the same target.
+        let defaults = ReconnectTimes::DEFAULT;
+        if self.reconnect.delay_s != defaults.delay_s {
+            write!(f, ",{RECONNECT_DELAY}={}", self.reconnect.delay_s)?;
+        }
+        if self.reconnect.ctrl_loss_tmo_s != defaults.ctrl_loss_tmo_s {
+            write!(f, ",{CTRL_LOSS_TMO}={}", self.reconnect.ctrl_loss_tmo_s)?;
+        }
         // The region writes itself as `:<options>`; here options follow the NQN.
         match self.region {
             Region::Whole => Ok(()),
@@ -125,13 +173,22 @@ pub enum NvmeTcpError<'a> {
     /// The options do not start with `nqn=`.
     MissingNqn,
     BadNqn(&'a str),
-    /// The slice after the NQN.
+    /// An option after the NQN that is neither a slice's nor a reconnect time.
+    UnknownOption(&'a str),
+    /// `reconnect-delay=` not 1 to [`ReconnectTimes::MAX_DELAY_S`].
+    BadReconnectDelay(&'a str),
+    /// `ctrl-loss-tmo=` not from the reconnect delay (the second field: the disk would
+    /// give up before its second attempt) to [`ReconnectTimes::MAX_CTRL_LOSS_TMO_S`].
+    BadCtrlLossTmo(&'a str, u32),
+    /// An option after the NQN, in the slice's words: empty, twice, without a value, or
+    /// a slice that does not parse.
     Slice(SpecError<'a>),
 }
 
 impl fmt::Display for NvmeTcpError<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const FORM: &str = "use nvme-tcp:<ipv4>:<port>:<nsid>:nqn=<subsystem NQN>[,<slice>]";
+        const FORM: &str = "use nvme-tcp:<ipv4>:<port>:<nsid>:nqn=<subsystem NQN>\
+             [,reconnect-delay=<s>][,ctrl-loss-tmo=<s>][,<slice>]";
         match self {
             NvmeTcpError::Form => f.write_str(FORM),
             NvmeTcpError::BadAddress(a) => write!(f, "nvme-tcp: {a:?} is not an IPv4 address; {FORM}"),
@@ -144,6 +201,24 @@ impl fmt::Display for NvmeTcpError<'_> {
                 f,
                 "nvme-tcp: {n:?} is not a subsystem NQN (nqn.<...>, up to {} printable ASCII characters other than ',')",
                 Nqn::MAX_LEN
+            ),
+            NvmeTcpError::UnknownOption(o) => write!(
+                f,
+                "nvme-tcp: unknown option {o:?}; after nqn=<NQN> come reconnect-delay=<s>, \
+                 ctrl-loss-tmo=<s> and a slice (part=<n>, part=name:<label> or \
+                 offset=<size>,size=<size>)"
+            ),
+            NvmeTcpError::BadReconnectDelay(t) => write!(
+                f,
+                "nvme-tcp: {RECONNECT_DELAY}={t:?} must be 1 to {} seconds",
+                ReconnectTimes::MAX_DELAY_S
+            ),
+            NvmeTcpError::BadCtrlLossTmo(t, min) => write!(
+                f,
+                "nvme-tcp: {CTRL_LOSS_TMO}={t:?} must be {min} to {} seconds (no less than \
+                 {RECONNECT_DELAY}, {} unless given)",
+                ReconnectTimes::MAX_CTRL_LOSS_TMO_S,
+                ReconnectTimes::DEFAULT.delay_s
             ),
             NvmeTcpError::Slice(e) => e.fmt(f),
         }
@@ -191,23 +266,86 @@ pub fn parse_nvme_tcp(text: &str) -> Result<NvmeTcpTarget, NvmeTcpError<'_>> {
     let options = options
         .strip_prefix("nqn=")
         .ok_or(NvmeTcpError::MissingNqn)?;
-    let (nqn, slice) = match options.split_once(',') {
-        Some((nqn, slice)) => (nqn, Some(slice)),
+    let (nqn, rest) = match options.split_once(',') {
+        Some((nqn, rest)) => (nqn, Some(rest)),
         None => (options, None),
     };
     let subsystem = Nqn::new(nqn).ok_or(NvmeTcpError::BadNqn(nqn))?;
-    let region = match slice {
-        None => Region::Whole,
-        Some("") => return Err(NvmeTcpError::Slice(SpecError::EmptyOption("nvme-tcp"))),
-        Some(slice) => region("nvme-tcp", slice).map_err(NvmeTcpError::Slice)?,
+    let (reconnect, region) = match rest {
+        None => (ReconnectTimes::DEFAULT, Region::Whole),
+        Some(rest) => after_nqn(rest)?,
     };
     Ok(NvmeTcpTarget {
         addr,
         port,
         nsid,
         subsystem,
+        reconnect,
         region,
     })
+}
+
+/// The options after `nqn=<NQN>,`: the reconnect times and the slice.
+fn after_nqn(options: &str) -> Result<(ReconnectTimes, Region), NvmeTcpError<'_>> {
+    const KIND: &str = "nvme-tcp";
+    let is_time = |option: &str| {
+        let key = option.split_once('=').map_or(option, |(key, _)| key);
+        key == RECONNECT_DELAY || key == CTRL_LOSS_TMO
+    };
+    let (mut delay, mut tmo, mut slice) = (None, None, false);
+    for option in options.split(',') {
+        if option.is_empty() {
+            return Err(NvmeTcpError::Slice(SpecError::EmptyOption(KIND)));
+        }
+        let (key, value) = option.split_once('=').unwrap_or((option, ""));
+        let (key, slot) = match key {
+            RECONNECT_DELAY => (RECONNECT_DELAY, &mut delay),
+            CTRL_LOSS_TMO => (CTRL_LOSS_TMO, &mut tmo),
+            "part" | "offset" | "size" => {
+                // Checked with the rest of the slice, below.
+                slice = true;
+                continue;
+            }
+            _ => return Err(NvmeTcpError::UnknownOption(option)),
+        };
+        if slot.is_some() {
+            return Err(NvmeTcpError::Slice(SpecError::DuplicateOption(KIND, key)));
+        }
+        if value.is_empty() {
+            return Err(NvmeTcpError::Slice(SpecError::MissingValue(KIND, key)));
+        }
+        *slot = Some(value);
+    }
+    let seconds = |text: &str, min: u32, max: u32| {
+        number(KIND, text)
+            .ok()
+            .and_then(|s| u32::try_from(s).ok())
+            .filter(|s| (min..=max).contains(s))
+    };
+    let defaults = ReconnectTimes::DEFAULT;
+    let delay_s = match delay {
+        None => defaults.delay_s,
+        Some(text) => seconds(text, 1, ReconnectTimes::MAX_DELAY_S)
+            .ok_or(NvmeTcpError::BadReconnectDelay(text))?,
+    };
+    let ctrl_loss_tmo_s = match tmo {
+        None => defaults.ctrl_loss_tmo_s,
+        Some(text) => seconds(text, delay_s, ReconnectTimes::MAX_CTRL_LOSS_TMO_S)
+            .ok_or(NvmeTcpError::BadCtrlLossTmo(text, delay_s))?,
+    };
+    let region = if slice {
+        slice_options(KIND, options.split(',').filter(|o| !is_time(o)))
+            .map_err(NvmeTcpError::Slice)?
+    } else {
+        Region::Whole
+    };
+    Ok((
+        ReconnectTimes {
+            delay_s,
+            ctrl_loss_tmo_s,
+        },
+        region,
+    ))
 }
 
 #[cfg(test)]
@@ -307,7 +445,7 @@ mod tests {
             ),
             (
                 "nvme-tcp:10.0.0.2:4420:1:nqn=nqn.a,nqn=nqn.b",
-                E::Slice(SpecError::UnknownOption("nvme-tcp", "nqn=nqn.b")),
+                E::UnknownOption("nqn=nqn.b"),
             ),
         ];
         for (text, want) in cases {
@@ -322,5 +460,155 @@ mod tests {
         assert!(NvmeTcpError::Form
             .to_string()
             .contains("nqn=<subsystem NQN>"));
+    }
+
+    #[test]
+    fn reconnect_times_go_among_the_slice_options() {
+        let parse = |options: &str| {
+            parse_nvme_tcp(&format!("nvme-tcp:10.9.0.1:4420:1:nqn=nqn.x:y{options}"))
+                .map(|t| (t.reconnect, t.region))
+                .map_err(|e| e.to_string())
+        };
+        let times = |delay_s, ctrl_loss_tmo_s| ReconnectTimes {
+            delay_s,
+            ctrl_loss_tmo_s,
+        };
+        let slice = Region::Extent {
+            offset: 64 << 20,
+            size: 64 << 20,
+        };
+        assert_eq!(parse(""), Ok((ReconnectTimes::DEFAULT, Region::Whole)));
+        assert_eq!(ReconnectTimes::DEFAULT, times(5, 600));
+        assert_eq!(
+            parse(",ctrl-loss-tmo=30"),
+            Ok((times(5, 30), Region::Whole))
+        );
+        assert_eq!(
+            parse(",ctrl-loss-tmo=30,offset=64M,size=64M"),
+            Ok((times(5, 30), slice))
+        );
+        assert_eq!(
+            parse(",offset=64M,reconnect-delay=2,size=64M,ctrl-loss-tmo=20"),
+            Ok((times(2, 20), slice)),
+            "any order, the slice's options around the times"
+        );
+        assert_eq!(
+            parse(",reconnect-delay=60"),
+            Ok((times(60, 600), Region::Whole))
+        );
+        assert_eq!(
+            parse(",reconnect-delay=1,ctrl-loss-tmo=1"),
+            Ok((times(1, 1), Region::Whole)),
+            "the least of each"
+        );
+        assert_eq!(
+            parse(",ctrl-loss-tmo=3600,reconnect-delay=7,part=2"),
+            Ok((times(7, 3600), Region::Partition(2)))
+        );
+        assert_eq!(parse(",ctrl-loss-tmo=5"), Ok((times(5, 5), Region::Whole)));
+        let text = "nvme-tcp:10.9.0.1:4420:1:nqn=nqn.x:y,reconnect-delay=2,ctrl-loss-tmo=30,\
+                    offset=64M,size=64M";
+        let t = parse_nvme_tcp(text).unwrap();
+        assert_eq!(t.to_string(), text, "Display reads back as the same text");
+        let t = parse_nvme_tcp("nvme-tcp:10.9.0.1:4420:1:nqn=nqn.x:y,reconnect-delay=5").unwrap();
+        assert_eq!(t.to_string(), "nvme-tcp:10.9.0.1:4420:1:nqn=nqn.x:y");
+        assert_eq!(
+            (t.reconnect.delay_ms(), t.reconnect.ctrl_loss_tmo_ms()),
+            (5_000, 600_000)
+        );
+    }
+
+    #[test]
+    fn bad_reconnect_times_say_what_is_wrong() {
+        use NvmeTcpError as E;
+        let cases: &[(&str, E<'static>)] = &[
+            (",reconnect-delay=0", E::BadReconnectDelay("0")),
+            (",reconnect-delay=61", E::BadReconnectDelay("61")),
+            (
+                ",reconnect-delay=4294967301",
+                E::BadReconnectDelay("4294967301"),
+            ),
+            (
+                ",reconnect-delay=99999999999999999999999",
+                E::BadReconnectDelay("99999999999999999999999"),
+            ),
+            (",reconnect-delay=5s", E::BadReconnectDelay("5s")),
+            (",reconnect-delay=+5", E::BadReconnectDelay("+5")),
+            (",reconnect-delay=-1", E::BadReconnectDelay("-1")),
+            (",ctrl-loss-tmo=0", E::BadCtrlLossTmo("0", 5)),
+            (",ctrl-loss-tmo=-1", E::BadCtrlLossTmo("-1", 5)),
+            (",ctrl-loss-tmo=4", E::BadCtrlLossTmo("4", 5)),
+            (",ctrl-loss-tmo=3601", E::BadCtrlLossTmo("3601", 5)),
+            (
+                ",ctrl-loss-tmo=4294967897",
+                E::BadCtrlLossTmo("4294967897", 5),
+            ),
+            (
+                ",reconnect-delay=30,ctrl-loss-tmo=20",
+                E::BadCtrlLossTmo("20", 30),
+            ),
+            (
+                ",ctrl-loss-tmo=20,reconnect-delay=30",
+                E::BadCtrlLossTmo("20", 30),
+            ),
+            (
+                ",reconnect-delay=61,ctrl-loss-tmo=0",
+                E::BadReconnectDelay("61"),
+            ),
+            (
+                ",reconnect-delay=5,reconnect-delay=5",
+                E::Slice(SpecError::DuplicateOption("nvme-tcp", "reconnect-delay")),
+            ),
+            (
+                ",ctrl-loss-tmo=30,offset=0,ctrl-loss-tmo=30,size=1M",
+                E::Slice(SpecError::DuplicateOption("nvme-tcp", "ctrl-loss-tmo")),
+            ),
+            (
+                ",ctrl-loss-tmo=",
+                E::Slice(SpecError::MissingValue("nvme-tcp", "ctrl-loss-tmo")),
+            ),
+            (
+                ",reconnect-delay",
+                E::Slice(SpecError::MissingValue("nvme-tcp", "reconnect-delay")),
+            ),
+            (
+                ",ctrl-loss-tmo=30,,offset=0,size=1M",
+                E::Slice(SpecError::EmptyOption("nvme-tcp")),
+            ),
+            (
+                ",ctrl-loss-tmo=30,",
+                E::Slice(SpecError::EmptyOption("nvme-tcp")),
+            ),
+            (",ctrl_loss_tmo=30", E::UnknownOption("ctrl_loss_tmo=30")),
+            (",keep-alive-tmo=30", E::UnknownOption("keep-alive-tmo=30")),
+            (
+                ",size=1M,ctrl-loss-tmo=30,size=2M,offset=0",
+                E::Slice(SpecError::DuplicateOption("nvme-tcp", "size")),
+            ),
+            (
+                ",ctrl-loss-tmo=30,offset=0",
+                E::Slice(SpecError::MissingOption("nvme-tcp", "size")),
+            ),
+            (
+                ",part=1,ctrl-loss-tmo=30,offset=0",
+                E::Slice(SpecError::PartitionWithExtent("nvme-tcp")),
+            ),
+        ];
+        for (options, want) in cases {
+            let text = format!("nvme-tcp:10.9.0.1:4420:1:nqn=nqn.a{options}");
+            assert_eq!(parse_nvme_tcp(&text), Err(*want), "{text}");
+        }
+        let said = |e: E<'_>| e.to_string();
+        assert_eq!(
+            said(E::BadReconnectDelay("0")),
+            "nvme-tcp: reconnect-delay=\"0\" must be 1 to 60 seconds"
+        );
+        assert_eq!(
+            said(E::BadCtrlLossTmo("20", 30)),
+            "nvme-tcp: ctrl-loss-tmo=\"20\" must be 30 to 3600 seconds (no less than \
+             reconnect-delay, 5 unless given)"
+        );
+        assert!(said(E::UnknownOption("x=1")).contains("reconnect-delay=<s>, ctrl-loss-tmo=<s>"));
+        assert!(said(E::Form).contains("[,ctrl-loss-tmo=<s>]"));
     }
 }

@@ -47,7 +47,7 @@ fn errors_display_their_cause() {
         text(&SpecError::UnknownKind("scsi")),
         "unknown backing store \"scsi\"; use nvme:serial=<SN>:<nsid>, nvme:nguid=<hex>, \
          nvme:eui64=<hex>, nvme@<bb:dd.f>:<nsid>, virtio:serial=<id>, virtio@<bb:dd.f> (each \
-         [:<slice>]), nvme:<nsid>, virtio:<index>, ram:<size>[K|M|G][:<name>] or nvme-tcp:<ipv4>:<port>:<nsid>:nqn=<subsystem NQN>[,<slice>]"
+         [:<slice>]), nvme:<nsid>, virtio:<index>, ram:<size>[K|M|G][:<name>] or nvme-tcp:<ipv4>:<port>:<nsid>:nqn=<subsystem NQN>[,<option>...]"
     );
     assert_eq!(
         text(&SpecError::BadNumber("virtio", "x")),
@@ -464,7 +464,35 @@ fn nvme_tcp_targets_are_a_kind_of_their_own() {
             }
         })
     );
+    assert_eq!(
+        parse_backing(&format!(
+            "nvme-tcp:10.9.0.1:4420:1:nqn={nqn},ctrl-loss-tmo=30,offset=0,size=64M"
+        )),
+        Ok(Backing::NvmeTcp {
+            region: Region::Extent {
+                offset: 0,
+                size: 64 << 20
+            }
+        })
+    );
     let text = |spec: &str| parse_backing(spec).unwrap_err().to_string();
+    // The reconnect times' errors in their own words, as parse_nvme_tcp says them.
+    for options in [
+        "reconnect-delay=0",
+        "reconnect-delay=61",
+        "ctrl-loss-tmo=4",
+        "ctrl-loss-tmo=3601",
+        "reconnect-delay=30,ctrl-loss-tmo=20",
+        "retry=1",
+        "ctrl-loss-tmo=1,ctrl-loss-tmo=1",
+    ] {
+        let spec = format!("nvme-tcp:10.9.0.1:4420:1:nqn=nqn.a,{options}");
+        assert_eq!(
+            text(&spec),
+            parse_nvme_tcp(&spec).unwrap_err().to_string(),
+            "{spec}"
+        );
+    }
     assert!(text("nvme-tcp:10.9.0:4420:1:nqn=nqn.a").contains("is not an IPv4 address"));
     assert!(text("nvme-tcp:10.9.0.1:4420:1:nqn=iqn.a").contains("is not a subsystem NQN"));
     assert!(text("nvme-tcp:10.9.0.1:4420:1").contains("nqn=<subsystem NQN>"));

@@ -187,6 +187,11 @@ impl Shared {
         self.gave_up.store(true, Ordering::Release);
     }
 
+    /// The remote is trying again: its queues take requests again.
+    pub(crate) fn revive(&self) {
+        self.gave_up.store(false, Ordering::Release);
+    }
+
     pub fn gave_up(&self) -> bool {
         self.gave_up.load(Ordering::Acquire)
     }

@@ -12,7 +12,8 @@
 //! When a connection breaks, every request sent on it is held (not failed) and the
 //! association is rebuilt as [`Reconnect`] says: at once, then every `delay_ms`; once
 //! `give_up_ms` passed without a connection, every request held and every later one
-//! fails and the queues report a fault (the disk reports it).
+//! fails and the queues report a fault (the disk reports it), until a disk is attached
+//! on the namespace again ([`Remote::revive`]: one more round of attempts).
 
 mod channel;
 #[cfg(test)]
@@ -158,7 +159,7 @@ pub enum State {
     Down,
     /// The first bring-up failed: nothing was ever served.
     Failed(Failure),
-    /// The target stayed away too long: every request fails.
+    /// The target stayed away too long: every request fails (until [`Remote::revive`]).
     GaveUp,
 }
 
@@ -240,6 +241,8 @@ pub struct Remote {
     first_namespace: Option<NamespaceInfo>,
     reconnect: Reconnect,
     lost_at: u64,
+    /// Why the last bring-up attempt failed (for the operator who asked for it).
+    last_failure: Option<Failure>,
     channels: Vec<Arc<Shared>>,
     held: Vec<[Held; SLOTS]>,
     /// Requests with commands still to send, in order: (channel, slot).
@@ -278,6 +281,7 @@ impl Remote {
             first_namespace: None,
             reconnect: Reconnect::new(timing.reconnect),
             lost_at: 0,
+            last_failure: None,
             channels: Vec::with_capacity(MAX_CHANNELS),
             held: Vec::with_capacity(MAX_CHANNELS),
             pending: VecDeque::with_capacity(MAX_CHANNELS * SLOTS),
@@ -293,6 +297,17 @@ impl Remote {
 
     pub fn controller(&self) -> Option<ControllerInfo> {
         self.controller
+    }
+
+    /// When it reconnects and gives up.
+    pub fn reconnect_policy(&self) -> ReconnectPolicy {
+        self.reconnect.policy()
+    }
+
+    /// Other reconnect times, from now on (`Reconnect::set_policy`).
+    pub fn set_reconnect_policy(&mut self, policy: ReconnectPolicy) {
+        self.timing.reconnect = policy;
+        self.reconnect.set_policy(policy);
     }
 
     pub fn held_times(&self) -> HeldTimes {
@@ -368,13 +383,7 @@ impl Remote {
                     true
                 }
                 Action::GiveUp => {
-                    self.state = State::GaveUp;
-                    let waited_ms = now.saturating_sub(self.lost_at);
-                    for shared in &self.channels {
-                        shared.give_up(waited_ms);
-                    }
-                    log(Event::GaveUp { waited_ms });
-                    self.fail_everything();
+                    self.give_up(now, log);
                     true
                 }
                 Action::Nothing => false,
@@ -382,6 +391,42 @@ impl Remote {
             State::GaveUp => self.fail_everything(),
             State::Failed(_) => false,
         }
+    }
+
+    /// Stops holding requests: every request held and every later one fails, and the
+    /// queues report the fault, until [`Remote::revive`].
+    pub fn give_up(&mut self, now: u64, log: &mut dyn FnMut(Event)) {
+        self.state = State::GaveUp;
+        let waited_ms = now.saturating_sub(self.lost_at);
+        for shared in &self.channels {
+            shared.give_up(waited_ms);
+        }
+        log(Event::GaveUp { waited_ms });
+        self.fail_everything();
+    }
+
+    /// A remote that gave up tries again from `now`, as after a loss (at once, then
+    /// every delay, for up to the give-up time): an operator attached a disk on it again,
+    /// the target being back. Its queues take requests again (held until it is live).
+    /// False, and nothing changes, unless it had given up.
+    pub fn revive(&mut self, now: u64) -> bool {
+        if self.state != State::GaveUp {
+            return false;
+        }
+        for shared in &self.channels {
+            shared.revive();
+        }
+        self.reconnect = Reconnect::new(self.timing.reconnect);
+        self.reconnect.lost(now);
+        self.lost_at = now;
+        self.last_failure = None;
+        self.state = State::Down;
+        true
+    }
+
+    /// Why the last bring-up attempt failed, if one did since the last loss or revival.
+    pub fn last_failure(&self) -> Option<Failure> {
+        self.last_failure
     }
 
     fn start(&mut self, t: &mut dyn Transport, now: u64) {
@@ -436,6 +481,7 @@ impl Remote {
                 t.close(Link::Io);
                 self.admin = None;
                 self.io = None;
+                self.last_failure = Some(failure);
                 if self.first_namespace.is_none() {
                     self.state = State::Failed(failure);
                 } else {
@@ -606,6 +652,7 @@ impl Remote {
         t.close(Link::Admin);
         t.close(Link::Io);
         self.lost_at = now;
+        self.last_failure = None;
         self.reconnect.lost(now);
         self.state = State::Down;
     }

@@ -165,10 +165,14 @@ struct Rig {
 
 impl Rig {
     fn new(knobs: fn(&mut Target)) -> Rig {
+        Rig::with_timing(knobs, Timing::DEFAULT)
+    }
+
+    fn with_timing(knobs: fn(&mut Target), timing: Timing) -> Rig {
         Rig {
             net: FakeNet::new(knobs),
             mem: Mem(RefCell::new(vec![0; PAGES * 4096])),
-            remote: Remote::new(HOST_NQN, [7; 16], SUBNQN, 1, Timing::DEFAULT, 0),
+            remote: Remote::new(HOST_NQN, [7; 16], SUBNQN, 1, timing, 0),
             now: 0,
             events: Vec::new(),
         }
@@ -481,14 +485,17 @@ fn requests_are_held_while_the_target_is_away_and_served_when_it_is_back() {
     );
 }
 
-#[test]
-fn a_target_that_never_comes_back_fails_the_disk_after_the_give_up_time() {
-    let (mut rig, mut a, _b) = live();
-    let r = segments(0, 1);
-    a.submit(&request(1, IoOp::Read, 0, &r), &Pages).unwrap();
+/// Submits a read (tag 1) on `a` and takes the target away for good: when.
+fn lose_with_a_read(rig: &mut Rig, a: &mut DiskQueue) -> u64 {
+    a.submit(&request(1, IoOp::Read, 0, &segments(0, 1)), &Pages)
+        .unwrap();
     rig.net.crash();
-    let lost = rig.now;
-    let done = rig.run(&mut [&mut a], 1, 700_000);
+    rig.now
+}
+
+/// Polls until the read of `lose_with_a_read` fails: how long after the loss (`lost`).
+fn failed_after(rig: &mut Rig, a: &mut DiskQueue, lost: u64) -> u64 {
+    let done = rig.run(&mut [&mut *a], 1, 700_000);
     assert_eq!(
         done,
         [Completion {
@@ -496,7 +503,21 @@ fn a_target_that_never_comes_back_fails_the_disk_after_the_give_up_time() {
             status: IoStatus::Error
         }]
     );
-    let waited = rig.now - lost;
+    rig.now - lost
+}
+
+fn failed_attempts(rig: &Rig) -> usize {
+    rig.events
+        .iter()
+        .filter(|e| matches!(e, Event::AttemptFailed(_)))
+        .count()
+}
+
+#[test]
+fn a_target_that_never_comes_back_fails_the_disk_after_the_give_up_time() {
+    let (mut rig, mut a, _b) = live();
+    let lost = lose_with_a_read(&mut rig, &mut a);
+    let waited = failed_after(&mut rig, &mut a, lost);
     assert!(
         (600_000..600_010).contains(&waited),
         "failed {waited} ms after the loss"
@@ -506,6 +527,7 @@ fn a_target_that_never_comes_back_fails_the_disk_after_the_give_up_time() {
     assert!(fault.to_string().contains("unreachable for 600 s"));
     assert!(matches!(rig.events.last(), Some(Event::GaveUp { .. })));
     // Later requests fail at once, and a new queue is born failed.
+    let r = segments(0, 1);
     a.submit(&request(2, IoOp::Read, 0, &r), &Pages).unwrap();
     let done = rig.run(&mut [&mut a], 1, 10);
     assert_eq!(
@@ -516,6 +538,133 @@ fn a_target_that_never_comes_back_fails_the_disk_after_the_give_up_time() {
         }]
     );
     assert!(rig.remote.add_queue().unwrap().fault().is_some());
+}
+
+/// A remote that gave up, the target away for good (`up` false), its request failed.
+fn given_up() -> (Rig, DiskQueue) {
+    let (mut rig, mut a, _b) = live();
+    let r = segments(0, 1);
+    a.submit(&request(1, IoOp::Read, 0, &r), &Pages).unwrap();
+    rig.net.crash();
+    assert_eq!(rig.run(&mut [&mut a], 1, 700_000).len(), 1);
+    assert_eq!(rig.remote.state(), State::GaveUp);
+    (rig, a)
+}
+
+#[test]
+fn a_remote_that_gave_up_serves_again_once_revived_with_the_target_back() {
+    let (mut rig, mut a) = given_up();
+    assert!(a.fault().is_some());
+    rig.net.up = true;
+    assert!(rig.remote.revive(rig.now));
+    assert!(a.fault().is_none(), "the queue takes requests again");
+    assert!(rig.remote.add_queue().unwrap().fault().is_none());
+    let r = segments(0, 1);
+    a.submit(&request(3, IoOp::Read, 8, &r), &Pages).unwrap();
+    let done = rig.run(&mut [&mut a], 1, 10_000);
+    assert_eq!(
+        done,
+        [Completion {
+            tag: 3,
+            status: IoStatus::Ok
+        }]
+    );
+    assert_eq!(rig.remote.state(), State::Live);
+    assert!(matches!(
+        rig.events.last(),
+        Some(Event::Live {
+            reconnect: true,
+            ..
+        })
+    ));
+    // Only a remote that gave up is revived.
+    assert!(!rig.remote.revive(rig.now));
+}
+
+#[test]
+fn a_revival_with_the_target_still_away_says_why_and_can_give_up_at_once() {
+    let (mut rig, mut a) = given_up();
+    assert!(rig.remote.revive(rig.now));
+    let r = segments(0, 1);
+    a.submit(&request(4, IoOp::Read, 8, &r), &Pages).unwrap();
+    // Held while it tries (refused: nothing listens).
+    assert!(rig.run(&mut [&mut a], 1, 8_000).is_empty());
+    assert_eq!(rig.remote.last_failure(), Some(Failure::Refused));
+    let events = &mut Vec::new();
+    rig.remote.give_up(rig.now, &mut |e| events.push(e));
+    assert!(matches!(events[..], [Event::GaveUp { .. }]));
+    let done = rig.run(&mut [&mut a], 1, 10);
+    assert_eq!(
+        done,
+        [Completion {
+            tag: 4,
+            status: IoStatus::Error
+        }]
+    );
+    assert!(a.fault().is_some());
+    assert_eq!(rig.remote.state(), State::GaveUp);
+}
+
+#[test]
+fn a_remote_with_a_ctrl_loss_tmo_of_30_s_fails_its_held_requests_at_30_s() {
+    let timing = Timing {
+        reconnect: ReconnectPolicy {
+            delay_ms: 5_000,
+            give_up_ms: 30_000,
+        },
+        ..Timing::DEFAULT
+    };
+    let mut rig = Rig::with_timing(|_| {}, timing);
+    assert_eq!(rig.bring_up(), State::Live);
+    let mut a = rig.remote.add_queue().unwrap();
+    let lost = lose_with_a_read(&mut rig, &mut a);
+    // Not before: held through 29.99 s.
+    let done = rig.run(&mut [&mut a], 1, 29_990);
+    assert!(done.is_empty(), "held, not failed: {done:?}");
+    assert!(a.fault().is_none() && rig.remote.state() == State::Down);
+    let waited = failed_after(&mut rig, &mut a, lost);
+    assert!(
+        (30_000..30_010).contains(&waited),
+        "failed {waited} ms after the loss"
+    );
+    assert!(a
+        .fault()
+        .unwrap()
+        .to_string()
+        .contains("unreachable for 30 s"));
+    assert_eq!(
+        rig.events.last(),
+        Some(&Event::GaveUp { waited_ms: 30_000 })
+    );
+    assert_eq!(
+        failed_attempts(&rig),
+        6,
+        "at once, then every 5 s: at 0, 5, 10, 15, 20 and 25 s"
+    );
+}
+
+#[test]
+fn new_reconnect_times_count_from_the_next_loss() {
+    let (mut rig, mut a, _b) = live();
+    assert_eq!(rig.remote.reconnect_policy(), Timing::DEFAULT.reconnect);
+    let policy = ReconnectPolicy {
+        delay_ms: 2_000,
+        give_up_ms: 20_000,
+    };
+    rig.remote.set_reconnect_policy(policy);
+    assert_eq!(rig.remote.reconnect_policy(), policy);
+    let lost = lose_with_a_read(&mut rig, &mut a);
+    let waited = failed_after(&mut rig, &mut a, lost);
+    assert!(
+        (20_000..20_010).contains(&waited),
+        "failed {waited} ms after the loss"
+    );
+    assert!(a
+        .fault()
+        .unwrap()
+        .to_string()
+        .contains("unreachable for 20 s"));
+    assert_eq!(failed_attempts(&rig), 10, "every 2 s");
 }
 
 #[test]
