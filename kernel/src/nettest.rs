@@ -109,7 +109,7 @@ pub fn run(spec: &str, cmdline: &Cmdline<'_>, config: &Config, grant_gpa: u64) -
         .unwrap_or_else(|e| fail(&alloc::format!("nettest={spec}: {e}")));
     let net = config
         .net
-        .unwrap_or_else(|| fail("nettest needs net.ip=<a.b.c.d>/<prefix>"));
+        .unwrap_or_else(|| fail("nettest needs net.ip=<a.b.c.d>/<prefix> or net.ip=dhcp"));
     let host_nqn = cmdline.value(Key::NettestHostnqn).unwrap_or(HOST_NQN);
     let start = Vif::now_ms();
     let mut vif = vif::bring_up(&net, grant_gpa).unwrap_or_else(|e| fail(&e));
@@ -121,6 +121,9 @@ pub fn run(spec: &str, cmdline: &Cmdline<'_>, config: &Config, grant_gpa: u64) -
         vif.info.backend_id,
         Vif::now_ms() - start
     );
+    if !vif.await_address(crate::backend::FIRST_LEASE_MS) {
+        fail(vif.no_address().unwrap_or("no address"));
+    }
     let deadline = start + TEST_MS;
     let local = 49152 + (xen::raw::cpu::read_tsc() % 8192) as u16;
     let admin_socket = open(&mut vif, target.addr, target.port, local, deadline);

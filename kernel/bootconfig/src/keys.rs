@@ -109,12 +109,13 @@ command_line_keys! {
         "resets in a row, without a command completed between them, before a device is \
          given up (stopped, every request failed)";
     NetIp "net.ip" Setting,
-        default "none", range "<a.b.c.d>/<prefix>, prefix 1 to 30",
-        "blkdom's IPv4 address and subnet on its vif, the storage network; without it \
-         blkdom uses no vif";
+        default "none", range "<a.b.c.d>/<prefix>, prefix 1 to 30; or dhcp",
+        "blkdom's IPv4 address and subnet on its vif, the storage network, or dhcp: a \
+         DHCPv4 lease gives address, subnet and router; without it blkdom uses no vif";
     NetGw "net.gw" Setting,
-        default "none", range "<a.b.c.d>, inside net.ip's subnet",
-        "the IPv4 router towards targets outside net.ip's subnet";
+        default "none", range "<a.b.c.d>, inside net.ip's subnet (static net.ip only)",
+        "the IPv4 router towards targets outside net.ip's subnet (with net.ip=dhcp, the \
+         lease's router)";
     NetHostnqn "net.hostnqn" Setting,
         default "none", range "nqn.<...>, up to 223 printable ASCII characters other than ','",
         "blkdom's NVMe host NQN, what NVMe/TCP targets know it by (their allowed hosts); \

@@ -44,8 +44,9 @@ pub struct Config {
     /// `device.max-resets=`: resets in a row before a device is given up (0: a device
     /// whose command times out is given up at once).
     pub device_max_resets: u32,
-    /// `net.ip=`, `net.gw=`: the storage network's address; `None`: no vif is used.
-    pub net: Option<NetConfig>,
+    /// `net.ip=`, `net.gw=`: the storage network's address, static or by DHCP; `None`:
+    /// no vif is used.
+    pub net: Option<NetSetup>,
     /// `net.hostnqn=`: the NVMe host NQN blkdom connects to targets with.
     pub host_nqn: Option<HostNqn>,
 }
@@ -86,6 +87,26 @@ impl HostNqn {
 impl core::fmt::Debug for HostNqn {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "{:?}", self.as_str())
+    }
+}
+
+/// How blkdom's vif gets its IPv4 address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetSetup {
+    /// `net.ip=<a.b.c.d>/<prefix>` (and `net.gw=`).
+    Static(NetConfig),
+    /// `net.ip=dhcp`: address, prefix and router from a DHCPv4 lease. `net.gw=` is
+    /// refused with it: the subnet it must lie in is not known until the lease.
+    Dhcp,
+}
+
+impl NetSetup {
+    /// The static address, if it is one.
+    pub fn fixed(&self) -> Option<&NetConfig> {
+        match self {
+            NetSetup::Static(net) => Some(net),
+            NetSetup::Dhcp => None,
+        }
     }
 }
 
@@ -236,12 +257,17 @@ impl Config {
         }
         match cmdline.value(Key::NetIp) {
             None => {}
+            Some("dhcp") => config.net = Some(NetSetup::Dhcp),
             Some(text) => match parse_ip_prefix(text) {
-                Some(net) => config.net = Some(net),
+                Some(net) => config.net = Some(NetSetup::Static(net)),
                 None => refuse(Key::NetIp, text),
             },
         }
-        match (cmdline.value(Key::NetGw), config.net.as_mut()) {
+        let fixed = match config.net.as_mut() {
+            Some(NetSetup::Static(net)) => Some(net),
+            _ => None,
+        };
+        match (cmdline.value(Key::NetGw), fixed) {
             (None, _) => {}
             (Some(text), net) => match (parse_ipv4(text), net) {
                 (Some(gw), Some(net)) if net.same_subnet(gw) && gw != net.address => {
@@ -365,12 +391,13 @@ impl fmt::Display for BadValue<'_> {
             Key::GrantsPersistent => write!(f, "{key}={text}: want on or off; using on"),
             Key::NetIp => write!(
                 f,
-                "{key}={text}: want <a.b.c.d>/<prefix 1-30>, a host address; no vif is used"
+                "{key}={text}: want dhcp or <a.b.c.d>/<prefix 1-30>, a host address; no vif \
+                 is used"
             ),
             Key::NetGw => write!(
                 f,
-                "{key}={text}: want <a.b.c.d> inside net.ip's subnet (and net.ip set); no \
-                 router is used"
+                "{key}={text}: want <a.b.c.d> inside net.ip's subnet, with a static net.ip \
+                 (with net.ip=dhcp the lease's router is used); ignored"
             ),
             Key::NetHostnqn => write!(
                 f,
@@ -465,14 +492,19 @@ mod tests {
             .unwrap();
         assert_eq!(
             net,
-            NetConfig {
+            NetSetup::Static(NetConfig {
                 address: [10, 9, 0, 2],
                 prefix: 24,
                 gateway: Some([10, 9, 0, 1])
-            }
+            })
         );
         assert_eq!(
-            parse_good("net.ip=192.168.1.6/30").net.unwrap().gateway,
+            parse_good("net.ip=192.168.1.6/30")
+                .net
+                .unwrap()
+                .fixed()
+                .unwrap()
+                .gateway,
             None
         );
         for bad in [
@@ -500,7 +532,7 @@ mod tests {
         }
         for gw in ["10.9.1.1", "10.9.0.2", "x", "10.9.0.1/24"] {
             let (config, bad) = parse(&format!("net.ip=10.9.0.2/24 net.gw={gw}"));
-            assert_eq!(config.net.unwrap().gateway, None, "{gw}");
+            assert_eq!(config.net.unwrap().fixed().unwrap().gateway, None, "{gw}");
             assert_eq!(bad.len(), 1, "{gw}: {bad:?}");
         }
         let (config, bad) = parse("net.gw=10.9.0.1");
@@ -508,6 +540,24 @@ mod tests {
             (config.net, bad.len()),
             (None, 1),
             "a router without an address"
+        );
+    }
+
+    #[test]
+    fn dhcp_is_asked_for_by_name_and_takes_no_router() {
+        assert_eq!(parse_good("net.ip=dhcp").net, Some(NetSetup::Dhcp));
+        assert_eq!(NetSetup::Dhcp.fixed(), None);
+        for bad in ["dhcpx", "DHCP", "dhcp/24", "dhc"] {
+            let message = refused("net.ip", bad);
+            assert!(message.contains("want dhcp or"), "{message}");
+        }
+        let (config, bad) = parse("net.ip=dhcp net.gw=10.9.0.1");
+        assert_eq!(config.net, Some(NetSetup::Dhcp), "the lease still applies");
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        let message = &bad[0];
+        assert!(
+            message.starts_with("net.gw=10.9.0.1:") && message.contains("lease's router"),
+            "{message}"
         );
     }
 

@@ -72,6 +72,10 @@ pub fn serve(
     )
 }
 
+/// How long boot waits for a first DHCP lease (`net.ip=dhcp`) before it serves on
+/// without: `nvme-tcp:` disks are refused until one comes.
+pub const FIRST_LEASE_MS: u64 = 5_000;
+
 /// The vif and its stack, when the command line gives blkdom an address (`net.ip`), or
 /// why there is none: what `nvme-tcp:` disks are refused with.
 fn storage_network(
@@ -90,18 +94,36 @@ fn storage_network(
     *hole = machine::frames::PhysRange::new(hole.start + CARVE, hole.end);
     let started = xen_domain::vif::Vif::now_ms();
     match xen_domain::vif::bring_up(&address, grant_gpa) {
-        Ok(vif) => {
-            let [a, b, c, d] = address.address;
-            log::info!(
-                "net: vif connected to {} in {} ms; {a}.{b}.{c}.{d}/{}; host NQN {}",
-                vif.info.backend,
-                xen_domain::vif::Vif::now_ms() - started,
-                address.prefix,
-                config
-                    .host_nqn
-                    .as_ref()
-                    .map_or("none (net.hostnqn=)", |n| n.as_str())
-            );
+        Ok(mut vif) => {
+            let nqn = config
+                .host_nqn
+                .as_ref()
+                .map_or("none (net.hostnqn=)", |n| n.as_str());
+            let took = xen_domain::vif::Vif::now_ms() - started;
+            match address.fixed() {
+                Some(fixed) => {
+                    let [a, b, c, d] = fixed.address;
+                    log::info!(
+                        "net: vif connected to {} in {took} ms; {a}.{b}.{c}.{d}/{}; host NQN {nqn}",
+                        vif.info.backend,
+                        fixed.prefix,
+                    );
+                }
+                None => {
+                    log::info!(
+                        "net: vif connected to {} in {took} ms; address by DHCP; host NQN {nqn}",
+                        vif.info.backend,
+                    );
+                    // The lease line is logged by the vif's poll when it comes.
+                    if !vif.await_address(FIRST_LEASE_MS) {
+                        log::warn!(
+                            "net: no DHCP lease within {} s: serving on; nvme-tcp: disks are \
+                             refused until one comes (the client keeps asking)",
+                            FIRST_LEASE_MS / 1000
+                        );
+                    }
+                }
+            }
             Ok(net::Net::new(vif, config.host_nqn))
         }
         Err(e) => {

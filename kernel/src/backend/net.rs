@@ -299,6 +299,11 @@ impl Net {
         if let Some(at) = self.entries.iter().position(same) {
             return self.attach_progress(at, now);
         }
+        // No address (net.ip=dhcp, no lease): a bring-up would only fail to connect,
+        // and say so less plainly. A later attach tries again.
+        if let Some(why) = self.vif.no_address() {
+            return Err((why.into(), xen::xenbus::error::errno::EAGAIN));
+        }
         let Some(host_nqn) = self.host_nqn else {
             return Err((
                 "no host NQN: set net.hostnqn= on blkdom's command line".into(),

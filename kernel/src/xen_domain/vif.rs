@@ -1,16 +1,17 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! blkdom's vif, the storage network (`netfront`, docs/design.md §5.10): our own grant
 //! table, the rings and frame pages granted to netback, the event channel, the xenbus
-//! handshake, and smoltcp's interface with the command line's static address. Set up
-//! once; every page is taken here and never given back, so the data path allocates
+//! handshake, and smoltcp's interface with the command line's static address or a
+//! DHCPv4 lease (`net.ip=dhcp`). Set up once; every page is taken here and never given back, so the data path allocates
 //! nothing.
 
 use super::{get, now_ns, shared_page, zeroed_frame};
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
-use bootconfig::NetConfig;
-use netfront::stack::{Ipv4Setup, Stack};
+use bootconfig::NetSetup;
+use netfront::lease::LeaseEvent;
+use netfront::stack::{Addressing, Ipv4Setup, Stack};
 use netfront::xenbus::{connect, Rings, VifInfo};
 use netfront::{NetDevice, NetQueue, Page};
 use smoltcp::iface::SocketStorage;
@@ -20,8 +21,9 @@ use xen::raw::hypercall::NativeHypervisor;
 
 /// Our grant table's frames: 1,024 entries, enough for the two rings and 512 pages.
 pub const GRANT_FRAMES: u32 = 2;
-/// Sockets the interface can hold: two per remote namespace (its admin and I/O queue).
-const SOCKETS: usize = 2 * crate::backend::net::MAX_REMOTES;
+/// Sockets the interface can hold: two per remote namespace (its admin and I/O queue),
+/// and the DHCP client's.
+const SOCKETS: usize = 2 * crate::backend::net::MAX_REMOTES + 1;
 /// The vif blkdom uses (the first of the xl config's `vif=`).
 const VIF_DIR: &str = "device/vif/0";
 
@@ -43,15 +45,39 @@ impl Vif {
         now_ns() / 1_000_000
     }
 
-    /// Moves frames and runs smoltcp's timers, then tells netback of what was pushed
-    /// (one event for all of it). True when a socket may have changed.
+    /// Moves frames and runs smoltcp's timers (the DHCP client's among them: a lease,
+    /// its renewal, its loss are taken and logged here), then tells netback of what was
+    /// pushed (one event for all of it). True when a socket may have changed.
     pub fn poll(&mut self) -> bool {
-        let changed = self.stack.poll(Self::now_ms());
+        let now = Self::now_ms();
+        let changed = self.stack.poll(now);
+        if let Some(event) = self.stack.poll_lease(now) {
+            match event {
+                LeaseEvent::Lost { .. } => log::error!("net: {event}"),
+                _ => log::info!("net: {event}"),
+            }
+        }
         if self.stack.device.queue_mut().take_notify() {
             // A failed send means netback closed its end; the queue's fault says more.
             let _ = xen::evtchn::send(&self.hv, self.port);
         }
         changed
+    }
+
+    /// Why the vif has no address now (`None`: it has one): no DHCP lease yet, or lost.
+    pub fn no_address(&self) -> Option<&'static str> {
+        self.stack.lease().and_then(|lease| lease.refusal())
+    }
+
+    /// With DHCP, polls until a first lease or `bound_ms` have passed; true when the
+    /// vif has an address. Only at boot, before anything else uses the vif.
+    pub fn await_address(&mut self, bound_ms: u64) -> bool {
+        let until = Self::now_ms() + bound_ms;
+        while self.no_address().is_some() && Self::now_ms() < until {
+            self.poll();
+            core::hint::spin_loop();
+        }
+        self.no_address().is_none()
     }
 }
 
@@ -69,7 +95,7 @@ fn page(table: &mut GrantTable, backend: u16, readonly: bool) -> Result<Page, St
 /// Brings the vif up: grant table frames at guest-physical `grant_gpa` (a hole in the
 /// memory map, [`GRANT_FRAMES`] pages), then the handshake with netback and the
 /// interface. Bounded: netback gets 10 s for each of its steps.
-pub fn bring_up(net: &NetConfig, grant_gpa: u64) -> Result<Vif, String> {
+pub fn bring_up(net: &NetSetup, grant_gpa: u64) -> Result<Vif, String> {
     let domain = get().ok_or("not under Xen")?;
     let hv = domain.hv;
     let frames = map_own_table(&hv, grant_gpa >> 12, GRANT_FRAMES)
@@ -127,17 +153,20 @@ pub fn bring_up(net: &NetConfig, grant_gpa: u64) -> Result<Vif, String> {
     queue.post_rx();
     let storage: &'static mut [SocketStorage<'static>] =
         Box::leak(Box::new([SocketStorage::EMPTY; SOCKETS]));
-    let ip = Ipv4Setup {
-        address: net.address,
-        prefix: net.prefix,
-        gateway: net.gateway,
+    let addressing = match net {
+        NetSetup::Static(net) => Addressing::Static(Ipv4Setup {
+            address: net.address,
+            prefix: net.prefix,
+            gateway: net.gateway,
+        }),
+        NetSetup::Dhcp => Addressing::Dhcp,
     };
     let seed = xen::raw::cpu::read_tsc();
     let mut vif = Vif {
         stack: Stack::new(
             NetDevice::new(queue),
             info.mac,
-            ip,
+            addressing,
             seed,
             Vif::now_ms(),
             storage,

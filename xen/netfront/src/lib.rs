@@ -6,6 +6,7 @@
 //! * [`ring`]: a `ring.h` front ring's indices and notification arithmetic.
 //! * [`queue`]: the two rings, their pages, and every check of the backend's responses.
 //! * [`phy`]: smoltcp's `Device` over a queue.
+//! * [`stack`]: smoltcp's interface and sockets; [`lease`]: its DHCPv4 lease.
 //! * [`xenbus`]: the frontend's handshake with netback, over `xen::xenbus::XenStore`.
 //!
 //! No unsafe code: the rings and pages are `xen::SharedMem` windows the kernel makes.
@@ -14,6 +15,7 @@
 
 extern crate alloc;
 
+pub mod lease;
 pub mod phy;
 pub mod queue;
 pub mod ring;

@@ -161,21 +161,31 @@ pub fn stack(
     ip_last: u8,
     sockets: usize,
 ) -> (netfront::stack::Stack, Side) {
+    let ip = netfront::stack::Addressing::Static(netfront::stack::Ipv4Setup {
+        address: [10, 9, 0, ip_last],
+        prefix: 24,
+        gateway: None,
+    });
+    stack_with(first_gref, mac_last, ip, sockets)
+}
+
+/// [`stack`] with its address from `addressing`.
+pub fn stack_with(
+    first_gref: u32,
+    mac_last: u8,
+    addressing: netfront::stack::Addressing,
+    sockets: usize,
+) -> (netfront::stack::Stack, Side) {
     use smoltcp::iface::SocketStorage;
     let (mut q, side) = queue(first_gref);
     q.post_rx();
     let storage: Vec<SocketStorage<'static>> = (0..sockets).map(|_| SocketStorage::EMPTY).collect();
-    let ip = netfront::stack::Ipv4Setup {
-        address: [10, 9, 0, ip_last],
-        prefix: 24,
-        gateway: None,
-    };
     let mac = [0x00, 0x16, 0x3e, 0, 0, mac_last];
     let stack = netfront::stack::Stack::new(
         netfront::NetDevice::new(q),
         mac,
-        ip,
-        u64::from(ip_last),
+        addressing,
+        u64::from(mac_last),
         0,
         Box::leak(storage.into_boxed_slice()),
     );
