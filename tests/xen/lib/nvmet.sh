@@ -3,6 +3,7 @@
 # joins, Linux's own NVMe/TCP target (nvmet-tcp, configured through configfs) on brd RAM
 # disks, and dom0's own NVMe/TCP host (nvme-tcp) connecting to it. Scenarios:
 # tests/xen/blkdom-nvmetcp, tests/xen/blkdom-nvmetcp-disk, tests/xen/blkdom-nvmetcp-ops.
+# Also a DHCP server for blkdom's net.ip=dhcp (busybox udhcpd, start_dhcp_server).
 # shellcheck shell=dash
 # (dash: the dialect closest to dom0's busybox sh)
 
@@ -67,6 +68,44 @@ net_counters() {
   for f in /sys/class/net/vif*/statistics/*; do
     [ -r "$f" ] && echo "$f $(cat "$f")"
   done
+}
+
+# start_dhcp_server [MAC IP]: busybox's udhcpd in dom0 on xenbr0 (a DHCP server for
+# blkdom's net.ip=dhcp): a pool of 10.9.0.3-10.9.0.254 (10.9.0.1 is dom0, 10.9.0.2 the
+# static address other scenarios give blkdom), subnet /24, router 10.9.0.1, 10-minute
+# leases, and, given MAC and IP, the fixed lease MAC -> IP. Its config, leases and pid
+# file are under /tmp/udhcpd; it runs in the background until stop_dhcp_server.
+DHCPD_DIR=/tmp/udhcpd
+start_dhcp_server() {
+  local udhcpd=udhcpd
+  command -v udhcpd > /dev/null 2>&1 || udhcpd="busybox udhcpd"
+  mkdir -p "$DHCPD_DIR" || return 1
+  : > "$DHCPD_DIR/leases"
+  {
+    echo "start 10.9.0.3"
+    echo "end 10.9.0.254"
+    echo "interface xenbr0"
+    echo "max_leases 252"
+    echo "lease_file $DHCPD_DIR/leases"
+    echo "pidfile $DHCPD_DIR/pid"
+    echo "opt subnet 255.255.255.0"
+    echo "opt router 10.9.0.1"
+    echo "opt lease 600"
+    [ -n "${1:-}" ] && echo "static_lease $1 $2"
+  } > "$DHCPD_DIR/udhcpd.conf" || return 1
+  # -f: in the foreground of a background job, so its pid is ours to stop (its log, on
+  # stderr, goes to the results).
+  $udhcpd -f "$DHCPD_DIR/udhcpd.conf" > "$RESULTS/udhcpd.log" 2>&1 &
+  echo $! > "$DHCPD_DIR/job"
+  sleep 1
+  kill -0 "$(cat "$DHCPD_DIR/job")" 2> /dev/null
+}
+
+# stop_dhcp_server: the udhcpd start_dhcp_server started, stopped.
+stop_dhcp_server() {
+  [ -r "$DHCPD_DIR/job" ] || return 0
+  kill "$(cat "$DHCPD_DIR/job")" 2> /dev/null
+  rm -f "$DHCPD_DIR/job"
 }
 
 # save_network_state: what the network looked like, for a failure's diagnosis.
