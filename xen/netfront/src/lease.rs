@@ -81,6 +81,21 @@ impl Lease {
     }
 }
 
+/// What a lease gives, as the interface takes it: a router is kept only when it is
+/// another host of the leased subnet (a server's bad router would send every frame
+/// for a target outside the subnet to the broadcast address or nowhere). smoltcp
+/// checks the address and the mask itself.
+pub fn checked(mut ip: Ipv4Setup) -> Ipv4Setup {
+    let mask = u32::MAX.checked_shl(32 - u32::from(ip.prefix)).unwrap_or(0);
+    let own = u32::from_be_bytes(ip.address);
+    ip.gateway = ip.gateway.filter(|&router| {
+        let router = u32::from_be_bytes(router);
+        let host = router & !mask;
+        router & mask == own & mask && router != own && host != 0 && host != !mask
+    });
+    ip
+}
+
 /// `a.b.c.d/prefix`, and the router when there is one.
 struct Shown(Ipv4Setup);
 
@@ -145,6 +160,31 @@ mod tests {
         assert_eq!(lease.address(), Some(IP));
         assert_eq!(lease.refusal(), None);
         assert_eq!(lease.update(Some(IP), 60_000), None, "renewed, same");
+    }
+
+    #[test]
+    fn a_router_outside_the_leased_subnet_is_not_taken() {
+        assert_eq!(checked(IP), IP);
+        for router in [
+            [10, 9, 1, 1],
+            [10, 9, 0, 50],
+            [10, 9, 0, 0],
+            [10, 9, 0, 255],
+            [255, 255, 255, 255],
+            [0, 0, 0, 0],
+        ] {
+            let given = Ipv4Setup {
+                gateway: Some(router),
+                ..IP
+            };
+            assert_eq!(checked(given).gateway, None, "{router:?}");
+        }
+        let wide = Ipv4Setup {
+            address: [10, 200, 0, 7],
+            prefix: 8,
+            gateway: Some([10, 1, 2, 3]),
+        };
+        assert_eq!(checked(wide), wide);
     }
 
     #[test]

@@ -117,11 +117,11 @@ impl Stack {
     pub fn poll_lease(&mut self, now_ms: u64) -> Option<LeaseEvent> {
         let (handle, _) = self.dhcp.as_ref()?;
         let event = match self.sockets.get_mut::<dhcpv4::Socket>(*handle).poll()? {
-            dhcpv4::Event::Configured(config) => Some(Ipv4Setup {
+            dhcpv4::Event::Configured(config) => Some(crate::lease::checked(Ipv4Setup {
                 address: config.address.address().octets(),
                 prefix: config.address.prefix_len(),
                 gateway: config.router.map(|r| r.octets()),
-            }),
+            })),
             dhcpv4::Event::Deconfigured => None,
         };
         let (_, lease) = self.dhcp.as_mut()?;
