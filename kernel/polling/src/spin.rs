@@ -16,6 +16,12 @@
 //! upcall for a port with nothing to do) is followed by the next sleep at once, with no spell: an idle poller costs one look
 //! per wake-up.
 //!
+//! A frontend that keeps many requests in flight (a database, fio at depth) sends them
+//! again as it reaps the answers: after a burst that answered [`DEEP_BURST`] or more, the
+//! next requests are coming whatever the average gap says, and an idle poller spins up
+//! to [`DEEP_SPELL_FACTOR`] times the longest spell. A frontend at depth 1 (or one paced
+//! by a rate) answers one request per burst and never extends the spin.
+//!
 //! So a poller follows its load: under a steady stream with short gaps it never sleeps;
 //! at a rate whose gaps exceed the window it sleeps between requests, as an interrupt
 //! driven backend would; idle it looks once per wake-up. `poll.spin-us=` overrides the
@@ -31,6 +37,12 @@ pub const SPELL_LIMIT_NS: u64 = 100_000_000;
 /// a busy one puts the average above the window (the next gap is slept through), and a
 /// few short gaps bring it back.
 pub const LONG_GAP_FACTOR: u64 = 8;
+
+/// A burst of work that answered at least this many requests says its frontend keeps
+/// that many in flight: more come as it reaps them.
+pub const DEEP_BURST: u32 = 8;
+/// After such a burst an idle poller spins up to this many longest spells.
+pub const DEEP_SPELL_FACTOR: u64 = 5;
 
 /// What an idle poller does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +66,10 @@ pub struct SpinPolicy {
     spell_since: Option<u64>,
     /// Back from a sleep and no work found since.
     woken: bool,
+    /// Requests answered in the current burst of work.
+    burst_answered: u32,
+    /// The last burst answered [`DEEP_BURST`] or more.
+    deep: bool,
 }
 
 impl SpinPolicy {
@@ -73,18 +89,22 @@ impl SpinPolicy {
             gap_since: None,
             spell_since: None,
             woken: false,
+            burst_answered: 0,
+            deep: false,
         }
     }
 
-    /// The poller found work at `now`: the gap since the last work (spun or slept
-    /// through) joins the average.
-    pub fn on_work(&mut self, now: u64) {
+    /// The poller found work at `now`, answering `answered` requests: the gap since the
+    /// last work (spun or slept through) joins the average.
+    pub fn on_work(&mut self, now: u64, answered: u32) {
         if let Some(since) = self.gap_since.take() {
             let gap = now
                 .saturating_sub(since)
                 .min(self.max_spell_ns.saturating_mul(LONG_GAP_FACTOR));
             self.average_gap_ns = (self.average_gap_ns.saturating_mul(7) + gap) / 8;
+            self.burst_answered = 0;
         }
+        self.burst_answered = self.burst_answered.saturating_add(answered);
         self.spell_since = None;
         self.woken = false;
     }
@@ -92,12 +112,15 @@ impl SpinPolicy {
     /// The poller found nothing at `now`: spin on while a request is likely and the
     /// spell lasts, else sleep.
     pub fn on_idle(&mut self, now: u64) -> Decision {
-        self.gap_since.get_or_insert(now);
-        if self.woken || !self.expects_work() {
+        if self.gap_since.is_none() {
+            self.gap_since = Some(now);
+            self.deep = self.burst_answered >= DEEP_BURST;
+        }
+        if self.woken || !(self.deep || self.expects_work()) {
             return Decision::Sleep;
         }
         let since = *self.spell_since.get_or_insert(now);
-        if now.saturating_sub(since) < self.spell_ns() {
+        if now.saturating_sub(since) < self.current_spell_ns() {
             Decision::Spin
         } else {
             Decision::Sleep
@@ -129,6 +152,15 @@ impl SpinPolicy {
         self.average_gap_ns
             .saturating_mul(2)
             .clamp(self.min_spell_ns, self.max_spell_ns)
+    }
+
+    /// The spell of this gap: extended after a deep burst.
+    fn current_spell_ns(&self) -> u64 {
+        if self.deep {
+            self.max_spell_ns.saturating_mul(DEEP_SPELL_FACTOR)
+        } else {
+            self.spell_ns()
+        }
     }
 
     /// The running average of the gaps between bursts of work.
@@ -185,7 +217,7 @@ mod tests {
                 if spinning {
                     run.caught += 1;
                 }
-                policy.on_work(now);
+                policy.on_work(now, 1);
                 now += serve_ns;
                 spinning = false;
                 continue;
@@ -222,17 +254,107 @@ mod tests {
     fn busy(policy: &mut SpinPolicy, start: u64, gap: u64, count: u64) -> u64 {
         let mut now = start;
         for _ in 0..count {
-            policy.on_work(now);
+            policy.on_work(now, 1);
             policy.on_idle(now + 1);
             now += gap;
         }
-        policy.on_work(now);
+        policy.on_work(now, 1);
         now
     }
 
     /// `count` requests `gap` apart from `start`.
     fn steady(start: u64, gap: u64, count: u64) -> Vec<u64> {
         (0..count).map(|i| start + i * gap).collect()
+    }
+
+    /// A frontend that keeps `depth` requests in flight: it sends all of them again
+    /// `reap_ns` after the poller answered the last of a burst (serving one takes
+    /// `serve_ns`); a wake-up costs `wake_ns`. Runs `bursts` bursts; returns what the
+    /// poller did and when it ended.
+    fn closed_loop(
+        policy: &mut SpinPolicy,
+        depth: u32,
+        reap_ns: u64,
+        serve_ns: u64,
+        wake_ns: u64,
+        bursts: u32,
+    ) -> (Run, u64) {
+        let mut run = Run::default();
+        let mut now = 0;
+        for _ in 0..bursts {
+            policy.on_work(now, depth);
+            now += u64::from(depth) * serve_ns;
+            let next = now + reap_ns;
+            loop {
+                if now >= next {
+                    run.caught += 1;
+                    break;
+                }
+                match policy.on_idle(now) {
+                    Decision::Spin => {
+                        run.spun_ns += US;
+                        now += US;
+                    }
+                    Decision::Sleep => {
+                        run.sleeps += 1;
+                        run.woke_for += 1;
+                        now = next + wake_ns;
+                        policy.on_wake();
+                        break;
+                    }
+                }
+            }
+        }
+        (run, now)
+    }
+
+    #[test]
+    fn at_depth_it_spins_through_the_frontends_reap() {
+        // 16 in flight, sent again 1.5 ms after each answer: longer than the spin
+        // window, so the average alone would sleep through every gap.
+        let mut policy = default_policy();
+        let (run, _) = closed_loop(&mut policy, 16, 1_500 * US, 10 * US, 200 * US, 1_000);
+        assert_eq!(run.sleeps, 0, "{run:?}");
+        assert_eq!(run.caught, 1_000, "{run:?}");
+        assert!(!policy.expects_work(), "the gaps alone say sleep");
+        // One at a time with the same gaps: it sleeps through each.
+        let mut shallow = default_policy();
+        let (run, _) = closed_loop(&mut shallow, 1, 1_500 * US, 10 * US, 200 * US, 1_000);
+        assert_eq!(run.sleeps, 1_000, "{run:?}");
+        assert_eq!(run.spun_ns, 0, "{run:?}");
+        // Just below the depth that extends it: the same.
+        let mut below = default_policy();
+        let (run, _) = closed_loop(
+            &mut below,
+            DEEP_BURST - 1,
+            1_500 * US,
+            10 * US,
+            200 * US,
+            100,
+        );
+        assert_eq!(run.sleeps, 100, "{run:?}");
+    }
+
+    #[test]
+    fn after_a_deep_burst_it_spins_a_bounded_spell_then_sleeps() {
+        let mut policy = default_policy();
+        policy.on_work(0, 32);
+        let mut now = 1;
+        while policy.on_idle(now) == Decision::Spin {
+            now += US;
+        }
+        assert!(
+            (now - 1).abs_diff(DEEP_SPELL_FACTOR * MAX_SPELL_NS) <= US,
+            "spun {} ns",
+            now - 1
+        );
+        // Woken with nothing to do: asleep again at once, no second spell.
+        policy.on_wake();
+        assert_eq!(policy.on_idle(now + S), Decision::Sleep);
+        // A bound of zero stays zero.
+        let mut never = SpinPolicy::new(0, 0);
+        never.on_work(0, 32);
+        assert_eq!(never.on_idle(1), Decision::Sleep);
     }
 
     #[test]
@@ -325,7 +447,7 @@ mod tests {
         assert_eq!(idle.empty_wakes, 10, "{idle:?}");
         assert_eq!(idle.sleeps, 10, "{idle:?}");
         // The first request after it is slept for, and so is the next gap.
-        policy.on_work(10_200 * MS);
+        policy.on_work(10_200 * MS, 1);
         assert_eq!(policy.on_idle(10_200 * MS + 1), Decision::Sleep);
     }
 
@@ -354,7 +476,7 @@ mod tests {
         // gap, counted as the cap.
         policy.on_idle(now + 1);
         policy.on_wake();
-        policy.on_work(now + 1 + 20 * MS);
+        policy.on_work(now + 1 + 20 * MS, 1);
         let cap = LONG_GAP_FACTOR * MAX_SPELL_NS;
         assert_eq!(policy.average_gap_ns(), (before * 7 + cap) / 8);
         assert!(!policy.expects_work());
@@ -364,13 +486,13 @@ mod tests {
     fn the_spell_is_twice_the_average_gap_within_bounds() {
         let mut policy = default_policy();
         for i in 0..100 {
-            policy.on_work(i * 200 * US);
+            policy.on_work(i * 200 * US, 1);
             policy.on_idle(i * 200 * US + 1);
         }
         // Gaps of ~200 us: the spell ~400 us, inside the bounds.
         let spell = policy.spell_ns();
         assert!((390 * US..=410 * US).contains(&spell), "spell {spell}");
-        policy.on_work(100 * 200 * US);
+        policy.on_work(100 * 200 * US, 1);
         let mut now = 100 * 200 * US + 1;
         let start = now;
         while policy.on_idle(now) == Decision::Spin {
@@ -383,7 +505,7 @@ mod tests {
     fn bounds_hold_whatever_the_window() {
         let mut policy = SpinPolicy::new(50 * US, 50 * US);
         for i in 0..100 {
-            policy.on_work(i * US);
+            policy.on_work(i * US, 1);
             policy.on_idle(i * US);
         }
         assert_eq!(policy.spell_ns(), 50 * US);

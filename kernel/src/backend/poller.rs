@@ -401,6 +401,8 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
             counters.rings.store(served.len() as u32, Ordering::Relaxed);
         }
         let mut work = false;
+        // Requests answered this pass: how deep a burst the frontends keep (SpinPolicy).
+        let mut answered = 0u32;
         let mut i = 0;
         while i < served.len() {
             let queue = &mut served[i];
@@ -431,7 +433,9 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
                 queue.engine.set_limits(&queue.control.limits.lock());
                 queue.limits_seen = limits;
             }
-            work |= queue.engine.poll_at(POLL_BUDGET, now).did_work();
+            let outcome = queue.engine.poll_at(POLL_BUDGET, now);
+            work |= outcome.did_work();
+            answered = answered.saturating_add(outcome.completed as u32);
             i += 1;
         }
         if super::disk::RAM_MEMORY_WANTED.load(Ordering::Relaxed) {
@@ -482,7 +486,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         }
         if work {
             counters.busy_loops.fetch_add(1, Ordering::Relaxed);
-            spin.on_work(now);
+            spin.on_work(now, answered);
             continue;
         }
         if spin.on_idle(now) == Decision::Spin {
