@@ -106,9 +106,10 @@ bench-nvmetcp: deps-xen
 # limit: one guest whose frontend is tools/hostile's load generator (`hostile load`)
 # drives a disk from each (tests/xen/bench-backend), BENCH_BACKEND_ROUNDS rounds (default
 # 3) of BENCH_BACKEND_JOBS (default: 4 KiB QD1/QD32/QD128, 2 queues, writes, 64 KiB and
-# 1 MiB, QD1 at 100 and 1,000 IOPS, idle), BENCH_RUNTIME s per job, each job on both disks back to back. Then
-# tools/bench/backend.py: the table and one `backend-ratio` line per job. About 30
-# minutes at the defaults; BENCH_BACKEND_JOBS=lg-randread-4k-qd32-q1,lg-randread-4k-qd1-q1
+# 1 MiB, QD1 at 100 and 1,000 IOPS, idle), BENCH_RUNTIME s per job (the idle job
+# BENCH_BACKEND_IDLE_S, default 60), each job on both disks back to back. Then
+# tools/bench/backend.py: the table, one `backend-ratio` line per job and a
+# `backend-idle` line. About 35 minutes at the defaults; BENCH_BACKEND_JOBS=lg-randread-4k-qd32-q1,lg-randread-4k-qd1-q1
 # BENCH_RUNTIME=5 is a 10-minute check.
 bench-backend: deps-xen
 	@rc=0; if $(MAKE) --no-print-directory image; then \

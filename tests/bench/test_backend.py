@@ -127,6 +127,41 @@ class BackendTest(unittest.TestCase):
             idle["backends"]["blkdom"]["backend_cpu_percent"]["median"], 5.0)
         self.assertEqual([l for l in backend.ratio_lines([idle])], [])
 
+    def test_idle_line_is_blkdom_cpu_over_all_its_vcpus_and_every_round_counts(self):
+        write_run(self.root, QD32)
+        edges = []
+        # blkdom's two vCPUs over 60 s: round 1 0.2 s + 0.1 s (0.25% of both), round 2
+        # 0.9 s + 0.6 s (1.25%): the median is under 1%, one round is not.
+        for rnd, cpu, (v0, v1) in ((1, 0.3, (0.2, 0.1)), (2, 1.5, (0.9, 0.6))):
+            for disk, used in (("xvda", 3.0), ("xvdb", cpu)):
+                name = f"lg-idle-4k-qd1-q1@{disk}@{rnd}"
+                data = json.loads(line(0))
+                data["idle"] = True
+                (self.root / f"fio-bench-backend-{name}.json").write_text(
+                    json.dumps(data) + "\n")
+                (self.root / f"cpu-bench-backend-{name}.txt").write_text(
+                    f"backend=x cpu_s={used} wall_s=60.0\n")
+            edges.append(f"begin lg-idle-4k-qd1-q1@xvdb@{rnd} uptime=100 guest_cpu_s=1 "
+                         "blkdom_vcpu_s=5.0,7.0 vcpu0: sleeps=1 vcpu1: sleeps=1")
+            edges.append(f"end lg-idle-4k-qd1-q1@xvdb@{rnd} uptime=160 guest_cpu_s=2 "
+                         f"blkdom_vcpu_s={5 + v0},{7 + v1} vcpu0: sleeps=2 vcpu1: sleeps=2")
+        (self.root / "edges-bench-backend.txt").write_text("\n".join(edges) + "\n")
+        config = backend.read_config(self.root)
+        runs = backend.load_runs(self.root, config)
+        summary = backend.summarise(runs, [JOB, "lg-idle-4k-qd1-q1"])
+        [idle] = backend.idle_lines(runs, summary)
+        self.assertTrue(idle.startswith(
+            "backend-idle lg-idle-4k-qd1-q1 blkdom=0.75% of 2 vCPUs (0.25-1.25) "
+            "dom0=5.00% (5.00-5.00) window=60s goal<1%=not-met"), idle)
+        self.assertIn("round 1: 0.3/0.2; round 2: 1.5/1.0", idle)
+        # Without the slow round the goal holds.
+        runs = [r for r in runs if r["round"] != 2]
+        [idle] = backend.idle_lines(runs, backend.summarise(runs, ["lg-idle-4k-qd1-q1"]))
+        self.assertIn("blkdom=0.25% of 2 vCPUs", idle)
+        self.assertIn("goal<1%=met", idle)
+        busy = [r for r in runs if r["job"] == JOB]
+        self.assertEqual(backend.idle_lines(busy, backend.summarise(busy)), [])
+
     def test_iops_per_backend_cpu(self):
         write_run(self.root, QD32)
         [entry] = self.summary()

@@ -18,6 +18,9 @@ one job apart) blkdom won. Then one line per job, which other tools read:
 
     backend-ratio <job> blkdom/linux-dom0=<x.xx> iops=<blkdom>/<dom0> cpu=<blkdom%>/<dom0%>
 
+and for an idle job (`lg-idle-*`: connected, no I/O) blkdom's CPU in % of all its vCPUs
+against the goal, under 1% in every round (`backend-idle ...`, see idle_lines).
+
 Writes the figures as JSON (default: backend.json in the nested directory). Standard
 library only.
 """
@@ -76,8 +79,8 @@ def host_backend_percent(edges: dict, name: str, cpus: set):
 def read_edges(path: Path) -> dict:
     """edges-bench-backend.txt (blkdom's jobs): '<begin|end> JOB uptime=S guest_cpu_s=S
     blkdom_vcpu_s=S,S vcpu0: rings=.. sleeps=.. stray-wakes=.. vcpu1: ...' into
-    {(JOB, edge): {"uptime": S, "guest_cpu_s": S, "sleeps": N, "stray-wakes": N}} (the
-    poller counters summed over the vCPUs)."""
+    {(JOB, edge): {"uptime": S, "guest_cpu_s": S, "vcpu_s": [S, S], "sleeps": N,
+    "stray-wakes": N}} (the poller counters summed over the vCPUs)."""
     edges = {}
     if not path.exists():
         return edges
@@ -88,6 +91,12 @@ def read_edges(path: Path) -> dict:
         figures = {"sleeps": 0.0, "stray-wakes": 0.0}
         for word in words[2:]:
             key, sep, value = word.partition("=")
+            if key == "blkdom_vcpu_s":
+                try:
+                    figures["vcpu_s"] = [float(v) for v in value.split(",")]
+                except ValueError:
+                    pass
+                continue
             try:
                 number = float(value)
             except ValueError:
@@ -102,8 +111,9 @@ def read_edges(path: Path) -> dict:
 
 def add_edge_figures(row: dict, edges: dict, name: str) -> None:
     """The guest's CPU % over the job's window (in the idle job: an idle Linux domain,
-    the rig's floor) and blkdom's poller sleeps and stray wake-ups a second (its
-    counters are refreshed every 5 s: a rough rate)."""
+    the rig's floor), blkdom's vCPU count and each vCPU's CPU % (xl vcpu-list), and its
+    poller sleeps and stray wake-ups a second (its counters are refreshed every 5 s: a
+    rough rate)."""
     begin, end = edges.get((name, "begin")), edges.get((name, "end"))
     if not begin or not end or "uptime" not in begin or "uptime" not in end:
         return
@@ -112,6 +122,10 @@ def add_edge_figures(row: dict, edges: dict, name: str) -> None:
         return
     if "guest_cpu_s" in begin and "guest_cpu_s" in end:
         row["guest_cpu_percent"] = 100.0 * (end["guest_cpu_s"] - begin["guest_cpu_s"]) / wall
+    vcpus_begin, vcpus_end = begin.get("vcpu_s", []), end.get("vcpu_s", [])
+    if vcpus_begin and len(vcpus_begin) == len(vcpus_end):
+        row["blkdom_vcpus"] = len(vcpus_end)
+        row["vcpu_percent"] = [100.0 * (b - a) / wall for a, b in zip(vcpus_begin, vcpus_end)]
     row["poller_sleeps_per_s"] = (end["sleeps"] - begin["sleeps"]) / wall
     row["poller_stray_wakes_per_s"] = (end["stray-wakes"] - begin["stray-wakes"]) / wall
 
@@ -154,6 +168,7 @@ def load_runs(nested: Path, config: dict) -> list:
         cpu = read_cpu(nested / f"cpu-{GUEST}-{name}.txt")
         if cpu and cpu[1] > 0:
             row["backend_cpu_percent"] = 100.0 * cpu[0] / cpu[1]
+            row["window_s"] = cpu[1]
             add_iops_per_cpu(row)
         add_edge_figures(row, job_edges, name)
         host = host_backend_percent(edges, name, backend_cpus[backend])
@@ -254,7 +269,37 @@ def ratio_lines(summary: list) -> list:
     return lines
 
 
-def render(summary: list, config: dict, markdown: bool) -> str:
+def idle_lines(runs: list, summary: list) -> list:
+    """Per idle job (connected, no I/O): blkdom's CPU in % of all its vCPUs (the goal:
+    under 1% in every round) beside dom0's in % of its one vCPU, medians (min-max) over
+    the rounds, and each round's per-vCPU figures:
+    `backend-idle <job> blkdom=<x.xx>% of <n> vCPUs (<min>-<max>) dom0=<y.yy>% ...
+    window=<s>s goal<1%=met|not-met (blkdom per vCPU %: round 1: a/b; ...)`
+    """
+    lines = []
+    for entry in summary:
+        job = entry["job"]
+        ours = [r for r in runs if r["job"] == job and r["backend"] == OURS
+                and r.get("blkdom_vcpus") and "backend_cpu_percent" in r]
+        if not job.startswith("lg-idle-") or not ours:
+            continue
+        share = spread([r["backend_cpu_percent"] / r["blkdom_vcpus"] for r in ours])
+        base = entry["backends"][BASELINE].get("backend_cpu_percent")
+        rounds = "; ".join(
+            f"round {r['round']}: " + "/".join(f"{p:.1f}" for p in r["vcpu_percent"])
+            for r in sorted(ours, key=lambda r: r["round"]))
+        window = spread([r["window_s"] for r in ours if "window_s" in r])
+        lines.append(
+            f"backend-idle {job} blkdom={share['median']:.2f}% of {ours[0]['blkdom_vcpus']} "
+            f"vCPUs ({share['min']:.2f}-{share['max']:.2f}) dom0="
+            + (f"{base['median']:.2f}% ({base['min']:.2f}-{base['max']:.2f})" if base else "-")
+            + (f" window={window['median']:.0f}s" if window else "")
+            + f" goal<1%={'met' if share['max'] < 1.0 else 'not-met'}"
+            + f" (blkdom per vCPU %: {rounds})")
+    return lines
+
+
+def render(summary: list, config: dict, markdown: bool, runs=()) -> str:
     header, rows = table_rows(summary)
     title = (f"Backend at its limit (hostile load): dom0 blkback (xvda) and blkdom (xvdb) in "
              f"one guest, {config.get('rounds', '?')} round(s) of {config.get('runtime', '?')} s "
@@ -262,7 +307,8 @@ def render(summary: list, config: dict, markdown: bool) -> str:
              "medians (min-max); ratio of the medians; won = pairs where blkdom served more"
              + blkdom_cmdline_note(config))
     table = markdown_table(header, rows) if markdown else text_table(header, rows)
-    return title + ":\n\n" + table + "\n\n" + "\n".join(ratio_lines(summary)) + "\n"
+    lines = ratio_lines(summary) + idle_lines(list(runs), summary)
+    return title + ":\n\n" + table + "\n\n" + "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -283,7 +329,7 @@ def main(argv=None) -> int:
     out = args.json or args.nested / "backend.json"
     out.write_text(json.dumps({"config": config, "runs": runs, "summary": summary},
                               indent=1, sort_keys=True) + "\n")
-    print(render(summary, config, args.markdown), end="")
+    print(render(summary, config, args.markdown, runs), end="")
     print(f"json: {out}")
     return 0
 

@@ -79,9 +79,10 @@ run_fio_guest() {
   local job_count budget log start line job job_domain cpu0 wall0 cpu1 ready=0 done=0 in_json=0
   local fifo=/tmp/console-$name reason=/tmp/watch-$name tail_pid watch_pid cr
   # GUEST_JOBS: how many jobs the guest runs when it builds its list itself
-  # (tests/xen/paired); else one per name in JOBS.
+  # (tests/xen/paired); else one per name in JOBS. GUEST_EXTRA_S: seconds some jobs run
+  # beyond the runtime (bench-backend's idle window).
   job_count=${GUEST_JOBS:-$(echo "$jobs" | tr ',' '\n' | grep -c .)}
-  budget=$((120 + job_count * (runtime + 60)))
+  budget=$((120 + job_count * (runtime + 60) + ${GUEST_EXTRA_S:-0}))
   log=$CONSOLE_DIR/guest-$name.log
   start=$(now)
   create_domain "$name" "$XL_DIR/$config" \
