@@ -15,6 +15,15 @@ enum State {
     Lost,
 }
 
+/// How long DISCOVERs go out every [`FAST_DISCOVER_MS`] after boot or a lost lease: a
+/// boot waits for a first lease, and a server that lost one DISCOVER answers the next.
+pub const FAST_DISCOVER_WINDOW_MS: u64 = 30_000;
+/// The DISCOVER interval inside that window.
+pub const FAST_DISCOVER_MS: u64 = 1_000;
+/// The interval after it (smoltcp's own default): with no server on the vif, a
+/// DISCOVER a second would wake vCPU 0 every second for as long as blkdom runs.
+pub const SLOW_DISCOVER_MS: u64 = 10_000;
+
 /// The lease the interface holds, and since when it is in that state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lease {
@@ -58,6 +67,18 @@ impl Lease {
         self.state = leased.map_or(State::Lost, State::Leased);
         self.since_ms = now_ms;
         Some(event)
+    }
+
+    /// How long the client waits for an OFFER before it sends the next DISCOVER:
+    /// [`FAST_DISCOVER_MS`] for the first [`FAST_DISCOVER_WINDOW_MS`] without a lease,
+    /// [`SLOW_DISCOVER_MS`] after.
+    pub fn discover_retry_ms(&self, now_ms: u64) -> u64 {
+        let waiting = now_ms.saturating_sub(self.since_ms);
+        match self.state {
+            State::Waiting | State::Lost if waiting >= FAST_DISCOVER_WINDOW_MS => SLOW_DISCOVER_MS,
+            // Leased: fast, so that the first DISCOVERs after a loss are.
+            _ => FAST_DISCOVER_MS,
+        }
     }
 
     /// The address leased now.
@@ -160,6 +181,23 @@ mod tests {
         assert_eq!(lease.address(), Some(IP));
         assert_eq!(lease.refusal(), None);
         assert_eq!(lease.update(Some(IP), 60_000), None, "renewed, same");
+    }
+
+    #[test]
+    fn discovers_slow_down_after_the_fast_window_and_speed_up_after_a_loss() {
+        let mut lease = Lease::new(1_000);
+        assert_eq!(lease.discover_retry_ms(1_000), FAST_DISCOVER_MS);
+        assert_eq!(lease.discover_retry_ms(30_999), FAST_DISCOVER_MS);
+        assert_eq!(lease.discover_retry_ms(31_000), SLOW_DISCOVER_MS);
+        lease.update(Some(IP), 100_000);
+        assert_eq!(lease.discover_retry_ms(500_000), FAST_DISCOVER_MS);
+        lease.update(None, 600_000);
+        assert_eq!(
+            lease.discover_retry_ms(600_000),
+            FAST_DISCOVER_MS,
+            "just lost"
+        );
+        assert_eq!(lease.discover_retry_ms(630_000), SLOW_DISCOVER_MS);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! set whose storage and buffers the caller gives once (taken from the heap at set-up
 //! and never given back), so polling allocates nothing.
 
-use crate::lease::{Lease, LeaseEvent};
+use crate::lease::{Lease, LeaseEvent, FAST_DISCOVER_MS};
 use crate::phy::NetDevice;
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet, SocketStorage};
 use smoltcp::socket::{dhcpv4, tcp};
@@ -27,10 +27,6 @@ pub enum Addressing {
     /// has no address until the first one.
     Dhcp,
 }
-
-/// How often a DHCPDISCOVER is sent again while no server answered: smoltcp's 10 s
-/// would make a boot that lost its first one wait past its bound.
-const DISCOVER_RETRY: Duration = Duration::from_secs(1);
 
 pub struct Stack {
     pub device: NetDevice,
@@ -69,7 +65,9 @@ impl Stack {
             Addressing::Dhcp if sockets_capacity > 0 => {
                 let mut client = dhcpv4::Socket::new();
                 let mut retry = dhcpv4::RetryConfig::default();
-                retry.discover_timeout = DISCOVER_RETRY;
+                // smoltcp's 10 s would make a boot that lost its first DISCOVER wait
+                // past its bound; `poll_lease` slows down when no server answers.
+                retry.discover_timeout = Duration::from_millis(FAST_DISCOVER_MS);
                 client.set_retry_config(retry);
                 let handle = stack.sockets.add(client);
                 stack.dhcp = Some((handle, Lease::new(now_ms)));
@@ -112,11 +110,19 @@ impl Stack {
     }
 
     /// What the DHCP client did since it was last asked, applied to the interface (a
-    /// lease: its address, prefix and router; a lease lost: no address, no route).
+    /// lease: its address, prefix and router; a lease lost: no address, no route), and
+    /// the DISCOVER interval for the time without a lease ([`Lease::discover_retry_ms`]).
     /// Call after every [`Stack::poll`]; allocates nothing.
     pub fn poll_lease(&mut self, now_ms: u64) -> Option<LeaseEvent> {
-        let (handle, _) = self.dhcp.as_ref()?;
-        let event = match self.sockets.get_mut::<dhcpv4::Socket>(*handle).poll()? {
+        let (handle, lease) = self.dhcp.as_ref()?;
+        let retry = Duration::from_millis(lease.discover_retry_ms(now_ms));
+        let client = self.sockets.get_mut::<dhcpv4::Socket>(*handle);
+        let mut config = client.get_retry_config();
+        if config.discover_timeout != retry {
+            config.discover_timeout = retry;
+            client.set_retry_config(config);
+        }
+        let event = match client.poll()? {
             dhcpv4::Event::Configured(config) => Some(crate::lease::checked(Ipv4Setup {
                 address: config.address.address().octets(),
                 prefix: config.address.prefix_len(),

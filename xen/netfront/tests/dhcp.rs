@@ -26,6 +26,8 @@ struct Server {
     silent: bool,
     /// DISCOVERs still to be lost on the way.
     drop_discovers: usize,
+    /// DISCOVERs that reached the server (answered or not).
+    discovers: usize,
     requests: usize,
 }
 
@@ -50,6 +52,7 @@ impl Server {
             socket,
             silent: false,
             drop_discovers: 0,
+            discovers: 0,
             requests: 0,
         }
     }
@@ -61,6 +64,9 @@ impl Server {
         while let Ok((len, _)) = socket.recv_slice(&mut query) {
             let packet = DhcpPacket::new_checked(&query[..len]).unwrap();
             let asked = DhcpRepr::parse(&packet).unwrap();
+            if asked.message_type == DhcpMessageType::Discover {
+                self.discovers += 1;
+            }
             let message_type = match asked.message_type {
                 DhcpMessageType::Discover if self.drop_discovers > 0 => {
                     self.drop_discovers -= 1;
@@ -257,4 +263,24 @@ fn a_lost_discover_is_sent_again_within_a_boot_wait() {
         }
         _ => panic!("{:?}", rig.events),
     }
+}
+
+#[test]
+fn with_no_server_discovers_slow_down_after_the_first_30_s_and_a_late_server_still_leases() {
+    let mut rig = Rig::new();
+    rig.server.silent = true;
+    rig.run(30_000);
+    let fast = rig.server.discovers;
+    assert!(
+        (25..=31).contains(&fast),
+        "{fast} DISCOVERs in the first 30 s"
+    );
+    rig.run(60_000);
+    let slow = rig.server.discovers - fast;
+    assert!((5..=7).contains(&slow), "{slow} DISCOVERs in the next 60 s");
+    assert!(rig.events.is_empty(), "{:?}", rig.events);
+    // A server that comes up late is heard within one slow interval.
+    rig.server.silent = false;
+    rig.run(12_000);
+    assert_eq!(rig.address(), Some(LEASED), "{:?}", rig.events);
 }
