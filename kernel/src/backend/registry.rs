@@ -150,14 +150,6 @@ impl Registry {
             reason,
             errno,
         };
-        if region.needs_partition_table() {
-            // Its table would be read over the network by the control path, which
-            // drives that network itself.
-            return Err(refuse(
-                "part= is not served on nvme-tcp: (name the slice by offset=,size=)".into(),
-                xen::xenbus::error::errno::EINVAL,
-            ));
-        }
         let target = backing::parse_nvme_tcp(spec)
             .map_err(|e| refuse(e.to_string(), xen::xenbus::error::errno::EINVAL))?;
         let net = self.net.as_mut().map_err(|why| {
@@ -569,6 +561,27 @@ impl Registry {
     /// A disk on `region` of `device`: its range checked against the ranges serving
     /// (before any queue moves where no partition table has to be read), its queues
     /// from the device's pool.
+    /// `region`'s extent on `device` from its partition table (`TableReader::locate`).
+    /// A remote namespace's table comes over the network, which this path drives: the
+    /// network pass runs while each read waits (vCPU 0's rings wait meanwhile, at most
+    /// the read timeout).
+    fn locate_on(
+        &mut self,
+        device: DeviceId,
+        region: Region,
+        queues: &mut Vec<Queue>,
+    ) -> Result<(Extent, Option<Extent>), region::RegionError> {
+        let mut net = match device {
+            DeviceId::NvmeTcp { .. } => self.net.as_mut().ok(),
+            _ => None,
+        };
+        self.tables.locate(region, queues, &mut || {
+            if let Some(net) = net.as_deref_mut() {
+                net.poll();
+            }
+        })
+    }
+
     fn open_on_device(
         &mut self,
         spec: &str,
@@ -602,8 +615,7 @@ impl Registry {
         let placed = match known {
             Some(extent) => Ok((extent, None)),
             None => self
-                .tables
-                .locate(region, &mut queues)
+                .locate_on(device, region, &mut queues)
                 .map_err(|error| DiskError::Region {
                     spec: spec.into(),
                     error,

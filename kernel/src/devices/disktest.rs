@@ -158,7 +158,7 @@ fn run(
         Region::Whole => None,
         _ => {
             let (extent, _table) = TableReader::default()
-                .locate(region, &mut disk.queues)
+                .locate(region, &mut disk.queues, &mut || {})
                 .map_err(|error| DiskTestError::Region {
                     spec: spec.into(),
                     error,

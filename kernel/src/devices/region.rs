@@ -106,11 +106,15 @@ impl TableReader {
     /// The extent of `region` on the device `queues` drive, and for a partition the
     /// bytes of the table it was found by (no other disk may cover them while it
     /// serves); its GPT is read through the last of the queues (idle: nothing in
-    /// flight). A queue that does not answer leaves `queues`.
+    /// flight). `progress` runs while a read waits: what moves the queue's requests
+    /// when no hardware does (a remote namespace's: the network pass, which the control
+    /// path, this caller, otherwise runs itself). A queue that does not answer leaves
+    /// `queues`.
     pub fn locate(
         &mut self,
         region: Region,
         queues: &mut Vec<Queue>,
+        progress: &mut dyn FnMut(),
     ) -> Result<(Extent, Option<Extent>), RegionError> {
         let queue = queues.last_mut().ok_or(RegionError::NoQueue)?;
         let geometry = queue.geometry();
@@ -128,13 +132,13 @@ impl TableReader {
         let result = (|| {
             let (at, len) =
                 gpt::header_location(block_size, device_bytes).map_err(RegionError::Gpt)?;
-            let block = self.read(queue, "header", at, len)?;
+            let block = self.read(queue, "header", at, len, progress)?;
             let header =
                 gpt::Header::parse(&block, block_size, device_bytes).map_err(RegionError::Gpt)?;
             let (at, len) = header.entries_location();
             // Whole blocks: the header's check put them on the disk.
             let blocks = len.div_ceil(block_size as usize) * block_size as usize;
-            let entries = self.read(queue, "entry array", at, blocks)?;
+            let entries = self.read(queue, "entry array", at, blocks, progress)?;
             let found = header.find(&entries, wanted).map_err(RegionError::Gpt)?;
             check_slice(found.extent, device_bytes, block_size).map_err(RegionError::Slice)?;
             Ok((found.extent, Some(header.table_extent())))
@@ -156,6 +160,7 @@ impl TableReader {
         what: &'static str,
         offset: u64,
         len: usize,
+        progress: &mut dyn FnMut(),
     ) -> Result<Vec<u8>, RegionError> {
         let fail = |why| RegionError::Read {
             what,
@@ -213,6 +218,7 @@ impl TableReader {
                     self.pages = None;
                     return Err(fail(ReadError::Timeout));
                 }
+                progress();
                 core::hint::spin_loop();
             };
             if status != IoStatus::Ok {
