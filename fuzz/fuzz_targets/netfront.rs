@@ -3,16 +3,18 @@
 //!
 //! The input scripts both sides: the frontend sends frames of fuzzed length, reaps,
 //! receives and posts; the backend writes tx and rx responses with fuzzed ids, statuses,
-//! offsets and flags, or publishes any response producer. Properties: no panic; a frame
-//! received is inside the MTU; tx ids in flight stay within the ring; once the queue
-//! reports a fault it sends nothing, takes nothing and keeps reporting that fault.
+//! offsets and flags (so chains of slots, extra-info slots of any type), or publishes
+//! any response producer. Properties: no panic; a packet received fits the packet
+//! buffer and no more slots than a chain may span were taken; tx ids in flight stay
+//! within the ring; once the queue reports a fault it sends nothing, takes nothing and
+//! keeps reporting that fault.
 #![no_main]
 
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use netfront::queue::{NetQueue, Page, SendError, MAX_FRAME};
+use netfront::queue::{NetQueue, Page, SendError, MAX_FRAME, MAX_PACKET};
 use xen::abi::sring;
 use xen::SharedMem;
 
@@ -55,7 +57,8 @@ fuzz_target!(|data: &[u8]| {
     );
     q.post_rx();
     let (mut tx_rsp, mut rx_rsp) = (0u32, 0u32);
-    let mut buf = [0u8; MAX_FRAME];
+    let mut buf: Box<[u8; MAX_PACKET]> =
+        vec![0u8; MAX_PACKET].into_boxed_slice().try_into().unwrap();
     let mut fault = None;
     for _ in 0..256 {
         if input.0.is_empty() {
@@ -75,7 +78,9 @@ fuzz_target!(|data: &[u8]| {
                 Err(f) => assert_eq!(*fault.get_or_insert(f), f),
             },
             2 => match q.receive(&mut buf) {
-                Ok(Some(len)) => assert!(fault.is_none() && (1..=MAX_FRAME).contains(&len)),
+                Ok(Some(packet)) => {
+                    assert!(fault.is_none() && (1..=MAX_PACKET).contains(&packet.len))
+                }
                 Ok(None) => assert!(fault.is_none()),
                 Err(f) => assert_eq!(*fault.get_or_insert(f), f),
             },

@@ -256,11 +256,13 @@ pub fn run(spec: &str, cmdline: &Cmdline<'_>, config: &Config, grant_gpa: u64) -
     let stats = vif.stack.device.queue().stats;
     info!(
         "nettest: block 0 read: {} ...; block 1 written and read back the same; vif tx {} \
-         rx {} dropped {} events {}",
+         rx {} (GSO {}) dropped {} bad checksum {} events {}",
         words.join(""),
         stats.tx_frames,
         stats.rx_frames,
+        stats.rx_gso,
         stats.rx_dropped,
+        vif.stack.device.stats.rx_bad_checksum,
         stats.notifications
     );
     info!("nettest: PASS in {} ms", Vif::now_ms() - start);

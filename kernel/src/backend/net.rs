@@ -92,7 +92,11 @@ struct NetCounters {
     tx_errors: u64,
     tx_full: u64,
     rx_frames: u64,
+    rx_gso: u64,
     rx_dropped: u64,
+    rx_bad_extra: u64,
+    rx_bad_chain: u64,
+    rx_bad_checksum: u64,
     events_sent: u64,
 }
 const COUNTERS_EVERY_MS: u64 = 10_000;
@@ -615,17 +619,25 @@ impl Net {
             tx_errors: queue.tx_errors,
             tx_full: device.stats.tx_full,
             rx_frames: queue.rx_frames,
+            rx_gso: queue.rx_gso,
             rx_dropped: queue.rx_dropped,
+            rx_bad_extra: queue.rx_bad_extra,
+            rx_bad_chain: queue.rx_bad_chain,
+            rx_bad_checksum: device.stats.rx_bad_checksum,
             events_sent: queue.notifications,
         };
         if counters != self.logged.0 {
             log::info!(
-                "net: vif: {} frames out ({} refused by netback, {} lost with the ring full), {} in ({} dropped), {} events sent",
+                "net: vif: {} frames out ({} refused by netback, {} lost with the ring full), {} packets in ({} GSO; {} dropped by netfront: {} bad extra slot, {} bad slot chain; {} bad checksum), {} events sent",
                 counters.tx_frames,
                 counters.tx_errors,
                 counters.tx_full,
                 counters.rx_frames,
+                counters.rx_gso,
                 counters.rx_dropped,
+                counters.rx_bad_extra,
+                counters.rx_bad_chain,
+                counters.rx_bad_checksum,
                 counters.events_sent
             );
             for entry in self.entries.iter().flatten() {

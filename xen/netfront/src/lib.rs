@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Xen netfront, the frontend side of the netif protocol, for blkdom's storage network:
-//! one vif queue (a tx and an rx ring, one event channel, MTU 1500, one page per frame)
-//! and smoltcp's device over it.
+//! one vif queue (a tx and an rx ring, one event channel, MTU 1500; one page per frame
+//! sent, packets of up to 64 KiB over several slots received: scatter-gather and TCPv4
+//! GSO) and smoltcp's device over it.
 //!
 //! * [`ring`]: a `ring.h` front ring's indices and notification arithmetic.
 //! * [`queue`]: the two rings, their pages, and every check of the backend's responses.
-//! * [`phy`]: smoltcp's `Device` over a queue.
+//! * [`phy`]: smoltcp's `Device` over a queue; [`csum`]: the TCP/UDP checksums it checks.
 //! * [`stack`]: smoltcp's interface and sockets; [`lease`]: its DHCPv4 lease.
 //! * [`xenbus`]: the frontend's handshake with netback, over `xen::xenbus::XenStore`.
 //!
@@ -15,6 +16,7 @@
 
 extern crate alloc;
 
+pub mod csum;
 pub mod lease;
 pub mod phy;
 pub mod queue;
@@ -23,4 +25,4 @@ pub mod stack;
 pub mod xenbus;
 
 pub use phy::NetDevice;
-pub use queue::{NetFault, NetQueue, NetStats, Page, SendError, MAX_FRAME};
+pub use queue::{NetFault, NetQueue, NetStats, Page, Received, SendError, MAX_FRAME, MAX_PACKET};

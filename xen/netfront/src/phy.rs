@@ -1,12 +1,22 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! smoltcp's [`Device`] over a [`NetQueue`]. Frames are copied between the granted
-//! pages and two buffers the device owns (smoltcp's tokens want plain slices, and the
-//! pages are shared memory the backend may write at any time, read only through
-//! atomics), so the data path allocates nothing.
+//! pages and two buffers the device owns, one frame to send and one packet received
+//! (smoltcp's tokens want plain slices, and the pages are shared memory the backend may
+//! write at any time, read only through atomics), so the data path allocates nothing.
+//!
+//! Checksums: smoltcp computes every one on send, and checks the IPv4 header's on
+//! receive; TCP's and UDP's are checked here ([`crate::csum`]) for packets dom0 did not
+//! check, and smoltcp is told not to (its settings are per device, and a packet with
+//! `NETRXF_csum_blank` has none to check).
+//!
+//! Large packets: smoltcp 0.14 takes an IPv4/TCP packet longer than the device's MTU on
+//! receive (it checks lengths against the IPv4 header, not the MTU; the MTU bounds what
+//! it sends), so a 64 KiB GSO packet is one segment to its TCP socket.
 
-use crate::queue::{NetQueue, SendError, MAX_FRAME};
+use crate::queue::{NetQueue, SendError, MAX_FRAME, MAX_PACKET};
 use alloc::boxed::Box;
-use smoltcp::phy::{self, Device, DeviceCapabilities, Medium};
+use alloc::vec;
+use smoltcp::phy::{self, Checksum, Device, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
 use xen::abi::netif::RX_RING_SIZE;
 
@@ -14,11 +24,13 @@ use xen::abi::netif::RX_RING_SIZE;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceStats {
     pub tx_full: u64,
+    /// Packets received with a wrong TCP or UDP checksum, dropped.
+    pub rx_bad_checksum: u64,
 }
 
 pub struct NetDevice {
     queue: NetQueue,
-    rx_buf: Box<[u8; MAX_FRAME]>,
+    rx_buf: Box<[u8; MAX_PACKET]>,
     tx_buf: Box<[u8; MAX_FRAME]>,
     pub stats: DeviceStats,
 }
@@ -27,7 +39,11 @@ impl NetDevice {
     pub fn new(queue: NetQueue) -> Self {
         Self {
             queue,
-            rx_buf: Box::new([0; MAX_FRAME]),
+            // Made on the heap: 64 KiB would not fit the stack it is built on.
+            rx_buf: vec![0u8; MAX_PACKET]
+                .into_boxed_slice()
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("MAX_PACKET bytes")),
             tx_buf: Box::new([0; MAX_FRAME]),
             stats: DeviceStats::default(),
         }
@@ -80,7 +96,15 @@ impl Device for NetDevice {
     fn receive(&mut self, _now: Instant) -> Option<(RxToken<'_>, TxToken<'_>)> {
         // A failed queue answers nothing; its owner reads `fault()` and reports it.
         let _ = self.queue.reap_tx();
-        let len = self.queue.receive(&mut self.rx_buf).ok()??;
+        let len = loop {
+            let packet = self.queue.receive(&mut self.rx_buf).ok()??;
+            if packet.checksum_checked
+                || crate::csum::transport_checksum_ok(&self.rx_buf[..packet.len])
+            {
+                break packet.len;
+            }
+            self.stats.rx_bad_checksum += 1;
+        };
         Some((
             RxToken {
                 frame: &self.rx_buf[..len],
@@ -105,10 +129,15 @@ impl Device for NetDevice {
     fn capabilities(&self) -> DeviceCapabilities {
         let mut caps = DeviceCapabilities::default();
         caps.medium = Medium::Ethernet;
+        // What smoltcp sends; what it takes in may be larger (GSO, module doc).
         caps.max_transmission_unit = MAX_FRAME;
         // smoltcp caps the window it advertises at burst x MSS: the rx pages posted to
-        // the backend are what a burst can land in.
+        // the backend are what a burst can land in (one MSS a page at least, more when
+        // netback fills pages with GSO packets).
         caps.max_burst_size = Some(RX_RING_SIZE as usize);
+        // TCP and UDP checked in `receive`, computed by smoltcp on send.
+        caps.checksum.tcp = Checksum::Tx;
+        caps.checksum.udp = Checksum::Tx;
         caps
     }
 }

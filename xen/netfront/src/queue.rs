@@ -7,14 +7,22 @@
 //!   given back by its response.
 //! - **rx**: every rx slot carries a posted page; request `i` has id `i mod 256`, as
 //!   Linux netfront posts them, and netback answers in the same slot (netif.h requires it
-//!   of backends). A frame is copied out of its page, and the page is posted again.
+//!   of backends). With `feature-sg` and `feature-gso-tcpv4` a packet spans slots, as
+//!   netback's `rx.c` lays it out: a first data slot (`NETRXF_more_data` when more
+//!   follow, `NETRXF_extra_info` when extra-info slots follow it, the checksum flags),
+//!   the extra-info slots, then the other data slots, each with its offset and length.
+//!   The packet is gathered into the caller's buffer of [`MAX_PACKET`] bytes, and every
+//!   slot it took is posted again.
 //!
-//! **The backend is not trusted.** Each response is read once into a copy and checked:
-//! a response producer past the requests, a tx id that is not in flight, a tx `NULL`
-//! (we send no extra-info slots), an rx id that is not its slot's, a multi-slot or
-//! extra-info rx (we offered neither `feature-sg` nor GSO) stop the queue with a
-//! [`NetFault`]; a frame whose offset and length leave the page or exceed the MTU is
-//! dropped and counted, as Linux netfront drops it.
+//! **The backend is not trusted.** Each response is read once into a copy and checked.
+//! A response producer past the requests, a tx id that is not in flight, a tx `NULL`
+//! (we send no extra-info slots), an rx data slot whose id is not its slot's stop the
+//! queue with a [`NetFault`]. A packet is dropped, counted, and its slots posted again,
+//! as Linux netfront drops it, for: a data slot with an error status or an offset and
+//! length outside its page; no data at all; more than [`MAX_RX_SLOTS`] data slots or
+//! more bytes than [`MAX_PACKET`]; a chain whose next slot (data or extra) the backend
+//! has not published; an extra-info slot other than one GSO TCPv4 slot with a segment
+//! size.
 
 use crate::ring::{FrontRing, Overflow};
 use alloc::boxed::Box;
@@ -28,6 +36,12 @@ use xen::SharedMem;
 pub const MAX_FRAME: usize = 1514;
 /// The smallest frame the queue sends (an Ethernet header).
 pub const MIN_FRAME: usize = 14;
+/// The largest packet the queue takes in: an IPv4 packet as long as its length field
+/// allows (a GSO packet is at most that) behind its Ethernet header.
+pub const MAX_PACKET: usize = 14 + 65535;
+/// Data slots one received packet may span: `XEN_NETIF_NR_SLOTS_MIN`, Linux
+/// netfront's limit (a [`MAX_PACKET`] packet in whole pages takes 17).
+pub const MAX_RX_SLOTS: usize = XEN_NETIF_NR_SLOTS_MIN;
 
 /// A page of ours, granted to the backend.
 #[derive(Clone, Copy, Debug)]
@@ -50,14 +64,10 @@ pub enum NetFault {
     TxNull {
         id: u16,
     },
-    /// An rx response is not in the slot of its request.
+    /// An rx data response is not in the slot of its request.
     RxWrongId {
         slot: u16,
         id: u16,
-    },
-    /// An rx response spans slots (`NETRXF_more_data`/`extra_info`), not negotiated.
-    RxMultiSlot {
-        flags: u16,
     },
 }
 
@@ -83,12 +93,6 @@ impl core::fmt::Display for NetFault {
             NetFault::RxWrongId { slot, id } => {
                 write!(f, "rx response id {id} in the slot of request {slot}")
             }
-            NetFault::RxMultiSlot { flags } => {
-                write!(
-                    f,
-                    "rx response flags {flags:#x}: more data or extra info, not negotiated"
-                )
-            }
         }
     }
 }
@@ -103,15 +107,46 @@ pub enum SendError {
     Failed(NetFault),
 }
 
+/// A packet taken in by [`NetQueue::receive`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// Its length, Ethernet header included.
+    pub len: usize,
+    /// dom0 checked its TCP/UDP checksum or never filled it in (`NETRXF_data_validated`
+    /// or `NETRXF_csum_blank`): not to be checked again. Otherwise the checksum is the
+    /// sender's, to check.
+    pub checksum_checked: bool,
+    /// The segment size of the GSO extra slot: a TCPv4 packet netback coalesced.
+    pub gso_size: Option<u16>,
+}
+
+/// Why a received packet was dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RxDrop {
+    /// A data slot with an error status or outside its page.
+    BadSlot,
+    Empty,
+    BadExtra,
+    BadChain,
+}
+
 /// Counters, for the statistics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NetStats {
     pub tx_frames: u64,
     /// tx responses other than OKAY (the backend dropped or refused the frame).
     pub tx_errors: u64,
+    /// Packets received (a GSO packet counts once).
     pub rx_frames: u64,
-    /// rx responses with an error status, or a frame outside its page or the MTU.
+    /// Of them, packets netback coalesced (with a GSO extra slot).
+    pub rx_gso: u64,
+    /// Packets dropped, for any of the reasons below or a data slot with an error status
+    /// or outside its page, or no data.
     pub rx_dropped: u64,
+    /// Of them: an extra-info slot missing or not one GSO TCPv4 slot.
+    pub rx_bad_extra: u64,
+    /// Of them: too many slots or bytes, or a continuation not published.
+    pub rx_bad_chain: u64,
     pub notifications: u64,
 }
 
@@ -296,10 +331,10 @@ impl NetQueue {
         Ok(ready)
     }
 
-    /// Copies the next received frame into `out` and posts its page again:
-    /// `Ok(Some(len))`, or `Ok(None)` when no frame is waiting. Dropped frames are
+    /// Gathers the next received packet into `out` and posts its slots again:
+    /// `Ok(Some(packet))`, or `Ok(None)` when no packet is waiting. Dropped packets are
     /// counted and skipped.
-    pub fn receive(&mut self, out: &mut [u8; MAX_FRAME]) -> Result<Option<usize>, NetFault> {
+    pub fn receive(&mut self, out: &mut [u8; MAX_PACKET]) -> Result<Option<Received>, NetFault> {
         loop {
             if let Some(fault) = self.fault {
                 return Err(fault);
@@ -311,36 +346,135 @@ impl NetQueue {
             if ready == 0 {
                 return Ok(None);
             }
-            let at = self.rx.next_response_offset();
-            let mem = *self.rx.memory();
-            let id = mem.load_u16(at, Ordering::Relaxed);
-            let offset = usize::from(mem.load_u16(at + 2, Ordering::Relaxed));
-            let flags = mem.load_u16(at + 4, Ordering::Relaxed);
-            let status = mem.load_u16(at + 6, Ordering::Relaxed) as i16;
-            let slot = (self.rx.rsp_cons() % RX_RING_SIZE) as u16;
-            if id != slot {
-                return Err(self.fail(NetFault::RxWrongId { slot, id }));
+            let (slots, gathered) = self.gather(ready, out).map_err(|f| self.fail(f))?;
+            for _ in 0..slots {
+                self.rx.consume();
             }
-            if flags & (NETRXF_MORE_DATA | NETRXF_EXTRA_INFO) != 0 {
-                return Err(self.fail(NetFault::RxMultiSlot { flags }));
-            }
-            self.rx.consume();
-            let len = usize::try_from(status).unwrap_or(0);
-            let fits = len > 0 && len <= MAX_FRAME && offset + len <= PAGE_SIZE;
-            if fits {
-                self.rx_pages[usize::from(id)]
-                    .mem
-                    .read_bytes(offset, &mut out[..len]);
-                self.stats.rx_frames += 1;
-            } else {
-                self.stats.rx_dropped += 1;
-            }
-            // The page goes back at once: the ring keeps its full count posted.
+            // The pages go back at once, good packet or bad: the ring keeps its full
+            // count posted.
             self.post_rx();
-            if fits {
-                return Ok(Some(len));
+            match gathered {
+                Ok(packet) => {
+                    self.stats.rx_frames += 1;
+                    self.stats.rx_gso += u64::from(packet.gso_size.is_some());
+                    return Ok(Some(packet));
+                }
+                Err(drop) => {
+                    self.stats.rx_dropped += 1;
+                    match drop {
+                        RxDrop::BadSlot | RxDrop::Empty => {}
+                        RxDrop::BadExtra => self.stats.rx_bad_extra += 1,
+                        RxDrop::BadChain => self.stats.rx_bad_chain += 1,
+                    }
+                }
             }
         }
+    }
+
+    /// One response slot, read once.
+    fn response(&self, index: u32) -> [u8; RX_SLOT] {
+        let mut copy = [0u8; RX_SLOT];
+        self.rx
+            .memory()
+            .read_bytes(self.rx.slot_offset(index), &mut copy);
+        copy
+    }
+
+    /// Walks the packet that starts at the next response, over at most `ready`
+    /// responses, copying its data into `out`: how many slots it took, and the packet
+    /// or why it is dropped. A bad packet is walked to the end of its chain (or of what
+    /// was published), so its slots all go back and the next packet starts clean.
+    fn gather(
+        &self,
+        ready: u32,
+        out: &mut [u8; MAX_PACKET],
+    ) -> Result<(u32, Result<Received, RxDrop>), NetFault> {
+        let cons = self.rx.rsp_cons();
+        let mut used = 0u32;
+        let mut data_slots = 0usize;
+        let mut len = 0usize;
+        let mut first_flags = 0u16;
+        let mut gso_size = None;
+        let mut drop = None;
+        'chain: loop {
+            if used == ready {
+                // More data was announced, and the backend published no more.
+                drop.get_or_insert(RxDrop::BadChain);
+                break;
+            }
+            let index = cons.wrapping_add(used);
+            let rsp = self.response(index);
+            used += 1;
+            let field = |at: usize| u16::from_le_bytes([rsp[at], rsp[at + 1]]);
+            let (id, offset, flags, status) = (field(0), field(2), field(4), field(6) as i16);
+            let slot = (index % RX_RING_SIZE) as u16;
+            if id != slot {
+                return Err(NetFault::RxWrongId { slot, id });
+            }
+            data_slots += 1;
+            if data_slots > MAX_RX_SLOTS {
+                drop.get_or_insert(RxDrop::BadChain);
+            }
+            let offset = usize::from(offset);
+            match usize::try_from(status) {
+                Ok(size) if offset + size <= PAGE_SIZE => {
+                    if len + size > MAX_PACKET {
+                        drop.get_or_insert(RxDrop::BadChain);
+                    } else if drop.is_none() {
+                        self.rx_pages[usize::from(id)]
+                            .mem
+                            .read_bytes(offset, &mut out[len..len + size]);
+                    }
+                    len += size;
+                }
+                _ => {
+                    drop.get_or_insert(RxDrop::BadSlot);
+                }
+            }
+            if data_slots == 1 {
+                first_flags = flags;
+                if flags & NETRXF_EXTRA_INFO != 0 {
+                    // netback puts the extra-info slots right after the first data slot.
+                    loop {
+                        if used == ready {
+                            drop.get_or_insert(RxDrop::BadExtra);
+                            break 'chain;
+                        }
+                        let extra = self.response(cons.wrapping_add(used));
+                        used += 1;
+                        let size =
+                            u16::from_le_bytes([extra[EXTRA_GSO_SIZE], extra[EXTRA_GSO_SIZE + 1]]);
+                        let known = extra[EXTRA_TYPE] == XEN_NETIF_EXTRA_TYPE_GSO
+                            && extra[EXTRA_GSO_TYPE] == XEN_NETIF_GSO_TYPE_TCPV4
+                            && size > 0
+                            && gso_size.is_none();
+                        if known {
+                            gso_size = Some(size);
+                        } else {
+                            drop.get_or_insert(RxDrop::BadExtra);
+                        }
+                        if extra[EXTRA_FLAGS] & XEN_NETIF_EXTRA_FLAG_MORE == 0 {
+                            break;
+                        }
+                    }
+                }
+            }
+            if flags & NETRXF_MORE_DATA == 0 {
+                break;
+            }
+        }
+        if len == 0 {
+            drop.get_or_insert(RxDrop::Empty);
+        }
+        let packet = match drop {
+            Some(drop) => Err(drop),
+            None => Ok(Received {
+                len,
+                checksum_checked: first_flags & (NETRXF_CSUM_BLANK | NETRXF_DATA_VALIDATED) != 0,
+                gso_size,
+            }),
+        };
+        Ok((used, packet))
     }
 
     /// `RING_FINAL_CHECK_FOR_RESPONSES` on both rings before sleeping: true when

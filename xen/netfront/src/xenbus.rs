@@ -3,7 +3,8 @@
 //! (`talk_to_netback`, `netback_changed`): read what the toolstack wrote (backend, its
 //! domain, our MAC); wait for netback's InitWait; check it copies into our pages
 //! (`feature-rx-copy`); make the rings; publish them with the features netback must see
-//! in one transaction, then Connected; wait for netback's Connected. Every wait is
+//! (rx copy and notify, scatter-gather and TCPv4 GSO on receive, checksum offload) in
+//! one transaction, then Connected; wait for netback's Connected. Every wait is
 //! bounded, every value read is checked.
 
 use alloc::format;
@@ -183,7 +184,13 @@ pub fn connect(
         (vif::EVENT_CHANNEL, rings.port.to_string()),
         (vif::REQUEST_RX_COPY, "1".to_string()),
         (vif::FEATURE_RX_NOTIFY, "1".to_string()),
-        (vif::FEATURE_NO_CSUM_OFFLOAD, "1".to_string()),
+        // Scatter-gather and TCPv4 GSO on receive: netback hands over up to 64 KiB
+        // in one packet. Its TSO needs checksum offload, so that is on (written, not
+        // left out: a key of an earlier connection would stay), and packets may come
+        // with a blank checksum, flagged (`phy.rs` checks the others).
+        (vif::FEATURE_SG, "1".to_string()),
+        (vif::FEATURE_GSO_TCPV4, "1".to_string()),
+        (vif::FEATURE_NO_CSUM_OFFLOAD, "0".to_string()),
     ];
     write_in_transaction(store, dir, &keys).map_err(|error| VifError::Store {
         key: dir.into(),
@@ -301,7 +308,9 @@ mod tests {
             ("event-channel", "3"),
             ("request-rx-copy", "1"),
             ("feature-rx-notify", "1"),
-            ("feature-no-csum-offload", "1"),
+            ("feature-sg", "1"),
+            ("feature-gso-tcpv4", "1"),
+            ("feature-no-csum-offload", "0"),
             ("state", "4"),
         ] {
             assert_eq!(s.get(&format!("{DIR}/{key}")), Some(value), "{key}");

@@ -3,11 +3,12 @@
 //! initiator (`nvmetcp`'s admin and I/O sessions, driven as the kernel's network test
 //! drives them) against `nvmetcp`'s fake target behind the other stack. The admin queue
 //! comes up, an I/O queue reads a block and writes one the target then holds; with
-//! frames lost on the way too.
+//! frames lost on the way too. And a 1 MiB read with the target's segments coalesced
+//! into 64 KiB GSO packets on the way to blkdom, as dom0's netback hands them over.
 
 mod fake_netback;
 
-use fake_netback::{leak, stack, Side};
+use fake_netback::{leak, stack, Coalescer, Side};
 use netfront::stack::Stack;
 use nvmetcp::fake::{Target, BLOCK};
 use nvmetcp::{AdminSession, DataPort, HostIdentity, IoSession, SessionState};
@@ -32,6 +33,8 @@ struct World {
     now: u64,
     frames: usize,
     drop_every: Option<usize>,
+    /// Joins the target's segments into GSO packets for blkdom.
+    gso: Option<Coalescer>,
 }
 
 impl World {
@@ -53,8 +56,16 @@ impl World {
                 {
                     continue;
                 }
-                to.deliver(&frame);
+                match &mut self.gso {
+                    Some(coalescer) if side == 1 => coalescer.push(frame, to),
+                    _ => {
+                        to.deliver(&frame);
+                    }
+                }
             }
+        }
+        if let Some(coalescer) = &mut self.gso {
+            coalescer.idle(&mut self.side_a);
         }
         self.a.device.queue_mut().take_notify();
         self.b.device.queue_mut().take_notify();
@@ -114,10 +125,10 @@ impl DataPort for Blocks {
     }
 }
 
-fn nvme_over_vifs(drop_every: Option<usize>) {
+fn world(drop_every: Option<usize>, gso: bool) -> World {
     let (a, side_a) = stack(1000, 1, 1, 4);
     let (b, side_b) = stack(5000, 2, 2, 4);
-    let mut w = World {
+    World {
         a,
         b,
         side_a,
@@ -126,14 +137,25 @@ fn nvme_over_vifs(drop_every: Option<usize>) {
         now: 0,
         frames: 0,
         drop_every,
-    };
-    let id = HostIdentity {
-        host_nqn: "nqn.2014-08.org.nvmexpress:uuid:blkdom-test-host",
-        host_id: [0x42; 16],
-        subsystem_nqn: "nqn.2026-01.org.example:disk1",
-    };
-    // Admin queue.
+        gso: gso.then(Coalescer::default),
+    }
+}
+
+const ID: HostIdentity = HostIdentity {
+    host_nqn: "nqn.2014-08.org.nvmexpress:uuid:blkdom-test-host",
+    host_id: [0x42; 16],
+    subsystem_nqn: "nqn.2026-01.org.example:disk1",
+};
+
+/// Brings the admin queue up against a target `configure` set up: the controller and
+/// the namespace.
+fn admin_bring_up(
+    w: &mut World,
+    configure: impl FnOnce(&mut Target),
+) -> (nvmetcp::ControllerInfo, nvmetcp::NamespaceInfo) {
+    let id = ID;
     w.listen();
+    configure(&mut w.targets.last_mut().unwrap().1);
     let admin_socket = w.connect(50000);
     let mut admin = AdminSession::new(&id, 1, 0, 0, 60_000);
     while admin.state() == SessionState::Connecting {
@@ -153,8 +175,38 @@ fn nvme_over_vifs(drop_every: Option<usize>) {
         admin.poll(now).unwrap();
     }
     assert_eq!(admin.state(), SessionState::Live);
-    let ctrl = admin.controller().unwrap();
-    let ns = admin.namespace().unwrap();
+    (admin.controller().unwrap(), admin.namespace().unwrap())
+}
+
+/// One step of the world with an I/O queue on `socket`: what came in goes to `io`,
+/// `submit` may give it commands once it is live, and what it has to send goes out.
+fn io_step(
+    w: &mut World,
+    socket: SocketHandle,
+    io: &mut IoSession<8>,
+    port: &mut Blocks,
+    submit: impl FnOnce(&mut IoSession<8>),
+) {
+    w.step();
+    let socket = w.a.sockets.get_mut::<tcp::Socket>(socket);
+    if socket.can_recv() {
+        socket
+            .recv(|data| (data.len(), io.receive(data, port)))
+            .unwrap()
+            .unwrap();
+    }
+    if io.state() == SessionState::Live {
+        submit(io);
+    }
+    if io.wants_to_send() && socket.can_send() {
+        socket.send(|buf| (io.transmit(buf, port), ())).unwrap();
+    }
+}
+
+fn nvme_over_vifs(drop_every: Option<usize>) {
+    let mut w = world(drop_every, false);
+    let id = ID;
+    let (ctrl, ns) = admin_bring_up(&mut w, |_| {});
     assert_eq!(
         (ctrl.cntlid, ns.blocks, ns.block_size),
         (0x11, 256, BLOCK as u32)
@@ -173,28 +225,17 @@ fn nvme_over_vifs(drop_every: Option<usize>) {
     let mut in_flight = false;
     while next < commands.len() || in_flight {
         assert!(w.now < 120_000, "I/O: command {next}");
-        w.step();
-        let socket = w.a.sockets.get_mut::<tcp::Socket>(io_socket);
-        if socket.can_recv() {
-            socket
-                .recv(|data| (data.len(), io.receive(data, &mut port)))
-                .unwrap()
-                .unwrap();
-        }
-        if io.state() == SessionState::Live && !in_flight && next < commands.len() {
-            let (tag, lba, blocks) = commands[next];
-            match tag {
-                0 | 3 => io.read(tag, lba, blocks).unwrap(),
-                _ => io.write(tag, lba, blocks).unwrap(),
+        io_step(&mut w, io_socket, &mut io, &mut port, |io| {
+            if !in_flight && next < commands.len() {
+                let (tag, lba, blocks) = commands[next];
+                match tag {
+                    0 | 3 => io.read(tag, lba, blocks).unwrap(),
+                    _ => io.write(tag, lba, blocks).unwrap(),
+                }
+                next += 1;
+                in_flight = true;
             }
-            next += 1;
-            in_flight = true;
-        }
-        if io.wants_to_send() && socket.can_send() {
-            socket
-                .send(|buf| (io.transmit(buf, &mut port), ()))
-                .unwrap();
-        }
+        });
         if let Some(done) = io.next_completion() {
             assert!(
                 done.status.is_success(),
@@ -238,4 +279,63 @@ fn nvme_tcp_admin_and_io_over_two_vifs() {
 #[test]
 fn nvme_tcp_survives_lost_frames() {
     nvme_over_vifs(Some(13));
+}
+
+/// A 1 MiB read whose data comes to blkdom in 64 KiB GSO packets (the target's C2HData
+/// PDUs of 128 KiB over 1460-byte segments, joined as dom0 joins them), byte for byte.
+#[test]
+fn nvme_tcp_reads_a_mebibyte_over_gso_packets() {
+    const READ: usize = 1 << 20;
+    let mut w = world(None, true);
+    let id = ID;
+    let disk: Vec<u8> = (0..4 * READ).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let (ctrl, ns) = admin_bring_up(&mut w, |target| {
+        target.disk = disk.clone();
+        // MDTS 8: 4 KiB << 8, a 1 MiB transfer.
+        target.mdts = 8;
+    });
+    assert_eq!(ns.blocks, (4 * READ / BLOCK) as u64);
+    w.listen();
+    w.targets[1].1.disk = disk.clone();
+    w.targets[1].1.c2h_chunk = 128 << 10;
+    let io_socket = w.connect(50001);
+    let mut io: IoSession<8> = IoSession::new(&id, &ctrl, ns, 1);
+    let mut port = Blocks {
+        read: vec![0; READ],
+        write: Vec::new(),
+    };
+    let lba = 1000u64;
+    let mut submitted = false;
+    let done = loop {
+        assert!(w.now < 120_000, "the 1 MiB read");
+        io_step(&mut w, io_socket, &mut io, &mut port, |io| {
+            if !submitted {
+                io.read(7, lba, (READ / BLOCK) as u32).unwrap();
+                submitted = true;
+            }
+        });
+        if let Some(done) = io.next_completion() {
+            break done;
+        }
+        assert!(
+            !matches!(io.state(), SessionState::Failed(_)),
+            "{:?}",
+            io.state()
+        );
+    };
+    assert!(done.status.is_success(), "{:?}", done.status);
+    let at = lba as usize * BLOCK;
+    assert!(port.read[..] == disk[at..at + READ], "the 1 MiB read back");
+    let coalesced = w.gso.as_ref().unwrap();
+    let stats = w.a.device.queue().stats;
+    // Packets of many pages: as long as what the target let out in a row.
+    assert!(coalesced.longest > 40_000, "longest {}", coalesced.longest);
+    assert_eq!(stats.rx_gso, coalesced.gso_packets as u64);
+    assert!(
+        stats.rx_gso >= (READ / 65536) as u64,
+        "{} GSO packets",
+        stats.rx_gso
+    );
+    assert_eq!((stats.rx_dropped, w.a.device.stats.rx_bad_checksum), (0, 0));
+    assert_eq!(w.a.device.queue().fault(), None);
 }

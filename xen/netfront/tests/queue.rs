@@ -4,9 +4,18 @@
 
 mod fake_netback;
 
-use fake_netback::queue;
-use netfront::queue::{NetFault, SendError, MAX_FRAME};
-use xen::abi::netif::{NETIF_RSP_DROPPED, NETIF_RSP_NULL, NETRXF_EXTRA_INFO, NETRXF_MORE_DATA};
+use fake_netback::{queue, Side};
+use netfront::queue::{NetFault, Received, SendError, MAX_FRAME, MAX_PACKET, MAX_RX_SLOTS};
+use std::sync::atomic::Ordering;
+use xen::abi::netif::*;
+
+fn packet_buffer() -> Box<[u8; MAX_PACKET]> {
+    vec![0u8; MAX_PACKET].into_boxed_slice().try_into().unwrap()
+}
+
+fn len(received: Result<Option<Received>, NetFault>) -> Result<Option<usize>, NetFault> {
+    received.map(|p| p.map(|p| p.len))
+}
 
 fn frame(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -30,8 +39,8 @@ fn frames_go_out_and_come_in_and_pages_are_posted_again() {
             back.deliver(&inbound),
             "a page is always posted (round {round})"
         );
-        let mut buf = [0u8; MAX_FRAME];
-        assert_eq!(q.receive(&mut buf), Ok(Some(inbound.len())));
+        let mut buf = packet_buffer();
+        assert_eq!(len(q.receive(&mut buf)), Ok(Some(inbound.len())));
         assert_eq!(&buf[..inbound.len()], &inbound[..]);
         assert_eq!(q.receive(&mut buf), Ok(None));
     }
@@ -67,7 +76,7 @@ fn a_tx_response_for_an_id_not_in_flight_stops_the_queue() {
         q.send(&[1; 60]),
         Err(SendError::Failed(NetFault::TxUnknownId { id: 7 }))
     );
-    let mut buf = [0u8; MAX_FRAME];
+    let mut buf = packet_buffer();
     assert!(
         q.receive(&mut buf).is_err(),
         "a stopped queue takes nothing"
@@ -110,13 +119,13 @@ fn a_response_producer_past_the_requests_stops_the_queue() {
     q.post_rx();
     back.rx.rsp_prod_pvt = 257;
     back.rx.publish();
-    let mut buf = [0u8; MAX_FRAME];
+    let mut buf = packet_buffer();
     assert!(matches!(q.receive(&mut buf), Err(NetFault::RxOverflow(_))));
 }
 
 #[test]
-fn an_rx_response_in_another_requests_slot_or_spanning_slots_stops_the_queue() {
-    let mut buf = [0u8; MAX_FRAME];
+fn an_rx_response_in_another_requests_slot_stops_the_queue() {
+    let mut buf = packet_buffer();
     let (mut q, mut back) = queue(100);
     q.post_rx();
     back.rx.take();
@@ -125,27 +134,27 @@ fn an_rx_response_in_another_requests_slot_or_spanning_slots_stops_the_queue() {
         q.receive(&mut buf),
         Err(NetFault::RxWrongId { slot: 0, id: 3 })
     );
-    for flag in [NETRXF_MORE_DATA, NETRXF_EXTRA_INFO] {
-        let (mut q, mut back) = queue(100);
-        q.post_rx();
-        back.rx.take();
-        back.rx_response(0, 0, flag, 60);
-        assert_eq!(
-            q.receive(&mut buf),
-            Err(NetFault::RxMultiSlot { flags: flag })
-        );
-    }
+    // In a continuation slot too.
+    let (mut q, mut back) = queue(100);
+    q.post_rx();
+    respond(&mut back, 0, NETRXF_MORE_DATA, 4096);
+    back.rx.take();
+    back.rx_response(7, 0, 0, 60);
+    assert_eq!(
+        q.receive(&mut buf),
+        Err(NetFault::RxWrongId { slot: 1, id: 7 })
+    );
 }
 
 #[test]
-fn rx_frames_outside_their_page_or_the_mtu_or_with_errors_are_dropped_and_reposted() {
-    let mut buf = [0u8; MAX_FRAME];
+fn rx_frames_outside_their_page_or_with_errors_are_dropped_and_reposted() {
+    let mut buf = packet_buffer();
     let (mut q, mut back) = queue(100);
     q.post_rx();
-    // (offset, status): past the page's end, above the MTU, an error, empty.
+    // (offset, status): past the page's end, longer than a page, an error, empty.
     let bad = [
         (4000u16, 200i16),
-        (0, 1515),
+        (0, 4097),
         (0, -1),
         (0, 0),
         (4095, 2),
@@ -155,12 +164,281 @@ fn rx_frames_outside_their_page_or_the_mtu_or_with_errors_are_dropped_and_repost
         back.rx.take();
         back.rx_response(i as u16, offset, 0, status);
     }
-    // And one good frame at the end of its page.
+    // And one good frame at the end of its page, one a page long.
     back.rx.take();
     back.rx_response(bad.len() as u16, 4096 - 60, 0, 60);
-    assert_eq!(q.receive(&mut buf), Ok(Some(60)));
+    back.rx.take();
+    back.rx_response(bad.len() as u16 + 1, 0, 0, 4096);
+    assert_eq!(len(q.receive(&mut buf)), Ok(Some(60)));
+    assert_eq!(len(q.receive(&mut buf)), Ok(Some(4096)));
     assert_eq!(q.stats.rx_dropped, bad.len() as u64);
     // Every page went back: netback can take 256 more.
-    let posted = (0..).take_while(|_| back.rx.take().is_some()).count();
-    assert_eq!(posted, 256 - bad.len() - 1 + bad.len() + 1);
+    assert_eq!(back.rx_posted(), 256);
+}
+
+/// Takes the next posted rx request and answers it in its own slot.
+fn respond(back: &mut Side, offset: u16, flags: u16, status: i16) {
+    let at = back.rx.take().expect("a request posted");
+    let id = back.rx.mem.load_u16(at, Ordering::Relaxed);
+    back.rx_response(id, offset, flags, status);
+}
+
+/// Answers `n` slots of `status` bytes, each saying more data follows.
+fn more(back: &mut Side, n: usize, status: i16) {
+    for _ in 0..n {
+        respond(back, 0, NETRXF_MORE_DATA, status);
+    }
+}
+
+/// Takes the next posted rx request and answers it with an extra-info slot.
+fn extra(back: &mut Side, kind: u8, flags: u8, size: u16, gso_type: u8) {
+    back.rx.take().expect("a request posted");
+    back.rx_extra(kind, flags, size, gso_type);
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i * 31 + i / 4096) as u8).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn a_gso_packet_over_many_slots_is_gathered_whole() {
+    let mut buf = packet_buffer();
+    let (mut q, mut back) = queue(100);
+    q.post_rx();
+    for (round, size) in [MAX_PACKET, 4097, 9000, 60_000, MAX_PACKET - 1]
+        .into_iter()
+        .enumerate()
+    {
+        let packet = pattern(size, round as u8);
+        let flags = NETRXF_CSUM_BLANK | NETRXF_DATA_VALIDATED;
+        assert!(back.deliver_packet(&packet, flags, Some(1448)));
+        assert_eq!(
+            q.receive(&mut buf),
+            Ok(Some(Received {
+                len: size,
+                checksum_checked: true,
+                gso_size: Some(1448)
+            }))
+        );
+        assert!(buf[..size] == packet[..], "round {round}");
+        assert_eq!(back.rx_posted(), 256, "every slot posted again");
+    }
+    // Scatter-gather without GSO, and the checksum flags as they come.
+    let packet = pattern(9000, 9);
+    assert!(back.deliver_packet(&packet, 0, None));
+    assert_eq!(
+        q.receive(&mut buf),
+        Ok(Some(Received {
+            len: 9000,
+            checksum_checked: false,
+            gso_size: None
+        }))
+    );
+    assert!(buf[..9000] == packet[..]);
+    for flags in [NETRXF_CSUM_BLANK, NETRXF_DATA_VALIDATED] {
+        assert!(back.deliver_packet(&packet[..60], flags, None));
+        assert!(q.receive(&mut buf).unwrap().unwrap().checksum_checked);
+    }
+    assert_eq!(
+        (q.stats.rx_frames, q.stats.rx_gso, q.stats.rx_dropped),
+        (8, 5, 0)
+    );
+    assert_eq!(q.receive(&mut buf), Ok(None));
+}
+
+/// After a dropped packet the queue takes the next one, and every slot is posted again.
+fn still_works(q: &mut netfront::NetQueue, back: &mut Side) {
+    let mut buf = packet_buffer();
+    assert_eq!(q.fault(), None);
+    let packet = pattern(10_000, 3);
+    assert!(back.deliver_packet(&packet, NETRXF_CSUM_BLANK, Some(1448)));
+    assert_eq!(len(q.receive(&mut buf)), Ok(Some(10_000)));
+    assert!(buf[..10_000] == packet[..]);
+    assert_eq!(q.receive(&mut buf), Ok(None));
+    assert_eq!(back.rx_posted(), 256);
+}
+
+/// Runs `script` as a misbehaving netback over a fresh queue: one packet, dropped and
+/// counted as `counter` says; then the queue keeps working.
+fn dropped(what: &str, script: impl FnOnce(&mut Side), counter: fn(&netfront::NetStats) -> u64) {
+    let mut buf = packet_buffer();
+    let (mut q, mut back) = queue(100);
+    q.post_rx();
+    script(&mut back);
+    assert_eq!(q.receive(&mut buf), Ok(None), "{what}");
+    assert_eq!(q.stats.rx_dropped, 1, "{what}");
+    assert_eq!(counter(&q.stats), 1, "{what}: its counter");
+    assert_eq!(q.stats.rx_frames, 0, "{what}");
+    still_works(&mut q, &mut back);
+}
+
+fn chain(s: &netfront::NetStats) -> u64 {
+    s.rx_bad_chain
+}
+fn extras(s: &netfront::NetStats) -> u64 {
+    s.rx_bad_extra
+}
+fn only_dropped(s: &netfront::NetStats) -> u64 {
+    s.rx_dropped
+}
+
+#[test]
+fn hostile_chains_are_dropped_and_the_queue_goes_on() {
+    dropped(
+        "one data slot more than the limit",
+        |b| {
+            more(b, MAX_RX_SLOTS, 100);
+            respond(b, 0, 0, 100);
+        },
+        chain,
+    );
+    dropped(
+        "more bytes than a packet holds",
+        |b| {
+            more(b, 16, 4096);
+            respond(b, 0, 0, (MAX_PACKET - 16 * 4096 + 1) as i16);
+        },
+        chain,
+    );
+    dropped(
+        "more data announced, none published",
+        |b| more(b, 2, 4096),
+        chain,
+    );
+    dropped(
+        "more data on the last slot posted",
+        |b| more(b, 256, 10),
+        chain,
+    );
+    dropped(
+        "a continuation outside its page",
+        |b| {
+            respond(b, 0, NETRXF_MORE_DATA, 4096);
+            respond(b, 4000, 0, 200);
+        },
+        only_dropped,
+    );
+    dropped(
+        "a continuation with an error status",
+        |b| {
+            respond(b, 0, NETRXF_MORE_DATA, 4096);
+            respond(b, 0, NETRXF_MORE_DATA, NETIF_RSP_ERROR);
+            respond(b, 0, 0, 100);
+        },
+        only_dropped,
+    );
+    dropped(
+        "extra info announced, none published",
+        |b| respond(b, 0, NETRXF_EXTRA_INFO, 100),
+        extras,
+    );
+    dropped(
+        "extra info announced, and its chain's next one not published",
+        |b| {
+            respond(b, 0, NETRXF_EXTRA_INFO | NETRXF_MORE_DATA, 100);
+            extra(
+                b,
+                XEN_NETIF_EXTRA_TYPE_GSO,
+                XEN_NETIF_EXTRA_FLAG_MORE,
+                1448,
+                XEN_NETIF_GSO_TYPE_TCPV4,
+            );
+        },
+        extras,
+    );
+    for (what, kind, size, gso_type) in [
+        (
+            "an extra of type NONE",
+            XEN_NETIF_EXTRA_TYPE_NONE,
+            1448,
+            XEN_NETIF_GSO_TYPE_TCPV4,
+        ),
+        (
+            "a hash extra (never asked for)",
+            4,
+            1448,
+            XEN_NETIF_GSO_TYPE_TCPV4,
+        ),
+        (
+            "an extra type past the last",
+            XEN_NETIF_EXTRA_TYPE_MAX,
+            1448,
+            XEN_NETIF_GSO_TYPE_TCPV4,
+        ),
+        (
+            "GSO TCPv6 (not offered)",
+            XEN_NETIF_EXTRA_TYPE_GSO,
+            1448,
+            XEN_NETIF_GSO_TYPE_TCPV6,
+        ),
+        (
+            "GSO of no type",
+            XEN_NETIF_EXTRA_TYPE_GSO,
+            1448,
+            XEN_NETIF_GSO_TYPE_NONE,
+        ),
+        (
+            "GSO with segments of 0 bytes",
+            XEN_NETIF_EXTRA_TYPE_GSO,
+            0,
+            XEN_NETIF_GSO_TYPE_TCPV4,
+        ),
+    ] {
+        dropped(
+            what,
+            |b| {
+                respond(b, 0, NETRXF_EXTRA_INFO | NETRXF_MORE_DATA, 4096);
+                extra(b, kind, 0, size, gso_type);
+                respond(b, 0, 0, 100);
+            },
+            extras,
+        );
+    }
+    dropped(
+        "two GSO extras",
+        |b| {
+            respond(b, 0, NETRXF_EXTRA_INFO | NETRXF_MORE_DATA, 4096);
+            extra(
+                b,
+                XEN_NETIF_EXTRA_TYPE_GSO,
+                XEN_NETIF_EXTRA_FLAG_MORE,
+                1448,
+                XEN_NETIF_GSO_TYPE_TCPV4,
+            );
+            extra(
+                b,
+                XEN_NETIF_EXTRA_TYPE_GSO,
+                0,
+                1448,
+                XEN_NETIF_GSO_TYPE_TCPV4,
+            );
+            respond(b, 0, 0, 100);
+        },
+        extras,
+    );
+}
+
+#[test]
+fn a_bad_packet_between_good_ones_costs_only_itself() {
+    let mut buf = packet_buffer();
+    let (mut q, mut back) = queue(100);
+    q.post_rx();
+    let first = pattern(20_000, 1);
+    let last = pattern(30_000, 2);
+    assert!(back.deliver_packet(&first, NETRXF_CSUM_BLANK, Some(1448)));
+    respond(&mut back, 0, NETRXF_EXTRA_INFO | NETRXF_MORE_DATA, 4096);
+    extra(&mut back, 4, 0, 0, 0);
+    respond(&mut back, 0, 0, 100);
+    assert!(back.deliver_packet(&last, NETRXF_CSUM_BLANK, Some(1448)));
+    assert_eq!(len(q.receive(&mut buf)), Ok(Some(20_000)));
+    assert!(buf[..20_000] == first[..]);
+    assert_eq!(len(q.receive(&mut buf)), Ok(Some(30_000)));
+    assert!(buf[..30_000] == last[..]);
+    assert_eq!(
+        (q.stats.rx_frames, q.stats.rx_dropped, q.stats.rx_bad_extra),
+        (2, 1, 1)
+    );
+    assert_eq!(back.rx_posted(), 256);
 }

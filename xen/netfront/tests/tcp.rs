@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Two smoltcp stacks on two vif queues, joined by the fake netback's switch: a TCP
-//! connection carries data both ways, byte for byte, and a lossy switch only slows it.
+//! connection carries data both ways, byte for byte; a lossy switch only slows it; a
+//! switch that coalesces segments into 64 KiB GSO packets with a blank checksum is
+//! taken whole; a frame whose checksum is wrong is dropped by the netfront, not given
+//! to TCP.
 
 mod fake_netback;
 
-use fake_netback::{leak, stack, switch};
+use fake_netback::{leak, stack, switch, Coalescer};
 use smoltcp::socket::tcp;
 use smoltcp::wire::{IpAddress, Ipv4Address};
 
@@ -20,9 +23,27 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
         .collect()
 }
 
-/// Sends `len` bytes from a to b and `len / 2` back; `drop_every` loses every n-th
-/// frame a sends. Returns the ms it took.
-fn transfer(len: usize, drop_every: Option<usize>) -> u64 {
+/// What the switch does to the frames a sends.
+#[derive(Clone, Copy, Default)]
+struct Path {
+    /// Loses every n-th.
+    drop_every: Option<usize>,
+    /// Flips a payload bit of every n-th TCP data frame (its checksum unchanged).
+    corrupt_every: Option<usize>,
+    /// Joins them into GSO packets.
+    gso: bool,
+}
+
+/// What a transfer saw.
+struct Seen {
+    ms: u64,
+    b_stats: netfront::NetStats,
+    b_device: netfront::phy::DeviceStats,
+    coalesced: Coalescer,
+}
+
+/// Sends `len` bytes from a to b and `len / 2` back, a's frames on `path`.
+fn transfer(len: usize, path: Path) -> Seen {
     let (mut a, mut side_a) = stack(1000, 1, 1, 2);
     let (mut b, mut side_b) = stack(5000, 2, 2, 2);
     let client = a.add_tcp(leak([0u8; 65536]), leak([0u8; 65536])).unwrap();
@@ -48,17 +69,33 @@ fn transfer(len: usize, drop_every: Option<usize>) -> u64 {
     let down = pattern(len / 2, 9);
     let (mut sent_up, mut got_up, mut sent_down, mut got_down) = (0, Vec::new(), 0, Vec::new());
     let mut frames = 0usize;
+    let mut data_frames = 0usize;
+    let mut coalesced = Coalescer::default();
     for now in 0..200_000u64 {
         a.poll(now);
         b.poll(now);
-        // The switch, with losses from a.
-        while let Some((_, frame)) = side_a.transmitted() {
+        // The switch, with what `path` does to a's frames.
+        while let Some((_, mut frame)) = side_a.transmitted() {
             frames += 1;
-            if drop_every.is_some_and(|n| frames.is_multiple_of(n)) {
+            if path.drop_every.is_some_and(|n| frames.is_multiple_of(n)) {
                 continue;
             }
-            side_b.deliver(&frame);
+            if frame.len() > 54 + 100 {
+                data_frames += 1;
+                if path
+                    .corrupt_every
+                    .is_some_and(|n| data_frames.is_multiple_of(n))
+                {
+                    frame[54 + 77] ^= 0x04;
+                }
+            }
+            if path.gso {
+                coalesced.push(frame, &mut side_b);
+            } else {
+                side_b.deliver(&frame);
+            }
         }
+        coalesced.idle(&mut side_b);
         switch(&mut side_b, &mut side_a);
         a.device.queue_mut().take_notify();
         b.device.queue_mut().take_notify();
@@ -88,8 +125,14 @@ fn transfer(len: usize, drop_every: Option<usize>) -> u64 {
             assert!(got_up == up, "a to b");
             assert!(got_down == down, "b to a");
             assert_eq!(a.device.queue().fault(), None);
+            assert_eq!(b.device.queue().fault(), None);
             assert_eq!(b.device.queue().stats.rx_dropped, 0);
-            return now;
+            return Seen {
+                ms: now,
+                b_stats: b.device.queue().stats,
+                b_device: b.device.stats,
+                coalesced,
+            };
         }
     }
     panic!(
@@ -103,10 +146,59 @@ fn transfer(len: usize, drop_every: Option<usize>) -> u64 {
 
 #[test]
 fn tcp_carries_a_mebibyte_each_way_over_two_vifs() {
-    transfer(1 << 20, None);
+    let seen = transfer(1 << 20, Path::default());
+    assert_eq!((seen.b_stats.rx_gso, seen.b_device.rx_bad_checksum), (0, 0));
 }
 
 #[test]
 fn tcp_recovers_from_lost_frames() {
-    transfer(256 << 10, Some(17));
+    transfer(
+        256 << 10,
+        Path {
+            drop_every: Some(17),
+            ..Path::default()
+        },
+    );
+}
+
+#[test]
+fn gso_packets_of_up_to_64_kib_with_a_blank_checksum_reach_tcp_whole() {
+    let seen = transfer(
+        4 << 20,
+        Path {
+            gso: true,
+            ..Path::default()
+        },
+    );
+    assert!(seen.coalesced.gso_packets > 0);
+    assert_eq!(seen.b_stats.rx_gso, seen.coalesced.gso_packets as u64);
+    assert!(
+        seen.coalesced.longest > 60_000,
+        "64 KiB packets: {}",
+        seen.coalesced.longest
+    );
+    assert_eq!(seen.b_device.rx_bad_checksum, 0, "blank checksums flagged");
+    // And with frames lost, so that segments retransmitted are joined too.
+    let lossy = transfer(
+        1 << 20,
+        Path {
+            gso: true,
+            drop_every: Some(23),
+            ..Path::default()
+        },
+    );
+    assert!(lossy.b_stats.rx_gso > 0);
+}
+
+#[test]
+fn a_frame_with_a_wrong_checksum_is_dropped_before_tcp() {
+    let seen = transfer(
+        512 << 10,
+        Path {
+            corrupt_every: Some(11),
+            ..Path::default()
+        },
+    );
+    assert!(seen.b_device.rx_bad_checksum > 0);
+    assert!(seen.ms > 0);
 }

@@ -58,6 +58,31 @@ pub const NETRXF_MORE_DATA: u16 = 1 << 2;
 pub const NETRXF_EXTRA_INFO: u16 = 1 << 3;
 pub const NETRXF_GSO_PREFIX: u16 = 1 << 4;
 
+/// `struct netif_extra_info` as it sits in an rx response slot (after a packet's first
+/// data slot when that has `NETRXF_EXTRA_INFO`): `type`, `flags`, then for GSO
+/// `u.gso.size`, `u.gso.type`, a pad byte and `u.gso.features`. It has no id.
+pub const EXTRA_TYPE: usize = 0;
+pub const EXTRA_FLAGS: usize = 1;
+pub const EXTRA_GSO_SIZE: usize = 2;
+pub const EXTRA_GSO_TYPE: usize = 4;
+
+/// `XEN_NETIF_EXTRA_TYPE_*` (`NONE` is never used; GSO is the only one a frontend that
+/// offers neither a control ring's hash nor XDP headroom can be sent).
+pub const XEN_NETIF_EXTRA_TYPE_NONE: u8 = 0;
+pub const XEN_NETIF_EXTRA_TYPE_GSO: u8 = 1;
+pub const XEN_NETIF_EXTRA_TYPE_MAX: u8 = 6;
+/// `XEN_NETIF_EXTRA_FLAG_MORE`: another extra-info slot follows.
+pub const XEN_NETIF_EXTRA_FLAG_MORE: u8 = 1 << 0;
+
+/// `XEN_NETIF_GSO_TYPE_*`.
+pub const XEN_NETIF_GSO_TYPE_NONE: u8 = 0;
+pub const XEN_NETIF_GSO_TYPE_TCPV4: u8 = 1;
+pub const XEN_NETIF_GSO_TYPE_TCPV6: u8 = 2;
+
+/// `XEN_NETIF_NR_SLOTS_MIN`: the data slots a packet may span that every frontend must
+/// accept (Linux netfront's limit on receive).
+pub const XEN_NETIF_NR_SLOTS_MIN: usize = 18;
+
 /// `NETIF_RSP_*`.
 pub const NETIF_RSP_DROPPED: i16 = -2;
 pub const NETIF_RSP_ERROR: i16 = -1;
@@ -100,6 +125,11 @@ mod tests {
         assert_eq!(offset_of!(NetifRxResponse, offset), 2);
         assert_eq!(offset_of!(NetifRxResponse, flags), 4);
         assert_eq!(offset_of!(NetifRxResponse, status), 6);
+        // netif_extra_info: type, flags, u.gso { size, type, pad, features }.
+        assert_eq!(
+            (EXTRA_TYPE, EXTRA_FLAGS, EXTRA_GSO_SIZE, EXTRA_GSO_TYPE),
+            (0, 1, 2, 4)
+        );
     }
 
     #[test]

@@ -85,8 +85,13 @@ pub mod vif {
     pub const REQUEST_RX_COPY: &str = "request-rx-copy";
     /// `1`: we notify when posting rx pages (without it netback polls on a timer).
     pub const FEATURE_RX_NOTIFY: &str = "feature-rx-notify";
-    /// `1`: no checksum offload either way (we compute and check every checksum).
+    /// `0`: checksum offload on (netback's TSO needs it); a received packet may then
+    /// come with a blank TCP/UDP checksum, flagged.
     pub const FEATURE_NO_CSUM_OFFLOAD: &str = "feature-no-csum-offload";
+    /// `1`: a received packet may span several rx slots.
+    pub const FEATURE_SG: &str = "feature-sg";
+    /// `1`: netback may hand over a TCPv4 packet of up to 64 KiB (a GSO extra slot).
+    pub const FEATURE_GSO_TCPV4: &str = "feature-gso-tcpv4";
     /// The backend's: `1` when it can copy into our pages.
     pub const FEATURE_RX_COPY: &str = "feature-rx-copy";
 }
@@ -118,6 +123,8 @@ pub const ALL: &[Key] = &[
     Key::new(vif::REQUEST_RX_COPY, Place::VifFrontend),
     Key::new(vif::FEATURE_RX_NOTIFY, Place::VifFrontend),
     Key::new(vif::FEATURE_NO_CSUM_OFFLOAD, Place::VifFrontend),
+    Key::new(vif::FEATURE_SG, Place::VifFrontend),
+    Key::new(vif::FEATURE_GSO_TCPV4, Place::VifFrontend),
     Key::new(STATE, Place::VifBackend),
     Key::new(vif::FEATURE_RX_COPY, Place::VifBackend),
 ];

@@ -7,6 +7,9 @@
 use netfront::{NetQueue, Page};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use xen::abi::netif::{
+    NETRXF_EXTRA_INFO, NETRXF_MORE_DATA, XEN_NETIF_EXTRA_TYPE_GSO, XEN_NETIF_GSO_TYPE_TCPV4,
+};
 use xen::abi::sring;
 use xen::SharedMem;
 
@@ -124,14 +127,87 @@ impl Side {
         true
     }
 
+    /// Requests posted and not yet taken.
+    pub fn rx_posted(&self) -> u32 {
+        self.rx
+            .mem
+            .load_u32(sring::REQ_PROD, Ordering::Acquire)
+            .wrapping_sub(self.rx.req_cons)
+    }
+
+    /// Lays `packet` over posted rx pages as netback's `rx.c` does: whole pages from
+    /// offset 0, `more_data` on all but the last, `flags` (the checksum flags) and
+    /// `extra_info` on the first, the GSO extra slot right after the first when
+    /// `gso_size` is given. False (nothing taken) when too few pages are posted.
+    pub fn deliver_packet(&mut self, packet: &[u8], flags: u16, gso_size: Option<u16>) -> bool {
+        let chunks: Vec<&[u8]> = packet.chunks(4096).collect();
+        let needed = chunks.len() + usize::from(gso_size.is_some());
+        if (self.rx_posted() as usize) < needed || chunks.is_empty() {
+            return false;
+        }
+        for (i, chunk) in chunks.iter().enumerate() {
+            let at = self.rx.take().unwrap();
+            let id = self.rx.mem.load_u16(at, Ordering::Relaxed);
+            let gref = self.rx.mem.load_u32(at + 4, Ordering::Relaxed);
+            self.pages[&gref].write_bytes(0, chunk);
+            let mut f = if i + 1 < chunks.len() {
+                NETRXF_MORE_DATA
+            } else {
+                0
+            };
+            if i == 0 {
+                f |= flags;
+                if gso_size.is_some() {
+                    f |= NETRXF_EXTRA_INFO;
+                }
+            }
+            self.rx_response_unpublished(id, 0, f, chunk.len() as i16);
+            if i == 0 {
+                if let Some(size) = gso_size {
+                    self.rx.take().unwrap();
+                    self.rx_extra_unpublished(
+                        XEN_NETIF_EXTRA_TYPE_GSO,
+                        0,
+                        size,
+                        XEN_NETIF_GSO_TYPE_TCPV4,
+                    );
+                }
+            }
+        }
+        // netback publishes a packet whole.
+        self.rx.publish();
+        true
+    }
+
+    /// An extra-info response in the next slot (its request taken by the caller).
+    pub fn rx_extra(&mut self, kind: u8, flags: u8, gso_size: u16, gso_type: u8) {
+        self.rx_extra_unpublished(kind, flags, gso_size, gso_type);
+        self.rx.publish();
+    }
+
+    fn rx_extra_unpublished(&mut self, kind: u8, flags: u8, gso_size: u16, gso_type: u8) {
+        let at = self.rx.respond_at();
+        let m = self.rx.mem;
+        m.store_u8(at, kind, Ordering::Relaxed);
+        m.store_u8(at + 1, flags, Ordering::Relaxed);
+        m.store_u16(at + 2, gso_size, Ordering::Relaxed);
+        m.store_u8(at + 4, gso_type, Ordering::Relaxed);
+        m.store_u8(at + 5, 0, Ordering::Relaxed);
+        m.store_u16(at + 6, 0, Ordering::Relaxed);
+    }
+
     pub fn rx_response(&mut self, id: u16, offset: u16, flags: u16, status: i16) {
+        self.rx_response_unpublished(id, offset, flags, status);
+        self.rx.publish();
+    }
+
+    fn rx_response_unpublished(&mut self, id: u16, offset: u16, flags: u16, status: i16) {
         let at = self.rx.respond_at();
         let m = self.rx.mem;
         m.store_u16(at, id, Ordering::Relaxed);
         m.store_u16(at + 2, offset, Ordering::Relaxed);
         m.store_u16(at + 4, flags, Ordering::Relaxed);
         m.store_u16(at + 6, status as u16, Ordering::Relaxed);
-        self.rx.publish();
     }
 }
 
@@ -190,4 +266,125 @@ pub fn stack_with(
         Box::leak(storage.into_boxed_slice()),
     );
     (stack, side)
+}
+
+/// dom0's side of GSO, for tests: joins back-to-back TCP segments of one flow into one
+/// IPv4 packet of up to 64 KiB, as GRO and TSO hand netback, and delivers it as a GSO
+/// packet (`csum_blank | data_validated`, the TCP checksum left blank, as for a
+/// `CHECKSUM_PARTIAL` packet). Anything else, and a segment nothing joined, goes as it
+/// came (no flags, its own checksum).
+#[derive(Default)]
+pub struct Coalescer {
+    /// The packet being built and its largest segment's payload (the GSO size).
+    pending: Option<(Vec<u8>, u16)>,
+    segments: usize,
+    /// A segment was joined since the last [`Coalescer::idle`].
+    grew: bool,
+    /// GSO packets delivered, and the longest.
+    pub gso_packets: usize,
+    pub longest: usize,
+}
+
+/// A TCP segment's offsets in its frame: (IP header length, TCP header length).
+fn tcp_offsets(frame: &[u8]) -> Option<(usize, usize)> {
+    if frame.len() < 54 || frame[12..14] != [0x08, 0x00] || frame[23] != 6 {
+        return None;
+    }
+    let ihl = usize::from(frame[14] & 0xf) * 4;
+    let thl = usize::from(frame[14 + ihl + 12] >> 4) * 4;
+    let total = usize::from(u16::from_be_bytes([frame[16], frame[17]]));
+    (14 + total == frame.len() && 14 + ihl + thl <= frame.len()).then_some((ihl, thl))
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// A data segment with only ACK (and PSH): one that may be joined.
+fn joinable(frame: &[u8]) -> Option<(usize, usize)> {
+    let (ihl, thl) = tcp_offsets(frame)?;
+    let flags = frame[14 + ihl + 13];
+    (flags & !0x18 == 0 && frame.len() > 14 + ihl + thl).then_some((ihl, thl))
+}
+
+fn ipv4_header_checksum(header: &mut [u8]) {
+    header[10..12].fill(0);
+    let mut sum = 0u32;
+    for pair in header.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([pair[0], pair[1]]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    header[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+}
+
+impl Coalescer {
+    /// Takes one frame bound for `to`.
+    pub fn push(&mut self, frame: Vec<u8>, to: &mut Side) {
+        let Some((ihl, thl)) = joinable(&frame) else {
+            self.flush(to);
+            to.deliver(&frame);
+            return;
+        };
+        let head = 14 + ihl + thl;
+        let payload = frame.len() - head;
+        if let Some((pending, mss)) = &mut self.pending {
+            let same_flow = tcp_offsets(pending) == Some((ihl, thl))
+                && pending[26..34] == frame[26..34]
+                && pending[14 + ihl..14 + ihl + 4] == frame[14 + ihl..14 + ihl + 4];
+            let next = be32(pending, 14 + ihl + 4).wrapping_add((pending.len() - head) as u32)
+                == be32(&frame, 14 + ihl + 4);
+            if same_flow && next && pending.len() + payload <= 14 + 65535 {
+                // The later segment's header (its ack, window, options), the first's
+                // sequence number, both payloads.
+                let seq = be32(pending, 14 + ihl + 4);
+                let mut joined = frame[..head].to_vec();
+                joined[14 + ihl + 4..14 + ihl + 8].copy_from_slice(&seq.to_be_bytes());
+                joined.extend_from_slice(&pending[head..]);
+                joined.extend_from_slice(&frame[head..]);
+                let total = (joined.len() - 14) as u16;
+                joined[16..18].copy_from_slice(&total.to_be_bytes());
+                *pending = joined;
+                *mss = (*mss).max(payload as u16);
+                self.segments += 1;
+                self.grew = true;
+                return;
+            }
+        }
+        self.flush(to);
+        self.pending = Some((frame, payload as u16));
+        self.segments = 1;
+        self.grew = true;
+    }
+
+    /// Called once per step: delivers what is being built unless it grew meanwhile (as
+    /// GRO holds a flow's segments while more keep coming).
+    pub fn idle(&mut self, to: &mut Side) {
+        if !std::mem::take(&mut self.grew) {
+            self.flush(to);
+        }
+    }
+
+    /// Delivers what is being built.
+    pub fn flush(&mut self, to: &mut Side) {
+        let Some((mut packet, mss)) = self.pending.take() else {
+            return;
+        };
+        if self.segments == 1 {
+            to.deliver(&packet);
+            return;
+        }
+        let (ihl, _) = tcp_offsets(&packet).expect("built from TCP segments");
+        let total = (packet.len() - 14) as u16;
+        packet[16..18].copy_from_slice(&total.to_be_bytes());
+        ipv4_header_checksum(&mut packet[14..14 + ihl]);
+        // Blank, as a CHECKSUM_PARTIAL packet's is (not the sum of what it carries).
+        packet[14 + ihl + 16..14 + ihl + 18].fill(0);
+        let flags = xen::abi::netif::NETRXF_CSUM_BLANK | xen::abi::netif::NETRXF_DATA_VALIDATED;
+        if to.deliver_packet(&packet, flags, Some(mss)) {
+            self.gso_packets += 1;
+            self.longest = self.longest.max(packet.len());
+        }
+    }
 }
