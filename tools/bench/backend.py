@@ -288,12 +288,13 @@ def idle_lines(runs: list, summary: list) -> list:
         rounds = "; ".join(
             f"round {r['round']}: " + "/".join(f"{p:.1f}" for p in r["vcpu_percent"])
             for r in sorted(ours, key=lambda r: r["round"]))
-        window = spread([r["window_s"] for r in ours if "window_s" in r])
+        # Every row with a backend CPU figure has its window (load_runs sets both).
+        window = spread([r["window_s"] for r in ours])
         lines.append(
             f"backend-idle {job} blkdom={share['median']:.2f}% of {ours[0]['blkdom_vcpus']} "
             f"vCPUs ({share['min']:.2f}-{share['max']:.2f}) dom0="
             + (f"{base['median']:.2f}% ({base['min']:.2f}-{base['max']:.2f})" if base else "-")
-            + (f" window={window['median']:.0f}s" if window else "")
+            + f" window={window['median']:.0f}s"
             + f" goal<1%={'met' if share['max'] < 1.0 else 'not-met'}"
             + f" (blkdom per vCPU %: {rounds})")
     return lines
