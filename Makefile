@@ -119,6 +119,7 @@ bench-backend: deps-xen
 
 lint:
 	$(CARGO) fmt --all -- --check
+	cd fuzz && $(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --exclude blkdom --all-targets -- -D warnings
 	$(CARGO) clippy -p blkdom --target $(TARGET) -- -D warnings
 	$(CARGO) clippy -p blkdom --target $(TARGET) --features test-hooks -- -D warnings

@@ -12,10 +12,10 @@ use std::sync::atomic::Ordering;
 use blkback::abi::{self, sring, REQUEST_SIZE};
 use blkback::budget::GrantShare;
 use blkback::engine::{Engine, EngineConfig};
-use blkback::limits::{IoLimits, Rates};
 use blkback::fake::{
     CountingEvents, FrontRing, GrantTable, GuestMemory, RingView, ShufflingDevice, XenGrants,
 };
+use blkback::limits::{IoLimits, Rates};
 use blkback::ring::RingMemory;
 use blkdev::RamDisk;
 use libfuzzer_sys::fuzz_target;

@@ -87,23 +87,32 @@ fuzz_target!(|data: &[u8]| {
             3 => {
                 // A tx response: any id and status.
                 let at = slot(tx_rsp, 12);
-                m.tx_ring.store_u16(at, input.uint(2) as u16, Ordering::Relaxed);
-                m.tx_ring.store_u16(at + 2, input.uint(2) as u16, Ordering::Relaxed);
+                m.tx_ring
+                    .store_u16(at, input.uint(2) as u16, Ordering::Relaxed);
+                m.tx_ring
+                    .store_u16(at + 2, input.uint(2) as u16, Ordering::Relaxed);
                 tx_rsp = tx_rsp.wrapping_add(1);
-                m.tx_ring.store_u32(sring::RSP_PROD, tx_rsp, Ordering::Release);
+                m.tx_ring
+                    .store_u32(sring::RSP_PROD, tx_rsp, Ordering::Release);
             }
             4 => {
                 // An rx response: any id, offset, flags, status.
                 let at = slot(rx_rsp, 8);
                 for field in 0..4 {
-                    m.rx_ring.store_u16(at + 2 * field, input.uint(2) as u16, Ordering::Relaxed);
+                    m.rx_ring
+                        .store_u16(at + 2 * field, input.uint(2) as u16, Ordering::Relaxed);
                 }
                 rx_rsp = rx_rsp.wrapping_add(1);
-                m.rx_ring.store_u32(sring::RSP_PROD, rx_rsp, Ordering::Release);
+                m.rx_ring
+                    .store_u32(sring::RSP_PROD, rx_rsp, Ordering::Release);
             }
             5 => {
                 // Any producer, on either ring.
-                let ring = if input.byte() & 1 == 0 { m.tx_ring } else { m.rx_ring };
+                let ring = if input.byte() & 1 == 0 {
+                    m.tx_ring
+                } else {
+                    m.rx_ring
+                };
                 let value = input.uint(4) as u32;
                 ring.store_u32(sring::RSP_PROD, value, Ordering::Release);
                 tx_rsp = value;
