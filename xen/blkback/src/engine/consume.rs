@@ -25,12 +25,14 @@ use zerocopy::IntoBytes;
 /// taken carry this many, the rest wait for the next poll. A poll answers what it took
 /// before it looks at the ring again, and a device that copies in `submit` (the RAM
 /// disk) copies everything a poll took before the first of those answers is published:
-/// 32 requests of 1 MiB would be 32 MiB copied (milliseconds, far more where the CPU is
-/// emulated) while the frontend waits for its first response, where Linux blkback
-/// answers each request as its copy ends. 256 pages (1 MiB, the largest request of
-/// blkfront's usual `max_indirect_segments=256`) lets one such request through per poll
-/// and changes nothing for requests up to 32 KiB at the ring's usual 32 in flight.
-pub const SEGMENTS_PER_POLL: usize = 256;
+/// the frontend waits for the whole poll's copies, then blkdom waits for it to send
+/// more, where Linux blkback answers each request as its copy ends. 64 pages (256 KiB)
+/// keeps that wait short, so the frontend refills the ring while the next poll copies
+/// (at 256, sixteen 64 KiB requests went in one poll and blkdom served fewer of them
+/// than Linux blkback). A larger request (1 MiB is blkfront's usual
+/// `max_indirect_segments=256`) still goes, alone in its poll; 4 KiB requests go 64 a
+/// poll.
+pub const SEGMENTS_PER_POLL: usize = 64;
 
 impl<M: RingMemory, G: GrantOps, D: BlockDevice, E: EventChannel> Engine<M, G, D, E> {
     #[cfg_attr(feature = "profile-passes", inline(never))]
