@@ -304,14 +304,15 @@ pub fn run(spec: &str, cmdline: &Cmdline<'_>, config: &Config, grant_gpa: u64) -
         let steer = device.steer[i];
         info!(
             "nettest: queue {i}: {} packets in (GSO {}, hashed by netback {}), {} TCP: hash \
-             agreed {} mismatched {}, off the hash's queue {}",
+             agreed {} mismatched {}, off the hash's queue {}; other packets off queue 0: {}",
             queue.stats.rx_frames,
             queue.stats.rx_gso,
             queue.stats.rx_hashed,
             steer.tcp,
             steer.hash_agreed,
             steer.hash_mismatch,
-            steer.off_queue
+            steer.off_queue,
+            steer.other_off_queue
         );
     }
     info!("nettest: PASS in {} ms", Vif::now_ms() - start);

@@ -683,8 +683,8 @@ impl Net {
     }
 }
 
-/// The packets in on each queue, when there are several: `; in by queue 120/98 (0 off
-/// the hash's queue)`.
+/// The packets in on each queue, when there are several: `; in by queue 120/98 (0 TCP
+/// off the hash's queue)`.
 fn per_queue(queues: &[(u64, u64)]) -> String {
     if queues.len() < 2 {
         return String::new();
@@ -692,7 +692,7 @@ fn per_queue(queues: &[(u64, u64)]) -> String {
     let counts: Vec<String> = queues.iter().map(|(n, _)| format!("{n}")).collect();
     let off: u64 = queues.iter().map(|(_, off)| off).sum();
     format!(
-        "; in by queue {} ({off} off the hash's queue)",
+        "; in by queue {} ({off} TCP off the hash's queue)",
         counts.join("/")
     )
 }

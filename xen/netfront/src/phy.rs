@@ -45,8 +45,12 @@ pub struct SteerStats {
     pub hash_agreed: u64,
     /// Of them, with netback's hash other than ours (the key or the input differ).
     pub hash_mismatch: u64,
-    /// Packets (any) that arrived here while the steering said another queue.
+    /// Of them, arrived here while the steering said another queue.
     pub off_queue: u64,
+    /// Other packets (not IPv4/TCP: netback hashes them to 0, queue 0) that arrived on
+    /// another queue: netback queued them before the hash was set up (dom0's IPv6
+    /// neighbour discovery as the vif comes up) and steered them by dom0's own hash.
+    pub other_off_queue: u64,
 }
 
 pub struct NetDevice {
@@ -129,16 +133,17 @@ impl NetDevice {
         let frame = &self.rx_buf[..len];
         let ours = hash_of_frame(frame);
         let stats = &mut self.steer[queue];
+        let off = usize::from(steering.queue_of_hash(ours)) != queue;
         if crate::hash::ipv4_tcp_flow(frame).is_some() {
             stats.tcp += 1;
+            stats.off_queue += u64::from(off);
             match hash {
                 Some(theirs) if theirs == ours => stats.hash_agreed += 1,
                 Some(_) => stats.hash_mismatch += 1,
                 None => {}
             }
-        }
-        if usize::from(steering.queue_of_hash(ours)) != queue {
-            stats.off_queue += 1;
+        } else {
+            stats.other_off_queue += u64::from(off);
         }
     }
 }
