@@ -192,7 +192,8 @@ mod tests {
     /// Microsoft's "Verifying the RSS Hash Calculation" vectors with its key:
     /// (destination, destination port, source, source port, IPv4 hash, IPv4/TCP hash).
     /// The input is source address, destination address, source port, destination port.
-    const VECTORS: [([u8; 4], u16, [u8; 4], u16, u32, u32); 5] = [
+    type Vector = ([u8; 4], u16, [u8; 4], u16, u32, u32);
+    const VECTORS: [Vector; 5] = [
         (
             [161, 142, 100, 80],
             1766,
