@@ -3,11 +3,13 @@
 //! opens a TCP connection to the target and brings an NVMe/TCP admin association up on
 //! it (ICReq/ICResp, Fabrics Connect, Property Get CAP, Set CC.EN, Get CSTS until RDY,
 //! Identify controller and namespace), logging each stage; then, on an I/O queue, reads
-//! block 0, writes [`WRITE_MARK`] to block 1 and reads it back. Reports pass or fail and
-//! powers off.
+//! block 0, writes [`WRITE_MARK`] to block 1 and reads it back. With several vif queues
+//! and netback's hash set up, the admin connection comes from a local port steered to
+//! queue 0 and the I/O connection from one steered to the last queue; each queue's
+//! packets are logged against the steering. Reports pass or fail and powers off.
 
 use crate::power::{self, Verdict};
-use crate::xen_domain::vif::{self, Vif};
+use crate::xen_domain::vif::{self, Steer, Vif};
 use bootconfig::{Cmdline, Config, Key};
 use log::{error, info};
 use nvmetcp::{DataPort, HostIdentity, IoSession, SessionState};
@@ -88,9 +90,9 @@ fn open(
             )),
             _ => {}
         }
-        if let Some(fault) = vif.stack.device.queue().fault() {
+        if let Some((queue, fault)) = vif.stack.device.fault() {
             fail(&alloc::format!(
-                "vif stopped: netback broke the protocol: {fault}"
+                "vif queue {queue} stopped: netback broke the protocol: {fault}"
             ));
         }
         if Vif::now_ms() > deadline {
@@ -112,21 +114,56 @@ pub fn run(spec: &str, cmdline: &Cmdline<'_>, config: &Config, grant_gpa: u64) -
         .unwrap_or_else(|| fail("nettest needs net.ip=<a.b.c.d>/<prefix> or net.ip=dhcp"));
     let host_nqn = cmdline.value(Key::NettestHostnqn).unwrap_or(HOST_NQN);
     let start = Vif::now_ms();
-    let mut vif = vif::bring_up(&net, grant_gpa).unwrap_or_else(|e| fail(&e));
+    let vcpus = crate::smp::online_count();
+    let mut vif = vif::bring_up(&net, grant_gpa, vcpus).unwrap_or_else(|e| fail(&e));
     let [m0, m1, m2, m3, m4, m5] = vif.info.mac;
     info!(
         "nettest: vif connected to {} (dom{}), mac {m0:02x}:{m1:02x}:{m2:02x}:{m3:02x}:\
-         {m4:02x}:{m5:02x}, in {} ms",
+         {m4:02x}:{m5:02x}, in {} ms; {vcpus} vCPUs: {}",
         vif.info.backend,
         vif.info.backend_id,
-        Vif::now_ms() - start
+        Vif::now_ms() - start,
+        vif.describe_queues()
     );
+    if let Steer::Unknown(why) = &vif.steer {
+        fail(&alloc::format!("vif: hash set-up: {why}"));
+    }
     if !vif.await_address(crate::backend::FIRST_LEASE_MS) {
         fail(vif.no_address().unwrap_or("no address"));
     }
     let deadline = start + TEST_MS;
     let local = 49152 + (xen::raw::cpu::read_tsc() % 8192) as u16;
-    let admin_socket = open(&mut vif, target.addr, target.port, local, deadline);
+    // With a hash set up: the admin connection from a port netback steers to queue 0,
+    // the I/O connection from one it steers to the last queue.
+    let (admin_port, io_port) = match &vif.steer {
+        Steer::Hashed(steering) => {
+            let ours = vif
+                .stack
+                .iface
+                .ipv4_addr()
+                .unwrap_or_else(|| fail("no address"))
+                .octets();
+            let last = steering.queues() - 1;
+            let pick = |queue: u16, from: u16, not: u16| {
+                steering
+                    .local_port_for_queue(queue, target.addr, target.port, ours, from, &mut |p| {
+                        p == not
+                    })
+                    .unwrap_or_else(|| fail(&alloc::format!("no local port for queue {queue}")))
+            };
+            let admin_port = pick(0, local, 0);
+            let io_port = pick(last, admin_port.wrapping_add(1), admin_port);
+            info!(
+                "nettest: admin connection from port {admin_port} (queue {}), I/O connection \
+                 from port {io_port} (queue {})",
+                steering.queue_for_flow(target.addr, target.port, ours, admin_port),
+                steering.queue_for_flow(target.addr, target.port, ours, io_port)
+            );
+            (admin_port, io_port)
+        }
+        _ => (local, local.wrapping_add(1)),
+    };
+    let admin_socket = open(&mut vif, target.addr, target.port, admin_port, deadline);
     info!(
         "nettest: TCP connected to {target} in {} ms",
         Vif::now_ms() - start
@@ -179,13 +216,7 @@ pub fn run(spec: &str, cmdline: &Cmdline<'_>, config: &Config, grant_gpa: u64) -
         ns.block_size
     );
     // One I/O queue on a connection of its own: read block 0.
-    let io_socket = open(
-        &mut vif,
-        target.addr,
-        target.port,
-        local.wrapping_add(1),
-        deadline,
-    );
+    let io_socket = open(&mut vif, target.addr, target.port, io_port, deadline);
     let mut io: IoSession<8> = IoSession::new(&id, &ctrl, ns, 1);
     let size = ns.block_size as usize;
     let mut first = alloc::vec![0u8; size];
@@ -253,18 +284,37 @@ pub fn run(spec: &str, cmdline: &Cmdline<'_>, config: &Config, grant_gpa: u64) -
         .iter()
         .map(|b| alloc::format!("{b:02x}"))
         .collect();
-    let stats = vif.stack.device.queue().stats;
+    let device = &vif.stack.device;
+    let sum = |f: fn(&netfront::NetStats) -> u64| -> u64 {
+        device.queues().iter().map(|q| f(&q.stats)).sum()
+    };
     info!(
         "nettest: block 0 read: {} ...; block 1 written and read back the same; vif tx {} \
          rx {} (GSO {}) dropped {} bad checksum {} events {}",
         words.join(""),
-        stats.tx_frames,
-        stats.rx_frames,
-        stats.rx_gso,
-        stats.rx_dropped,
-        vif.stack.device.stats.rx_bad_checksum,
-        stats.notifications
+        sum(|s| s.tx_frames),
+        sum(|s| s.rx_frames),
+        sum(|s| s.rx_gso),
+        sum(|s| s.rx_dropped),
+        device.stats.rx_bad_checksum,
+        sum(|s| s.notifications)
     );
+    // Each queue's packets against the steering: the scenario checks these lines.
+    for (i, queue) in device.queues().iter().enumerate() {
+        let steer = device.steer[i];
+        info!(
+            "nettest: queue {i}: {} packets in (GSO {}, hashed by netback {}), {} TCP: hash \
+             agreed {} mismatched {}, off the hash's queue {}; other packets off queue 0: {}",
+            queue.stats.rx_frames,
+            queue.stats.rx_gso,
+            queue.stats.rx_hashed,
+            steer.tcp,
+            steer.hash_agreed,
+            steer.hash_mismatch,
+            steer.off_queue,
+            steer.other_off_queue
+        );
+    }
     info!("nettest: PASS in {} ms", Vif::now_ms() - start);
     power::report_verdict(Verdict::Pass);
     power::power_off();

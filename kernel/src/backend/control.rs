@@ -78,7 +78,8 @@ pub struct Control {
     /// A live upgrade's drain, under way.
     upgrade: Option<upgrade::Upgrade>,
     /// The vif's event channel, when blkdom has a storage network.
-    net_port: Option<EvtchnPort>,
+    /// The vif's queues' event channels (none without a vif).
+    net_ports: Vec<EvtchnPort>,
 }
 
 /// The devices blkdom drives, with their names (`Devices::listing`), to
@@ -130,7 +131,9 @@ impl Control {
         }
         let regions = space::available();
         log::info!("blkback: domain {domid} serving vbds; map space for {regions} rings");
-        let net_port = net.as_ref().ok().map(|net| net.port());
+        let net_ports = net
+            .as_ref()
+            .map_or_else(|_| Vec::new(), |net| net.ports().to_vec());
         let mut registry =
             Registry::new(bus, crate::devices::recovery(config.device_max_resets), net);
         publish_devices(&registry.device_listing());
@@ -157,7 +160,7 @@ impl Control {
             shutdown: None,
             handed_over,
             upgrade: None,
-            net_port,
+            net_ports,
         })
     }
 
@@ -686,8 +689,8 @@ impl poller::ControlWork for Control {
         self.store_port
     }
 
-    fn net_port(&self) -> Option<EvtchnPort> {
-        self.net_port
+    fn net_ports(&self) -> &[EvtchnPort] {
+        &self.net_ports
     }
 
     fn poll_net(&mut self) -> Option<super::net::NetPoll> {

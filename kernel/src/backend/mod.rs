@@ -93,7 +93,8 @@ fn storage_network(
     let grant_gpa = hole.start;
     *hole = machine::frames::PhysRange::new(hole.start + CARVE, hole.end);
     let started = xen_domain::vif::Vif::now_ms();
-    match xen_domain::vif::bring_up(&address, grant_gpa) {
+    let vcpus = crate::smp::online_count();
+    match xen_domain::vif::bring_up(&address, grant_gpa, vcpus) {
         Ok(mut vif) => {
             let nqn = config
                 .host_nqn
@@ -104,15 +105,17 @@ fn storage_network(
                 Some(fixed) => {
                     let [a, b, c, d] = fixed.address;
                     log::info!(
-                        "net: vif connected to {} in {took} ms; {a}.{b}.{c}.{d}/{}; host NQN {nqn}",
+                        "net: vif connected to {} in {took} ms; {}; {a}.{b}.{c}.{d}/{}; host NQN {nqn}",
                         vif.info.backend,
+                        vif.describe_queues(),
                         fixed.prefix,
                     );
                 }
                 None => {
                     log::info!(
-                        "net: vif connected to {} in {took} ms; address by DHCP; host NQN {nqn}",
+                        "net: vif connected to {} in {took} ms; {}; address by DHCP; host NQN {nqn}",
                         vif.info.backend,
+                        vif.describe_queues(),
                     );
                     // The lease line is logged by the vif's poll when it comes.
                     if !vif.await_address(FIRST_LEASE_MS) {

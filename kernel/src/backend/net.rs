@@ -14,6 +14,7 @@ use backing::{NvmeTcpTarget, ReconnectTimes};
 use blkdev::{BlockDevice, BufferAccess, IoRequest, SubmitError};
 use bootconfig::HostNqn;
 use core::sync::atomic::Ordering;
+use netfront::hash::MAX_QUEUES;
 use nvmetcp::remote::{
     DiskQueue, Event, Failure, Link, LinkState, Remote, State, Timing, Transport,
 };
@@ -98,6 +99,8 @@ struct NetCounters {
     rx_bad_chain: u64,
     rx_bad_checksum: u64,
     events_sent: u64,
+    /// Packets in on each queue, and of them those off the queue the hash predicted.
+    per_queue: [(u64, u64); MAX_QUEUES],
 }
 const COUNTERS_EVERY_MS: u64 = 10_000;
 
@@ -270,8 +273,9 @@ impl Net {
         }
     }
 
-    pub fn port(&self) -> EvtchnPort {
-        self.vif.port()
+    /// The vif's queues' event channels.
+    pub fn ports(&self) -> &[EvtchnPort] {
+        self.vif.ports()
     }
 
     /// The remote `target` names (its region and reconnect times aside), for a disk
@@ -566,7 +570,9 @@ impl Net {
     /// completions are woken.
     pub fn poll(&mut self) -> NetPoll {
         if let Some(xen) = crate::xen_domain::get() {
-            xen.shared.clear_pending(self.vif.port());
+            for &port in self.vif.ports() {
+                xen.shared.clear_pending(port);
+            }
         }
         let now = Vif::now_ms();
         let mut work = self.vif.poll();
@@ -613,22 +619,26 @@ impl Net {
             return;
         }
         let device = &self.vif.stack.device;
-        let queue = device.queue().stats;
-        let counters = NetCounters {
-            tx_frames: queue.tx_frames,
-            tx_errors: queue.tx_errors,
+        let mut counters = NetCounters {
             tx_full: device.stats.tx_full,
-            rx_frames: queue.rx_frames,
-            rx_gso: queue.rx_gso,
-            rx_dropped: queue.rx_dropped,
-            rx_bad_extra: queue.rx_bad_extra,
-            rx_bad_chain: queue.rx_bad_chain,
             rx_bad_checksum: device.stats.rx_bad_checksum,
-            events_sent: queue.notifications,
+            ..NetCounters::default()
         };
+        for (i, queue) in device.queues().iter().enumerate() {
+            let q = queue.stats;
+            counters.tx_frames += q.tx_frames;
+            counters.tx_errors += q.tx_errors;
+            counters.rx_frames += q.rx_frames;
+            counters.rx_gso += q.rx_gso;
+            counters.rx_dropped += q.rx_dropped;
+            counters.rx_bad_extra += q.rx_bad_extra;
+            counters.rx_bad_chain += q.rx_bad_chain;
+            counters.events_sent += q.notifications;
+            counters.per_queue[i] = (q.rx_frames, device.steer[i].off_queue);
+        }
         if counters != self.logged.0 {
             log::info!(
-                "net: vif: {} frames out ({} refused by netback, {} lost with the ring full), {} packets in ({} GSO; {} dropped by netfront: {} bad extra slot, {} bad slot chain; {} bad checksum), {} events sent",
+                "net: vif: {} frames out ({} refused by netback, {} lost with the ring full), {} packets in ({} GSO; {} dropped by netfront: {} bad extra slot, {} bad slot chain; {} bad checksum), {} events sent{}",
                 counters.tx_frames,
                 counters.tx_errors,
                 counters.tx_full,
@@ -638,7 +648,8 @@ impl Net {
                 counters.rx_bad_extra,
                 counters.rx_bad_chain,
                 counters.rx_bad_checksum,
-                counters.events_sent
+                counters.events_sent,
+                per_queue(&counters.per_queue[..device.queues().len()])
             );
             for entry in self.entries.iter().flatten() {
                 let held = entry.remote.held_times();
@@ -668,8 +679,22 @@ impl Net {
     /// (without it netback's first response after a sleep raises none, and a frame
     /// waits for the sleep's deadline); true when one came meanwhile.
     pub fn frames_waiting(&self) -> bool {
-        self.vif.stack.device.queue().final_check()
+        self.vif.final_check()
     }
+}
+
+/// The packets in on each queue, when there are several: `; in by queue 120/98 (0 TCP
+/// off the hash's queue)`.
+fn per_queue(queues: &[(u64, u64)]) -> String {
+    if queues.len() < 2 {
+        return String::new();
+    }
+    let counts: Vec<String> = queues.iter().map(|(n, _)| format!("{n}")).collect();
+    let off: u64 = queues.iter().map(|(_, off)| off).sum();
+    format!(
+        "; in by queue {} ({off} TCP off the hash's queue)",
+        counts.join("/")
+    )
 }
 
 /// A remote namespace's queue as a ring's engine drives it: the channel's producer end,

@@ -312,7 +312,7 @@ fn doorbell_pair() -> Option<(EvtchnPort, EvtchnPort)> {
 pub trait ControlWork {
     fn port(&self) -> Option<EvtchnPort>;
     /// The storage network's event channel (the vif's), if there is a network.
-    fn net_port(&self) -> Option<EvtchnPort>;
+    fn net_ports(&self) -> &[EvtchnPort];
     /// One pass of the storage network (every pass of vCPU 0), if there is one.
     fn poll_net(&mut self) -> Option<super::net::NetPoll>;
     /// Requests of remote disks wait for the network, or frames for it arrived (looked
@@ -363,7 +363,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         ports.clear();
         ports.push(doorbell);
         ports.extend(control.as_ref().and_then(|c| c.port()));
-        ports.extend(control.as_ref().and_then(|c| c.net_port()));
+        ports.extend(control.as_ref().map_or(&[][..], |c| c.net_ports()));
         let first_ring = ports.len();
         ports.extend(served.iter().map(|s| s.ring.port()));
         *wake = WakePlan::new(doorbell, &ports[first_ring..]);

@@ -1,44 +1,71 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! blkdom's vif, the storage network (`netfront`, docs/design.md §5.10): our own grant
-//! table, the rings and frame pages granted to netback, the event channel, the xenbus
-//! handshake, and smoltcp's interface with the command line's static address or a
-//! DHCPv4 lease (`net.ip=dhcp`). Set up once; every page is taken here and never given back, so the data path allocates
-//! nothing.
+//! table, each queue's rings, frame pages and event channel granted to netback (one
+//! queue per vCPU when netback offers queues and a control ring), the xenbus handshake,
+//! the hash set-up on the control ring, and smoltcp's interface with the command line's
+//! static address or a DHCPv4 lease (`net.ip=dhcp`). Every queue is drained by vCPU 0's
+//! network pass. Set up once; every page is taken here and never given back, so the
+//! data path allocates nothing.
 
 use super::{get, now_ns, shared_page, zeroed_frame};
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
+use alloc::vec::Vec;
 use bootconfig::NetSetup;
+use netfront::ctrl::{set_up_hash, CtrlRing, Waits};
+use netfront::hash::{Steering, MAX_QUEUES};
 use netfront::lease::LeaseEvent;
 use netfront::stack::{Addressing, Ipv4Setup, Stack};
-use netfront::xenbus::{connect, Rings, VifInfo};
+use netfront::xenbus::{connect, CtrlRef, Made, Plan, Rings, VifInfo};
 use netfront::{NetDevice, NetQueue, Page};
 use smoltcp::iface::SocketStorage;
 use xen::abi::event_channel::EvtchnPort;
 use xen::grant::{map_own_table, GrantTable};
 use xen::raw::hypercall::NativeHypervisor;
 
-/// Our grant table's frames: 1,024 entries, enough for the two rings and 512 pages.
-pub const GRANT_FRAMES: u32 = 2;
+/// Our grant table's frames at most (512 entries each): [`MAX_QUEUES`] queues of two
+/// rings and 512 pages, the control ring and the hash page, past the 8 reserved entries.
+pub const GRANT_FRAMES: u32 =
+    (RESERVED_GRANTS + MAX_QUEUES as u32 * GRANTS_PER_QUEUE + 2).div_ceil(GRANTS_PER_FRAME);
+const GRANTS_PER_FRAME: u32 = 512;
+const GRANTS_PER_QUEUE: u32 = 2 + 512;
+const RESERVED_GRANTS: u32 = 8;
 /// Sockets the interface can hold: two per remote namespace (its admin and I/O queue),
 /// and the DHCP client's.
 const SOCKETS: usize = 2 * crate::backend::net::MAX_REMOTES + 1;
 /// The vif blkdom uses (the first of the xl config's `vif=`).
 const VIF_DIR: &str = "device/vif/0";
 
+/// How netback steers packets to the vif's queues.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Steer {
+    /// One queue: nothing to steer.
+    Single,
+    /// The control ring set Toeplitz up: [`Steering`] says each flow's queue.
+    Hashed(Steering),
+    /// Several queues, but the hash set-up failed (why): packets arrive on queues
+    /// blkdom cannot predict (every queue is still drained).
+    Unknown(String),
+}
+
 /// The vif, connected.
 pub struct Vif {
     pub stack: Stack,
     pub info: VifInfo,
-    port: EvtchnPort,
+    /// What was planned with netback (queues, control ring, why one queue).
+    pub plan: Plan,
+    pub max_queues: Option<u32>,
+    pub steer: Steer,
+    /// One event channel per queue.
+    ports: Vec<EvtchnPort>,
     hv: NativeHypervisor,
 }
 
 impl Vif {
-    /// The vif's event channel (masked: a poller waits on its pending bit).
-    pub fn port(&self) -> EvtchnPort {
-        self.port
+    /// The queues' event channels (masked: a poller waits on their pending bits).
+    pub fn ports(&self) -> &[EvtchnPort] {
+        &self.ports
     }
 
     pub fn now_ms() -> u64 {
@@ -47,7 +74,7 @@ impl Vif {
 
     /// Moves frames and runs smoltcp's timers (the DHCP client's among them: a lease,
     /// its renewal, its loss are taken and logged here), then tells netback of what was
-    /// pushed (one event for all of it). True when a socket may have changed.
+    /// pushed (one event a queue for all of it). True when a socket may have changed.
     pub fn poll(&mut self) -> bool {
         let now = Self::now_ms();
         let changed = self.stack.poll(now);
@@ -57,13 +84,42 @@ impl Vif {
                 _ => log::info!("net: {event}"),
             }
         }
-        if self.stack.device.queue_mut().take_notify() {
-            // A failed send means netback closed its end; the queue's fault says more.
-            let _ = xen::evtchn::send(&self.hv, self.port);
+        for (queue, port) in self.stack.device.queues_mut().iter_mut().zip(&self.ports) {
+            if queue.take_notify() {
+                // A failed send means netback closed its end; the queue's fault says more.
+                let _ = xen::evtchn::send(&self.hv, *port);
+            }
         }
         changed
     }
 
+    /// `RING_FINAL_CHECK_FOR_RESPONSES` on every queue: true when something arrived.
+    pub fn final_check(&self) -> bool {
+        self.stack
+            .device
+            .queues()
+            .iter()
+            .fold(false, |any, q| q.final_check() | any)
+    }
+
+    /// The steering, for the console: `2 queues, Toeplitz (table of 128)` and the like.
+    pub fn describe_queues(&self) -> String {
+        let queues = self.ports.len();
+        match &self.steer {
+            Steer::Single => match self.plan.single_because {
+                Some(why) => format!("1 queue ({why})"),
+                None => "1 queue".into(),
+            },
+            Steer::Hashed(s) => format!(
+                "{queues} queues (netback offers {}), Toeplitz over IPv4/TCP, table of {}",
+                self.max_queues.unwrap_or(1),
+                s.table_size()
+            ),
+            Steer::Unknown(why) => {
+                format!("{queues} queues, no hash (control ring: {why}); flows land anywhere")
+            }
+        }
+    }
     /// Why the vif has no address now (`None`: it has one): no DHCP lease yet, or lost.
     pub fn no_address(&self) -> Option<&'static str> {
         self.stack.lease().and_then(|lease| lease.refusal())
@@ -93,64 +149,113 @@ fn page(table: &mut GrantTable, backend: u16, readonly: bool) -> Result<Page, St
 }
 
 /// Brings the vif up: grant table frames at guest-physical `grant_gpa` (a hole in the
-/// memory map, [`GRANT_FRAMES`] pages), then the handshake with netback and the
-/// interface. Bounded: netback gets 10 s for each of its steps.
-pub fn bring_up(net: &NetSetup, grant_gpa: u64) -> Result<Vif, String> {
+/// memory map, [`GRANT_FRAMES`] pages), then the handshake with netback for up to
+/// `wanted` queues (blkdom's vCPUs, at most [`MAX_QUEUES`], as many as the grant table
+/// holds), the hash set-up on the control ring with several, and the interface.
+/// Bounded: netback gets 10 s for each of its steps, 2 s for each control request.
+pub fn bring_up(net: &NetSetup, grant_gpa: u64, wanted: usize) -> Result<Vif, String> {
     let domain = get().ok_or("not under Xen")?;
     let hv = domain.hv;
     let frames = map_own_table(&hv, grant_gpa >> 12, GRANT_FRAMES)
         .map_err(|e| format!("grant table: {e:?}"))?;
-    if frames < GRANT_FRAMES {
+    let fit = (frames * GRANTS_PER_FRAME).saturating_sub(RESERVED_GRANTS + 2) / GRANTS_PER_QUEUE;
+    if fit == 0 {
         return Err(format!(
-            "grant table: {frames} frames, {GRANT_FRAMES} needed (max_grant_frames)"
+            "grant table: {frames} frames, too few for one queue (max_grant_frames)"
         ));
     }
+    let wanted = wanted.clamp(1, MAX_QUEUES).min(fit as usize) as u16;
     // SAFETY: the grant table frames Xen just put at these addresses; nothing else uses
     // them.
-    let entries = unsafe { shared_page(grant_gpa, GRANT_FRAMES as usize * 4096) };
+    let entries = unsafe { shared_page(grant_gpa, frames as usize * 4096) };
     let mut table = GrantTable::new(entries);
-    let mut queue = None;
-    let mut make_rings = |info: &VifInfo| -> Result<Rings, String> {
+    let mut queues: Vec<(NetQueue, EvtchnPort)> = Vec::with_capacity(MAX_QUEUES);
+    let mut ctrl = None;
+    let mut make_rings = |info: &VifInfo, plan: &Plan| -> Result<Made, String> {
         let backend = info.backend_id;
-        let tx_ring = page(&mut table, backend, false)?;
-        let rx_ring = page(&mut table, backend, false)?;
-        let mut tx_pages = Box::new([tx_ring; 256]);
-        for p in tx_pages.iter_mut() {
-            *p = page(&mut table, backend, true)?;
+        let mut made = Made {
+            queues: Vec::with_capacity(usize::from(plan.queues)),
+            ctrl: None,
+        };
+        for _ in 0..plan.queues {
+            let tx_ring = page(&mut table, backend, false)?;
+            let rx_ring = page(&mut table, backend, false)?;
+            let mut tx_pages = Box::new([tx_ring; 256]);
+            for p in tx_pages.iter_mut() {
+                *p = page(&mut table, backend, true)?;
+            }
+            let mut rx_pages = Box::new([rx_ring; 256]);
+            for p in rx_pages.iter_mut() {
+                *p = page(&mut table, backend, false)?;
+            }
+            let port = event_channel(backend)?;
+            queues.push((
+                NetQueue::new(tx_ring.mem, rx_ring.mem, tx_pages, rx_pages),
+                port,
+            ));
+            made.queues.push(Rings {
+                tx_ref: tx_ring.gref,
+                rx_ref: rx_ring.gref,
+                port,
+            });
         }
-        let mut rx_pages = Box::new([rx_ring; 256]);
-        for p in rx_pages.iter_mut() {
-            *p = page(&mut table, backend, false)?;
+        if plan.ctrl_ring {
+            let ring = page(&mut table, backend, false)?;
+            // The key and the table are read by netback: read-only.
+            let data = page(&mut table, backend, true)?;
+            let port = event_channel(backend)?;
+            ctrl = Some((CtrlRing::new(ring.mem), data, port));
+            made.ctrl = Some(CtrlRef {
+                gref: ring.gref,
+                port,
+            });
         }
-        let port = xen::evtchn::alloc_unbound(&hv, backend)
-            .map_err(|e| format!("event channel: {e:?}"))?;
-        // Polled, never taken as an upcall.
-        domain.shared.mask(port);
-        queue = Some((
-            NetQueue::new(tx_ring.mem, rx_ring.mem, tx_pages, rx_pages),
-            port,
-        ));
-        Ok(Rings {
-            tx_ref: tx_ring.gref,
-            rx_ref: rx_ring.gref,
-            port,
-        })
+        Ok(made)
     };
     let mut now = Vif::now_ms;
-    let mut pause = || {
-        let until = now_ns() + 10_000_000;
-        while now_ns() < until {
-            core::hint::spin_loop();
-        }
-    };
-    let info = super::store::with(|client| {
+    let mut pause = || spin_ms(10);
+    let connected = super::store::with(|client| {
         let mut store = crate::backend::adapters::Store(client);
-        connect(&mut store, VIF_DIR, &mut now, &mut pause, &mut make_rings)
+        connect(
+            &mut store,
+            VIF_DIR,
+            wanted,
+            &mut now,
+            &mut pause,
+            &mut make_rings,
+        )
     })
     .ok_or("no xenstore")?
     .map_err(|e| format!("{VIF_DIR}: {e}"))?;
-    let (mut queue, port) = queue.ok_or("no rings were made")?;
-    queue.post_rx();
+    let (mut queues, ports): (Vec<NetQueue>, Vec<EvtchnPort>) = queues.into_iter().unzip();
+    if ctrl.is_some() {
+        // netif.h: a frontend that sets a hash up takes hash extra slots.
+        queues.iter_mut().for_each(NetQueue::accept_hash);
+    }
+    queues.iter_mut().for_each(NetQueue::post_rx);
+    let steer = match ctrl {
+        None => Steer::Single,
+        Some((mut ring, data, port)) => {
+            let mut kick = || {
+                let _ = xen::evtchn::send(&hv, port);
+            };
+            let mut pause = || spin_ms(1);
+            let mut waits = Waits {
+                now_ms: &mut now,
+                pause: &mut pause,
+                kick: &mut kick,
+            };
+            // After netback's Connected: it checks the table against the queues it
+            // connected.
+            match set_up_hash(&mut ring, ports.len() as u16, &data, &mut waits) {
+                Ok(steering) => Steer::Hashed(steering),
+                Err(e) => {
+                    log::error!("net: vif: hash set-up on the control ring failed: {e}");
+                    Steer::Unknown(format!("{e}"))
+                }
+            }
+        }
+    };
     let storage: &'static mut [SocketStorage<'static>] =
         Box::leak(Box::new([SocketStorage::EMPTY; SOCKETS]));
     let addressing = match net {
@@ -162,19 +267,42 @@ pub fn bring_up(net: &NetSetup, grant_gpa: u64) -> Result<Vif, String> {
         NetSetup::Dhcp => Addressing::Dhcp,
     };
     let seed = xen::raw::cpu::read_tsc();
+    let mut device = NetDevice::with_queues(queues);
+    if let Steer::Hashed(steering) = steer {
+        device.set_steering(Some(steering));
+    }
     let mut vif = Vif {
         stack: Stack::new(
-            NetDevice::new(queue),
-            info.mac,
+            device,
+            connected.info.mac,
             addressing,
             seed,
             Vif::now_ms(),
             storage,
         ),
-        info,
-        port,
+        info: connected.info,
+        plan: connected.plan,
+        max_queues: connected.max_queues,
+        steer,
+        ports,
         hv,
     };
     vif.poll();
     Ok(vif)
+}
+
+/// An event channel for netback, masked: polled, never taken as an upcall.
+fn event_channel(backend: u16) -> Result<EvtchnPort, String> {
+    let domain = get().ok_or("not under Xen")?;
+    let port = xen::evtchn::alloc_unbound(&domain.hv, backend)
+        .map_err(|e| format!("event channel: {e:?}"))?;
+    domain.shared.mask(port);
+    Ok(port)
+}
+
+fn spin_ms(ms: u64) {
+    let until = now_ns() + ms * 1_000_000;
+    while now_ns() < until {
+        core::hint::spin_loop();
+    }
 }

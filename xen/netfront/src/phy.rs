@@ -9,13 +9,21 @@
 //! check, and smoltcp is told not to (its settings are per device, and a packet with
 //! `NETRXF_csum_blank` has none to check).
 //!
+//! Several queues: `receive` takes packets from every queue in turn (netback picks the
+//! queue of each packet to us). Frames go out on queue 0 only: netback takes a frame on
+//! any queue the same way, which queue sends changes nothing for the steering of what
+//! comes back, and while vCPU 0 drives every queue one sending queue keeps one tx
+//! path. With a [`Steering`] set, each packet is checked against it ([`SteerStats`]).
+//!
 //! Large packets: smoltcp 0.14 takes an IPv4/TCP packet longer than the device's MTU on
 //! receive (it checks lengths against the IPv4 header, not the MTU; the MTU bounds what
 //! it sends), so a 64 KiB GSO packet is one segment to its TCP socket.
 
-use crate::queue::{NetQueue, SendError, MAX_FRAME, MAX_PACKET};
+use crate::hash::{hash_of_frame, Steering, MAX_QUEUES};
+use crate::queue::{NetFault, NetQueue, SendError, MAX_FRAME, MAX_PACKET};
 use alloc::boxed::Box;
 use alloc::vec;
+use alloc::vec::Vec;
 use smoltcp::phy::{self, Checksum, Device, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
 use xen::abi::netif::RX_RING_SIZE;
@@ -28,17 +36,49 @@ pub struct DeviceStats {
     pub rx_bad_checksum: u64,
 }
 
+/// What one queue received, against what the steering predicted (with a hash set up).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SteerStats {
+    /// IPv4/TCP packets received on this queue.
+    pub tcp: u64,
+    /// Of them, with netback's hash equal to ours.
+    pub hash_agreed: u64,
+    /// Of them, with netback's hash other than ours (the key or the input differ).
+    pub hash_mismatch: u64,
+    /// Of them, arrived here while the steering said another queue.
+    pub off_queue: u64,
+    /// Other packets (not IPv4/TCP: netback hashes them to 0, queue 0) that arrived on
+    /// another queue: netback queued them before the hash was set up (dom0's IPv6
+    /// neighbour discovery as the vif comes up) and steered them by dom0's own hash.
+    pub other_off_queue: u64,
+}
+
 pub struct NetDevice {
-    queue: NetQueue,
+    /// One to [`MAX_QUEUES`], all made at set-up. Frames go out on queue 0 (module doc).
+    queues: Vec<NetQueue>,
+    steering: Option<Steering>,
+    /// The queue `receive` looks at first: the one after the last that gave a packet,
+    /// so a busy queue does not starve the others.
+    next_rx: usize,
     rx_buf: Box<[u8; MAX_PACKET]>,
     tx_buf: Box<[u8; MAX_FRAME]>,
     pub stats: DeviceStats,
+    pub steer: [SteerStats; MAX_QUEUES],
 }
 
 impl NetDevice {
     pub fn new(queue: NetQueue) -> Self {
+        Self::with_queues(vec![queue])
+    }
+
+    /// A device over `queues` (1 to [`MAX_QUEUES`]; past that the rest are not used).
+    pub fn with_queues(mut queues: Vec<NetQueue>) -> Self {
+        assert!(!queues.is_empty());
+        queues.truncate(MAX_QUEUES);
         Self {
-            queue,
+            queues,
+            steering: None,
+            next_rx: 0,
             // Made on the heap: 64 KiB would not fit the stack it is built on.
             rx_buf: vec![0u8; MAX_PACKET]
                 .into_boxed_slice()
@@ -46,15 +86,65 @@ impl NetDevice {
                 .unwrap_or_else(|_| unreachable!("MAX_PACKET bytes")),
             tx_buf: Box::new([0; MAX_FRAME]),
             stats: DeviceStats::default(),
+            steer: [SteerStats::default(); MAX_QUEUES],
         }
     }
 
+    /// Queue 0, the one frames go out on.
     pub fn queue(&self) -> &NetQueue {
-        &self.queue
+        &self.queues[0]
     }
 
     pub fn queue_mut(&mut self) -> &mut NetQueue {
-        &mut self.queue
+        &mut self.queues[0]
+    }
+
+    pub fn queues(&self) -> &[NetQueue] {
+        &self.queues
+    }
+
+    pub fn queues_mut(&mut self) -> &mut [NetQueue] {
+        &mut self.queues
+    }
+
+    /// The first queue's fault, if any queue failed.
+    pub fn fault(&self) -> Option<(usize, NetFault)> {
+        self.queues
+            .iter()
+            .enumerate()
+            .find_map(|(i, q)| q.fault().map(|f| (i, f)))
+    }
+
+    /// How netback steers packets to the queues, once the control ring set it up:
+    /// from then on each received packet is checked against it ([`SteerStats`]).
+    pub fn set_steering(&mut self, steering: Option<Steering>) {
+        self.steering = steering;
+    }
+
+    pub fn steering(&self) -> Option<Steering> {
+        self.steering
+    }
+
+    /// Counts `frame`, received on `queue` with netback's `hash`, against the steering.
+    fn check_steering(&mut self, queue: usize, len: usize, hash: Option<u32>) {
+        let Some(steering) = self.steering else {
+            return;
+        };
+        let frame = &self.rx_buf[..len];
+        let ours = hash_of_frame(frame);
+        let stats = &mut self.steer[queue];
+        let off = usize::from(steering.queue_of_hash(ours)) != queue;
+        if crate::hash::ipv4_tcp_flow(frame).is_some() {
+            stats.tcp += 1;
+            stats.off_queue += u64::from(off);
+            match hash {
+                Some(theirs) if theirs == ours => stats.hash_agreed += 1,
+                Some(_) => stats.hash_mismatch += 1,
+                None => {}
+            }
+        } else {
+            stats.other_off_queue += u64::from(off);
+        }
     }
 }
 
@@ -95,22 +185,29 @@ impl Device for NetDevice {
 
     fn receive(&mut self, _now: Instant) -> Option<(RxToken<'_>, TxToken<'_>)> {
         // A failed queue answers nothing; its owner reads `fault()` and reports it.
-        let _ = self.queue.reap_tx();
-        let len = loop {
-            let packet = self.queue.receive(&mut self.rx_buf).ok()??;
-            if packet.checksum_checked
-                || crate::csum::transport_checksum_ok(&self.rx_buf[..packet.len])
-            {
-                break packet.len;
+        let _ = self.queues[0].reap_tx();
+        let count = self.queues.len();
+        let (queue, len) = (0..count).find_map(|i| {
+            let at = (self.next_rx + i) % count;
+            loop {
+                let packet = self.queues[at].receive(&mut self.rx_buf).ok()??;
+                if packet.checksum_checked
+                    || crate::csum::transport_checksum_ok(&self.rx_buf[..packet.len])
+                {
+                    self.check_steering(at, packet.len, packet.hash);
+                    break Some((at, packet.len));
+                }
+                self.stats.rx_bad_checksum += 1;
             }
-            self.stats.rx_bad_checksum += 1;
-        };
+        })?;
+        self.next_rx = (queue + 1) % count;
+        let (tx, _) = self.queues.split_at_mut(1);
         Some((
             RxToken {
                 frame: &self.rx_buf[..len],
             },
             TxToken {
-                queue: &mut self.queue,
+                queue: &mut tx[0],
                 buf: &mut self.tx_buf,
                 stats: &mut self.stats,
             },
@@ -118,14 +215,13 @@ impl Device for NetDevice {
     }
 
     fn transmit(&mut self, _now: Instant) -> Option<TxToken<'_>> {
-        let _ = self.queue.reap_tx();
-        self.queue.can_send().then_some(TxToken {
-            queue: &mut self.queue,
+        let _ = self.queues[0].reap_tx();
+        self.queues[0].can_send().then_some(TxToken {
+            queue: &mut self.queues[0],
             buf: &mut self.tx_buf,
             stats: &mut self.stats,
         })
     }
-
     fn capabilities(&self) -> DeviceCapabilities {
         let mut caps = DeviceCapabilities::default();
         caps.medium = Medium::Ethernet;

@@ -22,7 +22,7 @@
 //! length outside its page; no data at all; more than [`MAX_RX_SLOTS`] data slots or
 //! more bytes than [`MAX_PACKET`]; a chain whose next slot (data or extra) the backend
 //! has not published; an extra-info slot other than one GSO TCPv4 slot with a segment
-//! size.
+//! size and (once hashing is set up) one IPv4/TCP Toeplitz hash slot.
 
 use crate::ring::{FrontRing, Overflow};
 use alloc::boxed::Box;
@@ -118,6 +118,9 @@ pub struct Received {
     pub checksum_checked: bool,
     /// The segment size of the GSO extra slot: a TCPv4 packet netback coalesced.
     pub gso_size: Option<u16>,
+    /// The IPv4/TCP Toeplitz hash netback computed for it (a hash extra slot, sent once
+    /// the control ring set hashing up; see [`NetQueue::accept_hash`]).
+    pub hash: Option<u32>,
 }
 
 /// Why a received packet was dropped.
@@ -140,10 +143,13 @@ pub struct NetStats {
     pub rx_frames: u64,
     /// Of them, packets netback coalesced (with a GSO extra slot).
     pub rx_gso: u64,
+    /// Of them, packets with netback's hash (a hash extra slot).
+    pub rx_hashed: u64,
     /// Packets dropped, for any of the reasons below or a data slot with an error status
     /// or outside its page, or no data.
     pub rx_dropped: u64,
-    /// Of them: an extra-info slot missing or not one GSO TCPv4 slot.
+    /// Of them: an extra-info slot missing, or not one GSO TCPv4 slot and (with
+    /// hashing) one IPv4/TCP Toeplitz hash slot.
     pub rx_bad_extra: u64,
     /// Of them: too many slots or bytes, or a continuation not published.
     pub rx_bad_chain: u64,
@@ -167,6 +173,8 @@ pub struct NetQueue {
     fault: Option<NetFault>,
     /// A push crossed the backend's event threshold: send it an event.
     notify: bool,
+    /// Hash extra slots are taken (IPv4/TCP Toeplitz ones), not dropped.
+    accept_hash: bool,
     pub stats: NetStats,
 }
 
@@ -206,12 +214,19 @@ impl NetQueue {
             tx_in_flight: [false; TX_IDS],
             fault: None,
             notify: false,
+            accept_hash: false,
             stats: NetStats::default(),
         }
     }
 
     pub fn fault(&self) -> Option<NetFault> {
         self.fault
+    }
+
+    /// From now on a packet may carry a hash extra slot (netif.h: a frontend that sets
+    /// a hash up takes them): call before the control ring's set-up starts.
+    pub fn accept_hash(&mut self) {
+        self.accept_hash = true;
     }
 
     fn fail(&mut self, fault: NetFault) -> NetFault {
@@ -357,6 +372,7 @@ impl NetQueue {
                 Ok(packet) => {
                     self.stats.rx_frames += 1;
                     self.stats.rx_gso += u64::from(packet.gso_size.is_some());
+                    self.stats.rx_hashed += u64::from(packet.hash.is_some());
                     return Ok(Some(packet));
                 }
                 Err(drop) => {
@@ -395,6 +411,7 @@ impl NetQueue {
         let mut len = 0usize;
         let mut first_flags = 0u16;
         let mut gso_size = None;
+        let mut hash = None;
         let mut drop = None;
         'chain: loop {
             if used == ready {
@@ -444,12 +461,27 @@ impl NetQueue {
                         used += 1;
                         let size =
                             u16::from_le_bytes([extra[EXTRA_GSO_SIZE], extra[EXTRA_GSO_SIZE + 1]]);
-                        let known = extra[EXTRA_TYPE] == XEN_NETIF_EXTRA_TYPE_GSO
+                        let gso = extra[EXTRA_TYPE] == XEN_NETIF_EXTRA_TYPE_GSO
                             && extra[EXTRA_GSO_TYPE] == XEN_NETIF_GSO_TYPE_TCPV4
                             && size > 0
                             && gso_size.is_none();
-                        if known {
+                        // Only what the control ring asked for: Toeplitz, IPv4/TCP.
+                        let hashed = self.accept_hash
+                            && extra[EXTRA_TYPE] == XEN_NETIF_EXTRA_TYPE_HASH
+                            && extra[EXTRA_HASH_TYPE] == HASH_TYPE_BIT_IPV4_TCP
+                            && u32::from(extra[EXTRA_HASH_ALG])
+                                == XEN_NETIF_CTRL_HASH_ALGORITHM_TOEPLITZ
+                            && hash.is_none();
+                        if gso {
                             gso_size = Some(size);
+                        } else if hashed {
+                            let v = EXTRA_HASH_VALUE;
+                            hash = Some(u32::from_le_bytes([
+                                extra[v],
+                                extra[v + 1],
+                                extra[v + 2],
+                                extra[v + 3],
+                            ]));
                         } else {
                             drop.get_or_insert(RxDrop::BadExtra);
                         }
@@ -472,6 +504,7 @@ impl NetQueue {
                 len,
                 checksum_checked: first_flags & (NETRXF_CSUM_BLANK | NETRXF_DATA_VALIDATED) != 0,
                 gso_size,
+                hash,
             }),
         };
         Ok((used, packet))

@@ -2,17 +2,20 @@
 //! The frontend's side of a vif's handshake, as Linux netfront does it
 //! (`talk_to_netback`, `netback_changed`): read what the toolstack wrote (backend, its
 //! domain, our MAC); wait for netback's InitWait; check it copies into our pages
-//! (`feature-rx-copy`); make the rings; publish them with the features netback must see
-//! (rx copy and notify, scatter-gather and TCPv4 GSO on receive, checksum offload) in
-//! one transaction, then Connected; wait for netback's Connected. Every wait is
-//! bounded, every value read is checked.
+//! (`feature-rx-copy`); plan the queues (up to `multi-queue-max-queues`, and a control
+//! ring with `feature-ctrl-ring`, else one queue); make the rings; publish them with
+//! the features netback must see (rx copy and notify, scatter-gather and TCPv4 GSO on
+//! receive, checksum offload) in one transaction, then Connected; wait for netback's
+//! Connected. Every wait is bounded, every value read is checked.
 
+use crate::hash::MAX_QUEUES;
 use alloc::format;
 use alloc::string::{String, ToString};
+use alloc::vec::Vec;
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::grant_table::GrantRef;
 use xen::abi::{DomId, DOMID_FIRST_RESERVED};
-use xen::xenbus::keys::{vif, STATE};
+use xen::xenbus::keys::{numbered, vif, STATE};
 use xen::xenbus::{write_in_transaction, StoreError, XenStore, XenbusState, NO_TRANSACTION};
 
 /// How long netback gets for each of its two steps (libxl waits as long for a backend).
@@ -26,12 +29,124 @@ pub struct VifInfo {
     pub mac: [u8; 6],
 }
 
-/// What the frontend made, to publish.
+/// One queue's rings and event channel, to publish.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rings {
     pub tx_ref: GrantRef,
     pub rx_ref: GrantRef,
     pub port: EvtchnPort,
+}
+
+/// The control ring's page and event channel, to publish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtrlRef {
+    pub gref: GrantRef,
+    pub port: EvtchnPort,
+}
+
+/// What to make, from what netback offers and what was wanted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// 1 to [`MAX_QUEUES`].
+    pub queues: u16,
+    /// A control ring (only with several queues: it is there to steer between them).
+    pub ctrl_ring: bool,
+    /// Why one queue and no control ring, when more were wanted.
+    pub single_because: Option<&'static str>,
+}
+
+/// What the frontend made, to publish: `queues` as many as the plan said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Made {
+    pub queues: Vec<Rings>,
+    pub ctrl: Option<CtrlRef>,
+}
+
+/// What netback offers (its InitWait keys) and what the frontend takes of it: up to
+/// `wanted` queues (at most `multi-queue-max-queues`), a control ring when netback has
+/// `feature-ctrl-ring`; one queue and no control ring when either is missing (queues
+/// blkdom cannot steer between are of no use to it) or one was wanted.
+pub fn plan(store: &mut dyn XenStore, backend: &str, wanted: u16) -> (Plan, Option<u32>) {
+    let mut key = |name: &str| {
+        store
+            .read(NO_TRANSACTION, &format!("{backend}/{name}"))
+            .ok()
+    };
+    // Linux netfront writes `multi-queue-num-queues` when the key exists, and reads an
+    // unparsable value as 1 (`xenbus_read_unsigned`'s default).
+    let max = key(vif::MULTI_QUEUE_MAX_QUEUES)
+        .map(|v| v.trim().parse::<u32>().ok().filter(|&n| n > 0).unwrap_or(1));
+    let ctrl = key(vif::FEATURE_CTRL_RING).is_some_and(|v| v.trim() == "1");
+    let wanted = wanted.clamp(1, MAX_QUEUES as u16);
+    let offered = max.unwrap_or(1).min(MAX_QUEUES as u32) as u16;
+    let single_because = if wanted == 1 {
+        None
+    } else if offered < 2 {
+        Some("netback offers one queue (multi-queue-max-queues)")
+    } else if !ctrl {
+        Some("netback has no control ring (feature-ctrl-ring)")
+    } else {
+        None
+    };
+    let plan = match single_because {
+        None if wanted > 1 => Plan {
+            queues: wanted.min(offered),
+            ctrl_ring: true,
+            single_because: None,
+        },
+        _ => Plan {
+            queues: 1,
+            ctrl_ring: false,
+            single_because,
+        },
+    };
+    (plan, max)
+}
+
+/// The keys that publish `made`, as Linux netfront's `talk_to_netback` writes them:
+/// `multi-queue-num-queues` when netback offers queues, one queue's keys flat and
+/// several queues' under `queue-N/`, the control ring's, then the features.
+pub fn keys(made: &Made, max_offered: bool) -> Vec<(String, String)> {
+    let mut keys: Vec<(String, String)> = Vec::new();
+    let mut key = |name: &str, value: String| keys.push((name.to_string(), value));
+    if max_offered {
+        key(vif::MULTI_QUEUE_NUM_QUEUES, made.queues.len().to_string());
+    }
+    if let [only] = made.queues.as_slice() {
+        key(vif::TX_RING_REF, only.tx_ref.to_string());
+        key(vif::RX_RING_REF, only.rx_ref.to_string());
+        key(vif::EVENT_CHANNEL, only.port.to_string());
+    } else {
+        for (n, q) in made.queues.iter().enumerate() {
+            let n = n as u32;
+            key(&numbered(vif::QUEUE_TX_RING_REF, n), q.tx_ref.to_string());
+            key(&numbered(vif::QUEUE_RX_RING_REF, n), q.rx_ref.to_string());
+            key(&numbered(vif::QUEUE_EVENT_CHANNEL, n), q.port.to_string());
+        }
+    }
+    if let Some(ctrl) = made.ctrl {
+        key(vif::CTRL_RING_REF, ctrl.gref.to_string());
+        key(vif::EVENT_CHANNEL_CTRL, ctrl.port.to_string());
+    }
+    key(vif::REQUEST_RX_COPY, "1".to_string());
+    key(vif::FEATURE_RX_NOTIFY, "1".to_string());
+    // Scatter-gather and TCPv4 GSO on receive: netback hands over up to 64 KiB
+    // in one packet. Its TSO needs checksum offload, so that is on (written, not
+    // left out: a key of an earlier connection would stay), and packets may come
+    // with a blank checksum, flagged (`phy.rs` checks the others).
+    key(vif::FEATURE_SG, "1".to_string());
+    key(vif::FEATURE_GSO_TCPV4, "1".to_string());
+    key(vif::FEATURE_NO_CSUM_OFFLOAD, "0".to_string());
+    keys
+}
+
+/// The handshake's outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Connected {
+    pub info: VifInfo,
+    pub plan: Plan,
+    /// netback's `multi-queue-max-queues` (`None`: not offered).
+    pub max_queues: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,15 +272,17 @@ fn wait_backend(
 }
 
 /// The whole handshake: `make_rings` is called once netback waits for us, with what the
-/// toolstack said; its rings are published, and the call returns once netback is
-/// Connected. `now_ms` and `pause` are the clock and the wait between looks.
+/// toolstack said and the [`plan`] for up to `wanted` queues; what it made is
+/// published, and the call returns once netback is Connected. `now_ms` and `pause` are
+/// the clock and the wait between looks.
 pub fn connect(
     store: &mut dyn XenStore,
     dir: &str,
+    wanted: u16,
     now_ms: &mut dyn FnMut() -> u64,
     pause: &mut dyn FnMut(),
-    make_rings: &mut dyn FnMut(&VifInfo) -> Result<Rings, String>,
-) -> Result<VifInfo, VifError> {
+    make_rings: &mut dyn FnMut(&VifInfo, &Plan) -> Result<Made, String>,
+) -> Result<Connected, VifError> {
     let info = read_vif(store, dir)?;
     wait_backend(store, &info.backend, XenbusState::InitWait, now_ms, pause)?;
     let copy = store
@@ -177,21 +294,17 @@ pub fn connect(
     if copy.trim() != "1" {
         return Err(VifError::NoRxCopy);
     }
-    let rings = make_rings(&info).map_err(VifError::Rings)?;
-    let keys = [
-        (vif::TX_RING_REF, rings.tx_ref.to_string()),
-        (vif::RX_RING_REF, rings.rx_ref.to_string()),
-        (vif::EVENT_CHANNEL, rings.port.to_string()),
-        (vif::REQUEST_RX_COPY, "1".to_string()),
-        (vif::FEATURE_RX_NOTIFY, "1".to_string()),
-        // Scatter-gather and TCPv4 GSO on receive: netback hands over up to 64 KiB
-        // in one packet. Its TSO needs checksum offload, so that is on (written, not
-        // left out: a key of an earlier connection would stay), and packets may come
-        // with a blank checksum, flagged (`phy.rs` checks the others).
-        (vif::FEATURE_SG, "1".to_string()),
-        (vif::FEATURE_GSO_TCPV4, "1".to_string()),
-        (vif::FEATURE_NO_CSUM_OFFLOAD, "0".to_string()),
-    ];
+    let (plan, max_queues) = plan(store, &info.backend, wanted);
+    let made = make_rings(&info, &plan).map_err(VifError::Rings)?;
+    if made.queues.len() != usize::from(plan.queues) || made.ctrl.is_some() != plan.ctrl_ring {
+        return Err(VifError::Rings(format!(
+            "{} queues made for {} planned",
+            made.queues.len(),
+            plan.queues
+        )));
+    }
+    let keys = keys(&made, max_queues.is_some());
+    let keys: Vec<(&str, String)> = keys.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     write_in_transaction(store, dir, &keys).map_err(|error| VifError::Store {
         key: dir.into(),
         error,
@@ -202,7 +315,11 @@ pub fn connect(
         .write(NO_TRANSACTION, &state, &connected)
         .map_err(|error| VifError::Store { key: state, error })?;
     wait_backend(store, &info.backend, XenbusState::Connected, now_ms, pause)?;
-    Ok(info)
+    Ok(Connected {
+        info,
+        plan,
+        max_queues,
+    })
 }
 
 #[cfg(test)]
@@ -287,19 +404,20 @@ mod tests {
             }
         };
         let mut made = 0;
-        let mut rings = |info: &VifInfo| {
+        let mut rings = |info: &VifInfo, plan: &Plan| {
             made += 1;
             assert_eq!(info.mac, [0, 0x16, 0x3e, 1, 2, 3]);
-            Ok(Rings {
-                tx_ref: 8,
-                rx_ref: 9,
-                port: 3,
-            })
+            assert_eq!(plan.queues, 1);
+            Ok(one_queue())
         };
         // The store is borrowed by the pause closure only between calls.
         let mut shim = Shim(&store);
-        let info = connect(&mut shim, DIR, &mut now, &mut pause, &mut rings).unwrap();
-        assert_eq!(info.backend, BACKEND);
+        let connected = connect(&mut shim, DIR, 2, &mut now, &mut pause, &mut rings).unwrap();
+        assert_eq!(connected.info.backend, BACKEND);
+        assert_eq!(
+            connected.plan.single_because,
+            Some("netback offers one queue (multi-queue-max-queues)")
+        );
         assert_eq!(made, 1);
         let s = store.borrow();
         for (key, value) in [
@@ -316,6 +434,178 @@ mod tests {
             assert_eq!(s.get(&format!("{DIR}/{key}")), Some(value), "{key}");
         }
         assert_eq!(s.commits, 1, "the rings and features in one transaction");
+        for absent in [
+            "multi-queue-num-queues",
+            "queue-0/tx-ring-ref",
+            "ctrl-ring-ref",
+        ] {
+            assert_eq!(s.get(&format!("{DIR}/{absent}")), None, "{absent}");
+        }
+    }
+
+    fn one_queue() -> Made {
+        Made {
+            queues: vec![Rings {
+                tx_ref: 8,
+                rx_ref: 9,
+                port: 3,
+            }],
+            ctrl: None,
+        }
+    }
+
+    /// Makes what the plan says: queue i's rings 10i+1 and 10i+2, port 10i+3; the
+    /// control ring's 99 and port 98.
+    fn made_for(plan: &Plan) -> Made {
+        Made {
+            queues: (0..plan.queues as u32)
+                .map(|i| Rings {
+                    tx_ref: 10 * i + 1,
+                    rx_ref: 10 * i + 2,
+                    port: 10 * i + 3,
+                })
+                .collect(),
+            ctrl: plan.ctrl_ring.then_some(CtrlRef { gref: 99, port: 98 }),
+        }
+    }
+
+    /// netback at InitWait with `max` queues and a control ring or not; it is Connected
+    /// as soon as we are.
+    fn offer(max: Option<&str>, ctrl: Option<&str>) -> std::cell::RefCell<MemStore> {
+        let mut store = toolstack();
+        store.set(&format!("{BACKEND}/state"), "2");
+        if let Some(max) = max {
+            store.set(&format!("{BACKEND}/multi-queue-max-queues"), max);
+        }
+        if let Some(ctrl) = ctrl {
+            store.set(&format!("{BACKEND}/feature-ctrl-ring"), ctrl);
+        }
+        std::cell::RefCell::new(store)
+    }
+
+    fn run(store: &std::cell::RefCell<MemStore>, wanted: u16) -> Connected {
+        let mut now = || 0;
+        let mut pause = || {
+            let mut s = store.borrow_mut();
+            if s.get(&format!("{DIR}/state")) == Some("4") {
+                s.set(&format!("{BACKEND}/state"), "4");
+            }
+        };
+        let mut rings = |_: &VifInfo, plan: &Plan| Ok(made_for(plan));
+        let mut shim = Shim(store);
+        connect(&mut shim, DIR, wanted, &mut now, &mut pause, &mut rings).unwrap()
+    }
+
+    #[test]
+    fn several_queues_are_published_under_queue_n_with_the_control_ring() {
+        let store = offer(Some("4"), Some("1"));
+        let connected = run(&store, 2);
+        assert_eq!(
+            connected.plan,
+            Plan {
+                queues: 2,
+                ctrl_ring: true,
+                single_because: None
+            }
+        );
+        assert_eq!(connected.max_queues, Some(4));
+        let s = store.borrow();
+        for (key, value) in [
+            ("multi-queue-num-queues", "2"),
+            ("queue-0/tx-ring-ref", "1"),
+            ("queue-0/rx-ring-ref", "2"),
+            ("queue-0/event-channel", "3"),
+            ("queue-1/tx-ring-ref", "11"),
+            ("queue-1/rx-ring-ref", "12"),
+            ("queue-1/event-channel", "13"),
+            ("ctrl-ring-ref", "99"),
+            ("event-channel-ctrl", "98"),
+            ("request-rx-copy", "1"),
+            ("feature-sg", "1"),
+            ("state", "4"),
+        ] {
+            assert_eq!(s.get(&format!("{DIR}/{key}")), Some(value), "{key}");
+        }
+        // Netfront's rule: no flat ring keys with several queues.
+        for absent in [
+            "tx-ring-ref",
+            "rx-ring-ref",
+            "event-channel",
+            "queue-2/tx-ring-ref",
+        ] {
+            assert_eq!(s.get(&format!("{DIR}/{absent}")), None, "{absent}");
+        }
+        assert_eq!(s.commits, 1);
+        // netback's maximum bounds the count; ours too.
+        let store = offer(Some("3"), Some("1"));
+        assert_eq!(run(&store, 8).plan.queues, 3);
+        let store = offer(Some("64"), Some("1"));
+        assert_eq!(run(&store, 64).plan.queues, MAX_QUEUES as u16);
+    }
+
+    #[test]
+    fn without_queues_or_a_control_ring_one_queue_is_published_flat() {
+        for (max, ctrl, wanted, because) in [
+            (
+                Some("4"),
+                None,
+                2,
+                Some("netback has no control ring (feature-ctrl-ring)"),
+            ),
+            (
+                Some("4"),
+                Some("0"),
+                2,
+                Some("netback has no control ring (feature-ctrl-ring)"),
+            ),
+            (
+                Some("1"),
+                Some("1"),
+                2,
+                Some("netback offers one queue (multi-queue-max-queues)"),
+            ),
+            (
+                Some("many"),
+                Some("1"),
+                2,
+                Some("netback offers one queue (multi-queue-max-queues)"),
+            ),
+            (
+                None,
+                Some("1"),
+                2,
+                Some("netback offers one queue (multi-queue-max-queues)"),
+            ),
+            (Some("4"), Some("1"), 1, None),
+        ] {
+            let store = offer(max, ctrl);
+            let connected = run(&store, wanted);
+            let what = format!("{max:?} {ctrl:?} {wanted}");
+            assert_eq!(connected.plan.queues, 1, "{what}");
+            assert!(!connected.plan.ctrl_ring, "{what}");
+            assert_eq!(connected.plan.single_because, because, "{what}");
+            let s = store.borrow();
+            assert_eq!(s.get(&format!("{DIR}/tx-ring-ref")), Some("1"), "{what}");
+            assert_eq!(s.get(&format!("{DIR}/event-channel")), Some("3"), "{what}");
+            assert_eq!(s.get(&format!("{DIR}/queue-0/tx-ring-ref")), None, "{what}");
+            assert_eq!(s.get(&format!("{DIR}/ctrl-ring-ref")), None, "{what}");
+            // Netfront writes the count when netback offers queues at all.
+            let count = s.get(&format!("{DIR}/multi-queue-num-queues"));
+            assert_eq!(count, max.map(|_| "1"), "{what}");
+        }
+    }
+
+    #[test]
+    fn rings_other_than_planned_fail_the_handshake() {
+        let store = offer(Some("4"), Some("1"));
+        let mut now = || 0;
+        let mut pause = || {};
+        let mut rings = |_: &VifInfo, _: &Plan| Ok(one_queue());
+        let mut shim = Shim(&store);
+        assert!(matches!(
+            connect(&mut shim, DIR, 2, &mut now, &mut pause, &mut rings),
+            Err(VifError::Rings(_))
+        ));
     }
 
     #[test]
@@ -323,16 +613,10 @@ mod tests {
         let clock = Cell::new(0u64);
         let mut now = || clock.get();
         let mut pause = || clock.set(clock.get() + 100);
-        let mut rings = |_: &VifInfo| {
-            Ok(Rings {
-                tx_ref: 8,
-                rx_ref: 9,
-                port: 3,
-            })
-        };
+        let mut rings = |_: &VifInfo, _: &Plan| Ok(one_queue());
         let mut store = toolstack();
         assert_eq!(
-            connect(&mut store, DIR, &mut now, &mut pause, &mut rings),
+            connect(&mut store, DIR, 1, &mut now, &mut pause, &mut rings),
             Err(VifError::BackendTimeout {
                 wanted: XenbusState::InitWait,
                 state: XenbusState::Unknown
@@ -341,27 +625,27 @@ mod tests {
         assert!(clock.get() <= BACKEND_WAIT_MS + 100);
         store.set(&format!("{BACKEND}/state"), "6");
         assert_eq!(
-            connect(&mut store, DIR, &mut now, &mut pause, &mut rings),
+            connect(&mut store, DIR, 1, &mut now, &mut pause, &mut rings),
             Err(VifError::BackendClosed(XenbusState::Closed))
         );
         store.set(&format!("{BACKEND}/state"), "2");
         store.set(&format!("{BACKEND}/feature-rx-copy"), "0");
         assert_eq!(
-            connect(&mut store, DIR, &mut now, &mut pause, &mut rings),
+            connect(&mut store, DIR, 1, &mut now, &mut pause, &mut rings),
             Err(VifError::NoRxCopy)
         );
         store.set(&format!("{BACKEND}/feature-rx-copy"), "1");
         clock.set(0);
         assert_eq!(
-            connect(&mut store, DIR, &mut now, &mut pause, &mut rings),
+            connect(&mut store, DIR, 1, &mut now, &mut pause, &mut rings),
             Err(VifError::BackendTimeout {
                 wanted: XenbusState::Connected,
                 state: XenbusState::InitWait
             })
         );
-        let mut refuse = |_: &VifInfo| Err("no grant".to_string());
+        let mut refuse = |_: &VifInfo, _: &Plan| Err("no grant".to_string());
         assert_eq!(
-            connect(&mut store, DIR, &mut now, &mut pause, &mut refuse),
+            connect(&mut store, DIR, 1, &mut now, &mut pause, &mut refuse),
             Err(VifError::Rings("no grant".into()))
         );
     }

@@ -219,7 +219,8 @@ fn a_gso_packet_over_many_slots_is_gathered_whole() {
             Ok(Some(Received {
                 len: size,
                 checksum_checked: true,
-                gso_size: Some(1448)
+                gso_size: Some(1448),
+                hash: None,
             }))
         );
         assert!(buf[..size] == packet[..], "round {round}");
@@ -233,7 +234,8 @@ fn a_gso_packet_over_many_slots_is_gathered_whole() {
         Ok(Some(Received {
             len: 9000,
             checksum_checked: false,
-            gso_size: None
+            gso_size: None,
+            hash: None,
         }))
     );
     assert!(buf[..9000] == packet[..]);
@@ -441,4 +443,90 @@ fn a_bad_packet_between_good_ones_costs_only_itself() {
         (2, 1, 1)
     );
     assert_eq!(back.rx_posted(), 256);
+}
+
+/// [`dropped`] over a queue that takes hash extra slots (the control ring set hashing up).
+fn dropped_hashed(what: &str, script: impl FnOnce(&mut Side)) {
+    let mut buf = packet_buffer();
+    let (mut q, mut back) = queue(100);
+    q.accept_hash();
+    q.post_rx();
+    script(&mut back);
+    assert_eq!(q.receive(&mut buf), Ok(None), "{what}");
+    assert_eq!(q.stats.rx_dropped, 1, "{what}");
+    assert_eq!(q.stats.rx_bad_extra, 1, "{what}: its counter");
+    assert_eq!(q.stats.rx_frames, 0, "{what}");
+    still_works(&mut q, &mut back);
+}
+
+#[test]
+fn with_hashing_set_up_a_hash_slot_after_the_gso_one_gives_netbacks_hash() {
+    let mut buf = packet_buffer();
+    let (mut q, mut back) = queue(100);
+    q.accept_hash();
+    q.post_rx();
+    for (round, (size, gso)) in [(60_000, Some(1448)), (1000, None), (MAX_PACKET, Some(1448))]
+        .into_iter()
+        .enumerate()
+    {
+        let packet = pattern(size, round as u8);
+        let hash = 0x8765_4321 ^ round as u32;
+        assert!(back.deliver_hashed(&packet, NETRXF_DATA_VALIDATED, gso, Some(hash)));
+        assert_eq!(
+            q.receive(&mut buf),
+            Ok(Some(Received {
+                len: size,
+                checksum_checked: true,
+                gso_size: gso,
+                hash: Some(hash),
+            }))
+        );
+        assert!(buf[..size] == packet[..], "round {round}");
+        assert_eq!(back.rx_posted(), 256);
+    }
+    assert_eq!(
+        (q.stats.rx_frames, q.stats.rx_hashed, q.stats.rx_gso),
+        (3, 3, 2)
+    );
+    // A packet without one (ARP: netback hashes IPv4/TCP only).
+    assert!(back.deliver_packet(&pattern(60, 7), 0, None));
+    assert_eq!(q.receive(&mut buf).unwrap().unwrap().hash, None);
+}
+
+#[test]
+fn hash_slots_not_asked_for_are_dropped() {
+    let hash_packet = |kind: u8, alg: u8| {
+        move |b: &mut Side| {
+            respond(b, 0, NETRXF_EXTRA_INFO | NETRXF_MORE_DATA, 4096);
+            b.rx.take().expect("a request posted");
+            b.rx_hash(0, kind, alg, 1234);
+            respond(b, 0, 0, 100);
+        }
+    };
+    dropped_hashed(
+        "an IPv4 (not TCP) hash",
+        hash_packet(0, XEN_NETIF_CTRL_HASH_ALGORITHM_TOEPLITZ as u8),
+    );
+    dropped_hashed(
+        "an IPv6/TCP hash",
+        hash_packet(3, XEN_NETIF_CTRL_HASH_ALGORITHM_TOEPLITZ as u8),
+    );
+    dropped_hashed(
+        "a hash of no algorithm",
+        hash_packet(HASH_TYPE_BIT_IPV4_TCP, 0),
+    );
+    dropped_hashed("two hash slots", |b| {
+        respond(b, 0, NETRXF_EXTRA_INFO | NETRXF_MORE_DATA, 4096);
+        b.rx.take().expect("a request posted");
+        b.rx_hash(XEN_NETIF_EXTRA_FLAG_MORE, HASH_TYPE_BIT_IPV4_TCP, 1, 1);
+        b.rx.take().expect("a request posted");
+        b.rx_hash(0, HASH_TYPE_BIT_IPV4_TCP, 1, 2);
+        respond(b, 0, 0, 100);
+    });
+    // Before the control ring set hashing up, even a good one is not taken.
+    dropped(
+        "a hash slot before hashing was set up",
+        hash_packet(HASH_TYPE_BIT_IPV4_TCP, 1),
+        extras,
+    );
 }

@@ -65,11 +65,18 @@ pub const EXTRA_TYPE: usize = 0;
 pub const EXTRA_FLAGS: usize = 1;
 pub const EXTRA_GSO_SIZE: usize = 2;
 pub const EXTRA_GSO_TYPE: usize = 4;
+/// `u.hash`: `type` (a `_XEN_NETIF_CTRL_HASH_TYPE_*` bit number), `alg`, then the value
+/// (four bytes, least significant first).
+pub const EXTRA_HASH_TYPE: usize = 2;
+pub const EXTRA_HASH_ALG: usize = 3;
+pub const EXTRA_HASH_VALUE: usize = 4;
 
-/// `XEN_NETIF_EXTRA_TYPE_*` (`NONE` is never used; GSO is the only one a frontend that
-/// offers neither a control ring's hash nor XDP headroom can be sent).
+/// `XEN_NETIF_EXTRA_TYPE_*` (`NONE` is never used; a frontend that asked for no XDP
+/// headroom can be sent GSO, and HASH once it set a hash up on the control ring).
 pub const XEN_NETIF_EXTRA_TYPE_NONE: u8 = 0;
 pub const XEN_NETIF_EXTRA_TYPE_GSO: u8 = 1;
+/// The packet's hash as netback computed it (`u.hash`: type, algorithm, value).
+pub const XEN_NETIF_EXTRA_TYPE_HASH: u8 = 4;
 pub const XEN_NETIF_EXTRA_TYPE_MAX: u8 = 6;
 /// `XEN_NETIF_EXTRA_FLAG_MORE`: another extra-info slot follows.
 pub const XEN_NETIF_EXTRA_FLAG_MORE: u8 = 1 << 0;
@@ -95,6 +102,56 @@ pub const TX_SLOT: usize = 12;
 /// An rx slot: the union of request and response (8 bytes each).
 pub const RX_SLOT: usize = 8;
 
+/// `struct xen_netif_ctrl_request`: one control message (`feature-ctrl-ring`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetifCtrlRequest {
+    pub id: u16,
+    pub kind: u16,
+    pub data: [u32; 3],
+}
+
+/// `struct xen_netif_ctrl_response`: `id` and `type` echo the request's.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetifCtrlResponse {
+    pub id: u16,
+    pub kind: u16,
+    pub status: u32,
+    pub data: u32,
+}
+
+/// A control ring slot: the union of request (16 bytes) and response (12).
+pub const CTRL_SLOT: usize = 16;
+
+/// `XEN_NETIF_CTRL_TYPE_*`.
+pub const XEN_NETIF_CTRL_TYPE_INVALID: u16 = 0;
+pub const XEN_NETIF_CTRL_TYPE_GET_HASH_FLAGS: u16 = 1;
+pub const XEN_NETIF_CTRL_TYPE_SET_HASH_FLAGS: u16 = 2;
+pub const XEN_NETIF_CTRL_TYPE_SET_HASH_KEY: u16 = 3;
+pub const XEN_NETIF_CTRL_TYPE_GET_HASH_MAPPING_SIZE: u16 = 4;
+pub const XEN_NETIF_CTRL_TYPE_SET_HASH_MAPPING_SIZE: u16 = 5;
+pub const XEN_NETIF_CTRL_TYPE_SET_HASH_MAPPING: u16 = 6;
+pub const XEN_NETIF_CTRL_TYPE_SET_HASH_ALGORITHM: u16 = 7;
+
+/// `XEN_NETIF_CTRL_STATUS_*`.
+pub const XEN_NETIF_CTRL_STATUS_SUCCESS: u32 = 0;
+pub const XEN_NETIF_CTRL_STATUS_NOT_SUPPORTED: u32 = 1;
+pub const XEN_NETIF_CTRL_STATUS_INVALID_PARAMETER: u32 = 2;
+pub const XEN_NETIF_CTRL_STATUS_BUFFER_OVERFLOW: u32 = 3;
+
+/// `XEN_NETIF_CTRL_HASH_TYPE_*` (bits of the flags; an extra slot's `type` is the bit's
+/// number, `_XEN_NETIF_CTRL_HASH_TYPE_*`).
+pub const XEN_NETIF_CTRL_HASH_TYPE_IPV4: u32 = 1 << 0;
+pub const XEN_NETIF_CTRL_HASH_TYPE_IPV4_TCP: u32 = 1 << 1;
+pub const XEN_NETIF_CTRL_HASH_TYPE_IPV6: u32 = 1 << 2;
+pub const XEN_NETIF_CTRL_HASH_TYPE_IPV6_TCP: u32 = 1 << 3;
+pub const HASH_TYPE_BIT_IPV4_TCP: u8 = 1;
+
+/// `XEN_NETIF_CTRL_HASH_ALGORITHM_*`.
+pub const XEN_NETIF_CTRL_HASH_ALGORITHM_NONE: u32 = 0;
+pub const XEN_NETIF_CTRL_HASH_ALGORITHM_TOEPLITZ: u32 = 1;
+
 /// `__CONST_RING_SIZE` for one page: the largest power of two of slots after the header.
 pub const fn ring_size(slot: usize) -> u32 {
     let fit = (crate::abi::PAGE_SIZE - sring::HEADER_SIZE) / slot;
@@ -104,6 +161,8 @@ pub const fn ring_size(slot: usize) -> u32 {
 /// `NET_TX_RING_SIZE` / `NET_RX_RING_SIZE` for one-page rings.
 pub const TX_RING_SIZE: u32 = ring_size(TX_SLOT);
 pub const RX_RING_SIZE: u32 = ring_size(RX_SLOT);
+/// The control ring's slots in one page.
+pub const CTRL_RING_SIZE: u32 = ring_size(CTRL_SLOT);
 
 #[cfg(test)]
 mod tests {
@@ -129,6 +188,28 @@ mod tests {
         assert_eq!(
             (EXTRA_TYPE, EXTRA_FLAGS, EXTRA_GSO_SIZE, EXTRA_GSO_TYPE),
             (0, 1, 2, 4)
+        );
+        // u.hash { type, alg, value[4] }.
+        assert_eq!(
+            (EXTRA_HASH_TYPE, EXTRA_HASH_ALG, EXTRA_HASH_VALUE),
+            (2, 3, 4)
+        );
+    }
+
+    #[test]
+    fn ctrl_ring_layouts() {
+        assert_eq!(size_of::<NetifCtrlRequest>(), CTRL_SLOT);
+        assert_eq!(offset_of!(NetifCtrlRequest, kind), 2);
+        assert_eq!(offset_of!(NetifCtrlRequest, data), 4);
+        assert_eq!(size_of::<NetifCtrlResponse>(), 12);
+        assert_eq!(offset_of!(NetifCtrlResponse, kind), 2);
+        assert_eq!(offset_of!(NetifCtrlResponse, status), 4);
+        assert_eq!(offset_of!(NetifCtrlResponse, data), 8);
+        // (4096 - 64) / 16 = 252 slots fit: the ring takes 128.
+        assert_eq!(CTRL_RING_SIZE, 128);
+        assert_eq!(
+            1 << HASH_TYPE_BIT_IPV4_TCP,
+            XEN_NETIF_CTRL_HASH_TYPE_IPV4_TCP
         );
     }
 

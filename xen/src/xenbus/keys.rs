@@ -94,6 +94,19 @@ pub mod vif {
     pub const FEATURE_GSO_TCPV4: &str = "feature-gso-tcpv4";
     /// The backend's: `1` when it can copy into our pages.
     pub const FEATURE_RX_COPY: &str = "feature-rx-copy";
+    /// The backend's: how many queues a frontend may ask for.
+    pub const MULTI_QUEUE_MAX_QUEUES: &str = "multi-queue-max-queues";
+    /// How many queues the frontend made (written when the backend offers several).
+    pub const MULTI_QUEUE_NUM_QUEUES: &str = "multi-queue-num-queues";
+    /// Queue N's keys when there are several (one queue: the flat keys above).
+    pub const QUEUE_TX_RING_REF: &str = "queue-<N>/tx-ring-ref";
+    pub const QUEUE_RX_RING_REF: &str = "queue-<N>/rx-ring-ref";
+    pub const QUEUE_EVENT_CHANNEL: &str = "queue-<N>/event-channel";
+    /// The backend's: `1` when it takes a control ring (the hash set-up).
+    pub const FEATURE_CTRL_RING: &str = "feature-ctrl-ring";
+    /// The control ring's grant and event channel.
+    pub const CTRL_RING_REF: &str = "ctrl-ring-ref";
+    pub const EVENT_CHANNEL_CTRL: &str = "event-channel-ctrl";
 }
 
 /// Every key of this list blkdom uses, where it uses it.
@@ -125,8 +138,16 @@ pub const ALL: &[Key] = &[
     Key::new(vif::FEATURE_NO_CSUM_OFFLOAD, Place::VifFrontend),
     Key::new(vif::FEATURE_SG, Place::VifFrontend),
     Key::new(vif::FEATURE_GSO_TCPV4, Place::VifFrontend),
+    Key::new(vif::MULTI_QUEUE_NUM_QUEUES, Place::VifFrontend),
+    Key::new(vif::QUEUE_TX_RING_REF, Place::VifFrontend),
+    Key::new(vif::QUEUE_RX_RING_REF, Place::VifFrontend),
+    Key::new(vif::QUEUE_EVENT_CHANNEL, Place::VifFrontend),
+    Key::new(vif::CTRL_RING_REF, Place::VifFrontend),
+    Key::new(vif::EVENT_CHANNEL_CTRL, Place::VifFrontend),
     Key::new(STATE, Place::VifBackend),
     Key::new(vif::FEATURE_RX_COPY, Place::VifBackend),
+    Key::new(vif::MULTI_QUEUE_MAX_QUEUES, Place::VifBackend),
+    Key::new(vif::FEATURE_CTRL_RING, Place::VifBackend),
 ];
 
 /// `key` with its placeholder `<N>` replaced by `n` (`vdevfn-<N>`, 2: `vdevfn-2`).

@@ -8,7 +8,8 @@ use netfront::{NetQueue, Page};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use xen::abi::netif::{
-    NETRXF_EXTRA_INFO, NETRXF_MORE_DATA, XEN_NETIF_EXTRA_TYPE_GSO, XEN_NETIF_GSO_TYPE_TCPV4,
+    HASH_TYPE_BIT_IPV4_TCP, NETRXF_EXTRA_INFO, NETRXF_MORE_DATA, XEN_NETIF_EXTRA_FLAG_MORE,
+    XEN_NETIF_EXTRA_TYPE_GSO, XEN_NETIF_EXTRA_TYPE_HASH, XEN_NETIF_GSO_TYPE_TCPV4,
 };
 use xen::abi::sring;
 use xen::SharedMem;
@@ -140,8 +141,21 @@ impl Side {
     /// `extra_info` on the first, the GSO extra slot right after the first when
     /// `gso_size` is given. False (nothing taken) when too few pages are posted.
     pub fn deliver_packet(&mut self, packet: &[u8], flags: u16, gso_size: Option<u16>) -> bool {
+        self.deliver_hashed(packet, flags, gso_size, None)
+    }
+
+    /// [`Side::deliver_packet`], with a hash extra slot (IPv4/TCP, Toeplitz) after the
+    /// GSO one when `hash` is given, as netback orders its extras.
+    pub fn deliver_hashed(
+        &mut self,
+        packet: &[u8],
+        flags: u16,
+        gso_size: Option<u16>,
+        hash: Option<u32>,
+    ) -> bool {
         let chunks: Vec<&[u8]> = packet.chunks(4096).collect();
-        let needed = chunks.len() + usize::from(gso_size.is_some());
+        let extras = usize::from(gso_size.is_some()) + usize::from(hash.is_some());
+        let needed = chunks.len() + extras;
         if (self.rx_posted() as usize) < needed || chunks.is_empty() {
             return false;
         }
@@ -157,7 +171,7 @@ impl Side {
             };
             if i == 0 {
                 f |= flags;
-                if gso_size.is_some() {
+                if extras > 0 {
                     f |= NETRXF_EXTRA_INFO;
                 }
             }
@@ -165,18 +179,43 @@ impl Side {
             if i == 0 {
                 if let Some(size) = gso_size {
                     self.rx.take().unwrap();
+                    let more = if hash.is_some() {
+                        XEN_NETIF_EXTRA_FLAG_MORE
+                    } else {
+                        0
+                    };
                     self.rx_extra_unpublished(
                         XEN_NETIF_EXTRA_TYPE_GSO,
-                        0,
+                        more,
                         size,
                         XEN_NETIF_GSO_TYPE_TCPV4,
                     );
+                }
+                if let Some(value) = hash {
+                    self.rx.take().unwrap();
+                    self.rx_hash_unpublished(0, HASH_TYPE_BIT_IPV4_TCP, 1, value);
                 }
             }
         }
         // netback publishes a packet whole.
         self.rx.publish();
         true
+    }
+
+    /// A hash extra slot in the next slot (its request taken by the caller).
+    pub fn rx_hash(&mut self, flags: u8, kind: u8, alg: u8, value: u32) {
+        self.rx_hash_unpublished(flags, kind, alg, value);
+        self.rx.publish();
+    }
+
+    fn rx_hash_unpublished(&mut self, flags: u8, kind: u8, alg: u8, value: u32) {
+        let at = self.rx.respond_at();
+        let m = self.rx.mem;
+        m.store_u8(at, XEN_NETIF_EXTRA_TYPE_HASH, Ordering::Relaxed);
+        m.store_u8(at + 1, flags, Ordering::Relaxed);
+        m.store_u8(at + 2, kind, Ordering::Relaxed);
+        m.store_u8(at + 3, alg, Ordering::Relaxed);
+        m.store_u32(at + 4, value, Ordering::Relaxed);
     }
 
     /// An extra-info response in the next slot (its request taken by the caller).
