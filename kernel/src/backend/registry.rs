@@ -558,9 +558,6 @@ impl Registry {
         Ok(disk)
     }
 
-    /// A disk on `region` of `device`: its range checked against the ranges serving
-    /// (before any queue moves where no partition table has to be read), its queues
-    /// from the device's pool.
     /// `region`'s extent on `device` from its partition table (`TableReader::locate`).
     /// A remote namespace's table comes over the network, which this path drives: the
     /// network pass runs while each read waits (vCPU 0's rings wait meanwhile, at most
@@ -582,6 +579,9 @@ impl Registry {
         })
     }
 
+    /// A disk on `region` of `device`: its range checked against the ranges serving
+    /// (before any queue moves where no partition table has to be read), its queues
+    /// from the device's pool.
     fn open_on_device(
         &mut self,
         spec: &str,
