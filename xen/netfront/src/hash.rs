@@ -94,11 +94,14 @@ pub fn ipv4_tcp_flow(frame: &[u8]) -> Option<([u8; 4], [u8; 4], u16, u16)> {
     ))
 }
 
+/// netback's hash of a flow as [`ipv4_tcp_flow`] gives it.
+pub fn flow_hash((src, dst, src_port, dst_port): ([u8; 4], [u8; 4], u16, u16)) -> u32 {
+    toeplitz(&KEY, &ipv4_tcp_input(src, dst, src_port, dst_port))
+}
+
 /// netback's hash of `frame` (0 when it does not hash it).
 pub fn hash_of_frame(frame: &[u8]) -> u32 {
-    ipv4_tcp_flow(frame).map_or(0, |(src, dst, sp, dp)| {
-        toeplitz(&KEY, &ipv4_tcp_input(src, dst, sp, dp))
-    })
+    ipv4_tcp_flow(frame).map_or(0, flow_hash)
 }
 
 /// How netback picks the queue of a packet to us, once the control ring set it up.
@@ -154,8 +157,7 @@ impl Steering {
         local: [u8; 4],
         local_port: u16,
     ) -> u16 {
-        let input = ipv4_tcp_input(remote, local, remote_port, local_port);
-        self.queue_of_hash(toeplitz(&KEY, &input))
+        self.queue_of_hash(flow_hash((remote, local, remote_port, local_port)))
     }
 
     /// An ephemeral local port whose connection to `remote`:`remote_port` lands on

@@ -19,7 +19,7 @@
 //! receive (it checks lengths against the IPv4 header, not the MTU; the MTU bounds what
 //! it sends), so a 64 KiB GSO packet is one segment to its TCP socket.
 
-use crate::hash::{hash_of_frame, Steering, MAX_QUEUES};
+use crate::hash::{flow_hash, ipv4_tcp_flow, Steering, MAX_QUEUES};
 use crate::queue::{NetFault, NetQueue, SendError, MAX_FRAME, MAX_PACKET};
 use alloc::boxed::Box;
 use alloc::vec;
@@ -130,11 +130,12 @@ impl NetDevice {
         let Some(steering) = self.steering else {
             return;
         };
-        let frame = &self.rx_buf[..len];
-        let ours = hash_of_frame(frame);
+        // Parsed once: its hash, and whether netback hashes it at all.
+        let flow = ipv4_tcp_flow(&self.rx_buf[..len]);
+        let ours = flow.map_or(0, flow_hash);
         let stats = &mut self.steer[queue];
         let off = usize::from(steering.queue_of_hash(ours)) != queue;
-        if crate::hash::ipv4_tcp_flow(frame).is_some() {
+        if flow.is_some() {
             stats.tcp += 1;
             stats.off_queue += u64::from(off);
             match hash {
