@@ -285,19 +285,17 @@ pub fn run(spec: &str, cmdline: &Cmdline<'_>, config: &Config, grant_gpa: u64) -
         .map(|b| alloc::format!("{b:02x}"))
         .collect();
     let device = &vif.stack.device;
-    let sum = |f: fn(&netfront::NetStats) -> u64| -> u64 {
-        device.queues().iter().map(|q| f(&q.stats)).sum()
-    };
+    let total = device.queue_totals();
     info!(
         "nettest: block 0 read: {} ...; block 1 written and read back the same; vif tx {} \
          rx {} (GSO {}) dropped {} bad checksum {} events {}",
         words.join(""),
-        sum(|s| s.tx_frames),
-        sum(|s| s.rx_frames),
-        sum(|s| s.rx_gso),
-        sum(|s| s.rx_dropped),
+        total.tx_frames,
+        total.rx_frames,
+        total.rx_gso,
+        total.rx_dropped,
         device.stats.rx_bad_checksum,
-        sum(|s| s.notifications)
+        total.notifications
     );
     // Each queue's packets against the steering: the scenario checks these lines.
     for (i, queue) in device.queues().iter().enumerate() {

@@ -15,6 +15,8 @@ use blkdev::{BlockDevice, BufferAccess, IoRequest, SubmitError};
 use bootconfig::HostNqn;
 use core::sync::atomic::Ordering;
 use netfront::hash::MAX_QUEUES;
+use netfront::phy::DeviceStats;
+use netfront::NetStats;
 use nvmetcp::remote::{
     DiskQueue, Event, Failure, Link, LinkState, Remote, State, Timing, Transport,
 };
@@ -89,16 +91,9 @@ pub struct Net {
 /// What the vif moved, for the console every [`COUNTERS_EVERY_MS`] while it changes.
 #[derive(Clone, Copy, Default, PartialEq, Eq)]
 struct NetCounters {
-    tx_frames: u64,
-    tx_errors: u64,
-    tx_full: u64,
-    rx_frames: u64,
-    rx_gso: u64,
-    rx_dropped: u64,
-    rx_bad_extra: u64,
-    rx_bad_chain: u64,
-    rx_bad_checksum: u64,
-    events_sent: u64,
+    /// Every queue's, added up.
+    queues: NetStats,
+    device: DeviceStats,
     /// Packets in on each queue, and of them those off the queue the hash predicted.
     per_queue: [(u64, u64); MAX_QUEUES],
 }
@@ -620,35 +615,26 @@ impl Net {
         }
         let device = &self.vif.stack.device;
         let mut counters = NetCounters {
-            tx_full: device.stats.tx_full,
-            rx_bad_checksum: device.stats.rx_bad_checksum,
-            ..NetCounters::default()
+            queues: device.queue_totals(),
+            device: device.stats,
+            per_queue: [(0, 0); MAX_QUEUES],
         };
         for (i, queue) in device.queues().iter().enumerate() {
-            let q = queue.stats;
-            counters.tx_frames += q.tx_frames;
-            counters.tx_errors += q.tx_errors;
-            counters.rx_frames += q.rx_frames;
-            counters.rx_gso += q.rx_gso;
-            counters.rx_dropped += q.rx_dropped;
-            counters.rx_bad_extra += q.rx_bad_extra;
-            counters.rx_bad_chain += q.rx_bad_chain;
-            counters.events_sent += q.notifications;
-            counters.per_queue[i] = (q.rx_frames, device.steer[i].off_queue);
+            counters.per_queue[i] = (queue.stats.rx_frames, device.steer[i].off_queue);
         }
         if counters != self.logged.0 {
             log::info!(
                 "net: vif: {} frames out ({} refused by netback, {} lost with the ring full), {} packets in ({} GSO; {} dropped by netfront: {} bad extra slot, {} bad slot chain; {} bad checksum), {} events sent{}",
-                counters.tx_frames,
-                counters.tx_errors,
-                counters.tx_full,
-                counters.rx_frames,
-                counters.rx_gso,
-                counters.rx_dropped,
-                counters.rx_bad_extra,
-                counters.rx_bad_chain,
-                counters.rx_bad_checksum,
-                counters.events_sent,
+                counters.queues.tx_frames,
+                counters.queues.tx_errors,
+                counters.device.tx_full,
+                counters.queues.rx_frames,
+                counters.queues.rx_gso,
+                counters.queues.rx_dropped,
+                counters.queues.rx_bad_extra,
+                counters.queues.rx_bad_chain,
+                counters.device.rx_bad_checksum,
+                counters.queues.notifications,
                 per_queue(&counters.per_queue[..device.queues().len()])
             );
             for entry in self.entries.iter().flatten() {

@@ -20,7 +20,7 @@
 //! it sends), so a 64 KiB GSO packet is one segment to its TCP socket.
 
 use crate::hash::{flow_hash, ipv4_tcp_flow, Steering, MAX_QUEUES};
-use crate::queue::{NetFault, NetQueue, SendError, MAX_FRAME, MAX_PACKET};
+use crate::queue::{NetFault, NetQueue, NetStats, SendError, MAX_FRAME, MAX_PACKET};
 use alloc::boxed::Box;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -101,6 +101,16 @@ impl NetDevice {
 
     pub fn queues(&self) -> &[NetQueue] {
         &self.queues
+    }
+
+    /// Every queue's counters added up.
+    pub fn queue_totals(&self) -> NetStats {
+        self.queues
+            .iter()
+            .fold(NetStats::default(), |mut total, q| {
+                total += q.stats;
+                total
+            })
     }
 
     pub fn queues_mut(&mut self) -> &mut [NetQueue] {

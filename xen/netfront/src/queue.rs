@@ -156,6 +156,21 @@ pub struct NetStats {
     pub notifications: u64,
 }
 
+/// Adds up queues' counters (a device's totals).
+impl core::ops::AddAssign for NetStats {
+    fn add_assign(&mut self, other: Self) {
+        self.tx_frames += other.tx_frames;
+        self.tx_errors += other.tx_errors;
+        self.rx_frames += other.rx_frames;
+        self.rx_gso += other.rx_gso;
+        self.rx_hashed += other.rx_hashed;
+        self.rx_dropped += other.rx_dropped;
+        self.rx_bad_extra += other.rx_bad_extra;
+        self.rx_bad_chain += other.rx_bad_chain;
+        self.notifications += other.notifications;
+    }
+}
+
 const TX_IDS: usize = TX_RING_SIZE as usize;
 const RX_IDS: usize = RX_RING_SIZE as usize;
 
