@@ -13,7 +13,7 @@
 
 use crate::hash::{Steering, HASH_FLAGS, KEY, MAPPING_SIZE, MAX_QUEUES};
 use crate::queue::Page;
-use crate::ring::{FrontRing, Overflow};
+use crate::ring::{le16, le32, FrontRing, Overflow};
 use core::sync::atomic::Ordering;
 use xen::abi::netif::*;
 use xen::SharedMem;
@@ -182,10 +182,8 @@ impl CtrlRing {
                 let mut rsp = [0u8; 12];
                 mem.read_bytes(self.ring.next_response_offset(), &mut rsp);
                 self.ring.consume();
-                let half = |i: usize| u16::from_le_bytes([rsp[i], rsp[i + 1]]);
-                let word =
-                    |i: usize| u32::from_le_bytes([rsp[i], rsp[i + 1], rsp[i + 2], rsp[i + 3]]);
-                let (got_id, got_kind, status, value) = (half(0), half(2), word(4), word(8));
+                let (got_id, got_kind) = (le16(&rsp, 0), le16(&rsp, 2));
+                let (status, value) = (le32(&rsp, 4), le32(&rsp, 8));
                 if got_id != id || got_kind != kind {
                     return Err(CtrlError::Garbage {
                         kind,

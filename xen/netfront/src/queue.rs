@@ -24,7 +24,7 @@
 //! has not published; an extra-info slot other than one GSO TCPv4 slot with a segment
 //! size and (once hashing is set up) one IPv4/TCP Toeplitz hash slot.
 
-use crate::ring::{FrontRing, Overflow};
+use crate::ring::{le16, le32, FrontRing, Overflow};
 use alloc::boxed::Box;
 use core::sync::atomic::Ordering;
 use xen::abi::grant_table::GrantRef;
@@ -437,8 +437,8 @@ impl NetQueue {
             let index = cons.wrapping_add(used);
             let rsp = self.response(index);
             used += 1;
-            let field = |at: usize| u16::from_le_bytes([rsp[at], rsp[at + 1]]);
-            let (id, offset, flags, status) = (field(0), field(2), field(4), field(6) as i16);
+            let (id, offset, flags) = (le16(&rsp, 0), le16(&rsp, 2), le16(&rsp, 4));
+            let status = le16(&rsp, 6) as i16;
             let slot = (index % RX_RING_SIZE) as u16;
             if id != slot {
                 return Err(NetFault::RxWrongId { slot, id });
@@ -474,8 +474,7 @@ impl NetQueue {
                         }
                         let extra = self.response(cons.wrapping_add(used));
                         used += 1;
-                        let size =
-                            u16::from_le_bytes([extra[EXTRA_GSO_SIZE], extra[EXTRA_GSO_SIZE + 1]]);
+                        let size = le16(&extra, EXTRA_GSO_SIZE);
                         let gso = extra[EXTRA_TYPE] == XEN_NETIF_EXTRA_TYPE_GSO
                             && extra[EXTRA_GSO_TYPE] == XEN_NETIF_GSO_TYPE_TCPV4
                             && size > 0
@@ -490,13 +489,7 @@ impl NetQueue {
                         if gso {
                             gso_size = Some(size);
                         } else if hashed {
-                            let v = EXTRA_HASH_VALUE;
-                            hash = Some(u32::from_le_bytes([
-                                extra[v],
-                                extra[v + 1],
-                                extra[v + 2],
-                                extra[v + 3],
-                            ]));
+                            hash = Some(le32(&extra, EXTRA_HASH_VALUE));
                         } else {
                             drop.get_or_insert(RxDrop::BadExtra);
                         }

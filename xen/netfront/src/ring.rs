@@ -9,6 +9,16 @@ use core::sync::atomic::{fence, Ordering};
 use xen::abi::sring;
 use xen::SharedMem;
 
+/// A little-endian 16-bit field of a slot copied out of a ring (read once, then decoded).
+pub(crate) fn le16(slot: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([slot[at], slot[at + 1]])
+}
+
+/// A little-endian 32-bit field of a slot copied out of a ring.
+pub(crate) fn le32(slot: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([slot[at], slot[at + 1], slot[at + 2], slot[at + 3]])
+}
+
 /// The backend published a response producer past what it was given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overflow {
