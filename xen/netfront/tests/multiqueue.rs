@@ -7,12 +7,8 @@ mod fake_netback;
 
 use netfront::hash::{hash_of_frame, Steering, MAPPING_SIZE};
 use netfront::NetDevice;
-use smoltcp::phy::{ChecksumCapabilities, Device, RxToken, TxToken};
+use smoltcp::phy::{Device, RxToken, TxToken};
 use smoltcp::time::Instant;
-use smoltcp::wire::{
-    EthernetAddress, EthernetFrame, EthernetProtocol, EthernetRepr, IpProtocol, Ipv4Address,
-    Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber,
-};
 use xen::abi::netif::NETRXF_DATA_VALIDATED;
 
 const TARGET: [u8; 4] = [10, 9, 0, 1];
@@ -20,42 +16,7 @@ const US: [u8; 4] = [10, 9, 0, 2];
 
 /// A TCP segment from the target's port 4420 to our `port`, as an Ethernet frame.
 fn segment(port: u16) -> Vec<u8> {
-    let tcp = TcpRepr {
-        src_port: 4420,
-        dst_port: port,
-        control: TcpControl::None,
-        seq_number: TcpSeqNumber(1),
-        ack_number: Some(TcpSeqNumber(1)),
-        window_len: 1000,
-        window_scale: None,
-        max_seg_size: None,
-        sack_permitted: false,
-        sack_ranges: [None; 3],
-        timestamp: None,
-        payload: b"data",
-    };
-    let (src, dst) = (Ipv4Address::from(TARGET), Ipv4Address::from(US));
-    let ip = Ipv4Repr {
-        src_addr: src,
-        dst_addr: dst,
-        next_header: IpProtocol::Tcp,
-        payload_len: tcp.buffer_len(),
-        hop_limit: 64,
-    };
-    let eth = EthernetRepr {
-        src_addr: EthernetAddress([0, 0x16, 0x3e, 0, 0, 1]),
-        dst_addr: EthernetAddress([0, 0x16, 0x3e, 0, 0, 2]),
-        ethertype: EthernetProtocol::Ipv4,
-    };
-    let mut frame = vec![0u8; eth.buffer_len() + ip.buffer_len() + tcp.buffer_len()];
-    let caps = ChecksumCapabilities::default();
-    let mut e = EthernetFrame::new_unchecked(&mut frame[..]);
-    eth.emit(&mut e);
-    let mut i = Ipv4Packet::new_unchecked(e.payload_mut());
-    ip.emit(&mut i, &caps);
-    let mut t = TcpPacket::new_unchecked(i.payload_mut());
-    tcp.emit(&mut t, &src.into(), &dst.into(), &caps);
-    frame
+    fake_netback::tcp_frame(TARGET, 4420, US, port, b"data")
 }
 
 #[test]

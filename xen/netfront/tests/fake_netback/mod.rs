@@ -263,6 +263,59 @@ pub fn switch(a: &mut Side, b: &mut Side) -> usize {
     moved
 }
 
+/// An Ethernet + IPv4 + TCP frame from `src`:`src_port` to `dst`:`dst_port` carrying
+/// `payload`, checksums filled in; each end's MAC is 00:16:3e:00:00 and its address's
+/// last byte (as [`stack`] gives them).
+pub fn tcp_frame(
+    src: [u8; 4],
+    src_port: u16,
+    dst: [u8; 4],
+    dst_port: u16,
+    payload: &[u8],
+) -> Vec<u8> {
+    use smoltcp::phy::ChecksumCapabilities;
+    use smoltcp::wire::{
+        EthernetAddress, EthernetFrame, EthernetProtocol, EthernetRepr, IpProtocol, Ipv4Address,
+        Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber,
+    };
+    let tcp = TcpRepr {
+        src_port,
+        dst_port,
+        control: TcpControl::None,
+        seq_number: TcpSeqNumber(1000),
+        ack_number: Some(TcpSeqNumber(2000)),
+        window_len: 1000,
+        window_scale: None,
+        max_seg_size: None,
+        sack_permitted: false,
+        sack_ranges: [None; 3],
+        timestamp: None,
+        payload,
+    };
+    let (src_ip, dst_ip) = (Ipv4Address::from(src), Ipv4Address::from(dst));
+    let ip = Ipv4Repr {
+        src_addr: src_ip,
+        dst_addr: dst_ip,
+        next_header: IpProtocol::Tcp,
+        payload_len: tcp.buffer_len(),
+        hop_limit: 64,
+    };
+    let eth = EthernetRepr {
+        src_addr: EthernetAddress([0, 0x16, 0x3e, 0, 0, src[3]]),
+        dst_addr: EthernetAddress([0, 0x16, 0x3e, 0, 0, dst[3]]),
+        ethertype: EthernetProtocol::Ipv4,
+    };
+    let mut frame = vec![0u8; eth.buffer_len() + ip.buffer_len() + tcp.buffer_len()];
+    let caps = ChecksumCapabilities::default();
+    let mut e = EthernetFrame::new_unchecked(&mut frame[..]);
+    eth.emit(&mut e);
+    let mut i = Ipv4Packet::new_unchecked(e.payload_mut());
+    ip.emit(&mut i, &caps);
+    let mut t = TcpPacket::new_unchecked(i.payload_mut());
+    tcp.emit(&mut t, &src_ip.into(), &dst_ip.into(), &caps);
+    frame
+}
+
 /// What a test leaks to get the `'static` buffers smoltcp's sockets and stack borrow.
 pub fn leak<T>(value: T) -> &'static mut T {
     Box::leak(Box::new(value))
