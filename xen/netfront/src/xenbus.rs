@@ -147,6 +147,8 @@ pub struct Connected {
     pub plan: Plan,
     /// netback's `multi-queue-max-queues` (`None`: not offered).
     pub max_queues: Option<u32>,
+    /// The keys written under the frontend's directory (relative), for [`disconnect`].
+    pub published: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -245,11 +247,14 @@ fn backend_state(store: &mut dyn XenStore, backend: &str) -> XenbusState {
         .map_or(XenbusState::Unknown, |v| XenbusState::parse(&v))
 }
 
-/// Waits (bounded) for netback to reach `wanted` (or a later setup state).
+/// Waits (bounded) for netback to reach `wanted` (or a later setup state). netback at
+/// Closing or Closed fails the wait, except Closed while `reconnecting` (it stays there
+/// until it sees our Initialising).
 fn wait_backend(
     store: &mut dyn XenStore,
     backend: &str,
     wanted: XenbusState,
+    reconnecting: bool,
     now_ms: &mut dyn FnMut() -> u64,
     pause: &mut dyn FnMut(),
 ) -> Result<(), VifError> {
@@ -259,6 +264,7 @@ fn wait_backend(
         match state {
             s if s == wanted => return Ok(()),
             XenbusState::Connected if wanted == XenbusState::InitWait => return Ok(()),
+            XenbusState::Closed if reconnecting => {}
             XenbusState::Closing | XenbusState::Closed => {
                 return Err(VifError::BackendClosed(state))
             }
@@ -284,7 +290,29 @@ pub fn connect(
     make_rings: &mut dyn FnMut(&VifInfo, &Plan) -> Result<Made, String>,
 ) -> Result<Connected, VifError> {
     let info = read_vif(store, dir)?;
-    wait_backend(store, &info.backend, XenbusState::InitWait, now_ms, pause)?;
+    // A vif a previous image closed ([`disconnect`]): netback waits at Closed for our
+    // Initialising, then offers InitWait again (its "prepare for reconnect").
+    let state = format!("{dir}/{STATE}");
+    let reconnecting = store
+        .read(NO_TRANSACTION, &state)
+        .is_ok_and(|v| XenbusState::parse(&v) == XenbusState::Closed);
+    if reconnecting {
+        let initialising = (XenbusState::Initialising as u32).to_string();
+        store
+            .write(NO_TRANSACTION, &state, &initialising)
+            .map_err(|error| VifError::Store {
+                key: state.clone(),
+                error,
+            })?;
+    }
+    wait_backend(
+        store,
+        &info.backend,
+        XenbusState::InitWait,
+        reconnecting,
+        now_ms,
+        pause,
+    )?;
     let copy = store
         .read(
             NO_TRANSACTION,
@@ -304,22 +332,90 @@ pub fn connect(
         )));
     }
     let keys = keys(&made, max_queues.is_some());
+    let published: Vec<String> = keys.iter().map(|(k, _)| k.clone()).collect();
     let keys: Vec<(&str, String)> = keys.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     write_in_transaction(store, dir, &keys).map_err(|error| VifError::Store {
         key: dir.into(),
         error,
     })?;
-    let state = format!("{dir}/{STATE}");
     let connected = (XenbusState::Connected as u32).to_string();
     store
         .write(NO_TRANSACTION, &state, &connected)
         .map_err(|error| VifError::Store { key: state, error })?;
-    wait_backend(store, &info.backend, XenbusState::Connected, now_ms, pause)?;
+    wait_backend(
+        store,
+        &info.backend,
+        XenbusState::Connected,
+        false,
+        now_ms,
+        pause,
+    )?;
     Ok(Connected {
         info,
         plan,
         max_queues,
+        published,
     })
+}
+
+/// Undoes a connection the way Linux netfront leaves a backend (`xenbus_frontend_closed`
+/// after Closing): our Closing, then netback's Closing or Closed (it has let the rings
+/// go: unmapped, event channels unbound), our Closed, netback's Closed; then the keys
+/// the connection `published` are removed, so the next [`connect`] (this image's or a
+/// later one's) starts from the toolstack's keys alone: a stale
+/// `multi-queue-num-queues` would have netback look for queues that are not there.
+/// netback gets [`BACKEND_WAIT_MS`] for each step. Only once this returns Ok may the
+/// pages granted to netback be taken back.
+pub fn disconnect(
+    store: &mut dyn XenStore,
+    dir: &str,
+    backend: &str,
+    published: &[String],
+    now_ms: &mut dyn FnMut() -> u64,
+    pause: &mut dyn FnMut(),
+) -> Result<(), VifError> {
+    let state = format!("{dir}/{STATE}");
+    for (ours, theirs) in [
+        (
+            XenbusState::Closing,
+            [XenbusState::Closing, XenbusState::Closed],
+        ),
+        (
+            XenbusState::Closed,
+            [XenbusState::Closed, XenbusState::Closed],
+        ),
+    ] {
+        store
+            .write(NO_TRANSACTION, &state, &(ours as u32).to_string())
+            .map_err(|error| VifError::Store {
+                key: state.clone(),
+                error,
+            })?;
+        let start = now_ms();
+        loop {
+            let now = backend_state(store, backend);
+            if theirs.contains(&now) {
+                break;
+            }
+            if now_ms().saturating_sub(start) >= BACKEND_WAIT_MS {
+                return Err(VifError::BackendTimeout {
+                    wanted: theirs[0],
+                    state: now,
+                });
+            }
+            pause();
+        }
+    }
+    // netback has let go: what is left is tidying, and a key that will not go is
+    // written again by the next connect (all but `multi-queue-num-queues`, which only
+    // a netback that stopped offering queues would misread).
+    for key in published {
+        let _ = store.rm(NO_TRANSACTION, &format!("{dir}/{key}"));
+        if let Some((queue_dir, _)) = key.split_once('/') {
+            let _ = store.rm(NO_TRANSACTION, &format!("{dir}/{queue_dir}"));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -648,6 +744,99 @@ mod tests {
             connect(&mut store, DIR, 1, &mut now, &mut pause, &mut refuse),
             Err(VifError::Rings("no grant".into()))
         );
+    }
+
+    /// netback following our state as Linux's `frontend_changed` does: our Initialising
+    /// (after a close) takes it to InitWait, Connected to Connected, Closing to Closing,
+    /// Closed to Closed.
+    fn follow(s: &mut MemStore) {
+        let next = match s.get(&format!("{DIR}/state")) {
+            Some("1") => "2",
+            Some("4") => "4",
+            Some("5") => "5",
+            Some("6") => "6",
+            _ => return,
+        };
+        s.set(&format!("{BACKEND}/state"), next);
+    }
+
+    #[test]
+    fn a_closed_vif_lets_netback_go_and_connects_again_from_the_toolstacks_keys() {
+        let store = offer(Some("4"), Some("1"));
+        let clock = Cell::new(0u64);
+        let mut now = || clock.get();
+        let mut pause = || {
+            clock.set(clock.get() + 1);
+            follow(&mut store.borrow_mut());
+        };
+        let mut rings = |_: &VifInfo, plan: &Plan| Ok(made_for(plan));
+        let mut shim = Shim(&store);
+        let first = connect(&mut shim, DIR, 2, &mut now, &mut pause, &mut rings).unwrap();
+        assert_eq!(first.plan.queues, 2);
+        assert!(first.published.contains(&"queue-1/tx-ring-ref".to_string()));
+        assert!(first
+            .published
+            .contains(&"multi-queue-num-queues".to_string()));
+        disconnect(
+            &mut shim,
+            DIR,
+            BACKEND,
+            &first.published,
+            &mut now,
+            &mut pause,
+        )
+        .unwrap();
+        {
+            let s = store.borrow();
+            assert_eq!(s.get(&format!("{DIR}/state")), Some("6"));
+            assert_eq!(s.get(&format!("{BACKEND}/state")), Some("6"));
+            for gone in &first.published {
+                assert_eq!(s.get(&format!("{DIR}/{gone}")), None, "{gone}");
+            }
+            assert_eq!(s.get(&format!("{DIR}/queue-0")), None);
+            assert_eq!(s.get(&format!("{DIR}/mac")), Some("00:16:3e:01:02:03"));
+        }
+        // netback stopped offering queues meanwhile: the next connection is one flat
+        // queue, with no queue count left over from the first.
+        store
+            .borrow_mut()
+            .rm(NO_TRANSACTION, &format!("{BACKEND}/multi-queue-max-queues"))
+            .unwrap();
+        let again = connect(&mut shim, DIR, 2, &mut now, &mut pause, &mut rings).unwrap();
+        assert_eq!(again.plan.queues, 1);
+        let s = store.borrow();
+        assert_eq!(s.get(&format!("{DIR}/state")), Some("4"));
+        assert_eq!(s.get(&format!("{BACKEND}/state")), Some("4"));
+        assert_eq!(s.get(&format!("{DIR}/tx-ring-ref")), Some("1"));
+        assert_eq!(s.get(&format!("{DIR}/multi-queue-num-queues")), None);
+        assert_eq!(s.get(&format!("{DIR}/queue-1/tx-ring-ref")), None);
+    }
+
+    #[test]
+    fn a_netback_that_does_not_let_go_fails_the_close_in_bounded_time() {
+        let store = offer(None, None);
+        let connected = run(&store, 1);
+        let clock = Cell::new(0u64);
+        let mut now = || clock.get();
+        let mut pause = || clock.set(clock.get() + 100);
+        let mut shim = Shim(&store);
+        assert_eq!(
+            disconnect(
+                &mut shim,
+                DIR,
+                BACKEND,
+                &connected.published,
+                &mut now,
+                &mut pause
+            ),
+            Err(VifError::BackendTimeout {
+                wanted: XenbusState::Closing,
+                state: XenbusState::Connected
+            })
+        );
+        assert!(clock.get() <= BACKEND_WAIT_MS + 100);
+        // Not let go: the rings' keys stay.
+        assert_eq!(store.borrow().get(&format!("{DIR}/tx-ring-ref")), Some("1"));
     }
 
     /// A `XenStore` over a shared `MemStore`, so the test's netback can step it too.
