@@ -111,7 +111,7 @@ pub enum Failure {
     NoAnswer,
     /// The target reset the connection (nothing listens on that port).
     Refused,
-    /// The connection closed during bring-up.
+    /// The target closed a connection (during a bring-up, or one that served).
     Closed,
     /// The NVMe bring-up failed (the target refused Connect, the namespace is missing ...).
     Session(Error),
@@ -124,7 +124,7 @@ impl fmt::Display for Failure {
         match self {
             Failure::NoAnswer => f.write_str("no answer (no route, no ARP reply, or filtered)"),
             Failure::Refused => f.write_str("connection refused (reset)"),
-            Failure::Closed => f.write_str("the target closed the connection during bring-up"),
+            Failure::Closed => f.write_str("the target closed the connection"),
             Failure::Session(e) => write!(f, "{e}"),
             Failure::NamespaceChanged { blocks, block_size } => write!(
                 f,
