@@ -75,6 +75,11 @@ pub struct Control {
     /// Booted from a live upgrade: the vbds the old image served, taken over in the
     /// first round before anything else is looked at.
     handed_over: Vec<handover::block::VbdRecord>,
+    /// Handed-over vbds whose remote namespace is being brought up again (`Net::remote`
+    /// said connecting): taken over once it is live, tried every round like an attach
+    /// that waits (`connecting`), and kept out of the scan meanwhile (a scan would
+    /// probe them as new devices under a connected frontend).
+    resuming: Vec<handover::block::VbdRecord>,
     /// A live upgrade's drain, under way.
     upgrade: Option<upgrade::Upgrade>,
     /// The vif's event channel, when blkdom has a storage network.
@@ -159,6 +164,7 @@ impl Control {
             config: *config,
             shutdown: None,
             handed_over,
+            resuming: Vec::new(),
             upgrade: None,
             net_ports,
         })
@@ -250,7 +256,8 @@ impl Control {
     /// (`BlkifBackend::resume`), nothing written to the backend's state. A vbd that
     /// cannot be taken over as it was is failed (the reason in `error`, Closing): its
     /// guest sees I/O errors, never another disk or other features.
-    fn resume(&mut self, store: &mut Store<'_>, record: &handover::block::VbdRecord) {
+    /// `waited`: the vbd waited for its remote namespace on an earlier round.
+    fn resume(&mut self, store: &mut Store<'_>, record: handover::block::VbdRecord, waited: bool) {
         let path = record.backend_path.clone();
         stopwatch::start();
         // A vbd's own RAM disk comes from the handover; anything else is opened again.
@@ -264,6 +271,15 @@ impl Control {
             ))),
             None => self.open_backing(store, &path),
         };
+        // The remote's bring-up runs on vCPU 0's passes (bounded as an attach's): the
+        // rings wait in the frontend's memory meanwhile, as they did through the switch.
+        if let Err(AttachError::Disk(DiskError::RemoteConnecting { .. })) = &opened {
+            if !waited {
+                log::info!("blkback: {path}: waits for its remote namespace to take over");
+            }
+            self.resuming.push(record);
+            return;
+        }
         let opened = opened.and_then(|(disk, params)| {
             if params == record.params {
                 Ok((disk, params))
@@ -287,7 +303,7 @@ impl Control {
             }
         };
         let offer = backend_params(&disk, self.config.persistent_grants);
-        let (connection, published) = handover::vbd::connection(record);
+        let (connection, published) = handover::vbd::connection(&record);
         let mut hooks = Self::hooks(&path, disk, params);
         let mut connecting = Connecting {
             vbd: &mut hooks,
@@ -387,7 +403,8 @@ impl Control {
     fn reconcile(&mut self, store: &mut Store<'_>) {
         let present = self.scan(store);
         for path in &present {
-            if !self.vbds.contains_key(path) && !self.failed.contains_key(path) {
+            let resuming = self.resuming.iter().any(|r| r.backend_path == *path);
+            if !self.vbds.contains_key(path) && !self.failed.contains_key(path) && !resuming {
                 self.add(store, path.clone());
             }
         }
@@ -785,11 +802,20 @@ impl Control {
             }
             self.first_round = false;
             let mut store = Store(xs);
-            if !self.handed_over.is_empty() || crate::handoff::answer_due() {
+            if !self.handed_over.is_empty()
+                || !self.resuming.is_empty()
+                || crate::handoff::answer_due()
+            {
                 for record in core::mem::take(&mut self.handed_over) {
-                    self.resume(&mut store, &record);
+                    self.resume(&mut store, record, false);
                 }
-                crate::handoff::answer_done(store.0);
+                for record in core::mem::take(&mut self.resuming) {
+                    self.resume(&mut store, record, true);
+                }
+                // Done once every handed-over vbd was taken over or failed.
+                if self.resuming.is_empty() {
+                    crate::handoff::answer_done(store.0);
+                }
             }
             if work.rescan {
                 self.reconcile(&mut store);
@@ -838,15 +864,27 @@ impl Control {
             }
             if upgrade_request && self.upgrade.is_none() {
                 if let Some(staged) = super::upgrade::on_request(store.0) {
-                    if self.registry.has_net() {
-                        // The new image would not take the vif and its remotes over: their
-                        // disks would be lost, so nothing is given up.
-                        let why = "blkdom has a storage network (vif): its NVMe/TCP disks \
-                                   cannot be handed over to a new image yet";
-                        log::error!("upgrade refused: {why}");
-                        super::upgrade::tell(&handover::receive::Answer::Refused(
-                            handover::receive::Refusal::Switch(why.into()),
-                        ));
+                    let remote_busy = match self.resuming.first() {
+                        Some(record) => Some(format!(
+                            "of {} is still being connected for the last upgrade",
+                            record.backend_path
+                        )),
+                        None => self
+                            .registry
+                            .net()
+                            .and_then(|net| net.not_ready_for_upgrade()),
+                    };
+                    if let Some(why) = remote_busy {
+                        // The next image would get one bounded bring-up for it, not this
+                        // image's reconnect times: nothing is given up.
+                        let why = format!("remote namespace {why}; ask again once it is connected");
+                        // Inside the round's hold of the xenstore client: answered on it.
+                        super::upgrade::answer(
+                            store.0,
+                            &handover::receive::Answer::Refused(
+                                handover::receive::Refusal::Switch(why),
+                            ),
+                        );
                     } else {
                         self.begin_upgrade(staged);
                     }
@@ -879,8 +917,8 @@ impl Control {
         if self.upgrade.is_some() {
             return Some(wait.min(1_000_000));
         }
-        // An attach waiting for a remote asks again soon.
-        if !self.connecting.is_empty() {
+        // An attach or a take-over waiting for a remote asks again soon.
+        if !self.connecting.is_empty() || !self.resuming.is_empty() {
             return Some(wait.min(RETRY_NS));
         }
         // Woken sooner by any watch event's kick; the statistics are due within 5 s anyway.

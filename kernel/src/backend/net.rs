@@ -651,6 +651,50 @@ impl Net {
         self.logged = (counters, now_ms);
     }
 
+    /// Why a live upgrade may not start now (`None`: it may): a remote being brought
+    /// up or reconnecting. Its held requests, its attempts and its give-up time belong
+    /// to this image; the next one gets one bounded bring-up per remote (as an attach),
+    /// so it must find the targets answering.
+    pub fn not_ready_for_upgrade(&self) -> Option<String> {
+        self.entries
+            .iter()
+            .flatten()
+            .find_map(|entry| match entry.remote.state() {
+                // A reconnect attempt is Connecting too: it served before.
+                State::Connecting if entry.remote.first_namespace().is_none() => {
+                    Some(format!("{} is connecting", entry.name))
+                }
+                State::Connecting | State::Down => Some(format!("{} is reconnecting", entry.name)),
+                State::Live | State::Failed(_) | State::GaveUp => None,
+            })
+    }
+
+    /// A live upgrade's step before the devices stop (every ring drained, every remote
+    /// flushed): each remote's connections reset, so the target lets its queues and
+    /// controller go now rather than at its keep-alive timeout; the resets sent; then
+    /// the vif given back to netback ([`Vif::close`]). The next image brings the vif up
+    /// and connects again. Returns how many connections were reset. After this the
+    /// network moves nothing: an upgrade that fails later leaves the remote disks
+    /// holding their requests until their `ctrl-loss-tmo`.
+    pub fn close_for_upgrade(&mut self) -> Result<usize, String> {
+        let mut reset = 0;
+        for entry in self.entries.iter_mut().flatten() {
+            for handle in entry.sockets {
+                let socket = self.vif.stack.sockets.get_mut::<tcp::Socket>(handle);
+                if socket.is_open() {
+                    socket.abort();
+                    reset += 1;
+                }
+            }
+        }
+        // smoltcp sends an aborted connection's reset at its next dispatch.
+        for _ in 0..4 {
+            self.vif.poll();
+        }
+        self.vif.close()?;
+        Ok(reset)
+    }
+
     /// Requests wait in a channel of a live remote (looked at before vCPU 0 sleeps). A
     /// remote that is away holds its channels' requests on purpose: vCPU 0
     /// sleeps meanwhile (at most 1 ms: `NetPoll::busy`).

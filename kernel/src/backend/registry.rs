@@ -203,11 +203,6 @@ impl Registry {
             .is_ok_and(|net| net.has_submissions() | net.frames_waiting())
     }
 
-    /// blkdom has a storage network (a vif came up at boot).
-    pub fn has_net(&self) -> bool {
-        self.net.is_ok()
-    }
-
     /// The storage network, for the poller of vCPU 0.
     pub fn net(&mut self) -> Option<&mut super::net::Net> {
         self.net.as_mut().ok()

@@ -25,7 +25,9 @@ use crate::xen_domain::store::Client;
 /// The toolstack's domain: the only one whose grants an upgrade maps.
 const DOM0: u16 = 0;
 
-fn answer(xs: &mut Client, answer: &Answer) {
+/// Answers on a client the caller holds (inside `xen_domain::store::with`, where
+/// [`tell`] would find the client taken).
+pub fn answer(xs: &mut Client, answer: &Answer) {
     match answer {
         Answer::Refused(_) => log::error!("upgrade: {answer}"),
         _ => log::info!("upgrade: {answer}"),

@@ -60,6 +60,14 @@ pub struct Vif {
     /// One event channel per queue.
     ports: Vec<EvtchnPort>,
     hv: NativeHypervisor,
+    /// What [`Vif::close`] gives back: our grant table, every reference granted to
+    /// netback, the control ring's event channel, the keys the handshake published.
+    table: GrantTable,
+    granted: Vec<xen::abi::grant_table::GrantRef>,
+    ctrl_port: Option<EvtchnPort>,
+    published: Vec<String>,
+    /// Closed ([`Vif::close`]): nothing moves any more.
+    closed: bool,
 }
 
 impl Vif {
@@ -76,6 +84,9 @@ impl Vif {
     /// its renewal, its loss are taken and logged here), then tells netback of what was
     /// pushed (one event a queue for all of it). True when a socket may have changed.
     pub fn poll(&mut self) -> bool {
+        if self.closed {
+            return false;
+        }
         let now = Self::now_ms();
         let changed = self.stack.poll(now);
         if let Some(event) = self.stack.poll_lease(now) {
@@ -125,6 +136,42 @@ impl Vif {
         self.stack.lease().and_then(|lease| lease.refusal())
     }
 
+    /// Hands the vif back to netback for good, as a live upgrade's last step before
+    /// the jump (the next image connects it again from the toolstack's keys): netback
+    /// lets the rings go (`netfront::xenbus::disconnect`, bounded), then every page
+    /// granted to it is taken back (a grant netback still uses is an error: its page
+    /// must not be reused) and the event channels are closed. Frames are sent no more.
+    pub fn close(&mut self) -> Result<(), String> {
+        self.closed = true;
+        let backend = self.info.backend.clone();
+        let published = core::mem::take(&mut self.published);
+        let mut now = Vif::now_ms;
+        let mut pause = || spin_ms(10);
+        super::store::with(|client| {
+            let mut store = crate::backend::adapters::Store(client);
+            netfront::xenbus::disconnect(
+                &mut store, VIF_DIR, &backend, &published, &mut now, &mut pause,
+            )
+        })
+        .ok_or("no xenstore")?
+        .map_err(|e| format!("{VIF_DIR}: {e}"))?;
+        let granted = core::mem::take(&mut self.granted);
+        let held = granted
+            .iter()
+            .filter(|&&gref| self.table.end_access(gref).is_err())
+            .count();
+        for port in self.ports.iter().chain(&self.ctrl_port) {
+            let _ = xen::evtchn::close(&self.hv, *port);
+        }
+        if held > 0 {
+            return Err(format!(
+                "netback said Closed but still uses {held} of {} granted pages",
+                granted.len()
+            ));
+        }
+        Ok(())
+    }
+
     /// With DHCP, polls until a first lease or `bound_ms` have passed; true when the
     /// vif has an address. Only at boot, before anything else uses the vif.
     pub fn await_address(&mut self, bound_ms: u64) -> bool {
@@ -137,11 +184,18 @@ impl Vif {
     }
 }
 
-fn page(table: &mut GrantTable, backend: u16, readonly: bool) -> Result<Page, String> {
+/// A fresh page granted to `backend` (its reference noted in `granted`).
+fn page(
+    table: &mut GrantTable,
+    granted: &mut Vec<xen::abi::grant_table::GrantRef>,
+    backend: u16,
+    readonly: bool,
+) -> Result<Page, String> {
     let frame = zeroed_frame().map_err(|e| format!("{e}"))?;
     let gref = table
         .grant_access(backend, frame >> 12, readonly)
         .map_err(|e| format!("grant: {e}"))?;
+    granted.push(gref);
     // SAFETY: a fresh frame of ours, shared with netback only, reached only through this
     // window from now on.
     let mem = unsafe { shared_page(frame, 4096) };
@@ -171,6 +225,7 @@ pub fn bring_up(net: &NetSetup, grant_gpa: u64, wanted: usize) -> Result<Vif, St
     let mut table = GrantTable::new(entries);
     let mut queues: Vec<(NetQueue, EvtchnPort)> = Vec::with_capacity(MAX_QUEUES);
     let mut ctrl = None;
+    let mut granted = Vec::new();
     let mut make_rings = |info: &VifInfo, plan: &Plan| -> Result<Made, String> {
         let backend = info.backend_id;
         let mut made = Made {
@@ -178,15 +233,15 @@ pub fn bring_up(net: &NetSetup, grant_gpa: u64, wanted: usize) -> Result<Vif, St
             ctrl: None,
         };
         for _ in 0..plan.queues {
-            let tx_ring = page(&mut table, backend, false)?;
-            let rx_ring = page(&mut table, backend, false)?;
+            let tx_ring = page(&mut table, &mut granted, backend, false)?;
+            let rx_ring = page(&mut table, &mut granted, backend, false)?;
             let mut tx_pages = Box::new([tx_ring; 256]);
             for p in tx_pages.iter_mut() {
-                *p = page(&mut table, backend, true)?;
+                *p = page(&mut table, &mut granted, backend, true)?;
             }
             let mut rx_pages = Box::new([rx_ring; 256]);
             for p in rx_pages.iter_mut() {
-                *p = page(&mut table, backend, false)?;
+                *p = page(&mut table, &mut granted, backend, false)?;
             }
             let port = event_channel(backend)?;
             queues.push((
@@ -200,9 +255,9 @@ pub fn bring_up(net: &NetSetup, grant_gpa: u64, wanted: usize) -> Result<Vif, St
             });
         }
         if plan.ctrl_ring {
-            let ring = page(&mut table, backend, false)?;
+            let ring = page(&mut table, &mut granted, backend, false)?;
             // The key and the table are read by netback: read-only.
-            let data = page(&mut table, backend, true)?;
+            let data = page(&mut table, &mut granted, backend, true)?;
             let port = event_channel(backend)?;
             ctrl = Some((CtrlRing::new(ring.mem), data, port));
             made.ctrl = Some(CtrlRef {
@@ -227,6 +282,7 @@ pub fn bring_up(net: &NetSetup, grant_gpa: u64, wanted: usize) -> Result<Vif, St
     })
     .ok_or("no xenstore")?
     .map_err(|e| format!("{VIF_DIR}: {e}"))?;
+    let ctrl_port = ctrl.as_ref().map(|(_, _, port)| *port);
     let (mut queues, ports): (Vec<NetQueue>, Vec<EvtchnPort>) = queues.into_iter().unzip();
     if ctrl.is_some() {
         // netif.h: a frontend that sets a hash up takes hash extra slots.
@@ -286,6 +342,11 @@ pub fn bring_up(net: &NetSetup, grant_gpa: u64, wanted: usize) -> Result<Vif, St
         steer,
         ports,
         hv,
+        table,
+        granted,
+        ctrl_port,
+        published: connected.published,
+        closed: false,
     };
     vif.poll();
     Ok(vif)

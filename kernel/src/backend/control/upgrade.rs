@@ -83,6 +83,22 @@ fn switch(registry: &mut crate::backend::registry::Registry, prepared: Prepared)
         prepared.staged.image.build_id,
         prepared.kept().len()
     );
+    if let Some(net) = registry.net() {
+        let started = xen_domain::now_ns();
+        match net.close_for_upgrade() {
+            Ok(reset) => log::info!(
+                "upgrade: vif closed for the switch in {} ms ({reset} NVMe/TCP connection(s) reset)",
+                xen_domain::now_ns().saturating_sub(started) / 1_000_000
+            ),
+            Err(e) => {
+                log::error!(
+                    "upgrade: the vif did not close: {e}; its NVMe/TCP disks hold their \
+                     requests until their ctrl-loss-tmo"
+                );
+                return Refusal::Switch(format!("vif close: {e}"));
+            }
+        }
+    }
     let report = registry.quiesce();
     if let Some(line) = report.given_up.first() {
         return Refusal::Switch(format!("device stop: {line}"));
