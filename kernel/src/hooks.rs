@@ -18,6 +18,9 @@ pub fn run(cmdline: &Cmdline<'_>, config: &Config, under_xen: bool, bus: PciBus)
     if let Some(what) = cmdline.value(Key::Crashtest) {
         crash_test(what);
     }
+    if cmdline.has(Key::UpgradetestFailSwitch) {
+        backend::FAIL_SWITCH.store(true, core::sync::atomic::Ordering::Relaxed);
+    }
     if let Some(upgrades) = cmdline.value(Key::Upgradetest) {
         crate::handoff::upgrade_test(
             upgrades,

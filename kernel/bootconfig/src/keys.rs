@@ -172,6 +172,11 @@ command_line_keys! {
         default "", range "",
         "the old image flips a byte of the handover block's body before the jump: the new \
          image must refuse the block and boot cold";
+    UpgradetestFailSwitch "upgradetest.fail-switch" TestOption,
+        default "", range "",
+        "the service's next live upgrade fails on purpose after the vif was closed and \
+         before the devices stop: the vif must connect again and every drained ring be \
+         re-attached";
     UpgradetestDevices "upgradetest.devices" TestOption,
         default "", range "",
         "each image also checks and rewrites the first block of nvme:1 and virtio:0, \

@@ -31,6 +31,8 @@ use xen::xenstore::Transaction;
 
 mod shutdown;
 mod upgrade;
+#[cfg(feature = "test-hooks")]
+pub use upgrade::FAIL_SWITCH;
 
 use crate::devices::open::PciBus;
 use crate::devices::stopwatch;

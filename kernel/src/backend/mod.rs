@@ -27,6 +27,8 @@ pub use registrytest::registry_test;
 #[cfg(feature = "test-hooks")]
 mod upgradetest;
 #[cfg(feature = "test-hooks")]
+pub use control::FAIL_SWITCH;
+#[cfg(feature = "test-hooks")]
 pub use upgradetest::carry_ram_disk;
 
 use crate::xen_domain;

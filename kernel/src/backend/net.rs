@@ -674,8 +674,7 @@ impl Net {
     /// controller go now rather than at its keep-alive timeout; the resets sent; then
     /// the vif given back to netback ([`Vif::close`]). The next image brings the vif up
     /// and connects again. Returns how many connections were reset. After this the
-    /// network moves nothing: an upgrade that fails later leaves the remote disks
-    /// holding their requests until their `ctrl-loss-tmo`.
+    /// network moves nothing until [`Net::reopen_after_upgrade`].
     pub fn close_for_upgrade(&mut self) -> Result<usize, String> {
         let mut reset = 0;
         for entry in self.entries.iter_mut().flatten() {
@@ -693,6 +692,13 @@ impl Net {
         }
         self.vif.close()?;
         Ok(reset)
+    }
+
+    /// After a switch that failed once [`Net::close_for_upgrade`] ran: the vif
+    /// connected again ([`Vif::reopen`]); each remote sees its connections closed and
+    /// reconnects as after any loss, its held requests sent again.
+    pub fn reopen_after_upgrade(&mut self) -> Result<(), String> {
+        self.vif.reopen()
     }
 
     /// Requests wait in a channel of a live remote (looked at before vCPU 0 sleeps). A

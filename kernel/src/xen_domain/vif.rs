@@ -17,7 +17,7 @@ use netfront::ctrl::{set_up_hash, CtrlRing, Waits};
 use netfront::hash::{Steering, MAX_QUEUES};
 use netfront::lease::LeaseEvent;
 use netfront::stack::{Addressing, Ipv4Setup, Stack};
-use netfront::xenbus::{connect, CtrlRef, Made, Plan, Rings, VifInfo};
+use netfront::xenbus::{connect, Connected, CtrlRef, Made, Plan, Rings, VifInfo};
 use netfront::{NetDevice, NetQueue, Page};
 use smoltcp::iface::SocketStorage;
 use xen::abi::event_channel::EvtchnPort;
@@ -60,12 +60,13 @@ pub struct Vif {
     /// One event channel per queue.
     ports: Vec<EvtchnPort>,
     hv: NativeHypervisor,
-    /// What [`Vif::close`] gives back: our grant table, every reference granted to
-    /// netback, the control ring's event channel, the keys the handshake published.
-    table: GrantTable,
-    granted: Vec<xen::abi::grant_table::GrantRef>,
+    /// What [`Vif::close`] gives back: our grant table with every reference granted
+    /// to netback, the control ring's event channel, the keys the handshake published.
+    grants: Grants,
     ctrl_port: Option<EvtchnPort>,
     published: Vec<String>,
+    /// The queues asked for at bring-up (a reopen asks the same).
+    wanted: u16,
     /// Closed ([`Vif::close`]): nothing moves any more.
     closed: bool,
 }
@@ -155,10 +156,10 @@ impl Vif {
         })
         .ok_or("no xenstore")?
         .map_err(|e| format!("{VIF_DIR}: {e}"))?;
-        let granted = core::mem::take(&mut self.granted);
+        let granted = core::mem::take(&mut self.grants.granted);
         let held = granted
             .iter()
-            .filter(|&&gref| self.table.end_access(gref).is_err())
+            .filter(|&&gref| self.grants.table.end_access(gref).is_err())
             .count();
         for port in self.ports.iter().chain(&self.ctrl_port) {
             let _ = xen::evtchn::close(&self.hv, *port);
@@ -169,6 +170,28 @@ impl Vif {
                 granted.len()
             ));
         }
+        Ok(())
+    }
+
+    /// Connects a closed vif again (a live upgrade that failed after [`Vif::close`]):
+    /// the same handshake over the same frames, new queues under the same interface and
+    /// sockets (whose connections were reset: their owners connect again). Its event
+    /// channels may differ from before ([`Vif::ports`]).
+    pub fn reopen(&mut self) -> Result<(), String> {
+        if !self.closed {
+            return Ok(());
+        }
+        let made = connect_device(&mut self.grants, self.hv, self.wanted)?;
+        self.stack.device = net_device(made.queues, &made.steer);
+        self.info = made.connected.info;
+        self.plan = made.connected.plan;
+        self.max_queues = made.connected.max_queues;
+        self.published = made.connected.published;
+        self.steer = made.steer;
+        self.ports = made.ports;
+        self.ctrl_port = made.ctrl_port;
+        self.closed = false;
+        self.poll();
         Ok(())
     }
 
@@ -184,48 +207,74 @@ impl Vif {
     }
 }
 
-/// A fresh page granted to `backend` (its reference noted in `granted`).
-fn page(
-    table: &mut GrantTable,
-    granted: &mut Vec<xen::abi::grant_table::GrantRef>,
-    backend: u16,
-    readonly: bool,
-) -> Result<Page, String> {
-    let frame = zeroed_frame().map_err(|e| format!("{e}"))?;
-    let gref = table
-        .grant_access(backend, frame >> 12, readonly)
-        .map_err(|e| format!("grant: {e}"))?;
-    granted.push(gref);
-    // SAFETY: a fresh frame of ours, shared with netback only, reached only through this
-    // window from now on.
-    let mem = unsafe { shared_page(frame, 4096) };
-    Ok(Page { mem, gref })
+/// The frames the vif's pages live in, taken once: a connection made again after
+/// [`Vif::close`] ([`Vif::reopen`]) grants the same frames anew (rings are reset by
+/// their `init`, other pages are written before they are read), so closing and
+/// reopening costs no memory.
+#[derive(Default)]
+struct Frames {
+    frames: Vec<u64>,
+    next: usize,
 }
 
-/// Brings the vif up: grant table frames at guest-physical `grant_gpa` (a hole in the
-/// memory map, [`GRANT_FRAMES`] pages), then the handshake with netback for up to
-/// `wanted` queues (blkdom's vCPUs, at most [`MAX_QUEUES`], as many as the grant table
-/// holds), the hash set-up on the control ring with several, and the interface.
-/// Bounded: netback gets 10 s for each of its steps, 2 s for each control request.
-pub fn bring_up(net: &NetSetup, grant_gpa: u64, wanted: usize) -> Result<Vif, String> {
-    let domain = get().ok_or("not under Xen")?;
-    let hv = domain.hv;
-    let frames = map_own_table(&hv, grant_gpa >> 12, GRANT_FRAMES)
-        .map_err(|e| format!("grant table: {e:?}"))?;
-    let fit = (frames * GRANTS_PER_FRAME).saturating_sub(RESERVED_GRANTS + 2) / GRANTS_PER_QUEUE;
-    if fit == 0 {
-        return Err(format!(
-            "grant table: {frames} frames, too few for one queue (max_grant_frames)"
-        ));
+impl Frames {
+    fn take(&mut self) -> Result<u64, String> {
+        let frame = match self.frames.get(self.next) {
+            Some(&frame) => frame,
+            None => {
+                let frame = zeroed_frame().map_err(|e| format!("{e}"))?;
+                self.frames.push(frame);
+                frame
+            }
+        };
+        self.next += 1;
+        Ok(frame)
     }
-    let wanted = wanted.clamp(1, MAX_QUEUES).min(fit as usize) as u16;
-    // SAFETY: the grant table frames Xen just put at these addresses; nothing else uses
-    // them.
-    let entries = unsafe { shared_page(grant_gpa, frames as usize * 4096) };
-    let mut table = GrantTable::new(entries);
+}
+
+/// Our grant table and what is granted from it to netback.
+struct Grants {
+    table: GrantTable,
+    granted: Vec<xen::abi::grant_table::GrantRef>,
+    frames: Frames,
+}
+
+impl Grants {
+    /// A page of ours granted to `backend`.
+    fn page(&mut self, backend: u16, readonly: bool) -> Result<Page, String> {
+        let frame = self.frames.take()?;
+        let gref = self
+            .table
+            .grant_access(backend, frame >> 12, readonly)
+            .map_err(|e| format!("grant: {e}"))?;
+        self.granted.push(gref);
+        // SAFETY: a frame of ours (taken for the vif and never freed), shared with
+        // netback only, reached only through the vif's windows.
+        let mem = unsafe { shared_page(frame, 4096) };
+        Ok(Page { mem, gref })
+    }
+}
+
+/// A connected vif's device side: its queues (rx posted, hash slots taken when the
+/// control ring set a hash up) and what the handshake settled.
+struct Device {
+    queues: Vec<NetQueue>,
+    ports: Vec<EvtchnPort>,
+    ctrl_port: Option<EvtchnPort>,
+    connected: Connected,
+    steer: Steer,
+}
+
+/// The handshake with netback for up to `wanted` queues, the rings made from `grants`,
+/// then the hash set-up on the control ring when there are several.
+fn connect_device(
+    grants: &mut Grants,
+    hv: NativeHypervisor,
+    wanted: u16,
+) -> Result<Device, String> {
+    grants.frames.next = 0;
     let mut queues: Vec<(NetQueue, EvtchnPort)> = Vec::with_capacity(MAX_QUEUES);
     let mut ctrl = None;
-    let mut granted = Vec::new();
     let mut make_rings = |info: &VifInfo, plan: &Plan| -> Result<Made, String> {
         let backend = info.backend_id;
         let mut made = Made {
@@ -233,15 +282,15 @@ pub fn bring_up(net: &NetSetup, grant_gpa: u64, wanted: usize) -> Result<Vif, St
             ctrl: None,
         };
         for _ in 0..plan.queues {
-            let tx_ring = page(&mut table, &mut granted, backend, false)?;
-            let rx_ring = page(&mut table, &mut granted, backend, false)?;
+            let tx_ring = grants.page(backend, false)?;
+            let rx_ring = grants.page(backend, false)?;
             let mut tx_pages = Box::new([tx_ring; 256]);
             for p in tx_pages.iter_mut() {
-                *p = page(&mut table, &mut granted, backend, true)?;
+                *p = grants.page(backend, true)?;
             }
             let mut rx_pages = Box::new([rx_ring; 256]);
             for p in rx_pages.iter_mut() {
-                *p = page(&mut table, &mut granted, backend, false)?;
+                *p = grants.page(backend, false)?;
             }
             let port = event_channel(backend)?;
             queues.push((
@@ -255,9 +304,9 @@ pub fn bring_up(net: &NetSetup, grant_gpa: u64, wanted: usize) -> Result<Vif, St
             });
         }
         if plan.ctrl_ring {
-            let ring = page(&mut table, &mut granted, backend, false)?;
+            let ring = grants.page(backend, false)?;
             // The key and the table are read by netback: read-only.
-            let data = page(&mut table, &mut granted, backend, true)?;
+            let data = grants.page(backend, true)?;
             let port = event_channel(backend)?;
             ctrl = Some((CtrlRing::new(ring.mem), data, port));
             made.ctrl = Some(CtrlRef {
@@ -312,6 +361,50 @@ pub fn bring_up(net: &NetSetup, grant_gpa: u64, wanted: usize) -> Result<Vif, St
             }
         }
     };
+    Ok(Device {
+        queues,
+        ports,
+        ctrl_port,
+        connected,
+        steer,
+    })
+}
+
+/// A [`NetDevice`] over `queues`, steering as `steer` says.
+fn net_device(queues: Vec<NetQueue>, steer: &Steer) -> NetDevice {
+    let mut device = NetDevice::with_queues(queues);
+    if let Steer::Hashed(steering) = steer {
+        device.set_steering(Some(*steering));
+    }
+    device
+}
+
+/// Brings the vif up: grant table frames at guest-physical `grant_gpa` (a hole in the
+/// memory map, [`GRANT_FRAMES`] pages), then the handshake with netback for up to
+/// `wanted` queues (blkdom's vCPUs, at most [`MAX_QUEUES`], as many as the grant table
+/// holds), the hash set-up on the control ring with several, and the interface.
+/// Bounded: netback gets 10 s for each of its steps, 2 s for each control request.
+pub fn bring_up(net: &NetSetup, grant_gpa: u64, wanted: usize) -> Result<Vif, String> {
+    let domain = get().ok_or("not under Xen")?;
+    let hv = domain.hv;
+    let frames = map_own_table(&hv, grant_gpa >> 12, GRANT_FRAMES)
+        .map_err(|e| format!("grant table: {e:?}"))?;
+    let fit = (frames * GRANTS_PER_FRAME).saturating_sub(RESERVED_GRANTS + 2) / GRANTS_PER_QUEUE;
+    if fit == 0 {
+        return Err(format!(
+            "grant table: {frames} frames, too few for one queue (max_grant_frames)"
+        ));
+    }
+    let wanted = wanted.clamp(1, MAX_QUEUES).min(fit as usize) as u16;
+    // SAFETY: the grant table frames Xen just put at these addresses; nothing else uses
+    // them.
+    let entries = unsafe { shared_page(grant_gpa, frames as usize * 4096) };
+    let mut grants = Grants {
+        table: GrantTable::new(entries),
+        granted: Vec::new(),
+        frames: Frames::default(),
+    };
+    let made = connect_device(&mut grants, hv, wanted)?;
     let storage: &'static mut [SocketStorage<'static>] =
         Box::leak(Box::new([SocketStorage::EMPTY; SOCKETS]));
     let addressing = match net {
@@ -323,29 +416,25 @@ pub fn bring_up(net: &NetSetup, grant_gpa: u64, wanted: usize) -> Result<Vif, St
         NetSetup::Dhcp => Addressing::Dhcp,
     };
     let seed = xen::raw::cpu::read_tsc();
-    let mut device = NetDevice::with_queues(queues);
-    if let Steer::Hashed(steering) = steer {
-        device.set_steering(Some(steering));
-    }
     let mut vif = Vif {
         stack: Stack::new(
-            device,
-            connected.info.mac,
+            net_device(made.queues, &made.steer),
+            made.connected.info.mac,
             addressing,
             seed,
             Vif::now_ms(),
             storage,
         ),
-        info: connected.info,
-        plan: connected.plan,
-        max_queues: connected.max_queues,
-        steer,
-        ports,
+        info: made.connected.info,
+        plan: made.connected.plan,
+        max_queues: made.connected.max_queues,
+        steer: made.steer,
+        ports: made.ports,
         hv,
-        table,
-        granted,
-        ctrl_port,
-        published: connected.published,
+        grants,
+        ctrl_port: made.ctrl_port,
+        published: made.connected.published,
+        wanted,
         closed: false,
     };
     vif.poll();

@@ -73,9 +73,15 @@ impl Prepared {
     }
 }
 
-/// The jump to the prepared image: the devices stopped (no DMA may reach memory the
-/// next image reuses), then `handoff::jump`, the point of no return. Returns only when
-/// it did not jump; the caller then re-attaches every drained ring.
+/// `upgradetest.fail-switch` (test image): the next switch fails on purpose once the vif
+/// was closed, before anything stops, so the rig sees the network come back.
+#[cfg(feature = "test-hooks")]
+pub static FAIL_SWITCH: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// The jump to the prepared image: the storage network closed, the devices stopped (no
+/// DMA may reach memory the next image reuses), then `handoff::jump`, the point of no
+/// return. Returns only when it did not jump; the vif is then connected again and the
+/// caller re-attaches every drained ring.
 fn switch(registry: &mut crate::backend::registry::Registry, prepared: Prepared) -> Refusal {
     log::info!(
         "upgrade: switching to {} bytes of build {}, keeping {} range(s)",
@@ -83,21 +89,43 @@ fn switch(registry: &mut crate::backend::registry::Registry, prepared: Prepared)
         prepared.staged.image.build_id,
         prepared.kept().len()
     );
-    if let Some(net) = registry.net() {
-        let started = xen_domain::now_ns();
-        match net.close_for_upgrade() {
-            Ok(reset) => log::info!(
+    let Some(net) = registry.net() else {
+        return stop_and_jump(registry, prepared);
+    };
+    let started = xen_domain::now_ns();
+    let refusal = match net.close_for_upgrade() {
+        Ok(reset) => {
+            log::info!(
                 "upgrade: vif closed for the switch in {} ms ({reset} NVMe/TCP connection(s) reset)",
                 xen_domain::now_ns().saturating_sub(started) / 1_000_000
-            ),
-            Err(e) => {
-                log::error!(
-                    "upgrade: the vif did not close: {e}; its NVMe/TCP disks hold their \
-                     requests until their ctrl-loss-tmo"
-                );
-                return Refusal::Switch(format!("vif close: {e}"));
-            }
+            );
+            stop_and_jump(registry, prepared)
         }
+        Err(e) => {
+            log::error!("upgrade: the vif did not close: {e}");
+            Refusal::Switch(format!("vif close: {e}"))
+        }
+    };
+    if let Some(net) = registry.net() {
+        match net.reopen_after_upgrade() {
+            Ok(()) => log::info!(
+                "upgrade: the switch failed; the vif is connected again and the NVMe/TCP \
+                 disks reconnect"
+            ),
+            Err(e) => log::error!(
+                "upgrade: the switch failed and the vif did not connect again: {e}; its \
+                 NVMe/TCP disks hold their requests until their ctrl-loss-tmo"
+            ),
+        }
+    }
+    refusal
+}
+
+/// The devices stopped, then the jump; returns only when it did not jump.
+fn stop_and_jump(registry: &mut crate::backend::registry::Registry, prepared: Prepared) -> Refusal {
+    #[cfg(feature = "test-hooks")]
+    if FAIL_SWITCH.swap(false, core::sync::atomic::Ordering::Relaxed) {
+        return Refusal::Switch("upgradetest.fail-switch: failed on purpose (test image)".into());
     }
     let report = registry.quiesce();
     if let Some(line) = report.given_up.first() {
@@ -227,7 +255,13 @@ impl Control {
                                 prepared.handover.ram_disks.len(),
                                 prepared.handover.ranges.len()
                             );
-                            switch(&mut self.registry, prepared)
+                            let refusal = switch(&mut self.registry, prepared);
+                            // A vif connected again may have other event channels.
+                            self.net_ports = self
+                                .registry
+                                .net()
+                                .map_or_else(Vec::new, |net| net.ports().to_vec());
+                            refusal
                         }
                         Err(refusal) => refusal,
                     };
