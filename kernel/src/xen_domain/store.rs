@@ -52,7 +52,17 @@ pub fn init() -> Result<(), InitError> {
     Ok(())
 }
 
-/// Runs `f` with the xenstore client; `None` when there is no xenstore connection.
+/// Runs `f` with the xenstore client; `None` when there is no xenstore connection, or
+/// when the client is already held. Only vCPU 0 uses it (boot, then the control path),
+/// so a held client means a call from inside another `with`: waiting would stop vCPU 0
+/// for good (its rings, every negotiation), so the inner call is refused and logged,
+/// and the caller goes on as without xenstore. (A refusal answered this way inside the
+/// control round once hung blkdom in the rig.)
 pub fn with<R>(f: impl FnOnce(&mut Client) -> R) -> Option<R> {
-    STORE.get().map(|store| f(&mut store.lock()))
+    let store = STORE.get()?;
+    let Some(mut client) = store.try_lock() else {
+        log::error!("xenstore: the client was asked for while held (a nested call): refused");
+        return None;
+    };
+    Some(f(&mut client))
 }
