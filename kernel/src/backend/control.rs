@@ -78,10 +78,10 @@ pub struct Control {
     /// first round before anything else is looked at.
     handed_over: Vec<handover::block::VbdRecord>,
     /// Handed-over vbds whose remote namespace is being brought up again (`Net::remote`
-    /// said connecting): taken over once it is live, tried every round like an attach
-    /// that waits (`connecting`), and kept out of the scan meanwhile (a scan would
-    /// probe them as new devices under a connected frontend).
-    resuming: Vec<handover::block::VbdRecord>,
+    /// said connecting, or the bring-up failed and is tried again): taken over once it
+    /// is live, and kept out of the scan meanwhile (a scan would probe them as new
+    /// devices under a connected frontend).
+    resuming: Vec<Resuming>,
     /// A live upgrade's drain, under way.
     upgrade: Option<upgrade::Upgrade>,
     /// The vif's event channel, when blkdom has a storage network.
@@ -258,9 +258,21 @@ impl Control {
     /// (`BlkifBackend::resume`), nothing written to the backend's state. A vbd that
     /// cannot be taken over as it was is failed (the reason in `error`, Closing): its
     /// guest sees I/O errors, never another disk or other features.
-    /// `waited`: the vbd waited for its remote namespace on an earlier round.
-    fn resume(&mut self, store: &mut Store<'_>, record: handover::block::VbdRecord, waited: bool) {
+    /// `waited`: the vbd waited for its remote namespace on an earlier round; `retry`:
+    /// its bring-up failed before and is tried again.
+    fn resume(
+        &mut self,
+        store: &mut Store<'_>,
+        record: handover::block::VbdRecord,
+        waited: bool,
+        retry: Option<ResumeRetry>,
+    ) {
         let path = record.backend_path.clone();
+        let now = xen_domain::now_ns();
+        if retry.is_some_and(|r| now < r.next_ns) {
+            self.resuming.push(Resuming { record, retry });
+            return;
+        }
         stopwatch::start();
         // A vbd's own RAM disk comes from the handover; anything else is opened again.
         let opened = match self.registry.take_handed_ram_disk(&path) {
@@ -279,8 +291,38 @@ impl Control {
             if !waited {
                 log::info!("blkback: {path}: waits for its remote namespace to take over");
             }
-            self.resuming.push(record);
+            self.resuming.push(Resuming { record, retry });
             return;
+        }
+        // A namespace that does not come up (the target away or refusing during the
+        // switch) is held as a loss is, not failed at the first attempt: the guest
+        // sees a pause, not the end of its disk. A bad spec is not retried.
+        if let Err(AttachError::Disk(DiskError::Remote { reason, errno, .. })) = &opened {
+            let times = backing::parse_nvme_tcp(&record.params)
+                .ok()
+                .map(|target| super::net::reconnect_policy(&target.reconnect));
+            if let (Some(times), false) = (times, *errno == xen::xenbus::error::errno::EINVAL) {
+                let ms = 1_000_000u64;
+                let retry = retry.unwrap_or(ResumeRetry {
+                    next_ns: now,
+                    delay_ns: times.delay_ms * ms,
+                    give_up_ns: now.saturating_add(times.give_up_ms * ms),
+                });
+                if now < retry.give_up_ns {
+                    log::warn!(
+                        "blkback: {path}: its remote namespace did not come up ({reason}); \
+                         trying again every {} s for up to {} s more, its ring waiting",
+                        retry.delay_ns / 1_000_000_000,
+                        (retry.give_up_ns - now) / 1_000_000_000
+                    );
+                    let retry = Some(ResumeRetry {
+                        next_ns: now.saturating_add(retry.delay_ns),
+                        ..retry
+                    });
+                    self.resuming.push(Resuming { record, retry });
+                    return;
+                }
+            }
         }
         let opened = opened.and_then(|(disk, params)| {
             if params == record.params {
@@ -405,7 +447,7 @@ impl Control {
     fn reconcile(&mut self, store: &mut Store<'_>) {
         let present = self.scan(store);
         for path in &present {
-            let resuming = self.resuming.iter().any(|r| r.backend_path == *path);
+            let resuming = self.resuming.iter().any(|r| r.record.backend_path == *path);
             if !self.vbds.contains_key(path) && !self.failed.contains_key(path) && !resuming {
                 self.add(store, path.clone());
             }
@@ -809,13 +851,14 @@ impl Control {
                 || crate::handoff::answer_due()
             {
                 for record in core::mem::take(&mut self.handed_over) {
-                    self.resume(&mut store, record, false);
+                    self.resume(&mut store, record, false, None);
                 }
-                for record in core::mem::take(&mut self.resuming) {
-                    self.resume(&mut store, record, true);
+                for waiting in core::mem::take(&mut self.resuming) {
+                    self.resume(&mut store, waiting.record, true, waiting.retry);
                 }
-                // Done once every handed-over vbd was taken over or failed.
-                if self.resuming.is_empty() {
+                // Done once every handed-over vbd was taken over, failed, or waits for
+                // its target as through an outage (the upgrade itself is over).
+                if self.resuming.iter().all(|r| r.retry.is_some()) {
                     crate::handoff::answer_done(store.0);
                 }
             }
@@ -867,9 +910,9 @@ impl Control {
             if upgrade_request && self.upgrade.is_none() {
                 if let Some(staged) = super::upgrade::on_request(store.0) {
                     let remote_busy = match self.resuming.first() {
-                        Some(record) => Some(format!(
+                        Some(waiting) => Some(format!(
                             "of {} is still being connected for the last upgrade",
-                            record.backend_path
+                            waiting.record.backend_path
                         )),
                         None => self
                             .registry
@@ -919,13 +962,41 @@ impl Control {
         if self.upgrade.is_some() {
             return Some(wait.min(1_000_000));
         }
-        // An attach or a take-over waiting for a remote asks again soon.
-        if !self.connecting.is_empty() || !self.resuming.is_empty() {
+        // An attach or a take-over waiting for a remote asks again soon; one whose
+        // bring-up failed, at its next attempt.
+        if !self.connecting.is_empty() || self.resuming.iter().any(|r| r.retry.is_none()) {
             return Some(wait.min(RETRY_NS));
+        }
+        if let Some(next) = self
+            .resuming
+            .iter()
+            .filter_map(|r| r.retry)
+            .map(|r| r.next_ns)
+            .min()
+        {
+            let until = next.saturating_sub(xen_domain::now_ns()).max(RETRY_NS);
+            return Some(wait.min(until));
         }
         // Woken sooner by any watch event's kick; the statistics are due within 5 s anyway.
         Some(wait)
     }
+}
+
+/// A handed-over vbd waiting for its remote namespace (`Control::resuming`).
+struct Resuming {
+    record: handover::block::VbdRecord,
+    /// Set once a bring-up failed: the namespace is tried again as a lost connection is,
+    /// every `reconnect-delay`, until `ctrl-loss-tmo` after the first failure; the ring
+    /// waits meanwhile (blkfront has no request timeout) and the guest sees a pause, as
+    /// through any outage of the target.
+    retry: Option<ResumeRetry>,
+}
+
+#[derive(Clone, Copy)]
+struct ResumeRetry {
+    next_ns: u64,
+    delay_ns: u64,
+    give_up_ns: u64,
 }
 
 /// Logs where the time of the attach of the device at `path` went (the stopwatch `add`
