@@ -84,9 +84,6 @@ pub struct Control {
     resuming: Vec<Resuming>,
     /// A live upgrade's drain, under way.
     upgrade: Option<upgrade::Upgrade>,
-    /// The vif's event channel, when blkdom has a storage network.
-    /// The vif's queues' event channels (none without a vif).
-    net_ports: Vec<EvtchnPort>,
 }
 
 /// The devices blkdom drives, with their names (`Devices::listing`), to
@@ -138,9 +135,6 @@ impl Control {
         }
         let regions = space::available();
         log::info!("blkback: domain {domid} serving vbds; map space for {regions} rings");
-        let net_ports = net
-            .as_ref()
-            .map_or_else(|_| Vec::new(), |net| net.ports().to_vec());
         let mut registry =
             Registry::new(bus, crate::devices::recovery(config.device_max_resets), net);
         publish_devices(&registry.device_listing());
@@ -168,7 +162,6 @@ impl Control {
             handed_over,
             resuming: Vec::new(),
             upgrade: None,
-            net_ports,
         })
     }
 
@@ -751,7 +744,7 @@ impl poller::ControlWork for Control {
     }
 
     fn net_ports(&self) -> &[EvtchnPort] {
-        &self.net_ports
+        self.registry.net_ports()
     }
 
     fn poll_net(&mut self) -> Option<super::net::NetPoll> {

@@ -203,6 +203,11 @@ impl Registry {
             .is_ok_and(|net| net.has_submissions() | net.frames_waiting())
     }
 
+    /// The vif's queues' event channels (none without a vif): vCPU 0 waits on them.
+    pub fn net_ports(&self) -> &[xen::abi::event_channel::EvtchnPort] {
+        self.net.as_ref().map_or(&[], |net| net.ports())
+    }
+
     /// The storage network, for the poller of vCPU 0.
     pub fn net(&mut self) -> Option<&mut super::net::Net> {
         self.net.as_mut().ok()

@@ -255,13 +255,7 @@ impl Control {
                                 prepared.handover.ram_disks.len(),
                                 prepared.handover.ranges.len()
                             );
-                            let refusal = switch(&mut self.registry, prepared);
-                            // A vif connected again may have other event channels.
-                            self.net_ports = self
-                                .registry
-                                .net()
-                                .map_or_else(Vec::new, |net| net.ports().to_vec());
-                            refusal
+                            switch(&mut self.registry, prepared)
                         }
                         Err(refusal) => refusal,
                     };
