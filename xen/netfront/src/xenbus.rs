@@ -247,6 +247,29 @@ fn backend_state(store: &mut dyn XenStore, backend: &str) -> XenbusState {
         .map_or(XenbusState::Unknown, |v| XenbusState::parse(&v))
 }
 
+/// Looks at netback's state until `settle` says how the wait ends (`None`: look again,
+/// after `pause`), at most [`BACKEND_WAIT_MS`]; then a timeout naming `wanted`.
+fn poll_backend(
+    store: &mut dyn XenStore,
+    backend: &str,
+    wanted: XenbusState,
+    now_ms: &mut dyn FnMut() -> u64,
+    pause: &mut dyn FnMut(),
+    settle: &dyn Fn(XenbusState) -> Option<Result<(), VifError>>,
+) -> Result<(), VifError> {
+    let start = now_ms();
+    loop {
+        let state = backend_state(store, backend);
+        if let Some(end) = settle(state) {
+            return end;
+        }
+        if now_ms().saturating_sub(start) >= BACKEND_WAIT_MS {
+            return Err(VifError::BackendTimeout { wanted, state });
+        }
+        pause();
+    }
+}
+
 /// Waits (bounded) for netback to reach `wanted` (or a later setup state). netback at
 /// Closing or Closed fails the wait, except Closed while `reconnecting` (it stays there
 /// until it sees our Initialising).
@@ -258,23 +281,20 @@ fn wait_backend(
     now_ms: &mut dyn FnMut() -> u64,
     pause: &mut dyn FnMut(),
 ) -> Result<(), VifError> {
-    let start = now_ms();
-    loop {
-        let state = backend_state(store, backend);
-        match state {
-            s if s == wanted => return Ok(()),
-            XenbusState::Connected if wanted == XenbusState::InitWait => return Ok(()),
-            XenbusState::Closed if reconnecting => {}
-            XenbusState::Closing | XenbusState::Closed => {
-                return Err(VifError::BackendClosed(state))
-            }
-            _ => {}
-        }
-        if now_ms().saturating_sub(start) >= BACKEND_WAIT_MS {
-            return Err(VifError::BackendTimeout { wanted, state });
-        }
-        pause();
-    }
+    poll_backend(
+        store,
+        backend,
+        wanted,
+        now_ms,
+        pause,
+        &|state| match state {
+            s if s == wanted => Some(Ok(())),
+            XenbusState::Connected if wanted == XenbusState::InitWait => Some(Ok(())),
+            XenbusState::Closed if reconnecting => None,
+            XenbusState::Closing | XenbusState::Closed => Some(Err(VifError::BackendClosed(state))),
+            _ => None,
+        },
+    )
 }
 
 /// The whole handshake: `make_rings` is called once netback waits for us, with what the
@@ -375,36 +395,18 @@ pub fn disconnect(
     pause: &mut dyn FnMut(),
 ) -> Result<(), VifError> {
     let state = format!("{dir}/{STATE}");
-    for (ours, theirs) in [
-        (
-            XenbusState::Closing,
-            [XenbusState::Closing, XenbusState::Closed],
-        ),
-        (
-            XenbusState::Closed,
-            [XenbusState::Closed, XenbusState::Closed],
-        ),
-    ] {
+    // netback answers our Closing with Closing (or straight Closed), our Closed with
+    // Closed.
+    for ours in [XenbusState::Closing, XenbusState::Closed] {
         store
             .write(NO_TRANSACTION, &state, &(ours as u32).to_string())
             .map_err(|error| VifError::Store {
                 key: state.clone(),
                 error,
             })?;
-        let start = now_ms();
-        loop {
-            let now = backend_state(store, backend);
-            if theirs.contains(&now) {
-                break;
-            }
-            if now_ms().saturating_sub(start) >= BACKEND_WAIT_MS {
-                return Err(VifError::BackendTimeout {
-                    wanted: theirs[0],
-                    state: now,
-                });
-            }
-            pause();
-        }
+        poll_backend(store, backend, ours, now_ms, pause, &|theirs| {
+            (theirs == ours || theirs == XenbusState::Closed).then_some(Ok(()))
+        })?;
     }
     // netback has let go: what is left is tidying, and a key that will not go is
     // written again by the next connect (all but `multi-queue-num-queues`, which only
