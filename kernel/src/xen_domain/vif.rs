@@ -144,14 +144,18 @@ impl Vif {
     /// must not be reused) and the event channels are closed. Frames are sent no more.
     pub fn close(&mut self) -> Result<(), String> {
         self.closed = true;
-        let backend = self.info.backend.clone();
         let published = core::mem::take(&mut self.published);
         let mut now = Vif::now_ms;
         let mut pause = || spin_ms(10);
         super::store::with(|client| {
             let mut store = crate::backend::adapters::Store(client);
             netfront::xenbus::disconnect(
-                &mut store, VIF_DIR, &backend, &published, &mut now, &mut pause,
+                &mut store,
+                VIF_DIR,
+                &self.info.backend,
+                &published,
+                &mut now,
+                &mut pause,
             )
         })
         .ok_or("no xenstore")?
