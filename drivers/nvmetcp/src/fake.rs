@@ -141,6 +141,11 @@ pub struct Target {
     pub connect_status: Option<(Status, u64)>,
     /// Keep-alives are not answered.
     pub mute_keep_alive: bool,
+    /// I/O queues allotted to Set Features Number of Queues, whatever was asked (as
+    /// Linux nvmet answers its subsystem's limit); `None`: that Set Features fails.
+    pub io_queues: Option<u16>,
+    /// The I/O queues the host asked for (Set Features Number of Queues).
+    pub io_queues_asked: Option<(u16, u16)>,
     pub cntlid: u16,
     pub writes: HashMap<u16, PendingWrite>,
     pub next_ttag: u16,
@@ -193,6 +198,8 @@ impl Target {
             r2t_chunk: 1 << 20,
             connect_status: None,
             mute_keep_alive: false,
+            io_queues: Some(128),
+            io_queues_asked: None,
             cntlid: 0x11,
             writes: HashMap::new(),
             next_ttag: 1,
@@ -306,7 +313,9 @@ impl Target {
         self.cids_in_flight.push(cid);
         let sgl_len = le32(&sqe, 32);
         let sgl_type = sqe[39];
-        let writes = matches!(sqe[0], sqe::IO_WRITE | sqe::IO_DSM)
+        // Admin and I/O opcodes overlap (Set Features and Dataset Management are both 9).
+        let io_queue = self.connects.last().is_some_and(|c| c.qid != 0);
+        let writes = (io_queue && matches!(sqe[0], sqe::IO_WRITE | sqe::IO_DSM))
             || (sqe[0] == sqe::OPC_FABRICS && sqe[4] == sqe::FCTYPE_CONNECT);
         if !inline.is_empty() {
             assert_eq!(
@@ -449,6 +458,19 @@ impl Target {
                     c => panic!("cns {c}"),
                 }
                 self.send_data(cid, &id);
+            }
+            sqe::ADMIN_SET_FEATURES if self.connects.last().unwrap().qid == 0 => {
+                assert_eq!(le32(&sqe, 40) & 0xff, sqe::FEATURE_NUMBER_OF_QUEUES);
+                let asked = le32(&sqe, 44);
+                self.io_queues_asked = Some(((asked & 0xffff) as u16, (asked >> 16) as u16));
+                match self.io_queues {
+                    Some(n) => {
+                        let allotted = u64::from(n - 1);
+                        self.respond(cid, ok, allotted << 16 | allotted);
+                    }
+                    // Invalid Field in Command.
+                    None => self.respond(cid, Status::new(0, 0x02), 0),
+                }
             }
             sqe::ADMIN_KEEP_ALIVE if self.connects.last().unwrap().qid == 0 => {
                 self.keep_alives += 1;

@@ -4,7 +4,8 @@
 //! The admin sequence follows Linux's nvme_tcp_configure_admin_queue: ICReq/ICResp,
 //! Connect (queue 0, controller ID 0xffff, KATO), Property Get CAP, Property Set CC
 //! (EN, 64-byte SQ / 16-byte CQ entries, 4 KiB pages, NVM command set), Property Get
-//! CSTS until RDY (at most CAP.TO x 500 ms), Identify controller, Identify namespace.
+//! CSTS until RDY (at most CAP.TO x 500 ms), Identify controller, Identify namespace,
+//! Set Features Number of Queues (the I/O queues this host will connect).
 
 use crate::queue::{Completion, DataPort, Payload, Queue, QueueKind, SubmitError};
 use crate::sqe::{self, Status};
@@ -24,6 +25,7 @@ const TAG_CONNECT: u64 = 1;
 const TAG_PROPERTY: u64 = 2;
 const TAG_IDENTIFY: u64 = 3;
 const TAG_KEEP_ALIVE: u64 = 4;
+const TAG_QUEUE_COUNT: u64 = 5;
 
 /// Who this host is and what it connects to.
 #[derive(Clone, Copy, Debug)]
@@ -88,6 +90,7 @@ enum Step {
     },
     IdentifyController,
     IdentifyNamespace,
+    SetQueueCount,
     Live,
 }
 
@@ -130,6 +133,9 @@ pub struct AdminSession {
     keep_alive_due: u64,
     keep_alive_sent: Option<u64>,
     error: Option<Error>,
+    /// I/O queues asked for (Set Features, Number of Queues), and allotted.
+    io_queues_asked: u16,
+    io_queues: u16,
 }
 
 impl AdminSession {
@@ -158,7 +164,21 @@ impl AdminSession {
             keep_alive_due: 0,
             keep_alive_sent: None,
             error: None,
+            io_queues_asked: 1,
+            io_queues: 1,
         }
+    }
+
+    /// Asks the controller for `queues` I/O queues (default 1) in bring-up.
+    pub fn with_io_queues(mut self, queues: u16) -> Self {
+        self.io_queues_asked = queues.max(1);
+        self
+    }
+
+    /// The I/O queues this host may connect once live: what it asked for, or fewer if
+    /// the controller allots fewer.
+    pub fn io_queues(&self) -> u16 {
+        self.io_queues
     }
 
     pub fn state(&self) -> SessionState {
@@ -355,6 +375,7 @@ impl AdminSession {
             Step::WaitReady { .. } => "Property Get CSTS",
             Step::IdentifyController => "Identify controller",
             Step::IdentifyNamespace => "Identify namespace",
+            Step::SetQueueCount => "Set Features (Number of Queues)",
             Step::AwaitIcResp | Step::Live => "unexpected command",
         };
         if !c.status.is_success() {
@@ -429,6 +450,19 @@ impl AdminSession {
             }
             Step::IdentifyNamespace => {
                 self.namespace = Some(self.parse_namespace()?);
+                self.submit(
+                    TAG_QUEUE_COUNT,
+                    sqe::set_queue_count(self.io_queues_asked),
+                    Payload::None,
+                )?;
+                self.step = Step::SetQueueCount;
+            }
+            Step::SetQueueCount => {
+                // Both counts are 0's based; a controller may allot more than asked.
+                let submission = (c.result & 0xffff) as u16;
+                let completion = ((c.result >> 16) & 0xffff) as u16;
+                let allotted = submission.min(completion).saturating_add(1);
+                self.io_queues = self.io_queues_asked.min(allotted);
                 self.step = Step::Live;
                 self.keep_alive_due = now + u64::from(self.kato_ms / 2);
             }

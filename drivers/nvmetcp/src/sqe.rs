@@ -13,6 +13,9 @@ pub const FCTYPE_PROPERTY_GET: u8 = 0x04;
 
 pub const ADMIN_IDENTIFY: u8 = 0x06;
 pub const ADMIN_KEEP_ALIVE: u8 = 0x18;
+pub const ADMIN_SET_FEATURES: u8 = 0x09;
+/// Set Features' feature: Number of Queues.
+pub const FEATURE_NUMBER_OF_QUEUES: u32 = 0x07;
 
 pub const IO_FLUSH: u8 = 0x00;
 pub const IO_WRITE: u8 = 0x01;
@@ -100,6 +103,17 @@ pub fn property_set(offset: u32, value: u32) -> Sqe {
 pub fn identify(cns: u32, nsid: u32) -> Sqe {
     let mut sqe = new_sqe(ADMIN_IDENTIFY, nsid);
     set_u32(&mut sqe, 40, cns);
+    sqe
+}
+
+/// Set Features, Number of Queues: asks for `queues` (1..=65535) I/O submission and
+/// completion queues; the completion's dword 0 holds what the controller allots
+/// (submission queues in bits 0..16, completion queues in 16..32, both 0's based).
+pub fn set_queue_count(queues: u16) -> Sqe {
+    let mut sqe = new_sqe(ADMIN_SET_FEATURES, 0);
+    let asked = u32::from(queues.max(1) - 1);
+    set_u32(&mut sqe, 40, FEATURE_NUMBER_OF_QUEUES);
+    set_u32(&mut sqe, 44, asked << 16 | asked);
     sqe
 }
 

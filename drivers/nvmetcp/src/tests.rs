@@ -199,7 +199,43 @@ fn admin_bring_up_connects_enables_and_identifies() {
             "CC: EN, IOSQES 6, IOCQES 4, MPS 0, CSS NVM"
         );
         assert_eq!(t.csts_reads, 3, "CSTS read until RDY");
+        assert_eq!(t.io_queues_asked, Some((0, 0)), "one I/O queue, 0's based");
+        assert_eq!(s.io_queues(), 1);
     }
+}
+
+#[test]
+fn bring_up_asks_for_its_io_queues_and_takes_no_more_than_allotted() {
+    // (asked, the controller allots, taken)
+    for (asked, allotted, taken) in [(4, 128, 4), (4, 2, 2), (1, 1, 1), (8, 8, 8)] {
+        let mut t = Target::new();
+        t.io_queues = Some(allotted);
+        let mut rng = Rng(u64::from(asked) * 31 + u64::from(allotted));
+        let mut now = 1000;
+        let mut s = AdminSession::new(&identity(), 1, 5000, now, 10_000).with_io_queues(asked);
+        while s.state() == SessionState::Connecting {
+            pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now)).unwrap();
+            s.poll(now).unwrap();
+            now += 5;
+        }
+        assert_eq!(s.state(), SessionState::Live);
+        assert_eq!(t.io_queues_asked, Some((asked - 1, asked - 1)));
+        assert_eq!(s.io_queues(), taken, "asked {asked}, allotted {allotted}");
+    }
+    // A controller that refuses the count: bring-up fails, saying which command.
+    let mut t = Target::new();
+    t.io_queues = None;
+    let (_, r, _) = bring_up(&mut t, &mut Rng(3), 5000);
+    assert!(
+        matches!(
+            r,
+            Err(Error::Command {
+                what: "Set Features (Number of Queues)",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
 }
 
 #[test]
