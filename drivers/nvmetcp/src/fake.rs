@@ -152,6 +152,8 @@ pub struct Target {
     pub connects: Vec<ConnectSeen>,
     pub keep_alives: u32,
     pub flushes: u32,
+    /// I/O commands executed (reads, writes, flushes, deallocates).
+    pub io_commands: u32,
     pub inline_writes: u32,
     pub r2ts: u32,
     pub h2c_pdus: u32,
@@ -206,6 +208,7 @@ impl Target {
             connects: Vec::new(),
             keep_alives: 0,
             flushes: 0,
+            io_commands: 0,
             inline_writes: 0,
             r2ts: 0,
             h2c_pdus: 0,
@@ -485,6 +488,7 @@ impl Target {
                     "I/O opcode {op} on the admin queue"
                 );
                 assert_eq!(nsid, self.nsid);
+                self.io_commands += 1;
                 let lba = le64(&sqe, 40) as usize;
                 let blocks = (le32(&sqe, 48) & 0xffff) as usize + 1;
                 let range = lba * BLOCK..(lba + blocks) * BLOCK;

@@ -5,7 +5,7 @@
 //! ([`Net::poll`]); the disks' queues, on any poller, reach it through their channels
 //! (lock-free), and ring vCPU 0's doorbell for each request.
 
-use crate::xen_domain::vif::Vif;
+use crate::xen_domain::vif::{Steer, Vif};
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
@@ -18,7 +18,7 @@ use netfront::hash::MAX_QUEUES;
 use netfront::phy::DeviceStats;
 use netfront::NetStats;
 use nvmetcp::remote::{
-    DiskQueue, Event, Failure, Link, LinkState, Remote, State, Timing, Transport,
+    DiskQueue, Event, Failure, Link, LinkState, Remote, State, Timing, Transport, MAX_IO_QUEUES,
 };
 use nvmetcp::ReconnectPolicy;
 use smoltcp::iface::SocketHandle;
@@ -26,8 +26,10 @@ use smoltcp::socket::tcp;
 use smoltcp::wire::{IpAddress, Ipv4Address};
 use xen::abi::event_channel::EvtchnPort;
 
-/// Remote namespaces blkdom connects to at most (two TCP connections each).
+/// Remote namespaces blkdom connects to at most.
 pub const MAX_REMOTES: usize = 8;
+/// TCP connections of one remote at most: its admin queue's and one per I/O queue.
+pub const MAX_LINKS: usize = 1 + MAX_IO_QUEUES as usize;
 /// Socket buffers of a connection: the admin queue's carry little; an I/O queue's hold
 /// a few 1 MiB requests' PDUs in flight either way.
 const ADMIN_BUFFER: usize = 16 << 10;
@@ -51,17 +53,18 @@ pub fn reconnect_policy(times: &ReconnectTimes) -> ReconnectPolicy {
     }
 }
 
-/// One remote namespace and its two sockets.
+/// One remote namespace and its sockets (by `Link::index`: the admin queue's, then one
+/// per I/O queue).
 struct Entry {
     target: NvmeTcpTarget,
     /// For the log (made once: the poll loop allocates nothing).
     name: String,
     remote: Remote,
-    sockets: [SocketHandle; 2],
+    sockets: Vec<SocketHandle>,
     /// The link was seen open since it was (re)opened.
-    was_open: [bool; 2],
+    was_open: [bool; MAX_LINKS],
     /// smoltcp refused to start the connection (no route, say).
-    refused: [bool; 2],
+    refused: [bool; MAX_LINKS],
     /// An attach waits for this bring-up (a first one, or a revival) until then (ms).
     attach_until: Option<u64>,
 }
@@ -82,7 +85,10 @@ pub struct Net {
     /// failed is empty, for the next.
     entries: Vec<Option<Entry>>,
     /// Sockets of entries whose first bring-up failed, for the next.
-    spare: Vec<[SocketHandle; 2]>,
+    spare: Vec<Vec<SocketHandle>>,
+    /// I/O queues each remote asks for: one per vif queue, so that each connection's
+    /// packets can arrive on a queue of its own.
+    io_queues: u16,
     next_port: u16,
     /// The vif's counters as last logged, and when (`log_counters`).
     logged: (NetCounters, u64),
@@ -111,47 +117,81 @@ impl nvmetcp::remote::Memory for Pages {
     }
 }
 
-/// A remote's two connections on the vif's sockets.
+/// A remote's connections on the vif's sockets.
 struct Links<'a> {
     vif: &'a mut Vif,
-    entry_sockets: [SocketHandle; 2],
-    was_open: &'a mut [bool; 2],
-    refused: &'a mut [bool; 2],
+    entry_sockets: &'a [SocketHandle],
+    was_open: &'a mut [bool; MAX_LINKS],
+    refused: &'a mut [bool; MAX_LINKS],
     remote: (IpAddress, u16),
     next_port: &'a mut u16,
 }
 
-impl Transport for Links<'_> {
-    fn open(&mut self, link: Link) {
-        let at = link as usize;
-        let context = self.vif.stack.iface.context();
-        let socket = self
-            .vif
-            .stack
-            .sockets
-            .get_mut::<tcp::Socket>(self.entry_sockets[at]);
-        socket.abort();
-        *self.next_port = if *self.next_port >= 65000 {
+impl Links<'_> {
+    /// The local port for a new connection of `link`: the next ephemeral one whose
+    /// packets netback puts on the vif queue of the link (the admin queue's on queue 0,
+    /// I/O queue `n`'s on queue `n` modulo the count), or simply the next one when the
+    /// steering is not known.
+    fn local_port(&mut self, link: Link) -> u16 {
+        let next = if *self.next_port >= 65000 {
             49152
         } else {
             *self.next_port + 1
         };
+        let steered = match (
+            &self.vif.steer,
+            self.vif.stack.iface.ipv4_addr(),
+            self.remote.0,
+        ) {
+            (Steer::Hashed(steering), Some(local), IpAddress::Ipv4(remote)) => {
+                let queue = match link {
+                    Link::Admin => 0,
+                    Link::Io(n) => n % steering.queues(),
+                };
+                steering.local_port_for_queue(
+                    queue,
+                    remote.octets(),
+                    self.remote.1,
+                    local.octets(),
+                    next,
+                    &mut |_| false,
+                )
+            }
+            _ => None,
+        };
+        *self.next_port = steered.unwrap_or(next);
+        *self.next_port
+    }
+}
+
+impl Transport for Links<'_> {
+    fn open(&mut self, link: Link) {
+        let at = link.index();
+        // A remote asks for no more links than it was given sockets for.
+        let Some(&handle) = self.entry_sockets.get(at) else {
+            return;
+        };
+        self.vif
+            .stack
+            .sockets
+            .get_mut::<tcp::Socket>(handle)
+            .abort();
+        let port = self.local_port(link);
+        let context = self.vif.stack.iface.context();
+        let socket = self.vif.stack.sockets.get_mut::<tcp::Socket>(handle);
         self.was_open[at] = false;
-        self.refused[at] = socket
-            .connect(context, self.remote, *self.next_port)
-            .is_err();
+        self.refused[at] = socket.connect(context, self.remote, port).is_err();
     }
 
     fn state(&mut self, link: Link) -> LinkState {
-        let at = link as usize;
+        let at = link.index();
+        let Some(&handle) = self.entry_sockets.get(at) else {
+            return LinkState::Refused;
+        };
         if self.refused[at] {
             return LinkState::Refused;
         }
-        let socket = self
-            .vif
-            .stack
-            .sockets
-            .get::<tcp::Socket>(self.entry_sockets[at]);
+        let socket = self.vif.stack.sockets.get::<tcp::Socket>(handle);
         match socket.state() {
             tcp::State::SynSent | tcp::State::SynReceived => LinkState::Opening,
             tcp::State::Established => {
@@ -165,33 +205,34 @@ impl Transport for Links<'_> {
     }
 
     fn recv(&mut self, link: Link, f: &mut dyn FnMut(&[u8]) -> usize) {
-        let socket = self
-            .vif
-            .stack
-            .sockets
-            .get_mut::<tcp::Socket>(self.entry_sockets[link as usize]);
+        let Some(&handle) = self.entry_sockets.get(link.index()) else {
+            return;
+        };
+        let socket = self.vif.stack.sockets.get_mut::<tcp::Socket>(handle);
         if socket.can_recv() {
             let _ = socket.recv(|data| (f(data), ()));
         }
     }
 
     fn send(&mut self, link: Link, f: &mut dyn FnMut(&mut [u8]) -> usize) {
-        let socket = self
-            .vif
-            .stack
-            .sockets
-            .get_mut::<tcp::Socket>(self.entry_sockets[link as usize]);
+        let Some(&handle) = self.entry_sockets.get(link.index()) else {
+            return;
+        };
+        let socket = self.vif.stack.sockets.get_mut::<tcp::Socket>(handle);
         if socket.can_send() {
             let _ = socket.send(|buf| (f(buf), ()));
         }
     }
 
     fn close(&mut self, link: Link) {
-        let at = link as usize;
+        let at = link.index();
+        let Some(&handle) = self.entry_sockets.get(at) else {
+            return;
+        };
         self.vif
             .stack
             .sockets
-            .get_mut::<tcp::Socket>(self.entry_sockets[at])
+            .get_mut::<tcp::Socket>(handle)
             .abort();
         self.was_open[at] = false;
         self.refused[at] = false;
@@ -235,13 +276,15 @@ fn log_event(name: &str, event: Event, policy: ReconnectPolicy) {
     match event {
         Event::Live {
             controller,
+            io_queues,
             reconnect: false,
-        } => log::info!("{name}: connected (controller {controller})"),
+        } => log::info!("{name}: connected (controller {controller}, {io_queues} I/O queues)"),
         Event::Live {
             controller,
+            io_queues,
             reconnect: true,
         } => log::info!(
-            "{name}: reconnected (controller {controller}); held requests sent again"
+            "{name}: reconnected (controller {controller}, {io_queues} I/O queues); held requests sent again"
         ),
         Event::Lost(why) => log::error!(
             "{name}: connection lost: {why}; I/O held while reconnecting (every {delay} s, for up to {give_up} s)"
@@ -257,7 +300,9 @@ fn log_event(name: &str, event: Event, policy: ReconnectPolicy) {
 impl Net {
     pub fn new(vif: Vif, host_nqn: Option<HostNqn>) -> Net {
         let host_id = host_id(host_nqn.as_ref().map_or("", |n| n.as_str()));
+        let io_queues = (vif.ports().len() as u16).clamp(1, MAX_IO_QUEUES);
         Net {
+            io_queues,
             vif,
             host_nqn,
             host_id,
@@ -331,7 +376,8 @@ impl Net {
                 ..TIMING
             },
             now,
-        );
+        )
+        .with_io_queues(self.io_queues);
         let sockets = match self.spare_sockets() {
             Some(sockets) => sockets,
             None => return Err(("no socket left".into(), xen::xenbus::error::errno::ENOSPC)),
@@ -341,8 +387,8 @@ impl Net {
             name: describe(target),
             remote,
             sockets,
-            was_open: [false; 2],
-            refused: [false; 2],
+            was_open: [false; MAX_LINKS],
+            refused: [false; MAX_LINKS],
             attach_until: Some(now + ATTACH_MS),
         };
         log::info!(
@@ -489,7 +535,7 @@ impl Net {
     }
 
     /// Sockets for a new entry: those of one whose bring-up failed, or new ones.
-    fn spare_sockets(&mut self) -> Option<[SocketHandle; 2]> {
+    fn spare_sockets(&mut self) -> Option<Vec<SocketHandle>> {
         if let Some(sockets) = self.spare.pop() {
             return Some(sockets);
         }
@@ -498,8 +544,12 @@ impl Net {
             let tx = alloc::vec![0u8; size].leak();
             self.vif.stack.add_tcp(rx, tx)
         };
-        let sockets = [make(ADMIN_BUFFER)?, make(IO_BUFFER)?];
-        for handle in sockets {
+        let mut sockets = Vec::with_capacity(1 + usize::from(self.io_queues));
+        sockets.push(make(ADMIN_BUFFER)?);
+        for _ in 0..self.io_queues {
+            sockets.push(make(IO_BUFFER)?);
+        }
+        for &handle in &sockets {
             // A command's PDU goes out whole at once and every received PDU is acked at
             // once: Nagle's wait for an ack, against a delayed ack at the other end,
             // and smoltcp's own delayed ack would add their timers to every command at
@@ -515,9 +565,9 @@ impl Net {
         vif: &'a mut Vif,
         next_port: &'a mut u16,
         target: &NvmeTcpTarget,
-        sockets: [SocketHandle; 2],
-        was_open: &'a mut [bool; 2],
-        refused: &'a mut [bool; 2],
+        sockets: &'a [SocketHandle],
+        was_open: &'a mut [bool; MAX_LINKS],
+        refused: &'a mut [bool; MAX_LINKS],
     ) -> Links<'a> {
         let [a, b, c, d] = target.addr;
         Links {
@@ -530,18 +580,20 @@ impl Net {
         }
     }
 
-    /// Both connections of `entry` closed (an attach that gave up on it).
+    /// Every connection of `entry` closed (an attach that gave up on it).
     fn close_links(vif: &mut Vif, next_port: &mut u16, entry: &mut Entry) {
         let mut links = Self::links(
             vif,
             next_port,
             &entry.target,
-            entry.sockets,
+            &entry.sockets,
             &mut entry.was_open,
             &mut entry.refused,
         );
         links.close(Link::Admin);
-        links.close(Link::Io);
+        for n in 0..entry.remote.io_queues_asked() {
+            links.close(Link::Io(n));
+        }
     }
 
     fn poll_entry(vif: &mut Vif, next_port: &mut u16, entry: &mut Entry, now: u64) -> bool {
@@ -554,7 +606,7 @@ impl Net {
             refused,
             attach_until: _,
         } = entry;
-        let mut links = Self::links(vif, next_port, target, *sockets, was_open, refused);
+        let mut links = Self::links(vif, next_port, target, sockets, was_open, refused);
         let policy = remote.reconnect_policy();
         remote.poll(&mut links, &Pages, now, &mut |e| {
             log_event(name.as_str(), e, policy)
@@ -678,7 +730,7 @@ impl Net {
     pub fn close_for_upgrade(&mut self) -> Result<usize, String> {
         let mut reset = 0;
         for entry in self.entries.iter_mut().flatten() {
-            for handle in entry.sockets {
+            for &handle in &entry.sockets {
                 let socket = self.vif.stack.sockets.get_mut::<tcp::Socket>(handle);
                 if socket.is_open() {
                     socket.abort();

@@ -31,9 +31,9 @@ pub const GRANT_FRAMES: u32 =
 const GRANTS_PER_FRAME: u32 = 512;
 const GRANTS_PER_QUEUE: u32 = 2 + 512;
 const RESERVED_GRANTS: u32 = 8;
-/// Sockets the interface can hold: two per remote namespace (its admin and I/O queue),
-/// and the DHCP client's.
-const SOCKETS: usize = 2 * crate::backend::net::MAX_REMOTES + 1;
+/// Sockets the interface can hold: one per connection of each remote namespace (its
+/// admin queue's and one per I/O queue), and the DHCP client's.
+const SOCKETS: usize = crate::backend::net::MAX_LINKS * crate::backend::net::MAX_REMOTES + 1;
 /// The vif blkdom uses (the first of the xl config's `vif=`).
 const VIF_DIR: &str = "device/vif/0";
 

@@ -1,7 +1,12 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! A remote namespace served as a block device: one association with the target (an
-//! admin queue and one I/O queue, each on its own TCP connection), the channels of the
-//! disk queues that use it, and the reconnect loop.
+//! admin queue and one or more I/O queues, each on its own TCP connection), the
+//! channels of the disk queues that use it, and the reconnect loop.
+//!
+//! A remote asks the controller for the I/O queues it was made with
+//! ([`Remote::with_io_queues`]: one per poller) and connects as many as the controller
+//! allots. Each disk queue's requests go on one of them (channel `c` on queue `c` modulo
+//! the count); a connection that breaks loses the whole association, as on Linux's host.
 //!
 //! Runs where the network is driven (vCPU 0 in the image): [`Remote::poll`] moves
 //! bytes through a [`Transport`] the caller owns, takes requests from every channel,
@@ -38,6 +43,8 @@ use core::fmt;
 pub const IO_DEPTH: usize = 128;
 /// Channels (disk queues) one remote namespace serves at most.
 pub const MAX_CHANNELS: usize = 16;
+/// I/O queues (and TCP connections) one association has at most.
+pub const MAX_IO_QUEUES: u16 = 8;
 /// Largest command this host sends, whatever MDTS allows: a blkif request is at most
 /// 2 MiB, and smaller commands keep one from holding the connection long.
 const MAX_COMMAND_BYTES: u64 = 1 << 20;
@@ -45,11 +52,22 @@ const MAX_COMMAND_BYTES: u64 = 1 << 20;
 /// (NVME_DEFAULT_KATO), room for emulated CPUs; a keep-alive goes every half of it.
 const KATO_MS: u32 = 15_000;
 
-/// The two connections of an association.
+/// The connections of an association.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Link {
-    Admin = 0,
-    Io = 1,
+    Admin,
+    /// I/O queue `n` (0-based; its queue ID is `n + 1`).
+    Io(u16),
+}
+
+impl Link {
+    /// 0 for the admin queue's connection, `1 + n` for I/O queue `n`'s.
+    pub fn index(self) -> usize {
+        match self {
+            Link::Admin => 0,
+            Link::Io(n) => 1 + usize::from(n),
+        }
+    }
 }
 
 /// Where a TCP connection is.
@@ -213,10 +231,16 @@ const IDLE: Held = Held {
 /// Things worth logging, handed to the caller's closure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
-    Live { controller: u16, reconnect: bool },
+    Live {
+        controller: u16,
+        io_queues: u16,
+        reconnect: bool,
+    },
     Lost(Failure),
     AttemptFailed(Failure),
-    GaveUp { waited_ms: u64 },
+    GaveUp {
+        waited_ms: u64,
+    },
 }
 
 /// One remote namespace and the disk queues on it.
@@ -231,10 +255,13 @@ pub struct Remote {
     stage_since: u64,
     /// The current attempt opened its first connection.
     started: bool,
-    /// Boxed, as the I/O session: their buffers and command slots (tens of KiB) stay
+    /// Boxed, as the I/O sessions: their buffers and command slots (tens of KiB) stay
     /// off the small kernel stacks that move a `Remote` about.
     admin: Option<Box<AdminSession>>,
-    io: Option<Box<IoSession<IO_DEPTH>>>,
+    /// One per I/O queue asked for; the first `live_queues` serve.
+    io: Vec<IoQueue>,
+    /// The I/O queues of the current association (the controller may allot fewer).
+    live_queues: u16,
     controller: Option<ControllerInfo>,
     namespace: Option<NamespaceInfo>,
     /// Set once live: what every reconnect must find again.
@@ -245,8 +272,6 @@ pub struct Remote {
     last_failure: Option<Failure>,
     channels: Vec<Arc<Shared>>,
     held: Vec<[Held; SLOTS]>,
-    /// Requests with commands still to send, in order: (channel, slot).
-    pending: VecDeque<(u16, u16)>,
     /// Requests taken and not completed.
     active: usize,
     /// The time of the current pass (ms).
@@ -275,7 +300,8 @@ impl Remote {
             stage_since: now,
             started: false,
             admin: None,
-            io: None,
+            io: alloc::vec![IoQueue::new()],
+            live_queues: 1,
             controller: None,
             namespace: None,
             first_namespace: None,
@@ -284,11 +310,29 @@ impl Remote {
             last_failure: None,
             channels: Vec::with_capacity(MAX_CHANNELS),
             held: Vec::with_capacity(MAX_CHANNELS),
-            pending: VecDeque::with_capacity(MAX_CHANNELS * SLOTS),
             active: 0,
             now,
             held_times: HeldTimes::default(),
         }
+    }
+
+    /// Asks for `queues` I/O queues (1..=[`MAX_IO_QUEUES`]; default 1), each on its own
+    /// connection: one per poller that serves the namespace's disks.
+    pub fn with_io_queues(mut self, queues: u16) -> Remote {
+        let queues = queues.clamp(1, MAX_IO_QUEUES);
+        self.io = (0..queues).map(|_| IoQueue::new()).collect();
+        self
+    }
+
+    /// The I/O queues asked for: links `Io(0)` to `Io(n - 1)` of the [`Transport`].
+    pub fn io_queues_asked(&self) -> u16 {
+        self.io.len() as u16
+    }
+
+    /// The I/O queues the association connects (fewer than asked if the controller
+    /// allots fewer).
+    pub fn io_queues(&self) -> u16 {
+        self.live_queues
     }
 
     pub fn state(&self) -> State {
@@ -430,15 +474,34 @@ impl Remote {
     }
 
     fn start(&mut self, t: &mut dyn Transport, now: u64) {
-        t.close(Link::Admin);
-        t.close(Link::Io);
+        self.close_links(t);
         t.open(Link::Admin);
         self.admin = None;
-        self.io = None;
+        for queue in &mut self.io {
+            queue.session = None;
+        }
         self.state = State::Connecting;
         self.stage = Stage::AdminTcp;
         self.stage_since = now;
         self.started = true;
+    }
+
+    /// Every connection closed (the admin queue's and every I/O queue's asked for).
+    fn close_links(&self, t: &mut dyn Transport) {
+        t.close(Link::Admin);
+        for n in 0..self.io_queues_asked() {
+            t.close(Link::Io(n));
+        }
+    }
+
+    /// The I/O queues of the current association, with their link.
+    fn live_io(&mut self) -> impl Iterator<Item = (Link, &mut IoQueue)> {
+        let live = usize::from(self.live_queues);
+        self.io
+            .iter_mut()
+            .take(live)
+            .enumerate()
+            .map(|(n, queue)| (Link::Io(n as u16), queue))
     }
 
     fn identity(&self) -> HostIdentity<'_> {
@@ -470,6 +533,7 @@ impl Remote {
                 self.reconnect.connected();
                 log(Event::Live {
                     controller: self.controller.map_or(0, |c| c.cntlid),
+                    io_queues: self.live_queues,
                     reconnect,
                 });
                 // What the old connection held goes again, first.
@@ -477,10 +541,11 @@ impl Remote {
                 true
             }
             Err(failure) => {
-                t.close(Link::Admin);
-                t.close(Link::Io);
+                self.close_links(t);
                 self.admin = None;
-                self.io = None;
+                for queue in &mut self.io {
+                    queue.session = None;
+                }
                 self.last_failure = Some(failure);
                 if self.first_namespace.is_none() {
                     self.state = State::Failed(failure);
@@ -496,41 +561,24 @@ impl Remote {
 
     /// Moves the bring-up on; true once live.
     fn bring_up(&mut self, t: &mut dyn Transport, now: u64) -> Result<bool, Failure> {
+        let connect_deadline = self.stage_since + self.timing.connect_ms;
         match self.stage {
-            Stage::AdminTcp | Stage::IoTcp => {
-                let link = if self.stage == Stage::AdminTcp {
-                    Link::Admin
-                } else {
-                    Link::Io
-                };
-                match t.state(link) {
-                    LinkState::Open => {
-                        if self.stage == Stage::AdminTcp {
-                            self.admin = Some(Box::new(AdminSession::new(
-                                &self.identity(),
-                                self.nsid,
-                                KATO_MS,
-                                now,
-                                self.timing.bringup_ms,
-                            )));
-                            self.stage = Stage::Admin;
-                        } else {
-                            let (Some(c), Some(ns)) = (self.controller, self.namespace) else {
-                                return Err(Failure::Session(Error::Internal("no controller")));
-                            };
-                            self.io = Some(Box::new(IoSession::new(&self.identity(), &c, ns, 1)));
-                            self.stage = Stage::Io;
-                        }
-                        self.stage_since = now;
-                        Ok(false)
-                    }
-                    LinkState::Refused => Err(Failure::Refused),
-                    LinkState::Closed => Err(Failure::Closed),
-                    LinkState::Opening if now >= self.stage_since + self.timing.connect_ms => {
-                        Err(Failure::NoAnswer)
-                    }
-                    LinkState::Opening => Ok(false),
+            Stage::AdminTcp => {
+                if !link_open(t, Link::Admin, now, connect_deadline)? {
+                    return Ok(false);
                 }
+                let admin = AdminSession::new(
+                    &self.identity(),
+                    self.nsid,
+                    KATO_MS,
+                    now,
+                    self.timing.bringup_ms,
+                )
+                .with_io_queues(self.io_queues_asked());
+                self.admin = Some(Box::new(admin));
+                self.stage = Stage::Admin;
+                self.stage_since = now;
+                Ok(false)
             }
             Stage::Admin => {
                 let admin = self.admin.as_mut().ok_or(Failure::Closed)?;
@@ -552,7 +600,10 @@ impl Remote {
                         }
                         self.controller = admin.controller();
                         self.namespace = ns;
-                        t.open(Link::Io);
+                        self.live_queues = admin.io_queues().clamp(1, self.io_queues_asked());
+                        for n in 0..self.live_queues {
+                            t.open(Link::Io(n));
+                        }
                         self.stage = Stage::IoTcp;
                         self.stage_since = now;
                         Ok(false)
@@ -561,12 +612,33 @@ impl Remote {
                     SessionState::Connecting => Ok(false),
                 }
             }
+            Stage::IoTcp => {
+                let mut all_open = true;
+                for n in 0..self.live_queues {
+                    all_open &= link_open(t, Link::Io(n), now, connect_deadline)?;
+                }
+                if !all_open {
+                    return Ok(false);
+                }
+                let (Some(c), Some(ns)) = (self.controller, self.namespace) else {
+                    return Err(Failure::Session(Error::Internal("no controller")));
+                };
+                for n in 0..self.live_queues {
+                    let session = IoSession::new(&self.identity(), &c, ns, n + 1);
+                    self.io[usize::from(n)].session = Some(Box::new(session));
+                }
+                self.stage = Stage::Io;
+                self.stage_since = now;
+                Ok(false)
+            }
             Stage::Io => {
                 let mut no_data = NoData;
-                let io = self.io.as_mut().ok_or(Failure::Closed)?;
-                pump_io(io, t, &mut no_data);
-                if t.state(Link::Io) != LinkState::Open {
-                    io.connection_lost();
+                for (link, queue) in self.live_io() {
+                    let io = queue.session.as_mut().ok_or(Failure::Closed)?;
+                    pump_io(io, t, link, &mut no_data);
+                    if t.state(link) != LinkState::Open {
+                        io.connection_lost();
+                    }
                 }
                 if let Some(admin) = self.admin.as_mut() {
                     pump_admin(admin, t, now);
@@ -574,15 +646,20 @@ impl Remote {
                         return Err(Failure::Session(e));
                     }
                 }
-                match io.state() {
-                    SessionState::Live => Ok(true),
-                    SessionState::Failed(e) => Err(Failure::Session(e)),
-                    SessionState::Connecting
-                        if now >= self.stage_since + self.timing.bringup_ms =>
-                    {
-                        Err(Failure::Session(Error::Timeout("I/O queue Connect")))
+                let mut all_live = true;
+                for (_, queue) in self.live_io() {
+                    match queue.session.as_ref().map(|io| io.state()) {
+                        Some(SessionState::Live) => {}
+                        Some(SessionState::Failed(e)) => return Err(Failure::Session(e)),
+                        Some(SessionState::Connecting) | None => all_live = false,
                     }
-                    SessionState::Connecting => Ok(false),
+                }
+                if all_live {
+                    Ok(true)
+                } else if now >= self.stage_since + self.timing.bringup_ms {
+                    Err(Failure::Session(Error::Timeout("I/O queue Connect")))
+                } else {
+                    Ok(false)
                 }
             }
         }
@@ -598,8 +675,9 @@ impl Remote {
         let mut moved = self.take_new();
         moved |= self.issue();
         let mut failure = None;
+        let live = usize::from(self.live_queues);
         {
-            let (Some(admin), Some(io)) = (self.admin.as_mut(), self.io.as_mut()) else {
+            let Some(admin) = self.admin.as_mut() else {
                 return moved;
             };
             pump_admin(admin, t, now);
@@ -608,21 +686,36 @@ impl Remote {
                 held: &self.held,
                 mem,
             };
-            moved |= pump_io(io, t, &mut port);
-            if t.state(Link::Admin) != LinkState::Open || t.state(Link::Io) != LinkState::Open {
+            let mut all_open = t.state(Link::Admin) == LinkState::Open;
+            for (n, queue) in self.io.iter_mut().take(live).enumerate() {
+                let link = Link::Io(n as u16);
+                if let Some(io) = queue.session.as_mut() {
+                    moved |= pump_io(io, t, link, &mut port);
+                }
+                all_open &= t.state(link) == LinkState::Open;
+            }
+            if !all_open {
                 failure = Some(Failure::Closed);
             }
             if let Err(e) = admin.poll(now) {
                 failure = Some(Failure::Session(e));
             }
-            if let SessionState::Failed(e) = io.state() {
-                failure = Some(Failure::Session(e));
+            for queue in self.io.iter().take(live) {
+                if let Some(SessionState::Failed(e)) = queue.session.as_ref().map(|io| io.state()) {
+                    failure = Some(Failure::Session(e));
+                }
             }
         }
         // Completions that arrived before any failure are genuine.
-        while let Some(done) = self.io.as_mut().and_then(|io| io.next_completion()) {
-            moved = true;
-            self.command_done(done.tag, done.status.is_success());
+        for n in 0..live {
+            while let Some(done) = self.io[n]
+                .session
+                .as_mut()
+                .and_then(|io| io.next_completion())
+            {
+                moved = true;
+                self.command_done(done.tag, done.status.is_success());
+            }
         }
         if let Some(failure) = failure {
             self.lose(t, now, failure, log);
@@ -630,27 +723,30 @@ impl Remote {
         }
         moved |= self.issue();
         // Anything issued just now goes out in this pass.
-        if let Some(io) = self.io.as_mut() {
-            let mut port = Port {
-                channels: &self.channels,
-                held: &self.held,
-                mem,
-            };
-            moved |= pump_io(io, t, &mut port);
+        let mut port = Port {
+            channels: &self.channels,
+            held: &self.held,
+            mem,
+        };
+        for (n, queue) in self.io.iter_mut().take(live).enumerate() {
+            if let Some(io) = queue.session.as_mut() {
+                moved |= pump_io(io, t, Link::Io(n as u16), &mut port);
+            }
         }
         moved
     }
 
     fn lose(&mut self, t: &mut dyn Transport, now: u64, why: Failure, log: &mut dyn FnMut(Event)) {
         log(Event::Lost(why));
-        if let Some(io) = self.io.as_mut() {
-            io.connection_lost();
-            io.drain(|_| {});
+        for queue in &mut self.io {
+            if let Some(io) = queue.session.as_mut() {
+                io.connection_lost();
+                io.drain(|_| {});
+            }
+            queue.session = None;
         }
-        self.io = None;
         self.admin = None;
-        t.close(Link::Admin);
-        t.close(Link::Io);
+        self.close_links(t);
         self.lost_at = now;
         self.last_failure = None;
         self.reconnect.lost(now);
@@ -660,7 +756,9 @@ impl Remote {
     /// Every request taken and not completed goes again from its start (a read read
     /// twice or a write written twice is harmless; one completed is never sent again).
     fn replay_active(&mut self) {
-        self.pending.clear();
+        for queue in &mut self.io {
+            queue.pending.clear();
+        }
         for (ch, held) in self.held.iter_mut().enumerate() {
             for (slot, h) in held.iter_mut().enumerate() {
                 if h.active {
@@ -668,7 +766,9 @@ impl Remote {
                     h.outstanding = 0;
                     h.failed = false;
                     h.flushed = !matches!(h.request.op, Op::Write { preflush: true });
-                    self.pending.push_back((ch as u16, slot as u16));
+                    self.io[queue_of(ch, self.live_queues)]
+                        .pending
+                        .push_back((ch as u16, slot as u16));
                 }
             }
         }
@@ -697,16 +797,36 @@ impl Remote {
                     taken_at: self.now,
                 };
                 self.active += 1;
-                self.pending.push_back((ch as u16, slot));
+                self.io[queue_of(ch, self.live_queues)]
+                    .pending
+                    .push_back((ch as u16, slot));
             }
         }
         moved
     }
 
-    /// Sends commands for pending requests while the I/O queue takes them.
+    /// Sends commands for pending requests while the I/O queues take them.
     fn issue(&mut self) -> bool {
-        let (Some(io), Some(c), Some(ns)) = (self.io.as_mut(), self.controller, self.namespace)
-        else {
+        let mut moved = false;
+        for n in 0..usize::from(self.live_queues) {
+            moved |= self.issue_on(n);
+        }
+        moved
+    }
+
+    /// Sends commands for I/O queue `n`'s pending requests while it takes them.
+    fn issue_on(&mut self, n: usize) -> bool {
+        let Remote {
+            io: queues,
+            held,
+            channels,
+            active,
+            controller,
+            namespace,
+            ..
+        } = self;
+        let IoQueue { session, pending } = &mut queues[n];
+        let (Some(io), Some(c), Some(ns)) = (session.as_mut(), *controller, *namespace) else {
             return false;
         };
         let block = u64::from(ns.block_size);
@@ -715,8 +835,8 @@ impl Remote {
             .min(65_536 * block);
         let most = (most / block).max(1) * block;
         let mut moved = false;
-        while let Some(&(ch, slot)) = self.pending.front() {
-            let h = &mut self.held[usize::from(ch)][usize::from(slot)];
+        while let Some(&(ch, slot)) = pending.front() {
+            let h = &mut held[usize::from(ch)][usize::from(slot)];
             let r = h.request;
             let tag = u64::from(ch) << 48 | u64::from(slot) << 32 | h.issued;
             let sent = match r.op {
@@ -781,7 +901,7 @@ impl Remote {
                         _ => h.issued >= r.amount,
                     };
                     if all {
-                        self.pending.pop_front();
+                        pending.pop_front();
                     }
                 }
                 Done::Full => break,
@@ -789,11 +909,11 @@ impl Remote {
                     let ok = matches!(sent, Done::Complete);
                     h.failed |= !ok;
                     h.issued = r.amount;
-                    self.pending.pop_front();
+                    pending.pop_front();
                     if h.outstanding == 0 {
                         h.active = false;
-                        self.active -= 1;
-                        self.channels[usize::from(ch)].complete(slot, !h.failed);
+                        *active -= 1;
+                        channels[usize::from(ch)].complete(slot, !h.failed);
                     }
                     moved = true;
                 }
@@ -845,7 +965,9 @@ impl Remote {
     /// Given up: everything held and every new request fails.
     fn fail_everything(&mut self) -> bool {
         let _ = self.take_new();
-        self.pending.clear();
+        for queue in &mut self.io {
+            queue.pending.clear();
+        }
         let mut moved = false;
         for ch in 0..self.held.len() {
             for slot in 0..SLOTS {
@@ -858,6 +980,40 @@ impl Remote {
             }
         }
         moved
+    }
+}
+
+/// The I/O queue channel `ch`'s requests go on, of `live` (at least 1).
+fn queue_of(ch: usize, live: u16) -> usize {
+    ch % usize::from(live.max(1))
+}
+
+/// Whether `link` is open; an error once it was refused or closed, or is still opening
+/// at `deadline` (ms).
+fn link_open(t: &mut dyn Transport, link: Link, now: u64, deadline: u64) -> Result<bool, Failure> {
+    match t.state(link) {
+        LinkState::Open => Ok(true),
+        LinkState::Refused => Err(Failure::Refused),
+        LinkState::Closed => Err(Failure::Closed),
+        LinkState::Opening if now >= deadline => Err(Failure::NoAnswer),
+        LinkState::Opening => Ok(false),
+    }
+}
+
+/// One I/O queue of the association: its session while connected, and the requests
+/// with commands still to send on it, in order: (channel, slot).
+struct IoQueue {
+    session: Option<Box<IoSession<IO_DEPTH>>>,
+    pending: VecDeque<(u16, u16)>,
+}
+
+impl IoQueue {
+    fn new() -> IoQueue {
+        IoQueue {
+            session: None,
+            // Every request a remote can hold: the data path never grows it.
+            pending: VecDeque::with_capacity(MAX_CHANNELS * SLOTS),
+        }
     }
 }
 
@@ -886,15 +1042,20 @@ fn pump_admin(admin: &mut AdminSession, t: &mut dyn Transport, now: u64) {
     }
 }
 
-fn pump_io<P: DataPort>(io: &mut IoSession<IO_DEPTH>, t: &mut dyn Transport, port: &mut P) -> bool {
+fn pump_io<P: DataPort>(
+    io: &mut IoSession<IO_DEPTH>,
+    t: &mut dyn Transport,
+    link: Link,
+    port: &mut P,
+) -> bool {
     let mut moved = false;
-    t.recv(Link::Io, &mut |data| {
+    t.recv(link, &mut |data| {
         moved = true;
         let _ = io.receive(data, port);
         data.len()
     });
     if io.wants_to_send() {
-        t.send(Link::Io, &mut |buf| {
+        t.send(link, &mut |buf| {
             let n = io.transmit(buf, port);
             moved |= n > 0;
             n

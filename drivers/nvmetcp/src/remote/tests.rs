@@ -15,15 +15,18 @@ const BASE: u64 = 0x1000_0000;
 const PAGES: usize = 1024;
 const DISK: usize = 8 << 20;
 
+/// Connections a remote may open: the admin queue's and one per I/O queue.
+const LINKS: usize = 1 + MAX_IO_QUEUES as usize;
+
 /// The target's side of the network: each link a fake target connection, the
-/// namespace's data kept across connections.
+/// namespace's data kept across connections and shared by the I/O queues'.
 struct FakeNet {
     /// The target listens; false: connections are refused (reset).
     up: bool,
     /// Nothing answers: connections stay opening.
     silent: bool,
-    links: [Option<Target>; 2],
-    states: [LinkState; 2],
+    links: Vec<Option<Target>>,
+    states: Vec<LinkState>,
     disk: Vec<u8>,
     knobs: fn(&mut Target),
     chunk: usize,
@@ -35,8 +38,8 @@ impl FakeNet {
         FakeNet {
             up: true,
             silent: false,
-            links: [None, None],
-            states: [LinkState::Closed; 2],
+            links: (0..LINKS).map(|_| None).collect(),
+            states: vec![LinkState::Closed; LINKS],
             disk: (0..DISK).map(|i| (i / 512) as u8 ^ (i as u8)).collect(),
             knobs,
             chunk: 1,
@@ -46,21 +49,18 @@ impl FakeNet {
 
     /// The target goes away: its connections close, new ones are refused.
     fn crash(&mut self) {
-        for link in [Link::Admin, Link::Io] {
-            self.take_back(link);
-            if self.states[link as usize] != LinkState::Refused {
-                self.states[link as usize] = LinkState::Closed;
+        for at in 0..LINKS {
+            self.links[at] = None;
+            if self.states[at] != LinkState::Refused {
+                self.states[at] = LinkState::Closed;
             }
         }
         self.up = false;
     }
 
-    fn take_back(&mut self, link: Link) {
-        if let Some(t) = self.links[link as usize].take() {
-            if link == Link::Io {
-                self.disk = t.disk;
-            }
-        }
+    /// The target connection of I/O queue `n`, while open.
+    fn io(&self, n: u16) -> Option<&Target> {
+        self.links[Link::Io(n).index()].as_ref()
     }
 
     fn next_chunk(&mut self) -> usize {
@@ -71,9 +71,9 @@ impl FakeNet {
 
 impl Transport for FakeNet {
     fn open(&mut self, link: Link) {
-        self.take_back(link);
         self.opens += 1;
-        let at = link as usize;
+        let at = link.index();
+        self.links[at] = None;
         if self.silent {
             self.states[at] = LinkState::Opening;
             return;
@@ -84,22 +84,23 @@ impl Transport for FakeNet {
         }
         let mut t = Target::new();
         (self.knobs)(&mut t);
-        t.disk = if link == Link::Io {
-            core::mem::take(&mut self.disk)
-        } else {
-            vec![0; DISK]
+        // The admin queue's identifies the namespace by its size; the I/O queues' get
+        // the shared data while they take input.
+        t.disk = match link {
+            Link::Admin => vec![0; DISK],
+            Link::Io(_) => Vec::new(),
         };
         self.links[at] = Some(t);
         self.states[at] = LinkState::Open;
     }
 
     fn state(&mut self, link: Link) -> LinkState {
-        self.states[link as usize]
+        self.states[link.index()]
     }
 
     fn recv(&mut self, link: Link, f: &mut dyn FnMut(&[u8]) -> usize) {
         let n = self.next_chunk();
-        if let Some(t) = self.links[link as usize].as_mut() {
+        if let Some(t) = self.links[link.index()].as_mut() {
             let k = n.min(t.out.len());
             if k > 0 {
                 let used = f(&t.out[..k]);
@@ -110,17 +111,24 @@ impl Transport for FakeNet {
 
     fn send(&mut self, link: Link, f: &mut dyn FnMut(&mut [u8]) -> usize) {
         let n = self.next_chunk();
-        if let Some(t) = self.links[link as usize].as_mut() {
+        if let Some(t) = self.links[link.index()].as_mut() {
             let mut buf = vec![0u8; n];
             let k = f(&mut buf);
-            t.input(&buf[..k]);
+            if let Link::Io(_) = link {
+                t.disk = core::mem::take(&mut self.disk);
+                t.input(&buf[..k]);
+                self.disk = core::mem::take(&mut t.disk);
+            } else {
+                t.input(&buf[..k]);
+            }
         }
     }
 
     fn close(&mut self, link: Link) {
-        self.take_back(link);
-        if self.states[link as usize] == LinkState::Open {
-            self.states[link as usize] = LinkState::Closed;
+        let at = link.index();
+        self.links[at] = None;
+        if self.states[at] == LinkState::Open {
+            self.states[at] = LinkState::Closed;
         }
     }
 }
@@ -329,7 +337,7 @@ fn a_remote_namespace_serves_reads_writes_flushes_and_discards() {
     let done = rig.run(&mut [&mut a, &mut b], 3, 10_000);
     assert_eq!(done.len(), 3);
     assert!(done.iter().all(|c| c.status == IoStatus::Ok));
-    let disk = &rig.net.links[1].as_ref().unwrap().disk;
+    let disk = &rig.net.disk;
     assert!(
         disk[4096 * 512..4160 * 512].iter().all(|&b| b == 0),
         "discarded"
@@ -469,7 +477,7 @@ fn requests_are_held_while_the_target_is_away_and_served_when_it_is_back() {
         }
     )));
     let mem = rig.mem.0.borrow();
-    let disk = &rig.net.links[1].as_ref().unwrap().disk;
+    let disk = &rig.net.disk;
     assert!(
         disk[8192 * 512..8192 * 512 + (64 << 12)] == mem[..64 << 12],
         "the held write landed"
@@ -483,6 +491,127 @@ fn requests_are_held_while_the_target_is_away_and_served_when_it_is_back() {
         mem[200 << 12..208 << 12] == want[8 << 12..],
         "the read sent while away too"
     );
+}
+
+/// A remote asking for `asked` I/O queues of a target that allots `allotted`, live,
+/// with `channels` disk queues.
+fn live_with_io_queues(asked: u16, allotted: u16, channels: usize) -> (Rig, Vec<DiskQueue>) {
+    let mut rig = Rig::new(match allotted {
+        2 => |t: &mut Target| t.io_queues = Some(2),
+        _ => |t: &mut Target| t.io_queues = Some(128),
+    });
+    rig.remote =
+        Remote::new(HOST_NQN, [7; 16], SUBNQN, 1, Timing::DEFAULT, 0).with_io_queues(asked);
+    assert_eq!(rig.bring_up(), State::Live);
+    let queues = (0..channels)
+        .map(|_| rig.remote.add_queue().unwrap())
+        .collect();
+    (rig, queues)
+}
+
+/// Reads 4 KiB from every queue (channel `c`: sector `8 c`, into page `c`) and checks
+/// the data.
+fn read_on_every_queue(rig: &mut Rig, queues: &mut [DiskQueue]) {
+    let segs: Vec<_> = (0..queues.len()).map(|c| segments(c as u64, 1)).collect();
+    for (c, q) in queues.iter_mut().enumerate() {
+        q.submit(
+            &request(c as u32, IoOp::Read, 8 * c as u64, &segs[c]),
+            &Pages,
+        )
+        .unwrap();
+    }
+    let mut all: Vec<&mut DiskQueue> = queues.iter_mut().collect();
+    let done = rig.run(&mut all, segs.len(), 10_000);
+    assert_eq!(done.len(), segs.len(), "{:?}", rig.events);
+    assert!(done.iter().all(|c| c.status == IoStatus::Ok), "{done:?}");
+    let mem = rig.mem.0.borrow();
+    for c in 0..segs.len() {
+        let want: Vec<u8> = (c * 4096..(c + 1) * 4096)
+            .map(|j| (j / 512) as u8 ^ (j as u8))
+            .collect();
+        assert!(
+            mem[c << 12..(c + 1) << 12] == want[..],
+            "channel {c}'s read"
+        );
+    }
+}
+
+#[test]
+fn each_io_queue_has_its_own_connection_and_serves_its_channels() {
+    let (mut rig, mut queues) = live_with_io_queues(3, 128, 6);
+    assert_eq!(rig.remote.io_queues(), 3);
+    assert!(matches!(
+        rig.events[..],
+        [Event::Live {
+            io_queues: 3,
+            reconnect: false,
+            ..
+        }]
+    ));
+    for n in 0..3u16 {
+        let t = rig.net.io(n).expect("its connection is open");
+        assert_eq!(
+            t.connects
+                .iter()
+                .map(|c| (c.qid, c.cntlid))
+                .collect::<Vec<_>>(),
+            [(n + 1, 0x11)],
+            "I/O queue {n} connects as queue {} of the admin's controller",
+            n + 1
+        );
+    }
+    assert!(rig.net.io(3).is_none(), "no fourth connection");
+    read_on_every_queue(&mut rig, &mut queues);
+    // Channel c goes on queue c mod 3: two reads each.
+    for n in 0..3u16 {
+        assert_eq!(rig.net.io(n).unwrap().io_commands, 2, "queue {n}");
+    }
+}
+
+#[test]
+fn a_controller_that_allots_fewer_io_queues_gets_its_channels_spread_over_those() {
+    let (mut rig, mut queues) = live_with_io_queues(4, 2, 4);
+    assert_eq!(rig.remote.io_queues(), 2);
+    assert!(matches!(rig.events[..], [Event::Live { io_queues: 2, .. }]));
+    assert!(rig.net.io(2).is_none() && rig.net.io(3).is_none());
+    read_on_every_queue(&mut rig, &mut queues);
+    assert_eq!(rig.net.io(0).unwrap().io_commands, 2);
+    assert_eq!(rig.net.io(1).unwrap().io_commands, 2);
+}
+
+#[test]
+fn one_io_connection_lost_holds_every_queue_and_the_association_comes_back_whole() {
+    let (mut rig, mut queues) = live_with_io_queues(2, 128, 2);
+    // Requests on both queues, then only queue 1's connection breaks.
+    let segs: Vec<_> = (0..2).map(|c| segments(c as u64, 1)).collect();
+    for (c, q) in queues.iter_mut().enumerate() {
+        q.submit(
+            &request(c as u32, IoOp::Read, 8 * c as u64, &segs[c]),
+            &Pages,
+        )
+        .unwrap();
+    }
+    rig.step();
+    rig.net.close(Link::Io(1));
+    let mut all: Vec<&mut DiskQueue> = queues.iter_mut().collect();
+    let done = rig.run(&mut all, 2, 10_000);
+    assert!(done.iter().all(|c| c.status == IoStatus::Ok), "{done:?}");
+    assert_eq!(done.len(), 2, "{:?}", rig.events);
+    assert!(matches!(rig.events[1], Event::Lost(Failure::Closed)));
+    assert!(matches!(
+        rig.events[2],
+        Event::Live {
+            io_queues: 2,
+            reconnect: true,
+            ..
+        }
+    ));
+    // The new association connected both queues again, each once.
+    for n in 0..2u16 {
+        let t = rig.net.io(n).unwrap();
+        assert_eq!(t.connects.len(), 1, "queue {n} on its new connection");
+    }
+    read_on_every_queue(&mut rig, &mut queues);
 }
 
 /// Submits a read (tag 1) on `a` and takes the target away for good: when.
