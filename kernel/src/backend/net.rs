@@ -278,13 +278,17 @@ fn log_event(name: &str, event: Event, policy: ReconnectPolicy) {
             controller,
             io_queues,
             reconnect: false,
-        } => log::info!("{name}: connected (controller {controller}, {io_queues} I/O queues)"),
+        } => log::info!(
+            "{name}: connected (controller {controller}, {io_queues} I/O queue{})",
+            plural(io_queues)
+        ),
         Event::Live {
             controller,
             io_queues,
             reconnect: true,
         } => log::info!(
-            "{name}: reconnected (controller {controller}, {io_queues} I/O queues); held requests sent again"
+            "{name}: reconnected (controller {controller}, {io_queues} I/O queue{}); held requests sent again",
+            plural(io_queues)
         ),
         Event::Lost(why) => log::error!(
             "{name}: connection lost: {why}; I/O held while reconnecting (every {delay} s, for up to {give_up} s)"
@@ -773,6 +777,14 @@ impl Net {
 
 /// The packets in on each queue, when there are several: `; in by queue 120/98 (0 TCP
 /// off the hash's queue)`.
+fn plural(n: u16) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
 fn per_queue(queues: &[(u64, u64)]) -> String {
     if queues.len() < 2 {
         return String::new();
@@ -797,9 +809,11 @@ impl BlockDevice for RemoteQueue {
         request: &IoRequest<'_>,
         buffers: &dyn BufferAccess,
     ) -> Result<(), SubmitError> {
-        self.0.submit(request, buffers)?;
+        // Before the request is visible: the network side sends it on this vCPU's I/O
+        // queue, and wakes this vCPU for its completion.
         let cpu = crate::smp::current().index.load(Ordering::Relaxed);
         self.0.shared().producer_cpu.store(cpu, Ordering::Relaxed);
+        self.0.submit(request, buffers)?;
         // Every request from another vCPU rings vCPU 0: asleep, it wakes; awake, its next
         // sleep returns at once. (Ringing only while a flag said vCPU 0 slept lost
         // wake-ups in the rig: requests waited for its 1 s deadline.)

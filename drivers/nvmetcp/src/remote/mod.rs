@@ -5,8 +5,9 @@
 //!
 //! A remote asks the controller for the I/O queues it was made with
 //! ([`Remote::with_io_queues`]: one per poller) and connects as many as the controller
-//! allots. Each disk queue's requests go on one of them (channel `c` on queue `c` modulo
-//! the count); a connection that breaks loses the whole association, as on Linux's host.
+//! allots. A request goes on the I/O queue of the vCPU that submitted it (modulo the
+//! count: `Shared::producer_cpu`); a connection that breaks loses the whole
+//! association, as on Linux's host.
 //!
 //! Runs where the network is driven (vCPU 0 in the image): [`Remote::poll`] moves
 //! bytes through a [`Transport`] the caller owns, takes requests from every channel,
@@ -38,6 +39,7 @@ use alloc::vec::Vec;
 use blkdev::{DiscardGeometry, Geometry};
 use channel::{Op, SlotRequest};
 use core::fmt;
+use core::sync::atomic::Ordering;
 
 /// Commands one I/O queue has out at once (at most the controller's queue size).
 pub const IO_DEPTH: usize = 128;
@@ -766,7 +768,7 @@ impl Remote {
                     h.outstanding = 0;
                     h.failed = false;
                     h.flushed = !matches!(h.request.op, Op::Write { preflush: true });
-                    self.io[queue_of(ch, self.live_queues)]
+                    self.io[queue_of(&self.channels[ch], self.live_queues)]
                         .pending
                         .push_back((ch as u16, slot as u16));
                 }
@@ -797,7 +799,7 @@ impl Remote {
                     taken_at: self.now,
                 };
                 self.active += 1;
-                self.io[queue_of(ch, self.live_queues)]
+                self.io[queue_of(shared, self.live_queues)]
                     .pending
                     .push_back((ch as u16, slot));
             }
@@ -983,9 +985,10 @@ impl Remote {
     }
 }
 
-/// The I/O queue channel `ch`'s requests go on, of `live` (at least 1).
-fn queue_of(ch: usize, live: u16) -> usize {
-    ch % usize::from(live.max(1))
+/// The I/O queue a request taken from `channel` goes on, of `live` (at least 1): the one
+/// of the vCPU that submitted it, as Linux's host maps a CPU's requests to its queue.
+fn queue_of(channel: &Shared, live: u16) -> usize {
+    channel.producer_cpu.load(Ordering::Relaxed) as usize % usize::from(live.max(1))
 }
 
 /// Whether `link` is open; an error once it was refused or closed, or is still opening

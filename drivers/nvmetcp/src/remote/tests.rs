@@ -504,7 +504,15 @@ fn live_with_io_queues(asked: u16, allotted: u16, channels: usize) -> (Rig, Vec<
         Remote::new(HOST_NQN, [7; 16], SUBNQN, 1, Timing::DEFAULT, 0).with_io_queues(asked);
     assert_eq!(rig.bring_up(), State::Live);
     let queues = (0..channels)
-        .map(|_| rig.remote.add_queue().unwrap())
+        .map(|c| {
+            let queue = rig.remote.add_queue().unwrap();
+            // Submitted from vCPU c.
+            queue
+                .shared()
+                .producer_cpu
+                .store(c as u32, core::sync::atomic::Ordering::Relaxed);
+            queue
+        })
         .collect();
     (rig, queues)
 }
@@ -562,20 +570,34 @@ fn each_io_queue_has_its_own_connection_and_serves_its_channels() {
     }
     assert!(rig.net.io(3).is_none(), "no fourth connection");
     read_on_every_queue(&mut rig, &mut queues);
-    // Channel c goes on queue c mod 3: two reads each.
+    // The request of vCPU c goes on queue c mod 3: two reads each.
     for n in 0..3u16 {
         assert_eq!(rig.net.io(n).unwrap().io_commands, 2, "queue {n}");
     }
 }
 
 #[test]
-fn a_controller_that_allots_fewer_io_queues_gets_its_channels_spread_over_those() {
+fn a_controller_that_allots_fewer_io_queues_gets_the_vcpus_spread_over_those() {
     let (mut rig, mut queues) = live_with_io_queues(4, 2, 4);
     assert_eq!(rig.remote.io_queues(), 2);
     assert!(matches!(rig.events[..], [Event::Live { io_queues: 2, .. }]));
     assert!(rig.net.io(2).is_none() && rig.net.io(3).is_none());
     read_on_every_queue(&mut rig, &mut queues);
     assert_eq!(rig.net.io(0).unwrap().io_commands, 2);
+    assert_eq!(rig.net.io(1).unwrap().io_commands, 2);
+}
+
+#[test]
+fn a_request_goes_on_the_io_queue_of_the_vcpu_that_submitted_it() {
+    let (mut rig, mut queues) = live_with_io_queues(2, 128, 2);
+    // Both disk queues served from vCPU 3 (the ring moved there): queue 3 mod 2.
+    for q in &queues {
+        q.shared()
+            .producer_cpu
+            .store(3, core::sync::atomic::Ordering::Relaxed);
+    }
+    read_on_every_queue(&mut rig, &mut queues);
+    assert_eq!(rig.net.io(0).unwrap().io_commands, 0);
     assert_eq!(rig.net.io(1).unwrap().io_commands, 2);
 }
 
