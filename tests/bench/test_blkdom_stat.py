@@ -367,6 +367,24 @@ def tool_table() -> list:
 STATS_WORDS = [row[0].strip("`") for row in readme_table("### Statistics: `blkdom-stats`")]
 POLLER_WORDS = [(row[0].strip("`"), row[1].startswith("per vCPU"))
                 for row in readme_table("### Statistics: `data/blkdom-pollers`")]
+NET_WORDS = [row[0].strip("`") for row in readme_table("### Statistics: `data/blkdom-net`")]
+REMOTE_WORDS = [row[0].strip("`")
+                for row in readme_table("### Statistics: `data/blkdom-remotes/<n>`")]
+# Two remote namespaces (by number, their target): one plain, one whose subsystem NQN has
+# a space and a quote (an NQN may), which must reach its label whole and escaped.
+REMOTES = {0: "nvme-tcp:10.9.0.1:4420:1:nqn=nqn.2026-12.dev.blkdom:disk",
+           2: 'nvme-tcp:10.9.0.7:4420:3:nqn=nqn.2026-12.dev.blkdom:odd "one"'}
+
+
+def net_keys() -> dict:
+    """data/blkdom-net and data/blkdom-remotes/<n> as blkdom writes them: the vif's n-th
+    word worth 7000 + n, remote r's n-th word 8000 + 100 r + n, then its target."""
+    home = "/local/domain/1/data"
+    keys = {f"{home}/blkdom-net": " ".join(f"{w}={7000 + n}" for n, w in enumerate(NET_WORDS))}
+    for r, target in REMOTES.items():
+        words = " ".join(f"{w}={8000 + 100 * r + n}" for n, w in enumerate(REMOTE_WORDS))
+        keys[f"{home}/blkdom-remotes/{r}"] = f"{words} target={target}"
+    return keys
 
 
 def full_stats_line(base: int) -> str:
@@ -403,7 +421,8 @@ class PrometheusTest(FakeXenstore):
                 (self.busybox_bin / tool).symlink_to(shutil.which("busybox"))
 
     def write_store(self, extra: dict = None, mq_words: str = ""):
-        lines = [f"0\t{path}\t{value}" for path, value in {**STATIC, **(extra or {})}.items()]
+        keys = {**STATIC, **net_keys(), **(extra or {})}
+        lines = [f"0\t{path}\t{value}" for path, value in keys.items()]
         lines.append(f"0\t{BE}/3/51712/blkdom-stats\t{full_stats_line(100)}{mq_words}")
         lines.append(f"0\t{BE}/4/51728/blkdom-stats\t{full_stats_line(200)}")
         lines.append(f"0\t/local/domain/1/data/blkdom-pollers\t{full_pollers_line()}")
@@ -496,6 +515,26 @@ class PrometheusTest(FakeXenstore):
                         s = self.sample(families, metric, **labels)
                         self.assertEqual(s.labels, labels)
                         self.assertAlmostEqual(s.value, raw * float(scale), msg=word)
+                # The storage network: the vif's words, and each remote's with its target.
+                for n, word in enumerate(NET_WORDS):
+                    _, _, metric, kind, scale, _ = table[("vif", word)]
+                    s = self.sample(families, metric)
+                    self.assertEqual(s.labels, {"driver": "blkdom"})
+                    self.assertAlmostEqual(s.value, (7000 + n) * float(scale), msg=word)
+                for r, target in REMOTES.items():
+                    labels = {"driver": "blkdom", "target": target}
+                    for n, word in enumerate(REMOTE_WORDS):
+                        _, _, metric, kind, scale, _ = table[("remote", word)]
+                        s = self.sample(families, metric, target=target)
+                        self.assertEqual(s.labels, labels)
+                        self.assertAlmostEqual(s.value, (8000 + 100 * r + n) * float(scale),
+                                               msg=word)
+                        family = metric[:-len("_total")] if kind == "counter" else metric
+                        self.assertEqual(families[family].type, kind, word)
+                self.assertAlmostEqual(
+                    self.sample(families, "blkdom_remote_request_seconds_total",
+                                target=REMOTES[0]).value,
+                    (8000 + REMOTE_WORDS.index("held-ms")) / 1000)
                 # Nothing else: no word fell through to an untyped metric.
                 vbd_metrics = {row[2] for row in tool_table()}
                 for family in families.values():
@@ -632,6 +671,48 @@ class PrometheusTest(FakeXenstore):
             self.assertIn(("vbd", word), known)
         for word, per_vcpu in POLLER_WORDS:
             self.assertIn(("poller" if per_vcpu else "domain", word), known)
+        for word in NET_WORDS:
+            self.assertIn(("vif", word), known)
+        for word in REMOTE_WORDS:
+            self.assertIn(("remote", word), known)
+
+    def test_without_a_storage_network_there_is_no_vif_or_remote_metric(self):
+        lines = [line for line in (self.fake / "store").read_text().splitlines()
+                 if "blkdom-net" not in line and "blkdom-remotes" not in line]
+        (self.fake / "store").write_text("\n".join(lines) + "\n")
+        families = self.metrics()
+        self.assertFalse([name for name in families if name.startswith(("blkdom_vif",
+                                                                        "blkdom_remote"))])
+        self.assertEqual(self.sample(families, "blkdom_up").value, 1)
+
+    def test_the_table_shows_the_vif_and_each_remote(self):
+        for name, shell, prefix in self.shells():
+            with self.subTest(shell=name):
+                result = self.run_tool("-1", shell=shell, path_prefix=prefix)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                lines = result.stdout.splitlines()
+                self.assertIn("vif: " + net_keys()["/local/domain/1/data/blkdom-net"], lines)
+                remotes = [line for line in lines if line.startswith("remote ")]
+                self.assertEqual(len(remotes), 2, result.stdout)
+                # Remote 0's words: state 8001 is no state this tool knows; requests
+                # 8006 took 8007 ms in all (1 ms on average), 8008 at most.
+                words = dict(zip(REMOTE_WORDS, range(8000, 8100)))
+                self.assertEqual(
+                    remotes[0],
+                    f"remote {REMOTES[0]}: unknown, {words['io-queues']} I/O queue(s); "
+                    f"{words['requests']} requests, "
+                    f"{words['held-ms'] // words['requests']} ms on average, "
+                    f"{words['held-max-ms']} ms at most; {words['in-flight']} in flight; "
+                    f"{words['losses']} lost, {words['failed-attempts']} failed attempts")
+                self.assertTrue(remotes[1].startswith(f"remote {REMOTES[2]}: "), remotes[1])
+        # Each state by its name.
+        for state, said in ((0, "connecting"), (1, "live"), (2, "reconnecting, I/O held"),
+                            (3, "given up, I/O fails"), (4, "bring-up failed")):
+            self.write_store({"/local/domain/1/data/blkdom-remotes/0":
+                              f"up=0 state={state} requests=0 target=nvme-tcp:x"})
+            result = self.run_tool("-1")
+            self.assertIn(f"remote nvme-tcp:x: {said}, 0 I/O queue(s); 0 requests, 0 ms",
+                          result.stdout)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use blkback::budget::GrantBudget;
-use blkback::keys::{DEVICES, PARAMS, POLLERS, REPORT, STATS, VBD_DIRECTORY};
+use blkback::keys::{DEVICES, NET, PARAMS, POLLERS, REMOTES, REPORT, STATS, VBD_DIRECTORY};
 use blkback::negotiate::{BlkifBackend, StepOutcome};
 use bootconfig::Config;
 use core::sync::atomic::Ordering;
@@ -59,6 +59,9 @@ pub struct Control {
     connecting: Vec<String>,
     store_port: Option<EvtchnPort>,
     next_stats: u64,
+    /// Remotes whose `data/blkdom-remotes/<n>` was written (bit n), so that a forgotten
+    /// remote's node goes.
+    remote_nodes: u64,
     /// When the I/O limits of disks with several queues are next split by use.
     next_limit_split: u64,
     /// Devices to step again without a watch event, and when: every 5 ms while a
@@ -152,6 +155,7 @@ impl Control {
             connecting: Vec::new(),
             store_port,
             next_stats: 0,
+            remote_nodes: 0,
             next_limit_split: 0,
             retries: RetrySchedule::new(),
             first_round: true,
@@ -710,6 +714,19 @@ impl Control {
             };
             let _ = store.write(NO_TRANSACTION, &node, &line);
         }
+        if let Some((vif, remotes)) = self.registry.net_stats() {
+            let _ = store.write(NO_TRANSACTION, NET, &vif);
+            let mut written = 0u64;
+            for (at, line) in remotes {
+                let _ = store.write(NO_TRANSACTION, &format!("{REMOTES}/{at}"), &line);
+                written |= 1 << (at % 64);
+            }
+            let gone = self.remote_nodes & !written;
+            for at in (0..64).filter(|at| gone & (1 << at) != 0) {
+                let _ = store.0.rm(Transaction::NONE, &format!("{REMOTES}/{at}"));
+            }
+            self.remote_nodes = written;
+        }
     }
 
     /// An operator wrote `data/blkdom-report`: the statistics go to the console (what
@@ -730,6 +747,12 @@ impl Control {
         );
         for (path, line) in self.stats_lines() {
             log::info!("blkdom: report: {}: {line}", path.unwrap_or("pollers"));
+        }
+        if let Some((vif, remotes)) = self.registry.net_stats() {
+            log::info!("blkdom: report: vif: {vif}");
+            for (at, line) in remotes {
+                log::info!("blkdom: report: remote {at}: {line}");
+            }
         }
         for (path, reason) in &self.failed {
             log::info!("blkdom: report: {path}: failed: {reason}");

@@ -261,6 +261,16 @@ fn host_id(nqn: &str) -> [u8; 16] {
     id
 }
 
+/// The namespace a target names, as `target=` writes it (without a disk's region or
+/// reconnect times: the disks on one namespace differ in those).
+fn namespace_spec(target: &NvmeTcpTarget) -> String {
+    let [a, b, c, d] = target.addr;
+    format!(
+        "nvme-tcp:{a}.{b}.{c}.{d}:{}:{}:nqn={}",
+        target.port, target.nsid, target.subsystem
+    )
+}
+
 fn describe(target: &NvmeTcpTarget) -> String {
     let [a, b, c, d] = target.addr;
     format!(
@@ -662,13 +672,8 @@ impl Net {
             .map(|ms| now_ns.saturating_add(ms.saturating_mul(1_000_000)))
     }
 
-    /// The vif's counters on the console, at most every [`COUNTERS_EVERY_MS`] and only
-    /// when they moved: what an operator reads first when a remote disk is slow (frames
-    /// lost on the way out, dropped on the way in).
-    fn log_counters(&mut self, now_ms: u64) {
-        if now_ms < self.logged.1 + COUNTERS_EVERY_MS {
-            return;
-        }
+    /// What the vif moved so far.
+    fn counters(&self) -> NetCounters {
         let device = &self.vif.stack.device;
         let mut counters = NetCounters {
             queues: device.queue_totals(),
@@ -678,6 +683,76 @@ impl Net {
         for (i, queue) in device.queues().iter().enumerate() {
             counters.per_queue[i] = (queue.stats.rx_frames, device.steer[i].off_queue);
         }
+        counters
+    }
+
+    /// The vif's counters for `data/blkdom-net` (`blkdom-stat`'s `blkdom_vif_*`).
+    pub fn vif_stats_line(&self) -> String {
+        let c = self.counters();
+        format!(
+            "queues={} tx-frames={} tx-refused={} tx-ring-full={} rx-packets={} rx-gso={} \
+             rx-dropped={} rx-bad-checksum={} events-sent={}",
+            self.vif.ports().len(),
+            c.queues.tx_frames,
+            c.queues.tx_errors,
+            c.device.tx_full,
+            c.queues.rx_frames,
+            c.queues.rx_gso,
+            c.queues.rx_dropped,
+            c.device.rx_bad_checksum,
+            c.queues.notifications
+        )
+    }
+
+    /// Each remote's number and its line for `data/blkdom-remotes/<n>`
+    /// (`blkdom-stat`'s `blkdom_remote_*`): its state and counters, then its target.
+    pub fn remote_stats_lines(&self) -> Vec<(usize, String)> {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter_map(|(at, entry)| {
+                let entry = entry.as_ref()?;
+                let remote = &entry.remote;
+                // 0 connecting, 1 live, 2 reconnecting (I/O held), 3 given up (I/O
+                // fails), 4 the first bring-up failed.
+                let state = match remote.state() {
+                    State::Connecting if remote.first_namespace().is_some() => 2,
+                    State::Connecting => 0,
+                    State::Live => 1,
+                    State::Down => 2,
+                    State::GaveUp => 3,
+                    State::Failed(_) => 4,
+                };
+                let (counters, held) = (remote.counters(), remote.held_times());
+                let line = format!(
+                    "up={} state={state} io-queues={} associations={} losses={} \
+                     failed-attempts={} requests={} held-ms={} held-max-ms={} in-flight={} \
+                     target={}",
+                    u8::from(state == 1),
+                    remote.io_queues(),
+                    counters.associations,
+                    counters.losses,
+                    counters.failed_attempts,
+                    held.completed,
+                    held.total_ms,
+                    held.max_ms,
+                    remote.in_flight(),
+                    namespace_spec(&entry.target)
+                );
+                Some((at, line))
+            })
+            .collect()
+    }
+
+    /// The vif's counters on the console, at most every [`COUNTERS_EVERY_MS`] and only
+    /// when they moved: what an operator reads first when a remote disk is slow (frames
+    /// lost on the way out, dropped on the way in).
+    fn log_counters(&mut self, now_ms: u64) {
+        if now_ms < self.logged.1 + COUNTERS_EVERY_MS {
+            return;
+        }
+        let counters = self.counters();
+        let device = &self.vif.stack.device;
         if counters != self.logged.0 {
             log::info!(
                 "net: vif: {} frames out ({} refused by netback, {} lost with the ring full), {} packets in ({} GSO; {} dropped by netfront: {} bad extra slot, {} bad slot chain; {} bad checksum), {} events sent{}",

@@ -195,6 +195,13 @@ impl Registry {
         self.open_on_device(spec, device, region, &[])
     }
 
+    /// The storage network's statistics (`Net::vif_stats_line`,
+    /// `Net::remote_stats_lines`), if blkdom has one.
+    pub fn net_stats(&self) -> Option<(String, Vec<(usize, String)>)> {
+        let net = self.net.as_ref().ok()?;
+        Some((net.vif_stats_line(), net.remote_stats_lines()))
+    }
+
     /// Remote disks' requests wait for the network, or frames arrived for it.
     pub fn net_waiting(&self) -> bool {
         // Both looks, always: the second arms the vif's events for the sleep.

@@ -83,6 +83,12 @@ pub const QUEUE_N: &str = "queue-<N>";
 pub const VBD_DIRECTORY: &str = "backend/vbd";
 /// The pollers' counters.
 pub const POLLERS: &str = "data/blkdom-pollers";
+/// The storage network's vif: its counters, one line of `name=value` words.
+pub const NET: &str = "data/blkdom-net";
+/// Each remote namespace blkdom serves disks from, `<n>` by its number: its state and
+/// counters as `name=value` words, then `target=` with the target (last: it may hold
+/// spaces). A remote that is forgotten loses its node.
+pub const REMOTES: &str = "data/blkdom-remotes";
 /// The devices blkdom drives and the names that reach them: `<n>` per controller or
 /// device, one line of `name=value` words each (and one per NVMe namespace), written at
 /// boot.
@@ -147,6 +153,8 @@ pub const ALL: &[Key] = &[
     Key::new(DEVICE_TYPE, Place::FrontendRead),
     Key::new(VBD_DIRECTORY, Place::Home),
     Key::new(POLLERS, Place::Home),
+    Key::new(NET, Place::Home),
+    Key::new("data/blkdom-remotes/<n>", Place::Home),
     Key::new("data/blkdom-devices/<n>", Place::Home),
     Key::new(REPORT, Place::Home),
     Key::new(BUILD, Place::Home),

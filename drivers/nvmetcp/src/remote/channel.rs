@@ -108,6 +108,11 @@ impl Spsc {
     fn is_empty(&self) -> bool {
         self.head.load(Ordering::Acquire) == self.tail.load(Ordering::Acquire)
     }
+
+    fn len(&self) -> usize {
+        let head = self.head.load(Ordering::Acquire);
+        self.tail.load(Ordering::Acquire).wrapping_sub(head) as usize
+    }
 }
 
 /// What both sides of one channel share.
@@ -163,6 +168,11 @@ impl Shared {
     /// Submissions are waiting.
     pub fn has_submissions(&self) -> bool {
         !self.submitted.is_empty()
+    }
+
+    /// Requests submitted and not yet taken by the network side.
+    pub fn submissions(&self) -> usize {
+        self.submitted.len()
     }
 
     /// Completions wait for the queue.

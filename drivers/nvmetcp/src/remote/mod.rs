@@ -230,6 +230,17 @@ const IDLE: Held = Held {
     taken_at: 0,
 };
 
+/// How a remote's associations went, for the operator (`data/blkdom-net`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemoteCounters {
+    /// Associations made: the first and every reconnect.
+    pub associations: u64,
+    /// Associations lost (requests held while reconnecting).
+    pub losses: u64,
+    /// Bring-up attempts that failed (a first one, or a reconnect attempt).
+    pub failed_attempts: u64,
+}
+
 /// Things worth logging, handed to the caller's closure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -279,6 +290,7 @@ pub struct Remote {
     /// The time of the current pass (ms).
     now: u64,
     held_times: HeldTimes,
+    counters: RemoteCounters,
 }
 
 impl Remote {
@@ -315,6 +327,7 @@ impl Remote {
             active: 0,
             now,
             held_times: HeldTimes::default(),
+            counters: RemoteCounters::default(),
         }
     }
 
@@ -358,6 +371,16 @@ impl Remote {
 
     pub fn held_times(&self) -> HeldTimes {
         self.held_times
+    }
+
+    pub fn counters(&self) -> RemoteCounters {
+        self.counters
+    }
+
+    /// Requests submitted and not completed: taken (commands out, or held while
+    /// reconnecting) or still waiting in their channels.
+    pub fn in_flight(&self) -> usize {
+        self.active + self.channels.iter().map(|c| c.submissions()).sum::<usize>()
     }
 
     /// The namespace as the first bring-up found it (every reconnect must find it so).
@@ -532,6 +555,7 @@ impl Remote {
                         block_size: 512,
                     }));
                 self.state = State::Live;
+                self.counters.associations += 1;
                 self.reconnect.connected();
                 log(Event::Live {
                     controller: self.controller.map_or(0, |c| c.cntlid),
@@ -549,6 +573,7 @@ impl Remote {
                     queue.session = None;
                 }
                 self.last_failure = Some(failure);
+                self.counters.failed_attempts += 1;
                 if self.first_namespace.is_none() {
                     self.state = State::Failed(failure);
                 } else {
@@ -740,6 +765,7 @@ impl Remote {
 
     fn lose(&mut self, t: &mut dyn Transport, now: u64, why: Failure, log: &mut dyn FnMut(Event)) {
         log(Event::Lost(why));
+        self.counters.losses += 1;
         for queue in &mut self.io {
             if let Some(io) = queue.session.as_mut() {
                 io.connection_lost();

@@ -465,6 +465,10 @@ fn requests_are_held_while_the_target_is_away_and_served_when_it_is_back() {
         "at once, then every 5 s: {attempts}"
     );
     assert!(matches!(rig.events[1], Event::Lost(_)));
+    let counters = rig.remote.counters();
+    assert_eq!((counters.associations, counters.losses), (1, 1));
+    assert_eq!(counters.failed_attempts as usize, attempts);
+    assert_eq!(rig.remote.in_flight(), 3, "the write and both reads held");
     rig.net.up = true;
     let done = rig.run(&mut [&mut a, &mut b], 3, 20_000);
     assert_eq!(done.len(), 3, "{:?}", rig.events);
@@ -476,6 +480,9 @@ fn requests_are_held_while_the_target_is_away_and_served_when_it_is_back() {
             ..
         }
     )));
+    let counters = rig.remote.counters();
+    assert_eq!((counters.associations, counters.losses), (2, 1));
+    assert_eq!(rig.remote.in_flight(), 0);
     let mem = rig.mem.0.borrow();
     let disk = &rig.net.disk;
     assert!(
