@@ -128,6 +128,21 @@ struct Links<'a> {
 }
 
 impl Links<'_> {
+    /// `link`'s connection aborted and forgotten; its socket, if the remote was given one
+    /// for it (a remote asks for no more links than it was given sockets for).
+    fn drop_connection(&mut self, link: Link) -> Option<SocketHandle> {
+        let at = link.index();
+        let &handle = self.entry_sockets.get(at)?;
+        self.vif
+            .stack
+            .sockets
+            .get_mut::<tcp::Socket>(handle)
+            .abort();
+        self.was_open[at] = false;
+        self.refused[at] = false;
+        Some(handle)
+    }
+
     /// The local port for a new connection of `link`: the next ephemeral one whose
     /// packets netback puts on the vif queue of the link (the admin queue's on queue 0,
     /// I/O queue `n`'s on queue `n` modulo the count), or simply the next one when the
@@ -166,21 +181,13 @@ impl Links<'_> {
 
 impl Transport for Links<'_> {
     fn open(&mut self, link: Link) {
-        let at = link.index();
-        // A remote asks for no more links than it was given sockets for.
-        let Some(&handle) = self.entry_sockets.get(at) else {
+        let Some(handle) = self.drop_connection(link) else {
             return;
         };
-        self.vif
-            .stack
-            .sockets
-            .get_mut::<tcp::Socket>(handle)
-            .abort();
         let port = self.local_port(link);
         let context = self.vif.stack.iface.context();
         let socket = self.vif.stack.sockets.get_mut::<tcp::Socket>(handle);
-        self.was_open[at] = false;
-        self.refused[at] = socket.connect(context, self.remote, port).is_err();
+        self.refused[link.index()] = socket.connect(context, self.remote, port).is_err();
     }
 
     fn state(&mut self, link: Link) -> LinkState {
@@ -225,17 +232,7 @@ impl Transport for Links<'_> {
     }
 
     fn close(&mut self, link: Link) {
-        let at = link.index();
-        let Some(&handle) = self.entry_sockets.get(at) else {
-            return;
-        };
-        self.vif
-            .stack
-            .sockets
-            .get_mut::<tcp::Socket>(handle)
-            .abort();
-        self.was_open[at] = false;
-        self.refused[at] = false;
+        self.drop_connection(link);
     }
 }
 
