@@ -83,6 +83,35 @@ pub fn term_pdu(fes: u16) -> Vec<u8> {
     p
 }
 
+/// `p`, a PDU as built above (no digests), as sent with `digests` in force: digest flags,
+/// the header digest after the header, PDO and PLEN moved, the data digest after the data.
+pub fn with_digests(p: &[u8], digests: pdu::Digests) -> Vec<u8> {
+    let (t, hlen, pdo) = (p[0], usize::from(p[2]), usize::from(p[3]));
+    let data = if pdo != 0 { &p[pdo..] } else { &p[p.len()..] };
+    let header_digest = digests.header && !matches!(t, pdu::ICRESP | pdu::C2H_TERM);
+    let data_digest = digests.data && !data.is_empty();
+    let mut out = p[..hlen].to_vec();
+    if header_digest {
+        out[1] |= pdu::FLAG_HDGST;
+    }
+    if data_digest {
+        out[1] |= pdu::FLAG_DDGST;
+    }
+    let full_hlen = hlen + if header_digest { 4 } else { 0 };
+    out[3] = if data.is_empty() { 0 } else { full_hlen as u8 };
+    let plen = full_hlen + data.len() + if data_digest { 4 } else { 0 };
+    out[4..8].copy_from_slice(&(plen as u32).to_le_bytes());
+    if header_digest {
+        let crc = pdu::CRC32C.checksum(&out[..hlen]);
+        out.extend(crc.to_le_bytes());
+    }
+    out.extend_from_slice(data);
+    if data_digest {
+        out.extend(pdu::CRC32C.checksum(data).to_le_bytes());
+    }
+    out
+}
+
 // ---- The fake target ----
 
 pub struct PendingWrite {
@@ -160,6 +189,18 @@ pub struct Target {
     /// Largest H2CData payload seen.
     pub h2c_max: u32,
     pub cids_in_flight: Vec<u16>,
+    /// Digests in force (those the host asked for, once ICResp went).
+    pub digests: pdu::Digests,
+    /// ICResp's DGST field, whatever the host asked.
+    pub icresp_dgst: Option<u8>,
+    /// The next this many C2HData PDUs have a byte of data changed after their digest
+    /// was made (a corrupting path).
+    pub corrupt_c2h: u32,
+    /// The next PDU sent with a header digest gets a wrong one.
+    pub corrupt_header: bool,
+    /// Host PDUs whose header digest, and whose data digest, were checked.
+    pub header_digests_checked: u32,
+    pub data_digests_checked: u32,
 }
 
 impl Default for Target {
@@ -214,7 +255,70 @@ impl Target {
             h2c_pdus: 0,
             h2c_max: 0,
             cids_in_flight: Vec::new(),
+            digests: pdu::Digests::NONE,
+            icresp_dgst: None,
+            corrupt_c2h: 0,
+            corrupt_header: false,
+            header_digests_checked: 0,
+            data_digests_checked: 0,
         }
+    }
+
+    /// Sends `p` (built without digests) with the digests in force, and the corruption
+    /// asked for.
+    pub fn send(&mut self, p: Vec<u8>) {
+        let mut p = with_digests(&p, self.digests);
+        if p[1] & pdu::FLAG_HDGST != 0 && self.corrupt_header {
+            self.corrupt_header = false;
+            let at = usize::from(p[2]);
+            p[at] ^= 1;
+        }
+        if p[0] == pdu::C2H_DATA && self.corrupt_c2h > 0 {
+            self.corrupt_c2h -= 1;
+            let at = usize::from(p[3]);
+            p[at] ^= 0x80;
+        }
+        self.out.extend(p);
+    }
+
+    /// Checks and takes off the digests of a host PDU: the PDU as it would be without.
+    fn strip_digests(&mut self, p: &[u8]) -> Vec<u8> {
+        let (t, flags, hlen, pdo) = (p[0], p[1], usize::from(p[2]), usize::from(p[3]));
+        let has_data = pdo != 0;
+        assert_eq!(
+            flags & pdu::FLAG_HDGST != 0,
+            self.digests.header,
+            "header digest flag on PDU type {t}"
+        );
+        assert_eq!(
+            flags & pdu::FLAG_DDGST != 0,
+            self.digests.data && has_data,
+            "data digest flag on PDU type {t}"
+        );
+        let mut full_hlen = hlen;
+        if self.digests.header {
+            let sent = le32(p, hlen);
+            assert_eq!(sent, pdu::CRC32C.checksum(&p[..hlen]), "header digest");
+            self.header_digests_checked += 1;
+            full_hlen += 4;
+        }
+        let mut end = p.len();
+        if self.digests.data && has_data {
+            end -= 4;
+            assert_eq!(pdo, full_hlen, "data right after the header digest");
+            let sent = le32(p, end);
+            assert_eq!(sent, pdu::CRC32C.checksum(&p[pdo..end]), "data digest");
+            self.data_digests_checked += 1;
+        }
+        let mut out = p[..hlen].to_vec();
+        out[1] &= !(pdu::FLAG_HDGST | pdu::FLAG_DDGST);
+        if has_data {
+            out[3] = hlen as u8;
+            out.extend_from_slice(&p[pdo..end]);
+        }
+        let plen = out.len() as u32;
+        out[4..8].copy_from_slice(&plen.to_le_bytes());
+        out
     }
 
     pub fn input(&mut self, bytes: &[u8]) {
@@ -234,18 +338,28 @@ impl Target {
     }
 
     pub fn pdu(&mut self, p: &[u8]) {
-        let (t, flags, hlen, pdo) = (p[0], p[1], p[2], p[3]);
         if !self.initialized {
+            let (t, flags, hlen, pdo) = (p[0], p[1], p[2], p[3]);
             assert_eq!(t, pdu::ICREQ, "first host PDU must be ICReq");
             assert_eq!((flags, hlen, pdo, p.len()), (0, 128, 0, 128));
             assert_eq!(le16(p, 8), 0, "pfv");
             assert_eq!(p[10], 0, "hpda");
-            assert_eq!(p[11], 0, "no digests asked");
+            assert_eq!(p[11] & !3, 0, "digest bits");
             assert_eq!(le32(p, 12), 0, "maxr2t");
             self.initialized = true;
-            self.out.extend(icresp_pdu(self.maxh2cdata));
+            // As Linux nvmet: whatever digests the host asks for.
+            let asked = pdu::Digests {
+                header: p[11] & 1 != 0,
+                data: p[11] & 2 != 0,
+            };
+            let mut icresp = icresp_pdu(self.maxh2cdata);
+            icresp[11] = self.icresp_dgst.unwrap_or(asked.bits());
+            self.out.extend(icresp);
+            self.digests = asked;
             return;
         }
+        let p = &self.strip_digests(p)[..];
+        let (t, flags, hlen, pdo) = (p[0], p[1], p[2], p[3]);
         match t {
             pdu::CAPSULE_CMD => {
                 assert_eq!(flags, 0);
@@ -295,7 +409,7 @@ impl Target {
                         w.r2t_end = end;
                         let ttag = w.ttag;
                         self.r2ts += 1;
-                        self.out.extend(r2t_pdu(cid, ttag, off, end - off));
+                        self.send(r2t_pdu(cid, ttag, off, end - off));
                     } else {
                         let w = self.writes.remove(&cid).unwrap();
                         self.execute(w.sqe, &w.data);
@@ -348,7 +462,7 @@ impl Target {
                 },
             );
             self.r2ts += 1;
-            self.out.extend(r2t_pdu(cid, ttag, 0, end));
+            self.send(r2t_pdu(cid, ttag, 0, end));
         } else {
             assert_eq!(sgl_type, 0x5a, "transport SGL");
             self.execute(sqe, &[]);
@@ -357,7 +471,7 @@ impl Target {
 
     pub fn respond(&mut self, cid: u16, status: Status, result: u64) {
         self.cids_in_flight.retain(|&c| c != cid);
-        self.out.extend(resp_pdu(cid, status, result));
+        self.send(resp_pdu(cid, status, result));
     }
 
     pub fn send_data(&mut self, cid: u16, data: &[u8]) {
@@ -369,8 +483,7 @@ impl Target {
             if last && self.success_flag {
                 flags |= pdu::FLAG_DATA_SUCCESS;
             }
-            self.out
-                .extend(c2h_pdu(cid, off as u32, &data[off..off + n], flags));
+            self.send(c2h_pdu(cid, off as u32, &data[off..off + n], flags));
             off += n;
         }
         if self.success_flag {

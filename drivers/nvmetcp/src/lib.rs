@@ -36,6 +36,7 @@ pub mod remote;
 mod session;
 pub mod sqe;
 
+pub use pdu::Digests;
 pub use queue::{Completion, DataPort, Payload, Queue, QueueKind, SubmitError, MAX_DATA_LEN};
 pub use reconnect::{Action, Reconnect, ReconnectPolicy, Share};
 pub use session::{
@@ -71,8 +72,13 @@ pub enum ProtocolError {
     BadVersion(u16),
     /// ICResp: the target wants data aligned (CPDA), which this host does not do.
     UnsupportedAlignment(u8),
-    /// ICResp: digests the host did not ask for.
+    /// ICResp: digests other than those the host asked for (its DGST field).
     DigestMismatch(u8),
+    /// A PDU header whose header digest does not match it: its fields cannot be trusted,
+    /// so neither can the stream after it.
+    HeaderDigest {
+        pdu_type: u8,
+    },
     /// ICResp: MAXH2CDATA below 4096 or not a multiple of 4.
     BadMaxH2cData(u32),
     /// A command identifier that names no command in flight.
@@ -213,6 +219,10 @@ impl core::fmt::Display for Error {
             Error::Protocol(ProtocolError::ConnectionLost) => {
                 f.write_str("the TCP connection to the target was lost")
             }
+            Error::Protocol(ProtocolError::DigestMismatch(dgst)) => write!(
+                f,
+                "the target did not turn on the digests asked for (its ICResp DGST {dgst:#x})"
+            ),
             Error::Protocol(e) => write!(f, "NVMe/TCP protocol error: {e:?}"),
             Error::ConnectRefused(why) => write!(f, "Connect refused: {why}"),
             Error::Command { what, status } => write!(f, "{what} failed: {status}"),

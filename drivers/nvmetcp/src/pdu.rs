@@ -3,8 +3,20 @@
 //! Linux's include/linux/nvme-tcp.h) and the checks on every PDU header the target
 //! sends, modelled on FreeBSD's nvmf_tcp_validate_pdu_header: type, flags, digest
 //! flags, HLEN, PDO and PLEN, in that order.
+//!
+//! Digests (negotiated in ICReq/ICResp) are CRC32C: a header digest follows the header
+//! of every PDU but ICReq, ICResp and the termination requests; a data digest follows
+//! the data of every PDU that carries data.
 
 use crate::ProtocolError;
+use crc::{Crc, Table, CRC_32_ISCSI};
+
+/// CRC32C (Castagnoli), the digest NVMe/TCP uses.
+pub static CRC32C: Crc<u32, Table<16>> = Crc::<u32, Table<16>>::new(&CRC_32_ISCSI);
+/// A CRC32C over bytes that arrive in pieces.
+pub type RunningDigest = crc::Digest<'static, u32, Table<16>>;
+/// Bytes a digest takes on the wire.
+pub const DIGEST_LEN: usize = 4;
 
 /// PDU types.
 pub const ICREQ: u8 = 0x00;
@@ -72,18 +84,80 @@ impl CommonHeader {
     }
 }
 
+/// The digests of a connection: asked for in ICReq, and in force once ICResp agreed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Digests {
+    pub header: bool,
+    pub data: bool,
+}
+
+impl Digests {
+    pub const NONE: Digests = Digests {
+        header: false,
+        data: false,
+    };
+
+    /// ICReq's and ICResp's DGST field.
+    pub fn bits(self) -> u8 {
+        u8::from(self.header) | u8::from(self.data) << 1
+    }
+
+    /// The common-header flags saying which digests a PDU carries.
+    fn flags(self) -> u8 {
+        (if self.header { FLAG_HDGST } else { 0 }) | if self.data { FLAG_DDGST } else { 0 }
+    }
+
+    /// Bytes the header digest adds after a header (`carried`: the PDU type has one).
+    pub fn header_len(self, carried: bool) -> u32 {
+        if self.header && carried {
+            DIGEST_LEN as u32
+        } else {
+            0
+        }
+    }
+
+    /// Bytes the data digest adds after `data_len` bytes of data.
+    pub fn data_len(self, data_len: u32) -> u32 {
+        if self.data && data_len > 0 {
+            DIGEST_LEN as u32
+        } else {
+            0
+        }
+    }
+}
+
+impl core::fmt::Display for Digests {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match (self.header, self.data) {
+            (false, false) => "no digests",
+            (true, false) => "header digest",
+            (false, true) => "data digest",
+            (true, true) => "header and data digests",
+        })
+    }
+}
+
 /// Checks the common header of a PDU the host received, before the rest of the header is
 /// read. `initialized` says whether ICResp has arrived (before it, nothing else is
-/// valid; after it, ICResp is not). Digests are never negotiated by this host, so any
-/// digest flag is an error. Returns the number of data bytes the PDU carries after PDO.
-pub fn check_received(ch: &CommonHeader, initialized: bool) -> Result<u32, ProtocolError> {
+/// valid; after it, ICResp is not); `digests` are those in force (none before ICResp).
+/// Each digest flag must be set exactly when its digest is in force and the PDU type
+/// has one. Returns the number of data bytes the PDU carries after PDO, digest not
+/// counted.
+pub fn check_received(
+    ch: &CommonHeader,
+    initialized: bool,
+    digests: Digests,
+) -> Result<u32, ProtocolError> {
     let t = ch.pdu_type;
     let (valid_flags, hlen) = match t {
         ICRESP if !initialized => (0, IC_LEN),
         C2H_TERM => (0, TERM_LEN),
-        CAPSULE_RESP if initialized => (0, RESP_LEN),
-        R2T if initialized => (0, R2T_LEN),
-        C2H_DATA if initialized => (FLAG_DATA_LAST | FLAG_DATA_SUCCESS, DATA_HDR_LEN),
+        CAPSULE_RESP if initialized => (FLAG_HDGST, RESP_LEN),
+        R2T if initialized => (FLAG_HDGST, R2T_LEN),
+        C2H_DATA if initialized => (
+            FLAG_HDGST | FLAG_DDGST | FLAG_DATA_LAST | FLAG_DATA_SUCCESS,
+            DATA_HDR_LEN,
+        ),
         _ => return Err(ProtocolError::UnexpectedPduType(t)),
     };
     // Termination requests with an impossible length end the connection all the same.
@@ -93,7 +167,9 @@ pub fn check_received(ch: &CommonHeader, initialized: bool) -> Result<u32, Proto
             plen: ch.plen,
         });
     }
-    if ch.flags & !valid_flags != 0 {
+    let digest_flags = FLAG_HDGST | FLAG_DDGST;
+    let in_force = digests.flags() & valid_flags;
+    if ch.flags & !valid_flags != 0 || ch.flags & digest_flags != in_force {
         return Err(ProtocolError::BadFlags {
             pdu_type: t,
             flags: ch.flags,
@@ -105,17 +181,26 @@ pub fn check_received(ch: &CommonHeader, initialized: bool) -> Result<u32, Proto
             hlen: ch.hlen,
         });
     }
+    let full_hlen = u32::from(ch.hlen) + digests.header_len(valid_flags & FLAG_HDGST != 0);
     let data_len = match t {
         C2H_DATA => {
-            // Data must follow the header (no digest here), inside the PDU; a C2HData
+            // Data must follow the header and its digest, inside the PDU; a C2HData
             // without data is meaningless.
-            if ch.pdo < ch.hlen || u32::from(ch.pdo) >= ch.plen {
+            if u32::from(ch.pdo) < full_hlen || u32::from(ch.pdo) >= ch.plen {
                 return Err(ProtocolError::BadDataOffset {
                     pdu_type: t,
                     pdo: ch.pdo,
                 });
             }
-            ch.plen - u32::from(ch.pdo)
+            let carried = ch.plen - u32::from(ch.pdo);
+            let digest = digests.data_len(carried);
+            if carried <= digest {
+                return Err(ProtocolError::BadPduLength {
+                    pdu_type: t,
+                    plen: ch.plen,
+                });
+            }
+            carried - digest
         }
         C2H_TERM => {
             if ch.pdo != 0 {
@@ -133,7 +218,7 @@ pub fn check_received(ch: &CommonHeader, initialized: bool) -> Result<u32, Proto
                     pdo: ch.pdo,
                 });
             }
-            if ch.plen != hlen as u32 {
+            if ch.plen != full_hlen {
                 return Err(ProtocolError::BadPduLength {
                     pdu_type: t,
                     plen: ch.plen,
@@ -145,9 +230,9 @@ pub fn check_received(ch: &CommonHeader, initialized: bool) -> Result<u32, Proto
     Ok(data_len)
 }
 
-/// ICReq: PDU format 1.0, no host data alignment (HPDA 0), no digests, one R2T in
-/// flight per command (MAXR2T is 0's based).
-pub fn icreq() -> [u8; IC_LEN] {
+/// ICReq: PDU format 1.0, no host data alignment (HPDA 0), the `digests` asked for, one
+/// R2T in flight per command (MAXR2T is 0's based).
+pub fn icreq(digests: Digests) -> [u8; IC_LEN] {
     let mut pdu = [0u8; IC_LEN];
     CommonHeader {
         pdu_type: ICREQ,
@@ -157,7 +242,8 @@ pub fn icreq() -> [u8; IC_LEN] {
         plen: IC_LEN as u32,
     }
     .write(&mut pdu);
-    // pfv (8..10) = 0, hpda (10) = 0, dgst (11) = 0, maxr2t (12..16) = 0.
+    // pfv (8..10) = 0, hpda (10) = 0, maxr2t (12..16) = 0.
+    pdu[11] = digests.bits();
     pdu
 }
 
@@ -169,7 +255,8 @@ pub struct IcResp {
 }
 
 /// Parses and checks an ICResp (its common header already passed [`check_received`]).
-pub fn parse_icresp(pdu: &[u8; IC_LEN]) -> Result<IcResp, ProtocolError> {
+/// The target must turn on exactly the digests `asked` for (as Linux's host insists).
+pub fn parse_icresp(pdu: &[u8; IC_LEN], asked: Digests) -> Result<IcResp, ProtocolError> {
     let pfv = u16::from_le_bytes([pdu[8], pdu[9]]);
     if pfv != 0 {
         return Err(ProtocolError::BadVersion(pfv));
@@ -179,7 +266,7 @@ pub fn parse_icresp(pdu: &[u8; IC_LEN]) -> Result<IcResp, ProtocolError> {
         return Err(ProtocolError::UnsupportedAlignment(cpda));
     }
     let dgst = pdu[11];
-    if dgst != 0 {
+    if dgst != asked.bits() {
         return Err(ProtocolError::DigestMismatch(dgst));
     }
     let maxh2cdata = u32::from_le_bytes([pdu[12], pdu[13], pdu[14], pdu[15]]);
@@ -209,37 +296,75 @@ impl TransferHeader {
         }
     }
 
-    /// Writes a whole 24-byte data PDU header of type `pdu_type` carrying `self.len`
-    /// bytes of data right after it.
-    pub fn write(&self, pdu_type: u8, flags: u8, out: &mut [u8; DATA_HDR_LEN]) {
-        *out = [0; DATA_HDR_LEN];
+    /// Writes a whole data PDU header of type `pdu_type` carrying `self.len` bytes of
+    /// data right after it (and its digest); returns its length on the wire.
+    pub fn write(
+        &self,
+        pdu_type: u8,
+        flags: u8,
+        digests: Digests,
+        out: &mut [u8; MAX_TX_HEADER],
+    ) -> u8 {
+        *out = [0; MAX_TX_HEADER];
         CommonHeader {
             pdu_type,
             flags,
             hlen: DATA_HDR_LEN as u8,
-            pdo: DATA_HDR_LEN as u8,
-            plen: DATA_HDR_LEN as u32 + self.len,
+            pdo: 0,
+            plen: 0,
         }
-        .write(out);
+        .write(&mut out[..]);
         out[8..10].copy_from_slice(&self.cid.to_le_bytes());
         out[10..12].copy_from_slice(&self.ttag.to_le_bytes());
         out[12..16].copy_from_slice(&self.offset.to_le_bytes());
         out[16..20].copy_from_slice(&self.len.to_le_bytes());
+        seal_header(out, DATA_HDR_LEN, self.len, digests)
     }
 }
 
+/// Room for the longest header this host sends (CapsuleCmd) and its digest.
+pub const MAX_TX_HEADER: usize = CMD_LEN + DIGEST_LEN;
+
+/// Finishes a header the host sends of `hlen` bytes at the start of `out` that carries
+/// `data_len` bytes of data: digest flags, PDO and PLEN as `digests` say, then the header
+/// digest. Returns the header's length on the wire, digest included.
+fn seal_header(out: &mut [u8; MAX_TX_HEADER], hlen: usize, data_len: u32, digests: Digests) -> u8 {
+    let header_digest = digests.header_len(true);
+    let data_digest = digests.data_len(data_len);
+    out[1] |= Digests {
+        header: header_digest > 0,
+        data: data_digest > 0,
+    }
+    .flags();
+    let full_hlen = hlen as u32 + header_digest;
+    out[3] = if data_len > 0 { full_hlen as u8 } else { 0 };
+    out[4..8].copy_from_slice(&(full_hlen + data_len + data_digest).to_le_bytes());
+    if header_digest > 0 {
+        let crc = CRC32C.checksum(&out[..hlen]);
+        out[hlen..hlen + DIGEST_LEN].copy_from_slice(&crc.to_le_bytes());
+    }
+    full_hlen as u8
+}
+
 /// Writes the CapsuleCmd header for `sqe` with `inline_len` bytes of in-capsule data
-/// following it.
-pub fn capsule_header(sqe: &[u8; 64], inline_len: u32, out: &mut [u8; CMD_LEN]) {
+/// following it; returns its length on the wire (with its digest).
+pub fn capsule_header(
+    sqe: &[u8; 64],
+    inline_len: u32,
+    digests: Digests,
+    out: &mut [u8; MAX_TX_HEADER],
+) -> u8 {
+    *out = [0; MAX_TX_HEADER];
     CommonHeader {
         pdu_type: CAPSULE_CMD,
         flags: 0,
         hlen: CMD_LEN as u8,
-        pdo: if inline_len > 0 { CMD_LEN as u8 } else { 0 },
-        plen: CMD_LEN as u32 + inline_len,
+        pdo: 0,
+        plen: 0,
     }
-    .write(out);
-    out[8..].copy_from_slice(sqe);
+    .write(&mut out[..]);
+    out[8..CMD_LEN].copy_from_slice(sqe);
+    seal_header(out, CMD_LEN, inline_len, digests)
 }
 
 /// Fatal error status of a C2HTermReq.

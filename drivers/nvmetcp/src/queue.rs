@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! One NVMe queue on one TCP connection.
 
-use crate::pdu::{self, CommonHeader, TransferHeader};
+use crate::pdu::{self, CommonHeader, Digests, RunningDigest, TransferHeader, CRC32C};
 use crate::sqe::{Sqe, Status, OPC_FABRICS};
 use crate::ProtocolError;
 
@@ -93,6 +93,9 @@ struct Slot {
     r2t: Option<(u16, u32)>,
     /// The slot sits in the transmit ring or is being transmitted.
     tx_busy: bool,
+    /// Data arrived that failed its data digest: whatever the target says, the command
+    /// completes with a data transfer error.
+    bad_data: bool,
     status: Status,
     result: u64,
 }
@@ -107,6 +110,7 @@ const FREE_SLOT: Slot = Slot {
     capsule_pending: false,
     r2t: None,
     tx_busy: false,
+    bad_data: false,
     status: Status::SUCCESS,
     result: 0,
 };
@@ -129,13 +133,25 @@ impl Slot {
 #[derive(Clone, Copy, Debug)]
 struct TxPdu {
     slot: u16,
-    header: [u8; pdu::CMD_LEN],
+    header: [u8; pdu::MAX_TX_HEADER],
+    /// With the header digest.
     header_len: u8,
     /// Bytes of this PDU already handed out.
     pos: u32,
     /// Command data offset of this PDU's data, and its length.
     data_offset: u32,
     data_len: u32,
+    /// A data digest follows the data.
+    data_digest: bool,
+}
+
+impl TxPdu {
+    /// Bytes of the whole PDU.
+    fn end(&self) -> u32 {
+        u32::from(self.header_len)
+            + self.data_len
+            + pdu::DIGEST_LEN as u32 * u32::from(self.data_digest)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -150,6 +166,11 @@ enum Rx {
         data: RxData,
     },
     Data(RxData),
+    /// Collecting the data digest after the data: `have` bytes so far.
+    DataDigest {
+        have: usize,
+        data: RxData,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -158,12 +179,20 @@ struct RxData {
     offset: u32,
     remaining: u32,
     success: bool,
+    /// A data digest follows.
+    digest: bool,
 }
 
 /// One NVMe queue over one TCP connection, with `N` command slots (1..=256: the slot
 /// index is the low byte of the command ID, a generation count the high byte).
 pub struct Queue<const N: usize> {
     kind: QueueKind,
+    /// Digests asked for in ICReq; in force once ICResp agreed.
+    asked: Digests,
+    digests: Digests,
+    /// CRC32C of the data of the PDU being sent, and of the one being received.
+    tx_crc: RunningDigest,
+    rx_crc: RunningDigest,
     /// Bytes of ICReq already sent.
     icreq_sent: usize,
     maxh2cdata: Option<u32>,
@@ -197,6 +226,10 @@ impl<const N: usize> Queue<N> {
         }
         Queue {
             kind,
+            asked: Digests::NONE,
+            digests: Digests::NONE,
+            tx_crc: CRC32C.digest(),
+            rx_crc: CRC32C.digest(),
             icreq_sent: 0,
             maxh2cdata: None,
             error: None,
@@ -214,6 +247,18 @@ impl<const N: usize> Queue<N> {
             rx_buf: [0; pdu::IC_LEN],
             sqes: [[0; 64]; N],
         }
+    }
+
+    /// Asks for `digests` in ICReq (before anything is sent): the target must agree, or
+    /// the connection fails with `ProtocolError::DigestMismatch`.
+    pub fn with_digests(mut self, digests: Digests) -> Self {
+        self.asked = digests;
+        self
+    }
+
+    /// The digests in force (none until ICResp agreed).
+    pub fn digests(&self) -> Digests {
+        self.digests
     }
 
     /// ICResp arrived and was acceptable: commands may be submitted.
@@ -302,6 +347,7 @@ impl<const N: usize> Queue<N> {
             capsule_pending: true,
             r2t: None,
             tx_busy: true,
+            bad_data: false,
             status: Status::SUCCESS,
             result: 0,
         };
@@ -378,7 +424,7 @@ impl<const N: usize> Queue<N> {
         }
         let mut n = 0;
         if self.icreq_sent < pdu::IC_LEN {
-            let icreq = pdu::icreq();
+            let icreq = pdu::icreq(self.asked);
             let k = (pdu::IC_LEN - self.icreq_sent).min(out.len());
             out[..k].copy_from_slice(&icreq[self.icreq_sent..self.icreq_sent + k]);
             self.icreq_sent += k;
@@ -405,9 +451,9 @@ impl<const N: usize> Queue<N> {
                 n += k;
                 cur.pos += k as u32;
             }
-            let end = header_len + cur.data_len;
-            if cur.pos >= header_len && cur.pos < end && n < out.len() {
-                let k = ((end - cur.pos) as usize).min(out.len() - n);
+            let data_end = header_len + cur.data_len;
+            if cur.pos >= header_len && cur.pos < data_end && n < out.len() {
+                let k = ((data_end - cur.pos) as usize).min(out.len() - n);
                 let offset = cur.data_offset + (cur.pos - header_len);
                 let dst = &mut out[n..n + k];
                 match slot.payload {
@@ -417,6 +463,19 @@ impl<const N: usize> Queue<N> {
                     }
                     _ => port.fetch(slot.tag, offset, dst),
                 }
+                if cur.data_digest {
+                    // Over the bytes as they go on the wire: what the target checks.
+                    self.tx_crc.update(dst);
+                }
+                n += k;
+                cur.pos += k as u32;
+            }
+            let end = cur.end();
+            if cur.pos >= data_end && cur.pos < end && n < out.len() {
+                let crc = self.tx_crc.clone().finalize().to_le_bytes();
+                let from = (cur.pos - data_end) as usize;
+                let k = (pdu::DIGEST_LEN - from).min(out.len() - n);
+                out[n..n + k].copy_from_slice(&crc[from..from + k]);
                 n += k;
                 cur.pos += k as u32;
             }
@@ -432,18 +491,21 @@ impl<const N: usize> Queue<N> {
 
     /// Builds the next PDU of `slot`: its capsule, or the next H2CData of its R2T.
     fn start_pdu(&mut self, index: u16, maxh2cdata: u32) -> TxPdu {
+        self.tx_crc = CRC32C.digest();
         let s = &self.slots[usize::from(index)];
-        let mut header = [0u8; pdu::CMD_LEN];
+        let mut header = [0u8; pdu::MAX_TX_HEADER];
         if s.capsule_pending {
             let inline_len = if s.inline { s.data_len() } else { 0 };
-            pdu::capsule_header(&self.sqes[usize::from(index)], inline_len, &mut header);
+            let sqe = &self.sqes[usize::from(index)];
+            let header_len = pdu::capsule_header(sqe, inline_len, self.digests, &mut header);
             TxPdu {
                 slot: index,
                 header,
-                header_len: pdu::CMD_LEN as u8,
+                header_len,
                 pos: 0,
                 data_offset: 0,
                 data_len: inline_len,
+                data_digest: self.digests.data_len(inline_len) > 0,
             }
         } else {
             // An H2CData PDU: only reached with an active R2T (see finish_pdu, r2t).
@@ -457,20 +519,16 @@ impl<const N: usize> Queue<N> {
                 offset: s.done,
                 len,
             };
-            let mut h = [0u8; pdu::DATA_HDR_LEN];
-            th.write(
-                pdu::H2C_DATA,
-                if last { pdu::FLAG_DATA_LAST } else { 0 },
-                &mut h,
-            );
-            header[..pdu::DATA_HDR_LEN].copy_from_slice(&h);
+            let flags = if last { pdu::FLAG_DATA_LAST } else { 0 };
+            let header_len = th.write(pdu::H2C_DATA, flags, self.digests, &mut header);
             TxPdu {
                 slot: index,
                 header,
-                header_len: pdu::DATA_HDR_LEN as u8,
+                header_len,
                 pos: 0,
                 data_offset: s.done,
                 data_len: len,
+                data_digest: self.digests.data_len(len) > 0,
             }
         }
     }
@@ -532,8 +590,12 @@ impl<const N: usize> Queue<N> {
     ) -> Result<usize, ProtocolError> {
         match self.rx {
             Rx::Header { have } => {
+                // The header, and its digest when the flag says one follows (checked
+                // against the digests in force with the common header).
                 let want = if have < pdu::COMMON_LEN {
                     pdu::COMMON_LEN
+                } else if self.rx_buf[1] & pdu::FLAG_HDGST != 0 {
+                    usize::from(self.rx_buf[2]) + pdu::DIGEST_LEN
                 } else {
                     usize::from(self.rx_buf[2])
                 };
@@ -543,7 +605,7 @@ impl<const N: usize> Queue<N> {
                 self.rx = Rx::Header { have };
                 if have == pdu::COMMON_LEN {
                     let ch = self.common_header();
-                    pdu::check_received(&ch, self.maxh2cdata.is_some())?;
+                    pdu::check_received(&ch, self.maxh2cdata.is_some(), self.digests)?;
                 } else if have == want {
                     self.rx = Rx::Header { have: 0 };
                     self.header_complete()?;
@@ -564,20 +626,54 @@ impl<const N: usize> Queue<N> {
                 let k = (d.remaining as usize).min(input.len());
                 let s = &mut self.slots[usize::from(d.slot)];
                 port.deliver(s.tag, d.offset, &input[..k]);
+                if d.digest {
+                    self.rx_crc.update(&input[..k]);
+                }
                 s.done += k as u32;
                 d.offset += k as u32;
                 d.remaining -= k as u32;
                 if d.remaining > 0 {
                     self.rx = Rx::Data(d);
+                } else if d.digest {
+                    self.rx = Rx::DataDigest { have: 0, data: d };
                 } else {
-                    self.rx = Rx::Header { have: 0 };
-                    if d.success {
-                        self.complete(d.slot, Status::SUCCESS, 0)?;
-                    }
+                    self.data_done(d)?;
                 }
                 Ok(k)
             }
+            Rx::DataDigest { have, data } => {
+                let k = (pdu::DIGEST_LEN - have).min(input.len());
+                self.rx_buf[have..have + k].copy_from_slice(&input[..k]);
+                let have = have + k;
+                if have < pdu::DIGEST_LEN {
+                    self.rx = Rx::DataDigest { have, data };
+                    return Ok(k);
+                }
+                let sent = u32::from_le_bytes([
+                    self.rx_buf[0],
+                    self.rx_buf[1],
+                    self.rx_buf[2],
+                    self.rx_buf[3],
+                ]);
+                if sent != self.rx_crc.clone().finalize() {
+                    // The data in the caller's buffer is not what the target sent; the
+                    // stream itself is intact (its headers passed), so only this
+                    // command fails, as on Linux's host, with a status worth a retry.
+                    self.slots[usize::from(data.slot)].bad_data = true;
+                }
+                self.data_done(data)?;
+                Ok(k)
+            }
         }
+    }
+
+    /// A C2HData PDU's data (and digest) all arrived.
+    fn data_done(&mut self, d: RxData) -> Result<(), ProtocolError> {
+        self.rx = Rx::Header { have: 0 };
+        if d.success {
+            self.complete(d.slot, Status::SUCCESS, 0)?;
+        }
+        Ok(())
     }
 
     fn common_header(&self) -> CommonHeader {
@@ -604,12 +700,23 @@ impl<const N: usize> Queue<N> {
 
     fn header_complete(&mut self) -> Result<(), ProtocolError> {
         let ch = self.common_header();
+        if ch.flags & pdu::FLAG_HDGST != 0 {
+            let hlen = usize::from(ch.hlen);
+            let digest = &self.rx_buf[hlen..hlen + pdu::DIGEST_LEN];
+            let sent = u32::from_le_bytes([digest[0], digest[1], digest[2], digest[3]]);
+            if sent != CRC32C.checksum(&self.rx_buf[..hlen]) {
+                return Err(ProtocolError::HeaderDigest {
+                    pdu_type: ch.pdu_type,
+                });
+            }
+        }
         match ch.pdu_type {
             pdu::ICRESP => {
                 let mut b = [0u8; pdu::IC_LEN];
                 b.copy_from_slice(&self.rx_buf);
-                let ic = pdu::parse_icresp(&b)?;
+                let ic = pdu::parse_icresp(&b, self.asked)?;
                 self.maxh2cdata = Some(ic.maxh2cdata);
+                self.digests = self.asked;
                 Ok(())
             }
             pdu::C2H_TERM => {
@@ -658,9 +765,11 @@ impl<const N: usize> Queue<N> {
         if success && ch.flags & pdu::FLAG_DATA_LAST == 0 {
             return Err(ProtocolError::SuccessWithoutLast(th.cid));
         }
-        // check_received made pdo < plen: the PDU carries data, and its DATAL field must
-        // say how much; data comes in order and stays inside the buffer.
-        let carried = ch.plen - u32::from(ch.pdo);
+        // check_received made pdo < plen: the PDU carries data (its digest aside), and
+        // its DATAL field must say how much; data comes in order and stays inside the
+        // buffer.
+        let digest = ch.flags & pdu::FLAG_DDGST != 0;
+        let carried = ch.plen - u32::from(ch.pdo) - pdu::DIGEST_LEN as u32 * u32::from(digest);
         let in_order = th.offset == s.done && th.len == carried;
         let fits = th.offset.checked_add(th.len).is_some_and(|end| end <= len);
         if !in_order || !fits {
@@ -689,8 +798,13 @@ impl<const N: usize> Queue<N> {
             offset: th.offset,
             remaining: th.len,
             success,
+            digest,
         };
-        let pad = u32::from(ch.pdo) - u32::from(ch.hlen);
+        if digest {
+            self.rx_crc = CRC32C.digest();
+        }
+        let header_digest = self.digests.header_len(true);
+        let pad = u32::from(ch.pdo) - u32::from(ch.hlen) - header_digest;
         self.rx = if pad > 0 {
             Rx::Pad {
                 remaining: pad,
@@ -733,9 +847,13 @@ impl<const N: usize> Queue<N> {
     fn complete(&mut self, index: u16, status: Status, result: u64) -> Result<(), ProtocolError> {
         let s = &mut self.slots[usize::from(index)];
         let cid = u16::from(s.generation) << 8 | index;
-        s.status = status;
+        s.status = if s.bad_data {
+            Status::DATA_TRANSFER_ERROR
+        } else {
+            status
+        };
         s.result = result;
-        if status.is_success() {
+        if s.status.is_success() {
             // NVMe has no short transfers: a success means all the data moved.
             if s.done != s.data_len() {
                 return Err(if s.is_write() {

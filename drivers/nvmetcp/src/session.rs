@@ -9,7 +9,7 @@
 
 use crate::queue::{Completion, DataPort, Payload, Queue, QueueKind, SubmitError};
 use crate::sqe::{self, Status};
-use crate::{ConnectRefusal, Error, ProtocolError};
+use crate::{ConnectRefusal, Digests, Error, ProtocolError};
 
 /// Command slots on the admin queue: bring-up runs one command at a time, keep-alive
 /// adds one.
@@ -172,6 +172,12 @@ impl AdminSession {
     /// Asks the controller for `queues` I/O queues (default 1) in bring-up.
     pub fn with_io_queues(mut self, queues: u16) -> Self {
         self.io_queues_asked = queues.max(1);
+        self
+    }
+
+    /// Asks for `digests` on the admin queue's connection (before anything is sent).
+    pub fn with_digests(mut self, digests: Digests) -> Self {
+        self.queue = self.queue.with_digests(digests);
         self
     }
 
@@ -629,6 +635,12 @@ impl<const N: usize> IoSession<N> {
             max_transfer: controller.max_transfer,
             depth: N.min(usize::from(controller.max_queue_entries)),
         }
+    }
+
+    /// Asks for `digests` on this queue's connection (before anything is sent).
+    pub fn with_digests(mut self, digests: Digests) -> Self {
+        self.queue = self.queue.with_digests(digests);
+        self
     }
 
     pub fn state(&self) -> SessionState {

@@ -159,6 +159,9 @@ impl Status {
     /// Generic "command aborted due to host path error" (type 3, code 0x71), as Linux
     /// uses for the same case.
     pub const HOST_PATH_ERROR: Status = Status((3 << 8) | 0x71);
+    /// Generic "data transfer error" (type 0, code 0x04): what Linux's host completes a
+    /// read with when its data digest does not match, and worth another try.
+    pub const DATA_TRANSFER_ERROR: Status = Status(0x04);
 
     pub fn from_dw3(dw3: u32) -> Self {
         Status((dw3 >> 17) as u16)

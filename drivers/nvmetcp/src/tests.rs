@@ -9,7 +9,7 @@ use crate::pdu;
 use crate::queue::{Completion, DataPort, Payload, Queue, QueueKind, SubmitError};
 use crate::session::{AdminSession, HostIdentity, IoSession, SessionState};
 use crate::sqe::{self, Status};
-use crate::{ConnectRefusal, Error, ProtocolError};
+use crate::{ConnectRefusal, Digests, Error, ProtocolError};
 
 use crate::fake::*;
 
@@ -99,8 +99,17 @@ fn bring_up(
     rng: &mut Rng,
     kato: u32,
 ) -> (AdminSession, Result<(), Error>, u64) {
+    bring_up_with(target, rng, kato, Digests::NONE)
+}
+
+fn bring_up_with(
+    target: &mut Target,
+    rng: &mut Rng,
+    kato: u32,
+    digests: Digests,
+) -> (AdminSession, Result<(), Error>, u64) {
     let mut now = 1000;
-    let mut s = AdminSession::new(&identity(), 1, kato, now, 10_000);
+    let mut s = AdminSession::new(&identity(), 1, kato, now, 10_000).with_digests(digests);
     let mut r = Ok(());
     for _ in 0..1000 {
         r = pump(target, rng, &mut AdminEnd(&mut s, now)).and_then(|()| s.poll(now));
@@ -134,14 +143,23 @@ fn live_io<const N: usize>(
     io_target: &mut Target,
     rng: &mut Rng,
 ) -> IoSession<N> {
-    let (admin, r, _) = bring_up(admin_target, rng, 5000);
+    live_io_with(admin_target, io_target, rng, Digests::NONE)
+}
+
+fn live_io_with<const N: usize>(
+    admin_target: &mut Target,
+    io_target: &mut Target,
+    rng: &mut Rng,
+    digests: Digests,
+) -> IoSession<N> {
+    let (admin, r, _) = bring_up_with(admin_target, rng, 5000, digests);
     r.unwrap();
     let ctrl = admin.controller().unwrap();
     let ns = admin.namespace().unwrap();
     io_target.disk = admin_target.disk.clone();
     io_target.cntlid = ctrl.cntlid;
     io_target.maxh2cdata = admin_target.maxh2cdata;
-    let mut io = IoSession::<N>::new(&identity(), &ctrl, ns, 1);
+    let mut io = IoSession::<N>::new(&identity(), &ctrl, ns, 1).with_digests(digests);
     let mut port = MemPort::default();
     pump(io_target, rng, &mut IoEnd(&mut io, &mut port)).unwrap();
     assert_eq!(io.state(), SessionState::Live);
@@ -498,24 +516,9 @@ fn full_queue_of_mixed_commands_in_random_cuts() {
         it.success_flag = seed % 2 == 0;
         let mut port = MemPort::default();
         let mut model = it.disk.clone();
-        let mut expect_reads = HashMap::new();
-        for tag in 0..16u64 {
-            let blocks = 1 + rng.below(48) as u32;
-            // Disjoint ranges so order between commands does not matter.
-            let lba = tag * 16;
-            let blocks = blocks.min(16);
-            let range = lba as usize * BLOCK..(lba as usize + blocks as usize) * BLOCK;
-            if rng.below(2) == 0 {
-                let data: Vec<u8> = (0..range.len()).map(|_| rng.next() as u8).collect();
-                model[range].copy_from_slice(&data);
-                port.bufs.insert(tag, data);
-                io.write(tag, lba, blocks).unwrap();
-            } else {
-                port.bufs.insert(tag, vec![0; range.len()]);
-                expect_reads.insert(tag, model[range].to_vec());
-                io.read(tag, lba, blocks).unwrap();
-            }
-        }
+        let expect_reads = submit_mixed(&mut io, &mut port, &mut rng, &mut model, 16, |rng, _| {
+            rng.below(2) == 0
+        });
         assert_eq!(io.read(99, 0, 1), Err(SubmitError::Full));
         let done = run_io(&mut io, &mut it, &mut port, &mut rng).unwrap();
         assert_eq!(done.len(), 16);
@@ -532,6 +535,36 @@ fn full_queue_of_mixed_commands_in_random_cuts() {
             1
         );
     }
+}
+
+/// Submits a read or a write (`writes` picks) of 1 to 16 blocks for each of the tags
+/// 0..`tags`, on ranges 16 blocks apart so the order between commands does not matter;
+/// writes go into `model` too. Returns what each read must find.
+fn submit_mixed<const N: usize>(
+    io: &mut IoSession<N>,
+    port: &mut MemPort,
+    rng: &mut Rng,
+    model: &mut [u8],
+    tags: u64,
+    writes: impl Fn(&mut Rng, u64) -> bool,
+) -> HashMap<u64, Vec<u8>> {
+    let mut expect_reads = HashMap::new();
+    for tag in 0..tags {
+        let blocks = (1 + rng.below(48) as u32).min(16);
+        let lba = tag * 16;
+        let range = lba as usize * BLOCK..(lba as usize + blocks as usize) * BLOCK;
+        if writes(rng, tag) {
+            let data: Vec<u8> = (0..range.len()).map(|_| rng.next() as u8).collect();
+            model[range].copy_from_slice(&data);
+            port.bufs.insert(tag, data);
+            io.write(tag, lba, blocks).unwrap();
+        } else {
+            port.bufs.insert(tag, vec![0; range.len()]);
+            expect_reads.insert(tag, model[range].to_vec());
+            io.read(tag, lba, blocks).unwrap();
+        }
+    }
+    expect_reads
 }
 
 #[test]
@@ -1388,4 +1421,226 @@ fn requests_held_across_a_lost_connection_are_replayed_on_a_new_association() {
         }
     }
     assert!(split >= 3, "only {split} seeds lost the link mid-way");
+}
+
+// ---- Digests ----
+
+const BOTH: Digests = Digests {
+    header: true,
+    data: true,
+};
+
+#[test]
+fn the_digest_is_crc32c() {
+    // The check value of CRC-32C (Castagnoli), as the catalogues give it.
+    assert_eq!(pdu::CRC32C.checksum(b"123456789"), 0xe306_9283);
+    let mut running = pdu::CRC32C.digest();
+    running.update(b"1234");
+    running.update(b"56789");
+    assert_eq!(running.finalize(), 0xe306_9283);
+}
+
+#[test]
+fn digests_asked_for_go_on_every_pdu_both_ways() {
+    let choices = [
+        Digests::NONE,
+        Digests {
+            header: true,
+            data: false,
+        },
+        Digests {
+            header: false,
+            data: true,
+        },
+        BOTH,
+    ];
+    for digests in choices {
+        for seed in 1..8 {
+            let (mut at, mut it) = (Target::new(), Target::new());
+            at.maxh2cdata = 4096;
+            let mut rng = Rng(seed);
+            let mut io = live_io_with::<16>(&mut at, &mut it, &mut rng, digests);
+            assert_eq!((at.digests, it.digests), (digests, digests));
+            it.c2h_chunk = 700 + rng.below(3000);
+            it.r2t_chunk = 8192;
+            it.success_flag = seed % 2 == 0;
+            let mut port = MemPort::default();
+            let mut model = it.disk.clone();
+            // Reads, writes in the capsule and by R2T, a flush and a discard.
+            let expect_reads =
+                submit_mixed(&mut io, &mut port, &mut rng, &mut model, 14, |_, tag| {
+                    tag % 2 == 0
+                });
+            io.flush(20).unwrap();
+            io.discard(21, 250, 2).unwrap();
+            model[250 * BLOCK..252 * BLOCK].fill(0);
+            let done = run_io(&mut io, &mut it, &mut port, &mut rng).unwrap();
+            assert_eq!(done.len(), 16);
+            assert!(done.iter().all(|c| c.status.is_success()), "{digests:?}");
+            assert_eq!(it.disk, model, "{digests:?} seed {seed}");
+            for (tag, want) in expect_reads {
+                assert_eq!(port.bufs[&tag], want, "{digests:?} seed {seed} tag {tag}");
+            }
+            // The fake checked each digest the host sent (and refuses a missing one).
+            assert_eq!(it.header_digests_checked > 0, digests.header);
+            assert_eq!(it.data_digests_checked > 0, digests.data);
+            assert_eq!(at.header_digests_checked > 0, digests.header, "admin");
+            assert_eq!(at.data_digests_checked > 0, digests.data, "Connect's data");
+        }
+    }
+}
+
+#[test]
+fn a_target_that_does_not_turn_on_the_digests_asked_for_is_refused() {
+    // (asked, ICResp's DGST)
+    let cases = [(BOTH, 0u8), (BOTH, 1), (BOTH, 2), (Digests::NONE, 3)];
+    for (asked, answered) in cases {
+        let mut t = Target::new();
+        t.icresp_dgst = Some(answered);
+        let (s, r, _) = bring_up_with(&mut t, &mut Rng(3), 5000, asked);
+        let want = Error::Protocol(ProtocolError::DigestMismatch(answered));
+        assert_eq!(r, Err(want), "asked {asked:?}, answered {answered}");
+        assert_eq!(s.state(), SessionState::Failed(want));
+        assert!(t.connects.is_empty(), "nothing after ICResp");
+    }
+}
+
+#[test]
+fn a_header_that_fails_its_digest_fails_the_connection() {
+    for (pdu_type, read) in [(pdu::C2H_DATA, true), (pdu::CAPSULE_RESP, false)] {
+        let (mut at, mut it) = (Target::new(), Target::new());
+        let mut rng = Rng(11);
+        let mut io = live_io_with::<4>(&mut at, &mut it, &mut rng, BOTH);
+        it.corrupt_header = true;
+        let mut port = MemPort::default();
+        port.bufs.insert(1, vec![0; 4 * BLOCK]);
+        if read {
+            io.read(1, 0, 4).unwrap();
+        } else {
+            io.flush(1).unwrap();
+        }
+        let r = run_io(&mut io, &mut it, &mut port, &mut rng);
+        let want = Error::Protocol(ProtocolError::HeaderDigest { pdu_type });
+        assert_eq!(r.err(), Some(want));
+        assert_eq!(io.state(), SessionState::Failed(want));
+        assert!(port.bufs[&1].iter().all(|&b| b == 0), "no data taken");
+        let mut held = Vec::new();
+        io.drain(|t| held.push(t));
+        assert_eq!(held, [1], "the command is handed back to be sent again");
+    }
+}
+
+#[test]
+fn data_that_fails_its_digest_fails_its_command_not_the_connection() {
+    for success_flag in [false, true] {
+        let (mut at, mut it) = (Target::new(), Target::new());
+        let mut rng = Rng(13);
+        let mut io = live_io_with::<4>(&mut at, &mut it, &mut rng, BOTH);
+        it.success_flag = success_flag;
+        it.c2h_chunk = 1024;
+        // The second of four PDUs arrives changed.
+        let want = it.disk[8 * BLOCK..16 * BLOCK].to_vec();
+        let mut port = MemPort::default();
+        port.bufs.insert(1, vec![0; 8 * BLOCK]);
+        port.bufs.insert(2, vec![0; 8 * BLOCK]);
+        io.read(1, 8, 8).unwrap();
+        let mut out = vec![0u8; 4096];
+        let n = io.transmit(&mut out, &mut port);
+        it.input(&out[..n]);
+        let mut sent = std::mem::take(&mut it.out);
+        let second_data = {
+            let first_plen = le32(&sent, 4) as usize;
+            first_plen + usize::from(sent[first_plen + 3])
+        };
+        sent[second_data] ^= 1;
+        io.receive(&sent, &mut port).unwrap();
+        let c = io.next_completion().unwrap();
+        assert_eq!((c.tag, c.status), (1, Status::DATA_TRANSFER_ERROR));
+        assert_eq!(
+            io.state(),
+            SessionState::Live,
+            "success flag {success_flag}"
+        );
+        // The same read again, on the same connection, is whole.
+        io.read(2, 8, 8).unwrap();
+        let done = run_io(&mut io, &mut it, &mut port, &mut rng).unwrap();
+        assert_eq!(done.len(), 1);
+        assert!(done[0].status.is_success());
+        assert_eq!(port.bufs[&2], want);
+    }
+}
+
+#[test]
+fn digest_flags_must_match_the_digests_in_force() {
+    use ProtocolError as P;
+    let read = |cid: u16| c2h_pdu(cid, 0, &[1; BLOCK], pdu::FLAG_DATA_LAST);
+    let header_only = Digests {
+        header: true,
+        data: false,
+    };
+    type Case = (&'static str, Box<dyn Fn(u16) -> Vec<u8>>, ProtocolError);
+    let cases: Vec<Case> = vec![
+        (
+            "a response without its header digest",
+            Box::new(|cid| resp_pdu(cid, Status::SUCCESS, 0)),
+            P::BadFlags {
+                pdu_type: pdu::CAPSULE_RESP,
+                flags: 0,
+            },
+        ),
+        (
+            "data without its data digest",
+            Box::new(move |cid| with_digests(&read(cid), header_only)),
+            P::BadFlags {
+                pdu_type: pdu::C2H_DATA,
+                flags: pdu::FLAG_HDGST | pdu::FLAG_DATA_LAST,
+            },
+        ),
+        (
+            "data starting inside the header digest",
+            Box::new(move |cid| {
+                let mut p = with_digests(&read(cid), BOTH);
+                p[3] = 26;
+                p
+            }),
+            P::BadDataOffset {
+                pdu_type: pdu::C2H_DATA,
+                pdo: 26,
+            },
+        ),
+        (
+            "a data digest and no data",
+            Box::new(move |cid| {
+                let mut p = with_digests(&read(cid), BOTH);
+                p[4..8].copy_from_slice(&32u32.to_le_bytes());
+                p
+            }),
+            P::BadPduLength {
+                pdu_type: pdu::C2H_DATA,
+                plen: 32,
+            },
+        ),
+    ];
+    for (name, make, want) in cases {
+        let mut port = MemPort::default();
+        port.bufs.insert(1, vec![0; BLOCK]);
+        let mut out = vec![0u8; 4096];
+        let mut q = Queue::<8>::new(QueueKind::Io { inline_limit: 4096 }).with_digests(BOTH);
+        assert_eq!(q.transmit(&mut out, &mut port), 128);
+        assert_eq!(out[11], 3, "ICReq asks for both digests");
+        let mut icresp = icresp_pdu(4096);
+        icresp[11] = 3;
+        q.receive(&icresp, &mut port).unwrap();
+        assert_eq!(q.digests(), BOTH);
+        q.submit(1, sqe::rw(false, 1, 0, 1), Payload::ToHost(BLOCK as u32))
+            .unwrap();
+        let n = q.transmit(&mut out, &mut port);
+        assert_eq!(n, 72 + 4, "a capsule and its header digest");
+        let cid = le16(&out, 10);
+        assert_eq!(q.receive(&make(cid), &mut port), Err(want), "{name}");
+        assert!(
+            port.bufs[&1].iter().all(|&b| b == 0),
+            "{name}: no data taken"
+        );
+    }
 }

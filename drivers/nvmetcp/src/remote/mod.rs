@@ -30,7 +30,8 @@ pub use channel::{DiskQueue, Shared, MAX_SEGMENTS, SLOTS};
 use crate::queue::DataPort;
 use crate::reconnect::{Action, Reconnect, ReconnectPolicy};
 use crate::session::{AdminSession, ControllerInfo, HostIdentity, IoSession, NamespaceInfo};
-use crate::{Error, SessionState};
+use crate::sqe::Status;
+use crate::{Digests, Error, SessionState};
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
 use alloc::string::String;
@@ -53,6 +54,10 @@ const MAX_COMMAND_BYTES: u64 = 1 << 20;
 /// Keep Alive Timeout asked in Connect: three times Linux's host default
 /// (NVME_DEFAULT_KATO), room for emulated CPUs; a keep-alive goes every half of it.
 const KATO_MS: u32 = 15_000;
+/// Times a request whose command failed with a data transfer error (a read's data digest
+/// did not match, or the target found a write's bad) is sent again before it fails:
+/// Linux's host retries such a command as often (`nvme_max_retries`).
+pub const TRANSFER_RETRIES: u8 = 5;
 
 /// The connections of an association.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,6 +209,11 @@ struct Held {
     active: bool,
     /// When it was taken from its channel (ms).
     taken_at: u64,
+    /// Times it was sent again after a data transfer error.
+    retries: u8,
+    /// A command of it failed with a data transfer error: it goes again from its start
+    /// once nothing of it is outstanding (unless out of retries).
+    redo: bool,
 }
 
 /// Requests completed and how long the remote held them (taken from the channel to
@@ -228,6 +238,8 @@ const IDLE: Held = Held {
     flushed: false,
     active: false,
     taken_at: 0,
+    retries: 0,
+    redo: false,
 };
 
 /// How a remote's associations went, for the operator (`data/blkdom-net`).
@@ -239,6 +251,9 @@ pub struct RemoteCounters {
     pub losses: u64,
     /// Bring-up attempts that failed (a first one, or a reconnect attempt).
     pub failed_attempts: u64,
+    /// Commands that completed with a data transfer error (with data digests on: data
+    /// that did not match its digest, either way).
+    pub transfer_errors: u64,
 }
 
 /// Things worth logging, handed to the caller's closure.
@@ -253,6 +268,11 @@ pub enum Event {
     AttemptFailed(Failure),
     GaveUp {
         waited_ms: u64,
+    },
+    /// A command failed with a data transfer error: its request goes again (`retry`, of
+    /// [`TRANSFER_RETRIES`]) or, out of retries, fails.
+    TransferError {
+        retry: Option<u8>,
     },
 }
 
@@ -291,6 +311,8 @@ pub struct Remote {
     now: u64,
     held_times: HeldTimes,
     counters: RemoteCounters,
+    /// Asked for on every connection of every association.
+    digests: Digests,
 }
 
 impl Remote {
@@ -328,7 +350,19 @@ impl Remote {
             now,
             held_times: HeldTimes::default(),
             counters: RemoteCounters::default(),
+            digests: Digests::NONE,
         }
+    }
+
+    /// Runs every connection with `digests` (CRC32C over headers, data, or both); a
+    /// target that does not agree fails the bring-up.
+    pub fn with_digests(mut self, digests: Digests) -> Remote {
+        self.digests = digests;
+        self
+    }
+
+    pub fn digests(&self) -> Digests {
+        self.digests
     }
 
     /// Asks for `queues` I/O queues (1..=[`MAX_IO_QUEUES`]; default 1), each on its own
@@ -601,7 +635,8 @@ impl Remote {
                     now,
                     self.timing.bringup_ms,
                 )
-                .with_io_queues(self.io_queues_asked());
+                .with_io_queues(self.io_queues_asked())
+                .with_digests(self.digests);
                 self.admin = Some(Box::new(admin));
                 self.stage = Stage::Admin;
                 self.stage_since = now;
@@ -651,7 +686,8 @@ impl Remote {
                     return Err(Failure::Session(Error::Internal("no controller")));
                 };
                 for n in 0..self.live_queues {
-                    let session = IoSession::new(&self.identity(), &c, ns, n + 1);
+                    let session =
+                        IoSession::new(&self.identity(), &c, ns, n + 1).with_digests(self.digests);
                     self.io[usize::from(n)].session = Some(Box::new(session));
                 }
                 self.stage = Stage::Io;
@@ -741,7 +777,7 @@ impl Remote {
                 .and_then(|io| io.next_completion())
             {
                 moved = true;
-                self.command_done(done.tag, done.status.is_success());
+                self.command_done(done.tag, done.status, log);
             }
         }
         if let Some(failure) = failure {
@@ -793,6 +829,7 @@ impl Remote {
                     h.issued = 0;
                     h.outstanding = 0;
                     h.failed = false;
+                    h.redo = false;
                     h.flushed = !matches!(h.request.op, Op::Write { preflush: true });
                     self.io[queue_of(&self.channels[ch], self.live_queues)]
                         .pending
@@ -823,6 +860,8 @@ impl Remote {
                     flushed: !matches!(request.op, Op::Write { preflush: true }),
                     active: true,
                     taken_at: self.now,
+                    retries: 0,
+                    redo: false,
                 };
                 self.active += 1;
                 self.io[queue_of(shared, self.live_queues)]
@@ -950,7 +989,8 @@ impl Remote {
         moved
     }
 
-    fn command_done(&mut self, tag: u64, ok: bool) {
+    fn command_done(&mut self, tag: u64, status: Status, log: &mut dyn FnMut(Event)) {
+        let ok = status.is_success();
         let (ch, slot) = ((tag >> 48) as u16, (tag >> 32) as u16);
         let Some(h) = self
             .held
@@ -961,7 +1001,17 @@ impl Remote {
             return;
         };
         h.outstanding -= 1;
-        h.failed |= !ok;
+        if status == Status::DATA_TRANSFER_ERROR {
+            self.counters.transfer_errors += 1;
+            if h.retries < TRANSFER_RETRIES {
+                h.redo = true;
+            } else {
+                h.failed = true;
+                log(Event::TransferError { retry: None });
+            }
+        } else {
+            h.failed |= !ok;
+        }
         if !h.flushed {
             // The pre-flush: the data goes now.
             h.flushed = true;
@@ -972,7 +1022,20 @@ impl Remote {
             _ => h.issued >= h.request.amount,
         };
         if h.outstanding == 0 && all {
-            self.finish(ch, slot);
+            if h.redo && !h.failed {
+                // Again from its start, on the queue it would go on now.
+                h.retries += 1;
+                h.redo = false;
+                h.issued = 0;
+                h.flushed = !matches!(h.request.op, Op::Write { preflush: true });
+                log(Event::TransferError {
+                    retry: Some(h.retries),
+                });
+                let queue = queue_of(&self.channels[usize::from(ch)], self.live_queues);
+                self.io[queue].pending.push_back((ch, slot));
+            } else {
+                self.finish(ch, slot);
+            }
         }
     }
 

@@ -881,3 +881,104 @@ fn the_time_a_remote_held_each_request_is_counted() {
     assert_eq!(rig.run(&mut [&mut a], 1, 1_000).len(), 1);
     assert_eq!(rig.remote.held_times().completed, 2);
 }
+
+// ---- Digests ----
+
+const BOTH: Digests = Digests {
+    header: true,
+    data: true,
+};
+
+/// A live remote with both digests on every connection, and one disk queue.
+fn live_with_digests() -> (Rig, DiskQueue) {
+    let mut rig = Rig::new(|_| {});
+    rig.remote = Remote::new(HOST_NQN, [7; 16], SUBNQN, 1, Timing::DEFAULT, 0)
+        .with_io_queues(2)
+        .with_digests(BOTH);
+    assert_eq!(rig.bring_up(), State::Live);
+    let queue = rig.remote.add_queue().unwrap();
+    (rig, queue)
+}
+
+#[test]
+fn every_connection_of_an_association_runs_the_digests_asked_for() {
+    let (mut rig, mut q) = live_with_digests();
+    assert_eq!(rig.remote.digests(), BOTH);
+    let admin = rig.net.links[Link::Admin.index()].as_ref().unwrap();
+    assert_eq!(admin.digests, BOTH);
+    for n in 0..2 {
+        assert_eq!(rig.net.io(n).unwrap().digests, BOTH, "I/O queue {n}");
+    }
+    // Data both ways, checked by the target's digests and the host's.
+    for (i, byte) in rig.mem.0.borrow_mut()[..64 << 10].iter_mut().enumerate() {
+        *byte = (i * 7 + i / 4096) as u8;
+    }
+    let w = segments(0, 16);
+    q.submit(&request(1, IoOp::Write, 64, &w), &Pages).unwrap();
+    assert_eq!(rig.run(&mut [&mut q], 1, 10_000)[0].status, IoStatus::Ok);
+    let r = segments(16, 16);
+    q.submit(&request(2, IoOp::Read, 64, &r), &Pages).unwrap();
+    assert_eq!(rig.run(&mut [&mut q], 1, 10_000)[0].status, IoStatus::Ok);
+    let mem = rig.mem.0.borrow();
+    assert!(mem[..64 << 10] == mem[64 << 10..128 << 10]);
+    let io = rig.net.io(0).unwrap();
+    assert!(io.header_digests_checked > 0 && io.data_digests_checked > 0);
+}
+
+/// Reads 8 KiB at sector 0 into pages 100 and 101 after the target's I/O connection is
+/// set to corrupt the next `corrupt` C2HData PDUs (1500 bytes each: six per read).
+fn read_through_corruption(rig: &mut Rig, q: &mut DiskQueue, corrupt: u32) -> IoStatus {
+    for n in 0..2 {
+        let at = Link::Io(n).index();
+        rig.net.links[at].as_mut().unwrap().corrupt_c2h = corrupt;
+    }
+    rig.mem.0.borrow_mut()[100 * 4096..102 * 4096].fill(0);
+    let r = segments(100, 2);
+    q.submit(&request(9, IoOp::Read, 0, &r), &Pages).unwrap();
+    let done = rig.run(&mut [q], 1, 10_000);
+    assert_eq!(done.len(), 1);
+    done[0].status
+}
+
+#[test]
+fn a_read_whose_data_fails_its_digest_is_sent_again() {
+    let (mut rig, mut q) = live_with_digests();
+    // Two attempts corrupted (six PDUs, then one), the third whole.
+    assert_eq!(read_through_corruption(&mut rig, &mut q, 7), IoStatus::Ok);
+    let mem = rig.mem.0.borrow();
+    assert!(
+        mem[100 * 4096..102 * 4096] == rig.net.disk[..8192],
+        "the data as stored"
+    );
+    drop(mem);
+    let retries: Vec<_> = rig
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::TransferError { retry } => Some(*retry),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(retries, [Some(1), Some(2)]);
+    let c = rig.remote.counters();
+    assert_eq!((c.transfer_errors, c.associations, c.losses), (2, 1, 0));
+}
+
+#[test]
+fn a_read_that_keeps_failing_its_digest_fails_alone() {
+    let (mut rig, mut q) = live_with_digests();
+    let status = read_through_corruption(&mut rig, &mut q, u32::MAX);
+    assert_ne!(status, IoStatus::Ok);
+    let tries = 1 + u64::from(TRANSFER_RETRIES);
+    let c = rig.remote.counters();
+    assert_eq!((c.transfer_errors, c.losses), (tries, 0), "no reconnect");
+    assert!(matches!(
+        rig.events.last(),
+        Some(Event::TransferError { retry: None })
+    ));
+    // The connection serves on: the next read, on a clean path, is whole.
+    assert_eq!(rig.remote.state(), State::Live);
+    assert_eq!(read_through_corruption(&mut rig, &mut q, 0), IoStatus::Ok);
+    let mem = rig.mem.0.borrow();
+    assert!(mem[100 * 4096..102 * 4096] == rig.net.disk[..8192]);
+}
