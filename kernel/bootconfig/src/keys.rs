@@ -120,6 +120,11 @@ command_line_keys! {
         default "none", range "nqn.<...>, up to 223 printable ASCII characters other than ','",
         "blkdom's NVMe host NQN, what NVMe/TCP targets know it by (their allowed hosts); \
          without it no nvme-tcp: disk is served";
+    NetDigest "net.digest" Setting,
+        default "none", range "none, header, data, or header,data",
+        "CRC32C digests on every NVMe/TCP connection, over PDU headers, over data or both \
+         (Linux's nvme connect --hdr-digest and --data-digest); a target that does not \
+         agree is refused";
 
     Selftest "selftest" TestHook,
         default "", range "",

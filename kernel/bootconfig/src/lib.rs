@@ -49,6 +49,37 @@ pub struct Config {
     pub net: Option<NetSetup>,
     /// `net.hostnqn=`: the NVMe host NQN blkdom connects to targets with.
     pub host_nqn: Option<HostNqn>,
+    /// `net.digest=`: the digests every NVMe/TCP connection asks for.
+    pub digests: NvmeDigests,
+}
+
+/// NVMe/TCP digests: CRC32C over each PDU header, over each PDU's data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NvmeDigests {
+    pub header: bool,
+    pub data: bool,
+}
+
+impl NvmeDigests {
+    /// `none`, or `header`, `data` or both, `,`-separated, each once.
+    pub fn parse(text: &str) -> Option<NvmeDigests> {
+        let mut digests = NvmeDigests::default();
+        if text == "none" {
+            return Some(digests);
+        }
+        for word in text.split(',') {
+            let on = match word {
+                "header" => &mut digests.header,
+                "data" => &mut digests.data,
+                _ => return None,
+            };
+            if *on {
+                return None;
+            }
+            *on = true;
+        }
+        Some(digests)
+    }
 }
 
 /// An NQN as NVMe allows it (up to 223 bytes), starting `nqn.`, printable ASCII other
@@ -191,6 +222,10 @@ impl Config {
         device_max_resets: DEFAULT_MAX_RESETS,
         net: None,
         host_nqn: None,
+        digests: NvmeDigests {
+            header: false,
+            data: false,
+        },
     };
 
     /// The configuration `cmdline` sets, and the values it had to refuse (each keeps its
@@ -280,6 +315,12 @@ impl Config {
             match HostNqn::new(text) {
                 Some(nqn) => config.host_nqn = Some(nqn),
                 None => refuse(Key::NetHostnqn, text),
+            }
+        }
+        if let Some(text) = cmdline.value(Key::NetDigest) {
+            match NvmeDigests::parse(text) {
+                Some(digests) => config.digests = digests,
+                None => refuse(Key::NetDigest, text),
             }
         }
         (config, bad)
@@ -404,6 +445,10 @@ impl fmt::Display for BadValue<'_> {
                 "{key}={text}: want nqn.<...>, up to {} printable ASCII characters other \
                  than ','; no nvme-tcp: disk is served",
                 HostNqn::MAX_LEN
+            ),
+            Key::NetDigest => write!(
+                f,
+                "{key}={text}: want none, header, data or header,data; using none"
             ),
             Key::DeviceTimeoutMs => write!(
                 f,
@@ -559,6 +604,53 @@ mod tests {
             message.starts_with("net.gw=10.9.0.1:") && message.contains("lease's router"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn digests_are_none_header_data_or_both() {
+        let both = NvmeDigests {
+            header: true,
+            data: true,
+        };
+        for (text, want) in [
+            ("none", NvmeDigests::default()),
+            (
+                "header",
+                NvmeDigests {
+                    header: true,
+                    data: false,
+                },
+            ),
+            (
+                "data",
+                NvmeDigests {
+                    header: false,
+                    data: true,
+                },
+            ),
+            ("header,data", both),
+            ("data,header", both),
+        ] {
+            assert_eq!(parse_good(&format!("net.digest={text}")).digests, want);
+        }
+        for bad in [
+            "",
+            "both",
+            "header,",
+            "header,header",
+            "none,data",
+            "HEADER",
+            "crc32c",
+        ] {
+            let (config, refused) = parse(&format!("net.digest={bad}"));
+            assert_eq!(
+                (config.digests, refused.len()),
+                (NvmeDigests::default(), 1),
+                "{bad}"
+            );
+            let message = refused[0].to_string();
+            assert!(message.contains("want none, header, data"), "{message}");
+        }
     }
 
     #[test]
@@ -773,7 +865,7 @@ mod tests {
         let line = "loglevel=loud poll.spin-us=9-1 poll.idle=nap notify.hold-us=x \
                     grants.max-total=y grants.max-per-ring=z grants.idle-s=w \
                     grants.persistent=maybe device.timeout-ms=never device.max-resets=lots \
-                    net.ip=10.0.0.0/24 net.gw=10.0.0.1 net.hostnqn=iqn.x";
+                    net.ip=10.0.0.0/24 net.gw=10.0.0.1 net.hostnqn=iqn.x net.digest=crc";
         let (config, bad) = parse(line);
         assert_eq!(config, Config::DEFAULT);
         assert_eq!(bad.len(), SETTINGS);
@@ -832,7 +924,9 @@ mod tests {
             (Key::NetIp, "none".into(), "prefix 1 to 30".into()),
             (Key::NetGw, "none".into(), "inside net.ip's subnet".into()),
             (Key::NetHostnqn, "none".into(), "up to 223".into()),
+            (Key::NetDigest, "none".into(), "header,data".into()),
         ];
+        assert_eq!(d.digests, NvmeDigests::default());
         assert!(d.persistent_grants);
         assert_eq!(expected.len(), SETTINGS);
         for (key, default, range) in expected {

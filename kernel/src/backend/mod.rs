@@ -129,7 +129,14 @@ fn storage_network(
                     }
                 }
             }
-            Ok(net::Net::new(vif, config.host_nqn))
+            let digests = nvmetcp::Digests {
+                header: config.digests.header,
+                data: config.digests.data,
+            };
+            if digests != nvmetcp::Digests::NONE {
+                log::info!("net: NVMe/TCP connections ask for {digests} (CRC32C)");
+            }
+            Ok(net::Net::new(vif, config.host_nqn, digests))
         }
         Err(e) => {
             log::error!("net: the vif did not come up: {e}; nvme-tcp: disks are refused");

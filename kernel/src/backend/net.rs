@@ -19,8 +19,9 @@ use netfront::phy::DeviceStats;
 use netfront::NetStats;
 use nvmetcp::remote::{
     DiskQueue, Event, Failure, Link, LinkState, Remote, State, Timing, Transport, MAX_IO_QUEUES,
+    TRANSFER_RETRIES,
 };
-use nvmetcp::ReconnectPolicy;
+use nvmetcp::{Digests, ReconnectPolicy};
 use smoltcp::iface::SocketHandle;
 use smoltcp::socket::tcp;
 use smoltcp::wire::{IpAddress, Ipv4Address};
@@ -81,6 +82,8 @@ pub struct Net {
     vif: Vif,
     host_nqn: Option<HostNqn>,
     host_id: [u8; 16],
+    /// `net.digest=`: asked for on every connection of every remote.
+    digests: Digests,
     /// By slot (a remote's number, `DeviceId::NvmeTcp`); a slot whose first bring-up
     /// failed is empty, for the next.
     entries: Vec<Option<Entry>>,
@@ -276,17 +279,22 @@ fn describe(target: &NvmeTcpTarget) -> String {
     )
 }
 
-/// `policy`: the remote's own reconnect times.
-fn log_event(name: &str, event: Event, policy: ReconnectPolicy) {
+/// `policy`: the remote's own reconnect times; `digests`: those its connections run.
+fn log_event(name: &str, event: Event, policy: ReconnectPolicy, digests: Digests) {
     let delay = policy.delay_ms / 1000;
     let give_up = policy.give_up_ms / 1000;
+    let with_digests = if digests == Digests::NONE {
+        String::new()
+    } else {
+        format!("; {digests}")
+    };
     match event {
         Event::Live {
             controller,
             io_queues,
             reconnect: false,
         } => log::info!(
-            "{name}: connected (controller {controller}, {io_queues} I/O queue{})",
+            "{name}: connected (controller {controller}, {io_queues} I/O queue{}){with_digests}",
             plural(io_queues)
         ),
         Event::Live {
@@ -294,8 +302,16 @@ fn log_event(name: &str, event: Event, policy: ReconnectPolicy) {
             io_queues,
             reconnect: true,
         } => log::info!(
-            "{name}: reconnected (controller {controller}, {io_queues} I/O queue{}); held requests sent again",
+            "{name}: reconnected (controller {controller}, {io_queues} I/O queue{}){with_digests}; held requests sent again",
             plural(io_queues)
+        ),
+        Event::TransferError { retry: Some(n) } => log::warn!(
+            "{name}: a command failed with a data transfer error (data that did not match \
+             its digest): its request goes again ({n} of {TRANSFER_RETRIES})"
+        ),
+        Event::TransferError { retry: None } => log::error!(
+            "{name}: a request failed: data transfer errors on every one of its {} tries",
+            1 + TRANSFER_RETRIES
         ),
         Event::Lost(why) => log::error!(
             "{name}: connection lost: {why}; I/O held while reconnecting (every {delay} s, for up to {give_up} s)"
@@ -309,7 +325,7 @@ fn log_event(name: &str, event: Event, policy: ReconnectPolicy) {
 }
 
 impl Net {
-    pub fn new(vif: Vif, host_nqn: Option<HostNqn>) -> Net {
+    pub fn new(vif: Vif, host_nqn: Option<HostNqn>, digests: Digests) -> Net {
         let host_id = host_id(host_nqn.as_ref().map_or("", |n| n.as_str()));
         let io_queues = (vif.ports().len() as u16).clamp(1, MAX_IO_QUEUES);
         Net {
@@ -317,6 +333,7 @@ impl Net {
             vif,
             host_nqn,
             host_id,
+            digests,
             entries: Vec::with_capacity(MAX_REMOTES),
             spare: Vec::with_capacity(MAX_REMOTES),
             next_port: 49152 + (xen::raw::cpu::read_tsc() % 8192) as u16,
@@ -388,7 +405,8 @@ impl Net {
             },
             now,
         )
-        .with_io_queues(self.io_queues);
+        .with_io_queues(self.io_queues)
+        .with_digests(self.digests);
         let sockets = match self.spare_sockets() {
             Some(sockets) => sockets,
             None => return Err(("no socket left".into(), xen::xenbus::error::errno::ENOSPC)),
@@ -460,10 +478,11 @@ impl Net {
                 } else {
                     // A revival not live in time: given up again.
                     let name = entry.name.as_str();
-                    let policy = entry.remote.reconnect_policy();
+                    let (policy, digests) =
+                        (entry.remote.reconnect_policy(), entry.remote.digests());
                     entry
                         .remote
-                        .give_up(now, &mut |e| log_event(name, e, policy));
+                        .give_up(now, &mut |e| log_event(name, e, policy, digests));
                     entry.attach_until = None;
                     Self::close_links(&mut self.vif, &mut self.next_port, entry);
                 }
@@ -618,9 +637,9 @@ impl Net {
             attach_until: _,
         } = entry;
         let mut links = Self::links(vif, next_port, target, sockets, was_open, refused);
-        let policy = remote.reconnect_policy();
+        let (policy, digests) = (remote.reconnect_policy(), remote.digests());
         remote.poll(&mut links, &Pages, now, &mut |e| {
-            log_event(name.as_str(), e, policy)
+            log_event(name.as_str(), e, policy, digests)
         })
     }
 
@@ -723,13 +742,14 @@ impl Net {
                 let (counters, held) = (remote.counters(), remote.held_times());
                 let line = format!(
                     "up={} state={state} io-queues={} associations={} losses={} \
-                     failed-attempts={} requests={} held-ms={} held-max-ms={} in-flight={} \
-                     target={}",
+                     failed-attempts={} transfer-errors={} requests={} held-ms={} \
+                     held-max-ms={} in-flight={} target={}",
                     u8::from(state == 1),
                     remote.io_queues(),
                     counters.associations,
                     counters.losses,
                     counters.failed_attempts,
+                    counters.transfer_errors,
                     held.completed,
                     held.total_ms,
                     held.max_ms,
