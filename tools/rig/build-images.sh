@@ -19,9 +19,13 @@ source "$(dirname "$0")/common.sh"
 # target that blkdom's initiator talks to (tests/xen/blkdom-nvmetcp); nvme-tcp (after its
 # dependencies nvme-core and nvme-fabrics, which add_module puts first): dom0's own
 # NVMe/TCP host, connected by writing to /dev/nvme-fabrics (tests/xen/lib/nvmet.sh,
-# dom0_nvme_connect; tests/xen/blkdom-nvmetcp-ops).
+# dom0_nvme_connect; tests/xen/blkdom-nvmetcp-ops). crc32c_generic: NVMe/TCP digests
+# (blkdom's net.digest=) ask the crypto API for crc32c, which nothing in dom0 could load on
+# demand; without it Debian's 6.1 nvmet-tcp fails the ICReq and then oopses freeing the
+# hash it never made (nvmet_tcp_free_crypto on a NULL request).
 DOM0_MODULES=(xen-evtchn xen-gntdev xen-gntalloc xen-privcmd xenfs xen-blkback brd null_blk
-  virtio_pci virtio_blk nvme xen-pciback xen-netback bridge nvmet nvmet-tcp nvme-tcp)
+  virtio_pci virtio_blk nvme xen-pciback xen-netback bridge crc32c_generic nvmet nvmet-tcp
+  nvme-tcp)
 # crc32c_generic before ext4: ext4's checksums ask the crypto API for crc32c, which would
 # need modprobe (the guest has none) to load it on demand.
 # xen-evtchn, xen-gntalloc: the hostile guest (tests/xen/hostile) is a blkfront in user
