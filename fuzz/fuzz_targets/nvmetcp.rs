@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! The NVMe/TCP host queue (`nvmetcp::Queue`) against a hostile target.
 //!
-//! The input sets the queue up (in-capsule limit, MAXH2CDATA in a valid ICResp), submits
+//! The input sets the queue up (in-capsule limit, digests, MAXH2CDATA in a valid ICResp:
+//! with digests on, every PDU below is sent with valid ones before any mutation), submits
 //! up to eight commands (reads, writes, an owned Dataset Management range, flushes),
 //! then scripts the connection: transmit into a window of fuzzed size, feed raw bytes,
 //! or feed a PDU built from fuzzed fields (CapsuleResp, C2HData, R2T, C2HTermReq) for a
@@ -16,7 +17,8 @@
 use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
-use nvmetcp::{pdu, sqe, DataPort, Payload, Queue, QueueKind};
+use nvmetcp::fake::with_digests;
+use nvmetcp::{pdu, sqe, DataPort, Digests, Payload, Queue, QueueKind};
 
 #[path = "../common/input.rs"]
 mod input;
@@ -83,9 +85,14 @@ fn header(out: &mut Vec<u8>, pdu_type: u8, flags: u8, hlen: u8, pdo: u8, plen: u
 
 fuzz_target!(|data: &[u8]| {
     let mut input = Input(data);
-    let inline_limit = [0u32, 16, 4096, 8192][usize::from(input.byte() % 4)];
+    let setup = input.byte();
+    let inline_limit = [0u32, 16, 4096, 8192][usize::from(setup % 4)];
+    let digests = Digests {
+        header: setup & 4 != 0,
+        data: setup & 8 != 0,
+    };
     let maxh2cdata = 4096 + 4 * (input.uint(2) as u32 % 4096);
-    let mut q = Queue::<8>::new(QueueKind::Io { inline_limit });
+    let mut q = Queue::<8>::new(QueueKind::Io { inline_limit }).with_digests(digests);
     let mut port = Port {
         commands: HashMap::new(),
     };
@@ -95,6 +102,7 @@ fuzz_target!(|data: &[u8]| {
     icresp[0] = pdu::ICRESP;
     icresp[2] = 128;
     icresp[4..8].copy_from_slice(&128u32.to_le_bytes());
+    icresp[11] = digests.bits();
     icresp[12..16].copy_from_slice(&maxh2cdata.to_le_bytes());
     q.receive(&icresp, &mut port).expect("a valid ICResp");
 
@@ -194,6 +202,9 @@ fuzz_target!(|data: &[u8]| {
                 bytes.extend_from_slice(&len.to_le_bytes());
                 bytes.extend_from_slice(&[0; 4]);
             }
+        }
+        if op % 6 != 2 {
+            bytes = with_digests(&bytes, digests);
         }
         // Mutate one byte now and then, so headers break in every field.
         if op & 0x80 != 0 && !bytes.is_empty() {
