@@ -198,6 +198,10 @@ pub struct Target {
     pub corrupt_c2h: u32,
     /// The next PDU sent with a header digest gets a wrong one.
     pub corrupt_header: bool,
+    /// An I/O command touching this LBA is not executed: the target drops the connection
+    /// instead (`dropped` is set; the caller's network closes it).
+    pub poison_lba: Option<usize>,
+    pub dropped: bool,
     /// Host PDUs whose header digest, and whose data digest, were checked.
     pub header_digests_checked: u32,
     pub data_digests_checked: u32,
@@ -261,6 +265,8 @@ impl Target {
             corrupt_header: false,
             header_digests_checked: 0,
             data_digests_checked: 0,
+            poison_lba: None,
+            dropped: false,
         }
     }
 
@@ -605,6 +611,13 @@ impl Target {
                 let lba = le64(&sqe, 40) as usize;
                 let blocks = (le32(&sqe, 48) & 0xffff) as usize + 1;
                 let range = lba * BLOCK..(lba + blocks) * BLOCK;
+                if self
+                    .poison_lba
+                    .is_some_and(|p| (lba..lba + blocks).contains(&p))
+                {
+                    self.dropped = true;
+                    return;
+                }
                 match op {
                     sqe::IO_READ => {
                         assert_eq!(le32(&sqe, 32) as usize, range.len());

@@ -19,7 +19,7 @@ use netfront::phy::DeviceStats;
 use netfront::NetStats;
 use nvmetcp::remote::{
     DiskQueue, Event, Failure, Link, LinkState, Remote, State, Timing, Transport, MAX_IO_QUEUES,
-    TRANSFER_RETRIES,
+    RETRIES,
 };
 use nvmetcp::{Digests, ReconnectPolicy};
 use smoltcp::iface::SocketHandle;
@@ -307,11 +307,16 @@ fn log_event(name: &str, event: Event, policy: ReconnectPolicy, digests: Digests
         ),
         Event::TransferError { retry: Some(n) } => log::warn!(
             "{name}: a command failed with a data transfer error (data that did not match \
-             its digest): its request goes again ({n} of {TRANSFER_RETRIES})"
+             its digest): its request goes again (retry {n} of {RETRIES})"
+        ),
+        Event::OutOfRetries { requests } => log::error!(
+            "{name}: {requests} request(s) failed: each was out when the connection was lost \
+             {} times (a request the target cannot take?); the rest go again",
+            1 + RETRIES
         ),
         Event::TransferError { retry: None } => log::error!(
             "{name}: a request failed: data transfer errors on every one of its {} tries",
-            1 + TRANSFER_RETRIES
+            1 + RETRIES
         ),
         Event::Lost(why) => log::error!(
             "{name}: connection lost: {why}; I/O held while reconnecting (every {delay} s, for up to {give_up} s)"

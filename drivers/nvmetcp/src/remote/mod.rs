@@ -54,10 +54,13 @@ const MAX_COMMAND_BYTES: u64 = 1 << 20;
 /// Keep Alive Timeout asked in Connect: three times Linux's host default
 /// (NVME_DEFAULT_KATO), room for emulated CPUs; a keep-alive goes every half of it.
 const KATO_MS: u32 = 15_000;
-/// Times a request whose command failed with a data transfer error (a read's data digest
-/// did not match, or the target found a write's bad) is sent again before it fails:
-/// Linux's host retries such a command as often (`nvme_max_retries`).
-pub const TRANSFER_RETRIES: u8 = 5;
+/// Times a request is sent again before it fails: after a command of it failed with a
+/// data transfer error (a read's data digest did not match), or after a connection was
+/// lost while it was out. Linux's host gives a request as many (`nvme_max_retries`),
+/// whatever the cause. The bound isolates a request the target cannot take (one that
+/// makes it drop the connection every time): it fails, and the association, which
+/// other disks may share, serves on.
+pub const RETRIES: u8 = 5;
 
 /// The connections of an association.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -209,7 +212,7 @@ struct Held {
     active: bool,
     /// When it was taken from its channel (ms).
     taken_at: u64,
-    /// Times it was sent again after a data transfer error.
+    /// Times it was sent again (after a data transfer error or a lost connection).
     retries: u8,
     /// A command of it failed with a data transfer error: it goes again from its start
     /// once nothing of it is outstanding (unless out of retries).
@@ -270,9 +273,14 @@ pub enum Event {
         waited_ms: u64,
     },
     /// A command failed with a data transfer error: its request goes again (`retry`, of
-    /// [`TRANSFER_RETRIES`]) or, out of retries, fails.
+    /// [`RETRIES`]) or, out of retries, fails.
     TransferError {
         retry: Option<u8>,
+    },
+    /// On a reconnect: requests that were out at each of the last [`RETRIES`] + 1
+    /// losses fail rather than go again.
+    OutOfRetries {
+        requests: usize,
     },
 }
 
@@ -597,7 +605,10 @@ impl Remote {
                     reconnect,
                 });
                 // What the old connection held goes again, first.
-                self.replay_active();
+                let failed = self.replay_active();
+                if failed > 0 {
+                    log(Event::OutOfRetries { requests: failed });
+                }
                 true
             }
             Err(failure) => {
@@ -818,14 +829,25 @@ impl Remote {
     }
 
     /// Every request taken and not completed goes again from its start (a read read
-    /// twice or a write written twice is harmless; one completed is never sent again).
-    fn replay_active(&mut self) {
+    /// twice or a write written twice is harmless; one completed is never sent again),
+    /// but one that was out at [`RETRIES`] + 1 losses fails. Returns how many failed.
+    fn replay_active(&mut self) -> usize {
         for queue in &mut self.io {
             queue.pending.clear();
         }
+        let mut out_of_retries = Vec::new();
         for (ch, held) in self.held.iter_mut().enumerate() {
             for (slot, h) in held.iter_mut().enumerate() {
                 if h.active {
+                    // Only what went out counts: a request still waiting for its turn
+                    // did not meet the target.
+                    if h.issued > 0 || h.outstanding > 0 {
+                        if h.retries >= RETRIES {
+                            out_of_retries.push((ch as u16, slot as u16));
+                            continue;
+                        }
+                        h.retries += 1;
+                    }
                     h.issued = 0;
                     h.outstanding = 0;
                     h.failed = false;
@@ -837,6 +859,11 @@ impl Remote {
                 }
             }
         }
+        for &(ch, slot) in &out_of_retries {
+            self.held[usize::from(ch)][usize::from(slot)].failed = true;
+            self.finish(ch, slot);
+        }
+        out_of_retries.len()
     }
 
     /// New requests from every channel.
@@ -1003,7 +1030,7 @@ impl Remote {
         h.outstanding -= 1;
         if status == Status::DATA_TRANSFER_ERROR {
             self.counters.transfer_errors += 1;
-            if h.retries < TRANSFER_RETRIES {
+            if h.retries < RETRIES {
                 h.redo = true;
             } else {
                 h.failed = true;

@@ -31,6 +31,8 @@ struct FakeNet {
     knobs: fn(&mut Target),
     chunk: usize,
     opens: usize,
+    /// Connections the target dropped (`Target::poison_lba`).
+    drops: usize,
 }
 
 impl FakeNet {
@@ -44,6 +46,7 @@ impl FakeNet {
             knobs,
             chunk: 1,
             opens: 0,
+            drops: 0,
         }
     }
 
@@ -120,6 +123,12 @@ impl Transport for FakeNet {
                 self.disk = core::mem::take(&mut t.disk);
             } else {
                 t.input(&buf[..k]);
+            }
+            if t.dropped {
+                // The target drops the connection (a poisoned command).
+                self.drops += 1;
+                self.links[link.index()] = None;
+                self.states[link.index()] = LinkState::Closed;
             }
         }
     }
@@ -969,7 +978,7 @@ fn a_read_that_keeps_failing_its_digest_fails_alone() {
     let (mut rig, mut q) = live_with_digests();
     let status = read_through_corruption(&mut rig, &mut q, u32::MAX);
     assert_ne!(status, IoStatus::Ok);
-    let tries = 1 + u64::from(TRANSFER_RETRIES);
+    let tries = 1 + u64::from(RETRIES);
     let c = rig.remote.counters();
     assert_eq!((c.transfer_errors, c.losses), (tries, 0), "no reconnect");
     assert!(matches!(
@@ -981,4 +990,75 @@ fn a_read_that_keeps_failing_its_digest_fails_alone() {
     assert_eq!(read_through_corruption(&mut rig, &mut q, 0), IoStatus::Ok);
     let mem = rig.mem.0.borrow();
     assert!(mem[100 * 4096..102 * 4096] == rig.net.disk[..8192]);
+}
+
+// ---- Retries ----
+
+#[test]
+fn a_request_the_target_drops_the_connection_over_fails_alone_after_its_retries() {
+    // Every connection's target drops it at a command touching LBA 4096 (sector 4096,
+    // 512-byte blocks).
+    let mut rig = Rig::with_timing(|t| t.poison_lba = Some(4096), Timing::DEFAULT);
+    assert_eq!(rig.bring_up(), State::Live);
+    let (mut a, mut b) = (
+        rig.remote.add_queue().unwrap(),
+        rig.remote.add_queue().unwrap(),
+    );
+    let poison = segments(0, 1);
+    a.submit(&request(1, IoOp::Read, 4096, &poison), &Pages)
+        .unwrap();
+    let done = rig.run(&mut [&mut a], 1, 60_000);
+    assert_eq!(done.len(), 1, "the request ends");
+    assert_ne!(done[0].status, IoStatus::Ok);
+    let tries = 1 + usize::from(RETRIES);
+    assert_eq!(
+        rig.net.drops, tries,
+        "sent once and retried {RETRIES} times"
+    );
+    assert!(rig
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::OutOfRetries { requests: 1 })));
+    // The association came back after the last loss and serves the other disks.
+    while rig.remote.state() != State::Live && rig.now < 120_000 {
+        rig.step();
+    }
+    assert_eq!(rig.remote.state(), State::Live);
+    let c = rig.remote.counters();
+    assert_eq!(c.losses, tries as u64);
+    let r = segments(1, 2);
+    b.submit(&request(2, IoOp::Read, 0, &r), &Pages).unwrap();
+    assert_eq!(
+        rig.run(&mut [&mut b], 1, 10_000)[0].status,
+        IoStatus::Ok,
+        "a good request after it"
+    );
+}
+
+#[test]
+fn only_requests_that_went_out_are_charged_for_a_loss() {
+    // Two commands out at a time: the poisoned read and the read after it go out at
+    // every association and are lost with it (nothing tells which one the target choked
+    // on: both use their retries, as on Linux's host); the third waits its turn each
+    // time, so no loss is charged to it, and it completes once the two have failed.
+    let mut rig = Rig::new(|t| {
+        t.poison_lba = Some(4096);
+        t.maxcmd = 2;
+    });
+    assert_eq!(rig.bring_up(), State::Live);
+    let mut q = rig.remote.add_queue().unwrap();
+    for (tag, page) in [(1u32, 0u64), (2, 1), (3, 2)] {
+        let segs = segments(page, 1);
+        let sector = if tag == 1 { 4096 } else { 8 * u64::from(tag) };
+        q.submit(&request(tag, IoOp::Read, sector, &segs), &Pages)
+            .unwrap();
+    }
+    let mut done = rig.run(&mut [&mut q], 3, 120_000);
+    done.sort_by_key(|c| c.tag);
+    let status: Vec<_> = done
+        .iter()
+        .map(|c| (c.tag, c.status == IoStatus::Ok))
+        .collect();
+    assert_eq!(status, [(1, false), (2, false), (3, true)]);
+    assert_eq!(rig.net.drops, 1 + usize::from(RETRIES));
 }
