@@ -219,6 +219,17 @@ struct Held {
     redo: bool,
 }
 
+impl Held {
+    /// Back to its start, to be sent again from its first byte (its pre-flush first).
+    fn restart(&mut self) {
+        self.issued = 0;
+        self.outstanding = 0;
+        self.failed = false;
+        self.redo = false;
+        self.flushed = !matches!(self.request.op, Op::Write { preflush: true });
+    }
+}
+
 /// Requests completed and how long the remote held them (taken from the channel to
 /// completed: the network and the target), for the console.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -835,35 +846,31 @@ impl Remote {
         for queue in &mut self.io {
             queue.pending.clear();
         }
-        let mut out_of_retries = Vec::new();
-        for (ch, held) in self.held.iter_mut().enumerate() {
-            for (slot, h) in held.iter_mut().enumerate() {
-                if h.active {
-                    // Only what went out counts: a request still waiting for its turn
-                    // did not meet the target.
-                    if h.issued > 0 || h.outstanding > 0 {
-                        if h.retries >= RETRIES {
-                            out_of_retries.push((ch as u16, slot as u16));
-                            continue;
-                        }
-                        h.retries += 1;
-                    }
-                    h.issued = 0;
-                    h.outstanding = 0;
-                    h.failed = false;
-                    h.redo = false;
-                    h.flushed = !matches!(h.request.op, Op::Write { preflush: true });
-                    self.io[queue_of(&self.channels[ch], self.live_queues)]
-                        .pending
-                        .push_back((ch as u16, slot as u16));
+        let mut out_of_retries = 0;
+        for ch in 0..self.held.len() {
+            for slot in 0..SLOTS {
+                let h = &mut self.held[ch][slot];
+                if !h.active {
+                    continue;
                 }
+                // Only what went out counts: a request still waiting for its turn did
+                // not meet the target.
+                if h.issued > 0 || h.outstanding > 0 {
+                    if h.retries >= RETRIES {
+                        h.failed = true;
+                        self.finish(ch as u16, slot as u16);
+                        out_of_retries += 1;
+                        continue;
+                    }
+                    h.retries += 1;
+                }
+                h.restart();
+                self.io[queue_of(&self.channels[ch], self.live_queues)]
+                    .pending
+                    .push_back((ch as u16, slot as u16));
             }
         }
-        for &(ch, slot) in &out_of_retries {
-            self.held[usize::from(ch)][usize::from(slot)].failed = true;
-            self.finish(ch, slot);
-        }
-        out_of_retries.len()
+        out_of_retries
     }
 
     /// New requests from every channel.
@@ -1052,9 +1059,7 @@ impl Remote {
             if h.redo && !h.failed {
                 // Again from its start, on the queue it would go on now.
                 h.retries += 1;
-                h.redo = false;
-                h.issued = 0;
-                h.flushed = !matches!(h.request.op, Op::Write { preflush: true });
+                h.restart();
                 log(Event::TransferError {
                     retry: Some(h.retries),
                 });
