@@ -24,6 +24,7 @@ use blkback::negotiate::BackendParams;
 use cmdslots::recovery::{DEFAULT_MAX_RESETS, MAX_MAX_RESETS};
 use core::fmt;
 use log::LevelFilter;
+use nvmetcp::Digests;
 use polling::idle::PollIdle;
 use polling::spin::{MAX_SPELL_NS, MIN_SPELL_NS, SPELL_LIMIT_NS};
 
@@ -50,36 +51,27 @@ pub struct Config {
     /// `net.hostnqn=`: the NVMe host NQN blkdom connects to targets with.
     pub host_nqn: Option<HostNqn>,
     /// `net.digest=`: the digests every NVMe/TCP connection asks for.
-    pub digests: NvmeDigests,
+    pub digests: Digests,
 }
 
-/// NVMe/TCP digests: CRC32C over each PDU header, over each PDU's data.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NvmeDigests {
-    pub header: bool,
-    pub data: bool,
-}
-
-impl NvmeDigests {
-    /// `none`, or `header`, `data` or both, `,`-separated, each once.
-    pub fn parse(text: &str) -> Option<NvmeDigests> {
-        let mut digests = NvmeDigests::default();
-        if text == "none" {
-            return Some(digests);
-        }
-        for word in text.split(',') {
-            let on = match word {
-                "header" => &mut digests.header,
-                "data" => &mut digests.data,
-                _ => return None,
-            };
-            if *on {
-                return None;
-            }
-            *on = true;
-        }
-        Some(digests)
+/// `net.digest=`: `none`, or `header`, `data` or both, `,`-separated, each once.
+fn parse_digests(text: &str) -> Option<Digests> {
+    let mut digests = Digests::NONE;
+    if text == "none" {
+        return Some(digests);
     }
+    for word in text.split(',') {
+        let on = match word {
+            "header" => &mut digests.header,
+            "data" => &mut digests.data,
+            _ => return None,
+        };
+        if *on {
+            return None;
+        }
+        *on = true;
+    }
+    Some(digests)
 }
 
 /// An NQN as NVMe allows it (up to 223 bytes), starting `nqn.`, printable ASCII other
@@ -222,10 +214,7 @@ impl Config {
         device_max_resets: DEFAULT_MAX_RESETS,
         net: None,
         host_nqn: None,
-        digests: NvmeDigests {
-            header: false,
-            data: false,
-        },
+        digests: Digests::NONE,
     };
 
     /// The configuration `cmdline` sets, and the values it had to refuse (each keeps its
@@ -318,7 +307,7 @@ impl Config {
             }
         }
         if let Some(text) = cmdline.value(Key::NetDigest) {
-            match NvmeDigests::parse(text) {
+            match parse_digests(text) {
                 Some(digests) => config.digests = digests,
                 None => refuse(Key::NetDigest, text),
             }
@@ -608,22 +597,22 @@ mod tests {
 
     #[test]
     fn digests_are_none_header_data_or_both() {
-        let both = NvmeDigests {
+        let both = Digests {
             header: true,
             data: true,
         };
         for (text, want) in [
-            ("none", NvmeDigests::default()),
+            ("none", Digests::NONE),
             (
                 "header",
-                NvmeDigests {
+                Digests {
                     header: true,
                     data: false,
                 },
             ),
             (
                 "data",
-                NvmeDigests {
+                Digests {
                     header: false,
                     data: true,
                 },
@@ -643,11 +632,7 @@ mod tests {
             "crc32c",
         ] {
             let (config, refused) = parse(&format!("net.digest={bad}"));
-            assert_eq!(
-                (config.digests, refused.len()),
-                (NvmeDigests::default(), 1),
-                "{bad}"
-            );
+            assert_eq!((config.digests, refused.len()), (Digests::NONE, 1), "{bad}");
             let message = refused[0].to_string();
             assert!(message.contains("want none, header, data"), "{message}");
         }
@@ -926,7 +911,7 @@ mod tests {
             (Key::NetHostnqn, "none".into(), "up to 223".into()),
             (Key::NetDigest, "none".into(), "header,data".into()),
         ];
-        assert_eq!(d.digests, NvmeDigests::default());
+        assert_eq!(d.digests, Digests::NONE);
         assert!(d.persistent_grants);
         assert_eq!(expected.len(), SETTINGS);
         for (key, default, range) in expected {

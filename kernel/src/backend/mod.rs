@@ -129,10 +129,7 @@ fn storage_network(
                     }
                 }
             }
-            let digests = nvmetcp::Digests {
-                header: config.digests.header,
-                data: config.digests.data,
-            };
+            let digests = config.digests;
             if digests != nvmetcp::Digests::NONE {
                 log::info!("net: NVMe/TCP connections ask for {digests} (CRC32C)");
             }
