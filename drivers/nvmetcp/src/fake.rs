@@ -102,12 +102,12 @@ pub fn with_digests(p: &[u8], digests: pdu::Digests) -> Vec<u8> {
     let plen = full_hlen + data.len() + if data_digest { 4 } else { 0 };
     out[4..8].copy_from_slice(&(plen as u32).to_le_bytes());
     if header_digest {
-        let crc = pdu::CRC32C.checksum(&out[..hlen]);
+        let crc = crate::crc32c::checksum(&out[..hlen]);
         out.extend(crc.to_le_bytes());
     }
     out.extend_from_slice(data);
     if data_digest {
-        out.extend(pdu::CRC32C.checksum(data).to_le_bytes());
+        out.extend(crate::crc32c::checksum(data).to_le_bytes());
     }
     out
 }
@@ -304,7 +304,7 @@ impl Target {
         let mut full_hlen = hlen;
         if self.digests.header {
             let sent = le32(p, hlen);
-            assert_eq!(sent, pdu::CRC32C.checksum(&p[..hlen]), "header digest");
+            assert_eq!(sent, crate::crc32c::checksum(&p[..hlen]), "header digest");
             self.header_digests_checked += 1;
             full_hlen += 4;
         }
@@ -313,7 +313,7 @@ impl Target {
             end -= 4;
             assert_eq!(pdo, full_hlen, "data right after the header digest");
             let sent = le32(p, end);
-            assert_eq!(sent, pdu::CRC32C.checksum(&p[pdo..end]), "data digest");
+            assert_eq!(sent, crate::crc32c::checksum(&p[pdo..end]), "data digest");
             self.data_digests_checked += 1;
         }
         let mut out = p[..hlen].to_vec();

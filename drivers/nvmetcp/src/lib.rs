@@ -29,6 +29,7 @@
 
 extern crate alloc;
 
+pub mod crc32c;
 pub mod pdu;
 mod queue;
 pub mod reconnect;

@@ -8,13 +8,8 @@
 //! of every PDU but ICReq, ICResp and the termination requests; a data digest follows
 //! the data of every PDU that carries data.
 
-use crate::ProtocolError;
-use crc::{Crc, Table, CRC_32_ISCSI};
+use crate::{crc32c, ProtocolError};
 
-/// CRC32C (Castagnoli), the digest NVMe/TCP uses.
-pub static CRC32C: Crc<u32, Table<16>> = Crc::<u32, Table<16>>::new(&CRC_32_ISCSI);
-/// A CRC32C over bytes that arrive in pieces.
-pub type RunningDigest = crc::Digest<'static, u32, Table<16>>;
 /// Bytes a digest takes on the wire.
 pub const DIGEST_LEN: usize = 4;
 
@@ -340,7 +335,7 @@ fn seal_header(out: &mut [u8; MAX_TX_HEADER], hlen: usize, data_len: u32, digest
     out[3] = if data_len > 0 { full_hlen as u8 } else { 0 };
     out[4..8].copy_from_slice(&(full_hlen + data_len + data_digest).to_le_bytes());
     if header_digest > 0 {
-        let crc = CRC32C.checksum(&out[..hlen]);
+        let crc = crc32c::checksum(&out[..hlen]);
         out[hlen..hlen + DIGEST_LEN].copy_from_slice(&crc.to_le_bytes());
     }
     full_hlen as u8

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! One NVMe queue on one TCP connection.
 
-use crate::pdu::{self, CommonHeader, Digests, RunningDigest, TransferHeader, CRC32C};
+use crate::crc32c::{self, Running};
+use crate::pdu::{self, CommonHeader, Digests, TransferHeader};
 use crate::sqe::{Sqe, Status, OPC_FABRICS};
 use crate::ProtocolError;
 
@@ -191,8 +192,8 @@ pub struct Queue<const N: usize> {
     asked: Digests,
     digests: Digests,
     /// CRC32C of the data of the PDU being sent, and of the one being received.
-    tx_crc: RunningDigest,
-    rx_crc: RunningDigest,
+    tx_crc: Running,
+    rx_crc: Running,
     /// Bytes of ICReq already sent.
     icreq_sent: usize,
     maxh2cdata: Option<u32>,
@@ -228,8 +229,8 @@ impl<const N: usize> Queue<N> {
             kind,
             asked: Digests::NONE,
             digests: Digests::NONE,
-            tx_crc: CRC32C.digest(),
-            rx_crc: CRC32C.digest(),
+            tx_crc: Running::new(),
+            rx_crc: Running::new(),
             icreq_sent: 0,
             maxh2cdata: None,
             error: None,
@@ -472,7 +473,7 @@ impl<const N: usize> Queue<N> {
             }
             let end = cur.end();
             if cur.pos >= data_end && cur.pos < end && n < out.len() {
-                let crc = self.tx_crc.clone().finalize().to_le_bytes();
+                let crc = self.tx_crc.value().to_le_bytes();
                 let from = (cur.pos - data_end) as usize;
                 let k = (pdu::DIGEST_LEN - from).min(out.len() - n);
                 out[n..n + k].copy_from_slice(&crc[from..from + k]);
@@ -491,7 +492,7 @@ impl<const N: usize> Queue<N> {
 
     /// Builds the next PDU of `slot`: its capsule, or the next H2CData of its R2T.
     fn start_pdu(&mut self, index: u16, maxh2cdata: u32) -> TxPdu {
-        self.tx_crc = CRC32C.digest();
+        self.tx_crc = Running::new();
         let s = &self.slots[usize::from(index)];
         let mut header = [0u8; pdu::MAX_TX_HEADER];
         if s.capsule_pending {
@@ -655,7 +656,7 @@ impl<const N: usize> Queue<N> {
                     self.rx_buf[2],
                     self.rx_buf[3],
                 ]);
-                if sent != self.rx_crc.clone().finalize() {
+                if sent != self.rx_crc.value() {
                     // The data in the caller's buffer is not what the target sent; the
                     // stream itself is intact (its headers passed), so only this
                     // command fails, as on Linux's host, with a status worth a retry.
@@ -704,7 +705,7 @@ impl<const N: usize> Queue<N> {
             let hlen = usize::from(ch.hlen);
             let digest = &self.rx_buf[hlen..hlen + pdu::DIGEST_LEN];
             let sent = u32::from_le_bytes([digest[0], digest[1], digest[2], digest[3]]);
-            if sent != CRC32C.checksum(&self.rx_buf[..hlen]) {
+            if sent != crc32c::checksum(&self.rx_buf[..hlen]) {
                 return Err(ProtocolError::HeaderDigest {
                     pdu_type: ch.pdu_type,
                 });
@@ -801,7 +802,7 @@ impl<const N: usize> Queue<N> {
             digest,
         };
         if digest {
-            self.rx_crc = CRC32C.digest();
+            self.rx_crc = Running::new();
         }
         let header_digest = self.digests.header_len(true);
         let pad = u32::from(ch.pdo) - u32::from(ch.hlen) - header_digest;

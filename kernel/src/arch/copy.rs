@@ -106,7 +106,7 @@ unsafe fn copy_loop(to: *mut u8, from: *const u8, len: usize) {
     }
 }
 
-fn tsc() -> u64 {
+pub(super) fn tsc() -> u64 {
     // SAFETY: RDTSC only reads the time-stamp counter.
     unsafe { core::arch::x86_64::_rdtsc() }
 }

@@ -6,6 +6,7 @@ pub mod ap_boot;
 pub mod apic;
 pub mod copy;
 pub mod cpu;
+pub mod crc32c;
 pub mod gdt;
 pub mod jump;
 pub mod paging;

@@ -132,6 +132,7 @@ fn storage_network(
             let digests = config.digests;
             if digests != nvmetcp::Digests::NONE {
                 log::info!("net: NVMe/TCP connections ask for {digests} (CRC32C)");
+                crate::arch::crc32c::calibrate();
             }
             Ok(net::Net::new(vif, config.host_nqn, digests))
         }
