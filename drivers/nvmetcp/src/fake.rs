@@ -202,6 +202,9 @@ pub struct Target {
     /// instead (`dropped` is set; the caller's network closes it).
     pub poison_lba: Option<usize>,
     pub dropped: bool,
+    /// Every I/O command is answered with this status, not executed (a path-related
+    /// one: the namespace's ANA group inaccessible through this controller).
+    pub path_status: Option<Status>,
     /// Host PDUs whose header digest, and whose data digest, were checked.
     pub header_digests_checked: u32,
     pub data_digests_checked: u32,
@@ -267,6 +270,7 @@ impl Target {
             data_digests_checked: 0,
             poison_lba: None,
             dropped: false,
+            path_status: None,
         }
     }
 
@@ -616,6 +620,10 @@ impl Target {
                     .is_some_and(|p| (lba..lba + blocks).contains(&p))
                 {
                     self.dropped = true;
+                    return;
+                }
+                if let Some(status) = self.path_status {
+                    self.respond(cid, status, 0);
                     return;
                 }
                 match op {

@@ -182,6 +182,32 @@ impl Status {
     pub fn is_success(self) -> bool {
         self.code() == 0 && self.code_type() == 0
     }
+
+    /// Do Not Retry: the same command would fail again.
+    pub fn do_not_retry(self) -> bool {
+        self.0 & (1 << 14) != 0
+    }
+
+    /// Path-related status (type 3): the path to the namespace failed, not the command
+    /// (an ANA group inaccessible or in transition through this controller, a pathing
+    /// error); another path, or this one later, may serve it.
+    pub fn is_path_error(self) -> bool {
+        self.code_type() == 3
+    }
+
+    /// What a path-related status says, for the log.
+    pub fn path_error_name(self) -> &'static str {
+        match self.code() {
+            0x00 => "internal path error",
+            0x01 => "ANA persistent loss",
+            0x02 => "ANA inaccessible",
+            0x03 => "ANA transition",
+            0x60 => "controller pathing error",
+            0x70 => "host pathing error",
+            0x71 => "command aborted by host",
+            _ => "path error",
+        }
+    }
 }
 
 impl core::fmt::Display for Status {

@@ -145,6 +145,10 @@ pub enum Failure {
     Session(Error),
     /// On a reconnect: the namespace is not what it was.
     NamespaceChanged { blocks: u64, block_size: u32 },
+    /// A command completed with a path-related status (an ANA group inaccessible
+    /// through this controller, say): the association is left for another, on the next
+    /// portal the transport knows, and the command's request goes again there.
+    PathError(Status),
 }
 
 impl fmt::Display for Failure {
@@ -157,6 +161,11 @@ impl fmt::Display for Failure {
             Failure::NamespaceChanged { blocks, block_size } => write!(
                 f,
                 "the namespace changed: now {blocks} blocks of {block_size} B"
+            ),
+            Failure::PathError(status) => write!(
+                f,
+                "a command failed with a path error ({}, {status})",
+                status.path_error_name()
             ),
         }
     }
@@ -268,6 +277,8 @@ pub struct RemoteCounters {
     /// Commands that completed with a data transfer error (with data digests on: data
     /// that did not match its digest, either way).
     pub transfer_errors: u64,
+    /// Commands that completed with a path-related status (each lost its association).
+    pub path_errors: u64,
 }
 
 /// Things worth logging, handed to the caller's closure.
@@ -330,6 +341,8 @@ pub struct Remote {
     now: u64,
     held_times: HeldTimes,
     counters: RemoteCounters,
+    /// A command of this pass completed with a path error: the association is left.
+    path_error: Option<Status>,
     /// Asked for on every connection of every association.
     digests: Digests,
 }
@@ -363,6 +376,7 @@ impl Remote {
             reconnect: Reconnect::new(timing.reconnect),
             lost_at: 0,
             last_failure: None,
+            path_error: None,
             channels: Vec::with_capacity(MAX_CHANNELS),
             held: Vec::with_capacity(MAX_CHANNELS),
             active: 0,
@@ -543,6 +557,18 @@ impl Remote {
         self.lost_at = now;
         self.last_failure = None;
         self.state = State::Down;
+        true
+    }
+
+    /// A first bring-up that failed starts again from its first step (the caller's
+    /// transport now leads to another portal of the target). False, and nothing
+    /// changes, unless the first bring-up had failed.
+    pub fn retry_first_bring_up(&mut self) -> bool {
+        if !matches!(self.state, State::Failed(_)) || self.first_namespace.is_some() {
+            return false;
+        }
+        self.state = State::Connecting;
+        self.started = false;
         true
     }
 
@@ -802,7 +828,7 @@ impl Remote {
                 self.command_done(done.tag, done.status, log);
             }
         }
-        if let Some(failure) = failure {
+        if let Some(failure) = failure.or_else(|| self.path_error.take().map(Failure::PathError)) {
             self.lose(t, now, failure, log);
             return true;
         }
@@ -832,10 +858,16 @@ impl Remote {
             queue.session = None;
         }
         self.admin = None;
+        self.path_error = None;
         self.close_links(t);
         self.lost_at = now;
         self.last_failure = None;
         self.reconnect.lost(now);
+        if matches!(why, Failure::PathError(_)) {
+            // The target is there and answered: the path needs time (an ANA transition)
+            // or another portal, not an attempt at once on this one.
+            self.reconnect.attempt_failed(now);
+        }
         self.state = State::Down;
     }
 
@@ -1035,6 +1067,14 @@ impl Remote {
             return;
         };
         h.outstanding -= 1;
+        if status.is_path_error() && !status.do_not_retry() {
+            // Not this request's fault: it stays taken, and goes again from its start on
+            // the next association (charged as one that was out at a loss), which this
+            // pass's end brings about.
+            self.counters.path_errors += 1;
+            self.path_error.get_or_insert(status);
+            return;
+        }
         if status == Status::DATA_TRANSFER_ERROR {
             self.counters.transfer_errors += 1;
             if h.retries < RETRIES {

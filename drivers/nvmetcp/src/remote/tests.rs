@@ -397,6 +397,21 @@ fn failure(knobs: fn(&mut Target), net: impl FnOnce(&mut FakeNet)) -> (Failure, 
 }
 
 #[test]
+fn a_failed_first_bring_up_starts_again_on_request() {
+    let mut rig = Rig::new(|_| {});
+    rig.net.up = false;
+    assert_eq!(rig.bring_up(), State::Failed(Failure::Refused));
+    // The caller's transport now leads to a portal that answers.
+    rig.net.up = true;
+    assert!(rig.remote.retry_first_bring_up());
+    assert_eq!(rig.bring_up(), State::Live);
+    assert_eq!(rig.remote.counters().associations, 1);
+    // Only a failed first bring-up starts again.
+    assert!(!rig.remote.retry_first_bring_up());
+    assert_eq!(rig.remote.state(), State::Live);
+}
+
+#[test]
 fn each_way_a_first_bring_up_fails_is_named() {
     let (f, _) = failure(|_| {}, |n| n.up = false);
     assert_eq!(f, Failure::Refused);
@@ -1061,4 +1076,78 @@ fn only_requests_that_went_out_are_charged_for_a_loss() {
         .collect();
     assert_eq!(status, [(1, false), (2, false), (3, true)]);
     assert_eq!(rig.net.drops, 1 + usize::from(RETRIES));
+}
+
+// ---- Path errors ----
+
+/// ANA inaccessible: the namespace cannot be reached through this controller.
+const INACCESSIBLE: Status = Status((3 << 8) | 0x02);
+
+#[test]
+fn a_path_error_sends_the_request_again_on_the_next_association() {
+    let mut rig = Rig::new(|_| {});
+    assert_eq!(rig.bring_up(), State::Live);
+    let mut q = rig.remote.add_queue().unwrap();
+    // Only this association's controller answers with the path error (the next one is
+    // reached through another portal, as the caller's transport does).
+    rig.net.links[Link::Io(0).index()]
+        .as_mut()
+        .unwrap()
+        .path_status = Some(INACCESSIBLE);
+    let r = segments(3, 2);
+    q.submit(&request(1, IoOp::Read, 16, &r), &Pages).unwrap();
+    let done = rig.run(&mut [&mut q], 1, 30_000);
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        done[0].status,
+        IoStatus::Ok,
+        "served on the next association"
+    );
+    assert!(
+        rig.now >= Timing::DEFAULT.reconnect.delay_ms,
+        "the next association waited a reconnect delay ({} ms)",
+        rig.now
+    );
+    let mem = rig.mem.0.borrow();
+    assert!(mem[3 * 4096..5 * 4096] == rig.net.disk[16 * 512..16 * 512 + 8192]);
+    let c = rig.remote.counters();
+    assert_eq!((c.path_errors, c.losses, c.associations), (1, 1, 2));
+    assert!(rig
+        .events
+        .contains(&Event::Lost(Failure::PathError(INACCESSIBLE))));
+    assert!(Failure::PathError(INACCESSIBLE)
+        .to_string()
+        .contains("ANA inaccessible"));
+}
+
+#[test]
+fn a_path_error_the_target_says_not_to_retry_fails_its_request() {
+    let mut rig = Rig::new(|t| t.path_status = Some(Status(INACCESSIBLE.0 | 1 << 14)));
+    assert_eq!(rig.bring_up(), State::Live);
+    let mut q = rig.remote.add_queue().unwrap();
+    let r = segments(0, 1);
+    q.submit(&request(1, IoOp::Read, 0, &r), &Pages).unwrap();
+    let done = rig.run(&mut [&mut q], 1, 10_000);
+    assert_ne!(done[0].status, IoStatus::Ok);
+    let c = rig.remote.counters();
+    assert_eq!((c.path_errors, c.losses), (0, 0), "the association stays");
+}
+
+#[test]
+fn a_request_no_path_serves_fails_after_its_retries() {
+    // Every association's controller answers with the path error.
+    let mut rig = Rig::new(|t| t.path_status = Some(INACCESSIBLE));
+    assert_eq!(rig.bring_up(), State::Live);
+    let mut q = rig.remote.add_queue().unwrap();
+    let r = segments(0, 1);
+    q.submit(&request(1, IoOp::Write, 0, &r), &Pages).unwrap();
+    let done = rig.run(&mut [&mut q], 1, 120_000);
+    assert_eq!(done.len(), 1, "the request ends");
+    assert_ne!(done[0].status, IoStatus::Ok);
+    let tries = 1 + u64::from(RETRIES);
+    assert_eq!(rig.remote.counters().path_errors, tries);
+    assert!(rig
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::OutOfRetries { requests: 1 })));
 }
