@@ -704,7 +704,8 @@ class PrometheusTest(FakeXenstore):
                     f"{words['held-ms'] // words['requests']} ms on average, "
                     f"{words['held-max-ms']} ms at most; {words['in-flight']} in flight; "
                     f"{words['losses']} lost, {words['failed-attempts']} failed attempts, "
-                    f"{words['transfer-errors']} transfer errors")
+                    f"{words['transfer-errors']} transfer errors, "
+                    f"{words['path-errors']} path errors; on portal {words['portal']}")
                 self.assertTrue(remotes[1].startswith(f"remote {REMOTES[2]}: "), remotes[1])
         # Each state by its name.
         for state, said in ((0, "connecting"), (1, "live"), (2, "reconnecting, I/O held"),

@@ -22,5 +22,5 @@ pub use names::{NameError, NvmeName, Serial, VirtioName};
 pub use resize::{new_size, ResizeRefused};
 pub use spec::{
     parse_backing, parse_nvme_tcp, Backing, DeviceId, DeviceName, Nqn, NvmeTcpError, NvmeTcpTarget,
-    PartName, RamName, ReconnectTimes, Region, SpecError, SLICE_ALIGN,
+    PartName, Portal, RamName, ReconnectTimes, Region, SpecError, SLICE_ALIGN,
 };

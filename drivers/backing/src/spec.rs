@@ -268,6 +268,9 @@ pub enum NvmeTcpField {
     ReconnectDelay,
     /// With the least it may be: the reconnect delay.
     CtrlLossTmo(u32),
+    Portal,
+    DuplicatePortal,
+    TooManyPortals,
 }
 
 impl fmt::Display for SpecError<'_> {
@@ -370,6 +373,9 @@ impl fmt::Display for SpecError<'_> {
                     NvmeTcpField::UnknownOption => NvmeTcpError::UnknownOption(text),
                     NvmeTcpField::ReconnectDelay => NvmeTcpError::BadReconnectDelay(text),
                     NvmeTcpField::CtrlLossTmo(min) => NvmeTcpError::BadCtrlLossTmo(text, *min),
+                    NvmeTcpField::Portal => NvmeTcpError::BadPortal(text),
+                    NvmeTcpField::DuplicatePortal => NvmeTcpError::DuplicatePortal(text),
+                    NvmeTcpField::TooManyPortals => NvmeTcpError::TooManyPortals,
                 };
                 e.fmt(f)
             }
@@ -624,6 +630,13 @@ pub fn parse_backing(text: &str) -> Result<Backing, SpecError<'_>> {
                 NvmeTcpError::BadCtrlLossTmo(t, min) => {
                     SpecError::NvmeTcp(NvmeTcpField::CtrlLossTmo(min), t)
                 }
+                NvmeTcpError::BadPortal(t) => SpecError::NvmeTcp(NvmeTcpField::Portal, t),
+                NvmeTcpError::DuplicatePortal(t) => {
+                    SpecError::NvmeTcp(NvmeTcpField::DuplicatePortal, t)
+                }
+                NvmeTcpError::TooManyPortals => {
+                    SpecError::NvmeTcp(NvmeTcpField::TooManyPortals, "")
+                }
             });
     }
     if let Some(rest) = text.strip_prefix("nvme@") {
@@ -670,7 +683,7 @@ pub fn parse_backing(text: &str) -> Result<Backing, SpecError<'_>> {
 }
 
 mod nvme_tcp;
-pub use nvme_tcp::{parse_nvme_tcp, Nqn, NvmeTcpError, NvmeTcpTarget, ReconnectTimes};
+pub use nvme_tcp::{parse_nvme_tcp, Nqn, NvmeTcpError, NvmeTcpTarget, Portal, ReconnectTimes};
 
 #[cfg(test)]
 mod tests;

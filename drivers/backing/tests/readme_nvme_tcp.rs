@@ -2,7 +2,8 @@
 //! README.md's table of `nvme-tcp:` options (the one whose header is `option | value |
 //! default | what`) says what the parser does: every row's option is accepted with its
 //! default, which is the parser's, and refused past the top of its range; and the
-//! reconnect times it has are all there.
+//! reconnect times it has are all there; so is `portal=`, with as many as the parser
+//! takes.
 
 use backing::{parse_nvme_tcp, ReconnectTimes};
 
@@ -48,10 +49,27 @@ fn readme_gives_each_nvme_tcp_option_its_range_and_default() {
         .collect();
     assert_eq!(
         keys,
-        ["reconnect-delay", "ctrl-loss-tmo"],
+        ["reconnect-delay", "ctrl-loss-tmo", "portal"],
         "README.md's nvme-tcp option table"
     );
-    for ((_, value, default), key) in rows.iter().zip(&keys) {
+    // portal=: "up to N", none by default.
+    let (_, value, default) = &rows[2];
+    assert_eq!(default, "none");
+    let most: usize = value
+        .strip_prefix("up to ")
+        .and_then(|v| v.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("portal: value {value:?} is not 'up to <n>, ...'"));
+    let portals = |n: usize| {
+        let options: Vec<String> = (1..=n).map(|i| format!("portal=10.9.0.{i}:4421")).collect();
+        parse_nvme_tcp(&format!("{TARGET},{}", options.join(",")))
+            .map(|t| t.portals().count())
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(portals(most), Ok(1 + most));
+    assert!(portals(most + 1).is_err(), "{} portal= options", most + 1);
+    assert_eq!(parse_nvme_tcp(TARGET).map(|t| t.portals().count()), Ok(1));
+    for ((_, value, default), key) in rows.iter().zip(&keys).take(2) {
         assert_eq!(
             times(&format!("{key}={default}")),
             Ok(ReconnectTimes::DEFAULT),

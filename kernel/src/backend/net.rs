@@ -10,7 +10,7 @@ use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
-use backing::{NvmeTcpTarget, ReconnectTimes};
+use backing::{NvmeTcpTarget, Portal, ReconnectTimes};
 use blkdev::{BlockDevice, BufferAccess, IoRequest, SubmitError};
 use bootconfig::HostNqn;
 use core::sync::atomic::Ordering;
@@ -68,6 +68,30 @@ struct Entry {
     refused: [bool; MAX_LINKS],
     /// An attach waits for this bring-up (a first one, or a revival) until then (ms).
     attach_until: Option<u64>,
+    /// The portal of the target's (`Entry::portals`) the next connection goes to: the
+    /// first, then, after each loss or failed attempt, the next in turn.
+    portal: usize,
+    /// Portals a first bring-up failed on so far.
+    first_failures: usize,
+}
+
+impl Entry {
+    fn portals(&self) -> usize {
+        self.target.portals().count()
+    }
+
+    fn current_portal(&self) -> Portal {
+        self.target.portals().nth(self.portal).unwrap_or(Portal {
+            addr: self.target.addr,
+            port: self.target.port,
+        })
+    }
+
+    /// The next connection goes to the next portal (the first after the last).
+    fn next_portal(&mut self) -> Portal {
+        self.portal = (self.portal + 1) % self.portals().max(1);
+        self.current_portal()
+    }
 }
 
 /// Where a remote an attach names stands ([`Net::remote`]).
@@ -279,15 +303,40 @@ fn describe(target: &NvmeTcpTarget) -> String {
     )
 }
 
-/// `policy`: the remote's own reconnect times; `digests`: those its connections run.
-fn log_event(name: &str, event: Event, policy: ReconnectPolicy, digests: Digests) {
+/// A target's portals after its first, for the console: `10.0.0.3:4420, 10.0.0.4:4420`.
+fn portal_list(target: &NvmeTcpTarget) -> String {
+    let list: Vec<String> = target
+        .alternates
+        .iter()
+        .flatten()
+        .map(|p| format!("{p}"))
+        .collect();
+    if list.is_empty() {
+        "none".into()
+    } else {
+        list.join(", ")
+    }
+}
+
+/// `policy`: the remote's own reconnect times; `digests`: those its connections run;
+/// `via`: the portal of a target that has several.
+fn log_event(
+    name: &str,
+    event: Event,
+    policy: ReconnectPolicy,
+    digests: Digests,
+    via: Option<Portal>,
+) {
     let delay = policy.delay_ms / 1000;
     let give_up = policy.give_up_ms / 1000;
-    let with_digests = if digests == Digests::NONE {
+    let mut with_digests = if digests == Digests::NONE {
         String::new()
     } else {
         format!("; {digests}")
     };
+    if let Some(portal) = via {
+        with_digests = format!("{with_digests}; via {portal}");
+    }
     match event {
         Event::Live {
             controller,
@@ -378,6 +427,18 @@ impl Net {
             })
         };
         if let Some(at) = self.entries.iter().position(same) {
+            if let Some(entry) = self.entries[at].as_ref() {
+                if entry.target.alternates != target.alternates {
+                    return Err((
+                        format!(
+                            "{}: already served with other portals ({}): name the same ones",
+                            entry.name,
+                            portal_list(&entry.target)
+                        ),
+                        xen::xenbus::error::errno::EINVAL,
+                    ));
+                }
+            }
             return self.attach_progress(at, now);
         }
         // No address (net.ip=dhcp, no lease): a bring-up would only fail to connect,
@@ -424,9 +485,16 @@ impl Net {
             was_open: [false; MAX_LINKS],
             refused: [false; MAX_LINKS],
             attach_until: Some(now + ATTACH_MS),
+            portal: 0,
+            first_failures: 0,
+        };
+        let others = if entry.portals() > 1 {
+            format!("; other portals: {}", portal_list(&entry.target))
+        } else {
+            String::new()
         };
         log::info!(
-            "{}: connecting (the attach waits up to {} s)",
+            "{}: connecting (the attach waits up to {} s){others}",
             entry.name,
             ATTACH_MS / 1000
         );
@@ -460,6 +528,21 @@ impl Net {
                 entry.attach_until = Some(now + ATTACH_MS);
                 Ok(Attach::Connecting)
             }
+            // A first bring-up that failed on one portal tries the next, while the
+            // attach waits.
+            (State::Failed(why), Some(until))
+                if entry.first_failures + 1 < entry.portals() && now <= until =>
+            {
+                entry.first_failures += 1;
+                let failed = entry.current_portal();
+                let next = entry.next_portal();
+                log::warn!(
+                    "{}: portal {failed}: {why}; trying portal {next}",
+                    entry.name
+                );
+                entry.remote.retry_first_bring_up();
+                Ok(Attach::Connecting)
+            }
             (State::Failed(why), _) => {
                 let refusal = (format!("{}: {why}", entry.name), why.errno());
                 self.forget(at);
@@ -487,7 +570,7 @@ impl Net {
                         (entry.remote.reconnect_policy(), entry.remote.digests());
                     entry
                         .remote
-                        .give_up(now, &mut |e| log_event(name, e, policy, digests));
+                        .give_up(now, &mut |e| log_event(name, e, policy, digests, None));
                     entry.attach_until = None;
                     Self::close_links(&mut self.vif, &mut self.next_port, entry);
                 }
@@ -599,28 +682,29 @@ impl Net {
     fn links<'a>(
         vif: &'a mut Vif,
         next_port: &'a mut u16,
-        target: &NvmeTcpTarget,
+        portal: Portal,
         sockets: &'a [SocketHandle],
         was_open: &'a mut [bool; MAX_LINKS],
         refused: &'a mut [bool; MAX_LINKS],
     ) -> Links<'a> {
-        let [a, b, c, d] = target.addr;
+        let [a, b, c, d] = portal.addr;
         Links {
             vif,
             entry_sockets: sockets,
             was_open,
             refused,
-            remote: (IpAddress::Ipv4(Ipv4Address::new(a, b, c, d)), target.port),
+            remote: (IpAddress::Ipv4(Ipv4Address::new(a, b, c, d)), portal.port),
             next_port,
         }
     }
 
     /// Every connection of `entry` closed (an attach that gave up on it).
     fn close_links(vif: &mut Vif, next_port: &mut u16, entry: &mut Entry) {
+        let portal = entry.current_portal();
         let mut links = Self::links(
             vif,
             next_port,
-            &entry.target,
+            portal,
             &entry.sockets,
             &mut entry.was_open,
             &mut entry.refused,
@@ -632,20 +716,32 @@ impl Net {
     }
 
     fn poll_entry(vif: &mut Vif, next_port: &mut u16, entry: &mut Entry, now: u64) -> bool {
-        let Entry {
-            target,
-            name,
-            remote,
-            sockets,
-            was_open,
-            refused,
-            attach_until: _,
-        } = entry;
-        let mut links = Self::links(vif, next_port, target, sockets, was_open, refused);
-        let (policy, digests) = (remote.reconnect_policy(), remote.digests());
-        remote.poll(&mut links, &Pages, now, &mut |e| {
-            log_event(name.as_str(), e, policy, digests)
-        })
+        let portal = entry.current_portal();
+        // The portal is named only where there is a choice.
+        let via = (entry.portals() > 1).then_some(portal);
+        let mut lost = false;
+        let moved = {
+            let Entry {
+                name,
+                remote,
+                sockets,
+                was_open,
+                refused,
+                ..
+            } = &mut *entry;
+            let mut links = Self::links(vif, next_port, portal, sockets, was_open, refused);
+            let (policy, digests) = (remote.reconnect_policy(), remote.digests());
+            remote.poll(&mut links, &Pages, now, &mut |e| {
+                lost |= matches!(e, Event::Lost(_) | Event::AttemptFailed(_));
+                log_event(name.as_str(), e, policy, digests, via)
+            })
+        };
+        // Failing over: the next attempt (at once after a loss) goes to the next portal.
+        if lost && via.is_some() {
+            let next = entry.next_portal();
+            log::warn!("{}: the next attempt goes to portal {next}", entry.name);
+        }
+        moved
     }
 
     /// One pass: frames in, every remote, frames out; queues on other vCPUs with new
@@ -747,14 +843,16 @@ impl Net {
                 let (counters, held) = (remote.counters(), remote.held_times());
                 let line = format!(
                     "up={} state={state} io-queues={} associations={} losses={} \
-                     failed-attempts={} transfer-errors={} requests={} held-ms={} \
-                     held-max-ms={} in-flight={} target={}",
+                     failed-attempts={} transfer-errors={} path-errors={} portal={} \
+                     requests={} held-ms={} held-max-ms={} in-flight={} target={}",
                     u8::from(state == 1),
                     remote.io_queues(),
                     counters.associations,
                     counters.losses,
                     counters.failed_attempts,
                     counters.transfer_errors,
+                    counters.path_errors,
+                    entry.portal,
                     held.completed,
                     held.total_ms,
                     held.max_ms,

@@ -61,6 +61,19 @@ allow_only() {
 target_stop() { rm "$NVMET/ports/1/subsystems/$1"; }
 target_start() { ln -s "$NVMET/subsystems/$1" "$NVMET/ports/1/subsystems/$1"; }
 
+# add_port N SVCID: nvmet port N on 10.9.0.1:SVCID (TCP), with no subsystem yet.
+# port_add N NQN / port_remove N NQN: subsystem NQN joins port N or leaves it (nvmet
+# closes the subsystem's connections through that port).
+add_port() {
+  mkdir "$NVMET/ports/$1" &&
+    echo 10.9.0.1 > "$NVMET/ports/$1/addr_traddr" &&
+    echo tcp > "$NVMET/ports/$1/addr_trtype" &&
+    echo "$2" > "$NVMET/ports/$1/addr_trsvcid" &&
+    echo ipv4 > "$NVMET/ports/$1/addr_adrfam"
+}
+port_add() { ln -s "$NVMET/subsystems/$2" "$NVMET/ports/$1/subsystems/$2"; }
+port_remove() { rm "$NVMET/ports/$1/subsystems/$2"; }
+
 # net_counters: dom0's TCP counters (segments retransmitted, and why) and the vif's.
 net_counters() {
   grep -E '^Tcp:' /proc/net/snmp

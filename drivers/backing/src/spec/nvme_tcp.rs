@@ -6,7 +6,9 @@
 //! `:`-field but the first option, running to the first `,`. The options after it, in
 //! any order: the slice (`part=`, `offset=,size=`, as for `nvme:`) and the reconnect
 //! times, named as Linux's `nvme connect` names them (`reconnect-delay=`,
-//! `ctrl-loss-tmo=`, in seconds).
+//! `ctrl-loss-tmo=`, in seconds), and further portals of the same subsystem
+//! (`portal=<ipv4>:<port>`, up to [`MAX_ALTERNATES`]), which a lost association fails
+//! over to in turn.
 
 use core::fmt;
 
@@ -49,6 +51,24 @@ const _: () = assert!(ReconnectTimes::MAX_DELAY_S <= ReconnectTimes::DEFAULT.ctr
 /// The option keys after the NQN that are not the slice's.
 const RECONNECT_DELAY: &str = "reconnect-delay";
 const CTRL_LOSS_TMO: &str = "ctrl-loss-tmo";
+const PORTAL: &str = "portal";
+
+/// Portals a target may name besides its first (`portal=`).
+pub const MAX_ALTERNATES: usize = 3;
+
+/// Where a subsystem listens: an IPv4 address and a TCP port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Portal {
+    pub addr: [u8; 4],
+    pub port: u16,
+}
+
+impl fmt::Display for Portal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [a, b, c, d] = self.addr;
+        write!(f, "{a}.{b}.{c}.{d}:{}", self.port)
+    }
+}
 
 /// A subsystem NQN: 5 to 223 bytes (NVMe's NQN limit), starting `nqn.`, printable ASCII
 /// other than space and `,`. Stored inline.
@@ -104,7 +124,20 @@ pub struct NvmeTcpTarget {
     pub nsid: u32,
     pub subsystem: Nqn,
     pub reconnect: ReconnectTimes,
+    /// Further portals of the subsystem (`portal=`), in the order given.
+    pub alternates: [Option<Portal>; MAX_ALTERNATES],
     pub region: Region,
+}
+
+impl NvmeTcpTarget {
+    /// Every portal: the first (`<ipv4>:<port>`), then the alternates.
+    pub fn portals(&self) -> impl Iterator<Item = Portal> + '_ {
+        core::iter::once(Portal {
+            addr: self.addr,
+            port: self.port,
+        })
+        .chain(self.alternates.iter().flatten().copied())
+    }
 }
 
 impl fmt::Display for NvmeTcpTarget {
@@ -122,6 +155,9 @@ impl fmt::Display for NvmeTcpTarget {
         }
         if self.reconnect.ctrl_loss_tmo_s != defaults.ctrl_loss_tmo_s {
             write!(f, ",{CTRL_LOSS_TMO}={}", self.reconnect.ctrl_loss_tmo_s)?;
+        }
+        for portal in self.alternates.iter().flatten() {
+            write!(f, ",{PORTAL}={portal}")?;
         }
         // The region writes itself as `:<options>`; here options follow the NQN.
         match self.region {
@@ -180,6 +216,12 @@ pub enum NvmeTcpError<'a> {
     /// `ctrl-loss-tmo=` not from the reconnect delay (the second field: the disk would
     /// give up before its second attempt) to [`ReconnectTimes::MAX_CTRL_LOSS_TMO_S`].
     BadCtrlLossTmo(&'a str, u32),
+    /// `portal=` not `<ipv4>:<port>`.
+    BadPortal(&'a str),
+    /// A portal named twice (the first one included).
+    DuplicatePortal(&'a str),
+    /// More than [`MAX_ALTERNATES`] `portal=` options.
+    TooManyPortals,
     /// An option after the NQN, in the slice's words: empty, twice, without a value, or
     /// a slice that does not parse.
     Slice(SpecError<'a>),
@@ -188,7 +230,7 @@ pub enum NvmeTcpError<'a> {
 impl fmt::Display for NvmeTcpError<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const FORM: &str = "use nvme-tcp:<ipv4>:<port>:<nsid>:nqn=<subsystem NQN>\
-             [,reconnect-delay=<s>][,ctrl-loss-tmo=<s>][,<slice>]";
+             [,reconnect-delay=<s>][,ctrl-loss-tmo=<s>][,portal=<ipv4>:<port>...][,<slice>]";
         match self {
             NvmeTcpError::Form => f.write_str(FORM),
             NvmeTcpError::BadAddress(a) => write!(f, "nvme-tcp: {a:?} is not an IPv4 address; {FORM}"),
@@ -205,7 +247,7 @@ impl fmt::Display for NvmeTcpError<'_> {
             NvmeTcpError::UnknownOption(o) => write!(
                 f,
                 "nvme-tcp: unknown option {o:?}; after nqn=<NQN> come reconnect-delay=<s>, \
-                 ctrl-loss-tmo=<s> and a slice (part=<n>, part=name:<label> or \
+                 ctrl-loss-tmo=<s>, portal=<ipv4>:<port> and a slice (part=<n>, part=name:<label> or \
                  offset=<size>,size=<size>)"
             ),
             NvmeTcpError::BadReconnectDelay(t) => write!(
@@ -219,6 +261,18 @@ impl fmt::Display for NvmeTcpError<'_> {
                  {RECONNECT_DELAY}, {} unless given)",
                 ReconnectTimes::MAX_CTRL_LOSS_TMO_S,
                 ReconnectTimes::DEFAULT.delay_s
+            ),
+            NvmeTcpError::BadPortal(p) => write!(
+                f,
+                "nvme-tcp: {PORTAL}={p:?} is not <ipv4>:<port> (a dotted quad, a port 1 to 65535)"
+            ),
+            NvmeTcpError::DuplicatePortal(p) => {
+                write!(f, "nvme-tcp: portal {p} is named twice")
+            }
+            NvmeTcpError::TooManyPortals => write!(
+                f,
+                "nvme-tcp: at most {MAX_ALTERNATES} {PORTAL}= options (the first portal and \
+                 {MAX_ALTERNATES} more)"
             ),
             NvmeTcpError::Slice(e) => e.fmt(f),
         }
@@ -271,9 +325,14 @@ pub fn parse_nvme_tcp(text: &str) -> Result<NvmeTcpTarget, NvmeTcpError<'_>> {
         None => (options, None),
     };
     let subsystem = Nqn::new(nqn).ok_or(NvmeTcpError::BadNqn(nqn))?;
-    let (reconnect, region) = match rest {
-        None => (ReconnectTimes::DEFAULT, Region::Whole),
-        Some(rest) => after_nqn(rest)?,
+    let first = Portal { addr, port };
+    let (reconnect, alternates, region) = match rest {
+        None => (
+            ReconnectTimes::DEFAULT,
+            [None; MAX_ALTERNATES],
+            Region::Whole,
+        ),
+        Some(rest) => after_nqn(rest, first)?,
     };
     Ok(NvmeTcpTarget {
         addr,
@@ -281,23 +340,54 @@ pub fn parse_nvme_tcp(text: &str) -> Result<NvmeTcpTarget, NvmeTcpError<'_>> {
         nsid,
         subsystem,
         reconnect,
+        alternates,
         region,
     })
 }
 
-/// The options after `nqn=<NQN>,`: the reconnect times and the slice.
-fn after_nqn(options: &str) -> Result<(ReconnectTimes, Region), NvmeTcpError<'_>> {
+/// `<ipv4>:<port>`.
+fn portal(text: &str) -> Option<Portal> {
+    let (addr, port) = text.split_once(':')?;
+    let port = number("nvme-tcp", port)
+        .ok()
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|&p| p != 0)?;
+    Some(Portal {
+        addr: ipv4(addr)?,
+        port,
+    })
+}
+
+/// What `after_nqn` makes of the options.
+type AfterNqn = (ReconnectTimes, [Option<Portal>; MAX_ALTERNATES], Region);
+
+/// The options after `nqn=<NQN>,`: the reconnect times, the other portals (`first`
+/// being the target's own) and the slice.
+fn after_nqn(options: &str, first: Portal) -> Result<AfterNqn, NvmeTcpError<'_>> {
     const KIND: &str = "nvme-tcp";
-    let is_time = |option: &str| {
+    let is_ours = |option: &str| {
         let key = option.split_once('=').map_or(option, |(key, _)| key);
-        key == RECONNECT_DELAY || key == CTRL_LOSS_TMO
+        key == RECONNECT_DELAY || key == CTRL_LOSS_TMO || key == PORTAL
     };
     let (mut delay, mut tmo, mut slice) = (None, None, false);
+    let mut alternates = [None; MAX_ALTERNATES];
+    let mut named = 0;
     for option in options.split(',') {
         if option.is_empty() {
             return Err(NvmeTcpError::Slice(SpecError::EmptyOption(KIND)));
         }
         let (key, value) = option.split_once('=').unwrap_or((option, ""));
+        if key == PORTAL {
+            let portal = portal(value).ok_or(NvmeTcpError::BadPortal(value))?;
+            if portal == first || alternates.contains(&Some(portal)) {
+                return Err(NvmeTcpError::DuplicatePortal(value));
+            }
+            *alternates
+                .get_mut(named)
+                .ok_or(NvmeTcpError::TooManyPortals)? = Some(portal);
+            named += 1;
+            continue;
+        }
         let (key, slot) = match key {
             RECONNECT_DELAY => (RECONNECT_DELAY, &mut delay),
             CTRL_LOSS_TMO => (CTRL_LOSS_TMO, &mut tmo),
@@ -334,7 +424,7 @@ fn after_nqn(options: &str) -> Result<(ReconnectTimes, Region), NvmeTcpError<'_>
             .ok_or(NvmeTcpError::BadCtrlLossTmo(text, delay_s))?,
     };
     let region = if slice {
-        slice_options(KIND, options.split(',').filter(|o| !is_time(o)))
+        slice_options(KIND, options.split(',').filter(|o| !is_ours(o)))
             .map_err(NvmeTcpError::Slice)?
     } else {
         Region::Whole
@@ -344,6 +434,7 @@ fn after_nqn(options: &str) -> Result<(ReconnectTimes, Region), NvmeTcpError<'_>
             delay_s,
             ctrl_loss_tmo_s,
         },
+        alternates,
         region,
     ))
 }
@@ -381,6 +472,62 @@ mod tests {
         let t = parse_nvme_tcp("nvme-tcp:1.2.3.4:1:1:nqn=nqn.a,part=3").unwrap();
         assert_eq!(t.region, Region::Partition(3));
         assert_eq!(t.to_string(), "nvme-tcp:1.2.3.4:1:1:nqn=nqn.a,part=3");
+    }
+
+    #[test]
+    fn other_portals_of_the_subsystem() {
+        let text = format!(
+            "nvme-tcp:10.0.0.2:4420:1:nqn={NQN},ctrl-loss-tmo=30,portal=10.0.0.3:4420,\
+             portal=10.0.0.2:4421,offset=0,size=1G"
+        );
+        let t = parse_nvme_tcp(&text).unwrap();
+        let portals: Vec<String> = t.portals().map(|p| p.to_string()).collect();
+        assert_eq!(portals, ["10.0.0.2:4420", "10.0.0.3:4420", "10.0.0.2:4421"]);
+        assert_eq!(t.reconnect.ctrl_loss_tmo_s, 30);
+        assert_eq!(
+            t.region,
+            Region::Extent {
+                offset: 0,
+                size: 1 << 30
+            }
+        );
+        assert_eq!(t.to_string(), text, "Display reads back as the same text");
+        let whole = parse_nvme_tcp("nvme-tcp:1.2.3.4:1:1:nqn=nqn.a").unwrap();
+        assert_eq!(whole.portals().count(), 1);
+        let three = "nvme-tcp:1.2.3.4:1:1:nqn=nqn.a,portal=1.2.3.4:2,portal=1.2.3.4:3,\
+                     portal=1.2.3.5:1";
+        assert_eq!(parse_nvme_tcp(three).unwrap().portals().count(), 4);
+        use NvmeTcpError as E;
+        for (text, want) in [
+            (format!("{three},portal=1.2.3.6:1"), E::TooManyPortals),
+            (
+                "nvme-tcp:1.2.3.4:1:1:nqn=nqn.a,portal=1.2.3.4:1".into(),
+                E::DuplicatePortal("1.2.3.4:1"),
+            ),
+            (
+                "nvme-tcp:1.2.3.4:1:1:nqn=nqn.a,portal=1.2.3.5:1,portal=1.2.3.5:1".into(),
+                E::DuplicatePortal("1.2.3.5:1"),
+            ),
+            (
+                "nvme-tcp:1.2.3.4:1:1:nqn=nqn.a,portal=1.2.3.5".into(),
+                E::BadPortal("1.2.3.5"),
+            ),
+            (
+                "nvme-tcp:1.2.3.4:1:1:nqn=nqn.a,portal=1.2.3.5:0".into(),
+                E::BadPortal("1.2.3.5:0"),
+            ),
+            (
+                "nvme-tcp:1.2.3.4:1:1:nqn=nqn.a,portal=host:4420".into(),
+                E::BadPortal("host:4420"),
+            ),
+            (
+                "nvme-tcp:1.2.3.4:1:1:nqn=nqn.a,portal=".into(),
+                E::BadPortal(""),
+            ),
+        ] {
+            assert_eq!(parse_nvme_tcp(&text), Err(want), "{text}");
+            assert!(!want.to_string().is_empty());
+        }
     }
 
     #[test]
