@@ -87,6 +87,14 @@ impl Entry {
         })
     }
 
+    /// A first bring-up failed at `now` and has a portal it did not try, with time left
+    /// for it in the attach's wait.
+    fn another_portal_left(&self, now: u64) -> bool {
+        matches!(self.remote.state(), State::Failed(_))
+            && self.first_failures + 1 < self.portals()
+            && self.attach_until.is_some_and(|until| now <= until)
+    }
+
     /// The next connection goes to the next portal (the first after the last).
     fn next_portal(&mut self) -> Portal {
         self.portal = (self.portal + 1) % self.portals().max(1);
@@ -530,9 +538,7 @@ impl Net {
             }
             // A first bring-up that failed on one portal tries the next, while the
             // attach waits.
-            (State::Failed(why), Some(until))
-                if entry.first_failures + 1 < entry.portals() && now <= until =>
-            {
+            (State::Failed(why), _) if entry.another_portal_left(now) => {
                 entry.first_failures += 1;
                 let failed = entry.current_portal();
                 let next = entry.next_portal();
@@ -544,7 +550,15 @@ impl Net {
                 Ok(Attach::Connecting)
             }
             (State::Failed(why), _) => {
-                let refusal = (format!("{}: {why}", entry.name), why.errno());
+                let refusal = if entry.portals() > 1 {
+                    let last = entry.current_portal();
+                    (
+                        format!("{}: no portal served; the last, {last}: {why}", entry.name),
+                        why.errno(),
+                    )
+                } else {
+                    (format!("{}: {why}", entry.name), why.errno())
+                };
                 self.forget(at);
                 Err(refusal)
             }
@@ -595,8 +609,10 @@ impl Net {
     /// any more (the vbd was removed meanwhile): their slots are free again.
     fn forget_abandoned(&mut self, now: u64) {
         for at in 0..self.entries.len() {
+            // One whose attach goes on to its next portal is not.
             let abandoned = self.entries[at].as_ref().is_some_and(|e| {
                 e.remote.first_namespace().is_none()
+                    && !e.another_portal_left(now)
                     && (matches!(e.remote.state(), State::Failed(_))
                         || e.attach_until.is_some_and(|until| now > until))
             });
