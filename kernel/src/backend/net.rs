@@ -421,27 +421,27 @@ impl Net {
     /// caller settles a difference: `reconnect_policy`, `set_reconnect_policy`): one
     /// association per time would let two disks on one namespace escape the check that
     /// their ranges do not overlap, which goes by the remote, and double the
-    /// connections to the target.
+    /// connections to the target. A namespace is its subsystem's NQN and its nsid,
+    /// whatever portal reaches it (an NQN names one subsystem): a disk naming it with
+    /// other portals, or the same ones in another order, is refused.
     pub fn remote(&mut self, target: &NvmeTcpTarget) -> Result<Attach, (String, i32)> {
         let now = Vif::now_ms();
         let same = |e: &Option<Entry>| {
             e.as_ref().is_some_and(|e| {
-                (
-                    e.target.addr,
-                    e.target.port,
-                    e.target.nsid,
-                    e.target.subsystem,
-                ) == (target.addr, target.port, target.nsid, target.subsystem)
+                (e.target.nsid, e.target.subsystem) == (target.nsid, target.subsystem)
             })
         };
         if let Some(at) = self.entries.iter().position(same) {
             if let Some(entry) = self.entries[at].as_ref() {
-                if entry.target.alternates != target.alternates {
+                if !entry.target.portals().eq(target.portals()) {
+                    let served: Vec<String> =
+                        entry.target.portals().map(|p| format!("{p}")).collect();
                     return Err((
                         format!(
-                            "{}: already served with other portals ({}): name the same ones",
+                            "{}: already served through other portals ({}): name the same \
+                             ones, in that order",
                             entry.name,
-                            portal_list(&entry.target)
+                            served.join(", ")
                         ),
                         xen::xenbus::error::errno::EINVAL,
                     ));
