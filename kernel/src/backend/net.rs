@@ -81,10 +81,10 @@ impl Entry {
     }
 
     fn current_portal(&self) -> Portal {
-        self.target.portals().nth(self.portal).unwrap_or(Portal {
-            addr: self.target.addr,
-            port: self.target.port,
-        })
+        self.target
+            .portals()
+            .nth(self.portal)
+            .unwrap_or(self.target.first_portal())
     }
 
     /// A first bring-up failed at `now` and has a portal it did not try, with time left
@@ -296,34 +296,29 @@ fn host_id(nqn: &str) -> [u8; 16] {
 /// The namespace a target names, as `target=` writes it (without a disk's region or
 /// reconnect times: the disks on one namespace differ in those).
 fn namespace_spec(target: &NvmeTcpTarget) -> String {
-    let [a, b, c, d] = target.addr;
     format!(
-        "nvme-tcp:{a}.{b}.{c}.{d}:{}:{}:nqn={}",
-        target.port, target.nsid, target.subsystem
+        "nvme-tcp:{}:{}:nqn={}",
+        target.first_portal(),
+        target.nsid,
+        target.subsystem
     )
 }
 
 fn describe(target: &NvmeTcpTarget) -> String {
-    let [a, b, c, d] = target.addr;
     format!(
-        "nvme-tcp {a}.{b}.{c}.{d}:{} {} ns {}",
-        target.port, target.subsystem, target.nsid
+        "nvme-tcp {} {} ns {}",
+        target.first_portal(),
+        target.subsystem,
+        target.nsid
     )
 }
 
-/// A target's portals after its first, for the console: `10.0.0.3:4420, 10.0.0.4:4420`.
-fn portal_list(target: &NvmeTcpTarget) -> String {
-    let list: Vec<String> = target
-        .alternates
-        .iter()
-        .flatten()
+/// Portals for the console: `10.0.0.3:4420, 10.0.0.4:4420`.
+fn portal_list(portals: impl Iterator<Item = Portal>) -> String {
+    portals
         .map(|p| format!("{p}"))
-        .collect();
-    if list.is_empty() {
-        "none".into()
-    } else {
-        list.join(", ")
-    }
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `policy`: the remote's own reconnect times; `digests`: those its connections run;
@@ -434,14 +429,12 @@ impl Net {
         if let Some(at) = self.entries.iter().position(same) {
             if let Some(entry) = self.entries[at].as_ref() {
                 if !entry.target.portals().eq(target.portals()) {
-                    let served: Vec<String> =
-                        entry.target.portals().map(|p| format!("{p}")).collect();
                     return Err((
                         format!(
                             "{}: already served through other portals ({}): name the same \
                              ones, in that order",
                             entry.name,
-                            served.join(", ")
+                            portal_list(entry.target.portals())
                         ),
                         xen::xenbus::error::errno::EINVAL,
                     ));
@@ -497,7 +490,10 @@ impl Net {
             first_failures: 0,
         };
         let others = if entry.portals() > 1 {
-            format!("; other portals: {}", portal_list(&entry.target))
+            format!(
+                "; other portals: {}",
+                portal_list(entry.target.portals().skip(1))
+            )
         } else {
             String::new()
         };

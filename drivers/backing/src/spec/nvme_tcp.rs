@@ -130,23 +130,28 @@ pub struct NvmeTcpTarget {
 }
 
 impl NvmeTcpTarget {
-    /// Every portal: the first (`<ipv4>:<port>`), then the alternates.
-    pub fn portals(&self) -> impl Iterator<Item = Portal> + '_ {
-        core::iter::once(Portal {
+    /// The first portal (`<ipv4>:<port>`).
+    pub fn first_portal(&self) -> Portal {
+        Portal {
             addr: self.addr,
             port: self.port,
-        })
-        .chain(self.alternates.iter().flatten().copied())
+        }
+    }
+
+    /// Every portal: the first, then the alternates.
+    pub fn portals(&self) -> impl Iterator<Item = Portal> + '_ {
+        core::iter::once(self.first_portal()).chain(self.alternates.iter().flatten().copied())
     }
 }
 
 impl fmt::Display for NvmeTcpTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let [a, b, c, d] = self.addr;
         write!(
             f,
-            "nvme-tcp:{a}.{b}.{c}.{d}:{}:{}:nqn={}",
-            self.port, self.nsid, self.subsystem
+            "nvme-tcp:{}:{}:nqn={}",
+            self.first_portal(),
+            self.nsid,
+            self.subsystem
         )?;
         // The defaults are not written: the text reads back as the same target.
         let defaults = ReconnectTimes::DEFAULT;
