@@ -205,6 +205,14 @@ pub struct Target {
     /// Every I/O command is answered with this status, not executed (a path-related
     /// one: the namespace's ANA group inaccessible through this controller).
     pub path_status: Option<Status>,
+    /// The namespace's ANA group (0: the controller does not report ANA) and the
+    /// group's state byte in the ANA log.
+    pub ana_group: u32,
+    pub ana_state: u8,
+    /// Get Log Page (ANA) fails (Invalid Log Page).
+    pub ana_log_fails: bool,
+    /// ANA log pages read.
+    pub ana_log_reads: u32,
     /// Host PDUs whose header digest, and whose data digest, were checked.
     pub header_digests_checked: u32,
     pub data_digests_checked: u32,
@@ -271,6 +279,10 @@ impl Target {
             poison_lba: None,
             dropped: false,
             path_status: None,
+            ana_group: 0,
+            ana_state: 0x01,
+            ana_log_fails: false,
+            ana_log_reads: 0,
         }
     }
 
@@ -559,6 +571,9 @@ impl Target {
                 let mut id = vec![0u8; 4096];
                 match le32(&sqe, 40) {
                     sqe::CNS_CONTROLLER => {
+                        if self.ana_group != 0 {
+                            id[76] = 1 << 3;
+                        }
                         id[77] = self.mdts;
                         id[78..80].copy_from_slice(&self.cntlid.to_le_bytes());
                         id[514..516].copy_from_slice(&self.maxcmd.to_le_bytes());
@@ -580,10 +595,42 @@ impl Target {
                         id[128..130].copy_from_slice(&self.lbaf0.0.to_le_bytes());
                         id[128 + 2] = self.lbaf0.1;
                         id[132 + 2] = 12;
+                        id[92..96].copy_from_slice(&self.ana_group.to_le_bytes());
                     }
                     c => panic!("cns {c}"),
                 }
                 self.send_data(cid, &id);
+            }
+            sqe::ADMIN_GET_LOG_PAGE if self.connects.last().unwrap().qid == 0 => {
+                let cdw10 = le32(&sqe, 40);
+                let (lid, rgo) = (cdw10 as u8, (cdw10 >> 8) & 1 != 0);
+                let len = ((cdw10 >> 16 | le32(&sqe, 44) << 16) as usize + 1) * 4;
+                assert_eq!(le32(&sqe, 32) as usize, len, "SGL length");
+                self.ana_log_reads += 1;
+                if lid != crate::ana::LOG_ANA || self.ana_log_fails {
+                    // Invalid Log Page.
+                    self.respond(cid, Status::new(1, 0x09), 0);
+                    return;
+                }
+                // A second, empty group first, as nvmet lists every enabled group; and
+                // the namespace lists unless the host asked for groups only.
+                let mut log = vec![0u8; 16];
+                log[8] = 2;
+                for (group, state, nsid) in [
+                    (0x55, 0x01, 99),
+                    (self.ana_group, self.ana_state, self.nsid),
+                ] {
+                    let mut d = [0u8; 32];
+                    d[0..4].copy_from_slice(&u32::to_le_bytes(group));
+                    d[4] = u8::from(!rgo);
+                    d[16] = state;
+                    log.extend_from_slice(&d);
+                    if !rgo {
+                        log.extend_from_slice(&u32::to_le_bytes(nsid));
+                    }
+                }
+                log.resize(len, 0);
+                self.send_data(cid, &log);
             }
             sqe::ADMIN_SET_FEATURES if self.connects.last().unwrap().qid == 0 => {
                 assert_eq!(le32(&sqe, 40) & 0xff, sqe::FEATURE_NUMBER_OF_QUEUES);

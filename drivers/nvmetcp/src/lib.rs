@@ -20,6 +20,8 @@
 //!   CSTS.RDY, Identify controller and namespace) and keep-alive afterwards;
 //!   [`IoSession`]: one I/O queue (Connect with the admin queue's controller ID, then
 //!   block I/O).
+//! - [`ana`]: the ANA log page, read in bring-up: whether a controller can serve the
+//!   namespace at all.
 //! - [`reconnect`]: when to try again after the target went away, and when to stop.
 //!
 //! Everything the target sends is untrusted: a PDU that breaks the protocol fails its
@@ -29,6 +31,7 @@
 
 extern crate alloc;
 
+pub mod ana;
 pub mod crc32c;
 pub mod pdu;
 mod queue;
@@ -37,6 +40,7 @@ pub mod remote;
 mod session;
 pub mod sqe;
 
+pub use ana::{AnaPath, AnaState};
 pub use pdu::Digests;
 pub use queue::{Completion, DataPort, Payload, Queue, QueueKind, SubmitError, MAX_DATA_LEN};
 pub use reconnect::{Action, Reconnect, ReconnectPolicy, Share};
@@ -143,6 +147,9 @@ pub enum Error {
     /// `what` did not finish in time (CSTS.RDY after CC.EN, a keep-alive response, the
     /// bring-up as a whole).
     Timeout(&'static str),
+    /// The controller reports the namespace's ANA group inaccessible (or in persistent
+    /// loss) through it: another portal of the subsystem, or this one later, may serve.
+    PathUnusable(AnaPath),
 }
 
 /// Why a target refused Connect, from its status and, for invalid parameters, the
@@ -232,6 +239,10 @@ impl core::fmt::Display for Error {
             Error::ControllerFatal => write!(f, "controller fatal status (CSTS.CFS)"),
             Error::Internal(what) => write!(f, "internal error: {what}"),
             Error::Timeout(what) => write!(f, "timed out waiting for {what}"),
+            Error::PathUnusable(AnaPath { group, state }) => write!(
+                f,
+                "the namespace's ANA group {group} is {state} through this controller"
+            ),
         }
     }
 }

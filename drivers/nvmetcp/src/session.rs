@@ -5,8 +5,11 @@
 //! Connect (queue 0, controller ID 0xffff, KATO), Property Get CAP, Property Set CC
 //! (EN, 64-byte SQ / 16-byte CQ entries, 4 KiB pages, NVM command set), Property Get
 //! CSTS until RDY (at most CAP.TO x 500 ms), Identify controller, Identify namespace,
-//! Set Features Number of Queues (the I/O queues this host will connect).
+//! the ANA log page when the controller reports ANA (a path that cannot serve the
+//! namespace fails the bring-up), Set Features Number of Queues (the I/O queues this
+//! host will connect).
 
+use crate::ana::{self, AnaPath};
 use crate::queue::{Completion, DataPort, Payload, Queue, QueueKind, SubmitError};
 use crate::sqe::{self, Status};
 use crate::{ConnectRefusal, Digests, Error, ProtocolError};
@@ -26,6 +29,10 @@ const TAG_PROPERTY: u64 = 2;
 const TAG_IDENTIFY: u64 = 3;
 const TAG_KEEP_ALIVE: u64 = 4;
 const TAG_QUEUE_COUNT: u64 = 5;
+const TAG_ANA_LOG: u64 = 6;
+/// Get Log Page's log specific field for the ANA log: Return Groups Only (no namespace
+/// lists; this host looks its namespace's group up by the ID Identify Namespace gave).
+const ANA_RETURN_GROUPS_ONLY: u8 = 1;
 
 /// Who this host is and what it connects to.
 #[derive(Clone, Copy, Debug)]
@@ -90,6 +97,7 @@ enum Step {
     },
     IdentifyController,
     IdentifyNamespace,
+    ReadAnaLog,
     SetQueueCount,
     Live,
 }
@@ -110,7 +118,10 @@ impl DataPort for AdminPort<'_> {
 
     fn deliver(&mut self, tag: u64, offset: u32, src: &[u8]) {
         let at = offset as usize;
-        if let (TAG_IDENTIFY, Some(dst)) = (tag, self.identify.get_mut(at..at + src.len())) {
+        if tag != TAG_IDENTIFY && tag != TAG_ANA_LOG {
+            return;
+        }
+        if let Some(dst) = self.identify.get_mut(at..at + src.len()) {
             dst.copy_from_slice(src);
         }
     }
@@ -122,9 +133,14 @@ pub struct AdminSession {
     queue: Queue<ADMIN_QUEUE_SLOTS>,
     step: Step,
     connect_data: [u8; sqe::CONNECT_DATA_LEN],
+    /// Identify data, then the ANA log (both fit one page).
     identify: [u8; sqe::IDENTIFY_LEN as usize],
     nsid: u32,
     kato_ms: u32,
+    /// The controller reports ANA (CMIC bit 3); the namespace's ANA group (0: none).
+    ana_reporting: bool,
+    ana_group: u32,
+    ana: Option<AnaPath>,
     bringup_deadline: u64,
     cap: u64,
     cntlid: u16,
@@ -156,6 +172,9 @@ impl AdminSession {
             identify: [0; sqe::IDENTIFY_LEN as usize],
             nsid,
             kato_ms,
+            ana_reporting: false,
+            ana_group: 0,
+            ana: None,
             bringup_deadline: now.saturating_add(bringup_timeout_ms),
             cap: 0,
             cntlid: 0,
@@ -201,6 +220,12 @@ impl AdminSession {
 
     pub fn namespace(&self) -> Option<NamespaceInfo> {
         self.namespace
+    }
+
+    /// The namespace's ANA group and its state through this controller, when the
+    /// controller reports ANA and its log described the group.
+    pub fn ana(&self) -> Option<AnaPath> {
+        self.ana
     }
 
     pub fn wants_to_send(&self) -> bool {
@@ -381,10 +406,16 @@ impl AdminSession {
             Step::WaitReady { .. } => "Property Get CSTS",
             Step::IdentifyController => "Identify controller",
             Step::IdentifyNamespace => "Identify namespace",
+            Step::ReadAnaLog => "Get Log Page (ANA)",
             Step::SetQueueCount => "Set Features (Number of Queues)",
             Step::AwaitIcResp | Step::Live => "unexpected command",
         };
         if !c.status.is_success() {
+            // The state is a hint that saves a path error; a target that cannot give
+            // it still serves (the first I/O's status says the rest).
+            if self.step == Step::ReadAnaLog {
+                return self.ask_queue_count();
+            }
             if self.step == Step::Connect {
                 let why = ConnectRefusal::from_completion(c.status, c.result);
                 return Err(Error::ConnectRefused(why));
@@ -446,6 +477,7 @@ impl AdminSession {
             }
             Step::IdentifyController => {
                 self.controller = Some(self.parse_controller()?);
+                self.ana_reporting = self.identify[76] & (1 << 3) != 0;
                 self.identify = [0; sqe::IDENTIFY_LEN as usize];
                 self.submit(
                     TAG_IDENTIFY,
@@ -456,12 +488,27 @@ impl AdminSession {
             }
             Step::IdentifyNamespace => {
                 self.namespace = Some(self.parse_namespace()?);
-                self.submit(
-                    TAG_QUEUE_COUNT,
-                    sqe::set_queue_count(self.io_queues_asked),
-                    Payload::None,
-                )?;
-                self.step = Step::SetQueueCount;
+                self.ana_group = self.id_u32(92);
+                if self.ana_reporting && self.ana_group != 0 {
+                    self.identify = [0; sqe::IDENTIFY_LEN as usize];
+                    self.submit(
+                        TAG_ANA_LOG,
+                        sqe::get_log_page(ana::LOG_ANA, ANA_RETURN_GROUPS_ONLY, ana::LOG_LEN),
+                        Payload::ToHost(ana::LOG_LEN),
+                    )?;
+                    self.step = Step::ReadAnaLog;
+                } else {
+                    self.ask_queue_count()?;
+                }
+            }
+            Step::ReadAnaLog => {
+                let group = self.ana_group;
+                self.ana =
+                    ana::group_state(&self.identify, group).map(|state| AnaPath { group, state });
+                if let Some(path) = self.ana.filter(|p| !p.state.usable()) {
+                    return Err(Error::PathUnusable(path));
+                }
+                self.ask_queue_count()?;
             }
             Step::SetQueueCount => {
                 // Both counts are 0's based; a controller may allot more than asked.
@@ -479,6 +526,16 @@ impl AdminSession {
                 })
             }
         }
+        Ok(())
+    }
+
+    fn ask_queue_count(&mut self) -> Result<(), Error> {
+        self.submit(
+            TAG_QUEUE_COUNT,
+            sqe::set_queue_count(self.io_queues_asked),
+            Payload::None,
+        )?;
+        self.step = Step::SetQueueCount;
         Ok(())
     }
 

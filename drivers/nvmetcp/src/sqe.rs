@@ -11,6 +11,7 @@ pub const FCTYPE_PROPERTY_SET: u8 = 0x00;
 pub const FCTYPE_CONNECT: u8 = 0x01;
 pub const FCTYPE_PROPERTY_GET: u8 = 0x04;
 
+pub const ADMIN_GET_LOG_PAGE: u8 = 0x02;
 pub const ADMIN_IDENTIFY: u8 = 0x06;
 pub const ADMIN_KEEP_ALIVE: u8 = 0x18;
 pub const ADMIN_SET_FEATURES: u8 = 0x09;
@@ -103,6 +104,20 @@ pub fn property_set(offset: u32, value: u32) -> Sqe {
 pub fn identify(cns: u32, nsid: u32) -> Sqe {
     let mut sqe = new_sqe(ADMIN_IDENTIFY, nsid);
     set_u32(&mut sqe, 40, cns);
+    sqe
+}
+
+/// Get Log Page: `len` bytes (a multiple of 4, at least 4) of log `lid` from its
+/// start, with log specific field `lsp`, for every namespace.
+pub fn get_log_page(lid: u8, lsp: u8, len: u32) -> Sqe {
+    let mut sqe = new_sqe(ADMIN_GET_LOG_PAGE, 0xffff_ffff);
+    let dwords = (len / 4).max(1) - 1;
+    set_u32(
+        &mut sqe,
+        40,
+        u32::from(lid) | u32::from(lsp & 0x7f) << 8 | (dwords & 0xffff) << 16,
+    );
+    set_u32(&mut sqe, 44, dwords >> 16);
     sqe
 }
 

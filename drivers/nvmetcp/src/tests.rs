@@ -9,7 +9,7 @@ use crate::pdu;
 use crate::queue::{Completion, DataPort, Payload, Queue, QueueKind, SubmitError};
 use crate::session::{AdminSession, HostIdentity, IoSession, SessionState};
 use crate::sqe::{self, Status};
-use crate::{ConnectRefusal, Digests, Error, ProtocolError};
+use crate::{AnaPath, AnaState, ConnectRefusal, Digests, Error, ProtocolError};
 
 use crate::fake::*;
 
@@ -253,6 +253,63 @@ fn bring_up_asks_for_its_io_queues_and_takes_no_more_than_allotted() {
             })
         ),
         "{r:?}"
+    );
+}
+
+#[test]
+fn bring_up_reads_the_namespace_ana_state_where_the_controller_reports_it() {
+    // No ANA reporting: no log is read, no state is known.
+    let mut t = Target::new();
+    let (s, r, _) = bring_up(&mut t, &mut Rng(11), 5000);
+    assert_eq!(
+        (r, s.state(), t.ana_log_reads, s.ana()),
+        (Ok(()), SessionState::Live, 0, None)
+    );
+
+    // Usable states come up and are kept, for the log.
+    for (byte, state) in [
+        (0x01, AnaState::Optimized),
+        (0x02, AnaState::NonOptimized),
+        (0x0f, AnaState::Change),
+    ] {
+        let mut t = Target::new();
+        (t.ana_group, t.ana_state) = (3, byte);
+        let (s, r, _) = bring_up(&mut t, &mut Rng(u64::from(byte)), 5000);
+        assert_eq!((r, s.state()), (Ok(()), SessionState::Live), "{state:?}");
+        assert_eq!(s.ana(), Some(AnaPath { group: 3, state }));
+        assert_eq!(t.ana_log_reads, 1);
+    }
+
+    // A log page the target cannot give: bring-up goes on without a state.
+    let mut t = Target::new();
+    (t.ana_group, t.ana_log_fails) = (3, true);
+    let (s, r, _) = bring_up(&mut t, &mut Rng(12), 5000);
+    assert_eq!((r, s.state(), s.ana()), (Ok(()), SessionState::Live, None));
+    assert_eq!(t.ana_log_reads, 1);
+}
+
+#[test]
+fn a_controller_through_which_the_namespace_is_inaccessible_fails_the_bring_up() {
+    for (byte, state) in [
+        (0x03, AnaState::Inaccessible),
+        (0x04, AnaState::PersistentLoss),
+    ] {
+        let mut t = Target::new();
+        (t.ana_group, t.ana_state) = (2, byte);
+        let (s, r, _) = bring_up(&mut t, &mut Rng(13), 5000);
+        let path = AnaPath { group: 2, state };
+        assert_eq!(r, Err(Error::PathUnusable(path)));
+        assert_eq!(s.state(), SessionState::Failed(Error::PathUnusable(path)));
+        // Nothing after the log: no queues are asked for on a path that cannot serve.
+        assert_eq!(t.io_queues_asked, None);
+    }
+    assert_eq!(
+        Error::PathUnusable(AnaPath {
+            group: 2,
+            state: AnaState::Inaccessible
+        })
+        .to_string(),
+        "the namespace's ANA group 2 is inaccessible through this controller"
     );
 }
 

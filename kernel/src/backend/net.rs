@@ -344,19 +344,22 @@ fn log_event(
         Event::Live {
             controller,
             io_queues,
-            reconnect: false,
-        } => log::info!(
-            "{name}: connected (controller {controller}, {io_queues} I/O queue{}){with_digests}",
-            plural(io_queues)
-        ),
-        Event::Live {
-            controller,
-            io_queues,
-            reconnect: true,
-        } => log::info!(
-            "{name}: reconnected (controller {controller}, {io_queues} I/O queue{}){with_digests}; held requests sent again",
-            plural(io_queues)
-        ),
+            reconnect,
+            ana,
+        } => {
+            let path = ana.map_or(String::new(), |a| {
+                format!(", ANA group {} {}", a.group, a.state)
+            });
+            let (what, held) = if reconnect {
+                ("reconnected", "; held requests sent again")
+            } else {
+                ("connected", "")
+            };
+            log::info!(
+                "{name}: {what} (controller {controller}, {io_queues} I/O queue{}{path}){with_digests}{held}",
+                plural(io_queues)
+            )
+        }
         Event::TransferError { retry: Some(n) } => log::warn!(
             "{name}: a command failed with a data transfer error (data that did not match \
              its digest): its request goes again (retry {n} of {RETRIES})"
@@ -853,9 +856,12 @@ impl Net {
                     State::Failed(_) => 4,
                 };
                 let (counters, held) = (remote.counters(), remote.held_times());
+                // The state as the ANA log codes it (1 optimized, 2 non-optimized, 3
+                // inaccessible, 4 persistent loss, 15 changing); 0 when not reported.
+                let ana = remote.ana().map_or(0, |a| a.state.code());
                 let line = format!(
                     "up={} state={state} io-queues={} associations={} losses={} \
-                     failed-attempts={} transfer-errors={} path-errors={} portal={} \
+                     failed-attempts={} transfer-errors={} path-errors={} portal={} ana={ana} \
                      requests={} held-ms={} held-max-ms={} in-flight={} target={}",
                     u8::from(state == 1),
                     remote.io_queues(),

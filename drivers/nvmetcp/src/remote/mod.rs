@@ -31,7 +31,7 @@ use crate::queue::DataPort;
 use crate::reconnect::{Action, Reconnect, ReconnectPolicy};
 use crate::session::{AdminSession, ControllerInfo, HostIdentity, IoSession, NamespaceInfo};
 use crate::sqe::Status;
-use crate::{Digests, Error, SessionState};
+use crate::{AnaPath, Digests, Error, SessionState};
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
 use alloc::string::String;
@@ -288,6 +288,8 @@ pub enum Event {
         controller: u16,
         io_queues: u16,
         reconnect: bool,
+        /// The namespace's ANA group and state through this controller, if reported.
+        ana: Option<AnaPath>,
     },
     Lost(Failure),
     AttemptFailed(Failure),
@@ -326,6 +328,7 @@ pub struct Remote {
     /// The I/O queues of the current association (the controller may allot fewer).
     live_queues: u16,
     controller: Option<ControllerInfo>,
+    ana: Option<AnaPath>,
     namespace: Option<NamespaceInfo>,
     /// Set once live: what every reconnect must find again.
     first_namespace: Option<NamespaceInfo>,
@@ -371,6 +374,7 @@ impl Remote {
             io: alloc::vec![IoQueue::new()],
             live_queues: 1,
             controller: None,
+            ana: None,
             namespace: None,
             first_namespace: None,
             reconnect: Reconnect::new(timing.reconnect),
@@ -442,6 +446,12 @@ impl Remote {
 
     pub fn counters(&self) -> RemoteCounters {
         self.counters
+    }
+
+    /// The namespace's ANA group and state through the controller of the last
+    /// association made, when that controller reported it.
+    pub fn ana(&self) -> Option<AnaPath> {
+        self.ana
     }
 
     /// Requests submitted and not completed: taken (commands out, or held while
@@ -640,6 +650,7 @@ impl Remote {
                     controller: self.controller.map_or(0, |c| c.cntlid),
                     io_queues: self.live_queues,
                     reconnect,
+                    ana: self.ana,
                 });
                 // What the old connection held goes again, first.
                 let failed = self.replay_active();
@@ -709,6 +720,7 @@ impl Remote {
                             }
                         }
                         self.controller = admin.controller();
+                        self.ana = admin.ana();
                         self.namespace = ns;
                         self.live_queues = admin.io_queues().clamp(1, self.io_queues_asked());
                         for n in 0..self.live_queues {

@@ -5,7 +5,7 @@
 use super::*;
 use crate::fake::{Target, HOST_NQN, SUBNQN};
 use crate::sqe::Status;
-use crate::ConnectRefusal;
+use crate::{AnaState, ConnectRefusal};
 use blkdev::{
     BlockDevice, BufferAccess, Completion, DmaSegment, FaultKind, IoOp, IoRequest, IoStatus,
 };
@@ -1150,4 +1150,70 @@ fn a_request_no_path_serves_fails_after_its_retries() {
         .events
         .iter()
         .any(|e| matches!(e, Event::OutOfRetries { requests: 1 })));
+}
+
+fn ana_inaccessible(t: &mut Target) {
+    (t.ana_group, t.ana_state) = (4, 0x03);
+}
+
+fn ana_optimized(t: &mut Target) {
+    (t.ana_group, t.ana_state) = (4, 0x01);
+}
+
+#[test]
+fn a_first_bring_up_through_a_controller_that_cannot_reach_the_namespace_fails() {
+    let (f, _) = failure(ana_inaccessible, |_| {});
+    let path = AnaPath {
+        group: 4,
+        state: AnaState::Inaccessible,
+    };
+    assert_eq!(f, Failure::Session(Error::PathUnusable(path)));
+    assert_eq!(
+        f.to_string(),
+        "the namespace's ANA group 4 is inaccessible through this controller"
+    );
+    // The caller's transport leads to a portal where the group is optimized.
+    let mut rig = Rig::new(ana_inaccessible);
+    assert!(matches!(rig.bring_up(), State::Failed(_)));
+    rig.net.knobs = ana_optimized;
+    assert!(rig.remote.retry_first_bring_up());
+    assert_eq!(rig.bring_up(), State::Live);
+    let ana = Some(AnaPath {
+        group: 4,
+        state: AnaState::Optimized,
+    });
+    assert!(matches!(
+        rig.events[..],
+        [Event::Live { ana: a, .. }] if a == ana
+    ));
+}
+
+#[test]
+fn a_reconnect_through_an_inaccessible_path_holds_requests_until_one_serves() {
+    let mut rig = Rig::new(ana_optimized);
+    assert_eq!(rig.bring_up(), State::Live);
+    let mut q = rig.remote.add_queue().unwrap();
+    // The association breaks; every controller the next attempts reach reports the
+    // namespace inaccessible (a gateway that lost the group, say).
+    rig.net.crash();
+    rig.net.up = true;
+    rig.net.knobs = ana_inaccessible;
+    let r = segments(3, 2);
+    q.submit(&request(1, IoOp::Read, 16, &r), &Pages).unwrap();
+    let done = rig.run(&mut [&mut q], 1, 12_000);
+    assert!(done.is_empty(), "held, not failed: {done:?}");
+    let unusable = Failure::Session(Error::PathUnusable(AnaPath {
+        group: 4,
+        state: AnaState::Inaccessible,
+    }));
+    assert!(rig.events.contains(&Event::AttemptFailed(unusable)));
+    // Found at the bring-up: no I/O went there, so no path error and no retry charged.
+    let c = rig.remote.counters();
+    assert_eq!((c.path_errors, c.associations), (0, 1));
+    rig.net.knobs = ana_optimized;
+    let done = rig.run(&mut [&mut q], 1, 12_000);
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].status, IoStatus::Ok);
+    let mem = rig.mem.0.borrow();
+    assert!(mem[3 * 4096..5 * 4096] == rig.net.disk[16 * 512..16 * 512 + 8192]);
 }
