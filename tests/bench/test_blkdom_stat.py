@@ -705,7 +705,8 @@ class PrometheusTest(FakeXenstore):
                     f"{words['held-max-ms']} ms at most; {words['in-flight']} in flight; "
                     f"{words['losses']} lost, {words['failed-attempts']} failed attempts, "
                     f"{words['transfer-errors']} transfer errors, "
-                    f"{words['path-errors']} path errors; on portal {words['portal']}")
+                    f"{words['path-errors']} path errors; on portal {words['portal']}, "
+                    f"ANA state {words['ana']}")
                 self.assertTrue(remotes[1].startswith(f"remote {REMOTES[2]}: "), remotes[1])
         # Each state by its name.
         for state, said in ((0, "connecting"), (1, "live"), (2, "reconnecting, I/O held"),
