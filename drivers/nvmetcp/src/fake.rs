@@ -213,6 +213,11 @@ pub struct Target {
     pub ana_log_fails: bool,
     /// ANA log pages read.
     pub ana_log_reads: u32,
+    /// Asynchronous Event Configuration, as the host set it.
+    pub async_events: Option<u32>,
+    /// Asynchronous Event Requests held for the next event, and events waiting for one.
+    pub event_requests: Vec<u16>,
+    pub events_waiting: u32,
     /// Host PDUs whose header digest, and whose data digest, were checked.
     pub header_digests_checked: u32,
     pub data_digests_checked: u32,
@@ -283,6 +288,9 @@ impl Target {
             ana_state: 0x01,
             ana_log_fails: false,
             ana_log_reads: 0,
+            async_events: None,
+            event_requests: Vec::new(),
+            events_waiting: 0,
         }
     }
 
@@ -491,6 +499,30 @@ impl Target {
         }
     }
 
+    /// The namespace's ANA group changes to `state` through this controller; a notice
+    /// goes to the host if it turned ANA change notices on (at once on a request held,
+    /// else on its next).
+    pub fn ana_change(&mut self, state: u8) {
+        self.ana_state = state;
+        if self
+            .async_events
+            .is_some_and(|m| m & sqe::AEN_ANA_CHANGE != 0)
+        {
+            self.events_waiting += 1;
+            self.report_events();
+        }
+    }
+
+    fn report_events(&mut self) {
+        while self.events_waiting > 0 && !self.event_requests.is_empty() {
+            let cid = self.event_requests.remove(0);
+            self.events_waiting -= 1;
+            // Notice, ANA change, the ANA log page.
+            let result = 2 | 3 << 8 | u64::from(crate::ana::LOG_ANA) << 16;
+            self.respond(cid, Status::SUCCESS, result);
+        }
+    }
+
     pub fn respond(&mut self, cid: u16, status: Status, result: u64) {
         self.cids_in_flight.retain(|&c| c != cid);
         self.send(resp_pdu(cid, status, result));
@@ -631,6 +663,23 @@ impl Target {
                 }
                 log.resize(len, 0);
                 self.send_data(cid, &log);
+            }
+            sqe::ADMIN_SET_FEATURES
+                if self.connects.last().unwrap().qid == 0
+                    && le32(&sqe, 40) & 0xff == sqe::FEATURE_ASYNC_EVENT_CONFIG =>
+            {
+                self.async_events = Some(le32(&sqe, 44));
+                self.respond(cid, ok, 0);
+            }
+            sqe::ADMIN_ASYNC_EVENT_REQUEST if self.connects.last().unwrap().qid == 0 => {
+                // nvmet holds at most 4 (NVMET_ASYNC_EVENTS): Asynchronous Event Request
+                // Limit Exceeded beyond.
+                if self.event_requests.len() >= 4 {
+                    self.respond(cid, Status::new(1, 0x05), 0);
+                    return;
+                }
+                self.event_requests.push(cid);
+                self.report_events();
             }
             sqe::ADMIN_SET_FEATURES if self.connects.last().unwrap().qid == 0 => {
                 assert_eq!(le32(&sqe, 40) & 0xff, sqe::FEATURE_NUMBER_OF_QUEUES);

@@ -7,7 +7,9 @@
 //! CSTS until RDY (at most CAP.TO x 500 ms), Identify controller, Identify namespace,
 //! the ANA log page when the controller reports ANA (a path that cannot serve the
 //! namespace fails the bring-up), Set Features Number of Queues (the I/O queues this
-//! host will connect).
+//! host will connect), and where ANA is reported, ANA change notices turned on. Live, it
+//! keeps a Keep Alive due and an Asynchronous Event Request out: an ANA change notice
+//! has the log read again, and a state that cannot serve fails the session.
 
 use crate::ana::{self, AnaPath};
 use crate::queue::{Completion, DataPort, Payload, Queue, QueueKind, SubmitError};
@@ -30,6 +32,11 @@ const TAG_IDENTIFY: u64 = 3;
 const TAG_KEEP_ALIVE: u64 = 4;
 const TAG_QUEUE_COUNT: u64 = 5;
 const TAG_ANA_LOG: u64 = 6;
+const TAG_ASYNC_EVENT: u64 = 7;
+const TAG_EVENT_CONFIG: u64 = 8;
+/// An asynchronous event's type (notice) and information (ANA change).
+const EVENT_TYPE_NOTICE: u64 = 2;
+const EVENT_NOTICE_ANA_CHANGE: u64 = 3;
 /// Get Log Page's log specific field for the ANA log: Return Groups Only (no namespace
 /// lists; this host looks its namespace's group up by the ID Identify Namespace gave).
 const ANA_RETURN_GROUPS_ONLY: u8 = 1;
@@ -99,6 +106,8 @@ enum Step {
     IdentifyNamespace,
     ReadAnaLog,
     SetQueueCount,
+    /// Turning ANA change notices on.
+    ConfigureEvents,
     Live,
 }
 
@@ -141,6 +150,12 @@ pub struct AdminSession {
     ana_reporting: bool,
     ana_group: u32,
     ana: Option<AnaPath>,
+    /// ANA change notices taken while live.
+    ana_notices: u32,
+    /// A log read is out since a notice; another notice came meanwhile (read again
+    /// after it: the read out may predate that change).
+    ana_log_out: bool,
+    ana_log_again: bool,
     bringup_deadline: u64,
     cap: u64,
     cntlid: u16,
@@ -175,6 +190,9 @@ impl AdminSession {
             ana_reporting: false,
             ana_group: 0,
             ana: None,
+            ana_notices: 0,
+            ana_log_out: false,
+            ana_log_again: false,
             bringup_deadline: now.saturating_add(bringup_timeout_ms),
             cap: 0,
             cntlid: 0,
@@ -226,6 +244,11 @@ impl AdminSession {
     /// controller reports ANA and its log described the group.
     pub fn ana(&self) -> Option<AnaPath> {
         self.ana
+    }
+
+    /// ANA change notices the controller sent while live (each had the log read again).
+    pub fn ana_notices(&self) -> u32 {
+        self.ana_notices
     }
 
     pub fn wants_to_send(&self) -> bool {
@@ -399,6 +422,16 @@ impl AdminSession {
             self.keep_alive_due = now + u64::from(self.kato_ms / 2);
             return Ok(());
         }
+        if self.step == Step::Live {
+            return match c.tag {
+                TAG_ASYNC_EVENT => self.async_event(c),
+                TAG_ANA_LOG => self.ana_log_read_again(c),
+                _ => Err(Error::Command {
+                    what: "unexpected command",
+                    status: c.status,
+                }),
+            };
+        }
         let what = match self.step {
             Step::Connect => "Connect (admin queue)",
             Step::GetCap => "Property Get CAP",
@@ -408,6 +441,7 @@ impl AdminSession {
             Step::IdentifyNamespace => "Identify namespace",
             Step::ReadAnaLog => "Get Log Page (ANA)",
             Step::SetQueueCount => "Set Features (Number of Queues)",
+            Step::ConfigureEvents => "Set Features (Asynchronous Event Configuration)",
             Step::AwaitIcResp | Step::Live => "unexpected command",
         };
         if !c.status.is_success() {
@@ -415,6 +449,11 @@ impl AdminSession {
             // it still serves (the first I/O's status says the rest).
             if self.step == Step::ReadAnaLog {
                 return self.ask_queue_count();
+            }
+            // Without notices, a change while live shows as a path error instead.
+            if self.step == Step::ConfigureEvents {
+                self.go_live(now);
+                return Ok(());
             }
             if self.step == Step::Connect {
                 let why = ConnectRefusal::from_completion(c.status, c.result);
@@ -490,12 +529,7 @@ impl AdminSession {
                 self.namespace = Some(self.parse_namespace()?);
                 self.ana_group = self.id_u32(92);
                 if self.ana_reporting && self.ana_group != 0 {
-                    self.identify = [0; sqe::IDENTIFY_LEN as usize];
-                    self.submit(
-                        TAG_ANA_LOG,
-                        sqe::get_log_page(ana::LOG_ANA, ANA_RETURN_GROUPS_ONLY, ana::LOG_LEN),
-                        Payload::ToHost(ana::LOG_LEN),
-                    )?;
+                    self.submit_ana_log_read()?;
                     self.step = Step::ReadAnaLog;
                 } else {
                     self.ask_queue_count()?;
@@ -516,14 +550,93 @@ impl AdminSession {
                 let completion = ((c.result >> 16) & 0xffff) as u16;
                 let allotted = submission.min(completion).saturating_add(1);
                 self.io_queues = self.io_queues_asked.min(allotted);
-                self.step = Step::Live;
-                self.keep_alive_due = now + u64::from(self.kato_ms / 2);
+                if self.ana.is_some() {
+                    self.submit(
+                        TAG_EVENT_CONFIG,
+                        sqe::set_async_events(sqe::AEN_ANA_CHANGE),
+                        Payload::None,
+                    )?;
+                    self.step = Step::ConfigureEvents;
+                } else {
+                    self.go_live(now);
+                }
+            }
+            Step::ConfigureEvents => {
+                self.go_live(now);
+                self.ask_for_events()?;
             }
             Step::AwaitIcResp | Step::Live => {
                 return Err(Error::Command {
                     what,
                     status: c.status,
                 })
+            }
+        }
+        Ok(())
+    }
+
+    fn go_live(&mut self, now: u64) {
+        self.step = Step::Live;
+        self.keep_alive_due = now + u64::from(self.kato_ms / 2);
+    }
+
+    /// One Asynchronous Event Request out, for the controller to complete with its next
+    /// event.
+    fn ask_for_events(&mut self) -> Result<(), Error> {
+        self.submit(TAG_ASYNC_EVENT, sqe::async_event_request(), Payload::None)
+    }
+
+    fn async_event(&mut self, c: Completion) -> Result<(), Error> {
+        // A refused request (the controller's limit, an abort) is not asked again: the
+        // path errors of I/O still tell a change.
+        if !c.status.is_success() {
+            return Ok(());
+        }
+        let (kind, info) = (c.result & 7, (c.result >> 8) & 0xff);
+        if kind == EVENT_TYPE_NOTICE && info == EVENT_NOTICE_ANA_CHANGE {
+            self.ana_notices = self.ana_notices.saturating_add(1);
+            if self.ana_log_out {
+                self.ana_log_again = true;
+            } else {
+                self.read_ana_log_live()?;
+            }
+        }
+        self.ask_for_events()
+    }
+
+    /// The ANA log into the identify buffer (free once Identify was parsed). Reading it
+    /// without Retain Asynchronous Event also clears a change event, so that the
+    /// controller reports the next change.
+    fn submit_ana_log_read(&mut self) -> Result<(), Error> {
+        self.identify = [0; sqe::IDENTIFY_LEN as usize];
+        self.submit(
+            TAG_ANA_LOG,
+            sqe::get_log_page(ana::LOG_ANA, ANA_RETURN_GROUPS_ONLY, ana::LOG_LEN),
+            Payload::ToHost(ana::LOG_LEN),
+        )
+    }
+
+    fn read_ana_log_live(&mut self) -> Result<(), Error> {
+        self.submit_ana_log_read()?;
+        self.ana_log_out = true;
+        self.ana_log_again = false;
+        Ok(())
+    }
+
+    fn ana_log_read_again(&mut self, c: Completion) -> Result<(), Error> {
+        self.ana_log_out = false;
+        if self.ana_log_again {
+            return self.read_ana_log_live();
+        }
+        if !c.status.is_success() {
+            return Ok(());
+        }
+        let group = self.ana_group;
+        if let Some(state) = ana::group_state(&self.identify, group) {
+            let path = AnaPath { group, state };
+            self.ana = Some(path);
+            if !state.usable() {
+                return Err(Error::PathUnusable(path));
             }
         }
         Ok(())

@@ -15,8 +15,13 @@ pub const ADMIN_GET_LOG_PAGE: u8 = 0x02;
 pub const ADMIN_IDENTIFY: u8 = 0x06;
 pub const ADMIN_KEEP_ALIVE: u8 = 0x18;
 pub const ADMIN_SET_FEATURES: u8 = 0x09;
+pub const ADMIN_ASYNC_EVENT_REQUEST: u8 = 0x0c;
 /// Set Features' feature: Number of Queues.
 pub const FEATURE_NUMBER_OF_QUEUES: u32 = 0x07;
+/// Set Features' feature: Asynchronous Event Configuration.
+pub const FEATURE_ASYNC_EVENT_CONFIG: u32 = 0x0b;
+/// Asynchronous Event Configuration: ANA change notices.
+pub const AEN_ANA_CHANGE: u32 = 1 << 11;
 
 pub const IO_FLUSH: u8 = 0x00;
 pub const IO_WRITE: u8 = 0x01;
@@ -130,6 +135,20 @@ pub fn set_queue_count(queues: u16) -> Sqe {
     set_u32(&mut sqe, 40, FEATURE_NUMBER_OF_QUEUES);
     set_u32(&mut sqe, 44, asked << 16 | asked);
     sqe
+}
+
+/// Set Features, Asynchronous Event Configuration: the events in `mask` are reported.
+pub fn set_async_events(mask: u32) -> Sqe {
+    let mut sqe = new_sqe(ADMIN_SET_FEATURES, 0);
+    set_u32(&mut sqe, 40, FEATURE_ASYNC_EVENT_CONFIG);
+    set_u32(&mut sqe, 44, mask);
+    sqe
+}
+
+/// Asynchronous Event Request: completes when the controller has an event to report
+/// (dword 0: its type in bits 0..3, its information in 8..16, its log page in 16..24).
+pub fn async_event_request() -> Sqe {
+    new_sqe(ADMIN_ASYNC_EVENT_REQUEST, 0)
 }
 
 pub fn keep_alive() -> Sqe {

@@ -314,6 +314,54 @@ fn a_controller_through_which_the_namespace_is_inaccessible_fails_the_bring_up()
 }
 
 #[test]
+fn ana_change_notices_while_live_have_the_log_read_again() {
+    // Without ANA, no events are asked for.
+    let mut t = Target::new();
+    let (s, r, _) = bring_up(&mut t, &mut Rng(21), 5000);
+    assert_eq!((r, s.state()), (Ok(()), SessionState::Live));
+    assert_eq!((t.async_events, t.event_requests.len()), (None, 0));
+
+    let mut t = Target::new();
+    (t.ana_group, t.ana_state) = (5, 0x01);
+    let mut rng = Rng(22);
+    let (mut s, r, now) = bring_up(&mut t, &mut rng, 5000);
+    assert_eq!((r, s.state()), (Ok(()), SessionState::Live));
+    assert_eq!(t.async_events, Some(sqe::AEN_ANA_CHANGE));
+    pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now)).unwrap();
+    assert_eq!(
+        t.event_requests.len(),
+        1,
+        "one request held for the next event"
+    );
+    let reads = t.ana_log_reads;
+
+    // A usable state: kept, still live; a request is out again for the next.
+    t.ana_change(0x02);
+    pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now)).unwrap();
+    assert_eq!(s.poll(now), Ok(()));
+    assert_eq!(s.ana().map(|a| a.state), Some(AnaState::NonOptimized));
+    assert_eq!((s.ana_notices(), t.ana_log_reads), (1, reads + 1));
+    assert_eq!(t.event_requests.len(), 1);
+
+    // Two changes at once: the last state read is the last one sent.
+    t.ana_change(0x0f);
+    t.ana_change(0x01);
+    pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now)).unwrap();
+    assert_eq!(s.ana().map(|a| a.state), Some(AnaState::Optimized));
+    assert_eq!(s.ana_notices(), 3);
+
+    // A state that cannot serve fails the session with the path.
+    t.ana_change(0x03);
+    let _ = pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now));
+    let path = AnaPath {
+        group: 5,
+        state: AnaState::Inaccessible,
+    };
+    assert_eq!(s.poll(now), Err(Error::PathUnusable(path)));
+    assert_eq!(s.state(), SessionState::Failed(Error::PathUnusable(path)));
+}
+
+#[test]
 fn bring_up_failures_are_typed() {
     let mut rng = Rng(7);
     let mut t = Target::new();

@@ -337,10 +337,21 @@ fn log_event(
     } else {
         format!("; {digests}")
     };
+    let through = via.map_or(String::new(), |portal| format!(" through {portal}"));
     if let Some(portal) = via {
         with_digests = format!("{with_digests}; via {portal}");
     }
     match event {
+        Event::AnaChanged(path) if path.state.usable() => log::info!(
+            "{name}: ANA change: group {} is now {}{through}",
+            path.group,
+            path.state
+        ),
+        Event::AnaChanged(path) => log::warn!(
+            "{name}: ANA change: group {} is now {}{through}; leaving the association",
+            path.group,
+            path.state
+        ),
         Event::Live {
             controller,
             io_queues,

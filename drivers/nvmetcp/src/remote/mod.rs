@@ -293,6 +293,9 @@ pub enum Event {
     },
     Lost(Failure),
     AttemptFailed(Failure),
+    /// The controller sent an ANA change notice and the log says the namespace's group
+    /// is now in this state (one that cannot serve also loses the association).
+    AnaChanged(AnaPath),
     GaveUp {
         waited_ms: u64,
     },
@@ -798,12 +801,17 @@ impl Remote {
         let mut moved = self.take_new();
         moved |= self.issue();
         let mut failure = None;
+        let mut ana_change = None;
         let live = usize::from(self.live_queues);
         {
             let Some(admin) = self.admin.as_mut() else {
                 return moved;
             };
             pump_admin(admin, t, now);
+            if admin.ana() != self.ana {
+                self.ana = admin.ana();
+                ana_change = self.ana;
+            }
             let mut port = Port {
                 channels: &self.channels,
                 held: &self.held,
@@ -828,6 +836,9 @@ impl Remote {
                     failure = Some(Failure::Session(e));
                 }
             }
+        }
+        if let Some(path) = ana_change {
+            log(Event::AnaChanged(path));
         }
         // Completions that arrived before any failure are genuine.
         for n in 0..live {

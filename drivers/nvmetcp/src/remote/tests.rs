@@ -1156,6 +1156,11 @@ fn ana_inaccessible(t: &mut Target) {
     (t.ana_group, t.ana_state) = (4, 0x03);
 }
 
+/// The target's end of the admin queue's connection.
+fn admin(rig: &mut Rig) -> &mut Target {
+    rig.net.links[Link::Admin.index()].as_mut().unwrap()
+}
+
 fn ana_optimized(t: &mut Target) {
     (t.ana_group, t.ana_state) = (4, 0x01);
 }
@@ -1216,4 +1221,55 @@ fn a_reconnect_through_an_inaccessible_path_holds_requests_until_one_serves() {
     assert_eq!(done[0].status, IoStatus::Ok);
     let mem = rig.mem.0.borrow();
     assert!(mem[3 * 4096..5 * 4096] == rig.net.disk[16 * 512..16 * 512 + 8192]);
+}
+
+#[test]
+fn an_ana_change_notice_that_the_path_cannot_serve_leaves_the_association_at_once() {
+    let mut rig = Rig::new(ana_optimized);
+    assert_eq!(rig.bring_up(), State::Live);
+    let mut q = rig.remote.add_queue().unwrap();
+    rig.run(&mut [&mut q], 1, 50);
+    assert_eq!(admin(&mut rig).event_requests.len(), 1);
+
+    // Non-optimized: said, and the association serves on.
+    admin(&mut rig).ana_change(0x02);
+    rig.run(&mut [&mut q], 1, 50);
+    let non_optimized = AnaPath {
+        group: 4,
+        state: AnaState::NonOptimized,
+    };
+    assert!(rig.events.contains(&Event::AnaChanged(non_optimized)));
+    assert_eq!(rig.remote.ana(), Some(non_optimized));
+    assert_eq!(rig.remote.state(), State::Live);
+
+    // Inaccessible, with no I/O going: the association is left on the notice, not on a
+    // command's path error, and the next attempt (another portal, in the caller's
+    // transport) goes at once.
+    let lost_at = rig.now;
+    admin(&mut rig).ana_change(0x03);
+    let r = segments(3, 2);
+    for _ in 0..20 {
+        rig.step();
+    }
+    let inaccessible = AnaPath {
+        group: 4,
+        state: AnaState::Inaccessible,
+    };
+    assert!(rig.events.contains(&Event::AnaChanged(inaccessible)));
+    assert!(rig
+        .events
+        .contains(&Event::Lost(Failure::Session(Error::PathUnusable(
+            inaccessible
+        )))));
+    q.submit(&request(1, IoOp::Read, 16, &r), &Pages).unwrap();
+    let done = rig.run(&mut [&mut q], 1, 10_000);
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].status, IoStatus::Ok);
+    assert!(
+        rig.now - lost_at < Timing::DEFAULT.reconnect.delay_ms,
+        "served again {} ms after the notice, within a reconnect delay",
+        rig.now - lost_at
+    );
+    let c = rig.remote.counters();
+    assert_eq!((c.path_errors, c.losses, c.associations), (0, 1, 2));
 }
