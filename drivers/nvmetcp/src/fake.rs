@@ -85,6 +85,14 @@ pub fn term_pdu(fes: u16) -> Vec<u8> {
 
 /// `p`, a PDU as built above (no digests), as sent with `digests` in force: digest flags,
 /// the header digest after the header, PDO and PLEN moved, the data digest after the data.
+fn patch(data: &mut [u8], bytes: &[(usize, u8)]) {
+    for &(at, value) in bytes {
+        if let Some(b) = data.get_mut(at) {
+            *b = value;
+        }
+    }
+}
+
 pub fn with_digests(p: &[u8], digests: pdu::Digests) -> Vec<u8> {
     let (t, hlen, pdo) = (p[0], usize::from(p[2]), usize::from(p[3]));
     let data = if pdo != 0 { &p[pdo..] } else { &p[p.len()..] };
@@ -213,6 +221,10 @@ pub struct Target {
     pub ana_log_fails: bool,
     /// ANA log pages read.
     pub ana_log_reads: u32,
+    /// Bytes of Identify data, and of the ANA log, overwritten before they go (a
+    /// controller that reports nonsense): (offset, value).
+    pub identify_patch: Vec<(usize, u8)>,
+    pub log_patch: Vec<(usize, u8)>,
     /// Asynchronous Event Configuration, as the host set it.
     pub async_events: Option<u32>,
     /// Asynchronous Event Requests held for the next event, and events waiting for one.
@@ -288,6 +300,8 @@ impl Target {
             ana_state: 0x01,
             ana_log_fails: false,
             ana_log_reads: 0,
+            identify_patch: Vec::new(),
+            log_patch: Vec::new(),
             async_events: None,
             event_requests: Vec::new(),
             events_waiting: 0,
@@ -631,6 +645,7 @@ impl Target {
                     }
                     c => panic!("cns {c}"),
                 }
+                patch(&mut id, &self.identify_patch);
                 self.send_data(cid, &id);
             }
             sqe::ADMIN_GET_LOG_PAGE if self.connects.last().unwrap().qid == 0 => {
@@ -662,6 +677,7 @@ impl Target {
                     }
                 }
                 log.resize(len, 0);
+                patch(&mut log, &self.log_patch);
                 self.send_data(cid, &log);
             }
             sqe::ADMIN_SET_FEATURES
