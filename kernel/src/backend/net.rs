@@ -388,6 +388,10 @@ fn log_event(
             "{name}: connection lost: {why}; I/O held while reconnecting (every {delay} s, for up to {give_up} s)"
         ),
         Event::AttemptFailed(why) => log::warn!("{name}: reconnect attempt failed: {why}"),
+        Event::NamespaceGrew { blocks, serving } => log::warn!(
+            "{name}: the namespace grew to {blocks} blocks; its disks go on serving their first \
+             {serving} (a remote disk does not grow while served)"
+        ),
         Event::GaveUp { waited_ms } => log::error!(
             "{name}: the target stayed unreachable for {} s: given up, its disks fail every request",
             waited_ms / 1000

@@ -33,12 +33,14 @@ setup_target() {
 }
 
 # add_subsystem NQN DEVICE: subsystem NQN (any host allowed) with DEVICE as namespace 1,
-# on port 1.
+# on port 1. DEVICE may be a regular file, which nvmet serves buffered (dom0's files are
+# in RAM, which has no O_DIRECT); such a namespace can grow (grow_namespace).
 add_subsystem() {
   mkdir "$NVMET/subsystems/$1" &&
     echo 1 > "$NVMET/subsystems/$1/attr_allow_any_host" &&
     mkdir "$NVMET/subsystems/$1/namespaces/1" &&
     echo "$2" > "$NVMET/subsystems/$1/namespaces/1/device_path" &&
+    { [ ! -f "$2" ] || echo 1 > "$NVMET/subsystems/$1/namespaces/1/buffered_io"; } &&
     echo 1 > "$NVMET/subsystems/$1/namespaces/1/enable" &&
     target_start "$1"
 }
@@ -54,6 +56,12 @@ allow_only() {
     { [ -d "$NVMET/hosts/$host" ] || mkdir "$NVMET/hosts/$host"; } &&
       ln -s "$NVMET/hosts/$host" "$NVMET/subsystems/$nqn/allowed_hosts/$host" || return 1
   done
+}
+
+# grow_namespace NQN FILE MIB: the file behind NQN's namespace 1 grows to MIB and nvmet
+# takes the new size in (an operator growing a volume).
+grow_namespace() {
+  truncate -s "$3M" "$2" && echo 1 > "$NVMET/subsystems/$1/namespaces/1/revalidate_size"
 }
 
 # target_stop NQN / target_start NQN: the subsystem leaves port 1 (nvmet closes its

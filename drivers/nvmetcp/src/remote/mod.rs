@@ -143,7 +143,7 @@ pub enum Failure {
     Closed,
     /// The NVMe bring-up failed (the target refused Connect, the namespace is missing ...).
     Session(Error),
-    /// On a reconnect: the namespace is not what it was.
+    /// On a reconnect: the namespace shrank or changed its block size.
     NamespaceChanged { blocks: u64, block_size: u32 },
     /// A command completed with a path-related status (an ANA group inaccessible
     /// through this controller, say): the association is left for another, on the next
@@ -293,6 +293,12 @@ pub enum Event {
     },
     Lost(Failure),
     AttemptFailed(Failure),
+    /// A reconnect found the namespace larger than when first served (`blocks` now);
+    /// its disks go on serving the first `serving` blocks.
+    NamespaceGrew {
+        blocks: u64,
+        serving: u64,
+    },
     /// The controller sent an ANA change notice and the log says the namespace's group
     /// is now in this state (one that cannot serve also loses the association).
     AnaChanged(AnaPath),
@@ -655,6 +661,14 @@ impl Remote {
                     reconnect,
                     ana: self.ana,
                 });
+                if let (Some(first), Some(ns)) = (self.first_namespace, self.namespace) {
+                    if ns.blocks > first.blocks {
+                        log(Event::NamespaceGrew {
+                            blocks: ns.blocks,
+                            serving: first.blocks,
+                        });
+                    }
+                }
                 // What the old connection held goes again, first.
                 let failed = self.replay_active();
                 if failed > 0 {
@@ -714,8 +728,11 @@ impl Remote {
                 match admin.state() {
                     SessionState::Live => {
                         let ns = admin.namespace();
+                        // A namespace grown meanwhile (an operator grew the volume) still
+                        // holds every block served; one that shrank or changed its block
+                        // size does not.
                         if let (Some(first), Some(ns)) = (self.first_namespace, ns) {
-                            if (first.blocks, first.block_size) != (ns.blocks, ns.block_size) {
+                            if ns.block_size != first.block_size || ns.blocks < first.blocks {
                                 return Err(Failure::NamespaceChanged {
                                     blocks: ns.blocks,
                                     block_size: ns.block_size,

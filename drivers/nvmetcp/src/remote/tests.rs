@@ -852,9 +852,7 @@ fn new_reconnect_times_count_from_the_next_loss() {
 #[test]
 fn a_reconnect_that_finds_another_namespace_is_not_taken() {
     let (mut rig, mut a, _b) = live();
-    let r = segments(0, 1);
-    a.submit(&request(1, IoOp::Read, 0, &r), &Pages).unwrap();
-    rig.net.crash();
+    lose_with_a_read(&mut rig, &mut a);
     rig.step();
     // Back, but the namespace shrank: every attempt fails, the request stays held.
     rig.net.knobs = |t| t.ns_blocks = Some(1024);
@@ -874,14 +872,37 @@ fn a_reconnect_that_finds_another_namespace_is_not_taken() {
     assert!(changed >= 2, "{:?}", rig.events);
     // The namespace as it was: served.
     rig.net.knobs = |_| {};
-    let done = rig.run(&mut [&mut a], 1, 12_000);
-    assert_eq!(
-        done,
-        [Completion {
-            tag: 1,
-            status: IoStatus::Ok
-        }]
-    );
+    served_alone(&mut rig, &mut a);
+}
+
+/// Polls until the read of `lose_with_a_read` is served, and nothing else completes.
+fn served_alone(rig: &mut Rig, a: &mut DiskQueue) {
+    let done = rig.run(&mut [&mut *a], 1, 12_000);
+    let read = Completion {
+        tag: 1,
+        status: IoStatus::Ok,
+    };
+    assert_eq!(done, [read], "{:?}", rig.events);
+}
+
+#[test]
+fn a_reconnect_that_finds_the_namespace_grown_serves_on_at_the_first_size() {
+    let (mut rig, mut a, _b) = live();
+    let served = rig.remote.geometry().unwrap();
+    lose_with_a_read(&mut rig, &mut a);
+    rig.step();
+    // An operator grew the volume while the target was away (DISK is 512-byte blocks).
+    let grown = (DISK / 512) as u64 + 4096;
+    rig.net.knobs = |t| t.ns_blocks = Some((DISK / 512) as u64 + 4096);
+    rig.net.up = true;
+    served_alone(&mut rig, &mut a);
+    assert!(rig.events.contains(&Event::NamespaceGrew {
+        blocks: grown,
+        serving: (DISK / 512) as u64
+    }));
+    // Its disks keep the size they were given.
+    assert_eq!(rig.remote.geometry(), Some(served));
+    assert_eq!(a.geometry(), served);
 }
 
 #[test]
