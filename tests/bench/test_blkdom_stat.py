@@ -706,8 +706,16 @@ class PrometheusTest(FakeXenstore):
                     f"{words['losses']} lost, {words['failed-attempts']} failed attempts, "
                     f"{words['transfer-errors']} transfer errors, "
                     f"{words['path-errors']} path errors; on portal {words['portal']}, "
-                    f"ANA state {words['ana']}")
+                    f"ANA state {words['ana']}")  # 80xx is no state the tool names
                 self.assertTrue(remotes[1].startswith(f"remote {REMOTES[2]}: "), remotes[1])
+        # Each ANA state by its name, and none reported.
+        for ana, said in ((1, "ANA optimized"), (2, "ANA non-optimized"),
+                          (3, "ANA inaccessible"), (4, "ANA persistent loss"),
+                          (15, "ANA changing"), (0, "no ANA")):
+            self.write_store({"/local/domain/1/data/blkdom-remotes/0":
+                              f"up=1 state=1 requests=0 ana={ana} target=nvme-tcp:x"})
+            result = self.run_tool("-1")
+            self.assertIn(f"on portal 0, {said}\n", result.stdout)
         # Each state by its name.
         for state, said in ((0, "connecting"), (1, "live"), (2, "reconnecting, I/O held"),
                             (3, "given up, I/O fails"), (4, "bring-up failed")):
