@@ -6,12 +6,13 @@
 //! (CAP, CSTS, MDTS, MAXCMD, IOCCSZ, SGLS, the LBA format, the queues it allots, the
 //! ANA group, its state and whether the log can be read, a Connect refusal), bytes of
 //! its Identify data and of its ANA log overwritten, then a script: shuttle bytes in
-//! windows and pieces of fuzzed size, change the ANA state (a notice), complete a
+//! windows and pieces of fuzzed size, change the ANA state or resize the namespace (a
+//! notice each), complete a
 //! command in flight with a fuzzed status and result, feed raw bytes, let time pass,
 //! mute keep-alives. Properties: no panic; the session never runs out of admin slots
 //! (`Error::Internal`); once failed it stays failed with the same error; live, it knows
 //! its controller and namespace, has 1 to the asked I/O queues, and any ANA state it
-//! holds can serve; ANA notices never go down.
+//! holds can serve; notices counted never go down.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -84,8 +85,9 @@ fn check(s: &AdminSession, asked: u16, failed: &mut Option<Error>, notices: &mut
             assert!(path.state.usable(), "live through {path:?}");
         }
     }
-    assert!(s.ana_notices() >= *notices);
-    *notices = s.ana_notices();
+    let seen = s.ana_notices() + s.namespace_notices();
+    assert!(seen >= *notices);
+    *notices = seen;
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -107,7 +109,7 @@ fuzz_target!(|data: &[u8]| {
         if input.0.is_empty() {
             break;
         }
-        match input.byte() % 6 {
+        match input.byte() % 7 {
             0 => {
                 // Shuttle: the host's bytes in a window, the target's back in pieces.
                 let window = 1 + input.uint(2) as usize % buf.len();
@@ -132,6 +134,7 @@ fuzz_target!(|data: &[u8]| {
                 let _ = s.receive(input.take(n), now);
             }
             4 => now += input.uint(2) * 8,
+            5 => t.resize_namespace(input.uint(4)),
             _ => t.mute_keep_alive = !t.mute_keep_alive,
         }
         let _ = s.poll(now);

@@ -229,7 +229,11 @@ pub struct Target {
     pub async_events: Option<u32>,
     /// Asynchronous Event Requests held for the next event, and events waiting for one.
     pub event_requests: Vec<u16>,
-    pub events_waiting: u32,
+    /// Events waiting for a request: each its dword 0.
+    pub events_waiting: Vec<u64>,
+    /// Changed Namespace List reads, and the NSIDs the next one lists.
+    pub changed_log_reads: u32,
+    pub changed_namespaces: Vec<u32>,
     /// Host PDUs whose header digest, and whose data digest, were checked.
     pub header_digests_checked: u32,
     pub data_digests_checked: u32,
@@ -304,7 +308,9 @@ impl Target {
             log_patch: Vec::new(),
             async_events: None,
             event_requests: Vec::new(),
-            events_waiting: 0,
+            events_waiting: Vec::new(),
+            changed_log_reads: 0,
+            changed_namespaces: Vec::new(),
         }
     }
 
@@ -518,21 +524,38 @@ impl Target {
     /// else on its next).
     pub fn ana_change(&mut self, state: u8) {
         self.ana_state = state;
-        if self
-            .async_events
-            .is_some_and(|m| m & sqe::AEN_ANA_CHANGE != 0)
-        {
-            self.events_waiting += 1;
+        // Notice, ANA change, the ANA log page.
+        self.notify(
+            sqe::AEN_ANA_CHANGE,
+            2 | 3 << 8 | u64::from(crate::ana::LOG_ANA) << 16,
+        );
+    }
+
+    /// The namespace now has `blocks` blocks (an operator resized the volume); a
+    /// Namespace Attribute notice goes to the host if it turned those on.
+    pub fn resize_namespace(&mut self, blocks: u64) {
+        self.ns_blocks = Some(blocks);
+        self.changed_namespaces.push(self.nsid);
+        self.notify_namespace_attribute();
+    }
+
+    /// A Namespace Attribute notice (for the NSIDs in `changed_namespaces`).
+    pub fn notify_namespace_attribute(&mut self) {
+        let log = u64::from(sqe::LOG_CHANGED_NAMESPACES) << 16;
+        self.notify(sqe::AEN_NAMESPACE_ATTRIBUTE, 2 | log);
+    }
+
+    fn notify(&mut self, enabled_by: u32, result: u64) {
+        if self.async_events.is_some_and(|m| m & enabled_by != 0) {
+            self.events_waiting.push(result);
             self.report_events();
         }
     }
 
     fn report_events(&mut self) {
-        while self.events_waiting > 0 && !self.event_requests.is_empty() {
+        while !self.events_waiting.is_empty() && !self.event_requests.is_empty() {
             let cid = self.event_requests.remove(0);
-            self.events_waiting -= 1;
-            // Notice, ANA change, the ANA log page.
-            let result = 2 | 3 << 8 | u64::from(crate::ana::LOG_ANA) << 16;
+            let result = self.events_waiting.remove(0);
             self.respond(cid, Status::SUCCESS, result);
         }
     }
@@ -653,6 +676,17 @@ impl Target {
                 let (lid, rgo) = (cdw10 as u8, (cdw10 >> 8) & 1 != 0);
                 let len = ((cdw10 >> 16 | le32(&sqe, 44) << 16) as usize + 1) * 4;
                 assert_eq!(le32(&sqe, 32) as usize, len, "SGL length");
+                if lid == sqe::LOG_CHANGED_NAMESPACES {
+                    self.changed_log_reads += 1;
+                    let mut log: Vec<u8> = self
+                        .changed_namespaces
+                        .drain(..)
+                        .flat_map(u32::to_le_bytes)
+                        .collect();
+                    log.resize(len, 0);
+                    self.send_data(cid, &log);
+                    return;
+                }
                 self.ana_log_reads += 1;
                 if lid != crate::ana::LOG_ANA || self.ana_log_fails {
                     // Invalid Log Page.

@@ -7,9 +7,11 @@
 //! CSTS until RDY (at most CAP.TO x 500 ms), Identify controller, Identify namespace,
 //! the ANA log page when the controller reports ANA (a path that cannot serve the
 //! namespace fails the bring-up), Set Features Number of Queues (the I/O queues this
-//! host will connect), and where ANA is reported, ANA change notices turned on. Live, it
-//! keeps a Keep Alive due and an Asynchronous Event Request out: an ANA change notice
-//! has the log read again, and a state that cannot serve fails the session.
+//! host will connect), Namespace Attribute (and, where ANA is reported, ANA change)
+//! notices turned on. Live, it keeps a Keep Alive due and an Asynchronous Event Request
+//! out: an ANA change notice has the log read again (a state that cannot serve fails the
+//! session), a Namespace Attribute notice naming this namespace has it identified again
+//! (the caller sees a volume grown on the target).
 
 use crate::ana::{self, AnaPath};
 use crate::queue::{Completion, DataPort, Payload, Queue, QueueKind, SubmitError};
@@ -34,9 +36,22 @@ const TAG_QUEUE_COUNT: u64 = 5;
 const TAG_ANA_LOG: u64 = 6;
 const TAG_ASYNC_EVENT: u64 = 7;
 const TAG_EVENT_CONFIG: u64 = 8;
-/// An asynchronous event's type (notice) and information (ANA change).
+const TAG_LIVE_READ: u64 = 9;
+/// An asynchronous event's type (notice) and information (namespace attribute changed,
+/// ANA change).
 const EVENT_TYPE_NOTICE: u64 = 2;
+const EVENT_NOTICE_NAMESPACE_ATTRIBUTE: u64 = 0;
 const EVENT_NOTICE_ANA_CHANGE: u64 = 3;
+
+/// What a live session reads into its identify buffer after a notice, one at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LiveRead {
+    AnaLog,
+    /// The Changed Namespace List: reading it clears the notice (nvmet sends no other
+    /// until it is read) and says whether this namespace is among those changed.
+    ChangedNamespaces,
+    Namespace,
+}
 /// Get Log Page's log specific field for the ANA log: Return Groups Only (no namespace
 /// lists; this host looks its namespace's group up by the ID Identify Namespace gave).
 const ANA_RETURN_GROUPS_ONLY: u8 = 1;
@@ -127,7 +142,7 @@ impl DataPort for AdminPort<'_> {
 
     fn deliver(&mut self, tag: u64, offset: u32, src: &[u8]) {
         let at = offset as usize;
-        if tag != TAG_IDENTIFY && tag != TAG_ANA_LOG {
+        if tag != TAG_IDENTIFY && tag != TAG_ANA_LOG && tag != TAG_LIVE_READ {
             return;
         }
         if let Some(dst) = self.identify.get_mut(at..at + src.len()) {
@@ -152,10 +167,14 @@ pub struct AdminSession {
     ana: Option<AnaPath>,
     /// ANA change notices taken while live.
     ana_notices: u32,
-    /// A log read is out since a notice; another notice came meanwhile (read again
-    /// after it: the read out may predate that change).
-    ana_log_out: bool,
-    ana_log_again: bool,
+    /// Namespace Attribute notices taken while live.
+    namespace_notices: u32,
+    /// The read out now, and those due after it (a notice during a read of its own
+    /// kind has it read again: the read out may predate that change).
+    live_read: Option<LiveRead>,
+    ana_due: bool,
+    changed_due: bool,
+    namespace_due: bool,
     bringup_deadline: u64,
     cap: u64,
     cntlid: u16,
@@ -191,8 +210,11 @@ impl AdminSession {
             ana_group: 0,
             ana: None,
             ana_notices: 0,
-            ana_log_out: false,
-            ana_log_again: false,
+            namespace_notices: 0,
+            live_read: None,
+            ana_due: false,
+            changed_due: false,
+            namespace_due: false,
             bringup_deadline: now.saturating_add(bringup_timeout_ms),
             cap: 0,
             cntlid: 0,
@@ -249,6 +271,11 @@ impl AdminSession {
     /// ANA change notices the controller sent while live (each had the log read again).
     pub fn ana_notices(&self) -> u32 {
         self.ana_notices
+    }
+
+    /// Namespace Attribute notices the controller sent while live.
+    pub fn namespace_notices(&self) -> u32 {
+        self.namespace_notices
     }
 
     pub fn wants_to_send(&self) -> bool {
@@ -425,7 +452,7 @@ impl AdminSession {
         if self.step == Step::Live {
             return match c.tag {
                 TAG_ASYNC_EVENT => self.async_event(c),
-                TAG_ANA_LOG => self.ana_log_read_again(c),
+                TAG_LIVE_READ => self.live_read_done(c),
                 _ => Err(Error::Command {
                     what: "unexpected command",
                     status: c.status,
@@ -529,7 +556,12 @@ impl AdminSession {
                 self.namespace = Some(self.parse_namespace()?);
                 self.ana_group = self.id_u32(92);
                 if self.ana_reporting && self.ana_group != 0 {
-                    self.submit_ana_log_read()?;
+                    self.identify = [0; sqe::IDENTIFY_LEN as usize];
+                    self.submit(
+                        TAG_ANA_LOG,
+                        sqe::get_log_page(ana::LOG_ANA, ANA_RETURN_GROUPS_ONLY, ana::LOG_LEN),
+                        Payload::ToHost(ana::LOG_LEN),
+                    )?;
                     self.step = Step::ReadAnaLog;
                 } else {
                     self.ask_queue_count()?;
@@ -550,16 +582,16 @@ impl AdminSession {
                 let completion = ((c.result >> 16) & 0xffff) as u16;
                 let allotted = submission.min(completion).saturating_add(1);
                 self.io_queues = self.io_queues_asked.min(allotted);
+                let mut events = sqe::AEN_NAMESPACE_ATTRIBUTE;
                 if self.ana.is_some() {
-                    self.submit(
-                        TAG_EVENT_CONFIG,
-                        sqe::set_async_events(sqe::AEN_ANA_CHANGE),
-                        Payload::None,
-                    )?;
-                    self.step = Step::ConfigureEvents;
-                } else {
-                    self.go_live(now);
+                    events |= sqe::AEN_ANA_CHANGE;
                 }
+                self.submit(
+                    TAG_EVENT_CONFIG,
+                    sqe::set_async_events(events),
+                    Payload::None,
+                )?;
+                self.step = Step::ConfigureEvents;
             }
             Step::ConfigureEvents => {
                 self.go_live(now);
@@ -593,53 +625,84 @@ impl AdminSession {
             return Ok(());
         }
         let (kind, info) = (c.result & 7, (c.result >> 8) & 0xff);
-        if kind == EVENT_TYPE_NOTICE && info == EVENT_NOTICE_ANA_CHANGE {
-            self.ana_notices = self.ana_notices.saturating_add(1);
-            if self.ana_log_out {
-                self.ana_log_again = true;
-            } else {
-                self.read_ana_log_live()?;
+        match (kind, info) {
+            (EVENT_TYPE_NOTICE, EVENT_NOTICE_ANA_CHANGE) => {
+                self.ana_notices = self.ana_notices.saturating_add(1);
+                self.ana_due = true;
             }
+            (EVENT_TYPE_NOTICE, EVENT_NOTICE_NAMESPACE_ATTRIBUTE) => {
+                self.namespace_notices = self.namespace_notices.saturating_add(1);
+                self.changed_due = true;
+            }
+            _ => {}
         }
+        self.next_live_read()?;
         self.ask_for_events()
     }
 
-    /// The ANA log into the identify buffer (free once Identify was parsed). Reading it
-    /// without Retain Asynchronous Event also clears a change event, so that the
-    /// controller reports the next change.
-    fn submit_ana_log_read(&mut self) -> Result<(), Error> {
-        self.identify = [0; sqe::IDENTIFY_LEN as usize];
-        self.submit(
-            TAG_ANA_LOG,
-            sqe::get_log_page(ana::LOG_ANA, ANA_RETURN_GROUPS_ONLY, ana::LOG_LEN),
-            Payload::ToHost(ana::LOG_LEN),
-        )
-    }
-
-    fn read_ana_log_live(&mut self) -> Result<(), Error> {
-        self.submit_ana_log_read()?;
-        self.ana_log_out = true;
-        self.ana_log_again = false;
-        Ok(())
-    }
-
-    fn ana_log_read_again(&mut self, c: Completion) -> Result<(), Error> {
-        self.ana_log_out = false;
-        if self.ana_log_again {
-            return self.read_ana_log_live();
-        }
-        if !c.status.is_success() {
+    /// Starts the next read due, unless one is out.
+    fn next_live_read(&mut self) -> Result<(), Error> {
+        if self.live_read.is_some() {
             return Ok(());
         }
-        let group = self.ana_group;
-        if let Some(state) = ana::group_state(&self.identify, group) {
-            let path = AnaPath { group, state };
-            self.ana = Some(path);
-            if !state.usable() {
-                return Err(Error::PathUnusable(path));
-            }
-        }
+        let (read, sqe, len) = if self.ana_due {
+            self.ana_due = false;
+            let sqe = sqe::get_log_page(ana::LOG_ANA, ANA_RETURN_GROUPS_ONLY, ana::LOG_LEN);
+            (LiveRead::AnaLog, sqe, ana::LOG_LEN)
+        } else if self.changed_due {
+            self.changed_due = false;
+            let sqe = sqe::get_log_page(sqe::LOG_CHANGED_NAMESPACES, 0, sqe::IDENTIFY_LEN);
+            (LiveRead::ChangedNamespaces, sqe, sqe::IDENTIFY_LEN)
+        } else if self.namespace_due {
+            self.namespace_due = false;
+            let sqe = sqe::identify(sqe::CNS_NAMESPACE, self.nsid);
+            (LiveRead::Namespace, sqe, sqe::IDENTIFY_LEN)
+        } else {
+            return Ok(());
+        };
+        self.identify = [0; sqe::IDENTIFY_LEN as usize];
+        self.submit(TAG_LIVE_READ, sqe, Payload::ToHost(len))?;
+        self.live_read = Some(read);
         Ok(())
+    }
+
+    fn live_read_done(&mut self, c: Completion) -> Result<(), Error> {
+        let read = self.live_read.take();
+        if c.status.is_success() {
+            match read {
+                // A newer notice came meanwhile: this state may be stale.
+                Some(LiveRead::AnaLog) if !self.ana_due => {
+                    let group = self.ana_group;
+                    if let Some(state) = ana::group_state(&self.identify, group) {
+                        let path = AnaPath { group, state };
+                        self.ana = Some(path);
+                        if !state.usable() {
+                            return Err(Error::PathUnusable(path));
+                        }
+                    }
+                }
+                Some(LiveRead::ChangedNamespaces) => {
+                    // NSIDs in order, ended by a zero; 0xffffffff: more changed than fit.
+                    let listed = self
+                        .identify
+                        .chunks_exact(4)
+                        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .take_while(|&nsid| nsid != 0)
+                        .any(|nsid| nsid == self.nsid || nsid == u32::MAX);
+                    self.namespace_due |= listed;
+                }
+                Some(LiveRead::Namespace) => {
+                    // A namespace gone or unusable fails the session; the reconnect says
+                    // why.
+                    self.namespace = Some(self.parse_namespace()?);
+                }
+                _ => {}
+            }
+        } else if read == Some(LiveRead::ChangedNamespaces) {
+            // The list could not be read: look at the namespace anyway.
+            self.namespace_due = true;
+        }
+        self.next_live_read()
     }
 
     fn ask_queue_count(&mut self) -> Result<(), Error> {

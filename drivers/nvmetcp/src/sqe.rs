@@ -20,8 +20,11 @@ pub const ADMIN_ASYNC_EVENT_REQUEST: u8 = 0x0c;
 pub const FEATURE_NUMBER_OF_QUEUES: u32 = 0x07;
 /// Set Features' feature: Asynchronous Event Configuration.
 pub const FEATURE_ASYNC_EVENT_CONFIG: u32 = 0x0b;
-/// Asynchronous Event Configuration: ANA change notices.
+/// Asynchronous Event Configuration: Namespace Attribute and ANA change notices.
+pub const AEN_NAMESPACE_ATTRIBUTE: u32 = 1 << 8;
 pub const AEN_ANA_CHANGE: u32 = 1 << 11;
+/// Log Identifier of the Changed Namespace List (up to 1,024 NSIDs, 4 KiB).
+pub const LOG_CHANGED_NAMESPACES: u8 = 0x04;
 
 pub const IO_FLUSH: u8 = 0x00;
 pub const IO_WRITE: u8 = 0x01;

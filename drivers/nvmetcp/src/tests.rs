@@ -315,18 +315,21 @@ fn a_controller_through_which_the_namespace_is_inaccessible_fails_the_bring_up()
 
 #[test]
 fn ana_change_notices_while_live_have_the_log_read_again() {
-    // Without ANA, no events are asked for.
+    // Without ANA, only Namespace Attribute notices are asked for.
     let mut t = Target::new();
     let (s, r, _) = bring_up(&mut t, &mut Rng(21), 5000);
     assert_eq!((r, s.state()), (Ok(()), SessionState::Live));
-    assert_eq!((t.async_events, t.event_requests.len()), (None, 0));
+    assert_eq!(t.async_events, Some(sqe::AEN_NAMESPACE_ATTRIBUTE));
 
     let mut t = Target::new();
     (t.ana_group, t.ana_state) = (5, 0x01);
     let mut rng = Rng(22);
     let (mut s, r, now) = bring_up(&mut t, &mut rng, 5000);
     assert_eq!((r, s.state()), (Ok(()), SessionState::Live));
-    assert_eq!(t.async_events, Some(sqe::AEN_ANA_CHANGE));
+    assert_eq!(
+        t.async_events,
+        Some(sqe::AEN_ANA_CHANGE | sqe::AEN_NAMESPACE_ATTRIBUTE)
+    );
     pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now)).unwrap();
     assert_eq!(
         t.event_requests.len(),
@@ -359,6 +362,36 @@ fn ana_change_notices_while_live_have_the_log_read_again() {
     };
     assert_eq!(s.poll(now), Err(Error::PathUnusable(path)));
     assert_eq!(s.state(), SessionState::Failed(Error::PathUnusable(path)));
+}
+
+#[test]
+fn a_namespace_attribute_notice_has_the_namespace_identified_again() {
+    let mut t = Target::new();
+    let mut rng = Rng(23);
+    let (mut s, r, now) = bring_up(&mut t, &mut rng, 5000);
+    assert_eq!(r, Ok(()));
+    pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now)).unwrap();
+    let blocks = s.namespace().unwrap().blocks;
+    t.resize_namespace(blocks + 2048);
+    pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now)).unwrap();
+    assert_eq!(s.poll(now), Ok(()));
+    assert_eq!(s.namespace().unwrap().blocks, blocks + 2048);
+    assert_eq!((s.namespace_notices(), t.changed_log_reads), (1, 1));
+    assert_eq!(t.event_requests.len(), 1, "a request out for the next");
+
+    // A notice for other namespaces: the list is read (which clears it), this one is
+    // not identified again.
+    t.ns_blocks = Some(blocks + 4096);
+    t.changed_namespaces.push(7);
+    t.notify_namespace_attribute();
+    pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now)).unwrap();
+    assert_eq!((s.namespace_notices(), t.changed_log_reads), (2, 2));
+    assert_eq!(s.namespace().unwrap().blocks, blocks + 2048);
+
+    // The namespace gone: the session fails, saying so.
+    t.resize_namespace(0);
+    let _ = pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now));
+    assert_eq!(s.poll(now), Err(Error::NamespaceMissing(1)));
 }
 
 #[test]

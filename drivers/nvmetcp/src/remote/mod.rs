@@ -293,8 +293,9 @@ pub enum Event {
     },
     Lost(Failure),
     AttemptFailed(Failure),
-    /// A reconnect found the namespace larger than when first served (`blocks` now);
-    /// its disks go on serving the first `serving` blocks.
+    /// The namespace is larger than when first served (`blocks` now), found on a
+    /// reconnect or on a Namespace Attribute notice; its disks go on serving the first
+    /// `serving` blocks.
     NamespaceGrew {
         blocks: u64,
         serving: u64,
@@ -819,6 +820,7 @@ impl Remote {
         moved |= self.issue();
         let mut failure = None;
         let mut ana_change = None;
+        let mut grew = None;
         let live = usize::from(self.live_queues);
         {
             let Some(admin) = self.admin.as_mut() else {
@@ -828,6 +830,24 @@ impl Remote {
             if admin.ana() != self.ana {
                 self.ana = admin.ana();
                 ana_change = self.ana;
+            }
+            // Identified again after a Namespace Attribute notice: grown, it is said;
+            // shrunk, or another block size, its disks' blocks are not all there.
+            if let (Some(first), Some(ns)) = (self.first_namespace, admin.namespace()) {
+                if self.namespace != Some(ns) {
+                    self.namespace = Some(ns);
+                    if ns.block_size != first.block_size || ns.blocks < first.blocks {
+                        failure = Some(Failure::NamespaceChanged {
+                            blocks: ns.blocks,
+                            block_size: ns.block_size,
+                        });
+                    } else if ns.blocks > first.blocks {
+                        grew = Some(Event::NamespaceGrew {
+                            blocks: ns.blocks,
+                            serving: first.blocks,
+                        });
+                    }
+                }
             }
             let mut port = Port {
                 channels: &self.channels,
@@ -856,6 +876,9 @@ impl Remote {
         }
         if let Some(path) = ana_change {
             log(Event::AnaChanged(path));
+        }
+        if let Some(event) = grew {
+            log(event);
         }
         // Completions that arrived before any failure are genuine.
         for n in 0..live {

@@ -650,6 +650,12 @@ fn one_io_connection_lost_holds_every_queue_and_the_association_comes_back_whole
     let done = rig.run(&mut all, 2, 10_000);
     assert!(done.iter().all(|c| c.status == IoStatus::Ok), "{done:?}");
     assert_eq!(done.len(), 2, "{:?}", rig.events);
+    // A read may have been served before the connection broke: the reconnect may still
+    // be under way.
+    let until = rig.now + 10_000;
+    while rig.events.len() < 3 && rig.now < until {
+        rig.step();
+    }
     assert!(matches!(rig.events[1], Event::Lost(Failure::Closed)));
     assert!(matches!(
         rig.events[2],
@@ -1293,4 +1299,44 @@ fn an_ana_change_notice_that_the_path_cannot_serve_leaves_the_association_at_onc
     );
     let c = rig.remote.counters();
     assert_eq!((c.path_errors, c.losses, c.associations), (0, 1, 2));
+}
+
+#[test]
+fn a_namespace_resized_while_live_is_said_if_grown_and_left_if_shrunk() {
+    let (mut rig, mut a, _b) = live();
+    let served = rig.remote.geometry().unwrap();
+    let first = (DISK / 512) as u64;
+    admin(&mut rig).resize_namespace(first + 2048);
+    for _ in 0..50 {
+        rig.step();
+    }
+    assert!(rig.events.contains(&Event::NamespaceGrew {
+        blocks: first + 2048,
+        serving: first
+    }));
+    assert_eq!(rig.remote.state(), State::Live);
+    assert_eq!(
+        (rig.remote.geometry(), a.geometry()),
+        (Some(served), served)
+    );
+
+    // Shrunk below what its disks were given: their last blocks are gone; the
+    // association is left (and a reconnect refused) rather than served short.
+    admin(&mut rig).resize_namespace(first - 8);
+    for _ in 0..50 {
+        rig.step();
+    }
+    let shrunk = Failure::NamespaceChanged {
+        blocks: first - 8,
+        block_size: 512,
+    };
+    assert!(
+        rig.events.contains(&Event::Lost(shrunk)),
+        "{:?}",
+        rig.events
+    );
+    lose_with_a_read(&mut rig, &mut a);
+    rig.net.up = true;
+    rig.net.knobs = |_| {};
+    served_alone(&mut rig, &mut a);
 }
