@@ -569,6 +569,34 @@ impl Control {
         false
     }
 
+    /// Remote namespaces their targets grew (`Registry::take_remote_growth`): each disk
+    /// served from the whole of one grows with it, published as an operator's resize is
+    /// (`resize_step`: every ring checks requests against the new size first). A slice
+    /// keeps its size; its operator may grow it into the new room.
+    fn grow_remote_disks(&mut self, store: &mut Store<'_>) {
+        for (device, sectors) in self.registry.take_remote_growth() {
+            let grown: Vec<String> = self
+                .vbds
+                .iter_mut()
+                .filter_map(|(path, vbd)| {
+                    self.registry
+                        .grow_whole(&mut vbd.hooks.disk, device, sectors)
+                        .then(|| {
+                            log::info!(
+                                "blkback: {}: its remote namespace grew: {sectors} sectors",
+                                vbd.hooks.name
+                            );
+                            vbd.hooks.start_resize(sectors);
+                            path.clone()
+                        })
+                })
+                .collect();
+            for path in grown {
+                self.step(store, &path);
+            }
+        }
+    }
+
     /// A disk whose device failed (a ring's poller saw it): the reason goes to the
     /// backend's `blkdom-fault` node, Linux's error node and the console, once. The
     /// disk stays connected, answering every request with an error, until its frontend
@@ -907,6 +935,7 @@ impl Control {
                 }
             }
             self.report_faults(&mut store);
+            self.grow_remote_disks(&mut store);
             let now = xen_domain::now_ns();
             let splitting = self.vbds.values().any(|vbd| vbd.hooks.splits_limits());
             if splitting && now >= self.next_limit_split {

@@ -276,6 +276,8 @@ pub struct NetPoll {
     pub work: bool,
     /// Requests are out or a connection is being made: look again within a ms.
     pub busy: bool,
+    /// The control path has something to act on now (a namespace grew).
+    pub news: bool,
 }
 
 /// The host identifier sent in Connect: the same for every connection of this blkdom,
@@ -388,9 +390,8 @@ fn log_event(
             "{name}: connection lost: {why}; I/O held while reconnecting (every {delay} s, for up to {give_up} s)"
         ),
         Event::AttemptFailed(why) => log::warn!("{name}: reconnect attempt failed: {why}"),
-        Event::NamespaceGrew { blocks, serving } => log::warn!(
-            "{name}: the namespace grew to {blocks} blocks; its disks go on serving their first \
-             {serving} (a remote disk does not grow while served)"
+        Event::NamespaceGrew { blocks, serving } => log::info!(
+            "{name}: the namespace grew to {blocks} blocks (from {serving})"
         ),
         Event::GaveUp { waited_ms } => log::error!(
             "{name}: the target stayed unreachable for {} s: given up, its disks fail every request",
@@ -745,11 +746,12 @@ impl Net {
         }
     }
 
-    fn poll_entry(vif: &mut Vif, next_port: &mut u16, entry: &mut Entry, now: u64) -> bool {
+    /// One remote's pass: whether anything moved, and whether its namespace grew.
+    fn poll_entry(vif: &mut Vif, next_port: &mut u16, entry: &mut Entry, now: u64) -> (bool, bool) {
         let portal = entry.current_portal();
         // The portal is named only where there is a choice.
         let via = (entry.portals() > 1).then_some(portal);
-        let mut lost = false;
+        let (mut lost, mut grew) = (false, false);
         let moved = {
             let Entry {
                 name,
@@ -763,6 +765,7 @@ impl Net {
             let (policy, digests) = (remote.reconnect_policy(), remote.digests());
             remote.poll(&mut links, &Pages, now, &mut |e| {
                 lost |= matches!(e, Event::Lost(_) | Event::AttemptFailed(_));
+                grew |= matches!(e, Event::NamespaceGrew { .. });
                 log_event(name.as_str(), e, policy, digests, via)
             })
         };
@@ -771,7 +774,7 @@ impl Net {
             let next = entry.next_portal();
             log::warn!("{}: the next attempt goes to portal {next}", entry.name);
         }
-        moved
+        (moved, grew)
     }
 
     /// One pass: frames in, every remote, frames out; queues on other vCPUs with new
@@ -786,8 +789,10 @@ impl Net {
         let mut work = self.vif.poll();
         let mut busy = false;
         let mut wake = 0u64;
+        let mut news = false;
         for entry in self.entries.iter_mut().flatten() {
-            let moved = Self::poll_entry(&mut self.vif, &mut self.next_port, entry, now);
+            let (moved, grew) = Self::poll_entry(&mut self.vif, &mut self.next_port, entry, now);
+            news |= grew;
             work |= moved;
             busy |= entry.remote.busy();
             if moved {
@@ -806,7 +811,7 @@ impl Net {
             super::poller::ring_doorbell(cpu);
         }
         self.log_counters(now);
-        NetPoll { work, busy }
+        NetPoll { work, busy, news }
     }
 
     /// When smoltcp's next timer is due (a retransmission, an ack, a keep-alive), in the
@@ -853,6 +858,16 @@ impl Net {
 
     /// Each remote's number and its line for `data/blkdom-remotes/<n>`
     /// (`blkdom-stat`'s `blkdom_remote_*`): its state and counters, then its target.
+    /// Remote namespaces grown on their targets since last asked, now served at their
+    /// new size (`Remote::serve_grown`): (remote, sectors).
+    pub fn take_growth(&mut self) -> Vec<(usize, u64)> {
+        self.entries
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(at, entry)| Some((at, entry.as_mut()?.remote.serve_grown()?)))
+            .collect()
+    }
+
     pub fn remote_stats_lines(&self) -> Vec<(usize, String)> {
         self.entries
             .iter()

@@ -450,10 +450,11 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
             }
         }
         // The storage network: frames, remote disks' commands and data, reconnects.
-        let mut net_busy = false;
+        let (mut net_busy, mut net_news) = (false, false);
         if let Some(net) = control.as_mut().and_then(|c| c.poll_net()) {
             work |= net.work;
             net_busy = net.busy;
+            net_news = net.news;
         }
         // A device queue asked for its device's recovery: the control path runs it now.
         let recovery_news = crate::devices::RECOVERY_WANTED.load(Ordering::Relaxed);
@@ -475,7 +476,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         if let Some(control) = control.as_mut() {
             let kicked = control.port().is_some_and(|p| xen.shared.is_pending(p));
             let fault_news = FAULT_NEWS.swap(false, Ordering::AcqRel);
-            if kicked || fault_news || recovery_news || now >= control_due {
+            if kicked || fault_news || recovery_news || net_news || now >= control_due {
                 if let Some(p) = control.port() {
                     xen.shared.clear_pending(p);
                 }

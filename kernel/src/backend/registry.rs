@@ -307,6 +307,49 @@ impl Registry {
         Ok(())
     }
 
+    /// Remote namespaces their targets grew (`Net::take_growth`), their pools' geometry
+    /// following, so that a slice may grow into the new room: (device, sectors).
+    pub fn take_remote_growth(&mut self) -> Vec<(DeviceId, u64)> {
+        let Ok(net) = self.net.as_mut() else {
+            return Vec::new();
+        };
+        let grown = net.take_growth();
+        grown
+            .into_iter()
+            .filter_map(|(remote, sectors)| {
+                let device = DeviceId::NvmeTcp {
+                    remote: u32::try_from(remote).ok()?,
+                };
+                if let Some(pool) = self.pools.iter_mut().find(|p| p.device == device) {
+                    pool.geometry.sectors = sectors;
+                }
+                Some((device, sectors))
+            })
+            .collect()
+    }
+
+    /// A disk serving the whole of `device`, grown to `sectors`: its claim and geometry
+    /// follow (its queues read the new size from the device). False, and nothing
+    /// changes, for any other disk (a slice keeps its size).
+    pub fn grow_whole(&mut self, disk: &mut Disk, device: DeviceId, sectors: u64) -> bool {
+        let Disk::Device(open) = disk else {
+            return false;
+        };
+        if open.device != device || open.capacity.is_some() {
+            return false;
+        }
+        let old = open.extent;
+        let Some(new) = Extent::new(old.start(), sectors * blkdev::SECTOR_SIZE) else {
+            return false;
+        };
+        if new.len() <= old.len() || self.serving.resize(&device, old, new).is_err() {
+            return false;
+        }
+        open.extent = new;
+        open.geometry.sectors = sectors;
+        true
+    }
+
     /// Every device's recovery step (`Devices::recover`); the earliest time one wants
     /// its next.
     pub fn recover(&mut self, now: u64) -> Option<u64> {

@@ -127,6 +127,9 @@ pub struct Shared {
     waited_ms: AtomicU64,
     /// Which vCPU submitted last, for the network side to wake (kept by the kernel).
     pub producer_cpu: AtomicU32,
+    /// The disk's size in sectors: the namespace as served, which grows when the
+    /// target's does (`Remote::serve_grown`).
+    sectors: AtomicU64,
 }
 
 impl Shared {
@@ -148,7 +151,12 @@ impl Shared {
             gave_up: AtomicBool::new(false),
             waited_ms: AtomicU64::new(0),
             producer_cpu: AtomicU32::new(0),
+            sectors: AtomicU64::new(0),
         })
+    }
+
+    pub(crate) fn set_sectors(&self, sectors: u64) {
+        self.sectors.store(sectors, Ordering::Release);
     }
 
     /// The next submitted slot, for the network side.
@@ -220,6 +228,7 @@ pub struct DiskQueue {
 
 impl DiskQueue {
     pub(crate) fn new(shared: Arc<Shared>, geometry: Geometry) -> DiskQueue {
+        shared.set_sectors(geometry.sectors);
         DiskQueue {
             shared,
             geometry,
@@ -240,7 +249,10 @@ impl DiskQueue {
 
 impl BlockDevice for DiskQueue {
     fn geometry(&self) -> Geometry {
-        self.geometry
+        Geometry {
+            sectors: self.shared.sectors.load(Ordering::Acquire),
+            ..self.geometry
+        }
     }
 
     fn queue_depth(&self) -> usize {
@@ -269,7 +281,7 @@ impl BlockDevice for DiskQueue {
             _ => bytes / blkdev::SECTOR_SIZE,
         };
         let data = matches!(op, Op::Read | Op::Write { .. });
-        if !request.fits(sectors, self.geometry.sectors)
+        if !request.fits(sectors, self.shared.sectors.load(Ordering::Acquire))
             || request.segments.len() > MAX_SEGMENTS
             || (data && (request.segments.is_empty() || !bytes.is_multiple_of(blkdev::SECTOR_SIZE)))
         {

@@ -470,7 +470,8 @@ impl Remote {
         self.active + self.channels.iter().map(|c| c.submissions()).sum::<usize>()
     }
 
-    /// The namespace as the first bring-up found it (every reconnect must find it so).
+    /// The namespace as served: as the first bring-up found it, or grown since
+    /// (`serve_grown`); every reconnect must find at least that.
     pub fn first_namespace(&self) -> Option<NamespaceInfo> {
         self.first_namespace
     }
@@ -490,6 +491,23 @@ impl Remote {
                 secure: false,
             }),
         })
+    }
+
+    /// The namespace grew on the target (a notice, or a reconnect, found it larger):
+    /// it is served at its new size from now on, every disk queue's and every new one's
+    /// geometry saying so; the new size in sectors. `None` when it has not grown. The
+    /// caller publishes the size to the disks served whole (a slice keeps its own).
+    pub fn serve_grown(&mut self) -> Option<u64> {
+        let (first, now) = (self.first_namespace.as_mut()?, self.namespace?);
+        if now.block_size != first.block_size || now.blocks <= first.blocks {
+            return None;
+        }
+        first.blocks = now.blocks;
+        let sectors = self.geometry()?.sectors;
+        for shared in &self.channels {
+            shared.set_sectors(sectors);
+        }
+        Some(sectors)
     }
 
     /// A new disk queue on this namespace (once live); `None` past [`MAX_CHANNELS`].

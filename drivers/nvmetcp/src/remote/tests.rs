@@ -1302,10 +1302,11 @@ fn an_ana_change_notice_that_the_path_cannot_serve_leaves_the_association_at_onc
 }
 
 #[test]
-fn a_namespace_resized_while_live_is_said_if_grown_and_left_if_shrunk() {
+fn a_namespace_grown_while_live_is_served_once_the_caller_says_and_one_shrunk_is_left() {
     let (mut rig, mut a, _b) = live();
     let served = rig.remote.geometry().unwrap();
     let first = (DISK / 512) as u64;
+    rig.net.disk.resize(DISK + 2048 * 512, 0);
     admin(&mut rig).resize_namespace(first + 2048);
     for _ in 0..50 {
         rig.step();
@@ -1319,15 +1320,29 @@ fn a_namespace_resized_while_live_is_said_if_grown_and_left_if_shrunk() {
         (rig.remote.geometry(), a.geometry()),
         (Some(served), served)
     );
+    // A read past the old end is refused until the caller serves the new size.
+    let beyond = segments(10, 1);
+    let past_end = request(9, IoOp::Read, first, &beyond);
+    assert_eq!(
+        a.submit(&past_end, &Pages),
+        Err(blkdev::SubmitError::Invalid)
+    );
+    assert_eq!(rig.remote.serve_grown(), Some(first + 2048));
+    assert_eq!(rig.remote.serve_grown(), None, "once");
+    assert_eq!(a.geometry().sectors, first + 2048, "the disk queue follows");
+    assert_eq!(rig.remote.geometry().unwrap().sectors, first + 2048);
+    a.submit(&past_end, &Pages).unwrap();
+    let done = rig.run(&mut [&mut a], 1, 1_000);
+    assert_eq!(done[0].status, IoStatus::Ok);
 
-    // Shrunk below what its disks were given: their last blocks are gone; the
+    // Shrunk below what its disks are given: their last blocks are gone; the
     // association is left (and a reconnect refused) rather than served short.
-    admin(&mut rig).resize_namespace(first - 8);
+    admin(&mut rig).resize_namespace(first);
     for _ in 0..50 {
         rig.step();
     }
     let shrunk = Failure::NamespaceChanged {
-        blocks: first - 8,
+        blocks: first,
         block_size: 512,
     };
     assert!(
@@ -1337,6 +1352,6 @@ fn a_namespace_resized_while_live_is_said_if_grown_and_left_if_shrunk() {
     );
     lose_with_a_read(&mut rig, &mut a);
     rig.net.up = true;
-    rig.net.knobs = |_| {};
+    rig.net.knobs = |t| t.ns_blocks = Some((DISK / 512) as u64 + 2048);
     served_alone(&mut rig, &mut a);
 }
