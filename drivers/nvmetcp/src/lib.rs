@@ -20,8 +20,8 @@
 //!   CSTS.RDY, Identify controller and namespace) and keep-alive afterwards;
 //!   [`IoSession`]: one I/O queue (Connect with the admin queue's controller ID, then
 //!   block I/O).
-//! - [`ana`]: the ANA log page, read in bring-up: whether a controller can serve the
-//!   namespace at all.
+//! - [`ana`]: the ANA log page, read in bring-up and on each ANA change notice: whether
+//!   a controller can serve the namespace at all.
 //! - [`reconnect`]: when to try again after the target went away, and when to stop.
 //!
 //! Everything the target sends is untrusted: a PDU that breaks the protocol fails its

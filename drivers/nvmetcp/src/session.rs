@@ -56,6 +56,11 @@ enum LiveRead {
 /// lists; this host looks its namespace's group up by the ID Identify Namespace gave).
 const ANA_RETURN_GROUPS_ONLY: u8 = 1;
 
+/// Get Log Page for the ANA log, groups only.
+fn ana_log_command() -> sqe::Sqe {
+    sqe::get_log_page(ana::LOG_ANA, ANA_RETURN_GROUPS_ONLY, ana::LOG_LEN)
+}
+
 /// Who this host is and what it connects to.
 #[derive(Clone, Copy, Debug)]
 pub struct HostIdentity<'a> {
@@ -99,6 +104,14 @@ pub struct NamespaceInfo {
     pub block_size: u32,
 }
 
+impl NamespaceInfo {
+    /// Every block of `served` is still here: the same block size and at least as many
+    /// blocks (a volume grown on the target still holds them; one shrunk does not).
+    pub fn holds(&self, served: &NamespaceInfo) -> bool {
+        self.block_size == served.block_size && self.blocks >= served.blocks
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SessionState {
     Connecting,
@@ -121,7 +134,7 @@ enum Step {
     IdentifyNamespace,
     ReadAnaLog,
     SetQueueCount,
-    /// Turning ANA change notices on.
+    /// Turning Namespace Attribute (and ANA change) notices on.
     ConfigureEvents,
     Live,
 }
@@ -157,7 +170,8 @@ pub struct AdminSession {
     queue: Queue<ADMIN_QUEUE_SLOTS>,
     step: Step,
     connect_data: [u8; sqe::CONNECT_DATA_LEN],
-    /// Identify data, then the ANA log (both fit one page).
+    /// Identify data, then the ANA log, and live the reads notices call for (each fits
+    /// one page).
     identify: [u8; sqe::IDENTIFY_LEN as usize],
     nsid: u32,
     kato_ms: u32,
@@ -559,7 +573,7 @@ impl AdminSession {
                     self.identify = [0; sqe::IDENTIFY_LEN as usize];
                     self.submit(
                         TAG_ANA_LOG,
-                        sqe::get_log_page(ana::LOG_ANA, ANA_RETURN_GROUPS_ONLY, ana::LOG_LEN),
+                        ana_log_command(),
                         Payload::ToHost(ana::LOG_LEN),
                     )?;
                     self.step = Step::ReadAnaLog;
@@ -568,12 +582,7 @@ impl AdminSession {
                 }
             }
             Step::ReadAnaLog => {
-                let group = self.ana_group;
-                self.ana =
-                    ana::group_state(&self.identify, group).map(|state| AnaPath { group, state });
-                if let Some(path) = self.ana.filter(|p| !p.state.usable()) {
-                    return Err(Error::PathUnusable(path));
-                }
+                self.take_ana_log()?;
                 self.ask_queue_count()?;
             }
             Step::SetQueueCount => {
@@ -647,8 +656,7 @@ impl AdminSession {
         }
         let (read, sqe, len) = if self.ana_due {
             self.ana_due = false;
-            let sqe = sqe::get_log_page(ana::LOG_ANA, ANA_RETURN_GROUPS_ONLY, ana::LOG_LEN);
-            (LiveRead::AnaLog, sqe, ana::LOG_LEN)
+            (LiveRead::AnaLog, ana_log_command(), ana::LOG_LEN)
         } else if self.changed_due {
             self.changed_due = false;
             let sqe = sqe::get_log_page(sqe::LOG_CHANGED_NAMESPACES, 0, sqe::IDENTIFY_LEN);
@@ -671,16 +679,7 @@ impl AdminSession {
         if c.status.is_success() {
             match read {
                 // A newer notice came meanwhile: this state may be stale.
-                Some(LiveRead::AnaLog) if !self.ana_due => {
-                    let group = self.ana_group;
-                    if let Some(state) = ana::group_state(&self.identify, group) {
-                        let path = AnaPath { group, state };
-                        self.ana = Some(path);
-                        if !state.usable() {
-                            return Err(Error::PathUnusable(path));
-                        }
-                    }
-                }
+                Some(LiveRead::AnaLog) if !self.ana_due => self.take_ana_log()?,
                 Some(LiveRead::ChangedNamespaces) => {
                     // NSIDs in order, ended by a zero; 0xffffffff: more changed than fit.
                     let listed = self
@@ -703,6 +702,22 @@ impl AdminSession {
             self.namespace_due = true;
         }
         self.next_live_read()
+    }
+
+    /// The namespace's group in the ANA log just read, when the log describes it: its
+    /// state is kept, and one that cannot serve fails the session.
+    fn take_ana_log(&mut self) -> Result<(), Error> {
+        let group = self.ana_group;
+        let Some(state) = ana::group_state(&self.identify, group) else {
+            return Ok(());
+        };
+        let path = AnaPath { group, state };
+        self.ana = Some(path);
+        if state.usable() {
+            Ok(())
+        } else {
+            Err(Error::PathUnusable(path))
+        }
     }
 
     fn ask_queue_count(&mut self) -> Result<(), Error> {

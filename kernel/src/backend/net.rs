@@ -856,8 +856,6 @@ impl Net {
         )
     }
 
-    /// Each remote's number and its line for `data/blkdom-remotes/<n>`
-    /// (`blkdom-stat`'s `blkdom_remote_*`): its state and counters, then its target.
     /// Remote namespaces grown on their targets since last asked, now served at their
     /// new size (`Remote::serve_grown`): (remote, sectors).
     pub fn take_growth(&mut self) -> Vec<(usize, u64)> {
@@ -868,6 +866,8 @@ impl Net {
             .collect()
     }
 
+    /// Each remote's number and its line for `data/blkdom-remotes/<n>`
+    /// (`blkdom-stat`'s `blkdom_remote_*`): its state and counters, then its target.
     pub fn remote_stats_lines(&self) -> Vec<(usize, String)> {
         self.entries
             .iter()

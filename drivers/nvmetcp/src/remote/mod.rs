@@ -293,9 +293,9 @@ pub enum Event {
     },
     Lost(Failure),
     AttemptFailed(Failure),
-    /// The namespace is larger than when first served (`blocks` now), found on a
-    /// reconnect or on a Namespace Attribute notice; its disks go on serving the first
-    /// `serving` blocks.
+    /// The namespace is larger than served (`blocks` now, `serving` until now), found
+    /// on a reconnect or on a Namespace Attribute notice; the caller has it served at
+    /// its new size (`Remote::serve_grown`).
     NamespaceGrew {
         blocks: u64,
         serving: u64,
@@ -459,7 +459,8 @@ impl Remote {
     }
 
     /// The namespace's ANA group and state through the controller of the last
-    /// association made, when that controller reported it.
+    /// association made, when that controller reported it: as read at its bring-up or
+    /// on its latest ANA change notice.
     pub fn ana(&self) -> Option<AnaPath> {
         self.ana
     }
@@ -499,7 +500,7 @@ impl Remote {
     /// caller publishes the size to the disks served whole (a slice keeps its own).
     pub fn serve_grown(&mut self) -> Option<u64> {
         let (first, now) = (self.first_namespace.as_mut()?, self.namespace?);
-        if now.block_size != first.block_size || now.blocks <= first.blocks {
+        if !now.holds(first) || now.blocks == first.blocks {
             return None;
         }
         first.blocks = now.blocks;
@@ -751,7 +752,7 @@ impl Remote {
                         // holds every block served; one that shrank or changed its block
                         // size does not.
                         if let (Some(first), Some(ns)) = (self.first_namespace, ns) {
-                            if ns.block_size != first.block_size || ns.blocks < first.blocks {
+                            if !ns.holds(&first) {
                                 return Err(Failure::NamespaceChanged {
                                     blocks: ns.blocks,
                                     block_size: ns.block_size,
@@ -854,7 +855,7 @@ impl Remote {
             if let (Some(first), Some(ns)) = (self.first_namespace, admin.namespace()) {
                 if self.namespace != Some(ns) {
                     self.namespace = Some(ns);
-                    if ns.block_size != first.block_size || ns.blocks < first.blocks {
+                    if !ns.holds(&first) {
                         failure = Some(Failure::NamespaceChanged {
                             blocks: ns.blocks,
                             block_size: ns.block_size,
