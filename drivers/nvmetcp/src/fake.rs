@@ -227,7 +227,7 @@ pub struct Target {
     pub log_patch: Vec<(usize, u8)>,
     /// Asynchronous Event Configuration, as the host set it.
     pub async_events: Option<u32>,
-    /// Asynchronous Event Requests held for the next event, and events waiting for one.
+    /// Asynchronous Event Requests held for the next event.
     pub event_requests: Vec<u16>,
     /// Events waiting for a request: each its dword 0.
     pub events_waiting: Vec<u64>,
@@ -693,8 +693,8 @@ impl Target {
                     self.respond(cid, Status::new(1, 0x09), 0);
                     return;
                 }
-                // A second, empty group first, as nvmet lists every enabled group; and
-                // the namespace lists unless the host asked for groups only.
+                // Another group first, as nvmet lists every enabled group; and the
+                // namespace lists unless the host asked for groups only.
                 let mut log = vec![0u8; 16];
                 log[8] = 2;
                 for (group, state, nsid) in [
