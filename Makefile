@@ -109,13 +109,22 @@ bench-nvmetcp: deps-xen
 # 1 MiB, QD1 at 100 and 1,000 IOPS, idle), BENCH_RUNTIME s per job (the idle job
 # BENCH_BACKEND_IDLE_S, default 60), each job on both disks back to back. Then
 # tools/bench/backend.py: the table, one `backend-ratio` line per job and a
-# `backend-idle` line. About 35 minutes at the defaults; BENCH_BACKEND_JOBS=lg-randread-4k-qd32-q1,lg-randread-4k-qd1-q1
-# BENCH_RUNTIME=5 is a 10-minute check.
+# `backend-idle` line. Then the same on the passed-through NVMe (tests/xen/bench-backend-pt:
+# a Linux HVM driver domain and blkdom as HVM, one at a time, BENCH_BACKEND_PT_JOBS,
+# default the seven throughput jobs; BENCH_BACKEND_PT=0 leaves it out) and its table.
+# About 35 + 30 minutes at the defaults; BENCH_BACKEND_JOBS=lg-randread-4k-qd32-q1,lg-randread-4k-qd1-q1
+# BENCH_BACKEND_PT=0 BENCH_RUNTIME=5 is a 10-minute check.
+BENCH_BACKEND_PT ?= 1
 bench-backend: deps-xen
 	@rc=0; if $(MAKE) --no-print-directory image; then \
 	  $(RIG)/run.sh bench-backend --runtime $(BENCH_RUNTIME) || rc=$$?; \
+	  if [ "$(BENCH_BACKEND_PT)" != 0 ]; then \
+	    $(RIG)/run.sh bench-backend-pt --runtime $(BENCH_RUNTIME) || rc=$$?; fi; \
 	  else echo "blkdom image does not build: no nested comparison"; rc=1; fi; \
-	  python3 tools/bench/backend.py || rc=1; exit $$rc
+	  python3 tools/bench/backend.py || rc=1; \
+	  if [ "$(BENCH_BACKEND_PT)" != 0 ]; then echo; \
+	    python3 tools/bench/backend.py --nested results/xen/bench-backend-pt || rc=1; fi; \
+	  exit $$rc
 
 lint:
 	$(CARGO) fmt --all -- --check

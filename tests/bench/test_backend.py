@@ -194,6 +194,50 @@ class BackendTest(unittest.TestCase):
         [other] = [r for r in runs if r["backend"] == "blkdom" and r["round"] == 2]
         self.assertNotIn("guest_cpu_percent", other)
 
+    def test_passed_through_nvme_layout(self):
+        # tests/xen/bench-backend-pt: one guest per backend and round, both on xvda.
+        (self.root / "bench-backend-pt-config.txt").write_text(
+            "layout=pt rounds=2 runtime=10 settle=0 ramp=1 guest_pcpu=3 "
+            "linux-dd-pt_pcpus=1,2 blkdom-pt_pcpus=1,2\n"
+            f"jobs={JOB}\n")
+        edges = []
+        for guest, iops, cpu in (("bench-pt-linux", (1000, 1200), 15.0),
+                                 ("bench-pt-blkdom", (2100, 2500), 9.0)):
+            for rnd, value in zip((1, 2), iops):
+                name = f"{JOB}@xvda@{rnd}"
+                (self.root / f"fio-{guest}-{name}.json").write_text(line(value) + "\n")
+                (self.root / f"cpu-{guest}-{name}.txt").write_text(
+                    f"backend=x cpu_s={cpu} wall_s=10.0\n")
+                # pCPU 1 ran 4 s of 10 under Linux's jobs, 6 s under blkdom's.
+                run = 4 if guest == "bench-pt-linux" else 6
+                edges.append(f"BEGIN {guest} {name} host_s=0.0 thread:CPU_1/TCG=0,0")
+                edges.append(f"END {guest} {name} host_s=10.0 thread:CPU_1/TCG={run}000000000,0")
+        (self.root / "host-threads.txt").write_text("\n".join(edges) + "\n")
+        # blkdom's edges are named like Linux's jobs: they must stay on blkdom's rows.
+        (self.root / "edges-bench-backend-pt.txt").write_text(
+            f"begin {JOB}@xvda@1 uptime=100.0 guest_cpu_s=50.0 blkdom_vcpu_s=1,1 vcpu0: sleeps=0\n"
+            f"end {JOB}@xvda@1 uptime=110.0 guest_cpu_s=51.0 blkdom_vcpu_s=2,1 vcpu0: sleeps=50\n")
+        # The prefill ran once, on the first guest.
+        (self.root / "fio-bench-pt-linux-lg-write-1m-qd4-fill@xvda@0.json").write_text(line(50))
+        self.assertIs(backend.layout_of(self.root), backend.PT)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(backend.main(["--nested", str(self.root)]), 0)
+        text = out.getvalue()
+        self.assertIn(f"backend-ratio {JOB} blkdom/linux-dd-pt=2.09 iops=2300/1100 cpu=90%/150%",
+                      text)
+        self.assertIn("Linux dd IOPS", text)
+        figures = json.loads((self.root / "backend.json").read_text())
+        [entry] = figures["summary"]
+        self.assertEqual((entry["pairs"], entry["won"]), (2, 2))
+        self.assertAlmostEqual(
+            entry["backends"]["linux-dd-pt"]["host_backend_percent"]["median"], 40.0)
+        self.assertAlmostEqual(
+            entry["backends"]["blkdom-pt"]["host_backend_percent"]["median"], 60.0)
+        rows = {(r["backend"], r["round"]): r for r in figures["runs"]}
+        self.assertAlmostEqual(rows[("blkdom-pt", 1)]["poller_sleeps_per_s"], 5.0)
+        self.assertNotIn("poller_sleeps_per_s", rows[("linux-dd-pt", 1)])
+
     def test_no_results_is_an_error(self):
         with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
             self.assertEqual(backend.main(["--nested", str(self.root)]), 1)
