@@ -9,7 +9,7 @@
 //! windows and pieces of fuzzed size, change the ANA state or resize the namespace (a
 //! notice each), complete a
 //! command in flight with a fuzzed status and result, feed raw bytes, let time pass,
-//! mute keep-alives. Properties: no panic; the session never runs out of admin slots
+//! mute keep-alives, ask for the ANA log again (`refresh_ana`). Properties: no panic; the session never runs out of admin slots
 //! (`Error::Internal`); once failed it stays failed with the same error; live, it knows
 //! its controller and namespace, has 1 to the asked I/O queues, and any ANA state it
 //! holds can serve; notices counted never go down.
@@ -109,7 +109,7 @@ fuzz_target!(|data: &[u8]| {
         if input.0.is_empty() {
             break;
         }
-        match input.byte() % 7 {
+        match input.byte() % 8 {
             0 => {
                 // Shuttle: the host's bytes in a window, the target's back in pieces.
                 let window = 1 + input.uint(2) as usize % buf.len();
@@ -135,6 +135,10 @@ fuzz_target!(|data: &[u8]| {
             }
             4 => now += input.uint(2) * 8,
             5 => t.resize_namespace(input.uint(4)),
+            // The remote asks for the ANA log again (an I/O command said ANA Transition).
+            6 => {
+                let _ = s.refresh_ana();
+            }
             _ => t.mute_keep_alive = !t.mute_keep_alive,
         }
         let _ = s.poll(now);

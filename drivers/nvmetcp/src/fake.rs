@@ -217,6 +217,8 @@ pub struct Target {
     /// group's state byte in the ANA log.
     pub ana_group: u32,
     pub ana_state: u8,
+    /// ANA Transition Time in Identify Controller (nvmet's is 10 s).
+    pub ana_transition_s: u8,
     /// Get Log Page (ANA) fails (Invalid Log Page).
     pub ana_log_fails: bool,
     /// ANA log pages read.
@@ -302,6 +304,7 @@ impl Target {
             path_status: None,
             ana_group: 0,
             ana_state: 0x01,
+            ana_transition_s: 10,
             ana_log_fails: false,
             ana_log_reads: 0,
             identify_patch: Vec::new(),
@@ -642,6 +645,7 @@ impl Target {
                     sqe::CNS_CONTROLLER => {
                         if self.ana_group != 0 {
                             id[76] = 1 << 3;
+                            id[342] = self.ana_transition_s;
                         }
                         id[77] = self.mdts;
                         id[78..80].copy_from_slice(&self.cntlid.to_le_bytes());

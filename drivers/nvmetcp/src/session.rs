@@ -93,6 +93,9 @@ pub struct ControllerInfo {
     pub deallocate: bool,
     /// Keep-alive period in ms (half of KATO), 0 for none.
     pub keep_alive_ms: u32,
+    /// ANA Transition Time (ANATT, seconds): how long a group stays in the change state
+    /// at most; 0 when not reported.
+    pub ana_transition_s: u8,
 }
 
 /// The namespace the session serves.
@@ -181,6 +184,8 @@ pub struct AdminSession {
     ana: Option<AnaPath>,
     /// ANA change notices taken while live.
     ana_notices: u32,
+    /// ANA logs taken (`ana_logs_taken`).
+    ana_logs_taken: u32,
     /// Namespace Attribute notices taken while live.
     namespace_notices: u32,
     /// The read out now, and those due after it (a notice during a read of its own
@@ -224,6 +229,7 @@ impl AdminSession {
             ana_group: 0,
             ana: None,
             ana_notices: 0,
+            ana_logs_taken: 0,
             namespace_notices: 0,
             live_read: None,
             ana_due: false,
@@ -280,6 +286,24 @@ impl AdminSession {
     /// controller reports ANA and its log described the group.
     pub fn ana(&self) -> Option<AnaPath> {
         self.ana
+    }
+
+    /// Reads the ANA log again (an I/O command found the path in transition, or the
+    /// state is awaited): at once, or after the read that is out. Nothing unless live
+    /// through a controller that reports the namespace's ANA state.
+    pub fn refresh_ana(&mut self) -> Result<(), Error> {
+        if self.step != Step::Live || self.ana.is_none() || self.error.is_some() {
+            return Ok(());
+        }
+        self.ana_due = true;
+        let r = self.next_live_read();
+        self.check(r)
+    }
+
+    /// ANA logs read and taken so far (at the bring-up and since): a caller that asked
+    /// for one with [`refresh_ana`](Self::refresh_ana) knows from this when it came.
+    pub fn ana_logs_taken(&self) -> u32 {
+        self.ana_logs_taken
     }
 
     /// ANA change notices the controller sent while live (each had the log read again).
@@ -707,6 +731,7 @@ impl AdminSession {
     /// The namespace's group in the ANA log just read, when the log describes it: its
     /// state is kept, and one that cannot serve fails the session.
     fn take_ana_log(&mut self) -> Result<(), Error> {
+        self.ana_logs_taken = self.ana_logs_taken.wrapping_add(1);
         let group = self.ana_group;
         let Some(state) = ana::group_state(&self.identify, group) else {
             return Ok(());
@@ -787,6 +812,7 @@ impl AdminSession {
             volatile_write_cache: self.identify[525] & 1 != 0,
             deallocate: self.id_u16(520) & (1 << 2) != 0,
             keep_alive_ms: self.kato_ms / 2,
+            ana_transition_s: self.identify[342],
         })
     }
 

@@ -225,6 +225,12 @@ impl Status {
         self.0 & (1 << 14) != 0
     }
 
+    /// ANA Transition (type 3, code 0x03): the namespace's ANA group is changing state
+    /// through this controller; the same path may serve it within ANATT.
+    pub fn is_ana_transition(self) -> bool {
+        self.code_type() == 3 && self.code() == 0x03
+    }
+
     /// Path-related status (type 3): the path to the namespace failed, not the command
     /// (an ANA group inaccessible or in transition through this controller, a pathing
     /// error); another path, or this one later, may serve it.

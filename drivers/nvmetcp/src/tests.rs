@@ -724,6 +724,7 @@ fn io_requests_are_checked_before_they_go() {
         volatile_write_cache: false,
         deallocate: false,
         keep_alive_ms: 0,
+        ana_transition_s: 0,
     };
     let ns = crate::NamespaceInfo {
         nsid: 1,

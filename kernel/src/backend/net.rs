@@ -393,6 +393,13 @@ fn log_event(
         Event::NamespaceGrew { blocks, serving } => log::info!(
             "{name}: the namespace grew to {blocks} blocks (from {serving})"
         ),
+        Event::TransitionWait { limit_ms } => log::warn!(
+            "{name}: ANA transition{through}: requests wait on this path for up to {} s (ANATT)",
+            limit_ms / 1000
+        ),
+        Event::TransitionOver { waited_ms } => log::info!(
+            "{name}: ANA transition over{through}: waiting requests go again after {waited_ms} ms"
+        ),
         Event::GaveUp { waited_ms } => log::error!(
             "{name}: the target stayed unreachable for {} s: given up, its disks fail every request",
             waited_ms / 1000
@@ -492,7 +499,8 @@ impl Net {
             now,
         )
         .with_io_queues(self.io_queues)
-        .with_digests(self.digests);
+        .with_digests(self.digests)
+        .with_other_paths(target.portals().count() > 1);
         let sockets = match self.spare_sockets() {
             Some(sockets) => sockets,
             None => return Err(("no socket left".into(), xen::xenbus::error::errno::ENOSPC)),

@@ -31,7 +31,7 @@ use crate::queue::DataPort;
 use crate::reconnect::{Action, Reconnect, ReconnectPolicy};
 use crate::session::{AdminSession, ControllerInfo, HostIdentity, IoSession, NamespaceInfo};
 use crate::sqe::Status;
-use crate::{AnaPath, Digests, Error, SessionState};
+use crate::{AnaPath, AnaState, Digests, Error, SessionState};
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
 use alloc::string::String;
@@ -61,6 +61,13 @@ const KATO_MS: u32 = 15_000;
 /// makes it drop the connection every time): it fails, and the association, which
 /// other disks may share, serves on.
 pub const RETRIES: u8 = 5;
+
+/// How long a path may stay in an ANA transition when its controller reports no ANATT
+/// (nvmet reports 10 s).
+const DEFAULT_ANA_TRANSITION_MS: u64 = 10_000;
+/// How often the ANA log is read again while requests wait out a transition, should the
+/// controller's notice of its end not come.
+const ANA_REREAD_MS: u64 = 1_000;
 
 /// The connections of an association.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -226,6 +233,9 @@ struct Held {
     /// A command of it failed with a data transfer error: it goes again from its start
     /// once nothing of it is outstanding (unless out of retries).
     redo: bool,
+    /// A command of it came back with ANA Transition: it goes again from its start once
+    /// nothing of it is outstanding and the path serves again (no retry charged).
+    again: bool,
 }
 
 impl Held {
@@ -235,6 +245,7 @@ impl Held {
         self.outstanding = 0;
         self.failed = false;
         self.redo = false;
+        self.again = false;
         self.flushed = !matches!(self.request.op, Op::Write { preflush: true });
     }
 }
@@ -263,6 +274,7 @@ const IDLE: Held = Held {
     taken_at: 0,
     retries: 0,
     redo: false,
+    again: false,
 };
 
 /// How a remote's associations went, for the operator (`data/blkdom-net`).
@@ -279,6 +291,9 @@ pub struct RemoteCounters {
     pub transfer_errors: u64,
     /// Commands that completed with a path-related status (each lost its association).
     pub path_errors: u64,
+    /// Commands that came back with ANA Transition (their requests waited on the same
+    /// association for the path to serve again).
+    pub ana_transitions: u64,
 }
 
 /// Things worth logging, handed to the caller's closure.
@@ -315,6 +330,17 @@ pub enum Event {
     /// losses fail rather than go again.
     OutOfRetries {
         requests: usize,
+    },
+    /// The path is in an ANA transition (a command came back with ANA Transition, or
+    /// the log says the group is changing): requests wait on this association, for up
+    /// to `limit_ms` (the controller's ANATT) before it is left as lost.
+    TransitionWait {
+        limit_ms: u64,
+    },
+    /// The ANA log says the path serves again: the waiting requests go, `waited_ms`
+    /// after the wait began.
+    TransitionOver {
+        waited_ms: u64,
     },
 }
 
@@ -356,6 +382,25 @@ pub struct Remote {
     counters: RemoteCounters,
     /// A command of this pass completed with a path error: the association is left.
     path_error: Option<Status>,
+    /// The path is in an ANA transition: no command is sent (`issue`) until an ANA log
+    /// read since says the group serves; the log's count of reads when the wait began.
+    transition_wait: Option<u32>,
+    /// Since when the path has not served (the first ANA Transition, or a changing state
+    /// found, and no command completed since); ANATT after it the association is left.
+    transition_since: Option<u64>,
+    /// When the ANA log was last asked for while waiting.
+    ana_asked_at: u64,
+    /// The last association was left at ANATT: every request it held is charged a
+    /// retry, sent or not, so that a path that never ends its transition fails them.
+    transition_expired: bool,
+    /// A command of this pass came back with ANA Transition.
+    transition_hit: bool,
+    /// The caller's transport reaches the subsystem through other portals too: a path
+    /// that starts a transition while serving is left for them (`with_other_paths`).
+    other_paths: bool,
+    /// The association was made while its group was changing: it waits that out
+    /// rather than move on (the other paths were tried to get here).
+    arrived_changing: bool,
     /// Asked for on every connection of every association.
     digests: Digests,
 }
@@ -391,6 +436,13 @@ impl Remote {
             lost_at: 0,
             last_failure: None,
             path_error: None,
+            transition_wait: None,
+            transition_since: None,
+            ana_asked_at: 0,
+            transition_expired: false,
+            transition_hit: false,
+            other_paths: false,
+            arrived_changing: false,
             channels: Vec::with_capacity(MAX_CHANNELS),
             held: Vec::with_capacity(MAX_CHANNELS),
             active: 0,
@@ -410,6 +462,15 @@ impl Remote {
 
     pub fn digests(&self) -> Digests {
         self.digests
+    }
+
+    /// The caller's transport moves to another portal of the subsystem after every loss:
+    /// a path that starts an ANA transition while it serves is left for the next at
+    /// once, as Linux's native multipath sends I/O down another path, rather than
+    /// waited out (an association made while its group is changing still waits).
+    pub fn with_other_paths(mut self, other_paths: bool) -> Remote {
+        self.other_paths = other_paths;
+        self
     }
 
     /// Asks for `queues` I/O queues (1..=[`MAX_IO_QUEUES`]; default 1), each on its own
@@ -689,6 +750,11 @@ impl Remote {
                         });
                     }
                 }
+                self.arrived_changing = self.ana.is_some_and(|a| a.state == AnaState::Change);
+                if self.arrived_changing {
+                    // Live through a group in transition: nothing is sent until it ends.
+                    self.wait_for_path(now, log);
+                }
                 // What the old connection held goes again, first.
                 let failed = self.replay_active();
                 if failed > 0 {
@@ -910,6 +976,7 @@ impl Remote {
                 self.command_done(done.tag, done.status, log);
             }
         }
+        failure = failure.or_else(|| self.follow_transition(now, log));
         if let Some(failure) = failure.or_else(|| self.path_error.take().map(Failure::PathError)) {
             self.lose(t, now, failure, log);
             return true;
@@ -929,6 +996,77 @@ impl Remote {
         moved
     }
 
+    /// The ANA transition wait, after a pass's completions and log reads: begun when a
+    /// command came back with ANA Transition or the log says the group is changing,
+    /// over when a log read since says it serves, the log read again every
+    /// [`ANA_REREAD_MS`] meanwhile; a failure to leave the association with once the
+    /// path has not served for ANATT.
+    fn follow_transition(&mut self, now: u64, log: &mut dyn FnMut(Event)) -> Option<Failure> {
+        let changing = self.ana.is_some_and(|a| a.state == AnaState::Change);
+        if core::mem::take(&mut self.transition_hit) || changing {
+            if self.other_paths && !self.arrived_changing {
+                // Another portal may serve now: over to it, after a reconnect delay as
+                // for any path error (`lose`).
+                return Some(Failure::PathError(Status::new(3, 0x03)));
+            }
+            self.wait_for_path(now, log);
+        }
+        let taken_at_start = self.transition_wait?;
+        let taken = self
+            .admin
+            .as_ref()
+            .map_or(taken_at_start, |a| a.ana_logs_taken());
+        if taken != taken_at_start && !changing && self.ana.is_some_and(|a| a.state.usable()) {
+            self.transition_wait = None;
+            self.arrived_changing = false;
+            let since = self.transition_since.unwrap_or(now);
+            log(Event::TransitionOver {
+                waited_ms: now.saturating_sub(since),
+            });
+            return None;
+        }
+        if self
+            .transition_since
+            .is_some_and(|since| now >= since + self.transition_limit_ms())
+        {
+            self.transition_expired = true;
+            return Some(Failure::PathError(Status::new(3, 0x03)));
+        }
+        if now >= self.ana_asked_at + ANA_REREAD_MS {
+            self.ana_asked_at = now;
+            if let Some(Err(e)) = self.admin.as_mut().map(|a| a.refresh_ana()) {
+                return Some(Failure::Session(e));
+            }
+        }
+        None
+    }
+
+    /// Commands wait from now (unless they already do): the path is in an ANA
+    /// transition.
+    fn wait_for_path(&mut self, now: u64, log: &mut dyn FnMut(Event)) {
+        if self.transition_wait.is_some() {
+            return;
+        }
+        self.transition_wait = Some(self.admin.as_ref().map_or(0, |a| a.ana_logs_taken()));
+        // The log is asked for at most every ANA_REREAD_MS (`follow_transition`): a
+        // target whose log says the group serves while its I/O says otherwise has its
+        // requests sent again once a second, not in a loop, until ANATT.
+        if self.transition_since.is_none() {
+            self.transition_since = Some(now);
+            log(Event::TransitionWait {
+                limit_ms: self.transition_limit_ms(),
+            });
+        }
+    }
+
+    /// ANATT: how long a path may not serve through a transition.
+    fn transition_limit_ms(&self) -> u64 {
+        match self.controller.map_or(0, |c| c.ana_transition_s) {
+            0 => DEFAULT_ANA_TRANSITION_MS,
+            s => u64::from(s) * 1000,
+        }
+    }
+
     fn lose(&mut self, t: &mut dyn Transport, now: u64, why: Failure, log: &mut dyn FnMut(Event)) {
         log(Event::Lost(why));
         self.counters.losses += 1;
@@ -941,6 +1079,9 @@ impl Remote {
         }
         self.admin = None;
         self.path_error = None;
+        self.transition_wait = None;
+        self.transition_since = None;
+        self.transition_hit = false;
         self.close_links(t);
         self.lost_at = now;
         self.last_failure = None;
@@ -968,8 +1109,8 @@ impl Remote {
                     continue;
                 }
                 // Only what went out counts: a request still waiting for its turn did
-                // not meet the target.
-                if h.issued > 0 || h.outstanding > 0 {
+                // not meet the target (unless it waited out a whole ANA transition).
+                if h.issued > 0 || h.outstanding > 0 || self.transition_expired {
                     if h.retries >= RETRIES {
                         h.failed = true;
                         self.finish(ch as u16, slot as u16);
@@ -984,6 +1125,7 @@ impl Remote {
                     .push_back((ch as u16, slot as u16));
             }
         }
+        self.transition_expired = false;
         out_of_retries
     }
 
@@ -1010,6 +1152,7 @@ impl Remote {
                     taken_at: self.now,
                     retries: 0,
                     redo: false,
+                    again: false,
                 };
                 self.active += 1;
                 self.io[queue_of(shared, self.live_queues)]
@@ -1020,8 +1163,12 @@ impl Remote {
         moved
     }
 
-    /// Sends commands for pending requests while the I/O queues take them.
+    /// Sends commands for pending requests while the I/O queues take them (none while
+    /// the path is in an ANA transition).
     fn issue(&mut self) -> bool {
+        if self.transition_wait.is_some() {
+            return false;
+        }
         let mut moved = false;
         for n in 0..usize::from(self.live_queues) {
             moved |= self.issue_on(n);
@@ -1149,15 +1296,20 @@ impl Remote {
             return;
         };
         h.outstanding -= 1;
-        if status.is_path_error() && !status.do_not_retry() {
+        if status.is_ana_transition() && !status.do_not_retry() {
+            // The path serves again within ANATT: the request waits on this association
+            // and goes again from its start then (`follow_transition`).
+            self.counters.ana_transitions += 1;
+            self.transition_hit = true;
+            h.again = true;
+        } else if status.is_path_error() && !status.do_not_retry() {
             // Not this request's fault: it stays taken, and goes again from its start on
             // the next association (charged as one that was out at a loss), which this
             // pass's end brings about.
             self.counters.path_errors += 1;
             self.path_error.get_or_insert(status);
             return;
-        }
-        if status == Status::DATA_TRANSFER_ERROR {
+        } else if status == Status::DATA_TRANSFER_ERROR {
             self.counters.transfer_errors += 1;
             if h.retries < RETRIES {
                 h.redo = true;
@@ -1167,6 +1319,10 @@ impl Remote {
             }
         } else {
             h.failed |= !ok;
+            if ok && self.transition_wait.is_none() {
+                // The path serves (a command out from before a wait says nothing).
+                self.transition_since = None;
+            }
         }
         if !h.flushed {
             // The pre-flush: the data goes now.
@@ -1178,13 +1334,15 @@ impl Remote {
             _ => h.issued >= h.request.amount,
         };
         if h.outstanding == 0 && all {
-            if h.redo && !h.failed {
+            if (h.redo || h.again) && !h.failed {
                 // Again from its start, on the queue it would go on now.
-                h.retries += 1;
+                if h.redo {
+                    h.retries += 1;
+                    log(Event::TransferError {
+                        retry: Some(h.retries),
+                    });
+                }
                 h.restart();
-                log(Event::TransferError {
-                    retry: Some(h.retries),
-                });
                 let queue = queue_of(&self.channels[usize::from(ch)], self.live_queues);
                 self.io[queue].pending.push_back((ch, slot));
             } else {

@@ -1179,6 +1179,21 @@ fn a_request_no_path_serves_fails_after_its_retries() {
         .any(|e| matches!(e, Event::OutOfRetries { requests: 1 })));
 }
 
+/// A read of 8 KiB from sector 16 into pages 3 and 4, on `q`.
+fn submit_read(q: &mut DiskQueue) {
+    let r = segments(3, 2);
+    q.submit(&request(1, IoOp::Read, 16, &r), &Pages).unwrap();
+}
+
+/// `q`'s read (`submit_read`) completes within `ms`, with the namespace's data.
+fn read_served(rig: &mut Rig, q: &mut DiskQueue, ms: u64) {
+    let done = rig.run(&mut [&mut *q], 1, ms);
+    assert_eq!(done.len(), 1, "{:?}", rig.events);
+    assert_eq!(done[0].status, IoStatus::Ok, "{:?}", rig.events);
+    let mem = rig.mem.0.borrow();
+    assert!(mem[3 * 4096..5 * 4096] == rig.net.disk[16 * 512..16 * 512 + 8192]);
+}
+
 fn ana_inaccessible(t: &mut Target) {
     (t.ana_group, t.ana_state) = (4, 0x03);
 }
@@ -1243,11 +1258,7 @@ fn a_reconnect_through_an_inaccessible_path_holds_requests_until_one_serves() {
     let c = rig.remote.counters();
     assert_eq!((c.path_errors, c.associations), (0, 1));
     rig.net.knobs = ana_optimized;
-    let done = rig.run(&mut [&mut q], 1, 12_000);
-    assert_eq!(done.len(), 1);
-    assert_eq!(done[0].status, IoStatus::Ok);
-    let mem = rig.mem.0.borrow();
-    assert!(mem[3 * 4096..5 * 4096] == rig.net.disk[16 * 512..16 * 512 + 8192]);
+    read_served(&mut rig, &mut q, 12_000);
 }
 
 #[test]
@@ -1299,6 +1310,181 @@ fn an_ana_change_notice_that_the_path_cannot_serve_leaves_the_association_at_onc
     );
     let c = rig.remote.counters();
     assert_eq!((c.path_errors, c.losses, c.associations), (0, 1, 2));
+}
+
+// ---- ANA transitions ----
+
+/// ANA Transition: the namespace's group is changing state through this controller.
+const TRANSITION: Status = Status((3 << 8) | 0x03);
+
+fn ana_changing(t: &mut Target) {
+    (t.ana_group, t.ana_state, t.ana_transition_s) = (4, 0x0f, 1);
+}
+
+/// The target's end of I/O queue 0's connection.
+fn io0(rig: &mut Rig) -> &mut Target {
+    rig.net.links[Link::Io(0).index()].as_mut().unwrap()
+}
+
+#[test]
+fn an_ana_transition_holds_requests_on_the_association_until_the_path_serves() {
+    let mut rig = Rig::new(ana_optimized);
+    assert_eq!(rig.bring_up(), State::Live);
+    let mut q = rig.remote.add_queue().unwrap();
+    rig.run(&mut [&mut q], 1, 50);
+    // The gateway moves the group: its I/O says ANA Transition, its log says changing.
+    io0(&mut rig).path_status = Some(TRANSITION);
+    admin(&mut rig).ana_change(0x0f);
+    submit_read(&mut q);
+    let done = rig.run(&mut [&mut q], 1, 5_000);
+    assert!(
+        done.is_empty(),
+        "held through the transition: {done:?} {:?}",
+        rig.events
+    );
+    assert_eq!(rig.remote.state(), State::Live);
+    assert!(rig
+        .events
+        .contains(&Event::TransitionWait { limit_ms: 10_000 }));
+    let sent = io0(&mut rig).io_commands;
+    assert!(sent <= 1, "nothing sent while it waits ({sent} commands)");
+    // Read again every second meanwhile, should the notice of the end not come.
+    assert!(
+        admin(&mut rig).ana_log_reads >= 5,
+        "{}",
+        admin(&mut rig).ana_log_reads
+    );
+    // The group serves again through this controller.
+    io0(&mut rig).path_status = None;
+    admin(&mut rig).ana_change(0x01);
+    read_served(&mut rig, &mut q, 1_000);
+    assert!(rig
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::TransitionOver { waited_ms } if *waited_ms >= 5_000)));
+    let c = rig.remote.counters();
+    assert_eq!((c.losses, c.associations, c.path_errors), (0, 1, 0));
+    assert!(c.ana_transitions >= 1);
+}
+
+#[test]
+fn with_other_portals_a_path_that_starts_a_transition_is_left_for_them() {
+    let mut rig = Rig::new(ana_optimized);
+    rig.remote.other_paths = true;
+    assert_eq!(rig.bring_up(), State::Live);
+    let mut q = rig.remote.add_queue().unwrap();
+    rig.run(&mut [&mut q], 1, 50);
+    admin(&mut rig).ana_change(0x0f);
+    for _ in 0..20 {
+        rig.step();
+    }
+    assert!(rig
+        .events
+        .contains(&Event::Lost(Failure::PathError(TRANSITION))));
+    assert!(!rig
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::TransitionWait { .. })));
+    // The next portal (the caller's transport) serves.
+    submit_read(&mut q);
+    read_served(&mut rig, &mut q, 10_000);
+    assert_eq!(rig.remote.counters().associations, 2);
+}
+
+#[test]
+fn an_association_made_while_its_group_changes_waits_even_with_other_portals() {
+    let mut rig = Rig::new(|t| {
+        ana_changing(t);
+        t.ana_transition_s = 30;
+    });
+    rig.remote.other_paths = true;
+    assert_eq!(rig.bring_up(), State::Live);
+    let mut q = rig.remote.add_queue().unwrap();
+    submit_read(&mut q);
+    assert!(rig.run(&mut [&mut q], 1, 2_000).is_empty());
+    assert_eq!(rig.remote.counters().losses, 0, "waited, not left");
+    admin(&mut rig).ana_change(0x01);
+    read_served(&mut rig, &mut q, 1_000);
+    // Serving now: a later transition is left for the other portals.
+    admin(&mut rig).ana_change(0x0f);
+    for _ in 0..20 {
+        rig.step();
+    }
+    assert_eq!(rig.remote.counters().losses, 1);
+}
+
+#[test]
+fn an_ana_transition_longer_than_anatt_leaves_the_association() {
+    let mut rig = Rig::new(|t| {
+        ana_optimized(t);
+        t.ana_transition_s = 2;
+    });
+    assert_eq!(rig.bring_up(), State::Live);
+    let mut q = rig.remote.add_queue().unwrap();
+    // Only this association's I/O says ANA Transition, and its log never says so (each
+    // read again finds the group optimized, and the request goes and comes back again).
+    io0(&mut rig).path_status = Some(TRANSITION);
+    submit_read(&mut q);
+    // Served on the next association.
+    read_served(&mut rig, &mut q, 30_000);
+    assert!(rig
+        .events
+        .contains(&Event::Lost(Failure::PathError(TRANSITION))));
+    let lost_at = rig
+        .events
+        .iter()
+        .position(|e| matches!(e, Event::Lost(_)))
+        .unwrap();
+    assert!(rig.events[..lost_at]
+        .iter()
+        .any(|e| matches!(e, Event::TransitionOver { .. })));
+    let c = rig.remote.counters();
+    assert_eq!((c.losses, c.associations), (1, 2));
+    assert!(c.ana_transitions >= 2, "sent again after each log read");
+    assert!(rig.now >= 2_000 + Timing::DEFAULT.reconnect.delay_ms);
+}
+
+#[test]
+fn a_bring_up_into_a_changing_group_sends_nothing_until_it_serves() {
+    let mut rig = Rig::new(|t| {
+        ana_changing(t);
+        t.ana_transition_s = 30;
+    });
+    assert_eq!(rig.bring_up(), State::Live);
+    let changing = AnaPath {
+        group: 4,
+        state: AnaState::Change,
+    };
+    assert!(matches!(rig.events[..], [Event::Live { ana: Some(a), .. }, ..] if a == changing));
+    let mut q = rig.remote.add_queue().unwrap();
+    submit_read(&mut q);
+    let done = rig.run(&mut [&mut q], 1, 3_000);
+    assert!(done.is_empty());
+    assert_eq!(
+        io0(&mut rig).io_commands,
+        0,
+        "nothing sent through a changing group"
+    );
+    admin(&mut rig).ana_change(0x01);
+    read_served(&mut rig, &mut q, 1_000);
+    assert_eq!(rig.remote.counters().losses, 0);
+}
+
+#[test]
+fn a_path_that_never_ends_its_transition_fails_its_requests_after_their_retries() {
+    // Every controller reached says the group is changing, for good.
+    let mut rig = Rig::new(ana_changing);
+    assert_eq!(rig.bring_up(), State::Live);
+    let mut q = rig.remote.add_queue().unwrap();
+    submit_read(&mut q);
+    let done = rig.run(&mut [&mut q], 1, 120_000);
+    assert_eq!(done.len(), 1, "the request ends");
+    assert_ne!(done[0].status, IoStatus::Ok);
+    assert_eq!(rig.remote.counters().losses, 1 + u64::from(RETRIES));
+    assert!(rig
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::OutOfRetries { requests: 1 })));
 }
 
 #[test]
