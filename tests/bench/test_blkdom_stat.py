@@ -705,7 +705,8 @@ class PrometheusTest(FakeXenstore):
                     f"{words['held-max-ms']} ms at most; {words['in-flight']} in flight; "
                     f"{words['losses']} lost, {words['failed-attempts']} failed attempts, "
                     f"{words['transfer-errors']} transfer errors, "
-                    f"{words['path-errors']} path errors; on portal {words['portal']}, "
+                    f"{words['path-errors']} path errors, "
+                    f"{words['ana-transitions']} ANA transitions; on portal {words['portal']}, "
                     f"ANA state {words['ana']}")  # 80xx is no state the tool names
                 self.assertTrue(remotes[1].startswith(f"remote {REMOTES[2]}: "), remotes[1])
         # Each ANA state by its name, and none reported.

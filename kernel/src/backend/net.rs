@@ -899,7 +899,8 @@ impl Net {
                 let ana = remote.ana().map_or(0, |a| a.state.code());
                 let line = format!(
                     "up={} state={state} io-queues={} associations={} losses={} \
-                     failed-attempts={} transfer-errors={} path-errors={} portal={} ana={ana} \
+                     failed-attempts={} transfer-errors={} path-errors={} ana-transitions={} \
+                     portal={} ana={ana} \
                      requests={} held-ms={} held-max-ms={} in-flight={} target={}",
                     u8::from(state == 1),
                     remote.io_queues(),
@@ -908,6 +909,7 @@ impl Net {
                     counters.failed_attempts,
                     counters.transfer_errors,
                     counters.path_errors,
+                    counters.ana_transitions,
                     entry.portal,
                     held.completed,
                     held.total_ms,

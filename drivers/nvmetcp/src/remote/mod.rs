@@ -291,8 +291,8 @@ pub struct RemoteCounters {
     pub transfer_errors: u64,
     /// Commands that completed with a path-related status (each lost its association).
     pub path_errors: u64,
-    /// Commands that came back with ANA Transition (their requests waited on the same
-    /// association for the path to serve again).
+    /// ANA transitions met (a command came back with ANA Transition, or the log said
+    /// the group was changing): each waited out on its path, or left for another portal.
     pub ana_transitions: u64,
 }
 
@@ -1007,6 +1007,7 @@ impl Remote {
             if self.other_paths && !self.arrived_changing {
                 // Another portal may serve now: over to it, after a reconnect delay as
                 // for any path error (`lose`).
+                self.counters.ana_transitions += 1;
                 return Some(Failure::PathError(Status::new(3, 0x03)));
             }
             self.wait_for_path(now, log);
@@ -1053,6 +1054,7 @@ impl Remote {
         // requests sent again once a second, not in a loop, until ANATT.
         if self.transition_since.is_none() {
             self.transition_since = Some(now);
+            self.counters.ana_transitions += 1;
             log(Event::TransitionWait {
                 limit_ms: self.transition_limit_ms(),
             });
@@ -1299,7 +1301,6 @@ impl Remote {
         if status.is_ana_transition() && !status.do_not_retry() {
             // The path serves again within ANATT: the request waits on this association
             // and goes again from its start then (`follow_transition`).
-            self.counters.ana_transitions += 1;
             self.transition_hit = true;
             h.again = true;
         } else if status.is_path_error() && !status.do_not_retry() {
