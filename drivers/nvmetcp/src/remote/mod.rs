@@ -1005,10 +1005,23 @@ impl Remote {
         let changing = self.ana.is_some_and(|a| a.state == AnaState::Change);
         if core::mem::take(&mut self.transition_hit) || changing {
             if self.other_paths && !self.arrived_changing {
-                // Another portal may serve now: over to it, after a reconnect delay as
-                // for any path error (`lose`).
-                self.counters.ana_transitions += 1;
-                return Some(Failure::PathError(Status::new(3, 0x03)));
+                // Another portal may serve now.
+                let leave = match self.ana {
+                    // The log says so: over to the next at once, as for a state that
+                    // cannot serve (no reconnect delay: its bring-up reads its own).
+                    Some(path) if changing => Some(Failure::Session(Error::PathUnusable(path))),
+                    // No log to ask: a path error like any (a reconnect delay first).
+                    None => Some(Failure::PathError(Status::new(3, 0x03))),
+                    // Only a command said so: the log is asked first (the wait below);
+                    // one that says the group serves leaves it to ANATT.
+                    Some(_) => None,
+                };
+                if leave.is_some() {
+                    if self.transition_since.is_none() {
+                        self.counters.ana_transitions += 1;
+                    }
+                    return leave;
+                }
             }
             self.wait_for_path(now, log);
         }
@@ -1055,9 +1068,12 @@ impl Remote {
         if self.transition_since.is_none() {
             self.transition_since = Some(now);
             self.counters.ana_transitions += 1;
-            log(Event::TransitionWait {
-                limit_ms: self.transition_limit_ms(),
-            });
+            // With other portals to go to, the wait is for the log's answer only.
+            if !self.other_paths || self.arrived_changing {
+                log(Event::TransitionWait {
+                    limit_ms: self.transition_limit_ms(),
+                });
+            }
         }
     }
 

@@ -1367,6 +1367,11 @@ fn an_ana_transition_holds_requests_on_the_association_until_the_path_serves() {
     assert_eq!(c.ana_transitions, 1);
 }
 
+const CHANGING: AnaPath = AnaPath {
+    group: 4,
+    state: AnaState::Change,
+};
+
 #[test]
 fn with_other_portals_a_path_that_starts_a_transition_is_left_for_them() {
     let mut rig = Rig::new(ana_optimized);
@@ -1374,22 +1379,62 @@ fn with_other_portals_a_path_that_starts_a_transition_is_left_for_them() {
     assert_eq!(rig.bring_up(), State::Live);
     let mut q = rig.remote.add_queue().unwrap();
     rig.run(&mut [&mut q], 1, 50);
+    // A command meets the change first (the usual order under load), then the notice.
+    io0(&mut rig).path_status = Some(TRANSITION);
     admin(&mut rig).ana_change(0x0f);
-    for _ in 0..20 {
+    submit_read(&mut q);
+    let lost_at = rig.now;
+    for _ in 0..50 {
         rig.step();
     }
-    assert!(rig
-        .events
-        .contains(&Event::Lost(Failure::PathError(TRANSITION))));
+    let changing = Failure::Session(Error::PathUnusable(CHANGING));
+    assert!(
+        rig.events.contains(&Event::Lost(changing)),
+        "{:?}",
+        rig.events
+    );
+    assert_eq!(
+        changing.to_string(),
+        "the namespace's ANA group 4 is changing through this controller"
+    );
     assert!(!rig
         .events
         .iter()
         .any(|e| matches!(e, Event::TransitionWait { .. })));
-    // The next portal (the caller's transport) serves.
-    submit_read(&mut q);
+    // The next portal (the caller's transport) serves, at once: the log said the group
+    // was changing here, so no reconnect delay.
     read_served(&mut rig, &mut q, 10_000);
+    assert!(
+        rig.now - lost_at < Timing::DEFAULT.reconnect.delay_ms,
+        "served {} ms after the change",
+        rig.now - lost_at
+    );
     let c = rig.remote.counters();
     assert_eq!((c.associations, c.ana_transitions), (2, 1));
+}
+
+#[test]
+fn with_other_portals_a_transition_the_log_denies_is_left_at_anatt() {
+    let mut rig = Rig::new(|t| {
+        ana_optimized(t);
+        t.ana_transition_s = 2;
+    });
+    rig.remote.other_paths = true;
+    assert_eq!(rig.bring_up(), State::Live);
+    let mut q = rig.remote.add_queue().unwrap();
+    io0(&mut rig).path_status = Some(TRANSITION);
+    submit_read(&mut q);
+    let sent_at = rig.now;
+    let lost = Event::Lost(Failure::PathError(TRANSITION));
+    while !rig.events.contains(&lost) && rig.now < sent_at + 30_000 {
+        rig.step();
+    }
+    assert!(
+        rig.now - sent_at >= 2_000,
+        "left at ANATT, not before ({} ms)",
+        rig.now - sent_at
+    );
+    read_served(&mut rig, &mut q, 30_000);
 }
 
 #[test]
