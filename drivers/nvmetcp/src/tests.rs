@@ -365,6 +365,45 @@ fn ana_change_notices_while_live_have_the_log_read_again() {
 }
 
 #[test]
+fn the_ana_log_is_read_again_when_asked_one_read_at_a_time() {
+    // Without ANA reported there is no log to ask for.
+    let mut t = Target::new();
+    let mut rng = Rng(24);
+    let (mut s, r, now) = bring_up(&mut t, &mut rng, 5000);
+    assert_eq!(r, Ok(()));
+    assert_eq!(s.refresh_ana(), Ok(()));
+    pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now)).unwrap();
+    assert_eq!((t.ana_log_reads, s.ana_logs_taken()), (0, 0));
+
+    let mut t = Target::new();
+    (t.ana_group, t.ana_state) = (5, 0x01);
+    let (mut s, r, now) = bring_up(&mut t, &mut rng, 5000);
+    assert_eq!(r, Ok(()));
+    pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now)).unwrap();
+    assert_eq!(
+        (t.ana_log_reads, s.ana_logs_taken()),
+        (1, 1),
+        "the bring-up's"
+    );
+    // Asked for three times before the first answer: one read out, then one more (a
+    // read out may predate the change that made the caller ask), never a fifth
+    // command on the admin queue.
+    t.ana_state = 0x0f;
+    for _ in 0..3 {
+        assert_eq!(s.refresh_ana(), Ok(()));
+    }
+    pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now)).unwrap();
+    assert_eq!(s.poll(now), Ok(()));
+    assert_eq!(t.ana_log_reads, 3);
+    assert_eq!(
+        s.ana_logs_taken(),
+        2,
+        "the read out when asked again is not taken"
+    );
+    assert_eq!(s.ana().map(|a| a.state), Some(AnaState::Change));
+}
+
+#[test]
 fn a_namespace_attribute_notice_has_the_namespace_identified_again() {
     let mut t = Target::new();
     let mut rng = Rng(23);
