@@ -199,6 +199,9 @@ impl Status {
     /// Generic "data transfer error" (type 0, code 0x04): what Linux's host completes a
     /// read with when its data digest does not match, and worth another try.
     pub const DATA_TRANSFER_ERROR: Status = Status(0x04);
+    /// ANA Transition (type 3, code 0x03): the namespace's ANA group is changing state
+    /// through this controller (nvmet's answer to I/O in the change state).
+    pub const ANA_TRANSITION: Status = Status((3 << 8) | 0x03);
 
     pub fn from_dw3(dw3: u32) -> Self {
         Status((dw3 >> 17) as u16)
@@ -225,10 +228,10 @@ impl Status {
         self.0 & (1 << 14) != 0
     }
 
-    /// ANA Transition (type 3, code 0x03): the namespace's ANA group is changing state
-    /// through this controller; the same path may serve it within ANATT.
+    /// [`Status::ANA_TRANSITION`], whatever its other bits (Do Not Retry, More): the
+    /// same path may serve the command within ANATT.
     pub fn is_ana_transition(self) -> bool {
-        self.code_type() == 3 && self.code() == 0x03
+        (self.code_type(), self.code()) == (3, Self::ANA_TRANSITION.code())
     }
 
     /// Path-related status (type 3): the path to the namespace failed, not the command

@@ -1011,7 +1011,7 @@ impl Remote {
                     // cannot serve (no reconnect delay: its bring-up reads its own).
                     Some(path) if changing => Some(Failure::Session(Error::PathUnusable(path))),
                     // No log to ask: a path error like any (a reconnect delay first).
-                    None => Some(Failure::PathError(Status::new(3, 0x03))),
+                    None => Some(Failure::PathError(Status::ANA_TRANSITION)),
                     // Only a command said so: the log is asked first (the wait below);
                     // one that says the group serves leaves it to ANATT.
                     Some(_) => None,
@@ -1044,7 +1044,7 @@ impl Remote {
             .is_some_and(|since| now >= since + self.transition_limit_ms())
         {
             self.transition_expired = true;
-            return Some(Failure::PathError(Status::new(3, 0x03)));
+            return Some(Failure::PathError(Status::ANA_TRANSITION));
         }
         if now >= self.ana_asked_at + ANA_REREAD_MS {
             self.ana_asked_at = now;

@@ -1314,11 +1314,36 @@ fn an_ana_change_notice_that_the_path_cannot_serve_leaves_the_association_at_onc
 
 // ---- ANA transitions ----
 
-/// ANA Transition: the namespace's group is changing state through this controller.
-const TRANSITION: Status = Status((3 << 8) | 0x03);
+const TRANSITION: Status = Status::ANA_TRANSITION;
+const CHANGING: AnaPath = AnaPath {
+    group: 4,
+    state: AnaState::Change,
+};
 
 fn ana_changing(t: &mut Target) {
     (t.ana_group, t.ana_state, t.ana_transition_s) = (4, 0x0f, 1);
+}
+
+/// Optimized, and a short ANATT.
+fn ana_optimized_anatt_2s(t: &mut Target) {
+    ana_optimized(t);
+    t.ana_transition_s = 2;
+}
+
+/// Changing, and a long ANATT.
+fn ana_changing_anatt_30s(t: &mut Target) {
+    ana_changing(t);
+    t.ana_transition_s = 30;
+}
+
+/// Live on a target with `knobs`, one disk queue; `other_paths`: the caller's transport
+/// has other portals to go to.
+fn live_on(knobs: fn(&mut Target), other_paths: bool) -> (Rig, DiskQueue) {
+    let mut rig = Rig::new(knobs);
+    rig.remote.other_paths = other_paths;
+    assert_eq!(rig.bring_up(), State::Live);
+    let q = rig.remote.add_queue().unwrap();
+    (rig, q)
 }
 
 /// The target's end of I/O queue 0's connection.
@@ -1328,9 +1353,7 @@ fn io0(rig: &mut Rig) -> &mut Target {
 
 #[test]
 fn an_ana_transition_holds_requests_on_the_association_until_the_path_serves() {
-    let mut rig = Rig::new(ana_optimized);
-    assert_eq!(rig.bring_up(), State::Live);
-    let mut q = rig.remote.add_queue().unwrap();
+    let (mut rig, mut q) = live_on(ana_optimized, false);
     rig.run(&mut [&mut q], 1, 50);
     // The gateway moves the group: its I/O says ANA Transition, its log says changing.
     io0(&mut rig).path_status = Some(TRANSITION);
@@ -1367,17 +1390,9 @@ fn an_ana_transition_holds_requests_on_the_association_until_the_path_serves() {
     assert_eq!(c.ana_transitions, 1);
 }
 
-const CHANGING: AnaPath = AnaPath {
-    group: 4,
-    state: AnaState::Change,
-};
-
 #[test]
 fn with_other_portals_a_path_that_starts_a_transition_is_left_for_them() {
-    let mut rig = Rig::new(ana_optimized);
-    rig.remote.other_paths = true;
-    assert_eq!(rig.bring_up(), State::Live);
-    let mut q = rig.remote.add_queue().unwrap();
+    let (mut rig, mut q) = live_on(ana_optimized, true);
     rig.run(&mut [&mut q], 1, 50);
     // A command meets the change first (the usual order under load), then the notice.
     io0(&mut rig).path_status = Some(TRANSITION);
@@ -1415,13 +1430,7 @@ fn with_other_portals_a_path_that_starts_a_transition_is_left_for_them() {
 
 #[test]
 fn with_other_portals_a_transition_the_log_denies_is_left_at_anatt() {
-    let mut rig = Rig::new(|t| {
-        ana_optimized(t);
-        t.ana_transition_s = 2;
-    });
-    rig.remote.other_paths = true;
-    assert_eq!(rig.bring_up(), State::Live);
-    let mut q = rig.remote.add_queue().unwrap();
+    let (mut rig, mut q) = live_on(ana_optimized_anatt_2s, true);
     io0(&mut rig).path_status = Some(TRANSITION);
     submit_read(&mut q);
     let sent_at = rig.now;
@@ -1439,13 +1448,7 @@ fn with_other_portals_a_transition_the_log_denies_is_left_at_anatt() {
 
 #[test]
 fn an_association_made_while_its_group_changes_waits_even_with_other_portals() {
-    let mut rig = Rig::new(|t| {
-        ana_changing(t);
-        t.ana_transition_s = 30;
-    });
-    rig.remote.other_paths = true;
-    assert_eq!(rig.bring_up(), State::Live);
-    let mut q = rig.remote.add_queue().unwrap();
+    let (mut rig, mut q) = live_on(ana_changing_anatt_30s, true);
     submit_read(&mut q);
     assert!(rig.run(&mut [&mut q], 1, 2_000).is_empty());
     assert_eq!(rig.remote.counters().losses, 0, "waited, not left");
@@ -1461,12 +1464,7 @@ fn an_association_made_while_its_group_changes_waits_even_with_other_portals() {
 
 #[test]
 fn an_ana_transition_longer_than_anatt_leaves_the_association() {
-    let mut rig = Rig::new(|t| {
-        ana_optimized(t);
-        t.ana_transition_s = 2;
-    });
-    assert_eq!(rig.bring_up(), State::Live);
-    let mut q = rig.remote.add_queue().unwrap();
+    let (mut rig, mut q) = live_on(ana_optimized_anatt_2s, false);
     // Only this association's I/O says ANA Transition, and its log never says so (each
     // read again finds the group optimized, and the request goes and comes back again).
     io0(&mut rig).path_status = Some(TRANSITION);
@@ -1495,17 +1493,8 @@ fn an_ana_transition_longer_than_anatt_leaves_the_association() {
 
 #[test]
 fn a_bring_up_into_a_changing_group_sends_nothing_until_it_serves() {
-    let mut rig = Rig::new(|t| {
-        ana_changing(t);
-        t.ana_transition_s = 30;
-    });
-    assert_eq!(rig.bring_up(), State::Live);
-    let changing = AnaPath {
-        group: 4,
-        state: AnaState::Change,
-    };
-    assert!(matches!(rig.events[..], [Event::Live { ana: Some(a), .. }, ..] if a == changing));
-    let mut q = rig.remote.add_queue().unwrap();
+    let (mut rig, mut q) = live_on(ana_changing_anatt_30s, false);
+    assert!(matches!(rig.events[..], [Event::Live { ana: Some(a), .. }, ..] if a == CHANGING));
     submit_read(&mut q);
     let done = rig.run(&mut [&mut q], 1, 3_000);
     assert!(done.is_empty());
@@ -1522,9 +1511,7 @@ fn a_bring_up_into_a_changing_group_sends_nothing_until_it_serves() {
 #[test]
 fn a_path_that_never_ends_its_transition_fails_its_requests_after_their_retries() {
     // Every controller reached says the group is changing, for good.
-    let mut rig = Rig::new(ana_changing);
-    assert_eq!(rig.bring_up(), State::Live);
-    let mut q = rig.remote.add_queue().unwrap();
+    let (mut rig, mut q) = live_on(ana_changing, false);
     submit_read(&mut q);
     let done = rig.run(&mut [&mut q], 1, 120_000);
     assert_eq!(done.len(), 1, "the request ends");
