@@ -28,6 +28,15 @@ blkdom_up() {
     *) return 0 ;;
   esac
 }
+# record_blkdom_edge EDGE JOB GUEST FILE: a line in FILE at a job's edge (the bench-backend
+# scenarios, read by tools/bench/backend.py): GUEST's CPU time, each blkdom vCPU's (xl
+# vcpu-list) and blkdom's poller counters (data/blkdom-pollers, refreshed every 5 s).
+record_blkdom_edge() {
+  local vcpus
+  vcpus=$(xl vcpu-list blkdom 2>/dev/null | awk 'NR > 1 { printf "%s%s", sep, $6; sep = "," }')
+  echo "$1 $2 uptime=$(now) guest_cpu_s=$(cpu_seconds "$3") blkdom_vcpu_s=$vcpus" \
+    "$(blkdom_pollers "$(domid_of blkdom)" | tr -d ';')" >> "$4"
+}
 # blkdom_log [DOMID]: everything blkdom logged: its early lines (port 0xE9, in Xen's
 # console ring, before its console exists) and its console. DOMID defaults to $bid.
 blkdom_log() {
