@@ -9,10 +9,12 @@
 //! windows and pieces of fuzzed size, change the ANA state or resize the namespace (a
 //! notice each), complete a
 //! command in flight with a fuzzed status and result, feed raw bytes, let time pass,
-//! mute keep-alives, ask for the ANA log again (`refresh_ana`). Properties: no panic; the session never runs out of admin slots
-//! (`Error::Internal`); once failed it stays failed with the same error; live, it knows
-//! its controller and namespace, has 1 to the asked I/O queues, and any ANA state it
-//! holds can serve; notices counted never go down.
+//! mute keep-alives, ask for the ANA log again (`refresh_ana`). Some sessions only probe
+//! the path (`AdminSession::probing`). Properties: no panic; the session never runs out
+//! of admin slots (`Error::Internal`); once failed it stays failed with the same error;
+//! live, it knows its controller and namespace, has 1 to the asked I/O queues, and any
+//! ANA state it holds can serve; a probe never asks for I/O queues or events; notices
+//! counted never go down.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -69,7 +71,17 @@ fn configure(t: &mut Target, input: &mut Input) {
     }
 }
 
-fn check(s: &AdminSession, asked: u16, failed: &mut Option<Error>, notices: &mut u32) {
+fn check(
+    s: &AdminSession,
+    t: &Target,
+    probe: bool,
+    asked: u16,
+    failed: &mut Option<Error>,
+    notices: &mut u32,
+) {
+    if probe {
+        assert_eq!((t.io_queues_asked, t.async_events), (None, None));
+    }
     match s.state() {
         SessionState::Failed(e) => {
             assert!(!matches!(e, Error::Internal(_)), "{e:?}");
@@ -102,7 +114,11 @@ fuzz_target!(|data: &[u8]| {
     let asked = u16::from(input.byte() % 8) + 1;
     let kato = [0, 1_000, 15_000][usize::from(input.byte() % 3)];
     let mut now = 1_000u64;
+    let probe = input.byte() & 1 != 0;
     let mut s = AdminSession::new(&id, 1, kato, now, 10_000).with_io_queues(asked);
+    if probe {
+        s = s.probing();
+    }
     let (mut failed, mut notices) = (None, 0);
     let mut buf = vec![0u8; 9000];
     for _ in 0..200 {
@@ -142,6 +158,6 @@ fuzz_target!(|data: &[u8]| {
             _ => t.mute_keep_alive = !t.mute_keep_alive,
         }
         let _ = s.poll(now);
-        check(&s, asked, &mut failed, &mut notices);
+        check(&s, &t, probe, asked, &mut failed, &mut notices);
     }
 });

@@ -205,6 +205,9 @@ pub struct AdminSession {
     /// I/O queues asked for (Set Features, Number of Queues), and allotted.
     io_queues_asked: u16,
     io_queues: u16,
+    /// A look at a path only ([`AdminSession::probing`]): live once the namespace's ANA
+    /// state through this controller is known.
+    probe: bool,
 }
 
 impl AdminSession {
@@ -245,7 +248,17 @@ impl AdminSession {
             error: None,
             io_queues_asked: 1,
             io_queues: 1,
+            probe: false,
         }
+    }
+
+    /// Only looks at the path: the session is live once it has identified the namespace
+    /// and read its ANA state through this controller ([`AdminSession::ana`]; none when
+    /// the controller does not report it), asking for no I/O queue and no event. A
+    /// state that cannot serve fails it, as a bring-up.
+    pub fn probing(mut self) -> Self {
+        self.probe = true;
+        self
     }
 
     /// Asks the controller for `queues` I/O queues (default 1) in bring-up.
@@ -513,7 +526,7 @@ impl AdminSession {
             // The state is a hint that saves a path error; a target that cannot give
             // it still serves (the first I/O's status says the rest).
             if self.step == Step::ReadAnaLog {
-                return self.ask_queue_count();
+                return self.identified(now);
             }
             // Without notices, a change while live shows as a path error instead.
             if self.step == Step::ConfigureEvents {
@@ -602,12 +615,12 @@ impl AdminSession {
                     )?;
                     self.step = Step::ReadAnaLog;
                 } else {
-                    self.ask_queue_count()?;
+                    self.identified(now)?;
                 }
             }
             Step::ReadAnaLog => {
                 self.take_ana_log()?;
-                self.ask_queue_count()?;
+                self.identified(now)?;
             }
             Step::SetQueueCount => {
                 // Both counts are 0's based; a controller may allot more than asked.
@@ -742,6 +755,17 @@ impl AdminSession {
             Ok(())
         } else {
             Err(Error::PathUnusable(path))
+        }
+    }
+
+    /// The namespace identified (and its ANA state read): a probe is done, a bring-up
+    /// goes on.
+    fn identified(&mut self, now: u64) -> Result<(), Error> {
+        if self.probe {
+            self.go_live(now);
+            Ok(())
+        } else {
+            self.ask_queue_count()
         }
     }
 

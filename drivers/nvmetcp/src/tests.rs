@@ -108,8 +108,17 @@ fn bring_up_with(
     kato: u32,
     digests: Digests,
 ) -> (AdminSession, Result<(), Error>, u64) {
+    let s = AdminSession::new(&identity(), 1, kato, 1000, 10_000).with_digests(digests);
+    drive(target, rng, s)
+}
+
+/// Runs `s`, made at 1000 ms, against `target` until it is live or failed (5 ms a pass).
+fn drive(
+    target: &mut Target,
+    rng: &mut Rng,
+    mut s: AdminSession,
+) -> (AdminSession, Result<(), Error>, u64) {
     let mut now = 1000;
-    let mut s = AdminSession::new(&identity(), 1, kato, now, 10_000).with_digests(digests);
     let mut r = Ok(());
     for _ in 0..1000 {
         r = pump(target, rng, &mut AdminEnd(&mut s, now)).and_then(|()| s.poll(now));
@@ -362,6 +371,54 @@ fn ana_change_notices_while_live_have_the_log_read_again() {
     };
     assert_eq!(s.poll(now), Err(Error::PathUnusable(path)));
     assert_eq!(s.state(), SessionState::Failed(Error::PathUnusable(path)));
+}
+
+/// A probe through `t`, to its end: the session and how it ended.
+fn probe(t: &mut Target, rng: &mut Rng) -> (AdminSession, Result<(), Error>) {
+    let (s, r, _) = drive(
+        t,
+        rng,
+        AdminSession::new(&identity(), 1, 5000, 1000, 10_000).probing(),
+    );
+    (s, r)
+}
+
+#[test]
+fn a_probe_reads_the_ana_state_and_asks_for_nothing_more() {
+    let mut rng = Rng(31);
+    let mut t = Target::new();
+    (t.ana_group, t.ana_state) = (5, 0x01);
+    let (mut s, r) = probe(&mut t, &mut rng);
+    assert_eq!((r, s.state()), (Ok(()), SessionState::Live));
+    let path = AnaPath {
+        group: 5,
+        state: AnaState::Optimized,
+    };
+    assert_eq!(s.ana(), Some(path));
+    assert_eq!(t.ana_log_reads, 1);
+    // No I/O queues asked for, no events configured, no event request out.
+    assert_eq!(t.io_queues_asked, None);
+    assert_eq!(t.async_events, None);
+    pump(&mut t, &mut rng, &mut AdminEnd(&mut s, 1000)).unwrap();
+    assert!(t.event_requests.is_empty());
+    // Without ANA reported, or a log it cannot give: live, no state to tell, nothing
+    // more asked.
+    for fails in [false, true] {
+        let mut t = Target::new();
+        (t.ana_group, t.ana_log_fails) = (if fails { 5 } else { 0 }, fails);
+        let (s, r) = probe(&mut t, &mut rng);
+        assert_eq!((r, s.state(), s.ana()), (Ok(()), SessionState::Live, None));
+        assert_eq!((t.io_queues_asked, t.async_events), (None, None));
+    }
+    // Through a controller that cannot serve the group: failed, with the path.
+    let mut t = Target::new();
+    (t.ana_group, t.ana_state) = (5, 0x03);
+    let (_, r) = probe(&mut t, &mut rng);
+    let path = AnaPath {
+        group: 5,
+        state: AnaState::Inaccessible,
+    };
+    assert_eq!(r, Err(Error::PathUnusable(path)));
 }
 
 #[test]
