@@ -706,7 +706,9 @@ class PrometheusTest(FakeXenstore):
                     f"{words['losses']} lost, {words['failed-attempts']} failed attempts, "
                     f"{words['transfer-errors']} transfer errors, "
                     f"{words['path-errors']} path errors, "
-                    f"{words['ana-transitions']} ANA transitions; on portal {words['portal']}, "
+                    f"{words['ana-transitions']} ANA transitions, "
+                    f"{words['path-moves']} moves to an optimized portal; "
+                    f"on portal {words['portal']}, "
                     f"ANA state {words['ana']}")  # 80xx is no state the tool names
                 self.assertTrue(remotes[1].startswith(f"remote {REMOTES[2]}: "), remotes[1])
         # Each ANA state by its name, and none reported.

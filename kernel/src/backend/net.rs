@@ -29,8 +29,9 @@ use xen::abi::event_channel::EvtchnPort;
 
 /// Remote namespaces blkdom connects to at most.
 pub const MAX_REMOTES: usize = 8;
-/// TCP connections of one remote at most: its admin queue's and one per I/O queue.
-pub const MAX_LINKS: usize = 1 + MAX_IO_QUEUES as usize;
+/// TCP connections of one remote at most: its admin queue's, one per I/O queue, and a
+/// look at another portal's.
+pub use nvmetcp::remote::MAX_LINKS;
 /// Socket buffers of a connection: the admin queue's carry little; an I/O queue's hold
 /// a few 1 MiB requests' PDUs in flight either way.
 const ADMIN_BUFFER: usize = 16 << 10;
@@ -61,11 +62,7 @@ struct Entry {
     /// For the log (made once: the poll loop allocates nothing).
     name: String,
     remote: Remote,
-    sockets: Vec<SocketHandle>,
-    /// The link was seen open since it was (re)opened.
-    was_open: [bool; MAX_LINKS],
-    /// smoltcp refused to start the connection (no route, say).
-    refused: [bool; MAX_LINKS],
+    conns: Conns,
     /// An attach waits for this bring-up (a first one, or a revival) until then (ms).
     attach_until: Option<u64>,
     /// The portal of the target's (`Entry::portals`) the next connection goes to: the
@@ -73,6 +70,20 @@ struct Entry {
     portal: usize,
     /// Portals a first bring-up failed on so far.
     first_failures: usize,
+}
+
+/// A remote's sockets and what is known of their connections.
+struct Conns {
+    /// By `Link::index`, the probe's aside.
+    sockets: Vec<SocketHandle>,
+    /// For a look at another portal (`Link::Probe`): only where the target names several.
+    probe_socket: Option<SocketHandle>,
+    /// The portal the last look went to (the next goes to the next other in turn).
+    probe_portal: usize,
+    /// The link was seen open since it was (re)opened.
+    was_open: [bool; MAX_LINKS],
+    /// smoltcp refused to start the connection (no route, say).
+    refused: [bool; MAX_LINKS],
 }
 
 impl Entry {
@@ -121,6 +132,8 @@ pub struct Net {
     entries: Vec<Option<Entry>>,
     /// Sockets of entries whose first bring-up failed, for the next.
     spare: Vec<Vec<SocketHandle>>,
+    /// Probe sockets of such entries.
+    spare_probes: Vec<SocketHandle>,
     /// I/O queues each remote asks for: one per vif queue, so that each connection's
     /// packets can arrive on a queue of its own.
     io_queues: u16,
@@ -156,18 +169,36 @@ impl nvmetcp::remote::Memory for Pages {
 struct Links<'a> {
     vif: &'a mut Vif,
     entry_sockets: &'a [SocketHandle],
+    probe_socket: Option<SocketHandle>,
     was_open: &'a mut [bool; MAX_LINKS],
     refused: &'a mut [bool; MAX_LINKS],
     remote: (IpAddress, u16),
     next_port: &'a mut u16,
+    /// The target's portals, the one in use and the one the last probe went to.
+    target: &'a NvmeTcpTarget,
+    portal: usize,
+    probe_portal: &'a mut usize,
+}
+
+fn socket_address(portal: Portal) -> (IpAddress, u16) {
+    let [a, b, c, d] = portal.addr;
+    (IpAddress::Ipv4(Ipv4Address::new(a, b, c, d)), portal.port)
 }
 
 impl Links<'_> {
-    /// `link`'s connection aborted and forgotten; its socket, if the remote was given one
-    /// for it (a remote asks for no more links than it was given sockets for).
+    /// `link`'s socket, if the remote was given one for it (a remote asks for no more
+    /// links than it was given sockets for; a probe only where there are other portals).
+    fn socket(&self, link: Link) -> Option<SocketHandle> {
+        match link {
+            Link::Probe => self.probe_socket,
+            _ => self.entry_sockets.get(link.index()).copied(),
+        }
+    }
+
+    /// `link`'s connection aborted and forgotten; its socket.
     fn drop_connection(&mut self, link: Link) -> Option<SocketHandle> {
         let at = link.index();
-        let &handle = self.entry_sockets.get(at)?;
+        let handle = self.socket(link)?;
         self.vif
             .stack
             .sockets
@@ -178,30 +209,26 @@ impl Links<'_> {
         Some(handle)
     }
 
-    /// The local port for a new connection of `link`: the next ephemeral one whose
-    /// packets netback puts on the vif queue of the link (the admin queue's on queue 0,
-    /// I/O queue `n`'s on queue `n` modulo the count), or simply the next one when the
-    /// steering is not known.
-    fn local_port(&mut self, link: Link) -> u16 {
+    /// The local port for a new connection of `link` to `remote`: the next ephemeral one
+    /// whose packets netback puts on the vif queue of the link (the admin queue's and a
+    /// probe's on queue 0, I/O queue `n`'s on queue `n` modulo the count), or simply the
+    /// next one when the steering is not known.
+    fn local_port(&mut self, link: Link, remote: (IpAddress, u16)) -> u16 {
         let next = if *self.next_port >= 65000 {
             49152
         } else {
             *self.next_port + 1
         };
-        let steered = match (
-            &self.vif.steer,
-            self.vif.stack.iface.ipv4_addr(),
-            self.remote.0,
-        ) {
-            (Steer::Hashed(steering), Some(local), IpAddress::Ipv4(remote)) => {
+        let steered = match (&self.vif.steer, self.vif.stack.iface.ipv4_addr(), remote.0) {
+            (Steer::Hashed(steering), Some(local), IpAddress::Ipv4(address)) => {
                 let queue = match link {
-                    Link::Admin => 0,
+                    Link::Admin | Link::Probe => 0,
                     Link::Io(n) => n % steering.queues(),
                 };
                 steering.local_port_for_queue(
                     queue,
-                    remote.octets(),
-                    self.remote.1,
+                    address.octets(),
+                    remote.1,
                     local.octets(),
                     next,
                     &mut |_| false,
@@ -219,15 +246,35 @@ impl Transport for Links<'_> {
         let Some(handle) = self.drop_connection(link) else {
             return;
         };
-        let port = self.local_port(link);
+        let remote = if link == Link::Probe {
+            // The next portal in turn other than the one in use.
+            let count = self.target.portals().count().max(1);
+            let mut next = *self.probe_portal;
+            for _ in 0..count {
+                next = (next + 1) % count;
+                if next != self.portal {
+                    break;
+                }
+            }
+            *self.probe_portal = next;
+            socket_address(
+                self.target
+                    .portals()
+                    .nth(next)
+                    .unwrap_or(self.target.first_portal()),
+            )
+        } else {
+            self.remote
+        };
+        let port = self.local_port(link, remote);
         let context = self.vif.stack.iface.context();
         let socket = self.vif.stack.sockets.get_mut::<tcp::Socket>(handle);
-        self.refused[link.index()] = socket.connect(context, self.remote, port).is_err();
+        self.refused[link.index()] = socket.connect(context, remote, port).is_err();
     }
 
     fn state(&mut self, link: Link) -> LinkState {
         let at = link.index();
-        let Some(&handle) = self.entry_sockets.get(at) else {
+        let Some(handle) = self.socket(link) else {
             return LinkState::Refused;
         };
         if self.refused[at] {
@@ -247,7 +294,7 @@ impl Transport for Links<'_> {
     }
 
     fn recv(&mut self, link: Link, f: &mut dyn FnMut(&[u8]) -> usize) {
-        let Some(&handle) = self.entry_sockets.get(link.index()) else {
+        let Some(handle) = self.socket(link) else {
             return;
         };
         let socket = self.vif.stack.sockets.get_mut::<tcp::Socket>(handle);
@@ -257,7 +304,7 @@ impl Transport for Links<'_> {
     }
 
     fn send(&mut self, link: Link, f: &mut dyn FnMut(&mut [u8]) -> usize) {
-        let Some(&handle) = self.entry_sockets.get(link.index()) else {
+        let Some(handle) = self.socket(link) else {
             return;
         };
         let socket = self.vif.stack.sockets.get_mut::<tcp::Socket>(handle);
@@ -331,6 +378,7 @@ fn log_event(
     policy: ReconnectPolicy,
     digests: Digests,
     via: Option<Portal>,
+    probed: Option<Portal>,
 ) {
     let delay = policy.delay_ms / 1000;
     let give_up = policy.give_up_ms / 1000;
@@ -400,6 +448,22 @@ fn log_event(
         Event::TransitionOver { waited_ms } => log::info!(
             "{name}: ANA transition over{through}: waiting requests go again after {waited_ms} ms"
         ),
+        Event::OptimizedElsewhere(path) => log::warn!(
+            "{name}: ANA group {} is optimized through portal {} (non-optimized{through}): \
+             the association moves there once its commands are in",
+            path.group,
+            probed.map_or(String::from("?"), |p| format!("{p}")),
+        ),
+        Event::Moved { waited_ms, drained } => log::warn!(
+            "{name}: leaving the association for portal {} after {waited_ms} ms ({}); I/O held \
+             while it connects",
+            probed.map_or(String::from("?"), |p| format!("{p}")),
+            if drained {
+                "every command in"
+            } else {
+                "commands still out go again there"
+            },
+        ),
         Event::GaveUp { waited_ms } => log::error!(
             "{name}: the target stayed unreachable for {} s: given up, its disks fail every request",
             waited_ms / 1000
@@ -419,6 +483,7 @@ impl Net {
             digests,
             entries: Vec::with_capacity(MAX_REMOTES),
             spare: Vec::with_capacity(MAX_REMOTES),
+            spare_probes: Vec::with_capacity(MAX_REMOTES),
             next_port: 49152 + (xen::raw::cpu::read_tsc() % 8192) as u16,
             logged: (NetCounters::default(), 0),
         }
@@ -505,13 +570,29 @@ impl Net {
             Some(sockets) => sockets,
             None => return Err(("no socket left".into(), xen::xenbus::error::errno::ENOSPC)),
         };
+        // A look at the other portals needs a connection of its own.
+        let probe_socket = if target.portals().count() > 1 {
+            match self.spare_probe_socket() {
+                Some(handle) => Some(handle),
+                None => {
+                    self.spare.push(sockets);
+                    return Err(("no socket left".into(), xen::xenbus::error::errno::ENOSPC));
+                }
+            }
+        } else {
+            None
+        };
         let entry = Entry {
             target: *target,
             name: describe(target),
             remote,
-            sockets,
-            was_open: [false; MAX_LINKS],
-            refused: [false; MAX_LINKS],
+            conns: Conns {
+                sockets,
+                probe_socket,
+                probe_portal: 0,
+                was_open: [false; MAX_LINKS],
+                refused: [false; MAX_LINKS],
+            },
             attach_until: Some(now + ATTACH_MS),
             portal: 0,
             first_failures: 0,
@@ -605,9 +686,9 @@ impl Net {
                     let name = entry.name.as_str();
                     let (policy, digests) =
                         (entry.remote.reconnect_policy(), entry.remote.digests());
-                    entry
-                        .remote
-                        .give_up(now, &mut |e| log_event(name, e, policy, digests, None));
+                    entry.remote.give_up(now, &mut |e| {
+                        log_event(name, e, policy, digests, None, None)
+                    });
                     entry.attach_until = None;
                     Self::close_links(&mut self.vif, &mut self.next_port, entry);
                 }
@@ -624,7 +705,10 @@ impl Net {
     fn forget(&mut self, at: usize) {
         if let Some(mut entry) = self.entries[at].take() {
             Self::close_links(&mut self.vif, &mut self.next_port, &mut entry);
-            self.spare.push(entry.sockets);
+            self.spare.push(entry.conns.sockets);
+            if let Some(handle) = entry.conns.probe_socket {
+                self.spare_probes.push(handle);
+            }
         }
     }
 
@@ -691,6 +775,20 @@ impl Net {
         self.entries.get_mut(at as usize).and_then(Option::as_mut)
     }
 
+    /// A probe socket for a new entry: one of an entry whose bring-up failed, or a new one.
+    fn spare_probe_socket(&mut self) -> Option<SocketHandle> {
+        if let Some(handle) = self.spare_probes.pop() {
+            return Some(handle);
+        }
+        let rx = alloc::vec![0u8; ADMIN_BUFFER].leak();
+        let tx = alloc::vec![0u8; ADMIN_BUFFER].leak();
+        let handle = self.vif.stack.add_tcp(rx, tx)?;
+        let socket = self.vif.stack.sockets.get_mut::<tcp::Socket>(handle);
+        socket.set_nagle_enabled(false);
+        socket.set_ack_delay(None);
+        Some(handle)
+    }
+
     /// Sockets for a new entry: those of one whose bring-up failed, or new ones.
     fn spare_sockets(&mut self) -> Option<Vec<SocketHandle>> {
         if let Some(sockets) = self.spare.pop() {
@@ -718,38 +816,49 @@ impl Net {
         Some(sockets)
     }
 
+    /// A remote's connections on the vif: `target`'s, through portal `at` of its.
     fn links<'a>(
         vif: &'a mut Vif,
         next_port: &'a mut u16,
-        portal: Portal,
-        sockets: &'a [SocketHandle],
-        was_open: &'a mut [bool; MAX_LINKS],
-        refused: &'a mut [bool; MAX_LINKS],
+        target: &'a NvmeTcpTarget,
+        at: usize,
+        conns: &'a mut Conns,
     ) -> Links<'a> {
-        let [a, b, c, d] = portal.addr;
+        let portal = target.portals().nth(at).unwrap_or(target.first_portal());
+        let Conns {
+            sockets,
+            probe_socket,
+            probe_portal,
+            was_open,
+            refused,
+        } = conns;
         Links {
             vif,
             entry_sockets: sockets,
+            probe_socket: *probe_socket,
             was_open,
             refused,
-            remote: (IpAddress::Ipv4(Ipv4Address::new(a, b, c, d)), portal.port),
+            remote: socket_address(portal),
             next_port,
+            target,
+            portal: at,
+            probe_portal,
         }
     }
 
     /// Every connection of `entry` closed (an attach that gave up on it).
     fn close_links(vif: &mut Vif, next_port: &mut u16, entry: &mut Entry) {
-        let portal = entry.current_portal();
+        let io_queues = entry.remote.io_queues_asked();
         let mut links = Self::links(
             vif,
             next_port,
-            portal,
-            &entry.sockets,
-            &mut entry.was_open,
-            &mut entry.refused,
+            &entry.target,
+            entry.portal,
+            &mut entry.conns,
         );
         links.close(Link::Admin);
-        for n in 0..entry.remote.io_queues_asked() {
+        links.close(Link::Probe);
+        for n in 0..io_queues {
             links.close(Link::Io(n));
         }
     }
@@ -759,26 +868,33 @@ impl Net {
         let portal = entry.current_portal();
         // The portal is named only where there is a choice.
         let via = (entry.portals() > 1).then_some(portal);
-        let (mut lost, mut grew) = (false, false);
+        let (mut lost, mut grew, mut moving) = (false, false, false);
         let moved = {
             let Entry {
                 name,
                 remote,
-                sockets,
-                was_open,
-                refused,
+                conns,
+                target,
+                portal: at,
                 ..
             } = &mut *entry;
-            let mut links = Self::links(vif, next_port, portal, sockets, was_open, refused);
+            // Where the last look went (opened on an earlier pass than its answer).
+            let probed = target.portals().nth(conns.probe_portal);
+            let mut links = Self::links(vif, next_port, target, *at, conns);
             let (policy, digests) = (remote.reconnect_policy(), remote.digests());
             remote.poll(&mut links, &Pages, now, &mut |e| {
                 lost |= matches!(e, Event::Lost(_) | Event::AttemptFailed(_));
                 grew |= matches!(e, Event::NamespaceGrew { .. });
-                log_event(name.as_str(), e, policy, digests, via)
+                moving |= matches!(e, Event::Moved { .. });
+                log_event(name.as_str(), e, policy, digests, via, probed)
             })
         };
-        // Failing over: the next attempt (at once after a loss) goes to the next portal.
-        if lost && via.is_some() {
+        if moving {
+            // To the portal the look found optimized; the attempt goes at once.
+            entry.portal = entry.conns.probe_portal % entry.portals().max(1);
+        } else if lost && via.is_some() {
+            // Failing over: the next attempt (at once after a loss) goes to the next
+            // portal.
             let next = entry.next_portal();
             log::warn!("{}: the next attempt goes to portal {next}", entry.name);
         }
@@ -900,7 +1016,7 @@ impl Net {
                 let line = format!(
                     "up={} state={state} io-queues={} associations={} losses={} \
                      failed-attempts={} transfer-errors={} path-errors={} ana-transitions={} \
-                     portal={} ana={ana} \
+                     path-moves={} portal={} ana={ana} \
                      requests={} held-ms={} held-max-ms={} in-flight={} target={}",
                     u8::from(state == 1),
                     remote.io_queues(),
@@ -910,6 +1026,7 @@ impl Net {
                     counters.transfer_errors,
                     counters.path_errors,
                     counters.ana_transitions,
+                    counters.moves,
                     entry.portal,
                     held.completed,
                     held.total_ms,
@@ -987,7 +1104,7 @@ impl Net {
     pub fn close_for_upgrade(&mut self) -> Result<usize, String> {
         let mut reset = 0;
         for entry in self.entries.iter_mut().flatten() {
-            for &handle in &entry.sockets {
+            for &handle in entry.conns.sockets.iter().chain(&entry.conns.probe_socket) {
                 let socket = self.vif.stack.sockets.get_mut::<tcp::Socket>(handle);
                 if socket.is_open() {
                     socket.abort();

@@ -20,6 +20,12 @@
 //! `give_up_ms` passed without a connection, every request held and every later one
 //! fails and the queues report a fault (the disk reports it), until a disk is attached
 //! on the namespace again ([`Remote::revive`]: one more round of attempts).
+//!
+//! Where the transport reaches the subsystem through other portals too
+//! ([`Remote::with_other_paths`]), an association serving through a non-optimized ANA
+//! path looks at the next of them every reconnect delay ([`Link::Probe`]) and moves to
+//! one through which the group is optimized ([`Event::OptimizedElsewhere`],
+//! [`Event::Moved`]).
 
 mod channel;
 #[cfg(test)]
@@ -69,20 +75,33 @@ const DEFAULT_ANA_TRANSITION_MS: u64 = 10_000;
 /// controller's notice of its end not come.
 const ANA_REREAD_MS: u64 = 1_000;
 
-/// The connections of an association.
+/// How long an association that found a better path waits for its commands to come
+/// back before it leaves anyway (those still out then go again, charged a retry).
+const MOVE_DRAIN_MS: u64 = 2_000;
+
+/// The connections of an association, and the one that looks at another path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Link {
     Admin,
     /// I/O queue `n` (0-based; its queue ID is `n + 1`).
     Io(u16),
+    /// An admin queue of its own to another portal of the subsystem, opened only to read
+    /// the namespace's ANA state there (the caller's transport chooses the portal: the
+    /// next other one in turn at each open).
+    Probe,
 }
 
+/// Links a remote may use: the admin queue's, one per I/O queue, the probe's.
+pub const MAX_LINKS: usize = 2 + MAX_IO_QUEUES as usize;
+
 impl Link {
-    /// 0 for the admin queue's connection, `1 + n` for I/O queue `n`'s.
+    /// 0 for the admin queue's connection, `1 + n` for I/O queue `n`'s, the last of
+    /// [`MAX_LINKS`] for the probe's.
     pub fn index(self) -> usize {
         match self {
             Link::Admin => 0,
             Link::Io(n) => 1 + usize::from(n),
+            Link::Probe => MAX_LINKS - 1,
         }
     }
 }
@@ -294,6 +313,9 @@ pub struct RemoteCounters {
     /// ANA transitions met (a command came back with ANA Transition, or the log said
     /// the group was changing): each waited out on its path, or left for another portal.
     pub ana_transitions: u64,
+    /// Associations left for another portal through which the namespace's ANA group is
+    /// optimized, while this one served it non-optimized.
+    pub moves: u64,
 }
 
 /// Things worth logging, handed to the caller's closure.
@@ -341,6 +363,19 @@ pub enum Event {
     /// after the wait began.
     TransitionOver {
         waited_ms: u64,
+    },
+    /// Serving through a non-optimized path, a look at another portal (the one the
+    /// caller's transport opened [`Link::Probe`] to last) found the namespace's group
+    /// optimized there: no command is sent any more, and once those out have come back
+    /// the association leaves for that portal ([`Event::Moved`]).
+    OptimizedElsewhere(AnaPath),
+    /// The association was left for the portal found optimized (the caller's transport
+    /// connects there next; the attempt goes at once), `waited_ms` after it was found;
+    /// `drained`: every command sent had come back. A request with a command still out
+    /// goes again there, charged a retry as after a loss.
+    Moved {
+        waited_ms: u64,
+        drained: bool,
     },
 }
 
@@ -401,6 +436,13 @@ pub struct Remote {
     /// The association was made while its group was changing: it waits that out
     /// rather than move on (the other paths were tried to get here).
     arrived_changing: bool,
+    /// A look at another portal under way, while the path serves non-optimized.
+    probe: Option<Probe>,
+    /// When the next look is due (ms), while the path serves non-optimized.
+    probe_at: Option<u64>,
+    /// Since when the association waits for its commands to come back before it moves
+    /// to the portal found optimized; nothing is sent meanwhile.
+    moving_since: Option<u64>,
     /// Asked for on every connection of every association.
     digests: Digests,
 }
@@ -443,6 +485,9 @@ impl Remote {
             transition_hit: false,
             other_paths: false,
             arrived_changing: false,
+            probe: None,
+            probe_at: None,
+            moving_since: None,
             channels: Vec::with_capacity(MAX_CHANNELS),
             held: Vec::with_capacity(MAX_CHANNELS),
             active: 0,
@@ -690,12 +735,18 @@ impl Remote {
         self.started = true;
     }
 
-    /// Every connection closed (the admin queue's and every I/O queue's asked for).
-    fn close_links(&self, t: &mut dyn Transport) {
+    /// Every connection closed (the admin queue's, every I/O queue's asked for, a
+    /// probe's).
+    fn close_links(&mut self, t: &mut dyn Transport) {
         t.close(Link::Admin);
         for n in 0..self.io_queues_asked() {
             t.close(Link::Io(n));
         }
+        if self.probe.take().is_some() {
+            t.close(Link::Probe);
+        }
+        self.probe_at = None;
+        self.moving_since = None;
     }
 
     /// The I/O queues of the current association, with their link.
@@ -981,6 +1032,18 @@ impl Remote {
             self.lose(t, now, failure, log);
             return true;
         }
+        moved |= self.look_elsewhere(t, now, log);
+        if let Some(since) = self.moving_since {
+            let drained = !self
+                .held
+                .iter()
+                .flatten()
+                .any(|h| h.active && h.outstanding > 0);
+            if drained || now >= since + MOVE_DRAIN_MS {
+                self.leave_for_better_path(t, now, drained, log);
+                return true;
+            }
+        }
         moved |= self.issue();
         // Anything issued just now goes out in this pass.
         let mut port = Port {
@@ -1077,6 +1140,111 @@ impl Remote {
         }
     }
 
+    /// Serving non-optimized with other portals to go to (and not in a transition, nor
+    /// already leaving): worth a look elsewhere.
+    fn wants_better_path(&self) -> bool {
+        self.other_paths
+            && self.ana.is_some_and(|a| a.state == AnaState::NonOptimized)
+            && self.transition_wait.is_none()
+            && self.moving_since.is_none()
+    }
+
+    /// While the path serves non-optimized, every reconnect delay an admin queue of its
+    /// own to the next other portal ([`Link::Probe`]) reads the namespace's ANA state
+    /// there, as Linux's multipath learns it from the controller it keeps on each path;
+    /// found optimized, the association starts moving there (`moving_since`). The look
+    /// is closed as soon as it has its answer.
+    fn look_elsewhere(
+        &mut self,
+        t: &mut dyn Transport,
+        now: u64,
+        log: &mut dyn FnMut(Event),
+    ) -> bool {
+        if !self.wants_better_path() {
+            if self.probe.take().is_some() {
+                t.close(Link::Probe);
+            }
+            self.probe_at = None;
+            return false;
+        }
+        let every = self.timing.reconnect.delay_ms.max(1);
+        let Some(mut probe) = self.probe.take() else {
+            if now < *self.probe_at.get_or_insert(now + every) {
+                return false;
+            }
+            t.open(Link::Probe);
+            self.probe = Some(Probe {
+                session: None,
+                since: now,
+            });
+            return true;
+        };
+        let answer = match probe.session.as_mut() {
+            None => match link_open(t, Link::Probe, now, probe.since + self.timing.connect_ms) {
+                Ok(false) => None,
+                Ok(true) => {
+                    let session = AdminSession::new(
+                        &self.identity(),
+                        self.nsid,
+                        KATO_MS,
+                        now,
+                        self.timing.bringup_ms,
+                    )
+                    .with_digests(self.digests)
+                    .probing();
+                    probe.session = Some(Box::new(session));
+                    None
+                }
+                Err(failure) => Some(Err(failure)),
+            },
+            Some(session) => {
+                pump_admin_on(session, t, Link::Probe, now);
+                if t.state(Link::Probe) != LinkState::Open {
+                    session.connection_lost();
+                }
+                let _ = session.poll(now);
+                match session.state() {
+                    SessionState::Live => Some(Ok(session.ana())),
+                    SessionState::Failed(e) => Some(Err(Failure::Session(e))),
+                    SessionState::Connecting => None,
+                }
+            }
+        };
+        let Some(answer) = answer else {
+            self.probe = Some(probe);
+            return false;
+        };
+        t.close(Link::Probe);
+        self.probe_at = Some(now + every);
+        let group = self.ana.map(|a| a.group);
+        if let Ok(Some(path)) = answer {
+            if path.state == AnaState::Optimized && Some(path.group) == group {
+                self.moving_since = Some(now);
+                log(Event::OptimizedElsewhere(path));
+            }
+        }
+        true
+    }
+
+    /// The association is left for the portal found optimized: as after a loss, the
+    /// next attempt goes at once and the requests it held go again there, but it is not
+    /// counted a loss.
+    fn leave_for_better_path(
+        &mut self,
+        t: &mut dyn Transport,
+        now: u64,
+        drained: bool,
+        log: &mut dyn FnMut(Event),
+    ) {
+        let since = self.moving_since.unwrap_or(now);
+        log(Event::Moved {
+            waited_ms: now.saturating_sub(since),
+            drained,
+        });
+        self.counters.moves += 1;
+        self.lose_quietly(t, now);
+    }
+
     /// ANATT: how long a path may not serve through a transition.
     fn transition_limit_ms(&self) -> u64 {
         match self.controller.map_or(0, |c| c.ana_transition_s) {
@@ -1088,6 +1256,17 @@ impl Remote {
     fn lose(&mut self, t: &mut dyn Transport, now: u64, why: Failure, log: &mut dyn FnMut(Event)) {
         log(Event::Lost(why));
         self.counters.losses += 1;
+        self.lose_quietly(t, now);
+        if matches!(why, Failure::PathError(_)) {
+            // The target is there and answered: the path needs time (an ANA transition)
+            // or another portal, not an attempt at once on this one.
+            self.reconnect.attempt_failed(now);
+        }
+    }
+
+    /// The association's connections closed and its sessions dropped; the next attempt
+    /// due at once.
+    fn lose_quietly(&mut self, t: &mut dyn Transport, now: u64) {
         for queue in &mut self.io {
             if let Some(io) = queue.session.as_mut() {
                 io.connection_lost();
@@ -1104,11 +1283,6 @@ impl Remote {
         self.lost_at = now;
         self.last_failure = None;
         self.reconnect.lost(now);
-        if matches!(why, Failure::PathError(_)) {
-            // The target is there and answered: the path needs time (an ANA transition)
-            // or another portal, not an attempt at once on this one.
-            self.reconnect.attempt_failed(now);
-        }
         self.state = State::Down;
     }
 
@@ -1182,9 +1356,9 @@ impl Remote {
     }
 
     /// Sends commands for pending requests while the I/O queues take them (none while
-    /// the path is in an ANA transition).
+    /// the path is in an ANA transition, or the association is about to move).
     fn issue(&mut self) -> bool {
-        if self.transition_wait.is_some() {
+        if self.transition_wait.is_some() || self.moving_since.is_some() {
             return false;
         }
         let mut moved = false;
@@ -1454,13 +1628,23 @@ fn submit(result: Result<(), crate::SubmitError>, amount: u64) -> Done {
 }
 
 fn pump_admin(admin: &mut AdminSession, t: &mut dyn Transport, now: u64) {
-    t.recv(Link::Admin, &mut |data| {
+    pump_admin_on(admin, t, Link::Admin, now);
+}
+
+fn pump_admin_on(admin: &mut AdminSession, t: &mut dyn Transport, link: Link, now: u64) {
+    t.recv(link, &mut |data| {
         let _ = admin.receive(data, now);
         data.len()
     });
     if admin.wants_to_send() {
-        t.send(Link::Admin, &mut |buf| admin.transmit(buf));
+        t.send(link, &mut |buf| admin.transmit(buf));
     }
+}
+
+/// A look at another portal: its admin queue, once its connection is open.
+struct Probe {
+    session: Option<Box<AdminSession>>,
+    since: u64,
 }
 
 fn pump_io<P: DataPort>(

@@ -15,8 +15,8 @@ const BASE: u64 = 0x1000_0000;
 const PAGES: usize = 1024;
 const DISK: usize = 8 << 20;
 
-/// Connections a remote may open: the admin queue's and one per I/O queue.
-const LINKS: usize = 1 + MAX_IO_QUEUES as usize;
+/// Connections a remote may open: the admin queue's, one per I/O queue, a probe's.
+const LINKS: usize = MAX_LINKS;
 
 /// The target's side of the network: each link a fake target connection, the
 /// namespace's data kept across connections and shared by the I/O queues'.
@@ -29,6 +29,14 @@ struct FakeNet {
     states: Vec<LinkState>,
     disk: Vec<u8>,
     knobs: fn(&mut Target),
+    /// The controller behind the portal a probe reaches (`None`: as `knobs`).
+    probe_knobs: Option<fn(&mut Target)>,
+    /// Probes opened.
+    probes: usize,
+    /// Commands sent on the I/O queues vanish: the target never answers them.
+    stall_io: bool,
+    /// Bytes that vanished so.
+    stalled: usize,
     chunk: usize,
     opens: usize,
     /// Connections the target dropped (`Target::poison_lba`).
@@ -44,6 +52,10 @@ impl FakeNet {
             states: vec![LinkState::Closed; LINKS],
             disk: (0..DISK).map(|i| (i / 512) as u8 ^ (i as u8)).collect(),
             knobs,
+            probe_knobs: None,
+            probes: 0,
+            stall_io: false,
+            stalled: 0,
             chunk: 1,
             opens: 0,
             drops: 0,
@@ -86,11 +98,15 @@ impl Transport for FakeNet {
             return;
         }
         let mut t = Target::new();
-        (self.knobs)(&mut t);
+        match (link, self.probe_knobs) {
+            (Link::Probe, Some(knobs)) => knobs(&mut t),
+            _ => (self.knobs)(&mut t),
+        }
+        self.probes += usize::from(link == Link::Probe);
         // The admin queue's identifies the namespace by its size; the I/O queues' get
         // the shared data while they take input.
         t.disk = match link {
-            Link::Admin => vec![0; DISK],
+            Link::Admin | Link::Probe => vec![0; DISK],
             Link::Io(_) => Vec::new(),
         };
         self.links[at] = Some(t);
@@ -117,6 +133,10 @@ impl Transport for FakeNet {
         if let Some(t) = self.links[link.index()].as_mut() {
             let mut buf = vec![0u8; n];
             let k = f(&mut buf);
+            if let (Link::Io(_), true) = (link, self.stall_io) {
+                self.stalled += k;
+                return;
+            }
             if let Link::Io(_) = link {
                 t.disk = core::mem::take(&mut self.disk);
                 t.input(&buf[..k]);
@@ -197,8 +217,17 @@ impl Rig {
 
     fn step(&mut self) {
         let events = &mut self.events;
+        let mut moved = false;
         self.remote
-            .poll(&mut self.net, &self.mem, self.now, &mut |e| events.push(e));
+            .poll(&mut self.net, &self.mem, self.now, &mut |e| {
+                moved |= matches!(e, Event::Moved { .. });
+                events.push(e)
+            });
+        // As the caller's transport does: the association's next connections go to the
+        // portal the probe reached.
+        if let (true, Some(knobs)) = (moved, self.net.probe_knobs) {
+            self.net.knobs = knobs;
+        }
         self.now += 1;
     }
 
@@ -1576,4 +1605,182 @@ fn a_namespace_grown_while_live_is_served_once_the_caller_says_and_one_shrunk_is
     rig.net.up = true;
     rig.net.knobs = |t| t.ns_blocks = Some((DISK / 512) as u64 + 2048);
     served_alone(&mut rig, &mut a);
+}
+
+// ---- A better path elsewhere ----
+
+const NON_OPTIMIZED: AnaPath = AnaPath {
+    group: 4,
+    state: AnaState::NonOptimized,
+};
+const OPTIMIZED: AnaPath = AnaPath {
+    group: 4,
+    state: AnaState::Optimized,
+};
+
+fn ana_non_optimized(t: &mut Target) {
+    (t.ana_group, t.ana_state) = (4, 0x02);
+}
+
+/// Reads of 8 KiB at `sector` on `q` until `ms` passed, each checked against the
+/// target's data; how many completed.
+fn reads_verified(rig: &mut Rig, q: &mut DiskQueue, ms: u64) -> usize {
+    let end = rig.now + ms;
+    let mut served = 0;
+    while rig.now < end {
+        let sector = (served as u64 * 16) % 8000;
+        let r = segments(3, 2);
+        q.submit(&request(1, IoOp::Read, sector, &r), &Pages)
+            .unwrap();
+        let done = rig.run(&mut [&mut *q], 1, 30_000);
+        assert_eq!(done.len(), 1, "a read held past 30 s at {} ms", rig.now);
+        assert_eq!(done[0].status, IoStatus::Ok);
+        let at = (sector * 512) as usize;
+        let want: Vec<u8> = (at..at + 8192)
+            .map(|i| (i / 512) as u8 ^ (i as u8))
+            .collect();
+        let got = rig.mem.0.borrow()[3 * 4096..5 * 4096].to_vec();
+        assert!(got == want, "read at sector {sector} came back wrong");
+        served += 1;
+    }
+    served
+}
+
+fn moved(rig: &Rig) -> Option<(u64, bool)> {
+    rig.events.iter().find_map(|e| match *e {
+        Event::Moved { waited_ms, drained } => Some((waited_ms, drained)),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_non_optimized_path_moves_to_a_portal_found_optimized() {
+    let (mut rig, mut q) = live_on(ana_non_optimized, true);
+    assert_eq!(rig.remote.ana(), Some(NON_OPTIMIZED));
+    // The other portal's controller serves the group optimized.
+    rig.net.probe_knobs = Some(ana_optimized);
+    let delay = Timing::DEFAULT.reconnect.delay_ms;
+    // Reads go on while blkdom looks: none fails, none is held past its time.
+    reads_verified(&mut rig, &mut q, delay + 500);
+    assert!(rig.net.probes >= 1, "no look at the other portal");
+    assert!(rig.events.contains(&Event::OptimizedElsewhere(OPTIMIZED)));
+    let (waited_ms, drained) = moved(&rig).expect("the association moved");
+    assert!(
+        drained && waited_ms < MOVE_DRAIN_MS,
+        "{waited_ms} ms, drained {drained}"
+    );
+    reads_verified(&mut rig, &mut q, 2_000);
+    assert_eq!(rig.remote.ana(), Some(OPTIMIZED));
+    assert!(rig.events.iter().any(
+        |e| matches!(e, Event::Live { reconnect: true, ana: Some(a), .. } if *a == OPTIMIZED)
+    ));
+    let c = rig.remote.counters();
+    assert_eq!((c.moves, c.losses, c.associations), (1, 0, 2));
+    // Optimized: no more looks.
+    let probes = rig.net.probes;
+    reads_verified(&mut rig, &mut q, 3 * delay);
+    assert_eq!(rig.net.probes, probes);
+    assert_eq!(rig.remote.counters().moves, 1);
+}
+
+#[test]
+fn a_look_that_finds_no_better_path_keeps_the_association() {
+    let (mut rig, mut q) = live_on(ana_non_optimized, true);
+    let delay = Timing::DEFAULT.reconnect.delay_ms;
+    // The other portal: the group non-optimized there too, then refusing, then
+    // optimized for another group.
+    rig.net.probe_knobs = Some(ana_non_optimized);
+    reads_verified(&mut rig, &mut q, 2 * delay + 500);
+    assert_eq!(rig.net.probes, 2, "one look per reconnect delay");
+    rig.net.probe_knobs = Some(|t| {
+        (t.ana_group, t.ana_state) = (5, 0x01);
+    });
+    reads_verified(&mut rig, &mut q, delay);
+    assert_eq!(rig.net.probes, 3);
+    assert!(moved(&rig).is_none(), "{:?}", rig.events);
+    let c = rig.remote.counters();
+    assert_eq!((c.moves, c.losses, c.associations), (0, 0, 1));
+    // Nor without other portals, whatever they would say.
+    let (mut rig, mut q) = live_on(ana_non_optimized, false);
+    rig.net.probe_knobs = Some(ana_optimized);
+    reads_verified(&mut rig, &mut q, 3 * delay);
+    assert_eq!(rig.net.probes, 0);
+    // Nor from an optimized path.
+    let (mut rig, mut q) = live_on(ana_optimized, true);
+    reads_verified(&mut rig, &mut q, 3 * delay);
+    assert_eq!(rig.net.probes, 0);
+}
+
+#[test]
+fn a_path_that_turns_non_optimized_is_looked_past_and_a_probe_that_fails_is_tried_again() {
+    let (mut rig, mut q) = live_on(ana_optimized, true);
+    let delay = Timing::DEFAULT.reconnect.delay_ms;
+    rig.run(&mut [&mut q], 1, 50);
+    admin(&mut rig).ana_change(0x02);
+    // The other portal is down at first.
+    rig.net.probe_knobs = Some(|t| t.ana_log_fails = true);
+    reads_verified(&mut rig, &mut q, delay + 500);
+    assert!(rig.events.contains(&Event::AnaChanged(NON_OPTIMIZED)));
+    assert_eq!(rig.net.probes, 1);
+    assert!(moved(&rig).is_none());
+    rig.net.probe_knobs = Some(ana_optimized);
+    reads_verified(&mut rig, &mut q, delay + 500);
+    assert!(moved(&rig).is_some(), "{:?}", rig.events);
+}
+
+#[test]
+fn a_move_waits_for_the_commands_out_at_most_its_drain_time() {
+    let (mut rig, mut q) = live_on(ana_non_optimized, true);
+    rig.net.probe_knobs = Some(ana_optimized);
+    let delay = Timing::DEFAULT.reconnect.delay_ms;
+    // Just before the look is due, the target stops answering I/O: a read stays out.
+    reads_verified(&mut rig, &mut q, delay - 100);
+    rig.net.stall_io = true;
+    let r = segments(3, 2);
+    q.submit(&request(7, IoOp::Read, 64, &r), &Pages).unwrap();
+    let done = rig.run(&mut [&mut q], 1, 1_000);
+    assert!(done.is_empty());
+    let found_at = rig.now;
+    while !rig.events.contains(&Event::OptimizedElsewhere(OPTIMIZED)) && rig.now < found_at + 10_000
+    {
+        rig.step();
+    }
+    // Found: a new request waits for the move, nothing more goes out here.
+    let stalled = rig.net.stalled;
+    let r2 = segments(5, 2);
+    q.submit(&request(8, IoOp::Read, 128, &r2), &Pages).unwrap();
+    while moved(&rig).is_none() && rig.now < found_at + 10_000 {
+        rig.step();
+    }
+    assert_eq!(rig.net.stalled, stalled, "sent while waiting to move");
+    let (waited_ms, drained) = moved(&rig).expect("moved");
+    assert!(!drained);
+    assert!(
+        (MOVE_DRAIN_MS..MOVE_DRAIN_MS + 100).contains(&waited_ms),
+        "left {waited_ms} ms after it was found"
+    );
+    // Live again: the read that was out is charged a retry, the one that waited not.
+    rig.net.stall_io = false;
+    while !rig.events.iter().any(|e| {
+        matches!(
+            e,
+            Event::Live {
+                reconnect: true,
+                ..
+            }
+        )
+    }) {
+        rig.step();
+    }
+    let mut retries: Vec<(u64, u8)> = rig.remote.held[0]
+        .iter()
+        .filter(|h| h.active)
+        .map(|h| (h.request.sector, h.retries))
+        .collect();
+    retries.sort();
+    assert_eq!(retries, [(64, 1), (128, 0)]);
+    // Both are served there.
+    let done = rig.run(&mut [&mut q], 2, 10_000);
+    assert_eq!(done.len(), 2);
+    assert!(done.iter().all(|c| c.status == IoStatus::Ok));
 }
