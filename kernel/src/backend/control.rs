@@ -325,7 +325,7 @@ impl Control {
             if params == record.params {
                 Ok((disk, params))
             } else {
-                self.registry.release(disk);
+                self.registry.release_removed(disk);
                 Err(AttachError::HandedOver(format!(
                     "params {params:?}, the previous image served {:?}",
                     record.params
@@ -370,7 +370,7 @@ impl Control {
                 self.vbds.insert(path, Vbd { backend, hooks });
             }
             Err(e) => {
-                self.registry.release(hooks.disk);
+                self.registry.release_removed(hooks.disk);
                 log_attach_cost(&path);
                 self.fail(store, path, AttachError::Probe(e));
             }
@@ -417,7 +417,7 @@ impl Control {
                 self.vbds.insert(path, Vbd { backend, hooks });
             }
             Err(e) => {
-                self.registry.release(disk);
+                self.registry.release_removed(disk);
                 log_attach_cost(&path);
                 self.fail(store, path, AttachError::Probe(e));
             }
@@ -492,7 +492,7 @@ impl Control {
                         let _ = store.0.unwatch(&watched, path);
                     }
                     log::info!("blkback: {path} removed; its backing store is released");
-                    self.registry.release(vbd.hooks.disk);
+                    self.registry.release_removed(vbd.hooks.disk);
                 }
                 return;
             }

@@ -700,8 +700,25 @@ impl Net {
         }
     }
 
-    /// Remote `at`, whose first bring-up failed, is dropped: its links closed, its
-    /// sockets kept for the next, its slot free (no disk was ever opened on it).
+    /// Remote `at`, from which no disk is served any more (its last disk detached: the
+    /// disks' rings drained before their queues came back, so it holds no request) is
+    /// let go: its connections reset, so that the target frees its controller and
+    /// queues now and no reconnect or keep-alive goes on for nobody; its sockets kept
+    /// for the next, its slot (and its statistics node) free. Attaching a disk on the
+    /// namespace again connects afresh.
+    pub fn release(&mut self, at: u32) {
+        let Some(entry) = self.entry_mut(at) else {
+            return;
+        };
+        log::info!(
+            "{}: no disk is served from it any more: association closed",
+            entry.name
+        );
+        self.forget(at as usize);
+    }
+
+    /// Remote `at` is dropped: its links closed, its sockets kept for the next, its
+    /// slot free (its first bring-up failed, or no disk is served from it any more).
     fn forget(&mut self, at: usize) {
         if let Some(mut entry) = self.entries[at].take() {
             Self::close_links(&mut self.vif, &mut self.next_port, &mut entry);

@@ -192,7 +192,12 @@ impl Registry {
                 ));
             }
         }
-        self.open_on_device(spec, device, region, &[])
+        let opened = self.open_on_device(spec, device, region, &[]);
+        if opened.is_err() {
+            // A first disk that could not open (no such partition, say) leaves nobody.
+            self.let_go_of_remote(remote);
+        }
+        opened
     }
 
     /// The storage network's statistics (`Net::vif_stats_line`,
@@ -218,6 +223,38 @@ impl Registry {
     /// The storage network, for the poller of vCPU 0.
     pub fn net(&mut self) -> Option<&mut super::net::Net> {
         self.net.as_mut().ok()
+    }
+
+    /// Takes back the disk of a vbd that was removed (or failed before it served), as
+    /// [`Registry::release`]; a remote namespace no disk is served from any more is then
+    /// let go ([`Registry::let_go_of_remote`]).
+    pub fn release_removed(&mut self, disk: Disk) {
+        let remote = match &disk {
+            Disk::Device(OpenDevice {
+                device: DeviceId::NvmeTcp { remote },
+                ..
+            }) => Some(*remote),
+            _ => None,
+        };
+        self.release(disk);
+        if let Some(remote) = remote {
+            self.let_go_of_remote(remote);
+        }
+    }
+
+    /// Remote namespace `remote`, unless a disk is served from it: its idle queues
+    /// dropped and its association closed (`Net::release`). Not at a shutdown, which
+    /// flushes each namespace through an idle queue first, nor in a live upgrade's
+    /// drain, whose next image takes the disks over.
+    fn let_go_of_remote(&mut self, remote: u32) {
+        let device = DeviceId::NvmeTcp { remote };
+        if self.serving.on(&device).next().is_some() {
+            return;
+        }
+        self.pools.retain(|pool| pool.device != device);
+        if let Ok(net) = self.net.as_mut() {
+            net.release(remote);
+        }
     }
 
     /// Takes back the disk of a vbd that is gone: its range is free again, and its
