@@ -908,7 +908,7 @@ impl Net {
         };
         if moving {
             // To the portal the look found optimized; the attempt goes at once.
-            entry.portal = entry.conns.probe_portal % entry.portals().max(1);
+            entry.portal = entry.conns.probe_portal;
         } else if lost && via.is_some() {
             // Failing over: the next attempt (at once after a loss) goes to the next
             // portal.

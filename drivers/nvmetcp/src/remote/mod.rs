@@ -742,10 +742,7 @@ impl Remote {
         for n in 0..self.io_queues_asked() {
             t.close(Link::Io(n));
         }
-        if self.probe.take().is_some() {
-            t.close(Link::Probe);
-        }
-        self.probe_at = None;
+        self.drop_probe(t);
         self.moving_since = None;
     }
 
@@ -757,6 +754,18 @@ impl Remote {
             .take(live)
             .enumerate()
             .map(|(n, queue)| (Link::Io(n as u16), queue))
+    }
+
+    /// An admin queue's session for this remote's namespace, bring-up from `now`.
+    fn admin_session(&self, now: u64) -> AdminSession {
+        AdminSession::new(
+            &self.identity(),
+            self.nsid,
+            KATO_MS,
+            now,
+            self.timing.bringup_ms,
+        )
+        .with_digests(self.digests)
     }
 
     fn identity(&self) -> HostIdentity<'_> {
@@ -841,15 +850,9 @@ impl Remote {
                 if !link_open(t, Link::Admin, now, connect_deadline)? {
                     return Ok(false);
                 }
-                let admin = AdminSession::new(
-                    &self.identity(),
-                    self.nsid,
-                    KATO_MS,
-                    now,
-                    self.timing.bringup_ms,
-                )
-                .with_io_queues(self.io_queues_asked())
-                .with_digests(self.digests);
+                let admin = self
+                    .admin_session(now)
+                    .with_io_queues(self.io_queues_asked());
                 self.admin = Some(Box::new(admin));
                 self.stage = Stage::Admin;
                 self.stage_since = now;
@@ -857,12 +860,7 @@ impl Remote {
             }
             Stage::Admin => {
                 let admin = self.admin.as_mut().ok_or(Failure::Closed)?;
-                pump_admin(admin, t, now);
-                if t.state(Link::Admin) != LinkState::Open {
-                    admin.connection_lost();
-                }
-                let _ = admin.poll(now);
-                match admin.state() {
+                match drive_admin(admin, t, Link::Admin, now) {
                     SessionState::Live => {
                         let ns = admin.namespace();
                         // A namespace grown meanwhile (an operator grew the volume) still
@@ -1161,10 +1159,7 @@ impl Remote {
         log: &mut dyn FnMut(Event),
     ) -> bool {
         if !self.wants_better_path() {
-            if self.probe.take().is_some() {
-                t.close(Link::Probe);
-            }
-            self.probe_at = None;
+            self.drop_probe(t);
             return false;
         }
         let every = self.timing.reconnect.delay_ms.max(1);
@@ -1183,32 +1178,16 @@ impl Remote {
             None => match link_open(t, Link::Probe, now, probe.since + self.timing.connect_ms) {
                 Ok(false) => None,
                 Ok(true) => {
-                    let session = AdminSession::new(
-                        &self.identity(),
-                        self.nsid,
-                        KATO_MS,
-                        now,
-                        self.timing.bringup_ms,
-                    )
-                    .with_digests(self.digests)
-                    .probing();
-                    probe.session = Some(Box::new(session));
+                    probe.session = Some(Box::new(self.admin_session(now).probing()));
                     None
                 }
                 Err(failure) => Some(Err(failure)),
             },
-            Some(session) => {
-                pump_admin_on(session, t, Link::Probe, now);
-                if t.state(Link::Probe) != LinkState::Open {
-                    session.connection_lost();
-                }
-                let _ = session.poll(now);
-                match session.state() {
-                    SessionState::Live => Some(Ok(session.ana())),
-                    SessionState::Failed(e) => Some(Err(Failure::Session(e))),
-                    SessionState::Connecting => None,
-                }
-            }
+            Some(session) => match drive_admin(session, t, Link::Probe, now) {
+                SessionState::Live => Some(Ok(session.ana())),
+                SessionState::Failed(e) => Some(Err(Failure::Session(e))),
+                SessionState::Connecting => None,
+            },
         };
         let Some(answer) = answer else {
             self.probe = Some(probe);
@@ -1224,6 +1203,14 @@ impl Remote {
             }
         }
         true
+    }
+
+    /// No look under way, and none due.
+    fn drop_probe(&mut self, t: &mut dyn Transport) {
+        if self.probe.take().is_some() {
+            t.close(Link::Probe);
+        }
+        self.probe_at = None;
     }
 
     /// The association is left for the portal found optimized: as after a loss, the
@@ -1629,6 +1616,22 @@ fn submit(result: Result<(), crate::SubmitError>, amount: u64) -> Done {
 
 fn pump_admin(admin: &mut AdminSession, t: &mut dyn Transport, now: u64) {
     pump_admin_on(admin, t, Link::Admin, now);
+}
+
+/// One pass of an admin session being brought up on `link`: bytes both ways, a closed
+/// connection seen, its timers; where it stands after.
+fn drive_admin(
+    admin: &mut AdminSession,
+    t: &mut dyn Transport,
+    link: Link,
+    now: u64,
+) -> SessionState {
+    pump_admin_on(admin, t, link, now);
+    if t.state(link) != LinkState::Open {
+        admin.connection_lost();
+    }
+    let _ = admin.poll(now);
+    admin.state()
 }
 
 fn pump_admin_on(admin: &mut AdminSession, t: &mut dyn Transport, link: Link, now: u64) {

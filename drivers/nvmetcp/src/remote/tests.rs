@@ -1380,14 +1380,21 @@ fn io0(rig: &mut Rig) -> &mut Target {
     rig.net.links[Link::Io(0).index()].as_mut().unwrap()
 }
 
-#[test]
-fn an_ana_transition_holds_requests_on_the_association_until_the_path_serves() {
-    let (mut rig, mut q) = live_on(ana_optimized, false);
+/// Live on an optimized path, then the gateway moves the group: a command meets the
+/// change first (ANA Transition, the usual order under load), then the notice (the log
+/// says changing); a read is submitted.
+fn in_transition(other_paths: bool) -> (Rig, DiskQueue) {
+    let (mut rig, mut q) = live_on(ana_optimized, other_paths);
     rig.run(&mut [&mut q], 1, 50);
-    // The gateway moves the group: its I/O says ANA Transition, its log says changing.
     io0(&mut rig).path_status = Some(TRANSITION);
     admin(&mut rig).ana_change(0x0f);
     submit_read(&mut q);
+    (rig, q)
+}
+
+#[test]
+fn an_ana_transition_holds_requests_on_the_association_until_the_path_serves() {
+    let (mut rig, mut q) = in_transition(false);
     let done = rig.run(&mut [&mut q], 1, 5_000);
     assert!(
         done.is_empty(),
@@ -1421,12 +1428,7 @@ fn an_ana_transition_holds_requests_on_the_association_until_the_path_serves() {
 
 #[test]
 fn with_other_portals_a_path_that_starts_a_transition_is_left_for_them() {
-    let (mut rig, mut q) = live_on(ana_optimized, true);
-    rig.run(&mut [&mut q], 1, 50);
-    // A command meets the change first (the usual order under load), then the notice.
-    io0(&mut rig).path_status = Some(TRANSITION);
-    admin(&mut rig).ana_change(0x0f);
-    submit_read(&mut q);
+    let (mut rig, mut q) = in_transition(true);
     let lost_at = rig.now;
     for _ in 0..50 {
         rig.step();
