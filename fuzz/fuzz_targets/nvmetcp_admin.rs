@@ -9,12 +9,15 @@
 //! windows and pieces of fuzzed size, change the ANA state or resize the namespace (a
 //! notice each), complete a
 //! command in flight with a fuzzed status and result, feed raw bytes, let time pass,
-//! mute keep-alives, ask for the ANA log again (`refresh_ana`). Some sessions only probe
-//! the path (`AdminSession::probing`). Properties: no panic; the session never runs out
-//! of admin slots (`Error::Internal`); once failed it stays failed with the same error;
-//! live, it knows its controller and namespace, has 1 to the asked I/O queues, and any
-//! ANA state it holds can serve; a probe never asks for I/O queues or events; notices
-//! counted never go down.
+//! mute keep-alives, ask for the ANA log again (`refresh_ana`), tell the controller of
+//! the host's shutdown (`shut_down`; the controller takes a fuzzed number of CSTS reads
+//! to complete it). Some sessions only probe the path (`AdminSession::probing`).
+//! Properties: no panic; the session never runs out of admin slots (`Error::Internal`);
+//! once failed it stays failed with the same error; live, it knows its controller and
+//! namespace, has 1 to the asked I/O queues, and any ANA state it holds can serve; a
+//! probe never asks for I/O queues or events; notices counted never go down; after a
+//! shutdown notification the host sends nothing but CSTS reads, sends it once, and
+//! calls it complete only once the controller said so.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -61,6 +64,12 @@ fn configure(t: &mut Target, input: &mut Input) {
         t.csts_polls_before_ready = u32::from(input.byte() % 8);
         t.csts_fatal = input.byte() & 1 != 0;
     }
+    if knobs & 128 != 0 {
+        t.shutdown_polls = match input.byte() {
+            255 => u32::MAX,
+            n => u32::from(n % 16),
+        };
+    }
     for _ in 0..input.byte() % 8 {
         let (at, value) = (input.uint(2) as usize % 4096, input.byte());
         t.identify_patch.push((at, value));
@@ -100,6 +109,15 @@ fn check(
     let seen = s.ana_notices() + s.namespace_notices();
     assert!(seen >= *notices);
     *notices = seen;
+    assert_eq!(
+        t.after_shutdown, 0,
+        "a command after the shutdown notification"
+    );
+    assert!(t.shutdowns <= 1, "told {} times", t.shutdowns);
+    if s.shut_down_complete() {
+        assert_eq!(s.state(), SessionState::Live);
+        assert!(t.shutdowns == 1 && t.shutdown_reads > t.shutdown_polls);
+    }
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -151,9 +169,14 @@ fuzz_target!(|data: &[u8]| {
             }
             4 => now += input.uint(2) * 8,
             5 => t.resize_namespace(input.uint(4)),
-            // The remote asks for the ANA log again (an I/O command said ANA Transition).
+            // The remote asks for the ANA log again (an I/O command said ANA Transition),
+            // or closes the association.
             6 => {
-                let _ = s.refresh_ana();
+                if input.byte() & 3 == 0 {
+                    let _ = s.shut_down(now, input.uint(2));
+                } else {
+                    let _ = s.refresh_ana();
+                }
             }
             _ => t.mute_keep_alive = !t.mute_keep_alive,
         }

@@ -165,6 +165,16 @@ pub struct Target {
     pub csts_polls_before_ready: u32,
     pub csts_fatal: bool,
     pub csts_reads: u32,
+    /// Shutdown notifications received (CC.SHN going from 00b to 01b), and the CSTS
+    /// reads since the last that said "shutdown occurring".
+    pub shutdowns: u32,
+    pub shutdown_reads: u32,
+    /// CSTS reads after a shutdown notification that say "occurring" before one says
+    /// "complete"; `u32::MAX`: the shutdown never completes.
+    pub shutdown_polls: u32,
+    /// A command came after the shutdown notification (this host sends none but the
+    /// CSTS reads).
+    pub after_shutdown: u32,
     pub disk: Vec<u8>,
     pub nsid: u32,
     /// Most bytes per C2HData PDU.
@@ -272,6 +282,10 @@ impl Target {
             csts_polls_before_ready: 2,
             csts_fatal: false,
             csts_reads: 0,
+            shutdowns: 0,
+            shutdown_reads: 0,
+            shutdown_polls: 1,
+            after_shutdown: 0,
             disk,
             nsid: 1,
             c2h_chunk: 1500,
@@ -591,6 +605,12 @@ impl Target {
         let cid = le16(&sqe, 2);
         let nsid = le32(&sqe, 4);
         let ok = Status::SUCCESS;
+        let is_csts_read = sqe[0] == sqe::OPC_FABRICS
+            && sqe[4] == sqe::FCTYPE_PROPERTY_GET
+            && le32(&sqe, 44) == sqe::PROP_CSTS;
+        if self.cc & (0b11 << 14) != 0 && !is_csts_read {
+            self.after_shutdown += 1;
+        }
         match sqe[0] {
             sqe::OPC_FABRICS => match sqe[4] {
                 sqe::FCTYPE_CONNECT => {
@@ -624,7 +644,18 @@ impl Target {
                             self.csts_reads += 1;
                             let rdy =
                                 self.cc & 1 != 0 && self.csts_reads > self.csts_polls_before_ready;
-                            u64::from(rdy) | if self.csts_fatal { 2 } else { 0 }
+                            // SHST: 01b occurring, 10b complete.
+                            let shst = if self.cc & (0b11 << 14) == 0 {
+                                0
+                            } else {
+                                self.shutdown_reads += 1;
+                                if self.shutdown_reads > self.shutdown_polls {
+                                    0b10
+                                } else {
+                                    0b01
+                                }
+                            };
+                            u64::from(rdy) | (if self.csts_fatal { 2 } else { 0 }) | (shst << 2)
                         }
                         sqe::PROP_CC => u64::from(self.cc),
                         o => panic!("property {o:#x}"),
@@ -633,7 +664,12 @@ impl Target {
                 }
                 sqe::FCTYPE_PROPERTY_SET => {
                     assert_eq!(le32(&sqe, 44), sqe::PROP_CC);
-                    self.cc = le32(&sqe, 48);
+                    let cc = le32(&sqe, 48);
+                    if self.cc & (0b11 << 14) == 0 && cc & (0b11 << 14) == 0b01 << 14 {
+                        self.shutdowns += 1;
+                        self.shutdown_reads = 0;
+                    }
+                    self.cc = cc;
                     self.respond(cid, ok, 0);
                 }
                 f => panic!("fctype {f}"),

@@ -25,8 +25,16 @@ pub const ADMIN_QUEUE_SLOTS: usize = 4;
 const ADMIN_QUEUE_DEPTH: u16 = 32;
 /// Most write data this host puts in one command capsule.
 const MAX_INLINE: u32 = 1 << 20;
-/// How often CSTS is read while waiting for RDY.
+/// How often CSTS is read while waiting for RDY, or for the end of a shutdown.
 const CSTS_POLL_MS: u64 = 10;
+/// CC as this host enables the controller: EN, 64-byte SQ and 16-byte CQ entries
+/// (IOSQES 6, IOCQES 4), 4 KiB memory pages (MPS 0), the NVM command set (CSS 0).
+const CC_ENABLED: u32 = 1 | (6 << 16) | (4 << 20);
+/// CC.SHN (bits 15:14) 01b: a normal shutdown.
+const CC_SHN_NORMAL: u32 = 0b01 << 14;
+/// CSTS.SHST (bits 3:2) 10b: shutdown processing complete.
+const CSTS_SHST_MASK: u32 = 0b11 << 2;
+const CSTS_SHST_COMPLETE: u32 = 0b10 << 2;
 
 const TAG_CONNECT: u64 = 1;
 const TAG_PROPERTY: u64 = 2;
@@ -140,6 +148,18 @@ enum Step {
     /// Turning Namespace Attribute (and ANA change) notices on.
     ConfigureEvents,
     Live,
+    /// Property Set CC.SHN is out ([`AdminSession::shut_down`]).
+    ShutDown {
+        deadline: u64,
+    },
+    /// Waiting for CSTS.SHST to say complete: a Property Get is out (`None`), or the
+    /// next is due then.
+    WaitShutDown {
+        next_poll: Option<u64>,
+        deadline: u64,
+    },
+    /// The controller said its shutdown is complete: nothing more is sent.
+    ShutDownComplete,
 }
 
 /// The admin queue's buffers, as the queue's [`DataPort`].
@@ -279,12 +299,47 @@ impl AdminSession {
         self.io_queues
     }
 
+    /// A session told to shut down stays `Live` until the controller confirms (then
+    /// [`shut_down_complete`](Self::shut_down_complete)) or fails.
     pub fn state(&self) -> SessionState {
         match (self.error, self.step) {
             (Some(e), _) => SessionState::Failed(e),
-            (None, Step::Live) => SessionState::Live,
+            (
+                None,
+                Step::Live
+                | Step::ShutDown { .. }
+                | Step::WaitShutDown { .. }
+                | Step::ShutDownComplete,
+            ) => SessionState::Live,
             _ => SessionState::Connecting,
         }
+    }
+
+    /// The host is leaving the association (Linux's host does the same when a
+    /// controller is deleted, `nvme disconnect`, once its I/O queues are gone): a normal
+    /// shutdown notification (Property Set CC.SHN = 01b, CC.EN kept), then CSTS read
+    /// every 10 ms until SHST says complete ([`shut_down_complete`]), at most
+    /// `within_ms` from `now` (then the session fails with a timeout). A target with a
+    /// volatile write cache is told to make it durable; one that keeps nothing needs
+    /// no more than the reset that follows. No keep-alive goes meanwhile, nor a read a
+    /// notice asks for. Nothing unless live (a bring-up under way has nothing to shut
+    /// down).
+    ///
+    /// [`shut_down_complete`]: Self::shut_down_complete
+    pub fn shut_down(&mut self, now: u64, within_ms: u64) -> Result<(), Error> {
+        if self.step != Step::Live || self.error.is_some() {
+            return Ok(());
+        }
+        let deadline = now.saturating_add(within_ms);
+        let r = self.property(sqe::property_set(sqe::PROP_CC, CC_ENABLED | CC_SHN_NORMAL));
+        self.step = Step::ShutDown { deadline };
+        self.check(r)
+    }
+
+    /// The controller confirmed the shutdown asked for by
+    /// [`shut_down`](Self::shut_down) (CSTS.SHST = 10b).
+    pub fn shut_down_complete(&self) -> bool {
+        self.error.is_none() && self.step == Step::ShutDownComplete
     }
 
     pub fn controller(&self) -> Option<ControllerInfo> {
@@ -396,6 +451,12 @@ impl AdminSession {
                 next_poll: None,
                 deadline,
             } => Some(deadline.min(self.bringup_deadline)),
+            Step::WaitShutDown {
+                next_poll: Some(t),
+                deadline,
+            } => Some(t.min(deadline)),
+            Step::ShutDown { deadline } | Step::WaitShutDown { deadline, .. } => Some(deadline),
+            Step::ShutDownComplete => None,
             _ => Some(self.bringup_deadline),
         }
     }
@@ -460,6 +521,23 @@ impl AdminSession {
                 }
                 self.bringup_timer(now)
             }
+            Step::ShutDown { deadline } | Step::WaitShutDown { deadline, .. }
+                if now >= deadline =>
+            {
+                Err(Error::Timeout("CSTS.SHST after CC.SHN"))
+            }
+            Step::WaitShutDown {
+                next_poll: Some(t),
+                deadline,
+            } if now >= t => {
+                self.property(sqe::property_get(sqe::PROP_CSTS, false))?;
+                self.step = Step::WaitShutDown {
+                    next_poll: None,
+                    deadline,
+                };
+                Ok(())
+            }
+            Step::ShutDown { .. } | Step::WaitShutDown { .. } | Step::ShutDownComplete => Ok(()),
             _ => self.bringup_timer(now),
         }
     }
@@ -500,6 +578,11 @@ impl AdminSession {
             self.keep_alive_due = now + u64::from(self.kato_ms / 2);
             return Ok(());
         }
+        if let Step::ShutDown { .. } | Step::WaitShutDown { .. } | Step::ShutDownComplete =
+            self.step
+        {
+            return self.shutdown_completed(c, now);
+        }
         if self.step == Step::Live {
             return match c.tag {
                 TAG_ASYNC_EVENT => self.async_event(c),
@@ -520,7 +603,11 @@ impl AdminSession {
             Step::ReadAnaLog => "Get Log Page (ANA)",
             Step::SetQueueCount => "Set Features (Number of Queues)",
             Step::ConfigureEvents => "Set Features (Asynchronous Event Configuration)",
-            Step::AwaitIcResp | Step::Live => "unexpected command",
+            Step::AwaitIcResp
+            | Step::Live
+            | Step::ShutDown { .. }
+            | Step::WaitShutDown { .. }
+            | Step::ShutDownComplete => "unexpected command",
         };
         if !c.status.is_success() {
             // The state is a hint that saves a path error; a target that cannot give
@@ -561,8 +648,7 @@ impl AdminSession {
                 if (self.cap >> 37) & 1 == 0 {
                     return Err(Error::Unsupported("the NVM command set (CAP.CSS)"));
                 }
-                let cc = 1 | (6 << 16) | (4 << 20);
-                self.property(sqe::property_set(sqe::PROP_CC, cc))?;
+                self.property(sqe::property_set(sqe::PROP_CC, CC_ENABLED))?;
                 self.step = Step::SetCc;
             }
             Step::SetCc => {
@@ -643,12 +729,59 @@ impl AdminSession {
                 self.go_live(now);
                 self.ask_for_events()?;
             }
-            Step::AwaitIcResp | Step::Live => {
+            Step::AwaitIcResp
+            | Step::Live
+            | Step::ShutDown { .. }
+            | Step::WaitShutDown { .. }
+            | Step::ShutDownComplete => {
                 return Err(Error::Command {
                     what,
                     status: c.status,
                 })
             }
+        }
+        Ok(())
+    }
+
+    /// A completion while shutting down: the Property Set and Gets move it on; what
+    /// else was out (the event request, a keep-alive, a read) is let be.
+    fn shutdown_completed(&mut self, c: Completion, now: u64) -> Result<(), Error> {
+        if c.tag != TAG_PROPERTY {
+            return Ok(());
+        }
+        let what = match self.step {
+            Step::ShutDown { .. } => "Property Set CC (shutdown notification)",
+            _ => "Property Get CSTS (shutdown)",
+        };
+        if !c.status.is_success() {
+            return Err(Error::Command {
+                what,
+                status: c.status,
+            });
+        }
+        match self.step {
+            Step::ShutDown { deadline } => {
+                self.property(sqe::property_get(sqe::PROP_CSTS, false))?;
+                self.step = Step::WaitShutDown {
+                    next_poll: None,
+                    deadline,
+                };
+            }
+            Step::WaitShutDown { deadline, .. } => {
+                let csts = c.result as u32;
+                if csts & 2 != 0 {
+                    return Err(Error::ControllerFatal);
+                }
+                self.step = if csts & CSTS_SHST_MASK == CSTS_SHST_COMPLETE {
+                    Step::ShutDownComplete
+                } else {
+                    Step::WaitShutDown {
+                        next_poll: Some(now + CSTS_POLL_MS),
+                        deadline,
+                    }
+                };
+            }
+            _ => {}
         }
         Ok(())
     }

@@ -629,6 +629,128 @@ fn keep_alive_every_half_kato_and_fails_when_unanswered() {
     );
 }
 
+/// Pumps `s` against `t` from `now`, 5 ms a pass, until the shutdown it was told of
+/// completes or fails, or `ms` pass; the time it ended.
+fn run_shutdown(
+    t: &mut Target,
+    rng: &mut Rng,
+    s: &mut AdminSession,
+    mut now: u64,
+    ms: u64,
+) -> (Result<(), Error>, u64) {
+    let end = now + ms;
+    while now < end {
+        let r = pump(t, rng, &mut AdminEnd(s, now)).and_then(|()| s.poll(now));
+        if r.is_err() || s.shut_down_complete() {
+            return (r, now);
+        }
+        now += 5;
+    }
+    (Ok(()), now)
+}
+
+#[test]
+fn a_shutdown_notification_waits_for_the_controller_to_say_complete() {
+    let mut t = Target::new();
+    t.ana_group = 1;
+    t.shutdown_polls = 3;
+    let mut rng = Rng(21);
+    let (mut s, r, now) = bring_up(&mut t, &mut rng, 4000);
+    r.unwrap();
+    let cc_live = t.cc;
+    assert!(!t.event_requests.is_empty(), "an event request is out");
+    s.shut_down(now, 5000).unwrap();
+    let (r, done) = run_shutdown(&mut t, &mut rng, &mut s, now, 10_000);
+    r.unwrap();
+    assert!(s.shut_down_complete());
+    assert_eq!(t.shutdowns, 1);
+    assert_eq!(
+        t.cc,
+        cc_live | (0b01 << 14),
+        "CC.EN and the rest kept, SHN 01b"
+    );
+    assert_eq!(t.shutdown_reads, 4, "CSTS read until SHST said complete");
+    assert!(done >= now + 30, "a read every 10 ms");
+    assert_eq!(t.after_shutdown, 0, "nothing else sent after CC.SHN");
+    assert_eq!(s.state(), SessionState::Live);
+    assert_eq!(s.next_timer(), None);
+    // Done: no keep-alive, nothing more, however long it stays.
+    let keep_alives = t.keep_alives;
+    for later in [done + 2000, done + 10_000] {
+        s.poll(later).unwrap();
+        pump(&mut t, &mut rng, &mut AdminEnd(&mut s, later)).unwrap();
+    }
+    assert_eq!((t.keep_alives, t.after_shutdown), (keep_alives, 0));
+}
+
+#[test]
+fn a_shutdown_the_controller_never_completes_fails_at_its_bound() {
+    let mut t = Target::new();
+    t.shutdown_polls = u32::MAX;
+    let mut rng = Rng(22);
+    let (mut s, r, now) = bring_up(&mut t, &mut rng, 4000);
+    r.unwrap();
+    let keep_alives = t.keep_alives;
+    s.shut_down(now, 3000).unwrap();
+    assert_eq!(s.next_timer(), Some(now + 3000));
+    let (r, _) = run_shutdown(&mut t, &mut rng, &mut s, now, 2995);
+    r.unwrap();
+    assert!(!s.shut_down_complete());
+    assert!(
+        t.shutdown_reads > 100,
+        "read every 10 ms: {}",
+        t.shutdown_reads
+    );
+    assert_eq!(
+        t.keep_alives, keep_alives,
+        "no keep-alive while shutting down (KATO/2 is 2 s)"
+    );
+    assert_eq!(
+        s.poll(now + 3000),
+        Err(Error::Timeout("CSTS.SHST after CC.SHN"))
+    );
+    assert!(!s.shut_down_complete());
+}
+
+#[test]
+fn a_controller_that_fails_during_its_shutdown_says_so() {
+    let mut t = Target::new();
+    t.shutdown_polls = 2;
+    let mut rng = Rng(23);
+    let (mut s, r, now) = bring_up(&mut t, &mut rng, 0);
+    r.unwrap();
+    s.shut_down(now, 5000).unwrap();
+    t.csts_fatal = true;
+    let (r, _) = run_shutdown(&mut t, &mut rng, &mut s, now, 5000);
+    assert_eq!(r, Err(Error::ControllerFatal));
+    assert!(!s.shut_down_complete());
+}
+
+#[test]
+fn only_a_live_session_is_shut_down() {
+    // Mid bring-up: nothing to shut down, nothing sent.
+    let mut t = Target::new();
+    t.csts_polls_before_ready = u32::MAX;
+    let mut rng = Rng(24);
+    let (mut s, r, now) = bring_up(&mut t, &mut rng, 0);
+    assert_eq!(r, Err(Error::Timeout("CSTS.RDY after CC.EN")));
+    s.shut_down(now, 5000).unwrap();
+    let mut fresh = AdminSession::new(&identity(), 1, 0, 0, 10_000);
+    fresh.shut_down(0, 5000).unwrap();
+    let mut buf = [0u8; 256];
+    assert_eq!(fresh.transmit(&mut buf), 8 + 120, "only the ICReq goes");
+    assert_eq!(t.shutdowns, 0);
+    assert!(!s.shut_down_complete() && !fresh.shut_down_complete());
+    // Told twice: one notification.
+    let mut t = Target::new();
+    let (mut s, r, now) = bring_up(&mut t, &mut rng, 0);
+    r.unwrap();
+    s.shut_down(now, 5000).unwrap();
+    s.shut_down(now, 5000).unwrap();
+    run_shutdown(&mut t, &mut rng, &mut s, now, 5000).0.unwrap();
+    assert_eq!(t.shutdowns, 1);
+}
+
 // ---- I/O ----
 
 #[test]

@@ -87,6 +87,11 @@ struct Conns {
 }
 
 impl Entry {
+    /// Its association is closing or closed: no disk is served from it.
+    fn closing(&self) -> bool {
+        matches!(self.remote.state(), State::Closing | State::Closed)
+    }
+
     fn portals(&self) -> usize {
         self.target.portals().count()
     }
@@ -140,6 +145,8 @@ pub struct Net {
     next_port: u16,
     /// The vif's counters as last logged, and when (`log_counters`).
     logged: (NetCounters, u64),
+    /// Closing associations whose controller confirmed its shutdown, since boot.
+    shutdowns_confirmed: u64,
 }
 
 /// What the vif moved, for the console every [`COUNTERS_EVERY_MS`] while it changes.
@@ -468,6 +475,19 @@ fn log_event(
             "{name}: the target stayed unreachable for {} s: given up, its disks fail every request",
             waited_ms / 1000
         ),
+        Event::Closed {
+            shutdown: Some(Ok(ms)),
+        } => log::info!(
+            "{name}: association closed: the controller confirmed its shutdown in {ms} ms{through}"
+        ),
+        Event::Closed {
+            shutdown: Some(Err(why)),
+        } => log::warn!(
+            "{name}: association closed without the controller's confirmation of its              shutdown: {why}"
+        ),
+        Event::Closed { shutdown: None } => log::info!(
+            "{name}: association closed (it was not live: no controller to shut down)"
+        ),
     }
 }
 
@@ -486,6 +506,7 @@ impl Net {
             spare_probes: Vec::with_capacity(MAX_REMOTES),
             next_port: 49152 + (xen::raw::cpu::read_tsc() % 8192) as u16,
             logged: (NetCounters::default(), 0),
+            shutdowns_confirmed: 0,
         }
     }
 
@@ -512,9 +533,12 @@ impl Net {
     /// other portals, or the same ones in another order, is refused.
     pub fn remote(&mut self, target: &NvmeTcpTarget) -> Result<Attach, (String, i32)> {
         let now = Vif::now_ms();
+        // One closing serves nobody: a disk attached meanwhile gets an association of
+        // its own.
         let same = |e: &Option<Entry>| {
             e.as_ref().is_some_and(|e| {
                 (e.target.nsid, e.target.subsystem) == (target.nsid, target.subsystem)
+                    && !e.closing()
             })
         };
         if let Some(at) = self.entries.iter().position(same) {
@@ -702,19 +726,106 @@ impl Net {
 
     /// Remote `at`, from which no disk is served any more (its last disk detached: the
     /// disks' rings drained before their queues came back, so it holds no request) is
-    /// let go: its connections reset, so that the target frees its controller and
-    /// queues now and no reconnect or keep-alive goes on for nobody; its sockets kept
-    /// for the next, its slot (and its statistics node) free. Attaching a disk on the
-    /// namespace again connects afresh.
+    /// let go, so that the target frees its controller and queues now and no reconnect
+    /// or keep-alive goes on for nobody: its association closed ([`Remote::close`]: a
+    /// live one's controller is told of its shutdown first, on vCPU 0's next passes,
+    /// for up to [`nvmetcp::remote::SHUTDOWN_MS`]), then its connections reset, its
+    /// sockets kept for the next, its slot (and its statistics node) free. Attaching a
+    /// disk on the namespace meanwhile or later connects afresh.
     pub fn release(&mut self, at: u32) {
-        let Some(entry) = self.entry_mut(at) else {
+        let now = Vif::now_ms();
+        let Some(Some(entry)) = self.entries.get_mut(at as usize) else {
             return;
         };
+        if entry.closing() {
+            return;
+        }
         log::info!(
-            "{}: no disk is served from it any more: association closed",
+            "{}: no disk is served from it any more: closing the association",
             entry.name
         );
-        self.forget(at as usize);
+        Self::close_entry(&mut self.vif, &mut self.next_port, entry, now);
+        self.forget_closed();
+    }
+
+    /// `entry`'s association closed from `now` ([`Remote::close`]).
+    fn close_entry(vif: &mut Vif, next_port: &mut u16, entry: &mut Entry, now: u64) {
+        let via = (entry.portals() > 1).then_some(entry.current_portal());
+        let Entry {
+            name,
+            remote,
+            conns,
+            target,
+            portal,
+            ..
+        } = entry;
+        let mut links = Self::links(vif, next_port, target, *portal, conns);
+        let (policy, digests) = (remote.reconnect_policy(), remote.digests());
+        remote.close(&mut links, now, &mut |e| {
+            log_event(name.as_str(), e, policy, digests, via, None)
+        });
+    }
+
+    /// Remotes whose association closed: their slots are free.
+    fn forget_closed(&mut self) {
+        for at in 0..self.entries.len() {
+            let closed = self.entries[at]
+                .as_ref()
+                .is_some_and(|e| matches!(e.remote.state(), State::Closed));
+            if closed {
+                self.forget(at);
+            }
+        }
+    }
+
+    /// blkdom's shutdown, once every namespace was flushed: every association closed
+    /// ([`Net::release`]) and the network driven (`relax` between passes) until each
+    /// controller confirmed its shutdown or [`nvmetcp::remote::SHUTDOWN_MS`] passed, at
+    /// most until `deadline_ns` (the poller's clock). The connections that are left are
+    /// reset. Returns the controllers told of their shutdown, and those that confirmed.
+    pub fn close_all(&mut self, deadline_ns: u64, relax: &mut dyn FnMut()) -> (usize, usize) {
+        let now = Vif::now_ms();
+        for entry in self.entries.iter_mut().flatten() {
+            if !entry.closing() {
+                Self::close_entry(&mut self.vif, &mut self.next_port, entry, now);
+            }
+        }
+        // Those released just before are waiting too.
+        let notified = self
+            .entries
+            .iter()
+            .flatten()
+            .filter(|e| matches!(e.remote.state(), State::Closing))
+            .count();
+        let confirmed_before = self.shutdowns_confirmed;
+        while self.entries.iter().flatten().any(Entry::closing)
+            && crate::xen_domain::now_ns() < deadline_ns
+        {
+            self.poll();
+            relax();
+        }
+        let left: Vec<usize> = (0..self.entries.len())
+            .filter(|&at| self.entries[at].is_some())
+            .collect();
+        for at in left {
+            if let Some(entry) = self.entries[at].as_ref() {
+                if entry.closing() {
+                    log::warn!(
+                        "{}: blkdom's shutdown did not wait for the controller to confirm                          its own",
+                        entry.name
+                    );
+                }
+            }
+            self.forget(at);
+        }
+        // smoltcp sends a dropped connection's reset at its next dispatch.
+        for _ in 0..4 {
+            self.vif.poll();
+        }
+        (
+            notified,
+            (self.shutdowns_confirmed - confirmed_before) as usize,
+        )
     }
 
     /// Remote `at` is dropped: its links closed, its sockets kept for the next, its
@@ -880,12 +991,18 @@ impl Net {
         }
     }
 
-    /// One remote's pass: whether anything moved, and whether its namespace grew.
-    fn poll_entry(vif: &mut Vif, next_port: &mut u16, entry: &mut Entry, now: u64) -> (bool, bool) {
+    /// One remote's pass: whether anything moved, whether its namespace grew, and
+    /// whether its controller confirmed the shutdown of a closing association.
+    fn poll_entry(
+        vif: &mut Vif,
+        next_port: &mut u16,
+        entry: &mut Entry,
+        now: u64,
+    ) -> (bool, bool, bool) {
         let portal = entry.current_portal();
         // The portal is named only where there is a choice.
         let via = (entry.portals() > 1).then_some(portal);
-        let (mut lost, mut grew, mut moving) = (false, false, false);
+        let (mut lost, mut grew, mut moving, mut confirmed) = (false, false, false, false);
         let moved = {
             let Entry {
                 name,
@@ -903,6 +1020,12 @@ impl Net {
                 lost |= matches!(e, Event::Lost(_) | Event::AttemptFailed(_));
                 grew |= matches!(e, Event::NamespaceGrew { .. });
                 moving |= matches!(e, Event::Moved { .. });
+                confirmed |= matches!(
+                    e,
+                    Event::Closed {
+                        shutdown: Some(Ok(_))
+                    }
+                );
                 log_event(name.as_str(), e, policy, digests, via, probed)
             })
         };
@@ -915,7 +1038,7 @@ impl Net {
             let next = entry.next_portal();
             log::warn!("{}: the next attempt goes to portal {next}", entry.name);
         }
-        (moved, grew)
+        (moved, grew, confirmed)
     }
 
     /// One pass: frames in, every remote, frames out; queues on other vCPUs with new
@@ -932,7 +1055,9 @@ impl Net {
         let mut wake = 0u64;
         let mut news = false;
         for entry in self.entries.iter_mut().flatten() {
-            let (moved, grew) = Self::poll_entry(&mut self.vif, &mut self.next_port, entry, now);
+            let (moved, grew, confirmed) =
+                Self::poll_entry(&mut self.vif, &mut self.next_port, entry, now);
+            self.shutdowns_confirmed += u64::from(confirmed);
             news |= grew;
             work |= moved;
             busy |= entry.remote.busy();
@@ -945,6 +1070,7 @@ impl Net {
                 }
             }
         }
+        self.forget_closed();
         work |= self.vif.poll();
         while wake != 0 {
             let cpu = wake.trailing_zeros() as usize;
@@ -1014,7 +1140,8 @@ impl Net {
             .iter()
             .enumerate()
             .filter_map(|(at, entry)| {
-                let entry = entry.as_ref()?;
+                // One closing serves no disk: its node goes.
+                let entry = entry.as_ref().filter(|e| !e.closing())?;
                 let remote = &entry.remote;
                 // 0 connecting, 1 live, 2 reconnecting (I/O held), 3 given up (I/O
                 // fails), 4 the first bring-up failed.
@@ -1024,7 +1151,7 @@ impl Net {
                     State::Live => 1,
                     State::Down => 2,
                     State::GaveUp => 3,
-                    State::Failed(_) => 4,
+                    State::Failed(_) | State::Closing | State::Closed => 4,
                 };
                 let (counters, held) = (remote.counters(), remote.held_times());
                 // The state as the ANA log codes it (1 optimized, 2 non-optimized, 3
@@ -1108,7 +1235,9 @@ impl Net {
                     Some(format!("{} is connecting", entry.name))
                 }
                 State::Connecting | State::Down => Some(format!("{} is reconnecting", entry.name)),
-                State::Live | State::Failed(_) | State::GaveUp => None,
+                // Its controller's shutdown is awaited, at most SHUTDOWN_MS.
+                State::Closing => Some(format!("{} is closing its association", entry.name)),
+                State::Live | State::Failed(_) | State::GaveUp | State::Closed => None,
             })
     }
 

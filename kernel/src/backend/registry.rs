@@ -400,12 +400,33 @@ impl Registry {
     /// still held by rings that did not drain cannot be flushed, and is reported so.
     pub fn shut_down(&mut self, flush_deadline_ns: u64) -> shutdown::Report {
         let mut remote = self.flush_remote(flush_deadline_ns);
+        let (notified, confirmed) = self.close_remotes();
         let (flush, unflushed) = Self::idle_queues(&mut self.pools, Vec::new(), "shutdown");
         let mut report = self.devices.shut_down(flush, flush_deadline_ns);
         report.given_up.extend(unflushed);
         report.flushed += remote.flushed;
         report.given_up.append(&mut remote.given_up);
+        report.stopped += confirmed;
+        if confirmed < notified {
+            report.given_up.push(format!(
+                "{} of {notified} remote controller(s) did not confirm their shutdown",
+                notified - confirmed
+            ));
+        }
         report
+    }
+
+    /// At a shutdown, once the remote namespaces are flushed: every association closed,
+    /// its controller told of its shutdown (`Net::close_all`), for at most
+    /// `nvmetcp::remote::SHUTDOWN_MS` and a second more for the network. Returns the
+    /// controllers told, and those that confirmed.
+    fn close_remotes(&mut self) -> (usize, usize) {
+        let Ok(net) = self.net.as_mut() else {
+            return (0, 0);
+        };
+        let deadline =
+            crate::xen_domain::now_ns() + (nvmetcp::remote::SHUTDOWN_MS + 1_000) * 1_000_000;
+        net.close_all(deadline, &mut core::hint::spin_loop)
     }
 
     /// Remote namespaces' flushes (through one idle queue of each), with the network

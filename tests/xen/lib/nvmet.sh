@@ -82,6 +82,12 @@ add_port() {
 port_add() { ln -s "$NVMET/subsystems/$2" "$NVMET/ports/$1/subsystems/$2"; }
 port_remove() { rm "$NVMET/ports/$1/subsystems/$2"; }
 
+# blkdom_connections: blkdom's TCP connections to the target as dom0 sees them: from
+# its address (10.9.0.2, 0200090A in /proc/net/tcp) to port 4420 (1144), established.
+blkdom_connections() {
+  awk '$2 ~ /:1144$/ && $3 ~ /^0200090A:/ && $4 == "01"' /proc/net/tcp | wc -l
+}
+
 # net_counters: dom0's TCP counters (segments retransmitted, and why) and the vif's.
 net_counters() {
   grep -E '^Tcp:' /proc/net/snmp

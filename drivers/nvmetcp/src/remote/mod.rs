@@ -26,6 +26,11 @@
 //! path looks at the next of them every reconnect delay ([`Link::Probe`]) and moves to
 //! one through which the group is optimized ([`Event::OptimizedElsewhere`],
 //! [`Event::Moved`]).
+//!
+//! Once no disk is served from it, the association is closed as Linux's host closes
+//! one at `nvme disconnect` ([`Remote::close`]): its I/O queues' connections first,
+//! then the controller told of a normal shutdown on the admin queue and its
+//! confirmation awaited, at most [`SHUTDOWN_MS`], then the admin queue's connection.
 
 mod channel;
 #[cfg(test)]
@@ -78,6 +83,10 @@ const ANA_REREAD_MS: u64 = 1_000;
 /// How long an association that found a better path waits for its commands to come
 /// back before it leaves anyway (those still out then go again, charged a retry).
 const MOVE_DRAIN_MS: u64 = 2_000;
+
+/// How long a closing association waits for the controller to confirm its shutdown
+/// (Linux's host waits as long: `shutdown_timeout`, 5 s).
+pub const SHUTDOWN_MS: u64 = 5_000;
 
 /// The connections of an association, and the one that looks at another path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,6 +233,11 @@ pub enum State {
     Failed(Failure),
     /// The target stayed away too long: every request fails (until [`Remote::revive`]).
     GaveUp,
+    /// No disk is served from it any more ([`Remote::close`]): the controller was told
+    /// of its shutdown, which this waits for; no request is taken.
+    Closing,
+    /// Every connection closed for good: nothing more happens.
+    Closed,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -377,6 +391,13 @@ pub enum Event {
         waited_ms: u64,
         drained: bool,
     },
+    /// The association is closed ([`Remote::close`]). `shutdown`: `None` when it was
+    /// not live (nothing to tell a controller); `Some(Ok(ms))` when the controller
+    /// confirmed its shutdown `ms` after it was told; `Some(Err(why))` when it did not
+    /// (the connection closed, a command failed, [`SHUTDOWN_MS`] passed): closed anyway.
+    Closed {
+        shutdown: Option<Result<u64, Failure>>,
+    },
 }
 
 /// One remote namespace and the disk queues on it.
@@ -445,6 +466,8 @@ pub struct Remote {
     moving_since: Option<u64>,
     /// Asked for on every connection of every association.
     digests: Digests,
+    /// When the controller was told of its shutdown (`State::Closing`).
+    closing_since: u64,
 }
 
 impl Remote {
@@ -495,6 +518,7 @@ impl Remote {
             held_times: HeldTimes::default(),
             counters: RemoteCounters::default(),
             digests: Digests::NONE,
+            closing_since: 0,
         }
     }
 
@@ -617,10 +641,13 @@ impl Remote {
         Some(sectors)
     }
 
-    /// A new disk queue on this namespace (once live); `None` past [`MAX_CHANNELS`].
+    /// A new disk queue on this namespace (once live); `None` past [`MAX_CHANNELS`], or
+    /// once closing.
     pub fn add_queue(&mut self) -> Option<DiskQueue> {
         let geometry = self.geometry()?;
-        if self.channels.len() >= MAX_CHANNELS {
+        if self.channels.len() >= MAX_CHANNELS
+            || matches!(self.state, State::Closing | State::Closed)
+        {
             return None;
         }
         let shared = Shared::new();
@@ -635,7 +662,7 @@ impl Remote {
     /// Requests taken and not completed, or the association is not live: the caller
     /// polls again soon.
     pub fn busy(&self) -> bool {
-        self.active > 0 || matches!(self.state, State::Connecting | State::Down)
+        self.active > 0 || matches!(self.state, State::Connecting | State::Down | State::Closing)
     }
 
     pub fn channels(&self) -> &[Arc<Shared>] {
@@ -670,8 +697,84 @@ impl Remote {
                 Action::Nothing => false,
             },
             State::GaveUp => self.fail_everything(),
-            State::Failed(_) => false,
+            State::Closing => self.closing_step(t, now, log),
+            State::Failed(_) | State::Closed => false,
         }
+    }
+
+    /// No disk is served from the namespace any more: the association ends, from `now`.
+    /// Its I/O queues' connections (and a look at another portal) are closed, and, its
+    /// controller up, the controller is told of a normal shutdown on the admin queue
+    /// ([`AdminSession::shut_down`]); the remote is `Closing` until the controller
+    /// confirms or [`SHUTDOWN_MS`] passes, then closes the admin queue's connection
+    /// (`Closed`, [`Event::Closed`]). Without a controller up (its bring-up under way,
+    /// reconnecting, given up, failed), every connection closes at once. A request still taken or waiting (the
+    /// caller drained its disks first: there should be none) fails rather than wait for
+    /// nobody. Nothing once closing.
+    pub fn close(&mut self, t: &mut dyn Transport, now: u64, log: &mut dyn FnMut(Event)) {
+        if matches!(self.state, State::Closing | State::Closed) {
+            return;
+        }
+        self.fail_everything();
+        // The I/O queues go first, as on Linux's host: the controller is shut down with
+        // nothing of this host's left on it.
+        for n in 0..self.io_queues_asked() {
+            t.close(Link::Io(n));
+        }
+        for queue in &mut self.io {
+            queue.session = None;
+        }
+        self.drop_probe(t);
+        self.moving_since = None;
+        // A controller that is up is told, whether or not the I/O queues were (a
+        // reconnect may be connecting them).
+        let live = self
+            .admin
+            .as_ref()
+            .is_some_and(|a| a.state() == SessionState::Live)
+            && t.state(Link::Admin) == LinkState::Open;
+        if let (true, Some(admin)) = (live, self.admin.as_mut()) {
+            if admin.shut_down(now, SHUTDOWN_MS).is_ok() {
+                self.state = State::Closing;
+                self.closing_since = now;
+                pump_admin(admin, t, now);
+                return;
+            }
+        }
+        self.finish_closing(t, None, log);
+    }
+
+    /// Closing: the admin queue driven until the controller confirms its shutdown, or
+    /// cannot.
+    fn closing_step(
+        &mut self,
+        t: &mut dyn Transport,
+        now: u64,
+        log: &mut dyn FnMut(Event),
+    ) -> bool {
+        let Some(admin) = self.admin.as_mut() else {
+            self.finish_closing(t, None, log);
+            return true;
+        };
+        let outcome = match drive_admin(admin, t, Link::Admin, now) {
+            _ if admin.shut_down_complete() => Ok(now.saturating_sub(self.closing_since)),
+            SessionState::Failed(e) => Err(Failure::Session(e)),
+            _ => return false,
+        };
+        self.finish_closing(t, Some(outcome), log);
+        true
+    }
+
+    fn finish_closing(
+        &mut self,
+        t: &mut dyn Transport,
+        shutdown: Option<Result<u64, Failure>>,
+        log: &mut dyn FnMut(Event),
+    ) {
+        self.close_links(t);
+        self.admin = None;
+        self.state = State::Closed;
+        log(Event::Closed { shutdown });
     }
 
     /// Stops holding requests: every request held and every later one fails, and the

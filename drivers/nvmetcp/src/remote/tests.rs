@@ -41,6 +41,9 @@ struct FakeNet {
     opens: usize,
     /// Connections the target dropped (`Target::poison_lba`).
     drops: usize,
+    /// Open links the host closed, in order, each with the shutdown notifications its
+    /// controller had received by then.
+    closed: Vec<(Link, u32)>,
 }
 
 impl FakeNet {
@@ -59,6 +62,7 @@ impl FakeNet {
             chunk: 1,
             opens: 0,
             drops: 0,
+            closed: Vec::new(),
         }
     }
 
@@ -155,7 +159,9 @@ impl Transport for FakeNet {
 
     fn close(&mut self, link: Link) {
         let at = link.index();
-        self.links[at] = None;
+        if let Some(t) = self.links[at].take() {
+            self.closed.push((link, t.shutdowns));
+        }
         if self.states[at] == LinkState::Open {
             self.states[at] = LinkState::Closed;
         }
@@ -1785,4 +1791,179 @@ fn a_move_waits_for_the_commands_out_at_most_its_drain_time() {
     let done = rig.run(&mut [&mut q], 2, 10_000);
     assert_eq!(done.len(), 2);
     assert!(done.iter().all(|c| c.status == IoStatus::Ok));
+}
+
+// ---- Closing an association ----
+
+#[test]
+fn a_live_association_closes_its_io_queues_then_shuts_the_controller_down() {
+    let (mut rig, mut queues) = live_with_io_queues(2, 128, 2);
+    rig.net.links[Link::Admin.index()]
+        .as_mut()
+        .unwrap()
+        .shutdown_polls = 3;
+    read_on_every_queue(&mut rig, &mut queues);
+    drop(queues);
+    rig.net.closed.clear();
+    let events = rig.events.len();
+    let at = rig.now;
+    let mut log = Vec::new();
+    rig.remote.close(&mut rig.net, at, &mut |e| log.push(e));
+    assert!(log.is_empty());
+    assert_eq!(rig.remote.state(), State::Closing);
+    assert!(rig.remote.busy(), "polled until closed");
+    assert!(
+        rig.remote.add_queue().is_none(),
+        "no new disk queue once closing"
+    );
+    assert_eq!(
+        rig.net.closed,
+        [(Link::Io(0), 0), (Link::Io(1), 0)],
+        "the I/O queues' connections go first"
+    );
+    let admin = rig.net.links[Link::Admin.index()].as_ref().unwrap();
+    assert_eq!(admin.shutdowns, 1, "told at once, on the admin queue");
+    while rig.remote.state() == State::Closing && rig.now < at + 10_000 {
+        rig.step();
+    }
+    assert_eq!(rig.remote.state(), State::Closed);
+    assert_eq!(
+        rig.net.closed[2..],
+        [(Link::Admin, 1)],
+        "then the admin queue's, once the controller confirmed"
+    );
+    match rig.events[events..] {
+        [Event::Closed {
+            shutdown: Some(Ok(ms)),
+        }] => assert!(
+            (30..100).contains(&ms),
+            "three CSTS reads 10 ms apart: {ms}"
+        ),
+        ref other => panic!("{other:?}"),
+    }
+    // Closed: nothing more is opened or sent, however long.
+    let opens = rig.net.opens;
+    for _ in 0..20_000 {
+        rig.step();
+    }
+    assert_eq!(rig.net.opens, opens);
+    assert!(!rig.remote.busy());
+    assert_eq!(rig.events.len(), events + 1);
+    // Told again: nothing.
+    let now = rig.now;
+    rig.remote
+        .close(&mut rig.net, now, &mut |e| panic!("{e:?}"));
+}
+
+#[test]
+fn a_controller_that_does_not_confirm_its_shutdown_is_left_at_the_bound() {
+    let (mut rig, a, _) = live();
+    rig.net.links[Link::Admin.index()]
+        .as_mut()
+        .unwrap()
+        .shutdown_polls = u32::MAX;
+    drop(a);
+    let at = rig.now;
+    rig.remote.close(&mut rig.net, at, &mut |e| panic!("{e:?}"));
+    while rig.remote.state() == State::Closing && rig.now < at + 60_000 {
+        rig.step();
+    }
+    assert_eq!(rig.remote.state(), State::Closed);
+    let took = rig.now - at;
+    assert!(
+        (SHUTDOWN_MS..SHUTDOWN_MS + 10).contains(&took),
+        "closed at the bound: {took} ms"
+    );
+    assert!(matches!(
+        rig.events.last(),
+        Some(Event::Closed {
+            shutdown: Some(Err(Failure::Session(Error::Timeout(_))))
+        })
+    ));
+    assert!(
+        rig.net.links.iter().all(Option::is_none),
+        "every connection closed"
+    );
+    // The connection breaking while it waits ends the wait too.
+    let (mut rig, _, _) = live();
+    rig.net.knobs = |t| t.shutdown_polls = u32::MAX;
+    let at = rig.now;
+    rig.remote.close(&mut rig.net, at, &mut |e| panic!("{e:?}"));
+    rig.step();
+    rig.net.crash();
+    rig.step();
+    assert_eq!(rig.remote.state(), State::Closed);
+    assert!(matches!(
+        rig.events.last(),
+        Some(Event::Closed {
+            shutdown: Some(Err(_))
+        })
+    ));
+}
+
+#[test]
+fn an_association_that_is_not_live_closes_at_once() {
+    let (mut rig, mut a, _) = live();
+    rig.net.crash();
+    let end = rig.now + 2_000;
+    while rig.now < end {
+        rig.step();
+    }
+    assert_eq!(rig.remote.state(), State::Down);
+    // A request held while reconnecting (there should be none: it fails, not waits).
+    a.submit(&request(1, IoOp::Read, 0, &segments(0, 1)), &Pages)
+        .unwrap();
+    rig.step();
+    rig.net.up = true;
+    let (mut log, at) = (Vec::new(), rig.now);
+    rig.remote.close(&mut rig.net, at, &mut |e| log.push(e));
+    assert_eq!(log, [Event::Closed { shutdown: None }]);
+    assert_eq!(rig.remote.state(), State::Closed);
+    let mut done = Vec::new();
+    a.poll_completions(&mut |c| done.push(c));
+    assert_eq!(
+        done,
+        [Completion {
+            tag: 1,
+            status: IoStatus::Error
+        }]
+    );
+    // No attempt after it, though the target is back.
+    let opens = rig.net.opens;
+    for _ in 0..20_000 {
+        rig.step();
+    }
+    assert_eq!(rig.net.opens, opens);
+    assert!(rig.net.links.iter().all(Option::is_none));
+    assert_eq!(
+        rig.net.closed.iter().map(|(_, n)| n).sum::<u32>(),
+        0,
+        "no shutdown told"
+    );
+}
+
+#[test]
+fn a_bring_up_under_way_is_not_told_of_a_shutdown() {
+    // The controller never gets ready: the first bring-up waits for CSTS.RDY.
+    let mut rig = Rig::new(|t| t.csts_polls_before_ready = u32::MAX);
+    for _ in 0..200 {
+        rig.step();
+    }
+    assert_eq!(rig.remote.state(), State::Connecting);
+    let (mut log, at) = (Vec::new(), rig.now);
+    rig.remote.close(&mut rig.net, at, &mut |e| log.push(e));
+    assert_eq!(log, [Event::Closed { shutdown: None }]);
+    assert_eq!(rig.remote.state(), State::Closed);
+    assert_eq!(rig.net.closed, [(Link::Admin, 0)]);
+}
+
+#[test]
+fn a_controller_whose_connection_just_broke_is_not_told_of_a_shutdown() {
+    let (mut rig, _, _) = live();
+    // Broken before the remote's next pass noticed.
+    rig.net.crash();
+    let (mut log, at) = (Vec::new(), rig.now);
+    rig.remote.close(&mut rig.net, at, &mut |e| log.push(e));
+    assert_eq!(log, [Event::Closed { shutdown: None }]);
+    assert_eq!(rig.remote.state(), State::Closed);
 }
