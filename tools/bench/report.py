@@ -45,8 +45,10 @@ SYSTEM_COLOURS = {"linux-dom0": "#1f77b4", "linux-dd": "#2ca02c", "blkdom": "#d6
 RATIOS = [("blkdom", "linux-dom0"), ("blkdom", "linux-dd"), ("blkdom-pt", "linux-dd-pt")]
 # The systems blkdom serves (its counters: the cost table).
 OURS = ["blkdom", "blkdom-pt"]
-# Job names of the guest's generic arm: fio-<rw>-<bs>-qd<depth>-<N>j or ...-fill.
-JOB_RE = re.compile(r"^fio-(randread|randwrite|read|write)-(\d+[kmg]?)-qd(\d+)-(\d+j|fill)$")
+# Job names of the guest's generic arm: fio-<rw>-<bs>-qd<depth>-<N>j or ...-fill, and
+# ...-<N>j-r<IOPS> paced at that rate (fio --rate_iops).
+JOB_RE = re.compile(
+    r"^fio-(randread|randwrite|read|write)-(\d+[kmg]?)-qd(\d+)-(\d+j|fill)(?:-r(\d+))?$")
 GUEST_FILE_RE = re.compile(r"^(fio|cpu|counters|guest)-(fio-[a-z0-9]+-r\d+)(?:-(.+))?\.(json|txt|log)$")
 # The sweep drawn in the plot: random reads, QD32, one job, any block size.
 SWEEP_RE = re.compile(r"^fio-randread-(\d+[kmg]?)-qd32-1j$")
@@ -73,11 +75,12 @@ def describe_job(job: str) -> str:
     match = JOB_RE.match(job)
     if not match:
         return job
-    rw, bs, depth, count = match.groups()
+    rw, bs, depth, count, rate = match.groups()
     label = f"{rw} {size_label(size_bytes(bs))} QD{depth}"
     if count == "fill":
         return label + " (prefill)"
-    return label + (f" x{count[:-1]}" if count != "1j" else "")
+    label += f" x{count[:-1]}" if count != "1j" else ""
+    return label + (f" at {int(rate):,} IOPS" if rate else "")
 
 
 def job_sort_key(job: str) -> tuple:
@@ -85,12 +88,12 @@ def job_sort_key(job: str) -> tuple:
     match = JOB_RE.match(job)
     if not match:
         return (3, job)
-    rw, bs, depth, count = match.groups()
+    rw, bs, depth, count, _rate = match.groups()
     if count == "fill":
         return (0, job)
     sweep = SWEEP_RE.match(job) is not None and bs != "4k"
     return (2 if sweep else 1, rw not in ("randread", "randwrite"), size_bytes(bs),
-            rw, -int(depth), count)
+            rw, -int(depth), count, int(_rate or 0))
 
 
 # --- reading one run -------------------------------------------------------------------
