@@ -16,6 +16,7 @@ import json
 import statistics
 import sys
 import tempfile
+import re
 import unittest
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -293,6 +294,19 @@ class ReportTest(unittest.TestCase):
         linux = entry["systems"]["linux-dom0"]
         self.assertAlmostEqual(linux["guest_irqs_per_s"]["median"], 750 / 2, delta=1)
         self.assertAlmostEqual(linux["guest_irqs_per_io"]["median"], 0.5, places=2)
+
+    def test_sends_that_went_with_a_sleep_are_not_hypercalls_of_their_own(self):
+        # Half of vCPU 1's sends went with its sleep (sends-with-sleep): they are no
+        # hypercall of their own, and the time it spent sending is the other half's.
+        for path in self.nested.glob("round-*/blkdom/counters-*"):
+            path.write_text(re.sub(
+                r"(vcpu1: .*notifications=(\d+) notify-ns=\d+)",
+                lambda m: f"{m[1]} sends-with-sleep={int(m[2]) // 2}", path.read_text()))
+        ours = self.summary_of("fio-randread-4k-qd32-1j")["systems"]["blkdom"]
+        # map/4 + unmap/4 + (notify/2 - notify/4) per request.
+        self.assertAlmostEqual(ours["hypercalls_per_request"]["median"], 0.75, places=2)
+        self.assertAlmostEqual(ours["notify_us_per_send"]["median"], 80.0, places=1)
+        self.assertAlmostEqual(ours["notifications_per_s"]["median"], 1600 / 2, delta=1)
 
     def test_blkdom_stats_recorded_under_the_old_names_give_the_same_costs(self):
         renamed = {"oo_req=": "device-busy=", "rd_req=": "reads=", "wr_req=": "writes=",

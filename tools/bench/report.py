@@ -304,7 +304,8 @@ def derive_costs(row: dict, deltas: dict, source: str) -> None:
                    if not k.startswith("vcpu") and k not in ("queues", "grants-mapped")}
     row["blkdom_per_request"] = per_request
     # Hypercalls the backend made: grant map and unmap batches, plus event-channel sends
-    # when blkdom publishes them (notifications=...).
+    # when blkdom publishes them (notifications=...; derive_pollers takes out those that
+    # went with a poller's sleep).
     hypercalls = deltas.get("map-batches", 0) + deltas.get("unmap-batches", 0)
     if "notifications" in deltas:
         hypercalls += deltas["notifications"]
@@ -327,8 +328,14 @@ def derive_pollers(row: dict, deltas: dict) -> None:
     if any(k.endswith(".stray-wakes") for k in deltas):
         row["poller_stray_wakes_per_s"] = (sum_matching(deltas, "stray-wakes") / requests
                                            * row["iops"])
+    # Sends that went with a poller's sleep in one multicall (sends-with-sleep; missing in
+    # older runs) are no hypercall of their own, and their time is the sleep's.
+    with_sleep = sum_matching(deltas, "sends-with-sleep")
+    if with_sleep and "hypercalls_per_request" in row:
+        row["hypercalls_per_request"] = max(
+            0.0, row["hypercalls_per_request"] - with_sleep / requests)
     # What one event to the frontend cost blkdom (the send hypercall), when it says.
-    sends = sum_matching(deltas, "notifications")
+    sends = sum_matching(deltas, "notifications") - with_sleep
     if sends > 0:
         row["notify_us_per_send"] = sum_matching(deltas, "notify-ns") / sends / 1e3
 

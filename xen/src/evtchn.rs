@@ -37,7 +37,7 @@ use crate::abi::shared_info::{BITS_PER_XEN_ULONG, EVTCHN_2L_NR_CHANNELS, EVTCHN_
 use crate::abi::DomId;
 use crate::abi::DOMID_SELF;
 use crate::error::{check, XenError};
-use crate::hypercall::{EvtchnOp, Hypercall, Hypervisor, SchedOp};
+use crate::hypercall::{EvtchnOp, Hypercall, Hypervisor, SchedOp, MAX_SENDS_BEFORE_POLL};
 use alloc::vec::Vec;
 
 fn evtchn_op<H: Hypervisor + ?Sized>(hv: &H, op: EvtchnOp<'_>) -> Result<(), XenError> {
@@ -157,6 +157,43 @@ pub fn poll<H: Hypervisor + ?Sized>(
         return Err(XenError::Inval);
     }
     check(hv.hypercall(Hypercall::Sched(SchedOp::Poll { ports, timeout_ns }))).map(drop)
+}
+
+/// Sends on each of `sends`, then blocks as [`poll`] does, in one trap into Xen
+/// (`multicall`; a PVH or HVM vCPU's every trap is a VM exit): the poller about to
+/// sleep owes frontends their events. Past [`MAX_SENDS_BEFORE_POLL`] sends the rest go
+/// first, one by one; where Xen refuses the multicall (-ENOSYS, nothing done) the
+/// sends go one by one and the poll alone (every Xen this runs on offers `multicall`
+/// to HVM and PVH guests; one that did not would cost a trap more per sleep).
+/// Sends that fail (a port whose peer closed it) are not reported, as callers of
+/// [`send`] ignore them; the poll's result is.
+pub fn poll_after_sends<H: Hypervisor + ?Sized>(
+    hv: &H,
+    sends: &[EvtchnPort],
+    ports: &[EvtchnPort],
+    timeout_ns: u64,
+) -> Result<(), XenError> {
+    if ports.is_empty() || ports.len() > crate::abi::sched::SCHED_POLL_MAX_PORTS {
+        return Err(XenError::Inval);
+    }
+    let (first, last) = sends.split_at(sends.len().saturating_sub(MAX_SENDS_BEFORE_POLL));
+    for &port in first {
+        let _ = send(hv, port);
+    }
+    if !last.is_empty() {
+        let rc = hv.hypercall(Hypercall::Sched(SchedOp::PollAfterSends {
+            sends: last,
+            ports,
+            timeout_ns,
+        }));
+        if rc != -(crate::abi::errno::ENOSYS as i64) {
+            return check(rc).map(drop);
+        }
+    }
+    for &port in last {
+        let _ = send(hv, port);
+    }
+    poll(hv, ports, timeout_ns)
 }
 
 /// Kicks and waits on one event channel for a control-path ring (xenstore, console):
@@ -449,6 +486,39 @@ mod tests {
         });
         assert_eq!(poll(&xen, &[], 0), Err(XenError::Inval));
         assert_eq!(poll(&xen, &[local], 0), Ok(()));
+    }
+
+    #[test]
+    fn sends_go_with_the_poll_in_one_call_and_one_by_one_where_xen_refuses_it() {
+        let xen = FakeXen::new();
+        let many: Vec<EvtchnPort> = (10..10 + MAX_SENDS_BEFORE_POLL as u32 + 3).collect();
+        poll_after_sends(&xen, &many, &[4], 0).unwrap();
+        xen.with(|s| {
+            assert_eq!(s.polls_after_sends, 1);
+            assert_eq!(s.sent, many, "every send, in order");
+            // The three past the multicall's room went alone first.
+            assert_eq!(s.calls.iter().filter(|c| c.contains("Send(")).count(), 3);
+        });
+        assert_eq!(poll_after_sends(&xen, &[1], &[], 0), Err(XenError::Inval));
+        // No send owed: the poll alone.
+        poll_after_sends(&xen, &[], &[4], 0).unwrap();
+        xen.with(|s| {
+            assert_eq!(s.polls_after_sends, 1);
+            assert!(s.calls.last().unwrap().contains("Poll {"));
+        });
+        // A Xen without the multicall: the same sends and the poll, one call each.
+        xen.with(|s| {
+            s.sent.clear();
+            s.poll_after_sends_rc = Some(-(crate::abi::errno::ENOSYS as i64));
+        });
+        poll_after_sends(&xen, &[7, 8], &[4], 0).unwrap();
+        xen.with(|s| {
+            assert_eq!(s.sent, vec![7, 8]);
+            assert!(s.calls.last().unwrap().contains("Poll {"));
+        });
+        // The poll's failure is the caller's.
+        xen.with(|s| s.poll_after_sends_rc = Some(-(crate::abi::errno::EINVAL as i64)));
+        assert_eq!(poll_after_sends(&xen, &[7], &[4], 0), Err(XenError::Inval));
     }
 
     #[test]

@@ -43,6 +43,10 @@ pub struct FakeState {
     pub shutdown_reason: Option<u32>,
     pub console: Vec<u8>,
     pub yields: usize,
+    /// `SchedOp::PollAfterSends` calls taken (their sends go to `sent`), and what the
+    /// next ones return instead (-ENOSYS: a Xen that refuses the multicall).
+    pub polls_after_sends: usize,
+    pub poll_after_sends_rc: Option<i64>,
 }
 
 #[derive(Default)]
@@ -235,6 +239,14 @@ impl Hypervisor for FakeXen {
                     0
                 }
                 SchedOp::Block | SchedOp::Poll { .. } => 0,
+                SchedOp::PollAfterSends { sends, .. } => {
+                    if let Some(rc) = s.poll_after_sends_rc {
+                        return rc;
+                    }
+                    s.polls_after_sends += 1;
+                    s.sent.extend_from_slice(sends);
+                    0
+                }
             },
             Hypercall::Vcpu(op) => match op {
                 VcpuOp::Initialise { vcpu, context } => {

@@ -81,7 +81,20 @@ pub enum SchedOp<'a> {
         ports: &'a [EvtchnPort],
         timeout_ns: u64,
     },
+    /// An event send on each of `sends` (at most [`MAX_SENDS_BEFORE_POLL`]), then a
+    /// [`SchedOp::Poll`], in one trap into Xen (`multicall`): a vCPU about to sleep that
+    /// owes frontends their events pays one VM exit, not one per call. Returns the
+    /// poll's result (a send's is not reported); -ENOSYS, with nothing done, where Xen
+    /// refuses the multicall.
+    PollAfterSends {
+        sends: &'a [EvtchnPort],
+        ports: &'a [EvtchnPort],
+        timeout_ns: u64,
+    },
 }
+
+/// Most sends one [`SchedOp::PollAfterSends`] carries.
+pub const MAX_SENDS_BEFORE_POLL: usize = 8;
 
 #[derive(Debug)]
 pub enum VcpuOp<'a> {

@@ -698,14 +698,15 @@ impl Control {
                 let c = &poller::POLLERS[cpu].counters;
                 format!(
                     "vcpu{cpu}: rings={} loops={} busy={} sleeps={} stray-wakes={} \
-                     notifications={} notify-ns={}",
+                     notifications={} notify-ns={} sends-with-sleep={}",
                     c.rings.load(Ordering::Relaxed),
                     c.loops.load(Ordering::Relaxed),
                     c.busy_loops.load(Ordering::Relaxed),
                     c.sleeps.load(Ordering::Relaxed),
                     c.stray_wakes.load(Ordering::Relaxed),
                     c.notifications.load(Ordering::Relaxed),
-                    c.notify_ns.load(Ordering::Relaxed)
+                    c.notify_ns.load(Ordering::Relaxed),
+                    c.sends_with_sleep.load(Ordering::Relaxed)
                 )
             })
             .collect();

@@ -27,6 +27,7 @@ use blkback::stats::RingStats;
 use bootconfig::PollerConfig;
 use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use polling::idle::PollIdle;
+use polling::owed::{OwedSends, MAX_OWED};
 use polling::sleep::{sleep_deadline, MAX_SLEEP_NS};
 use polling::spin::{Decision, SpinPolicy};
 use polling::wake::WakePlan;
@@ -98,9 +99,35 @@ pub struct PollerCounters {
     /// PVH domain a VM exit, the floor under every response a sleeping frontend waits for).
     pub notifications: AtomicU64,
     pub notify_ns: AtomicU64,
+    /// Of the sends, those that went with the sleep that followed them, in one trap into
+    /// Xen (`OwedSends`; their time is the sleep's, not in `notify_ns`).
+    pub sends_with_sleep: AtomicU64,
     /// Wake-ups from a sleep with none of the poller's ports pending and its deadline
     /// not come: another vCPU's event (docs/design.md, stray wake-ups).
     pub stray_wakes: AtomicU64,
+}
+
+// What a poller holds for its sleep fits one multicall with the poll.
+const _: () = assert!(MAX_OWED <= xen::hypercall::MAX_SENDS_BEFORE_POLL);
+
+/// Sends the events `owed` holds now, one by one: the poller goes on instead of
+/// sleeping (the sends it holds for a sleep, `polling::owed`, docs/design.md §4.4).
+#[inline(never)]
+fn flush_owed(owed: &OwedSends, hv: &xen::raw::hypercall::NativeHypervisor) {
+    let mut ports = [0; MAX_OWED];
+    let n = owed.take(&mut ports);
+    for &port in &ports[..n] {
+        let start = crate::xen_domain::now_ns();
+        let _ = xen::evtchn::send(hv, port);
+        count_notification(crate::xen_domain::now_ns().saturating_sub(start));
+    }
+}
+
+/// Called by a ring's `Notify` on this vCPU: true when the event on `port` is held for
+/// the poller's sleep (or already is) instead of sent now.
+pub fn owe_send(port: EvtchnPort) -> bool {
+    let cpu = crate::smp::current().index.load(Ordering::Relaxed) as usize;
+    POLLERS.get(cpu).is_some_and(|slot| slot.owed.owe(port))
 }
 
 /// Counts one event-channel send to a frontend, `ns` long, on the calling vCPU's poller.
@@ -134,6 +161,7 @@ pub struct PollerSlot {
     /// go negative: a ring's pages are mapped on vCPU 0 and unmapped by its poller).
     pub mapped_pages: AtomicI64,
     pub counters: PollerCounters,
+    owed: OwedSends,
 }
 
 impl PollerSlot {
@@ -152,8 +180,10 @@ impl PollerSlot {
                 rings: AtomicU32::new(0),
                 notifications: AtomicU64::new(0),
                 notify_ns: AtomicU64::new(0),
+                sends_with_sleep: AtomicU64::new(0),
                 stray_wakes: AtomicU64::new(0),
             },
+            owed: OwedSends::new(),
         }
     }
 }
@@ -400,7 +430,12 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
             rebuild_ports(&served, &mut ports, &mut wake, &control);
             counters.rings.store(served.len() as u32, Ordering::Relaxed);
         }
+        // Event sends owed to the sleep in a pass after which the poller expects to sleep.
+        slot.owed.collect(!spin.expects_work());
         let mut work = false;
+        // Work that was not the rings' (a ring still draining, memory maintenance, the
+        // network): the next pass comes whatever the spin policy says.
+        let mut other_work = false;
         // Requests answered this pass: how deep a burst the frontends keep (SpinPolicy).
         let mut answered = 0u32;
         let mut i = 0;
@@ -409,11 +444,14 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
             if queue.control.detach.load(Ordering::Acquire) {
                 if queue.engine.disconnect().is_ok() {
                     *queue.control.stats.lock() = queue.engine.stats();
+                    // Nothing is sent on a port after its ring's release closed it.
+                    flush_owed(&slot.owed, &xen.hv);
                     release(cpu, served.swap_remove(i));
                     rebuild_ports(&served, &mut ports, &mut wake, &control);
                     counters.rings.store(served.len() as u32, Ordering::Relaxed);
                 } else {
                     work = true;
+                    other_work = true;
                     i += 1;
                 }
                 continue;
@@ -443,7 +481,9 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
                 Some(control) => {
                     control.maintain_memory();
                     // Set again: maintenance has more to do, a bounded piece a loop.
-                    work |= super::disk::RAM_MEMORY_WANTED.load(Ordering::Relaxed);
+                    let more = super::disk::RAM_MEMORY_WANTED.load(Ordering::Relaxed);
+                    work |= more;
+                    other_work |= more;
                 }
                 None if !RAM_KICK_SENT.swap(true, Ordering::AcqRel) => ring_doorbell(0),
                 None => {}
@@ -453,6 +493,7 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         let (mut net_busy, mut net_news) = (false, false);
         if let Some(net) = control.as_mut().and_then(|c| c.poll_net()) {
             work |= net.work;
+            other_work |= net.work;
             net_busy = net.busy;
             net_news = net.news;
         }
@@ -488,9 +529,16 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         if work {
             counters.busy_loops.fetch_add(1, Ordering::Relaxed);
             spin.on_work(now, answered);
-            continue;
-        }
-        if spin.on_idle(now) == Decision::Spin {
+            // Events owed, and the policy sleeps at once after this work: the sleep
+            // comes now, without a pass that would find nothing (its final checks stand
+            // for that pass), and the events go with it.
+            let owed = slot.owed.any();
+            if !owed || other_work || spin.on_idle(now) == Decision::Spin {
+                flush_owed(&slot.owed, &xen.hv);
+                continue;
+            }
+        } else if spin.on_idle(now) == Decision::Spin {
+            flush_owed(&slot.owed, &xen.hv);
             match idle {
                 PollIdle::Pause => core::hint::spin_loop(),
                 // Another vCPU on this pCPU (a guest's, say) runs first, if one is
@@ -503,11 +551,14 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
             }
             continue;
         }
-        // Re-arm every ring (no short-circuit: each needs its final check).
+        // Re-arm every ring (no short-circuit: each needs its final check). An event a
+        // ring held (notification moderation) goes with the sleep too.
+        slot.owed.collect(true);
         let quiet = served
             .iter_mut()
             .fold(true, |quiet, q| q.engine.prepare_to_sleep() & quiet);
         if !quiet || slot.inbox_pending.load(Ordering::Acquire) {
+            flush_owed(&slot.owed, &xen.hv);
             spin.on_sleep_abandoned();
             continue;
         }
@@ -517,12 +568,14 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
             .as_ref()
             .is_some_and(|control| control.net_waiting())
         {
+            flush_owed(&slot.owed, &xen.hv);
             spin.on_sleep_abandoned();
             continue;
         }
         // A live upgrade's jump: every ring was released (the drain), so this vCPU parks
         // (vCPU 0, which runs the control path, jumps instead).
         if control.is_none() && served.is_empty() && PARK.load(Ordering::Acquire) {
+            flush_owed(&slot.owed, &xen.hv);
             close_doorbell(cpu);
             crate::arch::jump::park_this_cpu(cpu);
         }
@@ -552,7 +605,23 @@ pub fn run(cpu: usize, mut control: Option<&mut dyn ControlWork>, config: &Polle
         // Returns when the polled port is pending (an upcall for any other port of this
         // vCPU marks it so), at the deadline, or on an interrupt; not for other vCPUs'
         // events, as it polls one port.
-        let _ = xen::evtchn::poll(&xen.hv, core::slice::from_ref(&wake.polled), deadline);
+        let mut owed_ports = [0; MAX_OWED];
+        let n_owed = slot.owed.take(&mut owed_ports);
+        let owed = &owed_ports[..n_owed];
+        if !owed.is_empty() {
+            counters
+                .notifications
+                .fetch_add(owed.len() as u64, Ordering::Relaxed);
+            counters
+                .sends_with_sleep
+                .fetch_add(owed.len() as u64, Ordering::Relaxed);
+        }
+        let _ = xen::evtchn::poll_after_sends(
+            &xen.hv,
+            owed,
+            core::slice::from_ref(&wake.polled),
+            deadline,
+        );
         // Up to a second asleep: the grants the next polls unpin must not carry the
         // time before the sleep (they would look idle for that much longer).
         let woke = xen.now_ns();

@@ -41,6 +41,7 @@ pub const PAGE_SHIFT: u32 = 12;
 /// Hypercall numbers (`__HYPERVISOR_*` in `xen.h`) that blkdom issues.
 pub mod hypercall_nr {
     pub const MEMORY_OP: u64 = 12;
+    pub const MULTICALL: u64 = 13;
     pub const XEN_VERSION: u64 = 17;
     pub const CONSOLE_IO: u64 = 18;
     pub const GRANT_TABLE_OP: u64 = 20;

@@ -28,6 +28,16 @@ pub struct SchedPoll {
 /// Xen's limit on `sched_poll.nr_ports`.
 pub const SCHED_POLL_MAX_PORTS: usize = 128;
 
+/// `struct multicall_entry` (`public/xen.h`): one sub-call of `multicall`; Xen writes
+/// its return value into `result`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MulticallEntry {
+    pub op: u64,
+    pub result: u64,
+    pub args: [u64; 6],
+}
+
 pub const SHUTDOWN_POWEROFF: u32 = 0;
 pub const SHUTDOWN_REBOOT: u32 = 1;
 pub const SHUTDOWN_SUSPEND: u32 = 2;
@@ -45,5 +55,8 @@ mod tests {
         assert_eq!(size_of::<SchedPoll>(), 24);
         assert_eq!(offset_of!(SchedPoll, nr_ports), 8);
         assert_eq!(offset_of!(SchedPoll, timeout), 16);
+        assert_eq!(size_of::<MulticallEntry>(), 64);
+        assert_eq!(offset_of!(MulticallEntry, result), 8);
+        assert_eq!(offset_of!(MulticallEntry, args), 16);
     }
 }

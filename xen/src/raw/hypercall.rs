@@ -5,7 +5,7 @@
 
 use crate::abi::hypercall_nr as nr;
 use crate::abi::{event_channel, grant_table, hvm, memory, sched, vcpu, version};
-use crate::abi::{memory::XenMemoryMap, sched::SchedPoll, CONSOLEIO_WRITE};
+use crate::abi::{memory::XenMemoryMap, sched::MulticallEntry, sched::SchedPoll, CONSOLEIO_WRITE};
 use crate::hypercall::*;
 
 /// Which instruction traps into Xen.
@@ -241,6 +241,44 @@ impl Hypervisor for NativeHypervisor {
                         nr::SCHED_OP,
                         [sched::SCHEDOP_POLL, ptr_mut(&mut poll), 0, 0, 0],
                     )
+                }
+                SchedOp::PollAfterSends {
+                    sends,
+                    ports,
+                    timeout_ns,
+                } => {
+                    let (Some(nr_ports), true) =
+                        (len_u32(ports.len()), sends.len() <= MAX_SENDS_BEFORE_POLL)
+                    else {
+                        return EINVAL;
+                    };
+                    let mut send_args =
+                        [event_channel::EvtchnPortArg { port: 0 }; MAX_SENDS_BEFORE_POLL];
+                    let mut poll = SchedPoll {
+                        ports: ports.as_ptr() as u64,
+                        nr_ports: nr_ports as u32,
+                        timeout: timeout_ns,
+                    };
+                    let mut calls = [MulticallEntry::default(); MAX_SENDS_BEFORE_POLL + 1];
+                    for ((call, arg), &port) in calls.iter_mut().zip(&mut send_args).zip(sends) {
+                        arg.port = port;
+                        call.op = nr::EVENT_CHANNEL_OP;
+                        call.args[0] = event_channel::EVTCHNOP_SEND;
+                        call.args[1] = ptr_mut(arg);
+                    }
+                    let n = sends.len();
+                    calls[n].op = nr::SCHED_OP;
+                    calls[n].args[0] = sched::SCHEDOP_POLL;
+                    calls[n].args[1] = ptr_mut(&mut poll);
+                    let rc = self.raw(
+                        nr::MULTICALL,
+                        [calls.as_mut_ptr() as u64, n as u64 + 1, 0, 0, 0],
+                    );
+                    if rc < 0 {
+                        rc
+                    } else {
+                        calls[n].result as i64
+                    }
                 }
             },
             Hypercall::Vcpu(op) => {
