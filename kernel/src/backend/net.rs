@@ -483,7 +483,8 @@ fn log_event(
         Event::Closed {
             shutdown: Some(Err(why)),
         } => log::warn!(
-            "{name}: association closed without the controller's confirmation of its              shutdown: {why}"
+            "{name}: association closed without the controller's confirmation of its \
+             shutdown: {why}"
         ),
         Event::Closed { shutdown: None } => log::info!(
             "{name}: association closed (it was not live: no controller to shut down)"
@@ -811,7 +812,8 @@ impl Net {
             if let Some(entry) = self.entries[at].as_ref() {
                 if entry.closing() {
                     log::warn!(
-                        "{}: blkdom's shutdown did not wait for the controller to confirm                          its own",
+                        "{}: blkdom's shutdown did not wait for the controller to confirm \
+                         its own",
                         entry.name
                     );
                 }
