@@ -153,10 +153,16 @@ pub fn poll<H: Hypervisor + ?Sized>(
     ports: &[EvtchnPort],
     timeout_ns: u64,
 ) -> Result<(), XenError> {
+    check_poll_ports(ports)?;
+    check(hv.hypercall(Hypercall::Sched(SchedOp::Poll { ports, timeout_ns }))).map(drop)
+}
+
+/// `SCHEDOP_poll` takes 1 to [`SCHED_POLL_MAX_PORTS`](crate::abi::sched::SCHED_POLL_MAX_PORTS) ports.
+fn check_poll_ports(ports: &[EvtchnPort]) -> Result<(), XenError> {
     if ports.is_empty() || ports.len() > crate::abi::sched::SCHED_POLL_MAX_PORTS {
         return Err(XenError::Inval);
     }
-    check(hv.hypercall(Hypercall::Sched(SchedOp::Poll { ports, timeout_ns }))).map(drop)
+    Ok(())
 }
 
 /// Sends on each of `sends`, then blocks as [`poll`] does, in one trap into Xen
@@ -173,9 +179,7 @@ pub fn poll_after_sends<H: Hypervisor + ?Sized>(
     ports: &[EvtchnPort],
     timeout_ns: u64,
 ) -> Result<(), XenError> {
-    if ports.is_empty() || ports.len() > crate::abi::sched::SCHED_POLL_MAX_PORTS {
-        return Err(XenError::Inval);
-    }
+    check_poll_ports(ports)?;
     let (first, last) = sends.split_at(sends.len().saturating_sub(MAX_SENDS_BEFORE_POLL));
     for &port in first {
         let _ = send(hv, port);

@@ -32,6 +32,8 @@ const CSTS_POLL_MS: u64 = 10;
 const CC_ENABLED: u32 = 1 | (6 << 16) | (4 << 20);
 /// CC.SHN (bits 15:14) 01b: a normal shutdown.
 const CC_SHN_NORMAL: u32 = 0b01 << 14;
+/// CSTS.CFS (bit 1): the controller reports a fatal status.
+const CSTS_CFS: u32 = 1 << 1;
 /// CSTS.SHST (bits 3:2) 10b: shutdown processing complete.
 const CSTS_SHST_MASK: u32 = 0b11 << 2;
 const CSTS_SHST_COMPLETE: u32 = 0b10 << 2;
@@ -304,15 +306,19 @@ impl AdminSession {
     pub fn state(&self) -> SessionState {
         match (self.error, self.step) {
             (Some(e), _) => SessionState::Failed(e),
-            (
-                None,
-                Step::Live
-                | Step::ShutDown { .. }
-                | Step::WaitShutDown { .. }
-                | Step::ShutDownComplete,
-            ) => SessionState::Live,
+            (None, Step::Live) => SessionState::Live,
+            (None, _) if self.shutting_down() => SessionState::Live,
             _ => SessionState::Connecting,
         }
+    }
+
+    /// Told to shut down ([`shut_down`](Self::shut_down)), whether or not the controller
+    /// confirmed yet.
+    fn shutting_down(&self) -> bool {
+        matches!(
+            self.step,
+            Step::ShutDown { .. } | Step::WaitShutDown { .. } | Step::ShutDownComplete
+        )
     }
 
     /// The host is leaving the association (Linux's host does the same when a
@@ -537,7 +543,7 @@ impl AdminSession {
                 };
                 Ok(())
             }
-            Step::ShutDown { .. } | Step::WaitShutDown { .. } | Step::ShutDownComplete => Ok(()),
+            _ if self.shutting_down() => Ok(()),
             _ => self.bringup_timer(now),
         }
     }
@@ -578,9 +584,7 @@ impl AdminSession {
             self.keep_alive_due = now + u64::from(self.kato_ms / 2);
             return Ok(());
         }
-        if let Step::ShutDown { .. } | Step::WaitShutDown { .. } | Step::ShutDownComplete =
-            self.step
-        {
+        if self.shutting_down() {
             return self.shutdown_completed(c, now);
         }
         if self.step == Step::Live {
@@ -661,7 +665,7 @@ impl AdminSession {
             }
             Step::WaitReady { deadline, .. } => {
                 let csts = c.result as u32;
-                if csts & 2 != 0 {
+                if csts & CSTS_CFS != 0 {
                     return Err(Error::ControllerFatal);
                 }
                 if csts & 1 == 0 {
@@ -769,7 +773,7 @@ impl AdminSession {
             }
             Step::WaitShutDown { deadline, .. } => {
                 let csts = c.result as u32;
-                if csts & 2 != 0 {
+                if csts & CSTS_CFS != 0 {
                     return Err(Error::ControllerFatal);
                 }
                 self.step = if csts & CSTS_SHST_MASK == CSTS_SHST_COMPLETE {

@@ -112,6 +112,13 @@ fn bring_up_with(
     drive(target, rng, s)
 }
 
+/// An admin session brought up against `target` (it must come up); the time it did.
+fn live_admin(target: &mut Target, rng: &mut Rng, kato: u32) -> (AdminSession, u64) {
+    let (s, r, now) = bring_up(target, rng, kato);
+    assert_eq!(r, Ok(()));
+    (s, now)
+}
+
 /// Runs `s`, made at 1000 ms, against `target` until it is live or failed (5 ms a pass).
 fn drive(
     target: &mut Target,
@@ -426,16 +433,14 @@ fn the_ana_log_is_read_again_when_asked_one_read_at_a_time() {
     // Without ANA reported there is no log to ask for.
     let mut t = Target::new();
     let mut rng = Rng(24);
-    let (mut s, r, now) = bring_up(&mut t, &mut rng, 5000);
-    assert_eq!(r, Ok(()));
+    let (mut s, now) = live_admin(&mut t, &mut rng, 5000);
     assert_eq!(s.refresh_ana(), Ok(()));
     pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now)).unwrap();
     assert_eq!((t.ana_log_reads, s.ana_logs_taken()), (0, 0));
 
     let mut t = Target::new();
     (t.ana_group, t.ana_state) = (5, 0x01);
-    let (mut s, r, now) = bring_up(&mut t, &mut rng, 5000);
-    assert_eq!(r, Ok(()));
+    let (mut s, now) = live_admin(&mut t, &mut rng, 5000);
     pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now)).unwrap();
     assert_eq!(
         (t.ana_log_reads, s.ana_logs_taken()),
@@ -464,8 +469,7 @@ fn the_ana_log_is_read_again_when_asked_one_read_at_a_time() {
 fn a_namespace_attribute_notice_has_the_namespace_identified_again() {
     let mut t = Target::new();
     let mut rng = Rng(23);
-    let (mut s, r, now) = bring_up(&mut t, &mut rng, 5000);
-    assert_eq!(r, Ok(()));
+    let (mut s, now) = live_admin(&mut t, &mut rng, 5000);
     pump(&mut t, &mut rng, &mut AdminEnd(&mut s, now)).unwrap();
     let blocks = s.namespace().unwrap().blocks;
     t.resize_namespace(blocks + 2048);
@@ -655,8 +659,7 @@ fn a_shutdown_notification_waits_for_the_controller_to_say_complete() {
     t.ana_group = 1;
     t.shutdown_polls = 3;
     let mut rng = Rng(21);
-    let (mut s, r, now) = bring_up(&mut t, &mut rng, 4000);
-    r.unwrap();
+    let (mut s, now) = live_admin(&mut t, &mut rng, 4000);
     let cc_live = t.cc;
     assert!(!t.event_requests.is_empty(), "an event request is out");
     s.shut_down(now, 5000).unwrap();
@@ -688,8 +691,7 @@ fn a_shutdown_the_controller_never_completes_fails_at_its_bound() {
     let mut t = Target::new();
     t.shutdown_polls = u32::MAX;
     let mut rng = Rng(22);
-    let (mut s, r, now) = bring_up(&mut t, &mut rng, 4000);
-    r.unwrap();
+    let (mut s, now) = live_admin(&mut t, &mut rng, 4000);
     let keep_alives = t.keep_alives;
     s.shut_down(now, 3000).unwrap();
     assert_eq!(s.next_timer(), Some(now + 3000));
@@ -717,8 +719,7 @@ fn a_controller_that_fails_during_its_shutdown_says_so() {
     let mut t = Target::new();
     t.shutdown_polls = 2;
     let mut rng = Rng(23);
-    let (mut s, r, now) = bring_up(&mut t, &mut rng, 0);
-    r.unwrap();
+    let (mut s, now) = live_admin(&mut t, &mut rng, 0);
     s.shut_down(now, 5000).unwrap();
     t.csts_fatal = true;
     let (r, _) = run_shutdown(&mut t, &mut rng, &mut s, now, 5000);
@@ -743,8 +744,7 @@ fn only_a_live_session_is_shut_down() {
     assert!(!s.shut_down_complete() && !fresh.shut_down_complete());
     // Told twice: one notification.
     let mut t = Target::new();
-    let (mut s, r, now) = bring_up(&mut t, &mut rng, 0);
-    r.unwrap();
+    let (mut s, now) = live_admin(&mut t, &mut rng, 0);
     s.shut_down(now, 5000).unwrap();
     s.shut_down(now, 5000).unwrap();
     run_shutdown(&mut t, &mut rng, &mut s, now, 5000).0.unwrap();

@@ -240,13 +240,9 @@ pub struct Notify {
 impl EventChannel for Notify {
     fn notify(&mut self) {
         // A poller that expects to sleep after this pass sends it with the sleep.
-        if super::poller::owe_send(self.port) {
-            return;
+        if !super::poller::owe_send(self.port) {
+            super::poller::send_counted(&self.hv, self.port);
         }
-        let start = crate::xen_domain::now_ns();
-        // A failed send means the frontend closed its end; teardown follows.
-        let _ = xen::evtchn::send(&self.hv, self.port);
-        super::poller::count_notification(crate::xen_domain::now_ns().saturating_sub(start));
     }
 }
 

@@ -145,8 +145,6 @@ pub struct Net {
     next_port: u16,
     /// The vif's counters as last logged, and when (`log_counters`).
     logged: (NetCounters, u64),
-    /// Closing associations whose controller confirmed its shutdown, since boot.
-    shutdowns_confirmed: u64,
 }
 
 /// What the vif moved, for the console every [`COUNTERS_EVERY_MS`] while it changes.
@@ -332,6 +330,8 @@ pub struct NetPoll {
     pub busy: bool,
     /// The control path has something to act on now (a namespace grew).
     pub news: bool,
+    /// Closing associations whose controller confirmed its shutdown in this pass.
+    pub shutdowns_confirmed: usize,
 }
 
 /// The host identifier sent in Connect: the same for every connection of this blkdom,
@@ -507,7 +507,6 @@ impl Net {
             spare_probes: Vec::with_capacity(MAX_REMOTES),
             next_port: 49152 + (xen::raw::cpu::read_tsc() % 8192) as u16,
             logged: (NetCounters::default(), 0),
-            shutdowns_confirmed: 0,
         }
     }
 
@@ -798,17 +797,14 @@ impl Net {
             .flatten()
             .filter(|e| matches!(e.remote.state(), State::Closing))
             .count();
-        let confirmed_before = self.shutdowns_confirmed;
+        let mut confirmed = 0;
         while self.entries.iter().flatten().any(Entry::closing)
             && crate::xen_domain::now_ns() < deadline_ns
         {
-            self.poll();
+            confirmed += self.poll().shutdowns_confirmed;
             relax();
         }
-        let left: Vec<usize> = (0..self.entries.len())
-            .filter(|&at| self.entries[at].is_some())
-            .collect();
-        for at in left {
+        for at in 0..self.entries.len() {
             if let Some(entry) = self.entries[at].as_ref() {
                 if entry.closing() {
                     log::warn!(
@@ -824,10 +820,7 @@ impl Net {
         for _ in 0..4 {
             self.vif.poll();
         }
-        (
-            notified,
-            (self.shutdowns_confirmed - confirmed_before) as usize,
-        )
+        (notified, confirmed)
     }
 
     /// Remote `at` is dropped: its links closed, its sockets kept for the next, its
@@ -1056,10 +1049,11 @@ impl Net {
         let mut busy = false;
         let mut wake = 0u64;
         let mut news = false;
+        let mut shutdowns_confirmed = 0;
         for entry in self.entries.iter_mut().flatten() {
             let (moved, grew, confirmed) =
                 Self::poll_entry(&mut self.vif, &mut self.next_port, entry, now);
-            self.shutdowns_confirmed += u64::from(confirmed);
+            shutdowns_confirmed += usize::from(confirmed);
             news |= grew;
             work |= moved;
             busy |= entry.remote.busy();
@@ -1080,7 +1074,12 @@ impl Net {
             super::poller::ring_doorbell(cpu);
         }
         self.log_counters(now);
-        NetPoll { work, busy, news }
+        NetPoll {
+            work,
+            busy,
+            news,
+            shutdowns_confirmed,
+        }
     }
 
     /// When smoltcp's next timer is due (a retransmission, an ack, a keep-alive), in the

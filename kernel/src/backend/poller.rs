@@ -117,9 +117,7 @@ fn flush_owed(owed: &OwedSends, hv: &xen::raw::hypercall::NativeHypervisor) {
     let mut ports = [0; MAX_OWED];
     let n = owed.take(&mut ports);
     for &port in &ports[..n] {
-        let start = crate::xen_domain::now_ns();
-        let _ = xen::evtchn::send(hv, port);
-        count_notification(crate::xen_domain::now_ns().saturating_sub(start));
+        send_counted(hv, port);
     }
 }
 
@@ -130,8 +128,16 @@ pub fn owe_send(port: EvtchnPort) -> bool {
     POLLERS.get(cpu).is_some_and(|slot| slot.owed.owe(port))
 }
 
+/// Sends an event to a frontend on `port`, counted and timed on the calling vCPU's
+/// poller. A failed send means the frontend closed its end; teardown follows.
+pub fn send_counted(hv: &xen::raw::hypercall::NativeHypervisor, port: EvtchnPort) {
+    let start = crate::xen_domain::now_ns();
+    let _ = xen::evtchn::send(hv, port);
+    count_notification(crate::xen_domain::now_ns().saturating_sub(start));
+}
+
 /// Counts one event-channel send to a frontend, `ns` long, on the calling vCPU's poller.
-pub fn count_notification(ns: u64) {
+fn count_notification(ns: u64) {
     let cpu = crate::smp::current().index.load(Ordering::Relaxed) as usize;
     if let Some(slot) = POLLERS.get(cpu) {
         slot.counters.notifications.fetch_add(1, Ordering::Relaxed);

@@ -123,6 +123,16 @@ fn len_u32(len: usize) -> Option<u64> {
 
 const EINVAL: i64 = -(crate::abi::errno::EINVAL as i64);
 
+/// `struct sched_poll` for `ports` (Xen reads them through the pointer) until
+/// `timeout_ns`; `None` past a `u32` of ports.
+fn sched_poll(ports: &[event_channel::EvtchnPort], timeout_ns: u64) -> Option<SchedPoll> {
+    Some(SchedPoll {
+        ports: ports.as_ptr() as u64,
+        nr_ports: u32::try_from(ports.len()).ok()?,
+        timeout: timeout_ns,
+    })
+}
+
 impl Hypervisor for NativeHypervisor {
     fn hypercall(&self, call: Hypercall<'_>) -> i64 {
         match call {
@@ -229,13 +239,8 @@ impl Hypervisor for NativeHypervisor {
                     [sched::SCHEDOP_SHUTDOWN, ptr_mut(arg), 0, 0, 0],
                 ),
                 SchedOp::Poll { ports, timeout_ns } => {
-                    let Some(nr_ports) = len_u32(ports.len()) else {
+                    let Some(mut poll) = sched_poll(ports, timeout_ns) else {
                         return EINVAL;
-                    };
-                    let mut poll = SchedPoll {
-                        ports: ports.as_ptr() as u64,
-                        nr_ports: nr_ports as u32,
-                        timeout: timeout_ns,
                     };
                     self.raw(
                         nr::SCHED_OP,
@@ -247,18 +252,14 @@ impl Hypervisor for NativeHypervisor {
                     ports,
                     timeout_ns,
                 } => {
-                    let (Some(nr_ports), true) =
-                        (len_u32(ports.len()), sends.len() <= MAX_SENDS_BEFORE_POLL)
-                    else {
+                    let (Some(mut poll), true) = (
+                        sched_poll(ports, timeout_ns),
+                        sends.len() <= MAX_SENDS_BEFORE_POLL,
+                    ) else {
                         return EINVAL;
                     };
                     let mut send_args =
                         [event_channel::EvtchnPortArg { port: 0 }; MAX_SENDS_BEFORE_POLL];
-                    let mut poll = SchedPoll {
-                        ports: ports.as_ptr() as u64,
-                        nr_ports: nr_ports as u32,
-                        timeout: timeout_ns,
-                    };
                     let mut calls = [MulticallEntry::default(); MAX_SENDS_BEFORE_POLL + 1];
                     for ((call, arg), &port) in calls.iter_mut().zip(&mut send_args).zip(sends) {
                         arg.port = port;

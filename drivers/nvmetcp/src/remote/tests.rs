@@ -237,6 +237,14 @@ impl Rig {
         self.now += 1;
     }
 
+    /// Closes the association now ([`Remote::close`]); what it logged at once.
+    fn close(&mut self) -> Vec<Event> {
+        let mut log = Vec::new();
+        self.remote
+            .close(&mut self.net, self.now, &mut |e| log.push(e));
+        log
+    }
+
     /// Polls until the first bring-up ends (live or failed).
     fn bring_up(&mut self) -> State {
         while self.remote.state() == State::Connecting && self.now < 60_000 {
@@ -1807,9 +1815,7 @@ fn a_live_association_closes_its_io_queues_then_shuts_the_controller_down() {
     rig.net.closed.clear();
     let events = rig.events.len();
     let at = rig.now;
-    let mut log = Vec::new();
-    rig.remote.close(&mut rig.net, at, &mut |e| log.push(e));
-    assert!(log.is_empty());
+    assert_eq!(rig.close(), []);
     assert_eq!(rig.remote.state(), State::Closing);
     assert!(rig.remote.busy(), "polled until closed");
     assert!(
@@ -1850,9 +1856,7 @@ fn a_live_association_closes_its_io_queues_then_shuts_the_controller_down() {
     assert!(!rig.remote.busy());
     assert_eq!(rig.events.len(), events + 1);
     // Told again: nothing.
-    let now = rig.now;
-    rig.remote
-        .close(&mut rig.net, now, &mut |e| panic!("{e:?}"));
+    assert_eq!(rig.close(), []);
 }
 
 #[test]
@@ -1864,7 +1868,7 @@ fn a_controller_that_does_not_confirm_its_shutdown_is_left_at_the_bound() {
         .shutdown_polls = u32::MAX;
     drop(a);
     let at = rig.now;
-    rig.remote.close(&mut rig.net, at, &mut |e| panic!("{e:?}"));
+    assert_eq!(rig.close(), []);
     while rig.remote.state() == State::Closing && rig.now < at + 60_000 {
         rig.step();
     }
@@ -1887,8 +1891,7 @@ fn a_controller_that_does_not_confirm_its_shutdown_is_left_at_the_bound() {
     // The connection breaking while it waits ends the wait too.
     let (mut rig, _, _) = live();
     rig.net.knobs = |t| t.shutdown_polls = u32::MAX;
-    let at = rig.now;
-    rig.remote.close(&mut rig.net, at, &mut |e| panic!("{e:?}"));
+    assert_eq!(rig.close(), []);
     rig.step();
     rig.net.crash();
     rig.step();
@@ -1915,9 +1918,7 @@ fn an_association_that_is_not_live_closes_at_once() {
         .unwrap();
     rig.step();
     rig.net.up = true;
-    let (mut log, at) = (Vec::new(), rig.now);
-    rig.remote.close(&mut rig.net, at, &mut |e| log.push(e));
-    assert_eq!(log, [Event::Closed { shutdown: None }]);
+    assert_eq!(rig.close(), [Event::Closed { shutdown: None }]);
     assert_eq!(rig.remote.state(), State::Closed);
     let mut done = Vec::new();
     a.poll_completions(&mut |c| done.push(c));
@@ -1950,9 +1951,7 @@ fn a_bring_up_under_way_is_not_told_of_a_shutdown() {
         rig.step();
     }
     assert_eq!(rig.remote.state(), State::Connecting);
-    let (mut log, at) = (Vec::new(), rig.now);
-    rig.remote.close(&mut rig.net, at, &mut |e| log.push(e));
-    assert_eq!(log, [Event::Closed { shutdown: None }]);
+    assert_eq!(rig.close(), [Event::Closed { shutdown: None }]);
     assert_eq!(rig.remote.state(), State::Closed);
     assert_eq!(rig.net.closed, [(Link::Admin, 0)]);
 }
@@ -1962,8 +1961,6 @@ fn a_controller_whose_connection_just_broke_is_not_told_of_a_shutdown() {
     let (mut rig, _, _) = live();
     // Broken before the remote's next pass noticed.
     rig.net.crash();
-    let (mut log, at) = (Vec::new(), rig.now);
-    rig.remote.close(&mut rig.net, at, &mut |e| log.push(e));
-    assert_eq!(log, [Event::Closed { shutdown: None }]);
+    assert_eq!(rig.close(), [Event::Closed { shutdown: None }]);
     assert_eq!(rig.remote.state(), State::Closed);
 }
