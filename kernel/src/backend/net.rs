@@ -32,10 +32,14 @@ pub const MAX_REMOTES: usize = 8;
 /// TCP connections of one remote at most: its admin queue's, one per I/O queue, and a
 /// look at another portal's.
 pub use nvmetcp::remote::MAX_LINKS;
-/// Socket buffers of a connection: the admin queue's carry little; an I/O queue's hold
-/// a few 1 MiB requests' PDUs in flight either way.
+/// Socket buffers of a connection: the admin queue's carry little; an I/O queue's send
+/// buffer holds a few 1 MiB writes' PDUs. Its receive buffer is the TCP window it
+/// announces, and reads stream at a window a round trip (a round trip to the target
+/// crosses dom0's netback twice): about what the vif's 256 receive pages hold in large
+/// packets, as more did not read faster.
 const ADMIN_BUFFER: usize = 16 << 10;
-const IO_BUFFER: usize = 256 << 10;
+const IO_TX_BUFFER: usize = 256 << 10;
+const IO_RX_BUFFER: usize = 1 << 20;
 /// A first bring-up (at attach) must end before libxl's 10 s wait for InitWait.
 const ATTACH_MS: u64 = 8_000;
 /// How the network's remotes connect; how each reconnects and gives up is its
@@ -590,17 +594,14 @@ impl Net {
         .with_io_queues(self.io_queues)
         .with_digests(self.digests)
         .with_other_paths(target.portals().count() > 1);
-        let sockets = match self.spare_sockets() {
-            Some(sockets) => sockets,
-            None => return Err(("no socket left".into(), xen::xenbus::error::errno::ENOSPC)),
-        };
+        let sockets = self.spare_sockets()?;
         // A look at the other portals needs a connection of its own.
         let probe_socket = if target.portals().count() > 1 {
             match self.spare_probe_socket() {
-                Some(handle) => Some(handle),
-                None => {
+                Ok(handle) => Some(handle),
+                Err(refusal) => {
                     self.spare.push(sockets);
-                    return Err(("no socket left".into(), xen::xenbus::error::errno::ENOSPC));
+                    return Err(refusal);
                 }
             }
         } else {
@@ -899,33 +900,41 @@ impl Net {
     }
 
     /// A probe socket for a new entry: one of an entry whose bring-up failed, or a new one.
-    fn spare_probe_socket(&mut self) -> Option<SocketHandle> {
+    fn spare_probe_socket(&mut self) -> Result<SocketHandle, (String, i32)> {
         if let Some(handle) = self.spare_probes.pop() {
-            return Some(handle);
+            return Ok(handle);
         }
-        let rx = alloc::vec![0u8; ADMIN_BUFFER].leak();
-        let tx = alloc::vec![0u8; ADMIN_BUFFER].leak();
-        let handle = self.vif.stack.add_tcp(rx, tx)?;
+        socket_memory_fits(2 * ADMIN_BUFFER)?;
+        let (rx, tx) = (socket_buffer(ADMIN_BUFFER)?, socket_buffer(ADMIN_BUFFER)?);
+        let handle = self
+            .vif
+            .stack
+            .add_tcp(rx.leak(), tx.leak())
+            .ok_or_else(no_socket_left)?;
         let socket = self.vif.stack.sockets.get_mut::<tcp::Socket>(handle);
         socket.set_nagle_enabled(false);
         socket.set_ack_delay(None);
-        Some(handle)
+        Ok(handle)
     }
 
-    /// Sockets for a new entry: those of one whose bring-up failed, or new ones.
-    fn spare_sockets(&mut self) -> Option<Vec<SocketHandle>> {
+    /// Sockets for a new entry: those of one whose bring-up failed, or new ones, their
+    /// buffers taken only if the memory for disks and rings holds them all.
+    fn spare_sockets(&mut self) -> Result<Vec<SocketHandle>, (String, i32)> {
         if let Some(sockets) = self.spare.pop() {
-            return Some(sockets);
+            return Ok(sockets);
         }
-        let mut make = |size: usize| {
-            let rx = alloc::vec![0u8; size].leak();
-            let tx = alloc::vec![0u8; size].leak();
-            self.vif.stack.add_tcp(rx, tx)
-        };
-        let mut sockets = Vec::with_capacity(1 + usize::from(self.io_queues));
-        sockets.push(make(ADMIN_BUFFER)?);
-        for _ in 0..self.io_queues {
-            sockets.push(make(IO_BUFFER)?);
+        let io_queues = usize::from(self.io_queues);
+        socket_memory_fits(2 * ADMIN_BUFFER + io_queues * (IO_RX_BUFFER + IO_TX_BUFFER))?;
+        // Every buffer first, so that a failure frees what was taken.
+        let mut buffers = Vec::with_capacity(1 + io_queues);
+        buffers.push((socket_buffer(ADMIN_BUFFER)?, socket_buffer(ADMIN_BUFFER)?));
+        for _ in 0..io_queues {
+            buffers.push((socket_buffer(IO_RX_BUFFER)?, socket_buffer(IO_TX_BUFFER)?));
+        }
+        let mut sockets = Vec::with_capacity(1 + io_queues);
+        for (rx, tx) in buffers {
+            let handle = self.vif.stack.add_tcp(rx.leak(), tx.leak());
+            sockets.push(handle.ok_or_else(no_socket_left)?);
         }
         for &handle in &sockets {
             // A command's PDU goes out whole at once and every received PDU is acked at
@@ -936,7 +945,7 @@ impl Net {
             socket.set_nagle_enabled(false);
             socket.set_ack_delay(None);
         }
-        Some(sockets)
+        Ok(sockets)
     }
 
     /// A remote's connections on the vif: `target`'s, through portal `at` of its.
@@ -1339,4 +1348,34 @@ impl BlockDevice for RemoteQueue {
         }
         Ok(())
     }
+}
+
+/// A new remote's socket buffers come out of the memory disks and rings may take, so a
+/// remote the heap cannot hold is refused instead of aborting the domain.
+fn socket_memory_fits(bytes: usize) -> Result<(), (String, i32)> {
+    crate::mm::DISK_MEMORY
+        .fits(bytes as u64)
+        .map_err(|no_room| {
+            (
+                format!("the connections' socket buffers do not fit: {no_room}"),
+                xen::xenbus::error::errno::ENOMEM,
+            )
+        })
+}
+
+/// A zeroed socket buffer, or a refusal if the heap has no piece that large.
+fn socket_buffer(bytes: usize) -> Result<Vec<u8>, (String, i32)> {
+    let mut buffer = Vec::new();
+    buffer.try_reserve_exact(bytes).map_err(|_| {
+        (
+            format!("the connections' socket buffers do not fit: no {bytes} bytes in one piece"),
+            xen::xenbus::error::errno::ENOMEM,
+        )
+    })?;
+    buffer.resize(bytes, 0);
+    Ok(buffer)
+}
+
+fn no_socket_left() -> (String, i32) {
+    ("no socket left".into(), xen::xenbus::error::errno::ENOSPC)
 }

@@ -240,7 +240,10 @@ impl Device for NetDevice {
         caps.max_transmission_unit = MAX_FRAME;
         // smoltcp caps the window it advertises at burst x MSS: the rx pages posted to
         // the backend are what a burst can land in (one MSS a page at least, more when
-        // netback fills pages with GSO packets).
+        // netback fills pages with GSO packets). It compares the header's window field,
+        // which a scaled window (buffers over 64 KiB) keeps under 65,536, so the cap
+        // binds only unscaled windows; what the ring cannot take waits in netback, which
+        // stops its queue when full rather than drop.
         caps.max_burst_size = Some(RX_RING_SIZE as usize);
         // TCP and UDP checked in `receive`, computed by smoltcp on send.
         caps.checksum.tcp = Checksum::Tx;
