@@ -18,6 +18,18 @@ pub fn run(cmdline: &Cmdline<'_>, config: &Config, under_xen: bool, bus: PciBus)
     if let Some(what) = cmdline.value(Key::Crashtest) {
         crash_test(what);
     }
+    if let Some(kib) = cmdline.value(Key::FaulttestHeapLeftKib) {
+        match kib.parse::<u64>() {
+            Ok(kib) => {
+                let taken = crate::mm::leave_for_disks(kib);
+                log::warn!(
+                    "faulttest: took {taken} KiB of heap for good: {} KiB left for disks and rings",
+                    crate::mm::DISK_MEMORY.room() >> 10
+                );
+            }
+            Err(_) => log::warn!("faulttest.heap-left-kib={kib}: not a number of KiB; ignored"),
+        }
+    }
     if cmdline.has(Key::UpgradetestFailSwitch) {
         backend::FAIL_SWITCH.store(true, core::sync::atomic::Ordering::Relaxed);
     }

@@ -358,6 +358,27 @@ pub fn heap_free() -> usize {
     HEAP.lock().free()
 }
 
+/// `faulttest.heap-left-kib` (test image): takes heap, for good, until the memory for disks
+/// and rings has `kib` KiB left, so that a scenario meets the refusals of a short heap.
+/// Returns the KiB taken.
+#[cfg(feature = "test-hooks")]
+pub fn leave_for_disks(kib: u64) -> u64 {
+    let want = kib << 10;
+    let mut taken = 0u64;
+    let mut piece = 1u64 << 20;
+    while DISK_MEMORY.room() > want && piece >= 4096 {
+        let take = piece.min(DISK_MEMORY.room() - want);
+        let mut held: alloc::vec::Vec<u8> = alloc::vec::Vec::new();
+        if held.try_reserve_exact(take as usize).is_ok() {
+            core::mem::forget(held);
+            taken += take;
+        } else {
+            piece /= 2;
+        }
+    }
+    taken >> 10
+}
+
 /// Heap no disk or ring may take. The control path allocates infallibly (a failed
 /// allocation aborts the domain), so the reserve must hold what it allocates once disks
 /// and rings have taken all the rest: the state of each vbd the toolstack adds (paths,

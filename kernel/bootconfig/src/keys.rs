@@ -211,6 +211,10 @@ command_line_keys! {
     FaulttestBounce "faulttest.bounce" TestOption,
         default "", range "",
         "the fault test through bounce buffers";
+    FaulttestHeapLeftKib "faulttest.heap-left-kib" TestOption,
+        default "", range "KiB",
+        "at boot, take heap (for good) until this much is left for disks and rings, so that \
+         attaches meet the refusals of a short heap; then serve";
     Nettest "nettest" TestHook,
         default "", range "an nvme-tcp: target",
         "bring the vif up (net.ip), connect to an NVMe/TCP target, bring its controller \
