@@ -32,9 +32,10 @@ pub const MAX_REMOTES: usize = 8;
 /// TCP connections of one remote at most: its admin queue's, one per I/O queue, and a
 /// look at another portal's.
 pub use nvmetcp::remote::MAX_LINKS;
-/// Socket buffers of a connection: the admin queue's carry little; an I/O queue's send
-/// buffer holds a few 1 MiB writes' PDUs. Its receive buffer is the TCP window it
-/// announces, and reads stream at a window a round trip (a round trip to the target
+/// Socket buffers of a connection: the admin queue's carry little. An I/O queue's send
+/// buffer holds commands and write data on their way out (a larger one did not write
+/// faster: writes leave as one frame per MSS). Its receive buffer is the TCP window it
+/// announces, and reads stream at one window a round trip (a round trip to the target
 /// crosses dom0's netback twice): about what the vif's 256 receive pages hold in large
 /// packets, as more did not read faster.
 const ADMIN_BUFFER: usize = 16 << 10;
