@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! A vif queue (`netfront::NetQueue`) against a hostile netback.
 //!
-//! The input scripts both sides: the frontend sends frames of fuzzed length, reaps,
+//! The input scripts both sides: the frontend sends frames and GSO packets (over
+//! several pages, with an extra slot) of fuzzed length and segment size, reaps,
 //! receives and posts; the backend writes tx and rx responses with fuzzed ids, statuses,
 //! offsets and flags (so chains of slots, extra-info slots of any type), or publishes
 //! any response producer. Properties: no panic; a packet received fits the packet
@@ -14,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use netfront::queue::{NetQueue, Page, SendError, MAX_FRAME, MAX_PACKET};
+use netfront::queue::{NetQueue, Offload, Page, SendError, MAX_FRAME, MAX_PACKET, MAX_TX_PACKET};
 use xen::abi::sring;
 use xen::SharedMem;
 
@@ -37,6 +38,9 @@ fn memory() -> &'static Memory {
         pages: std::array::from_fn(|_| SharedMem::alloc_leaked(4096)),
     })
 }
+
+/// What is sent: only the length matters.
+static PACKET: [u8; MAX_TX_PACKET + 64] = [1; MAX_TX_PACKET + 64];
 
 fn slot(index: u32, size: usize) -> usize {
     sring::HEADER_SIZE + (index & 255) as usize * size
@@ -70,8 +74,17 @@ fuzz_target!(|data: &[u8]| {
         }
         match input.byte() % 7 {
             0 => {
-                let len = input.uint(2) as usize % (MAX_FRAME + 64);
-                match q.send_with(len, |p| p.store_u8(0, 1, Ordering::Relaxed)) {
+                // A frame, or a GSO packet over several pages with its extra slot.
+                let kind = input.byte();
+                let (len, offload) = match kind % 3 {
+                    0 => (input.uint(2) as usize % (MAX_FRAME + 64), Offload::None),
+                    1 => (input.uint(2) as usize % (MAX_FRAME + 64), Offload::Checksum),
+                    _ => (
+                        input.uint(3) as usize % (MAX_TX_PACKET + 64),
+                        Offload::Segments(u16::from(kind / 3)),
+                    ),
+                };
+                match q.send_packet(&PACKET[..len], offload) {
                     Ok(()) => assert!(fault.is_none()),
                     Err(SendError::Failed(f)) => assert_eq!(Some(f), fault),
                     Err(_) => {}

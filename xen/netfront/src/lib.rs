@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Xen netfront, the frontend side of the netif protocol, for blkdom's storage network:
-//! vif queues (each a tx and an rx ring and an event channel, MTU 1500; one page per
-//! frame sent, packets of up to 64 KiB over several slots received: scatter-gather and
-//! TCPv4 GSO), the control ring that has netback steer flows to queues blkdom can
-//! predict, and smoltcp's device over the queues.
+//! vif queues (each a tx and an rx ring and an event channel, MTU 1500; packets of up
+//! to 64 KiB over several slots both ways: scatter-gather and TCPv4 GSO), the control
+//! ring that has netback steer flows to queues blkdom can predict, and smoltcp's device
+//! over the queues.
 //!
 //! * [`ring`]: a `ring.h` front ring's indices and notification arithmetic.
 //! * [`queue`]: the two rings, their pages, and every check of the backend's responses.
-//! * [`phy`]: smoltcp's `Device` over a queue; [`csum`]: the TCP/UDP checksums it checks.
+//! * [`phy`]: smoltcp's `Device` over a queue; [`csum`]: the TCP/UDP checksums it checks;
+//!   [`tso`]: a connection's back-to-back segments joined into GSO packets on send.
 //! * [`stack`]: smoltcp's interface and sockets; [`lease`]: its DHCPv4 lease.
 //! * [`xenbus`]: the frontend's handshake with netback, over `xen::xenbus::XenStore`:
 //!   up to [`hash::MAX_QUEUES`] queues and a control ring when netback offers both.
@@ -28,7 +29,11 @@ pub mod phy;
 pub mod queue;
 pub mod ring;
 pub mod stack;
+pub mod tso;
 pub mod xenbus;
 
 pub use phy::NetDevice;
-pub use queue::{NetFault, NetQueue, NetStats, Page, Received, SendError, MAX_FRAME, MAX_PACKET};
+pub use queue::{
+    NetFault, NetQueue, NetStats, Offload, Page, Received, SendError, MAX_FRAME, MAX_PACKET,
+    MAX_TX_PACKET,
+};

@@ -4,10 +4,11 @@
 //! (smoltcp's tokens want plain slices, and the pages are shared memory the backend may
 //! write at any time, read only through atomics), so the data path allocates nothing.
 //!
-//! Checksums: smoltcp computes every one on send, and checks the IPv4 header's on
-//! receive; TCP's and UDP's are checked here ([`crate::csum`]) for packets dom0 did not
-//! check, and smoltcp is told not to (its settings are per device, and a packet with
-//! `NETRXF_csum_blank` has none to check).
+//! Checksums: smoltcp computes the IPv4 header's and UDP's on send and checks the IPv4
+//! header's on receive; TCP's and UDP's are checked here ([`crate::csum`]) for packets
+//! dom0 did not check, and smoltcp is told not to (its settings are per device, and a
+//! packet with `NETRXF_csum_blank` has none to check). smoltcp computes no TCP checksum
+//! on send: the token leaves it to netback with GSO on send, and fills it in otherwise.
 //!
 //! Several queues: `receive` takes packets from every queue in turn (netback picks the
 //! queue of each packet to us). Frames go out on queue 0 only: netback takes a frame on
@@ -17,10 +18,16 @@
 //!
 //! Large packets: smoltcp 0.14 takes an IPv4/TCP packet longer than the device's MTU on
 //! receive (it checks lengths against the IPv4 header, not the MTU; the MTU bounds what
-//! it sends), so a 64 KiB GSO packet is one segment to its TCP socket.
+//! it sends), so a 64 KiB GSO packet is one segment to its TCP socket. On send, with
+//! [`NetDevice::set_tx_gso`] (netback offers `feature-gso-tcpv4`), a connection's
+//! back-to-back segments are joined into such packets ([`crate::tso`]); a token is
+//! given only while queue 0 has room for every open packet at its largest and one more,
+//! so sending an open packet never finds the ring full, and [`NetDevice::flush`] sends
+//! them after each poll.
 
 use crate::hash::{flow_hash, ipv4_tcp_flow, Steering, MAX_QUEUES};
-use crate::queue::{NetFault, NetQueue, NetStats, SendError, MAX_FRAME, MAX_PACKET};
+use crate::queue::{NetFault, NetQueue, NetStats, Offload, MAX_FRAME, MAX_PACKET};
+use crate::tso::{JoinStats, Joiner};
 use alloc::boxed::Box;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -28,9 +35,9 @@ use smoltcp::phy::{self, Checksum, Device, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
 use xen::abi::netif::RX_RING_SIZE;
 
-/// Frames lost on the way out (every tx slot in flight, or the queue failed).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceStats {
+    /// Packets lost on the way out (every tx slot in flight, or the queue failed).
     pub tx_full: u64,
     /// Packets received with a wrong TCP or UDP checksum, dropped.
     pub rx_bad_checksum: u64,
@@ -62,6 +69,8 @@ pub struct NetDevice {
     next_rx: usize,
     rx_buf: Box<[u8; MAX_PACKET]>,
     tx_buf: Box<[u8; MAX_FRAME]>,
+    /// Joins segments into GSO packets, with [`NetDevice::set_tx_gso`].
+    joiner: Option<Joiner>,
     pub stats: DeviceStats,
     pub steer: [SteerStats; MAX_QUEUES],
 }
@@ -85,9 +94,33 @@ impl NetDevice {
                 .try_into()
                 .unwrap_or_else(|_| unreachable!("MAX_PACKET bytes")),
             tx_buf: Box::new([0; MAX_FRAME]),
+            joiner: None,
             stats: DeviceStats::default(),
             steer: [SteerStats::default(); MAX_QUEUES],
         }
+    }
+
+    /// Joins each connection's back-to-back segments into TCPv4 GSO packets of up to
+    /// 64 KiB from now on (netback offers `feature-gso-tcpv4`): takes the joiner's
+    /// buffers ([`crate::tso::OPEN_PACKETS`] of 64 KiB) now.
+    pub fn set_tx_gso(&mut self) {
+        self.joiner.get_or_insert_with(Joiner::new);
+    }
+
+    /// Segments joined so far (zeros without GSO on send).
+    pub fn join_stats(&self) -> JoinStats {
+        self.joiner
+            .as_ref()
+            .map_or(JoinStats::default(), |j| j.stats)
+    }
+
+    /// Sends every packet still being joined: after each poll of the interface.
+    pub fn flush(&mut self) {
+        let Some(joiner) = self.joiner.as_mut() else {
+            return;
+        };
+        let (queue, stats) = (&mut self.queues[0], &mut self.stats);
+        joiner.flush(&mut |packet, offload| send(queue, stats, packet, offload));
     }
 
     /// Queue 0, the one frames go out on.
@@ -166,7 +199,15 @@ pub struct RxToken<'a> {
 pub struct TxToken<'a> {
     queue: &'a mut NetQueue,
     buf: &'a mut [u8; MAX_FRAME],
+    joiner: Option<&'a mut Joiner>,
     stats: &'a mut DeviceStats,
+}
+
+/// Sends `packet` on `queue`, counting it lost when the queue cannot take it.
+fn send(queue: &mut NetQueue, stats: &mut DeviceStats, packet: &[u8], offload: Offload) {
+    if queue.send_packet(packet, offload).is_err() {
+        stats.tx_full += 1;
+    }
 }
 
 impl phy::RxToken for RxToken<'_> {
@@ -179,11 +220,15 @@ impl phy::TxToken for TxToken<'_> {
     fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
         // smoltcp never builds a frame above the MTU it was given; were it to, the
         // frame is cut here and then refused by the queue's length check.
-        let result = f(&mut self.buf[..len.min(MAX_FRAME)]);
-        match self.queue.send(&self.buf[..len.min(MAX_FRAME)]) {
-            Ok(()) => {}
-            Err(SendError::BadLength(_)) | Err(SendError::Full) | Err(SendError::Failed(_)) => {
-                self.stats.tx_full += 1
+        let frame = &mut self.buf[..len.min(MAX_FRAME)];
+        let result = f(frame);
+        let (queue, stats) = (self.queue, self.stats);
+        let mut send = |packet: &[u8], offload| send(queue, stats, packet, offload);
+        match self.joiner {
+            Some(joiner) => joiner.take(frame, &mut send),
+            None => {
+                crate::csum::fill_tcp_checksum(frame);
+                send(frame, Offload::None)
             }
         }
         result
@@ -220,6 +265,7 @@ impl Device for NetDevice {
             TxToken {
                 queue: &mut tx[0],
                 buf: &mut self.tx_buf,
+                joiner: self.joiner.as_mut(),
                 stats: &mut self.stats,
             },
         ))
@@ -227,9 +273,14 @@ impl Device for NetDevice {
 
     fn transmit(&mut self, _now: Instant) -> Option<TxToken<'_>> {
         let _ = self.queues[0].reap_tx();
-        self.queues[0].can_send().then_some(TxToken {
+        let room = match &self.joiner {
+            Some(joiner) => self.queues[0].can_send_packets(joiner.open_count() + 1),
+            None => self.queues[0].can_send(),
+        };
+        room.then_some(TxToken {
             queue: &mut self.queues[0],
             buf: &mut self.tx_buf,
+            joiner: self.joiner.as_mut(),
             stats: &mut self.stats,
         })
     }
@@ -245,8 +296,9 @@ impl Device for NetDevice {
         // binds only unscaled windows; what the ring cannot take waits in netback, which
         // stops its queue when full rather than drop.
         caps.max_burst_size = Some(RX_RING_SIZE as usize);
-        // TCP and UDP checked in `receive`, computed by smoltcp on send.
-        caps.checksum.tcp = Checksum::Tx;
+        // TCP and UDP checked in `receive`; on send UDP's computed by smoltcp, TCP's
+        // left to netback or filled in by the token (`crate::csum`).
+        caps.checksum.tcp = Checksum::None;
         caps.checksum.udp = Checksum::Tx;
         caps
     }

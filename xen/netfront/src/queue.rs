@@ -4,7 +4,14 @@
 //!
 //! - **tx**: a frame is copied into the page of a free tx id (id = page index) and sent as
 //!   one request at offset 0, no flags (the stack computed every checksum). The id is
-//!   given back by its response.
+//!   given back by its response. A TCP frame may leave its checksum to netback
+//!   ([`Offload::Checksum`]: `NETTXF_csum_blank`). A TCPv4 packet of up to 64 KiB for
+//!   netback to cut into segments ([`Offload::Segments`]) spans pages, one slot each, as
+//!   netback's `xenvif_tx_build_gops` reads them: the first slot (the packet's whole
+//!   length, `NETTXF_more_data`, `NETTXF_extra_info`, and `NETTXF_csum_blank` with the
+//!   TCP checksum holding only the pseudo-header's sum, as for Linux's
+//!   `CHECKSUM_PARTIAL`), one GSO extra-info slot, then the other pages. Netback answers
+//!   the first slot and then the extra slot with `NETIF_RSP_NULL`.
 //! - **rx**: every rx slot carries a posted page; request `i` has id `i mod 256`, as
 //!   Linux netfront posts them, and netback answers in the same slot (netif.h requires it
 //!   of backends). With `feature-sg` and `feature-gso-tcpv4` a packet spans slots, as
@@ -16,7 +23,7 @@
 //!
 //! **The backend is not trusted.** Each response is read once into a copy and checked.
 //! A response producer past the requests, a tx id that is not in flight, a tx `NULL`
-//! (we send no extra-info slots), an rx data slot whose id is not its slot's stop the
+//! beyond the extra-info slots sent, an rx data slot whose id is not its slot's stop the
 //! queue with a [`NetFault`]. A packet is dropped, counted, and its slots posted again,
 //! as Linux netfront drops it, for: a data slot with an error status or an offset and
 //! length outside its page; no data at all; more than [`MAX_RX_SLOTS`] data slots or
@@ -39,6 +46,12 @@ pub const MIN_FRAME: usize = 14;
 /// The largest packet the queue takes in: an IPv4 packet as long as its length field
 /// allows (a GSO packet is at most that) behind its Ethernet header.
 pub const MAX_PACKET: usize = 14 + 65535;
+/// The largest packet the queue sends with a GSO size: what the first tx slot's 16-bit
+/// size field holds.
+pub const MAX_TX_PACKET: usize = u16::MAX as usize;
+/// Data slots one sent packet may span: [`MAX_TX_PACKET`] in whole pages (netback
+/// takes up to `XEN_NETBK_LEGACY_SLOTS_MAX`, 18).
+pub const MAX_TX_SLOTS: usize = MAX_TX_PACKET.div_ceil(PAGE_SIZE);
 /// Data slots one received packet may span: `XEN_NETIF_NR_SLOTS_MIN`, Linux
 /// netfront's limit (a [`MAX_PACKET`] packet in whole pages takes 17).
 pub const MAX_RX_SLOTS: usize = XEN_NETIF_NR_SLOTS_MIN;
@@ -60,7 +73,7 @@ pub enum NetFault {
     TxUnknownId {
         id: u16,
     },
-    /// A tx response with `NETIF_RSP_NULL`: answers an extra-info slot we never sent.
+    /// A tx response with `NETIF_RSP_NULL` beyond the extra-info slots sent.
     TxNull {
         id: u16,
     },
@@ -88,7 +101,10 @@ impl core::fmt::Display for NetFault {
             ),
             NetFault::TxUnknownId { id } => write!(f, "tx response for id {id}, not in flight"),
             NetFault::TxNull { id } => {
-                write!(f, "tx response NULL for id {id} (no extra slot sent)")
+                write!(
+                    f,
+                    "tx response NULL (id field {id}) with no extra slot unanswered"
+                )
             }
             NetFault::RxWrongId { slot, id } => {
                 write!(f, "rx response id {id} in the slot of request {slot}")
@@ -97,12 +113,26 @@ impl core::fmt::Display for NetFault {
     }
 }
 
+/// What netback is asked to finish of a packet sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Offload {
+    /// Nothing: every checksum is filled in.
+    None,
+    /// An IPv4 TCP frame whose checksum holds only the pseudo-header's sum
+    /// (`NETTXF_csum_blank`, as Linux netfront sends a `CHECKSUM_PARTIAL` packet).
+    Checksum,
+    /// That, for an IPv4 TCP packet of up to [`MAX_TX_PACKET`] bytes to cut into
+    /// segments of this many payload bytes (a GSO extra slot).
+    Segments(u16),
+}
+
 /// Why a frame was not sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SendError {
     /// Every tx slot is in flight: try after [`NetQueue::reap_tx`].
     Full,
-    /// Shorter than an Ethernet header or longer than [`MAX_FRAME`].
+    /// Shorter than an Ethernet header or longer than [`MAX_FRAME`] ([`MAX_TX_PACKET`]
+    /// to cut into segments, whose size may not be 0).
     BadLength(usize),
     Failed(NetFault),
 }
@@ -136,7 +166,10 @@ enum RxDrop {
 /// Counters, for the statistics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NetStats {
+    /// Packets sent (a GSO packet counts once).
     pub tx_frames: u64,
+    /// Of them, packets with a GSO extra slot, for netback to cut into segments.
+    pub tx_gso: u64,
     /// tx responses other than OKAY (the backend dropped or refused the frame).
     pub tx_errors: u64,
     /// Packets received (a GSO packet counts once).
@@ -160,6 +193,7 @@ pub struct NetStats {
 impl core::ops::AddAssign for NetStats {
     fn add_assign(&mut self, other: Self) {
         self.tx_frames += other.tx_frames;
+        self.tx_gso += other.tx_gso;
         self.tx_errors += other.tx_errors;
         self.rx_frames += other.rx_frames;
         self.rx_gso += other.rx_gso;
@@ -185,6 +219,11 @@ pub struct NetQueue {
     tx_free: [u16; TX_IDS],
     tx_free_count: usize,
     tx_in_flight: [bool; TX_IDS],
+    /// The ids that went out as a packet's first slot with an extra-info slot after it:
+    /// their response is followed by a `NULL` one.
+    tx_extra: [bool; TX_IDS],
+    /// `NULL` responses owed: extra-info slots whose first slot was answered.
+    tx_nulls_owed: u32,
     fault: Option<NetFault>,
     /// A push crossed the backend's event threshold: send it an event.
     notify: bool,
@@ -227,6 +266,8 @@ impl NetQueue {
             tx_free,
             tx_free_count: TX_IDS,
             tx_in_flight: [false; TX_IDS],
+            tx_extra: [false; TX_IDS],
+            tx_nulls_owed: 0,
             fault: None,
             notify: false,
             accept_hash: false,
@@ -281,48 +322,93 @@ impl NetQueue {
 
     /// Whether a frame can be sent now.
     pub fn can_send(&self) -> bool {
-        self.fault.is_none() && self.tx_free_count > 0 && self.tx.free_requests() > 0
+        self.has_room(1, 1)
     }
 
-    /// Sends one frame, built by `fill` into a page of ours (`len` bytes).
-    pub fn send_with(
-        &mut self,
-        len: usize,
-        fill: impl FnOnce(&SharedMem),
-    ) -> Result<(), SendError> {
+    /// Whether `packets` packets of [`MAX_TX_SLOTS`] pages and an extra-info slot each
+    /// can be sent now.
+    pub fn can_send_packets(&self, packets: usize) -> bool {
+        self.has_room(packets * MAX_TX_SLOTS, packets * (MAX_TX_SLOTS + 1))
+    }
+
+    fn has_room(&self, ids: usize, slots: usize) -> bool {
+        self.fault.is_none()
+            && self.tx_free_count >= ids
+            && self.tx.free_requests() as usize >= slots
+    }
+
+    /// Sends one frame, as it is.
+    pub fn send(&mut self, frame: &[u8]) -> Result<(), SendError> {
+        self.send_packet(frame, Offload::None)
+    }
+
+    /// Sends `packet` with what `offload` leaves to netback: a frame of up to
+    /// [`MAX_FRAME`] bytes, or an IPv4 TCP packet of up to [`MAX_TX_PACKET`] to cut
+    /// into segments (the module doc).
+    pub fn send_packet(&mut self, packet: &[u8], offload: Offload) -> Result<(), SendError> {
         if let Some(fault) = self.fault {
             return Err(SendError::Failed(fault));
         }
-        if !(MIN_FRAME..=MAX_FRAME).contains(&len) {
-            return Err(SendError::BadLength(len));
-        }
-        let Some(at) = self
-            .tx
-            .next_request_offset()
-            .filter(|_| self.tx_free_count > 0)
-        else {
-            return Err(SendError::Full);
+        let (max, gso_size) = match offload {
+            Offload::Segments(size) => (MAX_TX_PACKET, Some(size)),
+            Offload::None | Offload::Checksum => (MAX_FRAME, None),
         };
-        self.tx_free_count -= 1;
-        let id = self.tx_free[self.tx_free_count];
-        self.tx_in_flight[usize::from(id)] = true;
-        let page = self.tx_pages[usize::from(id)];
-        fill(&page.mem);
-        let mem = *self.tx.memory();
-        mem.store_u32(at, page.gref, Ordering::Relaxed);
-        mem.store_u16(at + 4, 0, Ordering::Relaxed);
-        mem.store_u16(at + 6, 0, Ordering::Relaxed);
-        mem.store_u16(at + 8, id, Ordering::Relaxed);
-        mem.store_u16(at + 10, len as u16, Ordering::Relaxed);
-        self.tx.produce();
+        if !(MIN_FRAME..=max).contains(&packet.len()) || gso_size == Some(0) {
+            return Err(SendError::BadLength(packet.len()));
+        }
+        let pages = packet.len().div_ceil(PAGE_SIZE);
+        let extra = usize::from(gso_size.is_some());
+        if !self.has_room(pages, pages + extra) {
+            return Err(SendError::Full);
+        }
+        let mut ids = [0u16; MAX_TX_SLOTS];
+        for (chunk, id) in packet.chunks(PAGE_SIZE).zip(ids.iter_mut()) {
+            self.tx_free_count -= 1;
+            *id = self.tx_free[self.tx_free_count];
+            self.tx_in_flight[usize::from(*id)] = true;
+            self.tx_pages[usize::from(*id)].mem.write_bytes(0, chunk);
+        }
+        let more = if pages > 1 { NETTXF_MORE_DATA } else { 0 };
+        let first_flags = match offload {
+            Offload::None => more,
+            Offload::Checksum => more | NETTXF_CSUM_BLANK | NETTXF_DATA_VALIDATED,
+            Offload::Segments(_) => {
+                more | NETTXF_EXTRA_INFO | NETTXF_CSUM_BLANK | NETTXF_DATA_VALIDATED
+            }
+        };
+        self.tx_extra[usize::from(ids[0])] = gso_size.is_some();
+        // The first slot carries the whole length; netback takes the others' off it.
+        self.tx_request(ids[0], first_flags, packet.len() as u16);
+        if let Some(size) = gso_size {
+            let at = self.tx.next_request_offset().expect("room checked");
+            let mem = *self.tx.memory();
+            let mut extra = [0u8; TX_SLOT];
+            extra[EXTRA_TYPE] = XEN_NETIF_EXTRA_TYPE_GSO;
+            extra[EXTRA_GSO_SIZE..EXTRA_GSO_SIZE + 2].copy_from_slice(&size.to_le_bytes());
+            extra[EXTRA_GSO_TYPE] = XEN_NETIF_GSO_TYPE_TCPV4;
+            mem.write_bytes(at, &extra);
+            self.tx.produce();
+        }
+        for (i, chunk) in packet.chunks(PAGE_SIZE).enumerate().skip(1) {
+            let flags = if i + 1 < pages { NETTXF_MORE_DATA } else { 0 };
+            self.tx_request(ids[i], flags, chunk.len() as u16);
+        }
         self.stats.tx_frames += 1;
+        self.stats.tx_gso += extra as u64;
         self.notify |= self.tx.push_requests();
         Ok(())
     }
 
-    /// Sends `frame`.
-    pub fn send(&mut self, frame: &[u8]) -> Result<(), SendError> {
-        self.send_with(frame.len(), |page| page.write_bytes(0, frame))
+    /// Writes a data request for page `id` (offset 0) in the next tx slot.
+    fn tx_request(&mut self, id: u16, flags: u16, size: u16) {
+        let at = self.tx.next_request_offset().expect("room checked");
+        let mem = *self.tx.memory();
+        mem.store_u32(at, self.tx_pages[usize::from(id)].gref, Ordering::Relaxed);
+        mem.store_u16(at + 4, 0, Ordering::Relaxed);
+        mem.store_u16(at + 6, flags, Ordering::Relaxed);
+        mem.store_u16(at + 8, id, Ordering::Relaxed);
+        mem.store_u16(at + 10, size, Ordering::Relaxed);
+        self.tx.produce();
     }
 
     /// Takes every tx response: frees their ids. Returns how many.
@@ -339,6 +425,12 @@ impl NetQueue {
             let mem = *self.tx.memory();
             let id = mem.load_u16(at, Ordering::Relaxed);
             let status = mem.load_u16(at + 2, Ordering::Relaxed) as i16;
+            // An extra slot's answer: its id field is whatever the slot held.
+            if status == NETIF_RSP_NULL && self.tx_nulls_owed > 0 {
+                self.tx_nulls_owed -= 1;
+                self.tx.consume();
+                continue;
+            }
             let known = self
                 .tx_in_flight
                 .get(usize::from(id))
@@ -354,6 +446,7 @@ impl NetQueue {
                 self.stats.tx_errors += 1;
             }
             self.tx_in_flight[usize::from(id)] = false;
+            self.tx_nulls_owed += u32::from(core::mem::take(&mut self.tx_extra[usize::from(id)]));
             self.tx_free[self.tx_free_count] = id;
             self.tx_free_count += 1;
             self.tx.consume();

@@ -158,11 +158,12 @@ impl Stack {
         self.sockets_capacity
     }
 
-    /// Moves frames and runs the sockets' timers; true when a socket's state may have
-    /// changed. Then tells the backend of what was pushed.
+    /// Moves frames and runs the sockets' timers, then sends the packets still being
+    /// joined ([`NetDevice::flush`]); true when a socket's state may have changed.
     pub fn poll(&mut self, now_ms: u64) -> bool {
         let now = Instant::from_millis(now_ms as i64);
         let changed = self.iface.poll(now, &mut self.device, &mut self.sockets);
+        self.device.flush();
         changed != smoltcp::iface::PollResult::None
     }
 

@@ -53,6 +53,9 @@ pub struct Plan {
     pub ctrl_ring: bool,
     /// Why one queue and no control ring, when more were wanted.
     pub single_because: Option<&'static str>,
+    /// netback takes packets over several slots with a GSO extra slot from us
+    /// (`feature-sg` and `feature-gso-tcpv4`): segments are joined on send.
+    pub tx_gso: bool,
 }
 
 /// What the frontend made, to publish: `queues` as many as the plan said.
@@ -77,6 +80,9 @@ pub fn plan(store: &mut dyn XenStore, backend: &str, wanted: u16) -> (Plan, Opti
     let max = key(vif::MULTI_QUEUE_MAX_QUEUES)
         .map(|v| v.trim().parse::<u32>().ok().filter(|&n| n > 0).unwrap_or(1));
     let ctrl = key(vif::FEATURE_CTRL_RING).is_some_and(|v| v.trim() == "1");
+    let tx_gso = [vif::FEATURE_SG, vif::FEATURE_GSO_TCPV4]
+        .iter()
+        .all(|name| key(name).is_some_and(|v| v.trim() == "1"));
     let wanted = wanted.clamp(1, MAX_QUEUES as u16);
     let offered = max.unwrap_or(1).min(MAX_QUEUES as u32) as u16;
     let single_because = if wanted == 1 {
@@ -93,11 +99,13 @@ pub fn plan(store: &mut dyn XenStore, backend: &str, wanted: u16) -> (Plan, Opti
             queues: wanted.min(offered),
             ctrl_ring: true,
             single_because: None,
+            tx_gso,
         },
         _ => Plan {
             queues: 1,
             ctrl_ring: false,
             single_because,
+            tx_gso,
         },
     };
     (plan, max)
@@ -595,6 +603,24 @@ mod tests {
     }
 
     #[test]
+    fn segments_are_joined_on_send_only_when_netback_takes_sg_and_gso() {
+        for (sg, gso, joined) in [
+            (Some("1"), Some("1"), true),
+            (Some("1"), None, false),
+            (None, Some("1"), false),
+            (Some("1"), Some("0"), false),
+        ] {
+            let store = offer(None, None);
+            for (key, value) in [("feature-sg", sg), ("feature-gso-tcpv4", gso)] {
+                if let Some(value) = value {
+                    store.borrow_mut().set(&format!("{BACKEND}/{key}"), value);
+                }
+            }
+            assert_eq!(run(&store, 1).plan.tx_gso, joined, "sg {sg:?}, gso {gso:?}");
+        }
+    }
+
+    #[test]
     fn several_queues_are_published_under_queue_n_with_the_control_ring() {
         let store = offer(Some("4"), Some("1"));
         let connected = run(&store, 2);
@@ -603,7 +629,8 @@ mod tests {
             Plan {
                 queues: 2,
                 ctrl_ring: true,
-                single_because: None
+                single_because: None,
+                tx_gso: false,
             }
         );
         assert_eq!(connected.max_queues, Some(4));

@@ -25,18 +25,28 @@ fn counting<R>(counted: &mut u64, f: impl FnOnce() -> R) -> R {
 
 #[test]
 fn the_data_path_allocates_nothing() {
-    echo(false);
+    echo(false, false);
 }
 
 #[test]
 fn the_data_path_allocates_nothing_with_gso_packets() {
-    echo(true);
+    echo(true, false);
 }
 
-/// A 1 MiB echo; `gso`: a's segments reach b as GSO packets.
-fn echo(gso: bool) {
+#[test]
+fn the_data_path_allocates_nothing_joining_segments_on_send() {
+    echo(false, true);
+}
+
+/// A 1 MiB echo; `gso`: a's segments reach b as GSO packets joined by the switch;
+/// `tx_gso`: both stacks join their own segments.
+fn echo(gso: bool, tx_gso: bool) {
     let (mut a, mut side_a) = stack(1000, 1, 1, 2);
     let (mut b, mut side_b) = stack(5000, 2, 2, 2);
+    if tx_gso {
+        a.device.set_tx_gso();
+        b.device.set_tx_gso();
+    }
     let client = a.add_tcp(leak([0u8; 65536]), leak([0u8; 65536])).unwrap();
     let server = b.add_tcp(leak([0u8; 65536]), leak([0u8; 65536])).unwrap();
     b.sockets
@@ -65,20 +75,20 @@ fn echo(gso: bool) {
             a.device.queue_mut().take_notify();
             b.device.queue_mut().take_notify();
         });
-        while let Some((_, frame)) = side_a.transmitted() {
+        while let Some(sent) = side_a.transmitted_packet() {
             frames += 1;
             if frames.is_multiple_of(29) {
                 continue;
             }
             if gso {
-                coalescer.push(frame, &mut side_b);
+                coalescer.push(sent.packet, &mut side_b);
             } else {
-                side_b.deliver(&frame);
+                side_b.pass(&sent);
             }
         }
         coalescer.idle(&mut side_b);
-        while let Some((_, frame)) = side_b.transmitted() {
-            side_a.deliver(&frame);
+        while let Some(sent) = side_b.transmitted_packet() {
+            side_a.pass(&sent);
         }
         counting(&mut counted, || {
             let c = a.sockets.get_mut::<tcp::Socket>(client);
@@ -109,5 +119,7 @@ fn echo(gso: bool) {
         "the transfer finished"
     );
     assert_eq!(counted, 0, "allocations on the data path");
-    assert_eq!(b.device.queue().stats.rx_gso > 0, gso);
+    assert_eq!(b.device.queue().stats.rx_gso > 0, gso || tx_gso);
+    assert_eq!(a.device.queue().stats.tx_gso > 0, tx_gso);
+    assert_eq!((side_a.tx_bad_partial, side_b.tx_bad_partial), (0, 0));
 }

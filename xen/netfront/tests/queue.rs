@@ -5,7 +5,10 @@
 mod fake_netback;
 
 use fake_netback::{queue, Side};
-use netfront::queue::{NetFault, Received, SendError, MAX_FRAME, MAX_PACKET, MAX_RX_SLOTS};
+use netfront::queue::{
+    NetFault, Offload, Received, SendError, MAX_FRAME, MAX_PACKET, MAX_RX_SLOTS, MAX_TX_PACKET,
+    MAX_TX_SLOTS,
+};
 use std::sync::atomic::Ordering;
 use xen::abi::netif::*;
 
@@ -106,6 +109,84 @@ fn a_tx_null_or_error_response() {
     assert_eq!(q.stats.tx_errors, 1);
     back.tx_response(1, NETIF_RSP_NULL);
     assert_eq!(q.reap_tx(), Err(NetFault::TxNull { id: 1 }));
+}
+
+#[test]
+fn a_gso_packet_goes_out_over_pages_with_one_extra_slot_and_its_null_answer() {
+    let (mut q, mut back) = queue(100);
+    assert_eq!(MAX_TX_SLOTS, 16);
+    for (round, len) in [MAX_TX_PACKET, 4096, 4097, 20_000, MAX_TX_PACKET]
+        .into_iter()
+        .enumerate()
+    {
+        let out = frame(len, round as u8);
+        q.send_packet(&out, Offload::Segments(1448)).unwrap();
+        let sent = back.transmitted_packet().unwrap();
+        assert_eq!(sent.packet, out, "{len} bytes");
+        assert_eq!(sent.gso_size, Some(1448));
+        assert_eq!(
+            sent.flags & (NETTXF_EXTRA_INFO | NETTXF_CSUM_BLANK),
+            NETTXF_EXTRA_INFO | NETTXF_CSUM_BLANK
+        );
+        // Every data slot answered, and the NULL after the first.
+        assert_eq!(q.reap_tx(), Ok(len.div_ceil(4096) as u32 + 1));
+        assert_eq!(q.tx_in_flight(), 0);
+    }
+    assert_eq!((q.stats.tx_frames, q.stats.tx_gso), (5, 5));
+    // A frame whose checksum netback completes: flagged, no extra slot.
+    q.send_packet(&frame(1000, 9), Offload::Checksum).unwrap();
+    let sent = back.transmitted_packet().unwrap();
+    assert_eq!(
+        (
+            sent.flags & (NETTXF_CSUM_BLANK | NETTXF_EXTRA_INFO),
+            sent.gso_size
+        ),
+        (NETTXF_CSUM_BLANK, None)
+    );
+    assert_eq!(q.reap_tx(), Ok(1));
+    // A plain frame after them, and a NULL nobody owes stops the queue.
+    q.send(&[1; 60]).unwrap();
+    let id = back.transmitted_packet().unwrap().id;
+    assert_eq!(q.reap_tx(), Ok(1));
+    q.send(&[1; 60]).unwrap();
+    back.tx.take();
+    back.tx_response(id, NETIF_RSP_NULL);
+    assert_eq!(q.reap_tx(), Err(NetFault::TxNull { id }));
+}
+
+#[test]
+fn gso_packets_are_bounded_and_wait_for_room() {
+    let (mut q, mut back) = queue(100);
+    for (len, offload) in [
+        (MAX_TX_PACKET + 1, Offload::Segments(1448)),
+        (60, Offload::Segments(0)),
+        (13, Offload::Segments(1448)),
+        (MAX_FRAME + 1, Offload::None),
+        (MAX_FRAME + 1, Offload::Checksum),
+    ] {
+        assert_eq!(
+            q.send_packet(&vec![0; len], offload),
+            Err(SendError::BadLength(len))
+        );
+    }
+    // 256 ring slots: 15 packets of 16 pages and an extra slot leave one slot (and 16
+    // ids), room for a frame but no packet.
+    for _ in 0..15 {
+        assert!(q.can_send_packets(1));
+        q.send_packet(&vec![7; MAX_TX_PACKET], Offload::Segments(1448))
+            .unwrap();
+    }
+    assert!(!q.can_send_packets(1));
+    assert_eq!(
+        q.send_packet(&[7; 4000], Offload::Segments(1448)),
+        Err(SendError::Full)
+    );
+    q.send(&[7; 60]).unwrap();
+    assert_eq!(q.send(&[7; 60]), Err(SendError::Full));
+    while back.transmitted_packet().is_some() {}
+    assert_eq!(q.reap_tx(), Ok(15 * 17 + 1));
+    assert!(q.can_send_packets(5));
+    assert_eq!(q.fault(), None);
 }
 
 #[test]

@@ -2,8 +2,9 @@
 //! Two smoltcp stacks on two vif queues, joined by the fake netback's switch: a TCP
 //! connection carries data both ways, byte for byte; a lossy switch only slows it; a
 //! switch that coalesces segments into 64 KiB GSO packets with a blank checksum is
-//! taken whole; a frame whose checksum is wrong is dropped by the netfront, not given
-//! to TCP.
+//! taken whole; with GSO on send, the sender's segments go out joined into such
+//! packets, their partial checksums right; a frame whose checksum is wrong is dropped
+//! by the netfront, not given to TCP.
 
 mod fake_netback;
 
@@ -32,6 +33,8 @@ struct Path {
     corrupt_every: Option<usize>,
     /// Joins them into GSO packets.
     gso: bool,
+    /// a joins its segments into GSO packets itself (GSO on send).
+    tx_gso: bool,
 }
 
 /// What a transfer saw.
@@ -40,12 +43,19 @@ struct Seen {
     b_stats: netfront::NetStats,
     b_device: netfront::phy::DeviceStats,
     coalesced: Coalescer,
+    /// GSO packets a sent, those whose partial checksum was wrong, and the longest.
+    a_gso: (usize, usize, usize),
+    a_joined: netfront::tso::JoinStats,
 }
 
 /// Sends `len` bytes from a to b and `len / 2` back, a's frames on `path`.
 fn transfer(len: usize, path: Path) -> Seen {
     let (mut a, mut side_a) = stack(1000, 1, 1, 2);
     let (mut b, mut side_b) = stack(5000, 2, 2, 2);
+    if path.tx_gso {
+        a.device.set_tx_gso();
+    }
+    let mut longest_sent = 0;
     let client = a.add_tcp(leak([0u8; 65536]), leak([0u8; 65536])).unwrap();
     let server = b.add_tcp(leak([0u8; 65536]), leak([0u8; 65536])).unwrap();
     assert!(b.add_tcp(leak([0u8; 16]), leak([0u8; 16])).is_some());
@@ -75,11 +85,17 @@ fn transfer(len: usize, path: Path) -> Seen {
         a.poll(now);
         b.poll(now);
         // The switch, with what `path` does to a's frames.
-        while let Some((_, mut frame)) = side_a.transmitted() {
+        while let Some(mut sent) = side_a.transmitted_packet() {
             frames += 1;
+            longest_sent = longest_sent.max(sent.packet.len());
             if path.drop_every.is_some_and(|n| frames.is_multiple_of(n)) {
                 continue;
             }
+            if sent.flags & xen::abi::netif::NETTXF_CSUM_BLANK != 0 {
+                side_b.pass(&sent);
+                continue;
+            }
+            let frame = &mut sent.packet;
             if frame.len() > 54 + 100 {
                 data_frames += 1;
                 if path
@@ -90,9 +106,9 @@ fn transfer(len: usize, path: Path) -> Seen {
                 }
             }
             if path.gso {
-                coalesced.push(frame, &mut side_b);
+                coalesced.push(sent.packet, &mut side_b);
             } else {
-                side_b.deliver(&frame);
+                side_b.deliver(frame);
             }
         }
         coalesced.idle(&mut side_b);
@@ -132,6 +148,8 @@ fn transfer(len: usize, path: Path) -> Seen {
                 b_stats: b.device.queue().stats,
                 b_device: b.device.stats,
                 coalesced,
+                a_gso: (side_a.tx_gso, side_a.tx_bad_partial, longest_sent),
+                a_joined: a.device.join_stats(),
             };
         }
     }
@@ -188,6 +206,43 @@ fn gso_packets_of_up_to_64_kib_with_a_blank_checksum_reach_tcp_whole() {
         },
     );
     assert!(lossy.b_stats.rx_gso > 0);
+}
+
+#[test]
+fn with_gso_on_send_a_connections_segments_go_out_as_large_packets() {
+    let seen = transfer(
+        4 << 20,
+        Path {
+            tx_gso: true,
+            ..Path::default()
+        },
+    );
+    let (packets, bad_partial, longest) = seen.a_gso;
+    assert_eq!(bad_partial, 0, "every partial checksum completes");
+    assert_eq!(seen.b_stats.rx_gso, packets as u64, "taken whole");
+    assert_eq!(seen.a_joined.packets, packets as u64);
+    assert!(
+        seen.a_joined.segments >= 10 * seen.a_joined.packets,
+        "{:?}",
+        seen.a_joined
+    );
+    // As large as the 64 KiB window lets a poll's segments be (the cap: tso's tests).
+    assert!(longest > 16 * 1460, "large packets: {longest}");
+    // A packet lost costs its segments, which TCP sends again (and they are joined).
+    let lossy = transfer(
+        1 << 20,
+        Path {
+            tx_gso: true,
+            drop_every: Some(7),
+            ..Path::default()
+        },
+    );
+    assert!(lossy.a_gso.0 > 0);
+    assert_eq!(lossy.a_gso.1, 0);
+    // Without it, one frame per segment.
+    let plain = transfer(1 << 20, Path::default());
+    assert_eq!((plain.a_gso.0, plain.a_joined.packets), (0, 0));
+    assert!(plain.a_gso.2 <= netfront::MAX_FRAME);
 }
 
 #[test]

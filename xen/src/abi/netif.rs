@@ -94,7 +94,7 @@ pub const XEN_NETIF_NR_SLOTS_MIN: usize = 18;
 pub const NETIF_RSP_DROPPED: i16 = -2;
 pub const NETIF_RSP_ERROR: i16 = -1;
 pub const NETIF_RSP_OKAY: i16 = 0;
-/// The response to an extra-info slot (which this frontend never sends).
+/// The response to an extra-info slot (netback writes it after the first slot's).
 pub const NETIF_RSP_NULL: i16 = 1;
 
 /// A tx slot: the union of request (12 bytes) and response.

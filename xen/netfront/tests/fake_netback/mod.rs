@@ -8,8 +8,10 @@ use netfront::{NetQueue, Page};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use xen::abi::netif::{
-    HASH_TYPE_BIT_IPV4_TCP, NETRXF_EXTRA_INFO, NETRXF_MORE_DATA, XEN_NETIF_EXTRA_FLAG_MORE,
-    XEN_NETIF_EXTRA_TYPE_GSO, XEN_NETIF_EXTRA_TYPE_HASH, XEN_NETIF_GSO_TYPE_TCPV4,
+    HASH_TYPE_BIT_IPV4_TCP, NETIF_RSP_NULL, NETRXF_CSUM_BLANK, NETRXF_DATA_VALIDATED,
+    NETRXF_EXTRA_INFO, NETRXF_MORE_DATA, NETTXF_CSUM_BLANK, NETTXF_EXTRA_INFO, NETTXF_MORE_DATA,
+    XEN_NETIF_EXTRA_FLAG_MORE, XEN_NETIF_EXTRA_TYPE_GSO, XEN_NETIF_EXTRA_TYPE_HASH,
+    XEN_NETIF_GSO_TYPE_TCPV4,
 };
 use xen::abi::sring;
 use xen::SharedMem;
@@ -62,6 +64,20 @@ pub struct Side {
     pub tx: BackRing,
     pub rx: BackRing,
     pub pages: HashMap<u32, SharedMem>,
+    /// Packets taken with a GSO extra slot.
+    pub tx_gso: usize,
+    /// Of the packets taken with `NETTXF_csum_blank`, those whose TCP checksum, once
+    /// completed from the pseudo-header's sum in it, is wrong.
+    pub tx_bad_partial: usize,
+}
+
+/// A packet the frontend sent, gathered from its slots.
+pub struct Sent {
+    /// The first slot's id.
+    pub id: u16,
+    pub packet: Vec<u8>,
+    pub flags: u16,
+    pub gso_size: Option<u16>,
 }
 
 fn page(gref: u32) -> Page {
@@ -88,23 +104,94 @@ pub fn queue(first_gref: u32) -> (NetQueue, Side) {
         tx: BackRing::new(tx_ring, 12),
         rx: BackRing::new(rx_ring, 8),
         pages,
+        tx_gso: 0,
+        tx_bad_partial: 0,
     };
     (queue, side)
 }
 
 impl Side {
-    /// Takes the next tx request: (id, the frame), answered OKAY.
+    /// Takes the next tx packet: (its first id, the packet), answered OKAY.
     pub fn transmitted(&mut self) -> Option<(u16, Vec<u8>)> {
+        self.transmitted_packet().map(|sent| (sent.id, sent.packet))
+    }
+
+    /// Takes the next tx packet as netback's `xenvif_tx_build_gops` does: the first
+    /// slot (the whole length), its extra-info slot, the other data slots; then answers
+    /// each data slot OKAY and the extra slot NULL, right after the first's answer.
+    pub fn transmitted_packet(&mut self) -> Option<Sent> {
         let at = self.tx.take()?;
         let m = self.tx.mem;
-        let gref = m.load_u32(at, Ordering::Relaxed);
-        let offset = m.load_u16(at + 4, Ordering::Relaxed) as usize;
-        let id = m.load_u16(at + 8, Ordering::Relaxed);
-        let size = m.load_u16(at + 10, Ordering::Relaxed) as usize;
-        let mut frame = vec![0; size];
-        self.pages[&gref].read_bytes(offset, &mut frame);
-        self.tx_response(id, 0);
-        Some((id, frame))
+        let slot = |at: usize| {
+            (
+                m.load_u32(at, Ordering::Relaxed),
+                m.load_u16(at + 4, Ordering::Relaxed) as usize,
+                m.load_u16(at + 6, Ordering::Relaxed),
+                m.load_u16(at + 8, Ordering::Relaxed),
+                m.load_u16(at + 10, Ordering::Relaxed) as usize,
+            )
+        };
+        let (gref, offset, flags, id, total) = slot(at);
+        let mut gso_size = None;
+        let mut extras = 0;
+        if flags & NETTXF_EXTRA_INFO != 0 {
+            let extra = self
+                .tx
+                .take()
+                .expect("the extra slot published with its packet");
+            assert_eq!(
+                m.load_u8(extra, Ordering::Relaxed),
+                XEN_NETIF_EXTRA_TYPE_GSO
+            );
+            assert_eq!(m.load_u8(extra + 1, Ordering::Relaxed), 0, "one extra slot");
+            assert_eq!(
+                m.load_u8(extra + 4, Ordering::Relaxed),
+                XEN_NETIF_GSO_TYPE_TCPV4
+            );
+            gso_size = Some(m.load_u16(extra + 2, Ordering::Relaxed));
+            extras = 1;
+        }
+        let mut slots = vec![(gref, offset, id, 0)];
+        let mut more = flags & NETTXF_MORE_DATA != 0;
+        while more {
+            let at = self.tx.take().expect("a packet's slots published together");
+            let (gref, offset, next_flags, id, size) = slot(at);
+            slots.push((gref, offset, id, size));
+            more = next_flags & NETTXF_MORE_DATA != 0;
+        }
+        let rest: usize = slots.iter().map(|s| s.3).sum();
+        slots[0].3 = total
+            .checked_sub(rest)
+            .expect("the first slot's size is the total");
+        let mut packet = Vec::with_capacity(total);
+        for &(gref, offset, _, size) in &slots {
+            assert!(offset + size <= 4096, "no slot crosses its page");
+            let mut bytes = vec![0; size];
+            self.pages[&gref].read_bytes(offset, &mut bytes);
+            packet.extend_from_slice(&bytes);
+        }
+        for (i, &(_, _, id, _)) in slots.iter().enumerate() {
+            let at = self.tx.respond_at();
+            m.store_u16(at, id, Ordering::Relaxed);
+            m.store_u16(at + 2, 0, Ordering::Relaxed);
+            if i == 0 {
+                for _ in 0..extras {
+                    let at = self.tx.respond_at();
+                    m.store_u16(at + 2, NETIF_RSP_NULL as u16, Ordering::Relaxed);
+                }
+            }
+        }
+        self.tx.publish();
+        self.tx_gso += extras;
+        if flags & NETTXF_CSUM_BLANK != 0 && !partial_checksum_completes(&packet) {
+            self.tx_bad_partial += 1;
+        }
+        Some(Sent {
+            id,
+            packet,
+            flags,
+            gso_size,
+        })
     }
 
     pub fn tx_response(&mut self, id: u16, status: i16) {
@@ -250,17 +337,61 @@ impl Side {
     }
 }
 
-/// Carries every waiting frame from each side to the other (a two-port switch).
-/// Returns how many frames moved.
+/// Carries every waiting packet from each side to the other (a two-port switch), a
+/// GSO packet whole, as netback carries one between guests. Returns how many moved.
 pub fn switch(a: &mut Side, b: &mut Side) -> usize {
     let mut moved = 0;
-    while let Some((_, frame)) = a.transmitted() {
-        moved += usize::from(b.deliver(&frame));
+    while let Some(sent) = a.transmitted_packet() {
+        moved += usize::from(b.pass(&sent));
     }
-    while let Some((_, frame)) = b.transmitted() {
-        moved += usize::from(a.deliver(&frame));
+    while let Some(sent) = b.transmitted_packet() {
+        moved += usize::from(a.pass(&sent));
     }
     moved
+}
+
+impl Side {
+    /// Delivers what the other side sent, as netback passes a packet between guests: a
+    /// GSO packet whole with its GSO size, and a checksum left blank (the pseudo-header's
+    /// sum, which the receiver does not check) flagged so.
+    pub fn pass(&mut self, sent: &Sent) -> bool {
+        if sent.flags & NETTXF_CSUM_BLANK != 0 {
+            self.deliver_packet(
+                &sent.packet,
+                NETRXF_CSUM_BLANK | NETRXF_DATA_VALIDATED,
+                sent.gso_size,
+            )
+        } else {
+            self.deliver(&sent.packet)
+        }
+    }
+}
+
+/// Completes the TCP checksum of an IPv4 packet sent with `NETTXF_csum_blank` (the
+/// field holds the pseudo-header's sum; the sum of the segment from the TCP header on
+/// is what goes there, complemented), then checks it as a receiver would.
+pub fn partial_checksum_completes(packet: &[u8]) -> bool {
+    use smoltcp::wire::{EthernetFrame, Ipv4Packet, TcpPacket};
+    let Some((ihl, _)) = tcp_offsets(packet) else {
+        return false;
+    };
+    let mut packet = packet.to_vec();
+    let start = 14 + ihl;
+    let mut sum = 0u32;
+    for pair in packet[start..].chunks(2) {
+        sum += u32::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    packet[start + 16..start + 18].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    let eth = EthernetFrame::new_checked(&packet[..]).unwrap();
+    let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+    let (src, dst) = (ip.src_addr().into(), ip.dst_addr().into());
+    ip.verify_checksum()
+        && TcpPacket::new_checked(ip.payload())
+            .unwrap()
+            .verify_checksum(&src, &dst)
 }
 
 /// An Ethernet + IPv4 + TCP frame from `src`:`src_port` to `dst`:`dst_port` carrying
@@ -273,23 +404,59 @@ pub fn tcp_frame(
     dst_port: u16,
     payload: &[u8],
 ) -> Vec<u8> {
+    tcp_segment((src, src_port), (dst, dst_port), Fields::default(), payload)
+}
+
+/// A TCP segment's fields other than its ends and payload.
+#[derive(Clone, Copy)]
+pub struct Fields {
+    pub seq: u32,
+    pub ack: u32,
+    pub psh: bool,
+    /// A timestamp option with this value.
+    pub tsval: Option<u32>,
+}
+
+impl Default for Fields {
+    fn default() -> Self {
+        Self {
+            seq: 1000,
+            ack: 2000,
+            psh: false,
+            tsval: None,
+        }
+    }
+}
+
+/// [`tcp_frame`] from `from` to `to` (address, port) with `fields`.
+pub fn tcp_segment(
+    from: ([u8; 4], u16),
+    to: ([u8; 4], u16),
+    fields: Fields,
+    payload: &[u8],
+) -> Vec<u8> {
     use smoltcp::phy::ChecksumCapabilities;
     use smoltcp::wire::{
         EthernetAddress, EthernetFrame, EthernetProtocol, EthernetRepr, IpProtocol, Ipv4Address,
-        Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber,
+        Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber, TcpTimestampRepr,
     };
+    let ((src, src_port), (dst, dst_port)) = (from, to);
     let tcp = TcpRepr {
         src_port,
         dst_port,
-        control: TcpControl::None,
-        seq_number: TcpSeqNumber(1000),
-        ack_number: Some(TcpSeqNumber(2000)),
+        control: if fields.psh {
+            TcpControl::Psh
+        } else {
+            TcpControl::None
+        },
+        seq_number: TcpSeqNumber(fields.seq as i32),
+        ack_number: Some(TcpSeqNumber(fields.ack as i32)),
         window_len: 1000,
         window_scale: None,
         max_seg_size: None,
         sack_permitted: false,
         sack_ranges: [None; 3],
-        timestamp: None,
+        timestamp: fields.tsval.map(|v| TcpTimestampRepr::new(v, 0)),
         payload,
     };
     let (src_ip, dst_ip) = (Ipv4Address::from(src), Ipv4Address::from(dst));
@@ -473,7 +640,7 @@ impl Coalescer {
         ipv4_header_checksum(&mut packet[14..14 + ihl]);
         // Blank, as a CHECKSUM_PARTIAL packet's is (not the sum of what it carries).
         packet[14 + ihl + 16..14 + ihl + 18].fill(0);
-        let flags = xen::abi::netif::NETRXF_CSUM_BLANK | xen::abi::netif::NETRXF_DATA_VALIDATED;
+        let flags = NETRXF_CSUM_BLANK | NETRXF_DATA_VALIDATED;
         if to.deliver_packet(&packet, flags, Some(mss)) {
             self.gso_packets += 1;
             self.longest = self.longest.max(packet.len());
