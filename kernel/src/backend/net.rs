@@ -1120,10 +1120,11 @@ impl Net {
     pub fn vif_stats_line(&self) -> String {
         let c = self.counters();
         format!(
-            "queues={} tx-frames={} tx-refused={} tx-ring-full={} rx-packets={} rx-gso={} \
-             rx-dropped={} rx-bad-checksum={} events-sent={}",
+            "queues={} tx-frames={} tx-gso={} tx-refused={} tx-ring-full={} rx-packets={} \
+             rx-gso={} rx-dropped={} rx-bad-checksum={} events-sent={}",
             self.vif.ports().len(),
             c.queues.tx_frames,
+            c.queues.tx_gso,
             c.queues.tx_errors,
             c.device.tx_full,
             c.queues.rx_frames,
@@ -1205,8 +1206,10 @@ impl Net {
         let device = &self.vif.stack.device;
         if counters != self.logged.0 {
             log::info!(
-                "net: vif: {} frames out ({} refused by netback, {} lost with the ring full), {} packets in ({} GSO; {} dropped by netfront: {} bad extra slot, {} bad slot chain; {} bad checksum), {} events sent{}",
+                "net: vif: {} packets out ({} GSO joining {} segments; {} refused by netback, {} lost with the ring full), {} packets in ({} GSO; {} dropped by netfront: {} bad extra slot, {} bad slot chain; {} bad checksum), {} events sent{}",
                 counters.queues.tx_frames,
+                counters.queues.tx_gso,
+                device.join_stats().segments,
                 counters.queues.tx_errors,
                 counters.device.tx_full,
                 counters.queues.rx_frames,

@@ -114,8 +114,18 @@ impl Vif {
             .fold(false, |any, q| q.final_check() | any)
     }
 
-    /// The steering, for the console: `2 queues, Toeplitz (table of 128)` and the like.
+    /// The steering and how segments go out, for the console: `2 queues (netback
+    /// offers 2), Toeplitz over IPv4/TCP, table of 128; GSO on send` and the like.
     pub fn describe_queues(&self) -> String {
+        let send = if self.plan.tx_gso {
+            "GSO on send"
+        } else {
+            "one frame per segment on send (netback takes no GSO: feature-sg, feature-gso-tcpv4)"
+        };
+        format!("{}; {send}", self.describe_steering())
+    }
+
+    fn describe_steering(&self) -> String {
         let queues = self.ports.len();
         match &self.steer {
             Steer::Single => match self.plan.single_because {
@@ -186,7 +196,7 @@ impl Vif {
             return Ok(());
         }
         let made = connect_device(&mut self.grants, self.hv, self.wanted)?;
-        self.stack.device = net_device(made.queues, &made.steer);
+        self.stack.device = net_device(made.queues, &made.steer, &made.connected.plan);
         self.info = made.connected.info;
         self.plan = made.connected.plan;
         self.max_queues = made.connected.max_queues;
@@ -374,11 +384,15 @@ fn connect_device(
     })
 }
 
-/// A [`NetDevice`] over `queues`, steering as `steer` says.
-fn net_device(queues: Vec<NetQueue>, steer: &Steer) -> NetDevice {
+/// A [`NetDevice`] over `queues`, steering as `steer` says, joining segments on send
+/// when netback takes GSO packets (`plan.tx_gso`).
+fn net_device(queues: Vec<NetQueue>, steer: &Steer, plan: &Plan) -> NetDevice {
     let mut device = NetDevice::with_queues(queues);
     if let Steer::Hashed(steering) = steer {
         device.set_steering(Some(*steering));
+    }
+    if plan.tx_gso {
+        device.set_tx_gso();
     }
     device
 }
@@ -422,7 +436,7 @@ pub fn bring_up(net: &NetSetup, grant_gpa: u64, wanted: usize) -> Result<Vif, St
     let seed = xen::raw::cpu::read_tsc();
     let mut vif = Vif {
         stack: Stack::new(
-            net_device(made.queues, &made.steer),
+            net_device(made.queues, &made.steer, &made.connected.plan),
             made.connected.info.mac,
             addressing,
             seed,
