@@ -33,13 +33,13 @@ pub const MAX_REMOTES: usize = 8;
 /// look at another portal's.
 pub use nvmetcp::remote::MAX_LINKS;
 /// Socket buffers of a connection: the admin queue's carry little. An I/O queue's send
-/// buffer holds commands and write data on their way out (a larger one did not write
-/// faster: writes leave as one frame per MSS). Its receive buffer is the TCP window it
-/// announces, and reads stream at one window a round trip (a round trip to the target
-/// crosses dom0's netback twice): about what the vif's 256 receive pages hold in large
-/// packets, as more did not read faster.
+/// buffer holds commands and write data until the target acknowledges them, so writes
+/// stream at one buffer a round trip, as reads do at the receive buffer, the TCP window
+/// it announces (a round trip to the target crosses dom0's netback twice). The receive
+/// buffer is about what the vif's 256 receive pages hold in large packets, as more did
+/// not read faster; the send buffer matches it.
 const ADMIN_BUFFER: usize = 16 << 10;
-const IO_TX_BUFFER: usize = 256 << 10;
+const IO_TX_BUFFER: usize = 1 << 20;
 const IO_RX_BUFFER: usize = 1 << 20;
 /// A first bring-up (at attach) must end before libxl's 10 s wait for InitWait.
 const ATTACH_MS: u64 = 8_000;
