@@ -148,6 +148,8 @@ pub const ALL: &[Key] = &[
     Key::new(vif::FEATURE_RX_COPY, Place::VifBackend),
     Key::new(vif::MULTI_QUEUE_MAX_QUEUES, Place::VifBackend),
     Key::new(vif::FEATURE_CTRL_RING, Place::VifBackend),
+    Key::new(vif::FEATURE_SG, Place::VifBackend),
+    Key::new(vif::FEATURE_GSO_TCPV4, Place::VifBackend),
 ];
 
 /// `key` with its placeholder `<N>` replaced by `n` (`vdevfn-<N>`, 2: `vdevfn-2`).
