@@ -1120,9 +1120,10 @@ impl Net {
     pub fn vif_stats_line(&self) -> String {
         let c = self.counters();
         format!(
-            "queues={} tx-frames={} tx-gso={} tx-refused={} tx-ring-full={} rx-packets={} \
-             rx-gso={} rx-dropped={} rx-bad-checksum={} events-sent={}",
+            "queues={} mtu={} tx-frames={} tx-gso={} tx-refused={} tx-ring-full={} \
+             rx-packets={} rx-gso={} rx-dropped={} rx-bad-checksum={} events-sent={}",
             self.vif.ports().len(),
+            self.vif.stack.device.mtu(),
             c.queues.tx_frames,
             c.queues.tx_gso,
             c.queues.tx_errors,

@@ -114,15 +114,20 @@ impl Vif {
             .fold(false, |any, q| q.final_check() | any)
     }
 
-    /// The steering and how segments go out, for the console: `2 queues (netback
-    /// offers 2), Toeplitz over IPv4/TCP, table of 128; GSO on send` and the like.
+    /// The steering, how segments go out and the MTU, for the console: `2 queues
+    /// (netback offers 2), Toeplitz over IPv4/TCP, table of 128; GSO on send; MTU 9000`
+    /// and the like.
     pub fn describe_queues(&self) -> String {
         let send = if self.plan.tx_gso {
             "GSO on send"
         } else {
             "one frame per segment on send (netback takes no GSO: feature-sg, feature-gso-tcpv4)"
         };
-        format!("{}; {send}", self.describe_steering())
+        let mtu = match self.plan.mtu_note {
+            Some(why) => format!("MTU {} ({why})", self.stack.device.mtu()),
+            None => format!("MTU {}", self.stack.device.mtu()),
+        };
+        format!("{}; {send}; {mtu}", self.describe_steering())
     }
 
     fn describe_steering(&self) -> String {
@@ -196,7 +201,10 @@ impl Vif {
             return Ok(());
         }
         let made = connect_device(&mut self.grants, self.hv, self.wanted)?;
+        // The interface read its MTU once, when it was made: the new device keeps it.
+        let mtu = self.stack.device.mtu();
         self.stack.device = net_device(made.queues, &made.steer, &made.connected.plan);
+        self.stack.device.set_mtu(mtu);
         self.info = made.connected.info;
         self.plan = made.connected.plan;
         self.max_queues = made.connected.max_queues;
@@ -385,9 +393,10 @@ fn connect_device(
 }
 
 /// A [`NetDevice`] over `queues`, steering as `steer` says, joining segments on send
-/// when netback takes GSO packets (`plan.tx_gso`).
+/// when netback takes GSO packets (`plan.tx_gso`), at the planned MTU.
 fn net_device(queues: Vec<NetQueue>, steer: &Steer, plan: &Plan) -> NetDevice {
     let mut device = NetDevice::with_queues(queues);
+    device.set_mtu(usize::from(plan.mtu));
     if let Steer::Hashed(steering) = steer {
         device.set_steering(Some(*steering));
     }

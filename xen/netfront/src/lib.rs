@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! Xen netfront, the frontend side of the netif protocol, for blkdom's storage network:
-//! vif queues (each a tx and an rx ring and an event channel, MTU 1500; packets of up
-//! to 64 KiB over several slots both ways: scatter-gather and TCPv4 GSO), the control
-//! ring that has netback steer flows to queues blkdom can predict, and smoltcp's device
-//! over the queues.
+//! vif queues (each a tx and an rx ring and an event channel, MTU 1500 or up to 9000;
+//! packets of up to 64 KiB over several slots both ways: scatter-gather and TCPv4 GSO),
+//! the control ring that has netback steer flows to queues blkdom can predict, and
+//! smoltcp's device over the queues.
 //!
 //! * [`ring`]: a `ring.h` front ring's indices and notification arithmetic.
 //! * [`queue`]: the two rings, their pages, and every check of the backend's responses.
@@ -34,6 +34,6 @@ pub mod xenbus;
 
 pub use phy::NetDevice;
 pub use queue::{
-    NetFault, NetQueue, NetStats, Offload, Page, Received, SendError, MAX_FRAME, MAX_PACKET,
-    MAX_TX_PACKET,
+    NetFault, NetQueue, NetStats, Offload, Page, Received, SendError, DEFAULT_MTU, MAX_FRAME,
+    MAX_MTU, MAX_PACKET, MAX_TX_PACKET, MIN_MTU,
 };

@@ -24,9 +24,14 @@
 //! given only while queue 0 has room for every open packet at its largest and one more,
 //! so sending an open packet never finds the ring full, and [`NetDevice::flush`] sends
 //! them after each poll.
+//!
+//! The MTU ([`NetDevice::set_mtu`], 1500 unless the toolstack allows more) is what the
+//! capabilities tell smoltcp; a frame over a page goes out over several slots.
 
 use crate::hash::{flow_hash, ipv4_tcp_flow, Steering, MAX_QUEUES};
-use crate::queue::{NetFault, NetQueue, NetStats, Offload, MAX_FRAME, MAX_PACKET};
+use crate::queue::{
+    NetFault, NetQueue, NetStats, Offload, DEFAULT_MTU, MAX_FRAME, MAX_MTU, MAX_PACKET, MIN_MTU,
+};
 use crate::tso::{JoinStats, Joiner};
 use alloc::boxed::Box;
 use alloc::vec;
@@ -71,6 +76,8 @@ pub struct NetDevice {
     tx_buf: Box<[u8; MAX_FRAME]>,
     /// Joins segments into GSO packets, with [`NetDevice::set_tx_gso`].
     joiner: Option<Joiner>,
+    /// The largest IP packet smoltcp sends ([`NetDevice::set_mtu`]).
+    mtu: usize,
     pub stats: DeviceStats,
     pub steer: [SteerStats; MAX_QUEUES],
 }
@@ -88,13 +95,17 @@ impl NetDevice {
             queues,
             steering: None,
             next_rx: 0,
-            // Made on the heap: 64 KiB would not fit the stack it is built on.
+            // Made on the heap, never on the stack (64 KiB would not fit the one it runs on).
             rx_buf: vec![0u8; MAX_PACKET]
                 .into_boxed_slice()
                 .try_into()
                 .unwrap_or_else(|_| unreachable!("MAX_PACKET bytes")),
-            tx_buf: Box::new([0; MAX_FRAME]),
+            tx_buf: vec![0u8; MAX_FRAME]
+                .into_boxed_slice()
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("MAX_FRAME bytes")),
             joiner: None,
+            mtu: DEFAULT_MTU,
             stats: DeviceStats::default(),
             steer: [SteerStats::default(); MAX_QUEUES],
         }
@@ -105,6 +116,17 @@ impl NetDevice {
     /// buffers ([`crate::tso::OPEN_PACKETS`] of 64 KiB) now.
     pub fn set_tx_gso(&mut self) {
         self.joiner.get_or_insert_with(Joiner::new);
+    }
+
+    /// IP packets of up to `mtu` bytes (bounded to [`MIN_MTU`]..=[`MAX_MTU`]), and an MSS
+    /// to match: what the capabilities say. Set it before the interface is made, which
+    /// reads them once.
+    pub fn set_mtu(&mut self, mtu: usize) {
+        self.mtu = mtu.clamp(MIN_MTU, MAX_MTU);
+    }
+
+    pub fn mtu(&self) -> usize {
+        self.mtu
     }
 
     /// Segments joined so far (zeros without GSO on send).
@@ -275,7 +297,7 @@ impl Device for NetDevice {
         let _ = self.queues[0].reap_tx();
         let room = match &self.joiner {
             Some(joiner) => self.queues[0].can_send_packets(joiner.open_count() + 1),
-            None => self.queues[0].can_send(),
+            None => self.queues[0].can_send_frame(14 + self.mtu),
         };
         room.then_some(TxToken {
             queue: &mut self.queues[0],
@@ -288,7 +310,7 @@ impl Device for NetDevice {
         let mut caps = DeviceCapabilities::default();
         caps.medium = Medium::Ethernet;
         // What smoltcp sends; what it takes in may be larger (GSO, module doc).
-        caps.max_transmission_unit = MAX_FRAME;
+        caps.max_transmission_unit = 14 + self.mtu;
         // smoltcp caps the window it advertises at burst x MSS: the rx pages posted to
         // the backend are what a burst can land in (one MSS a page at least, more when
         // netback fills pages with GSO packets). It compares the header's window field,

@@ -3,8 +3,9 @@
 //! after [`NetQueue::new`].
 //!
 //! - **tx**: a frame is copied into the page of a free tx id (id = page index) and sent as
-//!   one request at offset 0, no flags (the stack computed every checksum). The id is
-//!   given back by its response. A TCP frame may leave its checksum to netback
+//!   one request at offset 0, no flags (the stack computed every checksum); a jumbo
+//!   frame longer than a page spans pages as a GSO packet does, without its extra slot.
+//!   The id is given back by its response. A TCP frame may leave its checksum to netback
 //!   ([`Offload::Checksum`]: `NETTXF_csum_blank`). A TCPv4 packet of up to 64 KiB for
 //!   netback to cut into segments ([`Offload::Segments`]) spans pages, one slot each, as
 //!   netback's `xenvif_tx_build_gops` reads them: the first slot (the packet's whole
@@ -39,8 +40,16 @@ use xen::abi::netif::*;
 use xen::abi::PAGE_SIZE;
 use xen::SharedMem;
 
-/// The largest Ethernet frame (MTU 1500 + the 14-byte header; no FCS).
-pub const MAX_FRAME: usize = 1514;
+/// A vif's MTU when the toolstack sets none (netif.h).
+pub const DEFAULT_MTU: usize = 1500;
+/// The largest MTU a vif uses: a jumbo frame's. With more, a GSO packet would hold
+/// fewer than 8 segments for little gain, and every non-GSO frame takes a buffer.
+pub const MAX_MTU: usize = 9000;
+/// The smallest: the IPv4 datagram every host must take (RFC 791).
+pub const MIN_MTU: usize = 576;
+/// The largest Ethernet frame sent without GSO ([`MAX_MTU`] + the 14-byte header; no
+/// FCS); past a page it spans slots, as a GSO packet does.
+pub const MAX_FRAME: usize = 14 + MAX_MTU;
 /// The smallest frame the queue sends (an Ethernet header).
 pub const MIN_FRAME: usize = 14;
 /// The largest packet the queue takes in: an IPv4 packet as long as its length field
@@ -320,9 +329,15 @@ impl NetQueue {
         self.notify |= self.rx.push_requests();
     }
 
-    /// Whether a frame can be sent now.
+    /// Whether a frame of up to a page can be sent now.
     pub fn can_send(&self) -> bool {
         self.has_room(1, 1)
+    }
+
+    /// Whether a frame of `len` bytes (its pages, no extra slot) can be sent now.
+    pub fn can_send_frame(&self, len: usize) -> bool {
+        let pages = len.div_ceil(PAGE_SIZE).max(1);
+        self.has_room(pages, pages)
     }
 
     /// Whether `packets` packets of [`MAX_TX_SLOTS`] pages and an extra-info slot each

@@ -1,20 +1,21 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! The frontend's side of a vif's handshake, as Linux netfront does it
 //! (`talk_to_netback`, `netback_changed`): read what the toolstack wrote (backend, its
-//! domain, our MAC); wait for netback's InitWait; check it copies into our pages
+//! domain, our MAC, the MTU); wait for netback's InitWait; check it copies into our pages
 //! (`feature-rx-copy`); plan the queues (up to `multi-queue-max-queues`, and a control
-//! ring with `feature-ctrl-ring`, else one queue); make the rings; publish them with
+//! ring with `feature-ctrl-ring`, else one queue) and the MTU; make the rings; publish them with
 //! the features netback must see (rx copy and notify, scatter-gather and TCPv4 GSO on
 //! receive, checksum offload) in one transaction, then Connected; wait for netback's
 //! Connected. Every wait is bounded, every value read is checked.
 
 use crate::hash::MAX_QUEUES;
+use crate::queue::{DEFAULT_MTU, MAX_MTU, MIN_MTU};
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use xen::abi::event_channel::EvtchnPort;
 use xen::abi::grant_table::GrantRef;
-use xen::abi::{DomId, DOMID_FIRST_RESERVED};
+use xen::abi::{DomId, DOMID_FIRST_RESERVED, PAGE_SIZE};
 use xen::xenbus::keys::{numbered, vif, STATE};
 use xen::xenbus::{write_in_transaction, StoreError, XenStore, XenbusState, NO_TRANSACTION};
 
@@ -27,6 +28,8 @@ pub struct VifInfo {
     pub backend: String,
     pub backend_id: DomId,
     pub mac: [u8; 6],
+    /// The toolstack's `mtu` as written (`None`: absent, 1500); [`plan`] checks it.
+    pub mtu: Option<String>,
 }
 
 /// One queue's rings and event channel, to publish.
@@ -56,6 +59,63 @@ pub struct Plan {
     /// netback takes packets over several slots with a GSO extra slot from us
     /// (`feature-sg` and `feature-gso-tcpv4`): segments are joined on send.
     pub tx_gso: bool,
+    /// The MTU to use: the toolstack's, bounded ([`MtuNote`] says why when not).
+    pub mtu: u16,
+    pub mtu_note: Option<MtuNote>,
+}
+
+/// Why the MTU used is not the one the toolstack wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MtuNote {
+    /// Not a number: [`DEFAULT_MTU`] (what netif.h says when there is none).
+    NotANumber,
+    /// Below [`MIN_MTU`]: raised to it (a smaller MTU is always safe to send with, and
+    /// peers keep to the MSS it announces).
+    Raised(u32),
+    /// Above [`MAX_MTU`]: lowered to it.
+    Lowered(u32),
+    /// A frame over a page needs several slots, and netback offers no `feature-sg`:
+    /// [`DEFAULT_MTU`].
+    NoScatterGather(u32),
+}
+
+impl core::fmt::Display for MtuNote {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match *self {
+            MtuNote::NotANumber => write!(f, "the toolstack's mtu is not a number"),
+            MtuNote::Raised(mtu) => write!(f, "the toolstack's mtu {mtu} is below {MIN_MTU}"),
+            MtuNote::Lowered(mtu) => write!(
+                f,
+                "the toolstack's mtu {mtu} is above {MAX_MTU}, the largest blkdom sends"
+            ),
+            MtuNote::NoScatterGather(mtu) => write!(
+                f,
+                "the toolstack's mtu {mtu} needs frames over several slots, and netback \
+                 offers no feature-sg"
+            ),
+        }
+    }
+}
+
+/// The MTU to use, from the toolstack's `asked` (frontend's `mtu`, libxl writes it
+/// always) and whether netback takes frames over several slots.
+pub fn choose_mtu(asked: Option<&str>, backend_sg: bool) -> (u16, Option<MtuNote>) {
+    const DEFAULT: u16 = DEFAULT_MTU as u16;
+    let Some(text) = asked else {
+        return (DEFAULT, None);
+    };
+    let Ok(mtu) = text.trim().parse::<u32>() else {
+        return (DEFAULT, Some(MtuNote::NotANumber));
+    };
+    if mtu < MIN_MTU as u32 {
+        (MIN_MTU as u16, Some(MtuNote::Raised(mtu)))
+    } else if mtu as usize + 14 > PAGE_SIZE && !backend_sg {
+        (DEFAULT, Some(MtuNote::NoScatterGather(mtu)))
+    } else if mtu > MAX_MTU as u32 {
+        (MAX_MTU as u16, Some(MtuNote::Lowered(mtu)))
+    } else {
+        (mtu as u16, None)
+    }
 }
 
 /// What the frontend made, to publish: `queues` as many as the plan said.
@@ -69,7 +129,8 @@ pub struct Made {
 /// `wanted` queues (at most `multi-queue-max-queues`), a control ring when netback has
 /// `feature-ctrl-ring`; one queue and no control ring when either is missing (queues
 /// blkdom cannot steer between are of no use to it) or one was wanted.
-pub fn plan(store: &mut dyn XenStore, backend: &str, wanted: u16) -> (Plan, Option<u32>) {
+pub fn plan(store: &mut dyn XenStore, info: &VifInfo, wanted: u16) -> (Plan, Option<u32>) {
+    let backend = info.backend.as_str();
     let mut key = |name: &str| {
         store
             .read(NO_TRANSACTION, &format!("{backend}/{name}"))
@@ -80,9 +141,9 @@ pub fn plan(store: &mut dyn XenStore, backend: &str, wanted: u16) -> (Plan, Opti
     let max = key(vif::MULTI_QUEUE_MAX_QUEUES)
         .map(|v| v.trim().parse::<u32>().ok().filter(|&n| n > 0).unwrap_or(1));
     let ctrl = key(vif::FEATURE_CTRL_RING).is_some_and(|v| v.trim() == "1");
-    let tx_gso = [vif::FEATURE_SG, vif::FEATURE_GSO_TCPV4]
-        .iter()
-        .all(|name| key(name).is_some_and(|v| v.trim() == "1"));
+    let sg = key(vif::FEATURE_SG).is_some_and(|v| v.trim() == "1");
+    let tx_gso = sg && key(vif::FEATURE_GSO_TCPV4).is_some_and(|v| v.trim() == "1");
+    let (mtu, mtu_note) = choose_mtu(info.mtu.as_deref(), sg);
     let wanted = wanted.clamp(1, MAX_QUEUES as u16);
     let offered = max.unwrap_or(1).min(MAX_QUEUES as u32) as u16;
     let single_because = if wanted == 1 {
@@ -100,12 +161,16 @@ pub fn plan(store: &mut dyn XenStore, backend: &str, wanted: u16) -> (Plan, Opti
             ctrl_ring: true,
             single_because: None,
             tx_gso,
+            mtu,
+            mtu_note,
         },
         _ => Plan {
             queues: 1,
             ctrl_ring: false,
             single_because,
             tx_gso,
+            mtu,
+            mtu_note,
         },
     };
     (plan, max)
@@ -242,10 +307,15 @@ pub fn read_vif(store: &mut dyn XenStore, dir: &str) -> Result<VifInfo, VifError
         key: vif::MAC.into(),
         value: mac_text,
     })?;
+    // Absent (a toolstack older than libxl's `mtu`, or none): netif.h's 1500.
+    let mtu = store
+        .read(NO_TRANSACTION, &format!("{dir}/{}", vif::MTU))
+        .ok();
     Ok(VifInfo {
         backend,
         backend_id,
         mac,
+        mtu,
     })
 }
 
@@ -350,7 +420,7 @@ pub fn connect(
     if copy.trim() != "1" {
         return Err(VifError::NoRxCopy);
     }
-    let (plan, max_queues) = plan(store, &info.backend, wanted);
+    let (plan, max_queues) = plan(store, &info, wanted);
     let made = make_rings(&info, &plan).map_err(VifError::Rings)?;
     if made.queues.len() != usize::from(plan.queues) || made.ctrl.is_some() != plan.ctrl_ring {
         return Err(VifError::Rings(format!(
@@ -621,6 +691,57 @@ mod tests {
     }
 
     #[test]
+    fn the_toolstacks_mtu_is_used_within_bounds_and_with_scatter_gather_past_a_page() {
+        for (asked, sg, mtu, note) in [
+            (None, Some("1"), 1500, None),
+            (Some("1500"), Some("1"), 1500, None),
+            (Some(" 9000\n"), Some("1"), 9000, None),
+            (Some("4082"), None, 4082, None),
+            (
+                Some("4083"),
+                None,
+                1500,
+                Some(MtuNote::NoScatterGather(4083)),
+            ),
+            (
+                Some("9000"),
+                Some("0"),
+                1500,
+                Some(MtuNote::NoScatterGather(9000)),
+            ),
+            (
+                Some("65535"),
+                Some("1"),
+                9000,
+                Some(MtuNote::Lowered(65535)),
+            ),
+            (Some("575"), Some("1"), 576, Some(MtuNote::Raised(575))),
+            (Some("576"), None, 576, None),
+            (Some("jumbo"), Some("1"), 1500, Some(MtuNote::NotANumber)),
+            (Some("-1"), Some("1"), 1500, Some(MtuNote::NotANumber)),
+        ] {
+            let store = offer(None, None);
+            if let Some(asked) = asked {
+                store.borrow_mut().set(&format!("{DIR}/mtu"), asked);
+            }
+            if let Some(sg) = sg {
+                store.borrow_mut().set(&format!("{BACKEND}/feature-sg"), sg);
+            }
+            let plan = run(&store, 1).plan;
+            assert_eq!(
+                (plan.mtu, plan.mtu_note),
+                (mtu, note),
+                "{asked:?}, sg {sg:?}"
+            );
+        }
+        assert_eq!(
+            MtuNote::NoScatterGather(9000).to_string(),
+            "the toolstack's mtu 9000 needs frames over several slots, and netback offers no \
+             feature-sg"
+        );
+    }
+
+    #[test]
     fn several_queues_are_published_under_queue_n_with_the_control_ring() {
         let store = offer(Some("4"), Some("1"));
         let connected = run(&store, 2);
@@ -631,6 +752,8 @@ mod tests {
                 ctrl_ring: true,
                 single_because: None,
                 tx_gso: false,
+                mtu: 1500,
+                mtu_note: None,
             }
         );
         assert_eq!(connected.max_queues, Some(4));

@@ -36,7 +36,8 @@ fn frames_go_out_and_come_in_and_pages_are_posted_again() {
         q.send(&out).unwrap();
         let (_, seen) = back.transmitted().unwrap();
         assert_eq!(seen, out);
-        assert_eq!(q.reap_tx(), Ok(1));
+        // A jumbo frame spans pages, a response each.
+        assert_eq!(q.reap_tx(), Ok(out.len().div_ceil(4096) as u32));
         let inbound = frame(60 + round as usize % 1400, !round as u8);
         assert!(
             back.deliver(&inbound),
@@ -62,11 +63,31 @@ fn frames_outside_the_mtu_are_not_sent_and_a_full_ring_says_so() {
         q.send(&[0; MAX_FRAME + 1]),
         Err(SendError::BadLength(MAX_FRAME + 1))
     );
-    for _ in 0..256 {
+    for _ in 0..254 {
         q.send(&[0; 60]).unwrap();
     }
-    assert!(!q.can_send());
+    // Two pages left: a frame of a page or two, not a jumbo frame of three.
+    assert!(q.can_send() && q.can_send_frame(8192));
+    assert!(!q.can_send_frame(MAX_FRAME));
+    assert_eq!(q.send(&[0; MAX_FRAME]), Err(SendError::Full));
+    q.send(&[0; 60]).unwrap();
+    q.send(&[0; 60]).unwrap();
+    assert!(!q.can_send() && !q.can_send_frame(60));
     assert_eq!(q.send(&[0; 60]), Err(SendError::Full));
+}
+
+#[test]
+fn a_jumbo_frame_spans_pages_without_an_extra_slot() {
+    let (mut q, mut back) = queue(100);
+    assert_eq!(MAX_FRAME, 9014);
+    let out = frame(MAX_FRAME, 3);
+    q.send(&out).unwrap();
+    let sent = back.transmitted_packet().unwrap();
+    assert_eq!(sent.packet, out);
+    assert_eq!((sent.gso_size, back.tx_gso), (None, 0));
+    assert_eq!(sent.flags, xen::abi::netif::NETTXF_MORE_DATA);
+    assert_eq!(q.reap_tx(), Ok(3));
+    assert_eq!(q.tx_in_flight(), 0);
 }
 
 #[test]
@@ -610,4 +631,28 @@ fn hash_slots_not_asked_for_are_dropped() {
         hash_packet(HASH_TYPE_BIT_IPV4_TCP, 1),
         extras,
     );
+}
+
+#[test]
+fn a_device_gives_a_token_only_with_room_for_a_frame_of_its_mtu() {
+    use smoltcp::phy::Device;
+    use smoltcp::time::Instant;
+    let (q, _back) = queue(100);
+    let mut device = netfront::NetDevice::new(q);
+    assert_eq!(device.capabilities().max_transmission_unit, 1514);
+    device.set_mtu(9000);
+    assert_eq!(device.capabilities().max_transmission_unit, 9014);
+    for _ in 0..254 {
+        device.queue_mut().send(&[0; 60]).unwrap();
+    }
+    assert!(
+        device.transmit(Instant::ZERO).is_none(),
+        "3 pages wanted, 2 free"
+    );
+    device.set_mtu(1500);
+    assert!(device.transmit(Instant::ZERO).is_some());
+    device.set_mtu(100_000);
+    assert_eq!(device.mtu(), netfront::MAX_MTU);
+    device.set_mtu(0);
+    assert_eq!(device.mtu(), netfront::MIN_MTU);
 }

@@ -8,7 +8,7 @@
 
 mod fake_netback;
 
-use fake_netback::{leak, stack, switch, Coalescer};
+use fake_netback::{leak, stack_at_mtu, switch, Coalescer};
 use smoltcp::socket::tcp;
 use smoltcp::wire::{IpAddress, Ipv4Address};
 
@@ -35,6 +35,8 @@ struct Path {
     gso: bool,
     /// a joins its segments into GSO packets itself (GSO on send).
     tx_gso: bool,
+    /// a's and b's MTU (0: the default).
+    mtu: (usize, usize),
 }
 
 /// What a transfer saw.
@@ -45,17 +47,21 @@ struct Seen {
     coalesced: Coalescer,
     /// GSO packets a sent, those whose partial checksum was wrong, and the longest.
     a_gso: (usize, usize, usize),
+    /// The largest GSO size a gave.
+    a_gso_size: u16,
     a_joined: netfront::tso::JoinStats,
 }
 
 /// Sends `len` bytes from a to b and `len / 2` back, a's frames on `path`.
 fn transfer(len: usize, path: Path) -> Seen {
-    let (mut a, mut side_a) = stack(1000, 1, 1, 2);
-    let (mut b, mut side_b) = stack(5000, 2, 2, 2);
+    let mtu = |m: usize| if m == 0 { netfront::DEFAULT_MTU } else { m };
+    let (mut a, mut side_a) = stack_at_mtu(1000, 1, 1, 2, mtu(path.mtu.0));
+    let (mut b, mut side_b) = stack_at_mtu(5000, 2, 2, 2, mtu(path.mtu.1));
     if path.tx_gso {
         a.device.set_tx_gso();
     }
     let mut longest_sent = 0;
+    let mut largest_gso_size = 0;
     let client = a.add_tcp(leak([0u8; 65536]), leak([0u8; 65536])).unwrap();
     let server = b.add_tcp(leak([0u8; 65536]), leak([0u8; 65536])).unwrap();
     assert!(b.add_tcp(leak([0u8; 16]), leak([0u8; 16])).is_some());
@@ -88,6 +94,7 @@ fn transfer(len: usize, path: Path) -> Seen {
         while let Some(mut sent) = side_a.transmitted_packet() {
             frames += 1;
             longest_sent = longest_sent.max(sent.packet.len());
+            largest_gso_size = largest_gso_size.max(sent.gso_size.unwrap_or(0));
             if path.drop_every.is_some_and(|n| frames.is_multiple_of(n)) {
                 continue;
             }
@@ -149,6 +156,7 @@ fn transfer(len: usize, path: Path) -> Seen {
                 b_device: b.device.stats,
                 coalesced,
                 a_gso: (side_a.tx_gso, side_a.tx_bad_partial, longest_sent),
+                a_gso_size: largest_gso_size,
                 a_joined: a.device.join_stats(),
             };
         }
@@ -242,7 +250,52 @@ fn with_gso_on_send_a_connections_segments_go_out_as_large_packets() {
     // Without it, one frame per segment.
     let plain = transfer(1 << 20, Path::default());
     assert_eq!((plain.a_gso.0, plain.a_joined.packets), (0, 0));
-    assert!(plain.a_gso.2 <= netfront::MAX_FRAME);
+    assert!(plain.a_gso.2 <= 1514);
+}
+
+#[test]
+fn jumbo_frames_carry_segments_of_the_mtu_and_only_when_both_ends_have_it() {
+    // Both at 9000: the MSS each announces is 8960, every full segment a 9014-byte frame
+    // over three pages.
+    let jumbo = Path {
+        mtu: (9000, 9000),
+        ..Path::default()
+    };
+    let seen = transfer(1 << 20, jumbo);
+    assert_eq!(seen.a_gso.2, 9014, "the longest frame a sent");
+    assert_eq!(seen.b_device.rx_bad_checksum, 0);
+    // Joined: GSO packets of 8960-byte segments.
+    let joined = transfer(
+        4 << 20,
+        Path {
+            tx_gso: true,
+            ..jumbo
+        },
+    );
+    assert_eq!(joined.a_gso_size, 8960);
+    assert_eq!(joined.a_gso.1, 0, "every partial checksum completes");
+    assert!(
+        joined.a_gso.2 > 6 * 8960,
+        "large packets: {}",
+        joined.a_gso.2
+    );
+    // With frames lost: sent again whole.
+    transfer(
+        512 << 10,
+        Path {
+            drop_every: Some(13),
+            ..jumbo
+        },
+    );
+    // a at 9000, b at 1500: a keeps to b's MSS.
+    let mixed = transfer(
+        1 << 20,
+        Path {
+            mtu: (9000, 1500),
+            ..Path::default()
+        },
+    );
+    assert_eq!(mixed.a_gso.2, 1514);
 }
 
 #[test]

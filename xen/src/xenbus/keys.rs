@@ -78,6 +78,9 @@ pub mod vif {
     pub const BACKEND_ID: &str = "backend-id";
     /// `xx:xx:xx:xx:xx:xx`, written by the toolstack.
     pub const MAC: &str = "mac";
+    /// The MTU the toolstack allows (libxl writes it, read-only to the frontend;
+    /// absent: 1500).
+    pub const MTU: &str = "mtu";
     pub const TX_RING_REF: &str = "tx-ring-ref";
     pub const RX_RING_REF: &str = "rx-ring-ref";
     pub const EVENT_CHANNEL: &str = "event-channel";
@@ -129,6 +132,7 @@ pub const ALL: &[Key] = &[
     Key::new(vif::BACKEND, Place::VifFrontend),
     Key::new(vif::BACKEND_ID, Place::VifFrontend),
     Key::new(vif::MAC, Place::VifFrontend),
+    Key::new(vif::MTU, Place::VifFrontend),
     Key::new(STATE, Place::VifFrontend),
     Key::new(vif::TX_RING_REF, Place::VifFrontend),
     Key::new(vif::RX_RING_REF, Place::VifFrontend),

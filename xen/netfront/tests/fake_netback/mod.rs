@@ -203,8 +203,12 @@ impl Side {
         self.tx.publish();
     }
 
-    /// Copies `frame` into the next posted rx page; false when none is posted.
+    /// Copies `frame` into the next posted rx page (a jumbo frame over as many pages
+    /// as it takes, [`Side::deliver_packet`]); false when too few are posted.
     pub fn deliver(&mut self, frame: &[u8]) -> bool {
+        if frame.len() > 4096 {
+            return self.deliver_packet(frame, 0, None);
+        }
         let Some(at) = self.rx.take() else {
             return false;
         };
@@ -352,8 +356,8 @@ pub fn switch(a: &mut Side, b: &mut Side) -> usize {
 
 impl Side {
     /// Delivers what the other side sent, as netback passes a packet between guests: a
-    /// GSO packet whole with its GSO size, and a checksum left blank (the pseudo-header's
-    /// sum, which the receiver does not check) flagged so.
+    /// GSO packet whole with its GSO size, a checksum left blank (the pseudo-header's
+    /// sum, which the receiver does not check) flagged so, a jumbo frame over pages.
     pub fn pass(&mut self, sent: &Sent) -> bool {
         if sent.flags & NETTXF_CSUM_BLANK != 0 {
             self.deliver_packet(
@@ -496,12 +500,23 @@ pub fn stack(
     ip_last: u8,
     sockets: usize,
 ) -> (netfront::stack::Stack, Side) {
+    stack_at_mtu(first_gref, mac_last, ip_last, sockets, netfront::DEFAULT_MTU)
+}
+
+/// [`stack`] at an MTU of `mtu` bytes.
+pub fn stack_at_mtu(
+    first_gref: u32,
+    mac_last: u8,
+    ip_last: u8,
+    sockets: usize,
+    mtu: usize,
+) -> (netfront::stack::Stack, Side) {
     let ip = netfront::stack::Addressing::Static(netfront::stack::Ipv4Setup {
         address: [10, 9, 0, ip_last],
         prefix: 24,
         gateway: None,
     });
-    stack_with(first_gref, mac_last, ip, sockets)
+    stack_configured(first_gref, mac_last, ip, sockets, mtu)
 }
 
 /// [`stack`] with its address from `addressing`.
@@ -511,13 +526,31 @@ pub fn stack_with(
     addressing: netfront::stack::Addressing,
     sockets: usize,
 ) -> (netfront::stack::Stack, Side) {
+    stack_configured(
+        first_gref,
+        mac_last,
+        addressing,
+        sockets,
+        netfront::DEFAULT_MTU,
+    )
+}
+
+fn stack_configured(
+    first_gref: u32,
+    mac_last: u8,
+    addressing: netfront::stack::Addressing,
+    sockets: usize,
+    mtu: usize,
+) -> (netfront::stack::Stack, Side) {
     use smoltcp::iface::SocketStorage;
     let (mut q, side) = queue(first_gref);
     q.post_rx();
     let storage: Vec<SocketStorage<'static>> = (0..sockets).map(|_| SocketStorage::EMPTY).collect();
     let mac = [0x00, 0x16, 0x3e, 0, 0, mac_last];
+    let mut device = netfront::NetDevice::new(q);
+    device.set_mtu(mtu);
     let stack = netfront::stack::Stack::new(
-        netfront::NetDevice::new(q),
+        device,
         mac,
         addressing,
         u64::from(mac_last),
