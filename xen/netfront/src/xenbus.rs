@@ -28,8 +28,6 @@ pub struct VifInfo {
     pub backend: String,
     pub backend_id: DomId,
     pub mac: [u8; 6],
-    /// The toolstack's `mtu` as written (`None`: absent, 1500); [`plan`] checks it.
-    pub mtu: Option<String>,
 }
 
 /// One queue's rings and event channel, to publish.
@@ -59,7 +57,8 @@ pub struct Plan {
     /// netback takes packets over several slots with a GSO extra slot from us
     /// (`feature-sg` and `feature-gso-tcpv4`): segments are joined on send.
     pub tx_gso: bool,
-    /// The MTU to use: the toolstack's, bounded ([`MtuNote`] says why when not).
+    /// The MTU to use: the vif's, bounded ([`MtuNote`] says why when not). Read once
+    /// netback is Connected ([`connect`]); [`DEFAULT_MTU`] until then.
     pub mtu: u16,
     pub mtu_note: Option<MtuNote>,
 }
@@ -82,23 +81,24 @@ pub enum MtuNote {
 impl core::fmt::Display for MtuNote {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match *self {
-            MtuNote::NotANumber => write!(f, "the toolstack's mtu is not a number"),
-            MtuNote::Raised(mtu) => write!(f, "the toolstack's mtu {mtu} is below {MIN_MTU}"),
+            MtuNote::NotANumber => write!(f, "the vif's mtu is not a number"),
+            MtuNote::Raised(mtu) => write!(f, "the vif's mtu {mtu} is below {MIN_MTU}"),
             MtuNote::Lowered(mtu) => write!(
                 f,
-                "the toolstack's mtu {mtu} is above {MAX_MTU}, the largest blkdom sends"
+                "the vif's mtu {mtu} is above {MAX_MTU}, the largest blkdom sends"
             ),
             MtuNote::NoScatterGather(mtu) => write!(
                 f,
-                "the toolstack's mtu {mtu} needs frames over several slots, and netback \
+                "the vif's mtu {mtu} needs frames over several slots, and netback \
                  offers no feature-sg"
             ),
         }
     }
 }
 
-/// The MTU to use, from the toolstack's `asked` (frontend's `mtu`, libxl writes it
-/// always) and whether netback takes frames over several slots.
+/// The MTU to use, from the vif's `asked` (the frontend's `mtu`: libxl writes xl's `mtu=`
+/// or 1500, then Xen's hotplug script the MTU it gave dom0's end of the vif, xl's or
+/// else the bridge's) and whether netback takes frames over several slots.
 pub fn choose_mtu(asked: Option<&str>, backend_sg: bool) -> (u16, Option<MtuNote>) {
     const DEFAULT: u16 = DEFAULT_MTU as u16;
     let Some(text) = asked else {
@@ -129,8 +129,7 @@ pub struct Made {
 /// `wanted` queues (at most `multi-queue-max-queues`), a control ring when netback has
 /// `feature-ctrl-ring`; one queue and no control ring when either is missing (queues
 /// blkdom cannot steer between are of no use to it) or one was wanted.
-pub fn plan(store: &mut dyn XenStore, info: &VifInfo, wanted: u16) -> (Plan, Option<u32>) {
-    let backend = info.backend.as_str();
+pub fn plan(store: &mut dyn XenStore, backend: &str, wanted: u16) -> (Plan, Option<u32>) {
     let mut key = |name: &str| {
         store
             .read(NO_TRANSACTION, &format!("{backend}/{name}"))
@@ -141,9 +140,10 @@ pub fn plan(store: &mut dyn XenStore, info: &VifInfo, wanted: u16) -> (Plan, Opt
     let max = key(vif::MULTI_QUEUE_MAX_QUEUES)
         .map(|v| v.trim().parse::<u32>().ok().filter(|&n| n > 0).unwrap_or(1));
     let ctrl = key(vif::FEATURE_CTRL_RING).is_some_and(|v| v.trim() == "1");
-    let sg = key(vif::FEATURE_SG).is_some_and(|v| v.trim() == "1");
-    let tx_gso = sg && key(vif::FEATURE_GSO_TCPV4).is_some_and(|v| v.trim() == "1");
-    let (mtu, mtu_note) = choose_mtu(info.mtu.as_deref(), sg);
+    let tx_gso = [vif::FEATURE_SG, vif::FEATURE_GSO_TCPV4]
+        .iter()
+        .all(|name| key(name).is_some_and(|v| v.trim() == "1"));
+    let (mtu, mtu_note) = (DEFAULT_MTU as u16, None);
     let wanted = wanted.clamp(1, MAX_QUEUES as u16);
     let offered = max.unwrap_or(1).min(MAX_QUEUES as u32) as u16;
     let single_because = if wanted == 1 {
@@ -307,15 +307,10 @@ pub fn read_vif(store: &mut dyn XenStore, dir: &str) -> Result<VifInfo, VifError
         key: vif::MAC.into(),
         value: mac_text,
     })?;
-    // Absent (a toolstack older than libxl's `mtu`, or none): netif.h's 1500.
-    let mtu = store
-        .read(NO_TRANSACTION, &format!("{dir}/{}", vif::MTU))
-        .ok();
     Ok(VifInfo {
         backend,
         backend_id,
         mac,
-        mtu,
     })
 }
 
@@ -420,7 +415,7 @@ pub fn connect(
     if copy.trim() != "1" {
         return Err(VifError::NoRxCopy);
     }
-    let (plan, max_queues) = plan(store, &info, wanted);
+    let (mut plan, max_queues) = plan(store, &info.backend, wanted);
     let made = make_rings(&info, &plan).map_err(VifError::Rings)?;
     if made.queues.len() != usize::from(plan.queues) || made.ctrl.is_some() != plan.ctrl_ring {
         return Err(VifError::Rings(format!(
@@ -448,6 +443,19 @@ pub fn connect(
         now_ms,
         pause,
     )?;
+    // netback goes Connected only once the hotplug script is done (libxl has it wait for
+    // `hotplug-status`), and the script writes our `mtu` last: read it now. Absent (no
+    // libxl): netif.h's 1500.
+    let asked = store
+        .read(NO_TRANSACTION, &format!("{dir}/{}", vif::MTU))
+        .ok();
+    let sg = store
+        .read(
+            NO_TRANSACTION,
+            &format!("{}/{}", info.backend, vif::FEATURE_SG),
+        )
+        .is_ok_and(|v| v.trim() == "1");
+    (plan.mtu, plan.mtu_note) = choose_mtu(asked.as_deref(), sg);
     Ok(Connected {
         info,
         plan,
@@ -736,9 +744,32 @@ mod tests {
         }
         assert_eq!(
             MtuNote::NoScatterGather(9000).to_string(),
-            "the toolstack's mtu 9000 needs frames over several slots, and netback offers no \
+            "the vif's mtu 9000 needs frames over several slots, and netback offers no \
              feature-sg"
         );
+    }
+
+    #[test]
+    fn the_mtu_is_read_once_netback_is_connected_after_the_hotplug_script_wrote_it() {
+        // libxl's 1500 first; the hotplug script's 9000 (the bridge's) before netback
+        // goes Connected.
+        let store = offer(None, None);
+        store.borrow_mut().set(&format!("{DIR}/mtu"), "1500");
+        store
+            .borrow_mut()
+            .set(&format!("{BACKEND}/feature-sg"), "1");
+        let mut now = || 0;
+        let mut pause = || {
+            let mut s = store.borrow_mut();
+            if s.get(&format!("{DIR}/state")) == Some("4") {
+                s.set(&format!("{DIR}/mtu"), "9000");
+                s.set(&format!("{BACKEND}/state"), "4");
+            }
+        };
+        let mut rings = |_: &VifInfo, plan: &Plan| Ok(made_for(plan));
+        let mut shim = Shim(&store);
+        let connected = connect(&mut shim, DIR, 1, &mut now, &mut pause, &mut rings).unwrap();
+        assert_eq!((connected.plan.mtu, connected.plan.mtu_note), (9000, None));
     }
 
     #[test]

@@ -500,7 +500,13 @@ pub fn stack(
     ip_last: u8,
     sockets: usize,
 ) -> (netfront::stack::Stack, Side) {
-    stack_at_mtu(first_gref, mac_last, ip_last, sockets, netfront::DEFAULT_MTU)
+    stack_at_mtu(
+        first_gref,
+        mac_last,
+        ip_last,
+        sockets,
+        netfront::DEFAULT_MTU,
+    )
 }
 
 /// [`stack`] at an MTU of `mtu` bytes.
