@@ -128,6 +128,22 @@ class PairedTest(unittest.TestCase):
         self.assertAlmostEqual(backends["linux-dom0"]["guest_irq_per_io"]["median"], 1.0)
         self.assertAlmostEqual(backends["blkdom"]["guest_irq_per_io"]["median"], 0.25)
 
+    def test_blkdoms_part_of_a_backend_cpu_that_adds_dom0_and_blkdom_up(self):
+        write_run(self.root, QD32)
+        # Plain runs have no part: no column.
+        self.assertNotIn("of it blkdom's", paired.render([self.entry()], {}, markdown=False))
+        # Over NVMe/TCP: 1 s of blkdom's on the dom0 path, 6 s of the 9 on blkdom's.
+        for path in self.root.glob("cpu-fio-paired-*@xvd?@[123].txt"):
+            part = 1.0 if "@xvda@" in path.name else 6.0
+            path.write_text(path.read_text().rstrip("\n") + f" blkdom_cpu_s={part}\n")
+        entry = self.entry()
+        backends = entry["backends"]
+        self.assertAlmostEqual(backends["linux-dom0"]["blkdom_cpu_percent"]["median"], 10.0)
+        self.assertAlmostEqual(backends["blkdom"]["blkdom_cpu_percent"]["median"], 60.0)
+        header, [row] = paired.table_rows([entry])
+        self.assertEqual(row[header.index("of it blkdom's % dom0 / blkdom")], "10 / 60")
+        self.assertEqual(row[header.index("backend CPU % dom0 / blkdom")], "50 / 90")
+
     def test_main_prints_the_table_and_writes_json(self):
         write_run(self.root, QD32)
         out = io.StringIO()

@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO / "tools" / "bench"))
 import fio_results  # noqa: E402  (tools/fio_results.py)
-from report import (add_iops_per_cpu, blkdom_cmdline_note, derive_host, fmt, read_cpu,  # noqa: E402
+from report import (add_iops_per_cpu, blkdom_cmdline_note, derive_host, fmt, read_cpu,
+                    read_cpu_field,  # noqa: E402
                     read_guest_irqs, read_host_threads, spread)  # (tools/bench/report.py)
 
 GUEST = "fio-paired"
@@ -92,6 +93,9 @@ def load_runs(nested: Path, settle: float, guest_pcpu=None) -> list:
         if cpu and cpu[1] > settle:
             row["backend_cpu_percent"] = 100.0 * cpu[0] / (cpu[1] - settle)
             add_iops_per_cpu(row)
+            blkdom_cpu = read_cpu_field(nested / f"cpu-{GUEST}-{name}.txt", "blkdom_cpu_s")
+            if blkdom_cpu is not None:
+                row["blkdom_cpu_percent"] = 100.0 * blkdom_cpu / (cpu[1] - settle)
         if name in irqs and figures["total_ios"] > 0:
             before, after = irqs[name]
             row["guest_irq_per_io"] = (after - before) / figures["total_ios"]
@@ -113,7 +117,7 @@ def summarise(runs: list, order=()) -> list:
             rows = [r for (j, b, _), r in by_key.items() if j == job and b == backend]
             figures = {}
             for field in ("iops", "iops_per_cpu", "mib_s", "p50_us", "p99_us",
-                          "backend_cpu_percent",
+                          "backend_cpu_percent", "blkdom_cpu_percent",
                           "guest_irq_per_io", "host_guest_vcpu_run_percent",
                           "host_guest_vcpu_wait_percent", "host_guest_vcpu_us_per_io",
                           "host_guest_vcpu_sleeps_per_io",
@@ -182,6 +186,14 @@ def table_rows(summary: list) -> tuple:
             f"{median(ours, 'host_guest_vcpu_sleeps_per_io', 2)}/"
             f"{median(ours, 'host_guest_vcpu_preempted_per_io', 2)}",
         ])
+    # Over NVMe/TCP the backend's CPU is dom0's and blkdom's: blkdom's part apart.
+    if any("blkdom_cpu_percent" in e["backends"][b] for e in summary for b in (BASELINE, OURS)):
+        header.insert(9, "of it blkdom's % dom0 / blkdom")
+        for row, entry in zip(rows, summary):
+            base, ours = entry["backends"][BASELINE], entry["backends"][OURS]
+            row.insert(9, " / ".join(
+                fmt(f["blkdom_cpu_percent"]["median"], 0) if "blkdom_cpu_percent" in f else "-"
+                for f in (base, ours)))
     return header, rows
 
 

@@ -174,6 +174,18 @@ def read_cpu(path: Path):
         return None
 
 
+def read_cpu_field(path: Path, field: str):
+    """One more figure of a cpu-*.txt file (`blkdom_cpu_s`: blkdom's part of a backend
+    that adds dom0 and blkdom up), or None."""
+    if not path.exists():
+        return None
+    fields = dict(kv.split("=", 1) for kv in path.read_text().split() if "=" in kv)
+    try:
+        return float(fields[field])
+    except (KeyError, ValueError):
+        return None
+
+
 def read_host_threads(path: Path) -> dict:
     """host-threads.txt (tools/rig/run.sh, on the outer machine): per fio job edge
     'BEGIN|END GUEST JOB host_s=S thread:NAME=RUN_NS,WAIT_NS[,SLEEPS,PREEMPTED]...

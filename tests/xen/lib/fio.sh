@@ -115,11 +115,17 @@ run_fio_guest() {
         job=${line#rig-guest: begin }
         job_domain=$(job_backend "$job" "$backend")
         cpu0=$(cpu_seconds "$job_domain")
+        # With dom0's work and blkdom's added up (NVMe/TCP), blkdom's part apart too.
+        case $job_domain in *+blkdom) blkdom_cpu0=$(cpu_seconds blkdom) ;; esac
         wall0=$(now)
         job_edge_hook begin "$name" "$job" ;;
       "rig-guest: end "*)
         cpu1=$(cpu_seconds "$job_domain")
-        echo "backend=$job_domain cpu_s=$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.1f", b - a }') wall_s=$(seconds_since "$wall0")" \
+        part=
+        case $job_domain in
+          *+blkdom) part=" blkdom_cpu_s=$(awk -v a="$blkdom_cpu0" -v b="$(cpu_seconds blkdom)" 'BEGIN { printf "%.1f", b - a }')" ;;
+        esac
+        echo "backend=$job_domain cpu_s=$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.1f", b - a }') wall_s=$(seconds_since "$wall0")$part" \
           > "$RESULTS/cpu-$name-$job.txt"
         job_edge_hook end "$name" "$job"
         case $line in

@@ -9,15 +9,16 @@
 
 NVMET=/sys/kernel/config/nvmet
 
-# setup_dom0_network: the bridge xenbr0 at 10.9.0.1/24 (no outer network card: no packet
-# leaves the rig) with jumbo frames (MTU 9000: a vif given mtu=9000 uses them, one
-# without keeps 1500, and dom0's TCP keeps to each blkdom's MSS), and loopback up: dom0's
-# own NVMe/TCP host reaches its target at 10.9.0.1 through lo (a connect to a local
-# address while lo is down times out).
+# setup_dom0_network [MTU]: the bridge xenbr0 at 10.9.0.1/24 (no outer network card: no
+# packet leaves the rig) with MTU (default 1500; Xen's hotplug script gives each vif the
+# bridge's MTU and tells blkdom through the vif's mtu key), and loopback up: dom0's own
+# NVMe/TCP host reaches its target at 10.9.0.1 through lo (a connect to a local address
+# while lo is down times out).
 setup_dom0_network() {
   ip link set lo up || return 1
   ip link add name xenbr0 type bridge 2> /dev/null || brctl addbr xenbr0 || return 1
-  ip link set xenbr0 mtu 9000 2> /dev/null || echo 9000 > /sys/class/net/xenbr0/mtu || return 1
+  ip link set xenbr0 mtu "${1:-1500}" 2> /dev/null || echo "${1:-1500}" > /sys/class/net/xenbr0/mtu ||
+    return 1
   ip addr add 10.9.0.1/24 dev xenbr0 && ip link set xenbr0 up
 }
 
