@@ -144,6 +144,24 @@ class PairedTest(unittest.TestCase):
         self.assertEqual(row[header.index("of it blkdom's % dom0 / blkdom")], "10 / 60")
         self.assertEqual(row[header.index("backend CPU % dom0 / blkdom")], "50 / 90")
 
+    def test_a_cpu_window_that_does_not_fit_the_job_gives_no_cpu(self):
+        write_run(self.root, QD32)
+        # dom0 read round 2's markers late: 3.8 s and 17.6 s windows for 11 s jobs.
+        for backend, wall in (("linux-dom0", 3.8), ("blkdom", 17.6)):
+            path = self.root / f"cpu-fio-paired-fio-randread-4k-qd32-1j@{DISK[backend]}@2.txt"
+            path.write_text(f"backend=x cpu_s=5.0 wall_s={wall}\n")
+        backends = self.entry()["backends"]
+        self.assertEqual(backends["linux-dom0"]["backend_cpu_percent"]["n"], 2)
+        self.assertEqual(backends["blkdom"]["backend_cpu_percent"]["n"], 2)
+        self.assertTrue(paired.window_fits(11.0, 11.0))
+        self.assertFalse(paired.window_fits(9.0, 11.0))
+        self.assertFalse(paired.window_fits(14.0, 11.0))
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(paired.main(["--nested", str(self.root)]), 0)
+        self.assertIn("CPU left out of 2 of 6 runs", out.getvalue())
+        self.assertIn("fio-randread-4k-qd32-1j@blkdom@2 (17.6 s)", out.getvalue())
+
     def test_main_prints_the_table_and_writes_json(self):
         write_run(self.root, QD32)
         out = io.StringIO()

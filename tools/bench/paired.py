@@ -65,9 +65,20 @@ def read_config(nested: Path) -> dict:
     return config
 
 
-def load_runs(nested: Path, settle: float, guest_pcpu=None) -> list:
+# How far a job's CPU window (dom0 reading its begin and end markers) may be from the
+# job's own length (settle, ramp and fio's runtime) before its CPU is left out.
+WINDOW_FIT = (0.85, 1.25)
+
+
+def window_fits(window_s: float, expected_s: float) -> bool:
+    """Whether a CPU window of window_s seconds measured a job of expected_s."""
+    return WINDOW_FIT[0] * expected_s <= window_s <= WINDOW_FIT[1] * expected_s
+
+
+def load_runs(nested: Path, settle: float, guest_pcpu=None, ramp: float = 0.0) -> list:
     """One row per job run: job, backend, round, fio's figures, the backend's CPU % over the
-    job (its settle seconds left out), the guest's blkif interrupts per I/O and, from the
+    job (its settle seconds left out; none when the window does not fit the job's length,
+    `cpu_window_off_s`), the guest's blkif interrupts per I/O and, from the
     outer machine (host-threads.txt, when the guest's pCPU is known), how much of the job
     the guest's vCPU thread ran and waited for a host core and its run time per I/O."""
     edges = read_host_threads(nested / "host-threads.txt")
@@ -90,7 +101,10 @@ def load_runs(nested: Path, settle: float, guest_pcpu=None) -> list:
                "p50_us": figures["p50_us"], "p99_us": figures["p99_us"]}
         name = f"{job}@{disk}@{round_}"
         cpu = read_cpu(nested / f"cpu-{GUEST}-{name}.txt")
-        if cpu and cpu[1] > settle:
+        if cpu and not window_fits(cpu[1], settle + ramp + figures["runtime_s"]):
+            # dom0 took the job's markers late: the CPU over its window is not the job's.
+            row["cpu_window_off_s"] = cpu[1]
+        elif cpu and cpu[1] > settle:
             row["backend_cpu_percent"] = 100.0 * cpu[0] / (cpu[1] - settle)
             add_iops_per_cpu(row)
             blkdom_cpu = read_cpu_field(nested / f"cpu-{GUEST}-{name}.txt", "blkdom_cpu_s")
@@ -99,7 +113,8 @@ def load_runs(nested: Path, settle: float, guest_pcpu=None) -> list:
         if name in irqs and figures["total_ios"] > 0:
             before, after = irqs[name]
             row["guest_irq_per_io"] = (after - before) / figures["total_ios"]
-        if guest_pcpu is not None:
+        # The outer machine's edges are dom0's markers too.
+        if guest_pcpu is not None and "cpu_window_off_s" not in row:
             derive_host(row, edges, GUEST, name, guest_pcpu, settle)
         runs.append(row)
     return runs
@@ -225,7 +240,8 @@ def main(argv=None) -> int:
     config = read_config(args.nested)
     pcpu = config.get("guest_pcpu")
     runs = load_runs(args.nested, float(config.get("settle", 0)),
-                     int(pcpu) if pcpu and pcpu.isdigit() else None)
+                     int(pcpu) if pcpu and pcpu.isdigit() else None,
+                     float(config.get("ramp", 0)))
     if not runs:
         print(f"no paired results in {args.nested}", file=sys.stderr)
         return 1
@@ -237,6 +253,11 @@ def main(argv=None) -> int:
     out.write_text(json.dumps({"config": config, "runs": runs, "summary": summary},
                               indent=1, sort_keys=True) + "\n")
     print(render(summary, config, args.markdown), end="")
+    off = [f"{r['job']}@{r['backend']}@{r['round']} ({r['cpu_window_off_s']:.1f} s)"
+           for r in runs if "cpu_window_off_s" in r]
+    if off:
+        print(f"CPU left out of {len(off)} of {len(runs)} runs whose window did not fit the "
+              f"job (dom0 read its markers late): {', '.join(off)}")
     print(f"json: {out}")
     return 0
 

@@ -77,6 +77,7 @@ run_fio_guest() {
   local name=$1 config=$2 backend=$3 jobs=$4 runtime=$5
   shift 5
   local job_count budget log start line job job_domain cpu0 wall0 cpu1 ready=0 done=0 in_json=0
+  local blkdom_cpu0 part
   local fifo=/tmp/console-$name reason=/tmp/watch-$name tail_pid watch_pid cr
   # GUEST_JOBS: how many jobs the guest runs when it builds its list itself
   # (tests/xen/paired); else one per name in JOBS. GUEST_EXTRA_S: seconds some jobs run
