@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //! The frontend's side of a vif's handshake, as Linux netfront does it
 //! (`talk_to_netback`, `netback_changed`): read what the toolstack wrote (backend, its
-//! domain, our MAC, the MTU); wait for netback's InitWait; check it copies into our pages
+//! domain, our MAC); wait for netback's InitWait; check it copies into our pages
 //! (`feature-rx-copy`); plan the queues (up to `multi-queue-max-queues`, and a control
-//! ring with `feature-ctrl-ring`, else one queue) and the MTU; make the rings; publish them with
+//! ring with `feature-ctrl-ring`, else one queue); make the rings; publish them with
 //! the features netback must see (rx copy and notify, scatter-gather and TCPv4 GSO on
 //! receive, checksum offload) in one transaction, then Connected; wait for netback's
-//! Connected. Every wait is bounded, every value read is checked.
+//! Connected; read the vif's MTU (the hotplug script's, written by then). Every wait is
+//! bounded, every value read is checked.
 
 use crate::hash::MAX_QUEUES;
 use crate::queue::{DEFAULT_MTU, MAX_MTU, MIN_MTU};
@@ -63,7 +64,7 @@ pub struct Plan {
     pub mtu_note: Option<MtuNote>,
 }
 
-/// Why the MTU used is not the one the toolstack wrote.
+/// Why the MTU used is not the vif's `mtu`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MtuNote {
     /// Not a number: [`DEFAULT_MTU`] (what netif.h says when there is none).
