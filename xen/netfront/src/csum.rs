@@ -20,7 +20,7 @@ use smoltcp::wire::{
 
 /// The one's-complement sum of `bytes` as 16-bit big-endian words (an odd last byte
 /// padded with zero), added to `sum`, not folded.
-pub(crate) fn add_words(mut sum: u32, bytes: &[u8]) -> u32 {
+fn add_words(mut sum: u32, bytes: &[u8]) -> u32 {
     for pair in bytes.chunks(2) {
         sum += u32::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]));
     }
@@ -28,7 +28,7 @@ pub(crate) fn add_words(mut sum: u32, bytes: &[u8]) -> u32 {
 }
 
 /// `sum` folded to 16 bits.
-pub(crate) fn fold(mut sum: u32) -> u16 {
+fn fold(mut sum: u32) -> u16 {
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }

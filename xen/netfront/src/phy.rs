@@ -30,7 +30,8 @@
 
 use crate::hash::{flow_hash, ipv4_tcp_flow, Steering, MAX_QUEUES};
 use crate::queue::{
-    NetFault, NetQueue, NetStats, Offload, DEFAULT_MTU, MAX_FRAME, MAX_MTU, MAX_PACKET, MIN_MTU,
+    heap_buffer, NetFault, NetQueue, NetStats, Offload, DEFAULT_MTU, ETHERNET_HEADER, MAX_FRAME,
+    MAX_MTU, MAX_PACKET, MIN_MTU,
 };
 use crate::tso::{JoinStats, Joiner};
 use alloc::boxed::Box;
@@ -95,15 +96,8 @@ impl NetDevice {
             queues,
             steering: None,
             next_rx: 0,
-            // Made on the heap, never on the stack (64 KiB would not fit the one it runs on).
-            rx_buf: vec![0u8; MAX_PACKET]
-                .into_boxed_slice()
-                .try_into()
-                .unwrap_or_else(|_| unreachable!("MAX_PACKET bytes")),
-            tx_buf: vec![0u8; MAX_FRAME]
-                .into_boxed_slice()
-                .try_into()
-                .unwrap_or_else(|_| unreachable!("MAX_FRAME bytes")),
+            rx_buf: heap_buffer(),
+            tx_buf: heap_buffer(),
             joiner: None,
             mtu: DEFAULT_MTU,
             stats: DeviceStats::default(),
@@ -297,7 +291,7 @@ impl Device for NetDevice {
         let _ = self.queues[0].reap_tx();
         let room = match &self.joiner {
             Some(joiner) => self.queues[0].can_send_packets(joiner.open_count() + 1),
-            None => self.queues[0].can_send_frame(14 + self.mtu),
+            None => self.queues[0].can_send_frame(ETHERNET_HEADER + self.mtu),
         };
         room.then_some(TxToken {
             queue: &mut self.queues[0],
@@ -310,7 +304,7 @@ impl Device for NetDevice {
         let mut caps = DeviceCapabilities::default();
         caps.medium = Medium::Ethernet;
         // What smoltcp sends; what it takes in may be larger (GSO, module doc).
-        caps.max_transmission_unit = 14 + self.mtu;
+        caps.max_transmission_unit = ETHERNET_HEADER + self.mtu;
         // smoltcp caps the window it advertises at burst x MSS: the rx pages posted to
         // the backend are what a burst can land in (one MSS a page at least, more when
         // netback fills pages with GSO packets). It compares the header's window field,

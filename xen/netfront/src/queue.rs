@@ -40,6 +40,8 @@ use xen::abi::netif::*;
 use xen::abi::PAGE_SIZE;
 use xen::SharedMem;
 
+/// An Ethernet header (no VLAN tag): what a frame carries besides its IP packet.
+pub const ETHERNET_HEADER: usize = 14;
 /// A vif's MTU when the toolstack sets none (netif.h).
 pub const DEFAULT_MTU: usize = 1500;
 /// The largest MTU a vif uses: a jumbo frame's. With more, a GSO packet would hold
@@ -47,14 +49,14 @@ pub const DEFAULT_MTU: usize = 1500;
 pub const MAX_MTU: usize = 9000;
 /// The smallest: the IPv4 datagram every host must take (RFC 791).
 pub const MIN_MTU: usize = 576;
-/// The largest Ethernet frame sent without GSO ([`MAX_MTU`] + the 14-byte header; no
-/// FCS); past a page it spans slots, as a GSO packet does.
-pub const MAX_FRAME: usize = 14 + MAX_MTU;
+/// The largest Ethernet frame sent without GSO ([`MAX_MTU`] and its header; no FCS);
+/// past a page it spans slots, as a GSO packet does.
+pub const MAX_FRAME: usize = ETHERNET_HEADER + MAX_MTU;
 /// The smallest frame the queue sends (an Ethernet header).
-pub const MIN_FRAME: usize = 14;
+pub const MIN_FRAME: usize = ETHERNET_HEADER;
 /// The largest packet the queue takes in: an IPv4 packet as long as its length field
 /// allows (a GSO packet is at most that) behind its Ethernet header.
-pub const MAX_PACKET: usize = 14 + 65535;
+pub const MAX_PACKET: usize = ETHERNET_HEADER + 65535;
 /// The largest packet the queue sends with a GSO size: what the first tx slot's 16-bit
 /// size field holds.
 pub const MAX_TX_PACKET: usize = u16::MAX as usize;
@@ -64,6 +66,15 @@ pub const MAX_TX_SLOTS: usize = MAX_TX_PACKET.div_ceil(PAGE_SIZE);
 /// Data slots one received packet may span: `XEN_NETIF_NR_SLOTS_MIN`, Linux
 /// netfront's limit (a [`MAX_PACKET`] packet in whole pages takes 17).
 pub const MAX_RX_SLOTS: usize = XEN_NETIF_NR_SLOTS_MIN;
+
+/// A zeroed buffer of `N` bytes made on the heap, never on the stack (the stack these
+/// are made on holds no 64 KiB one).
+pub(crate) fn heap_buffer<const N: usize>() -> Box<[u8; N]> {
+    alloc::vec![0u8; N]
+        .into_boxed_slice()
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("a slice of N bytes"))
+}
 
 /// A page of ours, granted to the backend.
 #[derive(Clone, Copy, Debug)]

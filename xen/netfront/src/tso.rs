@@ -24,15 +24,14 @@
 //! ([`Offload::Checksum`]; smoltcp computes none); a joined packet also with its IPv4
 //! length and header checksum set ([`Offload::Segments`]).
 
-use crate::csum::{add_words, fill_partial_tcp_checksum, fold};
-use crate::queue::{Offload, MAX_TX_PACKET};
+use crate::csum::fill_partial_tcp_checksum;
+use crate::queue::{heap_buffer, Offload, ETHERNET_HEADER as ETHERNET, MAX_TX_PACKET};
 use alloc::boxed::Box;
-use alloc::vec;
+use smoltcp::wire::Ipv4Packet;
 
 /// Connections with a packet being joined at once.
 pub const OPEN_PACKETS: usize = 4;
 
-const ETHERNET: usize = 14;
 const IPV4: usize = 20;
 /// Where the TCP header starts (an IPv4 header without options).
 const TCP: usize = ETHERNET + IPV4;
@@ -137,18 +136,12 @@ impl Open {
         if self.segments < 2 {
             return Offload::Checksum;
         }
-        let len = self.len;
-        let buf = &mut self.buf[..];
-        let ip_len = (len - ETHERNET) as u16;
-        buf[ETHERNET + 2..ETHERNET + 4].copy_from_slice(&ip_len.to_be_bytes());
-        buf[ETHERNET + 10..ETHERNET + 12].fill(0);
-        let ip_sum = !fold(add_words(0, &buf[ETHERNET..TCP]));
-        buf[ETHERNET + 10..ETHERNET + 12].copy_from_slice(&ip_sum.to_be_bytes());
-        // The pseudo-header's sum, not complemented: netback's CHECKSUM_PARTIAL packet
-        // has it there for whoever completes the checksum.
-        let tcp_len = (len - TCP) as u32;
-        let pseudo = fold(add_words(6 + tcp_len, &buf[ETHERNET + 12..TCP]));
-        buf[TCP + 16..TCP + 18].copy_from_slice(&pseudo.to_be_bytes());
+        let packet = &mut self.buf[..self.len];
+        let mut ip = Ipv4Packet::new_unchecked(&mut packet[ETHERNET..]);
+        ip.set_total_len((self.len - ETHERNET) as u16);
+        ip.fill_checksum();
+        // The pseudo-header's sum over the new length, as its first segment had it.
+        fill_partial_tcp_checksum(packet);
         Offload::Segments(self.mss as u16)
     }
 }
@@ -171,10 +164,7 @@ impl Joiner {
     pub fn new() -> Self {
         Self {
             open: core::array::from_fn(|_| Open {
-                buf: vec![0u8; MAX_TX_PACKET]
-                    .into_boxed_slice()
-                    .try_into()
-                    .unwrap_or_else(|_| unreachable!("MAX_TX_PACKET bytes")),
+                buf: heap_buffer(),
                 len: 0,
                 head: 0,
                 mss: 0,

@@ -10,7 +10,7 @@
 //! bounded, every value read is checked.
 
 use crate::hash::MAX_QUEUES;
-use crate::queue::{DEFAULT_MTU, MAX_MTU, MIN_MTU};
+use crate::queue::{DEFAULT_MTU, ETHERNET_HEADER, MAX_MTU, MIN_MTU};
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
@@ -110,7 +110,7 @@ pub fn choose_mtu(asked: Option<&str>, backend_sg: bool) -> (u16, Option<MtuNote
     };
     if mtu < MIN_MTU as u32 {
         (MIN_MTU as u16, Some(MtuNote::Raised(mtu)))
-    } else if mtu as usize + 14 > PAGE_SIZE && !backend_sg {
+    } else if mtu as usize + ETHERNET_HEADER > PAGE_SIZE && !backend_sg {
         (DEFAULT, Some(MtuNote::NoScatterGather(mtu)))
     } else if mtu > MAX_MTU as u32 {
         (MAX_MTU as u16, Some(MtuNote::Lowered(mtu)))
