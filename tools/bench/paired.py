@@ -24,9 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO / "tools" / "bench"))
 import fio_results  # noqa: E402  (tools/fio_results.py)
-from report import (add_iops_per_cpu, blkdom_cmdline_note, derive_host, fmt, read_cpu,
-                    read_cpu_field,  # noqa: E402
-                    read_guest_irqs, read_host_threads, spread)  # (tools/bench/report.py)
+from report import (add_iops_per_cpu, blkdom_cmdline_note, derive_host, fmt,  # noqa: E402
+                    read_cpu_figures, read_guest_irqs, read_host_threads, spread)  # (tools/bench/report.py)
 
 GUEST = "fio-paired"
 # The guest's disks and who serves them (tests/xen/paired).
@@ -100,16 +99,17 @@ def load_runs(nested: Path, settle: float, guest_pcpu=None, ramp: float = 0.0) -
                "iops": figures["iops"], "mib_s": figures["mib_s"],
                "p50_us": figures["p50_us"], "p99_us": figures["p99_us"]}
         name = f"{job}@{disk}@{round_}"
-        cpu = read_cpu(nested / f"cpu-{GUEST}-{name}.txt")
-        if cpu and not window_fits(cpu[1], settle + ramp + figures["runtime_s"]):
-            # dom0 took the job's markers late: the CPU over its window is not the job's.
-            row["cpu_window_off_s"] = cpu[1]
-        elif cpu and cpu[1] > settle:
-            row["backend_cpu_percent"] = 100.0 * cpu[0] / (cpu[1] - settle)
-            add_iops_per_cpu(row)
-            blkdom_cpu = read_cpu_field(nested / f"cpu-{GUEST}-{name}.txt", "blkdom_cpu_s")
-            if blkdom_cpu is not None:
-                row["blkdom_cpu_percent"] = 100.0 * blkdom_cpu / (cpu[1] - settle)
+        cpu = read_cpu_figures(nested / f"cpu-{GUEST}-{name}.txt")
+        window = cpu.get("wall_s")
+        if "cpu_s" in cpu and window is not None:
+            if not window_fits(window, settle + ramp + figures["runtime_s"]):
+                # dom0 took the job's markers late: the CPU over it is not the job's.
+                row["cpu_window_off_s"] = window
+            elif window > settle:
+                row["backend_cpu_percent"] = 100.0 * cpu["cpu_s"] / (window - settle)
+                add_iops_per_cpu(row)
+                if "blkdom_cpu_s" in cpu:
+                    row["blkdom_cpu_percent"] = 100.0 * cpu["blkdom_cpu_s"] / (window - settle)
         if name in irqs and figures["total_ios"] > 0:
             before, after = irqs[name]
             row["guest_irq_per_io"] = (after - before) / figures["total_ios"]

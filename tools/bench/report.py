@@ -164,26 +164,26 @@ def add_iops_per_cpu(row: dict) -> None:
         row["iops_per_cpu"] = row["iops"] / (cpu / 100.0)
 
 
+def read_cpu_figures(path: Path) -> dict:
+    """The figures of a cpu-*.txt file (tests/xen/lib/fio.sh) that are numbers: `cpu_s`,
+    `wall_s`, and `blkdom_cpu_s` (blkdom's part of a backend that adds dom0 and blkdom
+    up) when there; empty when the file is missing."""
+    if not path.exists():
+        return {}
+    figures = {}
+    for key, _, value in (kv.partition("=") for kv in path.read_text().split() if "=" in kv):
+        try:
+            figures[key] = float(value)
+        except ValueError:
+            pass
+    return figures
+
+
 def read_cpu(path: Path):
-    if not path.exists():
-        return None
-    fields = dict(kv.split("=", 1) for kv in path.read_text().split() if "=" in kv)
-    try:
-        return float(fields["cpu_s"]), float(fields["wall_s"])
-    except (KeyError, ValueError):
-        return None
-
-
-def read_cpu_field(path: Path, field: str):
-    """One more figure of a cpu-*.txt file (`blkdom_cpu_s`: blkdom's part of a backend
-    that adds dom0 and blkdom up), or None."""
-    if not path.exists():
-        return None
-    fields = dict(kv.split("=", 1) for kv in path.read_text().split() if "=" in kv)
-    try:
-        return float(fields[field])
-    except (KeyError, ValueError):
-        return None
+    figures = read_cpu_figures(path)
+    if "cpu_s" in figures and "wall_s" in figures:
+        return figures["cpu_s"], figures["wall_s"]
+    return None
 
 
 def read_host_threads(path: Path) -> dict:
